@@ -1,0 +1,79 @@
+"""Preference matrices and win rates for SPPO (Wu et al. 2024, arXiv 2405.00675).
+
+P[..., i, j] = P(y_i beats y_j | x) over K responses to one prompt; shapes (K, K) for
+one prompt, (B, K, K) for a batch. Pure torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_square(name: str, m: Tensor) -> None:
+    if m.dim() not in (2, 3) or m.shape[-1] != m.shape[-2]:
+        raise ValueError(f"{name} must be (K, K) or (B, K, K), got shape {tuple(m.shape)}")
+    if not m.is_floating_point():
+        raise ValueError(f"{name} must be a float tensor, got {m.dtype}")
+
+
+def _diagonal(m: Tensor) -> Tensor:
+    """Bool (K, K) identity for m's last two dims, broadcastable over a batch."""
+    return torch.eye(m.shape[-1], dtype=torch.bool, device=m.device)
+
+
+def win_rates(pref: Tensor) -> Tensor:
+    """Win rate of each response against the sampled set: w_i = mean_j P[i, j].
+
+    The diagonal counts as 1/2 whatever it holds (NaN included): self-pairs are never
+    judged, and a response ties with itself.
+
+    Args:
+        pref: (K, K) or (B, K, K), pref[..., i, j] = P(y_i beats y_j).
+    Returns:
+        (K,) or (B, K) win rates in [0, 1] when pref is a probability matrix.
+    """
+    _check_square("pref", pref)
+    return torch.where(_diagonal(pref), 0.5, pref).mean(dim=-1)
+
+
+def symmetrize_preferences(first_wins: Tensor) -> Tensor:
+    """Average both presentation orders to remove a judge's position bias.
+
+    first_wins[..., i, j] = P(first beats second) when y_i is shown first and y_j
+    second. Then 1 - first_wins[..., j, i] is P(y_i beats y_j) with y_i shown second,
+    and the both-orders estimate is
+
+        P[i, j] = (first_wins[i, j] + 1 - first_wins[j, i]) / 2,
+
+    so P[i, j] + P[j, i] = 1 exactly, and the diagonal (never judged, may hold
+    anything) is set to 1/2. A judge that always prefers the first position by d
+    (first_wins = Q + d off the diagonal, Q[i, j] + Q[j, i] = 1) gives back Q.
+
+    Args:
+        first_wins: (K, K) or (B, K, K), both orders judged for every pair i != j.
+    Returns:
+        same shape, a preference matrix for ``win_rates``.
+    """
+    _check_square("first_wins", first_wins)
+    both = (first_wins + 1.0 - first_wins.transpose(-1, -2)) / 2
+    return torch.where(_diagonal(first_wins), 0.5, both)
+
+
+def bradley_terry_preferences(rewards: Tensor) -> Tensor:
+    """Preferences implied by scalar rewards: P[i, j] = sigmoid(r_i - r_j).
+
+    A scalar judge (reward model) makes preferences transitive: r_i > r_j > r_l gives
+    P[i, l] > max(P[i, j], P[j, l]) > 1/2, and win rates order responses exactly as
+    rewards do. Only a pairwise judge can express cycles (A > B > C > A), the case
+    SPPO is built for.
+
+    Args:
+        rewards: (K,) or (B, K).
+    Returns:
+        (K, K) or (B, K, K), diagonal exactly 1/2.
+    """
+    if rewards.dim() not in (1, 2):
+        raise ValueError(f"rewards must be (K,) or (B, K), got shape {tuple(rewards.shape)}")
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # int rewards too
+    return torch.sigmoid(r[..., :, None] - r[..., None, :])

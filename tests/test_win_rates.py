@@ -1,0 +1,108 @@
+"""Tests for pofe.preprocess.win_rates, with hand-computed matrices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pofe.preprocess import bradley_terry_preferences, symmetrize_preferences, win_rates
+
+NAN = float("nan")
+
+
+def test_win_rates_hand_3x3_with_garbage_diagonal():
+    """Off-diagonal P: row 0 (., .8, .6), row 1 (.2, ., .3), row 2 (.4, .7, .).
+
+    The diagonal (NaN, 5, -1) counts as 0.5:
+    w0 = (.5 + .8 + .6)/3 = 1.9/3, w1 = (.2 + .5 + .3)/3 = 1/3, w2 = (.4 + .7 + .5)/3 = 1.6/3.
+    They sum to K/2 = 1.5, as for any P with P + P^T = 1.
+    """
+    p = torch.tensor([[NAN, 0.8, 0.6], [0.2, 5.0, 0.3], [0.4, 0.7, -1.0]])
+    w = win_rates(p)
+    torch.testing.assert_close(w, torch.tensor([1.9 / 3, 1 / 3, 1.6 / 3]))
+    assert w.sum().item() == pytest.approx(1.5)
+
+
+def test_win_rates_batch_shape():
+    p0 = torch.tensor([[0.5, 0.8, 0.6], [0.2, 0.5, 0.3], [0.4, 0.7, 0.5]])
+    p1 = torch.tensor([[0.5, 0.9, 0.9], [0.1, 0.5, 0.5], [0.1, 0.5, 0.5]])
+    w = win_rates(torch.stack([p0, p1]))
+    assert w.shape == (2, 3)
+    torch.testing.assert_close(w[0], win_rates(p0))
+    # p1: w = (2.3/3, 1.1/3, 1.1/3)
+    torch.testing.assert_close(w[1], torch.tensor([2.3 / 3, 1.1 / 3, 1.1 / 3]))
+
+
+def test_cycle_gives_half_each():
+    """A > B > C > A, each with probability 0.9: every w = (0.5 + 0.9 + 0.1)/3 = 0.5.
+
+    A scalar reward cannot express this; the win rates see a balanced cycle.
+    """
+    p = torch.tensor([[0.5, 0.9, 0.1], [0.1, 0.5, 0.9], [0.9, 0.1, 0.5]])
+    torch.testing.assert_close(win_rates(p), torch.full((3,), 0.5))
+
+
+def test_symmetrize_removes_position_bias():
+    """True Q (P(i beats j)): (., .8, .6 / .2, ., .3 / .4, .7, .). The judge adds 0.1 to
+    whichever response is shown first: A = Q + 0.1 off the diagonal, NaN on it.
+
+    P01 = (A01 + 1 - A10)/2 = (.9 + 1 - .3)/2 = .8; P12 = (.4 + 1 - .8)/2 = .3;
+    P20 = (.5 + 1 - .7)/2 = .4: Q comes back, diagonal 0.5.
+    """
+    q = torch.tensor([[0.5, 0.8, 0.6], [0.2, 0.5, 0.3], [0.4, 0.7, 0.5]])
+    a = q + 0.1
+    a.fill_diagonal_(NAN)
+    p = symmetrize_preferences(a)
+    torch.testing.assert_close(p, q)
+    torch.testing.assert_close(p + p.T, torch.ones(3, 3))
+
+
+def test_symmetrize_judge_that_always_picks_first():
+    """A = 1 everywhere (first always wins): P = (1 + 1 - 1)/2 = 0.5 everywhere."""
+    p = symmetrize_preferences(torch.ones(2, 3, 3))
+    assert p.shape == (2, 3, 3)
+    torch.testing.assert_close(p, torch.full((2, 3, 3), 0.5))
+
+
+def test_bradley_terry_hand_values():
+    """r = [0, ln 3, ln 9]: sigmoid(ln 3) = 3/4, sigmoid(ln 9) = 9/10.
+
+    P = (.5, .25, .1 / .75, .5, .25 / .9, .75, .5);
+    w = (.85/3, 1.5/3, 2.15/3): ordered as the rewards.
+    """
+    r = torch.tensor([0.0, math.log(3), math.log(9)])
+    p = bradley_terry_preferences(r)
+    expected = torch.tensor([[0.5, 0.25, 0.1], [0.75, 0.5, 0.25], [0.9, 0.75, 0.5]])
+    torch.testing.assert_close(p, expected)
+    torch.testing.assert_close(win_rates(p), torch.tensor([0.85 / 3, 0.5, 2.15 / 3]))
+
+
+def test_bradley_terry_batch_and_transitive():
+    """Scalar rewards can never form a cycle: P[i,j] > .5 and P[j,l] > .5 imply P[i,l] > .5."""
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(4, 5, generator=g)
+    p = bradley_terry_preferences(r)
+    assert p.shape == (4, 5, 5)
+    torch.testing.assert_close(p[2], bradley_terry_preferences(r[2]))
+    wins = p > 0.5  # (B, K, K)
+    for b in range(4):
+        for i in range(5):
+            for j in range(5):
+                for l in range(5):
+                    if wins[b, i, j] and wins[b, j, l]:
+                        assert wins[b, i, l]
+    # win rates order responses exactly as rewards do
+    assert torch.equal(win_rates(p).argsort(dim=1), r.argsort(dim=1))
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="pref"):
+        win_rates(torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="pref"):
+        win_rates(torch.zeros(3))
+    with pytest.raises(ValueError, match="first_wins"):
+        symmetrize_preferences(torch.zeros(1, 2, 2, 2))
+    with pytest.raises(ValueError, match="rewards"):
+        bradley_terry_preferences(torch.zeros(1, 2, 2))
