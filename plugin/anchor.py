@@ -1,0 +1,97 @@
+"""SPPO's anchor: log pi_t(y | x) for every candidate, computed once, not held as a model.
+
+pi_t is the policy as it stands before training, so one no-grad pass of the policy
+itself, before its first update, gives every anchor log-prob; no second model sits in
+memory. With a fresh LoRA/QLoRA adapter (B = 0) the adapted policy equals its base;
+with a loaded adapter (`lora_model_dir`, the previous SPPO iterate) it is that iterate,
+which is the anchor SPPO asks for. The table is cached beside the prepared data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from axolotl.utils.logging import get_logger
+
+LOG = get_logger(__name__)
+
+# Config keys that change the policy's log-probs, and so the cached anchor.
+MODEL_IDENTITY_KEYS = (
+    "base_model", "base_model_config", "lora_model_dir", "adapter", "load_in_4bit",
+    "load_in_8bit", "bf16", "fp16", "torch_dtype", "chat_template", "sequence_len",
+)
+
+
+class AnchorLogps:
+    """Anchor log-probs per (row, candidate), looked up by the batch's `row_id`."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.table: torch.Tensor | None = None  # (num_rows, K_max), float32, CPU
+
+    def lookup(self, model, inputs) -> torch.Tensor:
+        """(B, K) anchor log-probs for the batch: given in the data, else the table."""
+        if "anchor_logps" in inputs:
+            return inputs["anchor_logps"]
+        if "row_id" not in inputs:
+            raise KeyError("SPPO batch has neither anchor_logps nor row_id")
+        if self.table is None:
+            self.table = self._load_or_compute(model)
+        k = inputs["candidate_mask"].shape[1]
+        return self.table[inputs["row_id"].cpu(), :k].to(inputs["input_ids"].device)
+
+    def _datasets(self):
+        return [d for d in (self.trainer.train_dataset, self.trainer.eval_dataset) if d is not None]
+
+    def _cache_path(self) -> Path:
+        cfg = self.trainer.axolotl_cfg
+        identity = {key: str(cfg.get(key)) for key in MODEL_IDENTITY_KEYS}
+        identity["data"] = [d._fingerprint for d in self._datasets()]
+        digest = hashlib.md5(
+            json.dumps(identity, sort_keys=True).encode(), usedforsecurity=False
+        ).hexdigest()
+        return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-anchor-{digest}.pt"
+
+    def _load_or_compute(self, model) -> torch.Tensor:
+        path = self._cache_path()
+        if path.exists():
+            LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
+            return torch.load(path)
+        table = self.compute(model)
+        if self.trainer.accelerator.is_main_process:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(table, tmp)
+            os.replace(tmp, path)  # atomic: a killed run never leaves half a table
+            LOG.info(f"POFE: cached SPPO anchor log-probs at {path}")
+        return table
+
+    @torch.no_grad()
+    def compute(self, model) -> torch.Tensor:
+        """One no-grad pass over every row of the train and eval sets (eval mode)."""
+        trainer = self.trainer
+        datasets = self._datasets()
+        num_rows = 1 + max(max(d["row_id"]) for d in datasets)
+        k_max = max(max(len(r) for r in d["response_ids"]) for d in datasets)
+        table = torch.full((num_rows, k_max), float("nan"))
+        batch_size = trainer.args.per_device_eval_batch_size
+        was_training = model.training
+        model.eval()
+        try:
+            for dataset in datasets:
+                for start in range(0, len(dataset), batch_size):
+                    rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
+                    batch = trainer.data_collator(list(rows))
+                    batch = {k: v.to(trainer.args.device) for k, v in batch.items()}
+                    logp, _ = trainer.score_candidates(model, batch)  # (B, K)
+                    k = logp.shape[1]
+                    table[batch["row_id"].cpu(), :k] = logp.float().cpu()
+        finally:
+            model.train(was_training)
+        LOG.info(f"POFE: computed SPPO anchor log-probs for {num_rows} rows")
+        return table

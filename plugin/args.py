@@ -1,0 +1,178 @@
+"""POFE's configuration: everything POFE adds lives under the `pofe:` key.
+
+`rl:` in axolotl is a closed enum, so `rl: rrhf` / `rl: sppo` are translated into
+`pofe.method` before axolotl validates the config (see `translate_raw_config`), and the
+run then takes axolotl's ordinary SFT builder path with POFE's trainer and collator.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+METHODS = ("rrhf", "sppo")
+
+# Dataset `type:` values POFE reads, and the methods each one can feed.
+DATASET_TYPES: dict[str, tuple[str, ...]] = {
+    "pofe.rrhf": ("rrhf",),
+    "pofe.pairs": ("rrhf", "sppo"),
+    "pofe.sppo": ("sppo",),
+    "pofe.sppo_ucla": ("sppo",),
+}
+
+# Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
+# are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
+FIELD_KEYS = (
+    "field_prompt",
+    "field_responses",
+    "field_rewards",
+    "field_ranks",
+    "field_win_rates",
+    "field_anchor_logps",
+    "field_chosen",
+    "field_rejected",
+)
+
+
+class PofeConfig(BaseModel):
+    """The `pofe:` block."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["rrhf", "sppo"] | None = Field(
+        default=None,
+        description="Set from `rl: rrhf` / `rl: sppo`; POFE is inactive while unset.",
+    )
+    # RRHF (Yuan et al. 2023)
+    rank_weight: float = Field(
+        default=1.0, ge=0.0, description="Weight of the ranking hinge against SFT."
+    )
+    margin: float = Field(
+        default=0.0, ge=0.0, description="Hinge margin between reward-ordered scores."
+    )
+    length_penalty: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="Scores are summed log-probs / length ** length_penalty.",
+    )
+    # SPPO (Wu et al. 2024)
+    eta: float = Field(
+        default=1000.0,
+        gt=0.0,
+        description="SPPO step size: log-ratio target is eta * (win_rate - 1/2).",
+    )
+    sppo_loss: Literal["soft", "hard"] = Field(
+        default="soft",
+        description="`soft`: regression on win rates; `hard`: TRL's sppo_hard on pairs.",
+    )
+    # Data
+    truncation: Literal["truncate", "drop"] = Field(
+        default="truncate",
+        description="Rows longer than sequence_len: cut (prompt from the left, then "
+        "responses) or drop them; both are counted in the log.",
+    )
+    max_prompt_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prompt tokens kept when truncating (default: sequence_len // 2).",
+    )
+    dataset_fields: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="Internal: the `field_*` keys of each `datasets:` entry.",
+    )
+
+    @model_validator(mode="after")
+    def _hard_loss_needs_sppo(self) -> "PofeConfig":
+        if self.sppo_loss == "hard" and self.method not in (None, "sppo"):
+            raise ValueError("pofe.sppo_loss: hard applies to `rl: sppo` only")
+        return self
+
+
+def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Move `rl: rrhf|sppo` and dataset `field_*` keys under `pofe:`, in place.
+
+    Runs on the raw YAML dict (from `PofePlugin.register`) and again in the args
+    model's before-validator, so configs validated directly behave the same. Idempotent.
+    """
+    rl = cfg.get("rl")
+    rl = getattr(rl, "value", rl)
+    if isinstance(rl, str) and rl not in METHODS:
+        _check_axolotl_rl(rl)
+    pofe = cfg.get("pofe")
+    if pofe is None:
+        pofe = {}
+    elif isinstance(pofe, BaseModel):
+        pofe = pofe.model_dump()
+    else:
+        pofe = dict(pofe)
+    if rl in METHODS:
+        if pofe.get("method") not in (None, rl):
+            raise ValueError(
+                f"`rl: {rl}` contradicts `pofe.method: {pofe['method']}`; keep one."
+            )
+        pofe["method"] = rl
+        cfg.pop("rl")
+    if pofe.get("method") is None:
+        return cfg
+    entries = cfg.get("datasets") or []
+    if not pofe.get("dataset_fields") and entries:
+        pofe["dataset_fields"] = [
+            {key: entry[key] for key in FIELD_KEYS if entry.get(key) is not None}
+            for entry in entries
+        ]
+    cfg["pofe"] = pofe
+    return cfg
+
+
+def _check_axolotl_rl(rl: str) -> None:
+    from axolotl.utils.schemas.enums import RLType
+
+    known = [t.value for t in RLType]
+    if rl not in known:
+        raise ValueError(
+            f"unknown `rl: {rl}`: POFE adds {list(METHODS)}; axolotl itself knows {known}"
+        )
+
+
+class PofeArgs(BaseModel):
+    """Plugin input args merged into axolotl's config schema."""
+
+    pofe: PofeConfig = Field(
+        default_factory=PofeConfig, description="RRHF / SPPO settings (POFE plugin)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _translate_rl(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            translate_raw_config(data)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_datasets(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        pofe = data.get("pofe") or {}
+        method = pofe.get("method") if isinstance(pofe, dict) else pofe.method
+        if method is None:
+            return data
+        for i, entry in enumerate(data.get("datasets") or []):
+            # entries are raw dicts, or axolotl's dataset models once validated
+            get = entry.get if isinstance(entry, dict) else partial(getattr, entry)
+            dtype, path = get("type", None), get("path", None)
+            allowed = DATASET_TYPES.get(dtype) if isinstance(dtype, str) else None
+            if allowed is None:
+                raise ValueError(
+                    f"datasets[{i}] ({path}): type {dtype!r} is not a POFE "
+                    f"dataset type; with `rl: {method}` use one of "
+                    f"{[t for t, m in DATASET_TYPES.items() if method in m]}"
+                )
+            if method not in allowed:
+                raise ValueError(
+                    f"datasets[{i}] ({path}): type {dtype} feeds "
+                    f"{'/'.join(allowed)}, not `rl: {method}`"
+                )
+        return data

@@ -1,0 +1,1 @@
+"""k-response datasets: row formats, tokenisation and axolotl's loading and caching."""

@@ -1,0 +1,204 @@
+"""The k-response row shapes POFE reads, checked and brought to one canonical form.
+
+Canonical row (what tokenisation sees):
+    {"prompt": [chat messages], "responses": [assistant messages] * k,
+     "rewards": [float] * k}                                  # rl: rrhf
+    {"prompt": ..., "responses": ..., "win_rates": [float] * k,
+     "anchor_logps": [float] * k | None}                      # rl: sppo
+
+Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
+wrong and what to do: nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+DEFAULT_FIELDS = {
+    "field_prompt": "prompt",
+    "field_responses": "responses",
+    "field_rewards": "rewards",
+    "field_ranks": "ranks",
+    "field_win_rates": "win_rates",
+    "field_anchor_logps": "anchor_logps",
+    "field_chosen": "chosen",
+    "field_rejected": "rejected",
+}
+
+
+class PofeDataError(ValueError):
+    """A dataset row POFE cannot train on."""
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """How to read one dataset entry's rows."""
+
+    dataset: str  # the entry's path, for messages
+    type: str  # pofe.rrhf | pofe.pairs | pofe.sppo | pofe.sppo_ucla
+    method: str  # rrhf | sppo
+    fields: Mapping[str, str]
+
+    def column(self, key: str) -> str:
+        return self.fields.get(key, DEFAULT_FIELDS[key])
+
+    def required_columns(self) -> list[str]:
+        if self.type == "pofe.rrhf":
+            return [self.column("field_prompt"), self.column("field_responses")]
+        if self.type == "pofe.sppo":
+            return [
+                self.column("field_prompt"),
+                self.column("field_responses"),
+                self.column("field_win_rates"),
+            ]
+        pair = [
+            self.column("field_prompt"),
+            self.column("field_chosen"),
+            self.column("field_rejected"),
+        ]
+        if self.type == "pofe.sppo_ucla":
+            pair += ["chosen_probs_win", "chosen_probs_lose"]
+        return pair
+
+
+def check_columns(fmt: RowFormat, columns: list[str]) -> None:
+    """Fail before row 0 when a whole column is missing."""
+    missing = [c for c in fmt.required_columns() if c not in columns]
+    if fmt.type == "pofe.rrhf" and not missing:
+        if fmt.column("field_rewards") not in columns and fmt.column("field_ranks") not in columns:
+            missing = [f"{fmt.column('field_rewards')} (or {fmt.column('field_ranks')})"]
+    if missing:
+        raise PofeDataError(
+            f"dataset {fmt.dataset}: missing column(s) {missing} for type {fmt.type}; "
+            f"it has {columns}. Rename the columns or map them with "
+            f"`field_*` keys on the dataset entry (e.g. field_prompt: question)."
+        )
+
+
+def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
+    """Check one raw row and return its canonical form (see module docstring)."""
+
+    def fail(field: str, what: str, fix: str) -> PofeDataError:
+        return PofeDataError(
+            f"dataset {fmt.dataset}, row {index} (0-based), field '{field}': {what}. {fix}"
+        )
+
+    prompt_col = fmt.column("field_prompt")
+    prompt = _prompt_messages(row.get(prompt_col), lambda what: fail(prompt_col, what,
+        "A prompt is a non-empty string or a list of {role, content} messages."))
+
+    if fmt.type in ("pofe.rrhf", "pofe.sppo"):
+        resp_col = fmt.column("field_responses")
+        raw = row.get(resp_col)
+        if not isinstance(raw, (list, tuple)):
+            raise fail(resp_col, f"expected a list of responses, got {type(raw).__name__}",
+                       "Give k >= 2 responses per row.")
+        responses = [
+            _response_message(r, lambda what, j=j: fail(f"{resp_col}[{j}]", what,
+                "Remove the empty candidate or regenerate it."))
+            for j, r in enumerate(raw)
+        ]
+        if len(responses) < 2:
+            raise fail(resp_col, f"k = {len(responses)} response(s)",
+                       "Ranking needs k >= 2 responses per prompt.")
+    else:
+        chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
+        responses = [
+            _response_message(row.get(col), lambda what, col=col: fail(col, what,
+                "Both responses of a pair must be non-empty."))
+            for col in (chosen_col, rejected_col)
+        ]
+
+    k = len(responses)
+    out: dict[str, Any] = {"prompt": prompt, "responses": responses}
+    if fmt.method == "rrhf":
+        if fmt.type == "pofe.pairs":
+            rewards = [1.0, 0.0]
+        elif row.get(fmt.column("field_rewards")) is not None:
+            rewards = _numbers(row, fmt.column("field_rewards"), k, fail)
+        else:
+            # rank 1 is the best response; a reward only needs to order them
+            ranks = _numbers(row, fmt.column("field_ranks"), k, fail)
+            rewards = [-r for r in ranks]
+        out["rewards"] = rewards
+        return out
+
+    if fmt.type == "pofe.pairs":
+        win_rates = [1.0, 0.0]
+    elif fmt.type == "pofe.sppo_ucla":
+        # The SPPO authors' release: chosen/rejected plus each one's win rate.
+        win_rates = [_number(row, "chosen_probs_win", fail), _number(row, "chosen_probs_lose", fail)]
+        for name, w in zip(("chosen_probs_win", "chosen_probs_lose"), win_rates):
+            if not 0.0 <= w <= 1.0:
+                raise fail(name, f"win rate {w} is outside [0, 1]",
+                           "Win rates are probabilities; recompute them.")
+    else:
+        win_rates = _numbers(row, fmt.column("field_win_rates"), k, fail)
+    for j, w in enumerate(win_rates):
+        if not 0.0 <= w <= 1.0:
+            raise fail(f"{fmt.column('field_win_rates')}[{j}]", f"win rate {w} is outside [0, 1]",
+                       "Win rates are probabilities; recompute them.")
+    anchor_col = fmt.column("field_anchor_logps")
+    out["win_rates"] = win_rates
+    out["anchor_logps"] = (
+        _numbers(row, anchor_col, k, fail) if row.get(anchor_col) is not None else None
+    )
+    return out
+
+
+def _prompt_messages(value: Any, fail) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise fail("the prompt is empty")
+        return [{"role": "user", "content": value}]
+    if isinstance(value, (list, tuple)) and value:
+        messages = []
+        for m in value:
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise fail(f"message {m!r} is not a {{role, content}} mapping")
+            messages.append({"role": str(m["role"]), "content": str(m["content"])})
+        return messages
+    raise fail(f"expected text or chat messages, got {value!r:.80}")
+
+
+def _response_message(value: Any, fail) -> dict[str, str]:
+    if isinstance(value, Mapping):
+        if value.get("role", "assistant") != "assistant":
+            raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
+        value = value.get("content")
+    elif isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], Mapping):
+        return _response_message(value[0], fail)
+    if not isinstance(value, str):
+        raise fail(f"expected text or an assistant message, got {type(value).__name__}")
+    if not value.strip():
+        raise fail("the response is empty")
+    return {"role": "assistant", "content": value}
+
+
+def _number(row: Mapping[str, Any], col: str, fail) -> float:
+    value = row.get(col)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(col, f"expected a number, got {value!r}", "Fix or remove this row.")
+    if not math.isfinite(value):
+        raise fail(col, f"{value} is not finite", "Fix or remove this row.")
+    return float(value)
+
+
+def _numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
+    values = row.get(col)
+    if not isinstance(values, (list, tuple)):
+        raise fail(col, f"expected a list of {k} numbers, got {values!r:.80}",
+                   "Give one value per response.")
+    if len(values) != k:
+        raise fail(col, f"{len(values)} values for {k} responses",
+                   "Give exactly one value per response, in the same order.")
+    out = []
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise fail(f"{col}[{j}]", f"expected a number, got {v!r}", "Fix or remove this row.")
+        if not math.isfinite(v):
+            raise fail(f"{col}[{j}]", f"{v} is not finite", "Fix or remove this row.")
+        out.append(float(v))
+    return out

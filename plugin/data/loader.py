@@ -1,0 +1,169 @@
+"""`load_datasets` for POFE: k-response rows in, tokenised rows cached on disk out.
+
+Loading, hashing, caching under `dataset_prepared_path`, the rank lock and the
+train/validation split are axolotl's own helpers; POFE adds the row checks
+(`formats.py`) and the prompt/response tokenisation (`tokenize.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+from axolotl.common.datasets import TrainDatasetMeta
+from axolotl.loaders import load_tokenizer
+from axolotl.utils.data.lock import FileLockLoader
+from axolotl.utils.data.shared import (
+    create_train_validation_split,
+    generate_dataset_hash_from_config,
+    load_dataset_with_config,
+    load_preprocessed_dataset,
+    merge_datasets,
+    save_preprocessed_dataset,
+)
+from axolotl.utils.dict import DictDefault
+from axolotl.utils.logging import get_logger
+
+from .formats import RowFormat, check_columns, normalize_row
+from .tokenize import tokenize_row
+
+LOG = get_logger(__name__)
+
+# Bump when the prepared row layout changes, so stale caches are not reused.
+PREPARED_FORMAT_VERSION = 1
+
+
+def load_pofe_datasets(cfg: DictDefault, preprocess: bool = False) -> TrainDatasetMeta:
+    """Build (or reuse) the tokenised k-response dataset described by `cfg`."""
+    tokenizer = load_tokenizer(cfg)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer of {cfg.tokenizer_config or cfg.base_model} has no chat "
+            "template; POFE renders prompts and responses with one: set "
+            "`chat_template:` (e.g. chatml) in the recipe"
+        )
+    dataset_hash = prepared_dataset_hash(cfg, tokenizer)
+    Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
+    loader = FileLockLoader(cfg)
+    try:
+        dataset = loader.load(partial(_load_or_prepare, cfg, tokenizer, dataset_hash))
+    finally:
+        loader.cleanup()
+
+    eval_dataset = None
+    if cfg.val_set_size:
+        dataset, eval_dataset = create_train_validation_split(dataset, cfg, cfg.val_set_size)
+    return TrainDatasetMeta(
+        train_dataset=dataset,
+        eval_dataset=eval_dataset,
+        total_num_steps=_total_num_steps(cfg, len(dataset)),
+    )
+
+
+def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
+    """Axolotl's dataset hash, extended with everything POFE's preparation reads."""
+    base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
+    pofe = cfg.pofe
+    extra = {
+        "version": PREPARED_FORMAT_VERSION,
+        "method": pofe.method,
+        "fields": pofe.dataset_fields,
+        "truncation": pofe.truncation,
+        "max_prompt_len": pofe.max_prompt_len,
+        "chat_template": tokenizer.chat_template,
+    }
+    payload = base + json.dumps(extra, sort_keys=True, default=str)
+    return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()
+
+
+def _load_or_prepare(cfg: DictDefault, tokenizer, dataset_hash: str) -> Dataset:
+    dataset = load_preprocessed_dataset(cfg, dataset_hash)
+    if dataset is not None:
+        return dataset
+    dataset = _prepare(cfg, tokenizer)
+    save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
+    return dataset
+
+
+def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
+    pofe = cfg.pofe
+    max_prompt_len = pofe.max_prompt_len or cfg.sequence_len // 2
+    if max_prompt_len >= cfg.sequence_len:
+        raise ValueError(
+            f"pofe.max_prompt_len ({max_prompt_len}) leaves no room for responses in "
+            f"sequence_len ({cfg.sequence_len}); lower it"
+        )
+    parts = []
+    for i, entry in enumerate(cfg.datasets):
+        fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields or []) else {}
+        fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
+        raw = load_dataset_with_config(entry, cfg.hf_use_auth_token)
+        check_columns(fmt, raw.column_names)
+        part = raw.map(
+            _prepare_row,
+            with_indices=True,
+            remove_columns=raw.column_names,
+            fn_kwargs={
+                "fmt": fmt,
+                "tokenizer": tokenizer,
+                "sequence_len": cfg.sequence_len,
+                "max_prompt_len": max_prompt_len,
+                "truncation": pofe.truncation,
+            },
+            desc=f"POFE: tokenising {entry.path}",
+        )
+        _log_length_policy(part, entry.path, pofe.truncation, cfg.sequence_len)
+        parts.append(part.filter(lambda keep: keep, input_columns="keep"))
+    dataset = merge_datasets(parts, cfg)
+    dataset = dataset.remove_columns(["keep", "truncated"])
+    if len(dataset) == 0:
+        raise ValueError(
+            "no rows left to train on after the length policy; raise sequence_len or "
+            "set pofe.truncation: truncate"
+        )
+    if pofe.method == "sppo":
+        dataset = _settle_anchor_column(dataset)
+    return dataset
+
+
+def _settle_anchor_column(dataset: Dataset) -> Dataset:
+    """Keep given anchor log-probs only when every row has them; else mark rows for
+    the trainer's one-off anchor pass (which then covers every row, so all log-ratios
+    share one anchor)."""
+    given = sum(a is not None for a in dataset["anchor_logps"])
+    if given == len(dataset):
+        return dataset
+    if given:
+        LOG.warning(
+            f"POFE: {given} of {len(dataset)} rows carry anchor_logps; computing the "
+            "anchor for all rows instead so every log-ratio uses the same anchor"
+        )
+    dataset = dataset.remove_columns("anchor_logps")
+    return dataset.add_column("row_id", list(range(len(dataset))))
+
+
+def _prepare_row(row: dict[str, Any], index: int, *, fmt: RowFormat, tokenizer, **kw) -> dict:
+    return tokenize_row(normalize_row(row, index, fmt), tokenizer, **kw)
+
+
+def _log_length_policy(part: Dataset, path: str, truncation: str, sequence_len: int) -> None:
+    over = sum(part["truncated"])
+    if over:
+        verb = "truncated" if truncation == "truncate" else "dropped"
+        LOG.warning(
+            f"POFE: {verb} {over} of {len(part)} rows of {path} longer than "
+            f"sequence_len={sequence_len} (pofe.truncation: {truncation})"
+        )
+
+
+def _total_num_steps(cfg: DictDefault, num_rows: int) -> int:
+    world = cfg.world_size or 1
+    per_step = (cfg.micro_batch_size or 1) * (cfg.gradient_accumulation_steps or 1) * world
+    steps = math.ceil(num_rows * (cfg.num_epochs or 1) / per_step)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps

@@ -1,0 +1,68 @@
+"""Render canonical rows with the chat template and tokenise prompt and responses.
+
+The prompt is rendered with `add_generation_prompt=True`; each response is the text the
+template adds after it for one assistant turn (so the end-of-turn tokens are scored,
+and the model learns to stop). Prompt and responses are tokenised apart, so the
+collator can lay out each candidate as `prompt_ids + response_ids[j]` and score only
+response tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+
+def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
+    """Return the rendered prompt text and each response's text after it."""
+    prompt = tokenizer.apply_chat_template(
+        row["prompt"], tokenize=False, add_generation_prompt=True
+    )
+    responses = []
+    for message in row["responses"]:
+        full = tokenizer.apply_chat_template(row["prompt"] + [message], tokenize=False)
+        if not full.startswith(prompt):
+            raise ValueError(
+                "the chat template does not render a conversation as the generation "
+                "prompt followed by the assistant turn, so response tokens cannot be "
+                "told apart; set `chat_template:` to a template that does (e.g. chatml)"
+            )
+        responses.append(full[len(prompt) :])
+    return prompt, responses
+
+
+def tokenize_row(
+    row: dict[str, Any],
+    tokenizer,
+    *,
+    sequence_len: int,
+    max_prompt_len: int,
+    truncation: Literal["truncate", "drop"],
+) -> dict[str, Any]:
+    """Tokenise one canonical row; returns ids plus `truncated` / `keep` flags.
+
+    Policy when `len(prompt) + max_j len(response_j) > sequence_len`:
+    `truncate` keeps the last `max_prompt_len` prompt tokens (the question usually
+    sits at the end of a long prompt), then cuts each response to the room left;
+    `drop` marks the row `keep=False` (the caller filters and counts).
+    """
+    prompt_text, response_texts = render_row(row, tokenizer)
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    response_ids = [
+        tokenizer(text, add_special_tokens=False)["input_ids"] for text in response_texts
+    ]
+    too_long = len(prompt_ids) + max(len(r) for r in response_ids) > sequence_len
+    keep = not (too_long and truncation == "drop")
+    if too_long and truncation == "truncate":
+        prompt_ids = prompt_ids[-max_prompt_len:]
+        room = sequence_len - len(prompt_ids)
+        response_ids = [r[:room] for r in response_ids]
+    out = {
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "truncated": too_long,
+        "keep": keep,
+    }
+    for key in ("rewards", "win_rates", "anchor_logps"):
+        if key in row:
+            out[key] = row[key]
+    return out

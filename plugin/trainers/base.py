@@ -1,0 +1,58 @@
+"""What RRHF and SPPO trainers share: batch checks, scoring, (B, K) layout, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from axolotl.core.trainers.base import AxolotlTrainer
+
+from ..scoring import response_logps
+
+BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
+
+
+class KResponseTrainer(AxolotlTrainer):
+    """Scores every candidate of a (B prompts x k candidates) batch from `KResponseCollator`."""
+
+    # keys besides BATCH_KEYS that compute_loss reads from the batch
+    required_keys: tuple[str, ...] = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Our losses are means over prompts, so the Trainer must divide by the
+        # accumulation steps itself rather than pass token counts to the loss.
+        self.model_accepts_loss_kwargs = False
+
+    @property
+    def pofe(self):
+        return self.axolotl_cfg.pofe
+
+    def _set_signature_columns_if_needed(self):
+        # the prepared columns are not forward() arguments but must reach the collator
+        if self._signature_columns is None:
+            self._signature_columns = ["prompt_ids", "response_ids", "rewards",
+                                       "win_rates", "anchor_logps", "row_id"]
+
+    def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the model on all candidates; return logp_sum and lengths as (B, K)."""
+        missing = [k for k in BATCH_KEYS + self.required_keys if k not in inputs]
+        if missing:
+            raise KeyError(
+                f"{type(self).__name__} batch is missing {missing}; POFE needs its own "
+                "collator (is another plugin replacing it?)"
+            )
+        logp_sum, lengths = response_logps(
+            model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"]
+        )  # (N,)
+        mask = inputs["candidate_mask"]  # (B, K)
+        logp = logp_sum.new_zeros(mask.shape).masked_scatter(mask, logp_sum)
+        lens = lengths.new_zeros(mask.shape).masked_scatter(mask, lengths)
+        return logp, lens
+
+    def log_stats(self, model, prefix: str, stats: dict[str, float]) -> None:
+        split = "train" if model.training else "eval"
+        self.store_metrics(
+            {f"{prefix}/{k}": v for k, v in stats.items() if not math.isnan(v)}, split
+        )

@@ -1,0 +1,38 @@
+"""SPPO trainer: regress the log-ratio to the anchor policy onto eta * (win rate - 1/2)."""
+
+from __future__ import annotations
+
+from ..anchor import AnchorLogps
+from ..losses import sppo_hard_loss, sppo_loss
+from .base import KResponseTrainer
+
+
+class SPPOTrainer(KResponseTrainer):
+    required_keys = ("win_rates",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # computed lazily in the first step, once accelerate/DeepSpeed/FSDP have wrapped
+        # the model, so the anchor pass works under every backend axolotl supports
+        self.anchor = AnchorLogps(self)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logp, _ = self.score_candidates(model, inputs)  # (B, K)
+        anchor = self.anchor.lookup(model, inputs)  # (B, K)
+        mask = inputs["candidate_mask"]
+        if self.pofe.sppo_loss == "hard":
+            if mask.shape[1] != 2 or not bool(mask.all()):
+                raise ValueError(
+                    "pofe.sppo_loss: hard needs exactly two responses (chosen, rejected) "
+                    "per row; use a pofe.pairs dataset or sppo_loss: soft"
+                )
+            loss, stats = sppo_hard_loss(
+                logp[:, 0], anchor[:, 0], logp[:, 1], anchor[:, 1], beta=1.0 / self.pofe.eta
+            )
+        else:
+            loss, stats = sppo_loss(
+                logp, anchor, inputs["win_rates"], eta=self.pofe.eta, mask=mask
+            )
+        self.log_stats(model, "sppo", stats)
+        return (loss, {"logratio": logp - anchor}) if return_outputs else loss
+
