@@ -67,6 +67,19 @@ class PofeConfig(BaseModel):
         default="soft",
         description="`soft`: regression on win rates; `hard`: TRL's sppo_hard on pairs.",
     )
+    # Performance (both leave the scores unchanged, up to float rounding)
+    prefix_sharing: bool = Field(
+        default=True,
+        description="Encode each prompt once: pack `prompt, r_1..r_k` in one row with a "
+        "block attention mask (eager/sdpa; off automatically with flash attention or "
+        "sample packing).",
+    )
+    logit_chunk_size: int = Field(
+        default=1024,
+        ge=1,
+        description="Response tokens per output-embedding chunk when scoring; no "
+        "(tokens x vocab) logits beyond one chunk exist at a time.",
+    )
     # Data
     truncation: Literal["truncate", "drop"] = Field(
         default="truncate",
@@ -145,20 +158,19 @@ class PofeArgs(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _translate_rl(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            translate_raw_config(data)
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _check_datasets(cls, data: Any) -> Any:
+    def _translate_and_check_datasets(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        translate_raw_config(data)
         pofe = data.get("pofe") or {}
         method = pofe.get("method") if isinstance(pofe, dict) else pofe.method
         if method is None:
             return data
+        if data.get("sample_packing"):
+            raise ValueError(
+                "sample_packing: true cannot be used with POFE, which lays out the k "
+                "candidates of each prompt itself; set sample_packing: false"
+            )
         for i, entry in enumerate(data.get("datasets") or []):
             # entries are raw dicts, or axolotl's dataset models once validated
             get = entry.get if isinstance(entry, dict) else partial(getattr, entry)

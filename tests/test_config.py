@@ -1,0 +1,60 @@
+"""The `pofe:` block, the `rl:` translation and config errors."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from pofe.args import PofeArgs, PofeConfig, translate_raw_config
+
+
+def test_rl_moves_under_pofe_with_dataset_fields():
+    cfg = {
+        "rl": "sppo",
+        "datasets": [{"path": "a.jsonl", "type": "pofe.sppo", "field_prompt": "q"},
+                     {"path": "b.jsonl", "type": "pofe.pairs"}],
+    }
+    translate_raw_config(cfg)
+    assert "rl" not in cfg
+    assert cfg["pofe"]["method"] == "sppo"
+    assert cfg["pofe"]["dataset_fields"] == [{"field_prompt": "q"}, {}]
+    assert translate_raw_config(dict(cfg)) == cfg  # idempotent
+
+
+def test_defaults_are_the_papers():
+    c = PofeConfig()
+    assert (c.rank_weight, c.margin, c.length_penalty, c.eta) == (1.0, 0.0, 1.0, 1000.0)
+
+
+def test_other_rl_values_are_left_to_axolotl():
+    cfg = {"rl": "dpo", "datasets": []}
+    translate_raw_config(cfg)
+    assert cfg == {"rl": "dpo", "datasets": []}
+
+
+def test_unknown_rl_names_both_vocabularies():
+    with pytest.raises(ValueError, match=r"unknown `rl: rrfh`: POFE adds \['rrhf', 'sppo'\]; axolotl itself knows \[.*'dpo'"):
+        translate_raw_config({"rl": "rrfh"})
+
+
+def test_dataset_type_must_feed_the_method():
+    with pytest.raises(ValidationError, match=r"datasets\[0\] \(s.jsonl\): type pofe.sppo feeds sppo, not `rl: rrhf`"):
+        PofeArgs.model_validate({"rl": "rrhf", "datasets": [{"path": "s.jsonl", "type": "pofe.sppo"}]})
+    with pytest.raises(ValidationError, match=r"type 'alpaca' is not a POFE dataset type; with `rl: sppo` use one of \['pofe.pairs', 'pofe.sppo', 'pofe.sppo_ucla'\]"):
+        PofeArgs.model_validate({"rl": "sppo", "datasets": [{"path": "x", "type": "alpaca"}]})
+
+
+def test_bounds_and_cross_field_rules():
+    with pytest.raises(ValidationError, match="eta"):
+        PofeConfig(eta=0)
+    with pytest.raises(ValidationError, match="margin"):
+        PofeConfig(margin=-1)
+    with pytest.raises(ValidationError, match="sppo_loss: hard applies to `rl: sppo` only"):
+        PofeConfig(method="rrhf", sppo_loss="hard")
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        PofeConfig(rank_wieght=2.0)
+
+
+def test_sample_packing_is_refused():
+    with pytest.raises(ValidationError, match="set sample_packing: false"):
+        PofeArgs.model_validate({"rl": "rrhf", "sample_packing": True, "datasets": []})

@@ -1,0 +1,126 @@
+"""Row checks: every bad input names the dataset, the row, the field and the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pofe.data.formats import PofeDataError, RowFormat, check_columns, normalize_row
+
+RRHF = RowFormat(dataset="data/c.jsonl", type="pofe.rrhf", method="rrhf", fields={})
+SPPO = RowFormat(dataset="data/s.jsonl", type="pofe.sppo", method="sppo", fields={})
+
+
+def good_rrhf(**kw):
+    return {"prompt": "2+2=", "responses": ["4", "5", "3"], "rewards": [1.0, 0.2, 0.3], **kw}
+
+
+def test_rrhf_row_canonical_form():
+    row = normalize_row(good_rrhf(), 0, RRHF)
+    assert row == {
+        "prompt": [{"role": "user", "content": "2+2="}],
+        "responses": [{"role": "assistant", "content": t} for t in ("4", "5", "3")],
+        "rewards": [1.0, 0.2, 0.3],
+    }
+
+
+def test_chat_messages_and_ranks_and_custom_columns():
+    fmt = RowFormat(
+        dataset="d", type="pofe.rrhf", method="rrhf",
+        fields={"field_prompt": "q", "field_responses": "answers", "field_ranks": "rank"},
+    )
+    raw = {
+        "q": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        "answers": [{"role": "assistant", "content": "hello"}, "yo"],
+        "rank": [2, 1],
+    }
+    row = normalize_row(raw, 0, fmt)
+    assert row["prompt"][0] == {"role": "system", "content": "be brief"}
+    assert row["responses"][1] == {"role": "assistant", "content": "yo"}
+    # rank 1 is best, so it must carry the higher reward
+    assert row["rewards"] == [-2.0, -1.0]
+
+
+def test_pairs_map_to_rewards_and_win_rates():
+    raw = {"prompt": "p", "chosen": "a", "rejected": "b"}
+    pairs_rrhf = RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={})
+    pairs_sppo = RowFormat(dataset="d", type="pofe.pairs", method="sppo", fields={})
+    assert normalize_row(raw, 0, pairs_rrhf)["rewards"] == [1.0, 0.0]
+    assert normalize_row(raw, 0, pairs_sppo)["win_rates"] == [1.0, 0.0]
+
+
+def test_sppo_authors_layout():
+    fmt = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
+    raw = {"prompt": "p", "chosen": "a", "rejected": "b", "chosen_probs": 0.7,
+           "chosen_probs_win": 0.62, "chosen_probs_lose": 0.41}
+    row = normalize_row(raw, 0, fmt)
+    assert row["win_rates"] == [0.62, 0.41]
+    assert row["anchor_logps"] is None
+
+
+def test_sppo_anchor_column_used_as_given():
+    row = normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
+                         "anchor_logps": [-3.5, -7.25]}, 0, SPPO)
+    assert row["anchor_logps"] == [-3.5, -7.25]
+
+
+BAD_RRHF = [
+    (good_rrhf(rewards=[1.0, 0.2]), "field 'rewards': 2 values for 3 responses"),
+    (good_rrhf(responses=["4"], rewards=[1.0]), "field 'responses': k = 1 response(s)"),
+    (good_rrhf(rewards=[1.0, "high", 0.3]), "field 'rewards[1]': expected a number, got 'high'"),
+    (good_rrhf(rewards=[1.0, math.nan, 0.3]), "field 'rewards[1]': nan is not finite"),
+    (good_rrhf(rewards=[1.0, 0.2, math.inf]), "field 'rewards[2]': inf is not finite"),
+    (good_rrhf(responses=["4", "  ", "3"]), "field 'responses[1]': the response is empty"),
+    (good_rrhf(prompt=""), "field 'prompt': the prompt is empty"),
+    (good_rrhf(responses="4"), "field 'responses': expected a list of responses, got str"),
+    (good_rrhf(rewards=None), "field 'ranks': expected a list of 3 numbers, got None"),
+]
+
+
+@pytest.mark.parametrize("raw,message", BAD_RRHF)
+def test_bad_rrhf_rows_name_dataset_row_field(raw, message):
+    with pytest.raises(PofeDataError) as err:
+        normalize_row(raw, 7, RRHF)
+    text = str(err.value)
+    assert text.startswith("dataset data/c.jsonl, row 7 (0-based), ")
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    "win_rates,message",
+    [([0.5, 1.2], "field 'win_rates[1]': win rate 1.2 is outside [0, 1]"),
+     ([-0.1, 0.5], "field 'win_rates[0]': win rate -0.1 is outside [0, 1]"),
+     ([0.5], "field 'win_rates': 1 values for 2 responses")],
+)
+def test_bad_win_rates(win_rates, message):
+    with pytest.raises(PofeDataError, match="dataset data/s.jsonl, row 3") as err:
+        normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": win_rates}, 3, SPPO)
+    assert message in str(err.value)
+
+
+def test_missing_column_is_named_with_the_fix():
+    with pytest.raises(PofeDataError) as err:
+        check_columns(RRHF, ["prompt", "answers", "rewards"])
+    assert "dataset data/c.jsonl: missing column(s) ['responses']" in str(err.value)
+    assert "field_" in str(err.value)
+    with pytest.raises(PofeDataError, match=r"rewards \(or ranks\)"):
+        check_columns(RRHF, ["prompt", "responses"])
+    check_columns(RRHF, ["prompt", "responses", "ranks"])  # ranks alone suffice
+
+
+def test_bad_row_fails_axolotl_preprocess_with_the_row(tmp_path, tiny_model):
+    """The same message reaches a user running the CLI, for row 2 of a JSONL file."""
+    from conftest import recipe, run_axolotl
+
+    rows = [good_rrhf(), good_rrhf(), good_rrhf(rewards=[1.0, None, 0.0])]
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf")
+    proc = run_axolotl("preprocess", str(cfg), check=False)
+    assert proc.returncode != 0
+    assert (
+        f"dataset {data}, row 2 (0-based), field 'rewards[1]': expected a number, got None"
+        in proc.stderr
+    )
