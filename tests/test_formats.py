@@ -124,3 +124,12 @@ def test_bad_row_fails_axolotl_preprocess_with_the_row(tmp_path, tiny_model):
         f"dataset {data}, row 2 (0-based), field 'rewards[1]': expected a number, got None"
         in proc.stderr
     )
+
+
+def test_conversational_responses_take_the_final_assistant_turn():
+    fmt = RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={})
+    conv = lambda text: [{"role": "user", "content": "p"}, {"role": "assistant", "content": text}]
+    row = normalize_row({"prompt": "p", "chosen": conv("good"), "rejected": conv("bad")}, 0, fmt)
+    assert [m["content"] for m in row["responses"]] == ["good", "bad"]
+    with pytest.raises(PofeDataError, match="field 'rejected': a response message must have role 'assistant', not 'user'"):
+        normalize_row({"prompt": "p", "chosen": conv("a"), "rejected": conv("b")[:1]}, 0, fmt)

@@ -168,8 +168,10 @@ def _response_message(value: Any, fail) -> dict[str, str]:
         if value.get("role", "assistant") != "assistant":
             raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
         value = value.get("content")
-    elif isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], Mapping):
-        return _response_message(value[0], fail)
+    elif isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
+        # a whole conversation (TRL's conversational preference rows, the SPPO
+        # authors' release): the response is its final, assistant, turn
+        return _response_message(value[-1], fail)
     if not isinstance(value, str):
         raise fail(f"expected text or an assistant message, got {type(value).__name__}")
     if not value.strip():

@@ -1,0 +1,41 @@
+"""Every shipped recipe loads and passes axolotl's validation with the plugin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from axolotl.cli.config import prepare_plugins
+from axolotl.utils.config import validate_config
+from axolotl.utils.dict import DictDefault
+
+RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yml"))
+H100 = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
+CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
+
+
+def test_recipes_exist_for_each_method_and_setup():
+    names = {p.stem for p in RECIPES}
+    for method in ("rrhf", "sppo"):
+        assert {f"{method}-qlora", f"{method}-zero3", f"tiny-{method}-cpu"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_validates(path):
+    raw = yaml.safe_load(path.read_text())
+    method = raw["rl"]
+    cfg = DictDefault(raw)
+    prepare_plugins(cfg)
+    caps = CPU if path.stem.startswith("tiny-") else H100
+    cfg = validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
+    assert cfg.rl is None and cfg.pofe.method == method
+    assert cfg.sample_packing is False
+    if path.stem.endswith("qlora"):
+        assert cfg.adapter == "qlora" and cfg.load_in_4bit
+    if path.stem.endswith("zero3"):
+        ds = json.loads((path.parents[1] / cfg.deepspeed).read_text())
+        assert ds["zero_optimization"]["stage"] == 3
+        assert cfg.adapter is None  # full fine-tuning
