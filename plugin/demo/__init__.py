@@ -1,0 +1,9 @@
+"""The embedded toy world: a tiny offline Llama, a verifiable addition task, greedy evaluation.
+
+- `pofe.demo.tiny.build_tiny_model(path)` writes a random-init model and tokenizer that load
+  by path like a hub model.
+- `pofe.demo.task` scores answers to prompts such as "12+7=" and writes RRHF / SPPO rows.
+- `pofe.demo.evaluate.greedy_reward(model_dir, prompts)` measures a model (or LoRA adapter).
+
+Submodules are not imported here, so `import pofe.demo.task` stays free of torch start-up.
+"""
