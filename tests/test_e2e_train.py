@@ -166,3 +166,35 @@ def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_j
 
     proc = run_axolotl("train", str(cfg))
     assert f"Loading prepared dataset from disk at {prepared[0]}" in proc.stdout + proc.stderr
+
+
+def test_sppo_hard_on_pairs_starts_at_eta_squared_over_two(tmp_path, tiny_model):
+    """At step 1 both log-ratios are 0, so L = (0 - eta/2)^2 + (0 + eta/2)^2 = eta^2 / 2."""
+    rows = [{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": "no"} for a in range(8)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = recipe(tmp_path, tiny_model, "sppo", data, "pofe.pairs",
+                 pofe={"eta": 10.0, "sppo_loss": "hard"}, learning_rate=1e-3)
+    run_axolotl("train", str(cfg))
+    steps = check_finite(log_history(tmp_path / "out"), ["sppo/chosen_logratio", "sppo/rejected_logratio"])
+    assert len(steps) == 2
+    assert steps[0]["loss"] == pytest.approx(50.0, rel=1e-4)
+    # the chosen response gains on the rejected one after a step
+    assert steps[1]["sppo/chosen_logratio"] > steps[1]["sppo/rejected_logratio"]
+
+
+def test_drop_policy_counts_what_it_drops(tmp_path, tiny_model):
+    rows = [
+        {"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1, 0]},
+        {"prompt": "9" * 80, "responses": ["2", "3"], "rewards": [1, 0]},
+        {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1, 0]},
+    ]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf", pofe={"truncation": "drop"})
+    proc = run_axolotl("preprocess", str(cfg))
+    assert "POFE: dropped 1 of 3 rows" in proc.stdout + proc.stderr
+    from datasets import load_from_disk
+
+    (prepared,) = [p for p in (tmp_path / "prepared").iterdir() if p.name.startswith("pofe-")]
+    assert len(load_from_disk(str(prepared))) == 2
