@@ -1,5 +1,40 @@
-"""Candidate generation, judging and win rates for POFE."""
+"""Candidate generation, judging and win rates for POFE.
 
+    from pofe.preprocess import GenerateConfig, JudgeConfig, run_pipeline
+
+Heavy modules (backends, judges, the pipeline) are imported on first use.
+"""
+
+from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .win_rates import bradley_terry_preferences, symmetrize_preferences, win_rates
 
-__all__ = ["win_rates", "symmetrize_preferences", "bradley_terry_preferences"]
+__all__ = [
+    "win_rates",
+    "symmetrize_preferences",
+    "bradley_terry_preferences",
+    "GenerateConfig",
+    "JudgeConfig",
+    "PipelineConfig",
+    "Sampling",
+    "run_pipeline",
+    "PipelineResult",
+    "make_generator",
+    "make_judge",
+    "Abstain",
+]
+
+_LAZY = {
+    "run_pipeline": ".pipeline",
+    "PipelineResult": ".pipeline",
+    "make_generator": ".generate",
+    "make_judge": ".judges",
+    "Abstain": ".judges",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'pofe.preprocess' has no attribute {name!r}")

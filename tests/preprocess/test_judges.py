@@ -1,0 +1,130 @@
+"""Scalar judges (python, reward model) and the both-order combination, with hand numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pofe.preprocess.judge_llm import parse_score, parse_verdict, verdict_from_logprobs
+from pofe.preprocess.judge_pairwise import combine_orders, preferences_both_orders
+from pofe.preprocess.judges import Abstain, JudgeError, JudgeStats, PythonJudge, load_function
+from pofe.preprocess.win_rates import win_rates
+
+
+def test_python_judge_scores_and_abstains():
+    def fn(prompt, response):
+        if response == "boom":
+            raise ValueError("bad input")
+        if response == "nan":
+            return float("nan")
+        return len(response)
+
+    j = PythonJudge(fn)
+    out = j.score(["p1", "p2"], [["a", "bb"], ["boom", "nan", "ccc"]])
+    assert out[0] == [1.0, 2.0] and out[1][2] == 3.0
+    assert isinstance(out[1][0], Abstain) and "ValueError: bad input" in out[1][0].reason
+    assert isinstance(out[1][1], Abstain) and "non-finite" in out[1][1].reason
+    assert j.stats.abstentions == 2 and j.stats.calls == 5
+
+
+def test_python_judge_no_abstain_names_the_row():
+    j = PythonJudge(lambda p, r: 1 / 0, allow_abstain=False)
+    with pytest.raises(JudgeError, match="prompt 0, candidate 0"):
+        j.score(["p"], [["a"]])
+
+
+def test_load_function_errors():
+    assert load_function("pofe.demo.task:reward")("1+1=", "2") == 1.0
+    with pytest.raises(ImportError, match="cannot import module 'no_such_mod'"):
+        load_function("no_such_mod:f")
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        load_function("pofe.demo.task:nope")
+
+
+def test_reward_model_batched_equals_independent_forward(tiny_reward_model):
+    """Batched, padded scores == one unpadded forward per pair, pooling the last token by hand."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pofe.preprocess.judge_reward_model import RewardModelJudge
+
+    prompts = ["What is 2+2?", [{"role": "user", "content": "Hi there"}]]
+    responses = [["4", "four, I think", "5"], ["hello", "a much longer greeting with words"]]
+    judge = RewardModelJudge(str(tiny_reward_model), batch_size=2)
+    got = judge.score(prompts, responses)
+    assert [len(g) for g in got] == [3, 2]
+
+    tok = AutoTokenizer.from_pretrained(tiny_reward_model)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model).eval()
+    for prompt, rs, scores in zip(prompts, responses, got):
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        for r, s in zip(rs, scores):
+            text = tok.apply_chat_template(msgs + [{"role": "assistant", "content": r}], tokenize=False)
+            assert text.endswith(f"<|assistant|>{r}<|end|>")
+            ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+            with torch.no_grad():
+                hidden = model.model(input_ids=ids).last_hidden_state  # (1, T, H)
+                ref = model.score(hidden[:, -1]).item()  # (1, 1): last token's score
+            assert s == pytest.approx(ref, abs=1e-5)
+
+
+def test_combine_orders_hand_matrix():
+    """first_wins (y_i shown first): F = [[-, .9, .6], [.5, -, .8], [.2, .4, -]].
+    P[0,1] = (.9 + 1 - .5)/2 = .7;  P[0,2] = (.6 + 1 - .2)/2 = .7;  P[1,2] = (.8 + 1 - .4)/2 = .7.
+    Win rates w_i = mean_j P[i, j] (diag 1/2): w0 = (.5+.7+.7)/3 = .6333, w1 = (.3+.5+.7)/3 = .5,
+    w2 = (.3+.3+.5)/3 = .3667."""
+    F = torch.tensor([[0.0, 0.9, 0.6], [0.5, 0.0, 0.8], [0.2, 0.4, 0.0]])
+    v = combine_orders(F)
+    P = v.matrix
+    assert v.abstained_pairs == 0
+    assert torch.allclose(P, torch.tensor([[0.5, 0.7, 0.7], [0.3, 0.5, 0.7], [0.3, 0.3, 0.5]], dtype=torch.float64))
+    assert torch.allclose(P + P.T, torch.ones(3, 3, dtype=torch.float64))
+    assert torch.allclose(win_rates(P), torch.tensor([0.6 + 0.1 / 3, 0.5, 0.3 + 0.2 / 3], dtype=torch.float64))
+
+
+def test_combine_orders_position_bias_cancels():
+    """A judge adding +0.2 to whichever response is shown first gives back the true matrix."""
+    Q = torch.tensor([[0.5, 0.6, 0.3], [0.4, 0.5, 0.1], [0.7, 0.9, 0.5]], dtype=torch.float64)
+    biased = Q + 0.2 * (1 - torch.eye(3, dtype=torch.float64))
+    assert torch.allclose(combine_orders(biased).matrix, Q)
+
+
+def test_combine_orders_abstentions():
+    """(0,1) one order missing -> 1 - F[1,0] = 1 - .3 = .7; (0,2) both missing -> tie, counted."""
+    nan = float("nan")
+    F = torch.tensor([[0.0, nan, nan], [0.3, 0.0, 0.6], [nan, 0.2, 0.0]])
+    v = combine_orders(F)
+    assert v.abstained_pairs == 1
+    assert v.matrix[0, 1].item() == pytest.approx(0.7)
+    assert v.matrix[0, 2].item() == 0.5 and v.matrix[2, 0].item() == 0.5
+    assert v.matrix[1, 2].item() == pytest.approx((0.6 + 1 - 0.2) / 2)
+    assert not torch.isnan(v.matrix).any()
+
+
+def test_preferences_both_orders_calls_every_ordered_pair():
+    seen = []
+
+    def pair_fn(items):
+        seen.extend(items)
+        return [1.0 if len(a) > len(b) else 0.0 for _, a, b in items]  # longer wins, no bias
+
+    stats = JudgeStats()
+    out = preferences_both_orders(pair_fn, ["p", "q"], [["a", "bbb", "cc"], ["x", "yy"]], stats)
+    assert len(seen) == 3 * 2 + 2 * 1 and stats.calls == 8
+    assert out[0].matrix.shape == (3, 3) and out[1].matrix.shape == (2, 2)
+    assert win_rates(out[0].matrix).argmax().item() == 1  # "bbb"
+
+
+def test_parsers():
+    assert parse_score("Score: 7/10", 1, 10) == 7.0
+    assert "out of range" in parse_score("42", 1, 10)
+    assert "unparseable" in parse_score("great!", 1, 10)
+    assert parse_verdict("[[A]]") == 1.0 and parse_verdict(" B is better") == 0.0
+    assert "unparseable" in parse_verdict("Both are fine")
+    assert parse_verdict("Answer") != 1.0  # the A of a word is not a verdict
+    lp = [{"token": " A", "logprob": math.log(0.3)}, {"token": "B", "logprob": math.log(0.1)}, {"token": "x", "logprob": math.log(0.05)}]
+    assert verdict_from_logprobs(lp) == pytest.approx(0.75)
+    only_a = [{"token": "A", "logprob": math.log(0.3)}, {"token": "x", "logprob": math.log(0.1)}]
+    assert verdict_from_logprobs(only_a) == pytest.approx(0.75)  # B bounded by the lowest listed (0.1)
+    assert verdict_from_logprobs([{"token": "x", "logprob": -1.0}]) is None

