@@ -12,10 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+
 METHODS = ("rrhf", "sppo")
 
 # Dataset `type:` values POFE reads, and the methods each one can feed.
 DATASET_TYPES: dict[str, tuple[str, ...]] = {
+    "pofe.prompts": ("rrhf", "sppo"),  # candidates generated and judged in preprocess
     "pofe.rrhf": ("rrhf",),
     "pofe.pairs": ("rrhf", "sppo"),
     "pofe.sppo": ("sppo",),
@@ -91,15 +94,33 @@ class PofeConfig(BaseModel):
         ge=1,
         description="Prompt tokens kept when truncating (default: sequence_len // 2).",
     )
+    # Candidates from prompts (datasets of type pofe.prompts)
+    generate: GenerateConfig | None = Field(
+        default=None, description="How candidates are generated from prompts."
+    )
+    judge: JudgeConfig | None = Field(default=None, description="Who scores the candidates.")
+    candidates: PipelineConfig = Field(
+        default_factory=PipelineConfig,
+        description="Where and how the generate/judge pipeline writes its shards.",
+    )
     dataset_fields: list[dict[str, str]] = Field(
         default_factory=list,
         description="Internal: the `field_*` keys of each `datasets:` entry.",
     )
 
     @model_validator(mode="after")
-    def _hard_loss_needs_sppo(self) -> "PofeConfig":
+    def _cross_field_rules(self) -> "PofeConfig":
         if self.sppo_loss == "hard" and self.method not in (None, "sppo"):
             raise ValueError("pofe.sppo_loss: hard applies to `rl: sppo` only")
+        if (self.generate is None) != (self.judge is None):
+            raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
+        if self.method == "rrhf" and self.judge is not None and self.judge.is_pairwise:
+            raise ValueError(
+                f"pofe.judge.type: {self.judge.type} gives pairwise preferences; RRHF needs "
+                "a scalar reward per candidate (python, reward_model or llm)"
+            )
+        if self.method == "rrhf" and self.candidates.keep != "all":
+            raise ValueError("pofe.candidates.keep: best_worst applies to `rl: sppo` only")
         return self
 
 
@@ -171,10 +192,17 @@ class PofeArgs(BaseModel):
                 "sample_packing: true cannot be used with POFE, which lays out the k "
                 "candidates of each prompt itself; set sample_packing: false"
             )
+        has_generate = bool(pofe.get("generate") if isinstance(pofe, dict) else pofe.generate)
+        has_prompts = False
         for i, entry in enumerate(data.get("datasets") or []):
             # entries are raw dicts, or axolotl's dataset models once validated
             get = entry.get if isinstance(entry, dict) else partial(getattr, entry)
             dtype, path = get("type", None), get("path", None)
+            if dtype == "pofe.prompts" and not has_generate:
+                raise ValueError(
+                    f"datasets[{i}] ({path}): type pofe.prompts needs pofe.generate and "
+                    "pofe.judge, which turn prompts into scored candidates"
+                )
             allowed = DATASET_TYPES.get(dtype) if isinstance(dtype, str) else None
             if allowed is None:
                 raise ValueError(
@@ -187,4 +215,9 @@ class PofeArgs(BaseModel):
                     f"datasets[{i}] ({path}): type {dtype} feeds "
                     f"{'/'.join(allowed)}, not `rl: {method}`"
                 )
+            has_prompts = has_prompts or dtype == "pofe.prompts"
+        if has_generate and not has_prompts:
+            raise ValueError(
+                "pofe.generate is set but no dataset has type pofe.prompts to generate from"
+            )
         return data

@@ -40,7 +40,7 @@ def test_unknown_rl_names_both_vocabularies():
 def test_dataset_type_must_feed_the_method():
     with pytest.raises(ValidationError, match=r"datasets\[0\] \(s.jsonl\): type pofe.sppo feeds sppo, not `rl: rrhf`"):
         PofeArgs.model_validate({"rl": "rrhf", "datasets": [{"path": "s.jsonl", "type": "pofe.sppo"}]})
-    with pytest.raises(ValidationError, match=r"type 'alpaca' is not a POFE dataset type; with `rl: sppo` use one of \['pofe.pairs', 'pofe.sppo', 'pofe.sppo_ucla'\]"):
+    with pytest.raises(ValidationError, match=r"type 'alpaca' is not a POFE dataset type; with `rl: sppo` use one of \['pofe.prompts', 'pofe.pairs', 'pofe.sppo', 'pofe.sppo_ucla'\]"):
         PofeArgs.model_validate({"rl": "sppo", "datasets": [{"path": "x", "type": "alpaca"}]})
 
 

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset
+from datasets import Dataset, load_dataset
 
 from axolotl.common.datasets import TrainDatasetMeta
 from axolotl.loaders import load_tokenizer
@@ -77,6 +77,9 @@ def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
         "truncation": pofe.truncation,
         "max_prompt_len": pofe.max_prompt_len,
         "chat_template": tokenizer.chat_template,
+        "generate": pofe.generate,
+        "judge": pofe.judge,
+        "candidates": pofe.candidates,
     }
     payload = base + json.dumps(extra, sort_keys=True, default=str)
     return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()
@@ -104,6 +107,8 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
         fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields or []) else {}
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
         raw = load_dataset_with_config(entry, cfg.hf_use_auth_token)
+        if entry.type == "pofe.prompts":
+            raw, fmt = _candidates_from_prompts(cfg, entry, raw, fmt)
         check_columns(fmt, raw.column_names)
         part = raw.map(
             _prepare_row,
@@ -146,6 +151,42 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
         )
     dataset = dataset.remove_columns("anchor_logps")
     return dataset.add_column("row_id", list(range(len(dataset))))
+
+
+def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: RowFormat):
+    """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+    from pofe.preprocess.pipeline import run_pipeline
+
+    pofe = cfg.pofe
+    generate, judge = GenerateConfig(**pofe.generate), JudgeConfig(**pofe.judge)
+    pipeline = PipelineConfig(**pofe.candidates)
+    policy = generate.model or cfg.base_model
+    if pipeline.out_dir is None:
+        key = json.dumps(
+            [entry.path, entry.split, policy, pofe.method, generate.model_dump(),
+             judge.model_dump(), pipeline.model_dump()],
+            sort_keys=True, default=str,
+        )
+        digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
+        prepared = Path(cfg.dataset_prepared_path or "last_run_prepared")
+        pipeline = pipeline.model_copy(update={"out_dir": str(prepared / f"pofe-candidates-{digest}")})
+    result = run_pipeline(
+        prompts.to_list(), policy_path=policy, method=pofe.method, generate=generate,
+        judge=judge, pipeline=pipeline, prompt_column=fmt.column("field_prompt"),
+    )
+    s = result.summary
+    LOG.info(
+        f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
+        f"(dropped: {s['rows_dropped'] or 0}), {s['candidates_per_prompt']['mean']:.2f} per "
+        f"prompt, duplicates removed {s['duplicates_removed']}, mean candidate reward "
+        f"{s['mean_candidate_reward']}, best-of-k {s['mean_best_of_k_reward']}, judge "
+        f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
+    )
+    rows = load_dataset("json", data_files=str(result.data_path), split="train")
+    return rows, RowFormat(
+        dataset=str(result.data_path), type=f"pofe.{pofe.method}", method=pofe.method, fields={}
+    )
 
 
 def _prepare_row(row: dict[str, Any], index: int, *, fmt: RowFormat, tokenizer, **kw) -> dict:

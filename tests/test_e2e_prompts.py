@@ -1,0 +1,61 @@
+"""Prompts -> `axolotl preprocess` (generate + judge) -> `axolotl train`, on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import log_history, recipe, run_axolotl
+from pofe.demo.task import answer, make_prompts, reward
+from pofe.preprocess import bradley_terry_preferences, win_rates
+
+pytestmark = pytest.mark.e2e
+
+
+def prompts_file(tmp_path):
+    rows = [{"prompt": p, "answer": str(answer(p))} for p in make_prompts(12, seed=3)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, rows
+
+
+def pofe_block(method):
+    return {
+        # the dataset's reference answer joins the sampled candidates, as in the RRHF paper
+        "generate": {"backend": "transformers", "num_candidates": 3, "temperature": 1.0,
+                     "max_new_tokens": 4, "seed": 0, "include_dataset_responses": ["answer"]},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        **({"eta": 10.0} if method == "sppo" else {}),
+    }
+
+
+@pytest.mark.parametrize("method", ["rrhf", "sppo"])
+def test_prompts_to_trained_model(tmp_path, tiny_model, method):
+    data, prompts = prompts_file(tmp_path)
+    cfg = recipe(tmp_path, tiny_model, method, data, "pofe.prompts", pofe=pofe_block(method),
+                 micro_batch_size=4, learning_rate=1e-3)
+    run_axolotl("preprocess", str(cfg))
+
+    (cand_dir,) = (tmp_path / "prepared").glob("pofe-candidates-*")
+    rows = [json.loads(line) for line in (cand_dir / "data.jsonl").read_text().splitlines()]
+    summary = json.loads((cand_dir / "summary.json").read_text())
+    assert summary["rows"] == len(rows) > 0
+    assert [r["prompt"] for r in rows] == [p["prompt"] for p in prompts][: len(rows)]
+    for row in rows:
+        # the reference answer is among the candidates, and scores are aligned with them
+        assert str(answer(row["prompt"])) in row["responses"]
+        rewards = [reward(row["prompt"], r) for r in row["responses"]]
+        if method == "rrhf":
+            assert row["rewards"] == pytest.approx(rewards)
+        else:
+            expected = win_rates(bradley_terry_preferences(torch.tensor(rewards, dtype=torch.float64)))
+            assert row["win_rates"] == pytest.approx(expected.tolist(), abs=1e-6)
+    assert summary["mean_best_of_k_reward"] == pytest.approx(1.0)
+
+    proc = run_axolotl("train", str(cfg))
+    assert "Loading prepared dataset from disk" in proc.stdout + proc.stderr
+    steps = [h for h in log_history(tmp_path / "out") if "loss" in h]
+    assert len(steps) == -(-len(rows) // 4)
+    assert all(f"{method}/" in " ".join(h) for h in steps)
