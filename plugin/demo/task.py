@@ -88,6 +88,20 @@ def make_rrhf_rows(n_prompts: int, k: int = 4, seed: int = 0) -> list[dict]:
     return rows
 
 
+def make_prompt_rows(n_prompts: int, k_wrong: int = 3, seed: int = 0) -> list[dict]:
+    """Rows `{"prompt", "answer", "near_misses": [str]*k_wrong}` for the generate stage.
+
+    The answer and the near misses play the dataset's own responses that the RRHF paper
+    adds to the policy's samples; the judge scores them all.
+    """
+    rows = []
+    for row in make_rrhf_rows(n_prompts, k=k_wrong + 1, seed=seed):
+        right = str(answer(row["prompt"]))
+        wrong = [r for r in row["responses"] if r != right]
+        rows.append({"prompt": row["prompt"], "answer": right, "near_misses": wrong})
+    return rows
+
+
 def bradley_terry_win_rates(
     rewards: list[float], scale: float = DEFAULT_WIN_RATE_SCALE
 ) -> list[float]:
