@@ -74,7 +74,8 @@ def run_pipeline(
     progress: bool = True,
     generator=None,
     judge_impl=None,
-) -> PipelineResult:
+    stop_after: Literal["generate", "judge"] | None = None,
+) -> PipelineResult | None:
     """Generate, judge and build the candidate dataset; resume from whatever shards exist.
 
     Args:
@@ -86,6 +87,8 @@ def run_pipeline(
             min_candidates and progress replace the keyword arguments of the same names.
         generator / judge_impl: pre-built backends (tests, or callers that reuse one model
             across calls); built from the configs when None, and only if a shard needs them.
+        stop_after: run the stages up to this one only (their shards stay for a later run);
+            then nothing is built and None is returned.
     Returns:
         PipelineResult with data.jsonl's path, summary.json's path, the row count and summary.
     """
@@ -139,6 +142,8 @@ def run_pipeline(
             write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
             bar.update(len(shard_rows))
     timings["generate_s"] = time.monotonic() - t0
+    if stop_after == "generate":
+        return None
 
     # Stage 2: judge.
     t0 = time.monotonic()
@@ -153,6 +158,8 @@ def run_pipeline(
             write_jsonl_atomic(shard_path(judge_dir, s), judge_shard(gen_rows, judge_impl, method))
             bar.update(len(gen_rows))
     timings["judge_s"] = time.monotonic() - t0
+    if stop_after == "judge":
+        return None
 
     # Stage 3: build data.jsonl and summary.json from the shards alone (so a resumed run's
     # outputs cannot depend on what happened in memory before the kill).

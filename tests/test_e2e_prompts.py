@@ -59,3 +59,21 @@ def test_prompts_to_trained_model(tmp_path, tiny_model, method):
     steps = [h for h in log_history(tmp_path / "out") if "loss" in h]
     assert len(steps) == -(-len(rows) // 4)
     assert all(f"{method}/" in " ".join(h) for h in steps)
+
+
+def test_axolotl_pofe_candidates_runs_stages_apart(tmp_path, tiny_model):
+    data, prompts = prompts_file(tmp_path)
+    cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.prompts", pofe=pofe_block("rrhf"))
+    run_axolotl("pofe", "candidates", str(cfg), "--stage", "generate")
+    (cand_dir,) = (tmp_path / "prepared").glob("pofe-candidates-*")
+    generated = sorted((cand_dir / "generate").glob("shard-*.jsonl"))
+    assert generated and not list((cand_dir / "judge").glob("shard-*.jsonl"))
+    assert not (cand_dir / "data.jsonl").exists()
+    before = [p.stat().st_mtime_ns for p in generated]
+
+    proc = run_axolotl("pofe", "candidates", str(cfg))
+    # generation is not redone: the shards are untouched; judging and building follow
+    assert [p.stat().st_mtime_ns for p in generated] == before
+    rows = [json.loads(line) for line in (cand_dir / "data.jsonl").read_text().splitlines()]
+    assert f"{data}: {len(rows)} rows -> {cand_dir / 'data.jsonl'}" in proc.stdout
+    assert len(rows) == len(prompts)

@@ -155,6 +155,15 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
 
 def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: RowFormat):
     """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
+    result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"))
+    rows = load_dataset("json", data_files=str(result.data_path), split="train")
+    return rows, RowFormat(
+        dataset=str(result.data_path), type=f"pofe.{cfg.pofe.method}", method=cfg.pofe.method, fields={}
+    )
+
+
+def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: str, stop_after=None):
+    """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset."""
     from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
     from pofe.preprocess.pipeline import run_pipeline
 
@@ -173,8 +182,11 @@ def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: Row
         pipeline = pipeline.model_copy(update={"out_dir": str(prepared / f"pofe-candidates-{digest}")})
     result = run_pipeline(
         prompts.to_list(), policy_path=policy, method=pofe.method, generate=generate,
-        judge=judge, pipeline=pipeline, prompt_column=fmt.column("field_prompt"),
+        judge=judge, pipeline=pipeline, prompt_column=prompt_column, stop_after=stop_after,
     )
+    if result is None:
+        LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {pipeline.out_dir}")
+        return None
     s = result.summary
     LOG.info(
         f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
@@ -183,10 +195,7 @@ def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: Row
         f"{s['mean_candidate_reward']}, best-of-k {s['mean_best_of_k_reward']}, judge "
         f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
     )
-    rows = load_dataset("json", data_files=str(result.data_path), split="train")
-    return rows, RowFormat(
-        dataset=str(result.data_path), type=f"pofe.{pofe.method}", method=pofe.method, fields={}
-    )
+    return result
 
 
 def _prepare_row(row: dict[str, Any], index: int, *, fmt: RowFormat, tokenizer, **kw) -> dict:
