@@ -58,3 +58,23 @@ def test_bounds_and_cross_field_rules():
 def test_sample_packing_is_refused():
     with pytest.raises(ValidationError, match="set sample_packing: false"):
         PofeArgs.model_validate({"rl": "rrhf", "sample_packing": True, "datasets": []})
+
+
+def test_every_pofe_key_is_in_the_readme_table():
+    """Each key of the pofe: block (nested blocks too) has a row in the README table."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
+
+    def keys(model, prefix):
+        for name, field in model.model_fields.items():
+            sub = field.annotation
+            blocks = [c for c in getattr(sub, "__args__", (sub,)) if hasattr(c, "model_fields")]
+            if not blocks:
+                yield f"{prefix}.{name}"  # a leaf; nested blocks are checked key by key
+            for block in blocks:
+                yield from keys(block, f"{prefix}.{name}")
+
+    missing = [k for k in keys(PofeConfig, "pofe") if k not in rows]
+    assert not missing, f"not in README's reference table: {missing}"
