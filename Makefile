@@ -28,3 +28,6 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
+
+benchmark: install
+	$(PY) -m benchmarks.run

@@ -42,5 +42,6 @@ class PofePlugin(BasePlugin):
         if _method(cfg) is None:
             return None
         from .collator import KResponseCollator
+        from .prefix import prefix_sharing_enabled
 
-        return KResponseCollator, {}
+        return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, is_eval)}

@@ -1,11 +1,213 @@
-"""Summed response log-probs per candidate: the score both methods are built on."""
+"""Summed response log-probs per candidate: the score both methods are built on.
+
+Memory-light: the model returns its final hidden states (``output_hidden_states=True,
+logits_to_keep=1``, so no (N, T, vocab) logits tensor is ever built), the positions that
+predict a response token are gathered, and only those go through the output embedding,
+``chunk_size`` tokens at a time. Under autograd all chunks but the last are
+checkpointed: their (C, vocab) logits are recomputed in the backward pass instead of
+being kept, so scoring holds one chunk of logits at a time, whatever the batch.
+
+Two batch layouts reach :func:`score_candidates` (see ``pofe.collator``):
+
+- unshared: N = sum_b k_b rows ``prompt + response``, labels on the response tokens;
+  the token at t + 1 is predicted by the hidden state at t.
+- prefix-shared (the batch carries ``segment_ids``): one row per prompt,
+  ``prompt, r_1, ..., r_k``, with a block attention mask (``pofe.prefix``). The first
+  token of every response is predicted by the last prompt position, every later token
+  by the previous token of the same response.
+
+Both give the same (B, K) log-probs and lengths: the trainers cannot tell them apart.
+"""
 
 from __future__ import annotations
 
 import torch
-from trl.trainer.utils import selective_log_softmax
+from torch.utils.checkpoint import checkpoint
+
+from axolotl.utils.logging import get_logger
 
 from .collator import IGNORE_INDEX
+
+LOG = get_logger(__name__)
+
+DEFAULT_CHUNK_SIZE = 1024
+
+# Config attributes of models whose logits are not just `lm_head(hidden)`: scoring
+# through the output embedding alone would be wrong for them, so they take the full path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        LOG.warning(message)
+
+
+def _config(model: torch.nn.Module):
+    """The HF config through DDP / PEFT wrappers (PeftModel forwards `.config`)."""
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "module"):
+        config = getattr(model.module, "config", None)
+    return config
+
+
+def _logits_are_plain(model: torch.nn.Module) -> bool:
+    config = _config(model)
+    if config is None:
+        return False
+    for name in _LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            return False
+    text = getattr(config, "text_config", None)
+    if text is not None:
+        return all(getattr(text, n, None) in (None, 1, 1.0) for n in _LOGIT_TRANSFORMS)
+    return True
+
+
+def _output_embedding(model: torch.nn.Module) -> torch.nn.Module:
+    """`lm_head` as a module (a LoRA-wrapped head stays wrapped: we call it, never its weight)."""
+    inner = model.module if not hasattr(model, "get_output_embeddings") and hasattr(model, "module") else model
+    head = inner.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(inner).__name__} has no output embedding (get_output_embeddings() is None)")
+    return head
+
+
+_LSE_ROWS = 256  # rows per logsumexp slice: its exp() temporary is _LSE_ROWS x vocab
+
+
+class _GatherLogSoftmax(torch.autograd.Function):
+    """log_softmax(logits)[target] for logits (C, V) -> (C,), holding ONE (C, V) buffer.
+
+    Forward takes the logsumexp in row slices (temporaries of _LSE_ROWS x V) and saves
+    only the logits. Backward turns the saved logits into the gradient
+    g * (onehot - softmax) in place and returns them: nothing else reads the logits
+    (the head's backward needs its input and weight, not its output), so no second
+    (C, V) buffer is ever allocated. autograd's own gather + logsumexp holds three or
+    four. The price: this node's backward runs once (no `retain_graph` reuse).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        lse = torch.empty(logits.shape[0], dtype=logits.dtype, device=logits.device)  # (C,)
+        for start in range(0, logits.shape[0], _LSE_ROWS):
+            lse[start : start + _LSE_ROWS] = torch.logsumexp(logits[start : start + _LSE_ROWS], dim=-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.consumed = False
+        return logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.consumed:
+            raise RuntimeError("POFE's chunked log-softmax frees its logits in backward; "
+                               "a second backward through the same graph is not supported")
+        ctx.consumed = True
+        logits, targets, lse = ctx.saved_tensors
+        out = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # (C, V) = -g * softmax, in place
+        out.scatter_add_(-1, targets[:, None], grad[:, None])
+        return out, None
+
+
+def _chunk_logps(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(head(hidden))[target] in float32. hidden (C, H), targets (C,) -> (C,)."""
+    logits = head(hidden).float()  # (C, V) float32; a fresh copy when the head runs in bf16
+    return _GatherLogSoftmax.apply(logits, targets)
+
+
+def token_logps(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Log-probs of `targets` under `head` at `hidden`, `chunk_size` rows at a time.
+
+    Args:
+        head: the output embedding module (called, so adapters on it take part).
+        hidden: (M, H) final hidden states of the predicting positions.
+        targets: (M,) token ids.
+        chunk_size: rows per chunk; scoring holds one chunk_size x vocab float32
+            logits buffer at a time (two with a bf16 head: its output and the copy).
+
+    Returns:
+        (M,) float32.
+
+    Under autograd every chunk but the last is checkpointed: its logits are
+    recomputed in the backward pass instead of kept. The last chunk keeps its logits:
+    its backward runs first, so keeping them costs no more peak memory than
+    recomputing them would, and saves a head matmul. The ragged chunk goes first, so
+    the kept one is a full chunk (M <= chunk_size: nothing is recomputed).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    m = hidden.shape[0]
+    if m == 0:
+        return hidden.new_zeros(0, dtype=torch.float32)
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    first = m - chunk_size * ((m - 1) // chunk_size)  # in [1, chunk_size]
+    bounds = [0, *range(first, m + 1, chunk_size)]
+    out = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        h, t = hidden[start:end], targets[start:end]
+        if grad and end < m:
+            out.append(checkpoint(_chunk_logps, head, h, t, use_reentrant=False))
+        else:
+            out.append(_chunk_logps(head, h, t))
+    return torch.cat(out)  # (M,)
+
+
+def final_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+    """(rows, T, H) hidden states after the final norm, without the full logits.
+
+    `logits_to_keep=1` makes the head run on the last position only; the hidden states
+    come from `output_hidden_states` (transformers ties `hidden_states[-1]` to the
+    normed `last_hidden_state`). Calling the top-level model keeps PEFT, DDP,
+    DeepSpeed and gradient checkpointing hooks in play.
+    """
+    out = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    hidden = getattr(out, "hidden_states", None)
+    if hidden is None:
+        raise ValueError(f"{type(model).__name__}.forward returned no hidden_states")
+    return hidden[-1]
+
+
+def scored_positions_unshared(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which hidden state predicts which label, for the unshared (N, T) layout.
+
+    Returns flat source indices into the (N * T) hidden states, target ids and the
+    row of each, all (M,), in row-major order.
+    """
+    n, t = labels.shape
+    scored = labels[:, 1:] != IGNORE_INDEX  # (N, T-1): token t+1 is predicted at position t
+    rows, cols = scored.nonzero(as_tuple=True)  # (M,)
+    return rows * t + cols, labels[:, 1:][rows, cols], rows
+
+
+def scored_positions_packed(
+    input_ids: torch.Tensor, segment_ids: torch.Tensor, candidate_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which hidden state predicts which response token, for the packed (B, L) layout.
+
+    segment_ids (B, L): -1 padding, 0 prompt, i >= 1 the i-th response. A response's
+    first token is predicted at the last prompt position, later tokens at the previous
+    position (same segment). With an empty prompt the first token has no predictor
+    and is not scored, as in the unshared layout.
+
+    Returns flat source indices into (B * L), target ids, and flat candidate indices
+    (row-major over the True entries of candidate_mask), all (M,).
+    """
+    b, l = segment_ids.shape
+    prompt_len = (segment_ids == 0).sum(1)  # (B,)
+    prev = torch.cat([segment_ids.new_full((b, 1), -2), segment_ids[:, :-1]], dim=1)  # (B, L)
+    first = segment_ids != prev  # (B, L) first token of its segment
+    is_response = segment_ids >= 1
+    keep = is_response & ~(first & (prompt_len[:, None] == 0))
+    rows, cols = keep.nonzero(as_tuple=True)  # (M,)
+    src_col = torch.where(first[rows, cols], prompt_len[rows] - 1, cols - 1)
+    offsets = candidate_mask.sum(1).cumsum(0) - candidate_mask.sum(1)  # (B,) first flat candidate of each row
+    cand = offsets[rows] + segment_ids[rows, cols] - 1
+    return rows * l + src_col, input_ids[rows, cols], cand
 
 
 def response_logps(
@@ -13,21 +215,125 @@ def response_logps(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return each row's summed log-prob over its labelled tokens, and their count.
+    """Each row's summed log-prob over its labelled tokens, and their count (unshared layout).
 
     Args:
         input_ids, attention_mask, labels: (N, T); labels are IGNORE_INDEX outside
             the response.
+        chunk_size: label positions per output-embedding chunk.
 
     Returns:
-        logp_sum (N,) float32 and lengths (N,) int. TRL's `selective_log_softmax`
-        gathers the chosen tokens row by row, so no full-vocabulary float32
-        log-softmax of all N sequences exists at once.
+        logp_sum (N,) float32 and lengths (N,) int64. Equal (to float32 rounding) to
+        :func:`response_logps_reference`, without its (N, T, vocab) logits.
     """
+    if not _logits_are_plain(model):
+        _warn_once("plain", "POFE: this model transforms its logits beyond lm_head; "
+                   "scoring falls back to full logits (more memory)")
+        return response_logps_reference(model, input_ids, attention_mask, labels)
+    hidden = final_hidden_states(model, input_ids=input_ids, attention_mask=attention_mask)  # (N, T, H)
+    src, tgt, row = scored_positions_unshared(labels)
+    logps = token_logps(_output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    n = labels.shape[0]
+    logp_sum = logps.new_zeros(n).index_add(0, row, logps)
+    return logp_sum, torch.bincount(row, minlength=n)
+
+
+def packed_response_logps(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    segment_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    candidate_mask: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probs and lengths of every candidate from the prefix-shared layout.
+
+    Args:
+        input_ids, attention_mask, segment_ids, position_ids: (B, L) packed rows.
+        candidate_mask: (B, K) real candidates.
+
+    Returns:
+        logp_sum (N,) float32 and lengths (N,) int64, N = candidate_mask.sum(), in the
+        row-major order of candidate_mask (the unshared layout's row order).
+    """
+    from .prefix import block_attention_mask, check_backend
+
+    check_backend(model, position_ids)
+    if not _logits_are_plain(model):
+        raise ValueError("prefix sharing needs plain lm_head logits; set pofe.prefix_sharing: false")
+    mask4d = block_attention_mask(segment_ids, _attention_kind(model), _mask_dtype(model))  # (B, 1, L, L)
+    hidden = final_hidden_states(
+        model, input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids
+    )  # (B, L, H)
+    src, tgt, cand = scored_positions_packed(input_ids, segment_ids, candidate_mask)
+    logps = token_logps(_output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    n = int(candidate_mask.sum())
+    logp_sum = logps.new_zeros(n).index_add(0, cand, logps)
+    return logp_sum, torch.bincount(cand, minlength=n)
+
+
+def _attention_kind(model: torch.nn.Module) -> str:
+    config = _config(model)
+    return getattr(config, "_attn_implementation", None) or "sdpa"
+
+
+def _mask_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the input embeddings, which transformers uses for its own float masks."""
+    try:
+        inner = model if hasattr(model, "get_input_embeddings") else model.module
+        return inner.get_input_embeddings().weight.dtype
+    except AttributeError:
+        return torch.float32
+
+
+def score_candidates(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logp_sum and lengths as (B, K) for a `KResponseCollator` batch of either layout.
+
+    Padded candidate slots hold 0 (the losses mask them with candidate_mask).
+    """
+    mask = inputs["candidate_mask"]  # (B, K)
+    if "segment_ids" in inputs:
+        logp_sum, lengths = packed_response_logps(
+            model,
+            inputs["input_ids"],
+            inputs["attention_mask"],
+            inputs["segment_ids"],
+            inputs["position_ids"],
+            mask,
+            chunk_size=chunk_size,
+        )  # (N,)
+    else:
+        logp_sum, lengths = response_logps(
+            model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], chunk_size=chunk_size
+        )  # (N,)
+    logp = logp_sum.new_zeros(mask.shape).masked_scatter(mask, logp_sum)  # (B, K)
+    lens = lengths.new_zeros(mask.shape).masked_scatter(mask, lengths)  # (B, K)
+    return logp, lens
+
+
+def response_logps_reference(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The naive path: full (N, T, vocab) logits, then TRL's `selective_log_softmax`.
+
+    Kept as the reference the fast paths are tested against, and as the fallback for
+    models whose logits are not `lm_head(hidden)` (soft-capping, logit scales).
+    """
+    from trl.trainer.utils import selective_log_softmax  # importing trl costs seconds: only here
+
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     targets = labels[:, 1:]  # (N, T-1): token t+1 is predicted at position t
     mask = targets != IGNORE_INDEX
-    token_logps = selective_log_softmax(logits[:, :-1], targets.clamp(min=0))  # (N, T-1)
-    token_logps = torch.where(mask, token_logps.float(), 0.0)
-    return token_logps.sum(-1), mask.sum(-1)
+    token_logps_ = selective_log_softmax(logits[:, :-1], targets.clamp(min=0))  # (N, T-1)
+    token_logps_ = torch.where(mask, token_logps_.float(), 0.0)
+    return token_logps_.sum(-1), mask.sum(-1)

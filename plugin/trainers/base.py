@@ -8,7 +8,7 @@ import torch
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
-from ..scoring import response_logps
+from ..scoring import score_candidates as score_batch
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 
@@ -36,20 +36,18 @@ class KResponseTrainer(AxolotlTrainer):
                                        "win_rates", "anchor_logps", "row_id"]
 
     def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the model on all candidates; return logp_sum and lengths as (B, K)."""
+        """Run the model on all candidates; return logp_sum and lengths as (B, K).
+
+        The batch is in either layout of `KResponseCollator` (prefix-shared packed rows
+        carry `segment_ids`); `pofe.scoring.score_candidates` gives the same result.
+        """
         missing = [k for k in BATCH_KEYS + self.required_keys if k not in inputs]
         if missing:
             raise KeyError(
                 f"{type(self).__name__} batch is missing {missing}; POFE needs its own "
                 "collator (is another plugin replacing it?)"
             )
-        logp_sum, lengths = response_logps(
-            model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"]
-        )  # (N,)
-        mask = inputs["candidate_mask"]  # (B, K)
-        logp = logp_sum.new_zeros(mask.shape).masked_scatter(mask, logp_sum)
-        lens = lengths.new_zeros(mask.shape).masked_scatter(mask, lengths)
-        return logp, lens
+        return score_batch(model, inputs, chunk_size=self.pofe.logit_chunk_size)
 
     def log_stats(self, model, prefix: str, stats: dict[str, float]) -> None:
         split = "train" if model.training else "eval"

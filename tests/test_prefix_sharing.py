@@ -1,0 +1,265 @@
+"""Prefix sharing (pofe.prefix) is invisible to the losses.
+
+Invariances, each in values and gradients to float32 tolerance (rtol = atol = 1e-5):
+shared == unshared (eager, sdpa, LoRA, gradient checkpointing), padding changes
+nothing, and micro-batch 1 x accumulation 4 == micro-batch 4 x 1 for the RRHF loss.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from pofe.collator import IGNORE_INDEX, KResponseCollator
+from pofe.demo.tiny import build_tiny_model, build_tokenizer
+from pofe.losses import rrhf_loss
+from pofe.prefix import block_attention_mask, pack_prompt, prefix_sharing_enabled
+from pofe.scoring import score_candidates, scored_positions_packed
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls run ~100x slower with 2 threads on a busy 2-core box; restore afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("prefix") / "tiny", hidden_size=64, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def load(path, attn="eager"):
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32)
+    model.train()
+    return model
+
+
+def features(seed=0, prompt_lens=(5, 9, 3, 12), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5), (2, 8, 3))):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(7, 100, (n,), generator=g).tolist()  # noqa: E731
+    rows = []
+    for p, lens in zip(prompt_lens, k_lens):
+        rewards = torch.randn(len(lens), generator=g).tolist()
+        rows.append({"prompt_ids": rand(p), "response_ids": [rand(n) for n in lens], "rewards": rewards})
+    return rows
+
+
+def run(model, fn):
+    """fn(model) and the gradients of sum(weights * value) w.r.t. the trainable parameters."""
+    model.zero_grad(set_to_none=True)
+    value = fn(model)
+    weights = torch.linspace(0.5, 1.5, value.numel()).view_as(value)
+    (weights * value).sum().backward()
+    return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def assert_same(a, b):
+    (va, ga), (vb, gb) = a, b
+    torch.testing.assert_close(va, vb, **TOL)
+    assert ga.keys() == gb.keys() and ga
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def both_layouts(model, tokenizer, feats, **collator_kwargs):
+    unshared = KResponseCollator(tokenizer, **collator_kwargs)(feats)
+    shared = KResponseCollator(tokenizer, prefix_sharing=True, **collator_kwargs)(feats)
+    return (
+        run(model, lambda m: score_candidates(m, unshared, chunk_size=7)[0]),
+        run(model, lambda m: score_candidates(m, shared, chunk_size=7)[0]),
+    )
+
+
+# ---------------------------------------------------------------- layout, by hand
+def test_pack_prompt_by_hand():
+    """prompt [a, b], responses [c, d], [e]: positions restart at P = 2 for each response."""
+    tokens, segments, positions = pack_prompt([10, 11], [[12, 13], [14]])
+    assert tokens == [10, 11, 12, 13, 14]
+    assert segments == [0, 0, 1, 1, 2]
+    assert positions == [0, 1, 2, 3, 2]
+
+
+def test_block_mask_by_hand():
+    """Segments [0, 0, 1, 1, 2, -1] (a, b | c, d | e | pad). Rows are queries, columns keys.
+
+    a: a          b: a b         c: a b c       d: a b c d
+    e: a b . . e  (not c, d: another response)   pad: itself only
+    """
+    seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],
+            [0, 0, 0, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(block_attention_mask(seg, "sdpa", torch.float32)[0, 0], expected)
+    eager = block_attention_mask(seg, "eager", torch.float32)[0, 0]
+    assert torch.equal(eager == 0, expected)
+    assert bool((eager[~expected] == torch.finfo(torch.float32).min).all())
+    with pytest.raises(ValueError, match="prefix_sharing: false"):
+        block_attention_mask(seg, "flash_attention_2", torch.float32)
+
+
+def test_scored_positions_packed_by_hand():
+    """Row [a, b, c, d, e, pad]: c is predicted at b (1), d at c (2), e at b (1) again.
+
+    Row 2 has an empty prompt: its first response token has no predictor (as unshared).
+    """
+    ids = torch.tensor([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]])
+    seg = torch.tensor([[0, 0, 1, 1, 2, -1], [1, 1, 2, -1, -1, -1]])
+    mask = torch.tensor([[True, True], [True, True]])
+    src, tgt, cand = scored_positions_packed(ids, seg, mask)
+    assert src.tolist() == [1, 2, 1, 6 + 0]
+    assert tgt.tolist() == [12, 13, 14, 21]
+    assert cand.tolist() == [0, 0, 1, 2]
+
+
+def test_collator_packed_layout(tokenizer):
+    feats = [
+        {"prompt_ids": [10, 11], "response_ids": [[12, 13], [14]], "rewards": [1.0, 0.0]},
+        {"prompt_ids": [20], "response_ids": [[21]], "rewards": [0.5]},
+    ]
+    batch = KResponseCollator(tokenizer, prefix_sharing=True, pad_to_multiple_of=8)(feats)
+    pad, x = tokenizer.pad_token_id, IGNORE_INDEX
+    assert batch["input_ids"].tolist() == [[10, 11, 12, 13, 14] + [pad] * 3, [20, 21] + [pad] * 6]
+    assert batch["segment_ids"].tolist() == [[0, 0, 1, 1, 2, -1, -1, -1], [0, 1] + [-1] * 6]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 0, 0, 0], [0, 1] + [0] * 6]
+    assert batch["labels"].tolist() == [[x, x, 12, 13, 14, x, x, x], [x, 21] + [x] * 6]
+    assert batch["candidate_mask"].tolist() == [[True, True], [True, False]]
+    assert batch["rewards"].tolist() == [[1.0, 0.0], [0.5, 0.0]]
+
+
+# ---------------------------------------------------------------- shared == unshared
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_shared_equals_unshared(tiny_path, tokenizer, attn):
+    model = load(tiny_path, attn)
+    unshared, shared = both_layouts(model, tokenizer, features())
+    assert_same(shared, unshared)
+
+
+def test_shared_padding_changes_nothing(tiny_path, tokenizer):
+    model = load(tiny_path)
+    feats = features()
+    plain = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
+    padded = KResponseCollator(tokenizer, prefix_sharing=True, pad_to_multiple_of=128)(feats)
+    assert_same(
+        run(model, lambda m: score_candidates(m, padded)[0]),
+        run(model, lambda m: score_candidates(m, plain)[0]),
+    )
+    assert torch.equal(score_candidates(model, padded)[1], score_candidates(model, plain)[1])
+
+
+def test_shared_equals_unshared_empty_prompt(tiny_path, tokenizer):
+    """No prompt: the first response token is scored by neither layout (lengths n - 1)."""
+    model = load(tiny_path)
+    feats = features(prompt_lens=(0, 4), k_lens=((3, 5), (2, 1)))
+    unshared = KResponseCollator(tokenizer)(feats)
+    shared = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
+    assert score_candidates(model, shared)[1].tolist() == [[2, 4], [2, 1]]
+    assert torch.equal(score_candidates(model, shared)[1], score_candidates(model, unshared)[1])
+    assert_same(*both_layouts(model, tokenizer, feats)[::-1])
+
+
+def test_shared_equals_unshared_lora(tiny_path, tokenizer):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        load(tiny_path, "sdpa"),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
+                        init_lora_weights=False),
+    )
+    unshared, shared = both_layouts(model, tokenizer, features())
+    assert_same(shared, unshared)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_shared_equals_unshared_gradient_checkpointing(tiny_path, tokenizer, reentrant):
+    model = load(tiny_path)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:
+        model.enable_input_require_grads()  # what HF/PEFT do so reentrant checkpoints see a grad input
+    unshared, shared = both_layouts(model, tokenizer, features())
+    assert_same(shared, unshared)
+    reference = load(tiny_path)  # and both equal the model without checkpointing
+    assert_same(shared, both_layouts(reference, tokenizer, features())[0])
+
+
+# ---------------------------------------------------------------- accumulation invariance
+def test_microbatch_1x4_equals_4x1_rrhf(tiny_path, tokenizer):
+    """grad of mean_b L_b over 4 prompts == sum over 4 micro-batches of grad(L_b) / 4.
+
+    What the Trainer does with gradient accumulation (our losses are means over
+    prompts and `model_accepts_loss_kwargs` is False, so it divides by the steps).
+    """
+    model = load(tiny_path)
+    feats = features()
+    collate = KResponseCollator(tokenizer, prefix_sharing=True)
+
+    def loss_of(batch):
+        logp, lengths = score_candidates(model, batch, chunk_size=5)
+        return rrhf_loss(logp, lengths, batch["rewards"], mask=batch["candidate_mask"], margin=0.1)[0]
+
+    model.zero_grad(set_to_none=True)
+    loss_of(collate(feats)).backward()
+    full = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    for f in feats:
+        (loss_of(collate([f])) / len(feats)).backward()  # gradients accumulate in .grad
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, full[n], **TOL, msg=lambda m: f"{n}: {m}")
+
+
+# ---------------------------------------------------------------- fallback
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        ({"pofe": {"method": "rrhf"}}, True),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "sdpa"}, True),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "eager"}, True),
+        ({"pofe": {"method": "rrhf", "prefix_sharing": False}}, False),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2"}, False),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flex_attention"}, False),
+        ({"pofe": {"method": "rrhf"}, "sample_packing": True}, False),
+    ],
+)
+def test_prefix_sharing_enabled(cfg, expected):
+    assert prefix_sharing_enabled(cfg) is expected
+
+
+def test_prefix_sharing_eval_sample_packing():
+    cfg = {"pofe": {"method": "sppo"}, "eval_sample_packing": True}
+    assert prefix_sharing_enabled(cfg) is True
+    assert prefix_sharing_enabled(cfg, is_eval=True) is False
+
+
+def test_packed_batch_on_unsupported_backend_raises(tiny_path, tokenizer):
+    model = load(tiny_path)
+    model.config._attn_implementation = "flash_attention_2"
+    batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
+    with pytest.raises(ValueError, match="prefix_sharing: false"):
+        score_candidates(model, batch)
+
+
+def test_config_defaults():
+    from pofe.args import PofeConfig
+
+    cfg = PofeConfig()
+    assert cfg.prefix_sharing is True and cfg.logit_chunk_size == 1024
+    with pytest.raises(ValueError):
+        PofeConfig(logit_chunk_size=0)
