@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,17 +25,6 @@ from pofe.demo.tiny import build_tiny_model
 @pytest.fixture
 def tiny_dir(tmp_path: Path) -> Path:
     return build_tiny_model(tmp_path / "tiny")
-
-
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """Run torch on one thread: the tiny model's matmuls gain nothing from more, and on a
-    busy 2-core machine OpenMP threads contend (measured: 40 SFT steps took 67 s with two
-    threads, 2 s with one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- tokenizer and model ---------------------------------------------------------------

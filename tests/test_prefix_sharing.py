@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from pofe.collator import IGNORE_INDEX, KResponseCollator
-from pofe.demo.tiny import build_tiny_model, build_tokenizer
+from pofe.demo.tiny import build_tokenizer
 from pofe.losses import rrhf_loss
 from pofe.prefix import block_attention_mask, pack_prompt, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed
@@ -20,18 +20,7 @@ from pofe.scoring import score_candidates, scored_positions_packed
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls run ~100x slower with 2 threads on a busy 2-core box; restore afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("prefix") / "tiny", hidden_size=64, num_layers=2)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +136,14 @@ def test_collator_packed_layout(tokenizer):
 
 # ---------------------------------------------------------------- shared == unshared
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_shared_equals_unshared(tiny_path, tokenizer, attn):
-    model = load(tiny_path, attn)
+def test_shared_equals_unshared(tiny64_model, tokenizer, attn):
+    model = load(tiny64_model, attn)
     unshared, shared = both_layouts(model, tokenizer, features())
     assert_same(shared, unshared)
 
 
-def test_shared_padding_changes_nothing(tiny_path, tokenizer):
-    model = load(tiny_path)
+def test_shared_padding_changes_nothing(tiny64_model, tokenizer):
+    model = load(tiny64_model)
     feats = features()
     plain = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
     padded = KResponseCollator(tokenizer, prefix_sharing=True, pad_to_multiple_of=128)(feats)
@@ -165,9 +154,9 @@ def test_shared_padding_changes_nothing(tiny_path, tokenizer):
     assert torch.equal(score_candidates(model, padded)[1], score_candidates(model, plain)[1])
 
 
-def test_shared_equals_unshared_empty_prompt(tiny_path, tokenizer):
+def test_shared_equals_unshared_empty_prompt(tiny64_model, tokenizer):
     """No prompt: the first response token is scored by neither layout (lengths n - 1)."""
-    model = load(tiny_path)
+    model = load(tiny64_model)
     feats = features(prompt_lens=(0, 4), k_lens=((3, 5), (2, 1)))
     unshared = KResponseCollator(tokenizer)(feats)
     shared = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
@@ -176,10 +165,10 @@ def test_shared_equals_unshared_empty_prompt(tiny_path, tokenizer):
     assert_same(*both_layouts(model, tokenizer, feats)[::-1])
 
 
-def test_shared_equals_unshared_lora(tiny_path, tokenizer):
+def test_shared_equals_unshared_lora(tiny64_model, tokenizer):
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
-        load(tiny_path, "sdpa"),
+        load(tiny64_model, "sdpa"),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
                         init_lora_weights=False),
     )
@@ -188,25 +177,25 @@ def test_shared_equals_unshared_lora(tiny_path, tokenizer):
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-def test_shared_equals_unshared_gradient_checkpointing(tiny_path, tokenizer, reentrant):
-    model = load(tiny_path)
+def test_shared_equals_unshared_gradient_checkpointing(tiny64_model, tokenizer, reentrant):
+    model = load(tiny64_model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     if reentrant:
         model.enable_input_require_grads()  # what HF/PEFT do so reentrant checkpoints see a grad input
     unshared, shared = both_layouts(model, tokenizer, features())
     assert_same(shared, unshared)
-    reference = load(tiny_path)  # and both equal the model without checkpointing
+    reference = load(tiny64_model)  # and both equal the model without checkpointing
     assert_same(shared, both_layouts(reference, tokenizer, features())[0])
 
 
 # ---------------------------------------------------------------- accumulation invariance
-def test_microbatch_1x4_equals_4x1_rrhf(tiny_path, tokenizer):
+def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer):
     """grad of mean_b L_b over 4 prompts == sum over 4 micro-batches of grad(L_b) / 4.
 
     What the Trainer does with gradient accumulation (our losses are means over
     prompts and `model_accepts_loss_kwargs` is False, so it divides by the steps).
     """
-    model = load(tiny_path)
+    model = load(tiny64_model)
     feats = features()
     collate = KResponseCollator(tokenizer, prefix_sharing=True)
 
@@ -248,8 +237,8 @@ def test_prefix_sharing_eval_sample_packing():
     assert prefix_sharing_enabled(cfg, is_eval=True) is False
 
 
-def test_packed_batch_on_unsupported_backend_raises(tiny_path, tokenizer):
-    model = load(tiny_path)
+def test_packed_batch_on_unsupported_backend_raises(tiny64_model, tokenizer):
+    model = load(tiny64_model)
     model.config._attn_implementation = "flash_attention_2"
     batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
     with pytest.raises(ValueError, match="prefix_sharing: false"):

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from pofe.collator import IGNORE_INDEX, KResponseCollator
-from pofe.demo.tiny import build_tiny_model, build_tokenizer
+from pofe.demo.tiny import build_tokenizer
 from pofe.scoring import (
     response_logps,
     response_logps_reference,
@@ -25,18 +25,7 @@ from pofe.scoring import (
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls run ~100x slower with 2 threads on a busy 2-core box; restore afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("scoring") / "tiny", hidden_size=64, num_layers=2)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +118,8 @@ def test_token_logps_chunk_order():
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("chunk", [1, 5, 1024])
-def test_chunked_equals_full_logits(tiny_path, tokenizer, attn, chunk):
-    model = load(tiny_path, attn)
+def test_chunked_equals_full_logits(tiny64_model, tokenizer, attn, chunk):
+    model = load(tiny64_model, attn)
     batch = KResponseCollator(tokenizer)(features())
     fast, g_fast = run(model, lambda m: score_candidates(m, batch, chunk_size=chunk)[0])
     ref, g_ref = run(model, lambda m: reference_bk(m, batch)[0])
@@ -139,9 +128,9 @@ def test_chunked_equals_full_logits(tiny_path, tokenizer, attn, chunk):
     assert torch.equal(score_candidates(model, batch)[1], reference_bk(model, batch)[1])
 
 
-def test_padding_changes_nothing(tiny_path, tokenizer):
+def test_padding_changes_nothing(tiny64_model, tokenizer):
     """Extra right padding, and a batch-mate that makes the rows longer, leave each score as is."""
-    model = load(tiny_path)
+    model = load(tiny64_model)
     feats = features()
     plain = score_candidates(model, KResponseCollator(tokenizer)(feats))
     padded = score_candidates(model, KResponseCollator(tokenizer, pad_to_multiple_of=64)(feats))
@@ -151,9 +140,9 @@ def test_padding_changes_nothing(tiny_path, tokenizer):
     torch.testing.assert_close(alone[0][0], plain[0][1, :2], **TOL)
 
 
-def test_no_grad_path_matches(tiny_path, tokenizer):
+def test_no_grad_path_matches(tiny64_model, tokenizer):
     """The anchor pass runs under no_grad (no checkpointing): same numbers."""
-    model = load(tiny_path)
+    model = load(tiny64_model)
     batch = KResponseCollator(tokenizer)(features())
     with torch.no_grad():
         fast = score_candidates(model, batch, chunk_size=4)[0]
@@ -161,9 +150,9 @@ def test_no_grad_path_matches(tiny_path, tokenizer):
     torch.testing.assert_close(fast, ref, **TOL)
 
 
-def test_response_logps_never_builds_full_logits(tiny_path, tokenizer):
+def test_response_logps_never_builds_full_logits(tiny64_model, tokenizer):
     """The model's own head sees only the last position (logits_to_keep=1)."""
-    model = load(tiny_path)
+    model = load(tiny64_model)
     batch = KResponseCollator(tokenizer)(features())
     seen = []
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(tuple(out.shape)))
@@ -178,11 +167,11 @@ def test_response_logps_never_builds_full_logits(tiny_path, tokenizer):
     assert sum(s[0] for s in seen[1:]) == n_tokens
 
 
-def test_lora_with_lora_on_lm_head(tiny_path, tokenizer):
+def test_lora_with_lora_on_lm_head(tiny64_model, tokenizer):
     """Through a PEFT wrapper, with an adapter on lm_head (called, not bypassed via .weight)."""
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
-        load(tiny_path),
+        load(tiny64_model),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False),
     )
     batch = KResponseCollator(tokenizer)(features())

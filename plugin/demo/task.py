@@ -7,7 +7,6 @@ win rates) can be written for any number of prompts without a judge or a downloa
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from collections.abc import Iterable
