@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import log_history, recipe, run_axolotl
+from tests.helpers import log_history, recipe, run_axolotl
 from pofe.demo.task import answer, make_prompts, reward
 from pofe.preprocess import bradley_terry_preferences, win_rates
 

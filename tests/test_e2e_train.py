@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import log_history, recipe, run_axolotl
+from tests.helpers import log_history, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 

@@ -112,7 +112,7 @@ def test_missing_column_is_named_with_the_fix():
 
 def test_bad_row_fails_axolotl_preprocess_with_the_row(tmp_path, tiny_model):
     """The same message reaches a user running the CLI, for row 2 of a JSONL file."""
-    from conftest import recipe, run_axolotl
+    from tests.helpers import recipe, run_axolotl
 
     rows = [good_rrhf(), good_rrhf(), good_rrhf(rewards=[1.0, None, 0.0])]
     data = tmp_path / "bad.jsonl"
