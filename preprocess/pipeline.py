@@ -214,7 +214,8 @@ def generate_shard(
     for i, (row, r) in enumerate(zip(rows, rendered)):
         rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column]}
         if r.text is None:
-            rec.update(candidates=[], sources=[], candidate_tokens=[], exact_dups=0, near_dups=0, dropped=r.reason)
+            rec.update(candidates=[], sources=[], candidate_tokens=[], exact_dups=0, near_dups=0,
+                       empty=0, dropped=r.reason)
             out.append(rec)
             continue
         cands, sources = [], []
@@ -224,6 +225,10 @@ def generate_shard(
                 sources.append(col)
         cands += by_row[i]
         sources += ["policy"] * len(by_row[i])
+        # a policy may answer with end-of-turn at once (trained ones do): nothing to score
+        nonempty = [k for k, c in enumerate(cands) if c.strip()]
+        empty = len(cands) - len(nonempty)
+        cands, sources = [cands[k] for k in nonempty], [sources[k] for k in nonempty]
         exact = near = 0
         if cfg.dedupe:
             kept, exact, near = dedupe(cands)
@@ -234,6 +239,7 @@ def generate_shard(
             candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
             exact_dups=exact,
             near_dups=near,
+            empty=empty,
             truncated=r.truncated,
             dropped=None,
         )
@@ -374,6 +380,7 @@ def summarise(
             "exact": sum(g["exact_dups"] for g in generated),
             "near": sum(g["near_dups"] for g in generated),
         },
+        "empty_candidates_removed": sum(g.get("empty", 0) for g in generated),
         "mean_candidate_reward": _mean([x for rs in rewards for x in rs]),
         "mean_best_of_k_reward": _mean([max(rs) for rs in rewards]),
         "mean_candidate_tokens": _mean(tokens),

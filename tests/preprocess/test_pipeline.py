@@ -168,3 +168,26 @@ def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path)
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert len(rows) == 2 and all(len(r["responses"]) == len(r["rewards"]) >= 2 for r in rows)
     assert res.summary["mean_candidate_tokens"] is not None
+
+
+def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tmp_path):
+    """A policy answering with end-of-turn at once gives "", which no judge can score."""
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig
+    from pofe.preprocess.pipeline import run_pipeline
+
+    class Scripted:
+        name = "scripted"
+
+        def generate(self, prompts, n, sampling):
+            return [["", "  ", "7", "8"][:n] for _ in prompts]
+
+    rows = [{"prompt": "3+4="}, {"prompt": "1+1="}]
+    result = run_pipeline(
+        rows, policy_path=str(tiny_policy), method="rrhf",
+        generate=GenerateConfig(num_candidates=4), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+        out_dir=tmp_path / "c", generator=Scripted(), progress=False,
+    )
+    data = [json.loads(line) for line in result.data_path.read_text().splitlines()]
+    assert [d["responses"] for d in data] == [["7", "8"], ["7", "8"]]
+    assert data[0]["rewards"] == [1.0, 0.25]  # 3+4: exact, off by one
+    assert result.summary["empty_candidates_removed"] == 4
