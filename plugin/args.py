@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pofe.iterate_config import EvalConfig, RoundPrompts
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 
 METHODS = ("rrhf", "sppo")
@@ -103,6 +104,22 @@ class PofeConfig(BaseModel):
         default_factory=PipelineConfig,
         description="Where and how the generate/judge pipeline writes its shards.",
     )
+    # Iterated runs (`axolotl pofe run`) and their evaluation (`axolotl pofe eval`)
+    rounds: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="`axolotl pofe run`: generate -> judge -> train rounds; round t's "
+        "trained model is round t+1's policy.",
+    )
+    round_prompts: RoundPrompts = Field(
+        default="auto",
+        description="Prompts per round: `split` (disjoint contiguous slices, round t gets "
+        "slice t), `all` (every round sees every prompt), `auto` (split for sppo, all for rrhf).",
+    )
+    eval: EvalConfig | None = Field(
+        default=None, description="Held-out evaluation of every iterate (`axolotl pofe eval`)."
+    )
     dataset_fields: list[dict[str, str]] = Field(
         default_factory=list,
         description="Internal: the `field_*` keys of each `datasets:` entry.",
@@ -118,6 +135,12 @@ class PofeConfig(BaseModel):
             raise ValueError(
                 f"pofe.judge.type: {self.judge.type} gives pairwise preferences; RRHF needs "
                 "a scalar reward per candidate (python, reward_model or llm)"
+            )
+        if self.rounds > 1 and self.generate is not None and self.generate.backend == "openai":
+            raise ValueError(
+                "pofe.rounds > 1 generates from each round's new policy, which an already "
+                "running OpenAI-compatible server does not serve: use generate.backend "
+                "transformers or vllm for iterated runs"
             )
         if self.method == "rrhf" and self.candidates.keep != "all":
             raise ValueError("pofe.candidates.keep: best_worst applies to `rl: sppo` only")

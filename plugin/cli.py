@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -47,3 +49,63 @@ def candidates(config: str, stage: str):
         )
         if result is not None:
             click.echo(f"{entry.path}: {result.rows} rows -> {result.data_path}")
+
+
+@pofe.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--launcher",
+    type=click.Choice(["accelerate", "torchrun", "python"]),
+    default=None,
+    help="Passed to each round's `axolotl train` (default: axolotl's own, accelerate).",
+)
+@click.option("--quiet", is_flag=True, help="Stages' output goes to their log files only.")
+@click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation (pofe.eval).")
+def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
+    """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
+
+    Each stage is a separate process; a killed run started again resumes at the first
+    unfinished stage (state in <output_dir>/pofe-run.json).
+    """
+    from .rounds import RunStateMismatch, StageFailed
+    from .rounds import run as run_rounds
+
+    try:
+        run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
+    except (RunStateMismatch, StageFailed, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+@pofe.command(name="eval")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def eval_(config: str):
+    """Evaluate every iterate of CONFIG's run on held-out prompts (pofe.eval), then report."""
+    from .evaluation import evaluate_run
+    from .report import write_report
+    from .rounds import RunLayout, load_recipe
+
+    try:
+        evaluate_run(config, echo=click.echo)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    _, cfg = load_recipe(config)
+    click.echo(write_report(RunLayout(Path(cfg.output_dir).resolve())).terminal_summary())
+
+
+@pofe.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def report(config: str):
+    """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
+    from .report import write_report
+    from .rounds import RunLayout
+
+    import yaml
+
+    out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
+    if not out:
+        raise click.UsageError(f"{config} sets no output_dir")
+    try:
+        rep = write_report(RunLayout(Path(out).resolve()))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(rep.terminal_summary())

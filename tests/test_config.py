@@ -69,6 +69,9 @@ def test_every_pofe_key_is_in_the_readme_table():
 
     def keys(model, prefix):
         for name, field in model.model_fields.items():
+            if f"{prefix}.{name}" in rows:
+                yield f"{prefix}.{name}"  # a block documented by reference, e.g. eval.judge2
+                continue
             sub = field.annotation
             blocks = [c for c in getattr(sub, "__args__", (sub,)) if hasattr(c, "model_fields")]
             if not blocks:

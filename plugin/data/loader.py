@@ -191,7 +191,8 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
     LOG.info(
         f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
         f"(dropped: {s['rows_dropped'] or 0}), {s['candidates_per_prompt']['mean']:.2f} per "
-        f"prompt, duplicates removed {s['duplicates_removed']}, mean candidate reward "
+        f"prompt, duplicates removed {s['duplicates_removed']}, empty candidates removed "
+        f"{s['empty_candidates_removed']}, mean candidate reward "
         f"{s['mean_candidate_reward']}, best-of-k {s['mean_best_of_k_reward']}, judge "
         f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
     )

@@ -1,0 +1,89 @@
+"""Evaluation maths: model-vs-model win rates from rewards, sequence log-probs vs a naive loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pofe.evaluation import block_win_matrix, sequence_logps, win_matrix_from_rewards
+from pofe.report import find_cycles
+
+
+def sig(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_win_matrix_from_rewards_by_hand():
+    """One prompt, two models, two samples each: model 0 scores (0, 1), model 1 scores (1, 1).
+
+    W[1, 0] = mean over the 4 sample pairs of sigmoid(r1 - r0)
+            = (sigmoid(1) + sigmoid(0) + sigmoid(1) + sigmoid(0)) / 4 = (sigmoid(1) + 0.5) / 2,
+    W[0, 1] = 1 - W[1, 0], diagonal 1/2."""
+    r = torch.tensor([[[0.0, 1.0], [1.0, 1.0]]])  # (P=1, M=2, S=2)
+    w = win_matrix_from_rewards(r)
+    expected = (sig(1) + 0.5) / 2
+    assert w[1, 0].item() == pytest.approx(expected)
+    assert w[0, 1].item() == pytest.approx(1 - expected)
+    assert w.diagonal().tolist() == [0.5, 0.5]
+
+
+def test_win_matrix_averages_prompts_and_skips_abstentions():
+    """Prompt 0: r = (2, 0) -> W[0, 1] = sigmoid(2); prompt 1: model 1 abstained (NaN) -> the
+    prompt gives no verdict on that pair and W[0, 1] = sigmoid(2) still."""
+    r = torch.tensor([[[2.0], [0.0]], [[1.0], [float("nan")]]])  # (P=2, M=2, S=1)
+    w = win_matrix_from_rewards(r)
+    assert w[0, 1].item() == pytest.approx(sig(2))
+    assert w[1, 0].item() == pytest.approx(1 - sig(2))
+
+
+def test_block_win_matrix_from_a_pairwise_judge_can_cycle():
+    """A pairwise judge with rock-paper-scissors preferences (0 > 1 > 2 > 0 at 0.8) over one
+    response per model gives a model matrix that find_cycles flags; Bradley-Terry on any
+    scalar reward cannot."""
+    pref = torch.full((1, 3, 3), 0.5, dtype=torch.float64)
+    for a, b in ((0, 1), (1, 2), (2, 0)):
+        pref[0, a, b], pref[0, b, a] = 0.8, 0.2
+    w = block_win_matrix(pref, num_models=3, num_samples=1)
+    assert find_cycles(w) == [(0, 1, 2)]
+    bt = win_matrix_from_rewards(torch.tensor([[[0.3], [0.1], [0.9]]]))
+    assert find_cycles(bt) == []
+
+
+def test_block_win_matrix_checks_shape():
+    with pytest.raises(ValueError, match="expected"):
+        block_win_matrix(torch.zeros(1, 5, 5), num_models=2, num_samples=2)
+
+
+def test_sequence_logps_matches_a_naive_loop(tiny_model):
+    """Batched, right-padded scoring equals scoring each sequence alone, token by token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    prompts = [[1, 10, 11, 12], [1, 20], [1, 30, 31]]
+    responses = [[40, 41], [50, 51, 52, 2], [60]]
+    got = sequence_logps(model, prompts, responses, batch_size=3)
+    for p, r, g in zip(prompts, responses, got):
+        ids = torch.tensor([p + r])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        naive = sum(logp[len(p) - 1 + i, tok].item() for i, tok in enumerate(r))
+        assert g == pytest.approx(naive, abs=1e-4)
+
+
+def test_judge_models_with_a_python_judge():
+    """The path both `pofe.judge` and `pofe.eval.judge2` take: texts[p][m][s] are scored
+    model-major and the (M, M) matrix follows from the rewards by Bradley-Terry."""
+    from pofe.evaluation import judge_models
+    from pofe.preprocess import JudgeConfig
+
+    prompts = ["1+2=", "3+4="]
+    texts = [[["3", "x"], ["2", "3"]], [["7", "7"], ["9", "8"]]]  # (P=2, M=2, S=2)
+    out = judge_models(JudgeConfig(type="python", function="pofe.demo.task:reward"), prompts, texts)
+    # rewards: "3" right (1.0), "x" not a number (0), "2" off by one (0.25), "9" off by 2 (1/6), "8" (0.25)
+    got = torch.tensor(out["rewards"], dtype=torch.float64)
+    want = torch.tensor([[[1.0, 0.0], [0.25, 1.0]], [[1.0, 1.0], [0.5 / 3, 0.25]]], dtype=torch.float64)
+    assert torch.allclose(got, want)
+    assert torch.allclose(torch.tensor(out["win_matrix"], dtype=torch.float64), win_matrix_from_rewards(want))
+    assert out["method"] == "bradley_terry"

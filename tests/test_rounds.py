@@ -1,0 +1,139 @@
+"""Iterated runs without training: prompt splits, derived recipes, the state file, config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pofe.args import PofeConfig
+from pofe.iterate_config import EvalConfig
+from pofe.rounds import (
+    RunLayout,
+    RunState,
+    RunStateMismatch,
+    recipe_fingerprint,
+    resolve_round_prompts,
+    round_recipe,
+    split_prompts,
+)
+
+
+def test_split_prompts_disjoint_and_covering():
+    """10 prompts over 3 rounds: sizes 4, 3, 3; disjoint; together every prompt once."""
+    parts = split_prompts(10, 3, "split")
+    assert [list(p) for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [list(p) for p in split_prompts(5, 2, "all")] == [list(range(5))] * 2
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_prompts(2, 3, "split")
+
+
+def test_auto_round_prompts():
+    assert resolve_round_prompts("sppo", "auto") == "split"
+    assert resolve_round_prompts("rrhf", "auto") == "all"
+    assert resolve_round_prompts("rrhf", "split") == "split"
+
+
+RAW = {
+    "base_model": "/m/base",
+    "lora_model_dir": "/m/adapter",
+    "rl": "sppo",
+    "datasets": [{"path": "data/p.jsonl", "type": "pofe.prompts", "field_prompt": "q", "split": "train"}],
+    "output_dir": "/runs/x",
+    "dataset_prepared_path": "/prep",
+    "save_strategy": "no",
+    "pofe": {"rounds": 3, "eval": {"held_out": 4},
+             "generate": {"backend": "transformers", "seed": 7},
+             "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+}
+
+
+def test_round_recipe_points_everything_at_the_round():
+    layout = RunLayout(__import__("pathlib").Path("/runs/x"))
+    r1 = round_recipe(RAW, layout, 1, "/m/base", seed=7)
+    r2 = round_recipe(RAW, layout, 2, "/runs/x/round-1/merged", seed=8)
+    assert r1["lora_model_dir"] == "/m/adapter" and "lora_model_dir" not in r2  # merged already
+    assert r2["base_model"] == "/runs/x/round-1/merged"
+    assert r2["output_dir"] == "/runs/x/round-2/train"
+    assert r2["dataset_prepared_path"] == "/runs/x/round-2/prepared"
+    assert r2["datasets"] == [{"path": "/runs/x/prompts/round-2.jsonl", "ds_type": "json",
+                               "type": "pofe.prompts", "field_prompt": "q"}]
+    assert r2["pofe"]["generate"] == {"backend": "transformers", "seed": 8, "model": "/runs/x/round-1/merged"}
+    assert r2["pofe"]["candidates"] == {"out_dir": "/runs/x/round-2/candidates"}
+    assert "rounds" not in r2["pofe"] and "eval" not in r2["pofe"]
+    # save_strategy: no -> one save at the end, so trainer_state.json (the loss curve) exists
+    assert r2["save_strategy"] == "steps" and r2["save_only_model"] and r2["_pofe_forced_save"]
+    assert RAW["base_model"] == "/m/base" and RAW["save_strategy"] == "no"  # the input is untouched
+
+
+def test_fingerprint_ignores_rounds_and_eval_only():
+    other = json.loads(json.dumps(RAW))
+    other["pofe"]["rounds"] = 5
+    other["pofe"]["eval"] = {"held_out": 9}
+    assert recipe_fingerprint(other) == recipe_fingerprint(RAW)
+    other["learning_rate"] = 1.0
+    assert recipe_fingerprint(other) != recipe_fingerprint(RAW)
+
+
+def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
+    path = tmp_path / "pofe-run.json"
+    st = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    st.start("round-1/train")
+    # killed here: a restart sees the stage as unfinished
+    st = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    assert not st.done("round-1/train")
+    st.start("round-1/train")
+    st.finish("round-1/train", output_dir="o")
+    again = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    assert again.done("round-1/train") and again.data["stages"]["round-1/train"]["output_dir"] == "o"
+    assert len(again.data["starts"]) == 3
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporary files
+    with pytest.raises(RunStateMismatch, match="different recipe"):
+        RunState.open(path, fingerprint="b", recipe="r.yml", method="rrhf")
+
+
+def test_config_keys():
+    cfg = PofeConfig(method="sppo", rounds=3, eval={"held_out": 5})
+    assert cfg.round_prompts == "auto" and cfg.eval.num_samples == 4 and cfg.eval.temperature == 1.0
+    assert PofeConfig().rounds == 1 and PofeConfig().eval is None
+    with pytest.raises(ValueError, match="held-out prompts"):
+        EvalConfig()
+    with pytest.raises(ValueError, match="not both"):
+        EvalConfig(prompts="p.jsonl", held_out=3)
+    with pytest.raises(ValueError, match="greedy"):
+        EvalConfig(held_out=3, temperature=0.0, num_samples=2)
+    with pytest.raises(ValueError, match="OpenAI-compatible server"):
+        PofeConfig(method="rrhf", rounds=2,
+                   generate={"backend": "openai", "base_url": "http://x/v1"},
+                   judge={"type": "python", "function": "m:f"})
+
+
+def test_merge_adapter_gives_the_adapted_model(tiny_model, tmp_path):
+    """merge_adapter (the runner's merge stage) saves a full model whose logits equal the
+    base with the adapter applied; the tokenizer travels with it."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from pofe.rounds import merge_adapter
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # a fresh adapter is a no-op; make it matter
+    peft.save_pretrained(tmp_path / "adapter")
+    merge_adapter(str(tiny_model), str(tmp_path / "adapter"), str(tmp_path / "merged"), "float32")
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), tmp_path / "adapter"
+    ).eval()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 10, 20, 30, 40, 50]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
+        assert not torch.allclose(merged(ids).logits, plain(ids).logits, atol=1e-3)
+    assert (tmp_path / "merged" / "tokenizer_config.json").exists()
+    assert not (tmp_path / "merged.tmp").exists()

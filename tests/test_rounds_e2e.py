@@ -1,0 +1,245 @@
+"""`axolotl pofe run` end to end on the CPU: two rounds of RRHF (killed after round 1's
+training and started again) and two rounds of SPPO with LoRA, then eval and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, run_axolotl
+from pofe.demo.task import make_prompt_rows, reward, write_jsonl
+from pofe.evaluation import sequence_logps
+
+pytestmark = pytest.mark.e2e
+
+NUM_PROMPTS, HELD_OUT = 14, 4
+
+
+def write_recipe(root: Path, model: Path, method: str, **extra) -> Path:
+    rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=1)
+    for r in rows:
+        r["reference"] = r["answer"]  # held-out perplexity needs a reference response
+    write_jsonl(rows, root / "prompts.jsonl")
+    cfg = {
+        "base_model": str(model), "plugins": ["pofe.PofePlugin"], "rl": method,
+        "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
+        "dataset_prepared_path": str(root / "prepared"), "output_dir": str(root / "run"),
+        "sequence_len": 64, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
+        "num_epochs": 2, "learning_rate": 3e-3, "lr_scheduler": "constant", "warmup_steps": 0,
+        "logging_steps": 1, "save_strategy": "no", "seed": 0, **CPU_SETTINGS,
+        "pofe": {
+            "rounds": 2,
+            "generate": {"backend": "transformers", "num_candidates": 3, "temperature": 1.0,
+                         "max_new_tokens": 4, "seed": 0,
+                         "include_dataset_responses": ["answer", "near_misses"]},
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+            "eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3},
+            **({"eta": 10.0} if method == "sppo" else {}),
+        },
+        **extra,
+    }
+    path = root / "recipe.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def state(run: Path) -> dict:
+    return json.loads((run / "pofe-run.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rrhf_run(tmp_path_factory, tiny_model):
+    """Start a two-round RRHF run, SIGKILL it (with its stage process) as soon as round 1's
+    training is recorded, note round 1's files, then start it again to the end."""
+    root = tmp_path_factory.mktemp("rrhf_rounds")
+    recipe = write_recipe(root, tiny_model, "rrhf")
+    run = root / "run"
+    cmd = [str(Path(sys.executable).parent / "axolotl"), "pofe", "run", str(recipe), "--launcher", "python", "--quiet"]
+    env = {**os.environ, **AXOLOTL_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 400
+    try:
+        while True:
+            st = state(run) if (run / "pofe-run.json").exists() else {"stages": {}}
+            if st["stages"].get("round-1/train", {}).get("status") == "done":
+                break
+            assert proc.poll() is None, "the run ended before round 1's training was recorded"
+            assert time.monotonic() < deadline, "round 1 did not finish in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner and whichever stage it had started
+        proc.wait()
+    killed = state(run)
+    round1 = [run / "round-1" / f for f in ("candidates/data.jsonl", "candidates/summary.json",
+                                           "train/model.safetensors", "trainer_state.json")]
+    mtimes = {p: p.stat().st_mtime_ns for p in round1}
+    resumed = run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet")
+    return {"root": root, "run": run, "recipe": recipe, "killed": killed, "mtimes": mtimes,
+            "stdout": resumed.stdout}
+
+
+def test_resume_skips_round_1(rrhf_run):
+    run, killed = rrhf_run["run"], rrhf_run["killed"]
+    assert not any(killed["stages"].get(s, {}).get("status") == "done"
+                   for s in ("round-2/train", "eval")), "killed too late to test a resume"
+    final = state(run)
+    assert len(final["starts"]) == 2
+    for stage in ("prompts", "round-1/preprocess", "round-1/train"):
+        assert final["stages"][stage] == killed["stages"][stage]  # same record, not redone
+    for path, mtime in rrhf_run["mtimes"].items():
+        assert path.stat().st_mtime_ns == mtime, f"{path} was rewritten"
+    assert "round 1/2" not in rrhf_run["stdout"] and "round 2/2: train" in rrhf_run["stdout"]
+    assert all(v["status"] == "done" for v in final["stages"].values())
+    assert final["final_policy"] == str(run / "round-2" / "train")
+
+
+def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
+    """Regenerating round 2's prompts with round 1's model and round 2's recorded seed gives
+    round 2's candidates exactly; the base model gives others."""
+    from pofe.preprocess import GenerateConfig, JudgeConfig, run_pipeline
+
+    run = rrhf_run["run"]
+    r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
+    assert r2["base_model"] == r2["pofe"]["generate"]["model"] == str(run / "round-1" / "train")
+    assert r2["pofe"]["generate"]["seed"] == state(run)["rounds"]["2"]["generate_seed"] == 1
+    prompts = read_jsonl(run / "prompts" / "round-2.jsonl")
+    shards = lambda d: [r["candidates"] for p in sorted((d / "generate").glob("shard-*.jsonl")) for r in read_jsonl(p)]  # noqa: E731
+    recorded = shards(run / "round-2" / "candidates")
+
+    def regenerate(policy, out):
+        run_pipeline(prompts, policy_path=policy, method="rrhf", generate=GenerateConfig(**r2["pofe"]["generate"]),
+                     judge=JudgeConfig(**r2["pofe"]["judge"]), out_dir=out, stop_after="generate", progress=False)
+        return shards(out)
+
+    assert regenerate(str(run / "round-1" / "train"), tmp_path / "again") == recorded
+    gen = dict(r2["pofe"]["generate"], model=None)
+    r2["pofe"]["generate"] = gen
+    assert regenerate(state(run)["base_model"], tmp_path / "base") != recorded
+
+
+def test_report_holds_the_run_numbers(rrhf_run):
+    """Recompute a few report numbers from the run's raw files."""
+    run = rrhf_run["run"]
+    rep = json.loads((run / "report.json").read_text())
+    md = (run / "report.md").read_text()
+    assert {p.name for p in run.glob("report-*.png")} == {
+        "report-rewards.png", "report-loss.png", "report-winrate.png", "report-drift.png"}
+
+    for t in (1, 2):
+        rows = read_jsonl(run / f"round-{t}" / "candidates" / "data.jsonl")
+        rewards = [x for r in rows for x in r["rewards"]]
+        rnd = rep["rounds"][t - 1]
+        assert rnd["candidates"]["mean_reward"] == pytest.approx(sum(rewards) / len(rewards))
+        assert rnd["candidates"]["best_of_k_reward"] == pytest.approx(sum(max(r["rewards"]) for r in rows) / len(rows))
+        history = json.loads((run / f"round-{t}" / "trainer_state.json").read_text())["log_history"]
+        losses = [h["loss"] for h in history if "loss" in h]
+        assert rnd["train"]["last_loss"] == losses[-1] and rnd["train"]["first_loss"] == losses[0]
+        assert rnd["train"]["steps"] == len(losses) > 0  # logging_steps: 1
+        assert f"{rnd['candidates']['mean_reward']:.3f}" in md
+
+    ev = rep["eval"]
+    samples = read_jsonl(run / "eval" / "samples.jsonl")
+    names = [m["name"] for m in ev["models"]]
+    assert names == ["pi_0", "pi_1", "pi_2"]
+    held = [r["prompt"] for r in read_jsonl(run / "prompts" / "held_out.jsonl")]
+    assert len(samples) == 3 * HELD_OUT * 2 and {s["prompt"] for s in samples} == set(held)
+    for m, name in enumerate(names):
+        mine = [s for s in samples if s["model"] == name]
+        # the judge, called again on the stored responses
+        rewards = [reward(s["prompt"], s["response"]) for s in mine]
+        assert ev["mean_reward"][m] == pytest.approx(sum(rewards) / len(rewards))
+        assert ev["kl_to_base"][m] == pytest.approx(sum(s["logp"] - s["logp_base"] for s in mine) / len(mine))
+        assert ev["mean_response_tokens"][m] == pytest.approx(sum(s["tokens"] for s in mine) / len(mine))
+        assert f"| {name} | {ev['mean_reward'][m]:.3f} |" in md
+    assert ev["kl_to_base"][0] == 0.0
+    # Bradley-Terry win rate of pi_2 over pi_0 by a plain loop over prompts and sample pairs
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    per_prompt = []
+    for p in held:
+        a = [reward(p, s["response"]) for s in samples if s["model"] == "pi_2" and s["prompt"] == p]
+        b = [reward(p, s["response"]) for s in samples if s["model"] == "pi_0" and s["prompt"] == p]
+        per_prompt.append(sum(sig(x - y) for x in a for y in b) / (len(a) * len(b)))
+    assert ev["win_matrix"][2][0] == pytest.approx(sum(per_prompt) / len(per_prompt))
+    assert ev["perplexity"] and all(x > 0 for x in ev["perplexity"]) and ev["reference_count"] == HELD_OUT
+    assert rep["rounds"][0]["trained_on_train_prompts"]["num_prompts"] == 3
+    assert "CYCLE" in md or "No cycle" in md
+
+
+@pytest.fixture(scope="module")
+def sppo_run(tmp_path_factory, tiny_model):
+    root = tmp_path_factory.mktemp("sppo_rounds")
+    recipe = write_recipe(root, tiny_model, "sppo", adapter="lora", lora_r=4, lora_alpha=8,
+                          lora_target_linear=True)
+    run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet")
+    return root / "run"
+
+
+def test_sppo_rounds_train_on_disjoint_splits(sppo_run):
+    r1 = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "round-1.jsonl")]
+    r2 = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "round-2.jsonl")]
+    held = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "held_out.jsonl")]
+    assert len(r1) == len(r2) == (NUM_PROMPTS - HELD_OUT) // 2
+    assert not (set(r1) & set(r2)) and not ((set(r1) | set(r2)) & set(held))
+    assert [r["prompt"] for r in read_jsonl(sppo_run / "round-2" / "candidates" / "data.jsonl")] == r2
+
+
+def test_sppo_round_2_is_anchored_on_round_1(sppo_run):
+    """Round 2 starts from round 1's merged model: its first logged log-ratio is 0 and its
+    cached anchor table holds round 1's model's log-probs of round 2's candidates."""
+    from datasets import load_from_disk
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    r2 = yaml.safe_load((sppo_run / "round-2" / "recipe.yml").read_text())
+    merged1 = sppo_run / "round-1" / "merged"
+    assert r2["base_model"] == str(merged1) and r2["adapter"] == "lora"
+    first = json.loads((sppo_run / "round-2" / "trainer_state.json").read_text())["log_history"][0]
+    assert first["step"] == 1 and first["sppo/logratio"] == pytest.approx(0.0, abs=1e-4)
+
+    model = AutoModelForCausalLM.from_pretrained(merged1, dtype=torch.float32).eval()
+    # the merged model is round 1's adapter on the base, merged
+    base = AutoModelForCausalLM.from_pretrained(state(sppo_run)["base_model"], dtype=torch.float32)
+    ref = PeftModel.from_pretrained(base, sppo_run / "round-1" / "train").merge_and_unload()
+    ids = torch.tensor([[1, 10, 20, 30, 40]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, ref(ids).logits, atol=1e-5)
+
+    prepared = sppo_run / "round-2" / "prepared"
+    (table_path,) = prepared.glob("pofe-anchor-*.pt")
+    (data_dir,) = [p for p in prepared.glob("pofe-*") if p.is_dir()]
+    table = torch.load(table_path)
+    rows = load_from_disk(str(data_dir))
+    prompts, responses, where = [], [], []
+    for row in rows:
+        for k, resp in enumerate(row["response_ids"]):
+            prompts.append(row["prompt_ids"])
+            responses.append(resp)
+            where.append((row["row_id"], k))
+    logps = sequence_logps(model, prompts, responses)
+    got = [table[i, k].item() for i, k in where]
+    assert got == pytest.approx(logps, abs=1e-3)
+
+
+def test_sppo_report_and_eval(sppo_run):
+    rep = json.loads((sppo_run / "report.json").read_text())
+    assert rep["rounds_finished"] == 2 and rep["final_policy"] == str(sppo_run / "round-2" / "merged")
+    assert [m["path"] for m in rep["eval"]["models"]][1:] == [str(sppo_run / f"round-{t}" / "merged") for t in (1, 2)]
+    for r in rep["rounds"]:
+        assert r["train"]["diagnostic"] == "sppo/win_rate_spread"
+        assert r["candidates"]["mean_best_win_rate"] is not None
+    md = (sppo_run / "report.md").read_text()
+    assert "win-rate spread first -> last" in md
