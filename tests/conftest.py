@@ -42,3 +42,11 @@ def rrhf_jsonl(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sppo_jsonl(tmp_path_factory) -> Path:
     return write_jsonl(make_sppo_rows(32, k=4, seed=0), tmp_path_factory.mktemp("d") / "sppo.jsonl")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The tiny models' character-level tokenizer with its chat template."""
+    from pofe.demo.tiny import build_tokenizer
+
+    return build_tokenizer()

@@ -88,3 +88,12 @@ def log_history(output_dir: Path) -> list[dict]:
     )
     assert states, f"no checkpoint with trainer_state.json under {output_dir}"
     return json.loads(states[-1].read_text())["log_history"]
+
+
+def load_llama(path: Path, attn: str = "eager"):
+    """A tiny Llama in float32 and train mode (dropout is 0: train mode exercises autograd)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32)
+    return model.train()

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 from pofe.collator import IGNORE_INDEX, KResponseCollator
-from pofe.demo.tiny import build_tokenizer
 from pofe.losses import rrhf_loss
 from pofe.prefix import block_attention_mask, pack_prompt, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed
+
+from tests.helpers import load_llama
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def load(path, attn="eager"):
-    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32)
-    model.train()
-    return model
 
 
 def features(seed=0, prompt_lens=(5, 9, 3, 12), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5), (2, 8, 3))):
@@ -137,13 +126,13 @@ def test_collator_packed_layout(tokenizer):
 # ---------------------------------------------------------------- shared == unshared
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_shared_equals_unshared(tiny64_model, tokenizer, attn):
-    model = load(tiny64_model, attn)
+    model = load_llama(tiny64_model, attn)
     unshared, shared = both_layouts(model, tokenizer, features())
     assert_same(shared, unshared)
 
 
 def test_shared_padding_changes_nothing(tiny64_model, tokenizer):
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     feats = features()
     plain = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
     padded = KResponseCollator(tokenizer, prefix_sharing=True, pad_to_multiple_of=128)(feats)
@@ -156,7 +145,7 @@ def test_shared_padding_changes_nothing(tiny64_model, tokenizer):
 
 def test_shared_equals_unshared_empty_prompt(tiny64_model, tokenizer):
     """No prompt: the first response token is scored by neither layout (lengths n - 1)."""
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     feats = features(prompt_lens=(0, 4), k_lens=((3, 5), (2, 1)))
     unshared = KResponseCollator(tokenizer)(feats)
     shared = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
@@ -168,7 +157,7 @@ def test_shared_equals_unshared_empty_prompt(tiny64_model, tokenizer):
 def test_shared_equals_unshared_lora(tiny64_model, tokenizer):
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
-        load(tiny64_model, "sdpa"),
+        load_llama(tiny64_model, "sdpa"),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
                         init_lora_weights=False),
     )
@@ -178,13 +167,13 @@ def test_shared_equals_unshared_lora(tiny64_model, tokenizer):
 
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_shared_equals_unshared_gradient_checkpointing(tiny64_model, tokenizer, reentrant):
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     if reentrant:
         model.enable_input_require_grads()  # what HF/PEFT do so reentrant checkpoints see a grad input
     unshared, shared = both_layouts(model, tokenizer, features())
     assert_same(shared, unshared)
-    reference = load(tiny64_model)  # and both equal the model without checkpointing
+    reference = load_llama(tiny64_model)  # and both equal the model without checkpointing
     assert_same(shared, both_layouts(reference, tokenizer, features())[0])
 
 
@@ -195,7 +184,7 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer):
     What the Trainer does with gradient accumulation (our losses are means over
     prompts and `model_accepts_loss_kwargs` is False, so it divides by the steps).
     """
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     feats = features()
     collate = KResponseCollator(tokenizer, prefix_sharing=True)
 
@@ -238,7 +227,7 @@ def test_prefix_sharing_eval_sample_packing():
 
 
 def test_packed_batch_on_unsupported_backend_raises(tiny64_model, tokenizer):
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     model.config._attn_implementation = "flash_attention_2"
     batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
     with pytest.raises(ValueError, match="prefix_sharing: false"):

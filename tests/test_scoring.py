@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 from pofe.collator import IGNORE_INDEX, KResponseCollator
-from pofe.demo.tiny import build_tokenizer
 from pofe.scoring import (
     response_logps,
     response_logps_reference,
@@ -22,21 +20,12 @@ from pofe.scoring import (
     token_logps,
 )
 
+from tests.helpers import load_llama
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-def load(path, attn="eager"):
-    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32)
-    model.train()  # dropout is 0 in the tiny Llama; train mode exercises the autograd path
-    return model
 
 
 def features(seed=0, prompt_lens=(5, 9, 3), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5))):
@@ -119,7 +108,7 @@ def test_token_logps_chunk_order():
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("chunk", [1, 5, 1024])
 def test_chunked_equals_full_logits(tiny64_model, tokenizer, attn, chunk):
-    model = load(tiny64_model, attn)
+    model = load_llama(tiny64_model, attn)
     batch = KResponseCollator(tokenizer)(features())
     fast, g_fast = run(model, lambda m: score_candidates(m, batch, chunk_size=chunk)[0])
     ref, g_ref = run(model, lambda m: reference_bk(m, batch)[0])
@@ -130,7 +119,7 @@ def test_chunked_equals_full_logits(tiny64_model, tokenizer, attn, chunk):
 
 def test_padding_changes_nothing(tiny64_model, tokenizer):
     """Extra right padding, and a batch-mate that makes the rows longer, leave each score as is."""
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     feats = features()
     plain = score_candidates(model, KResponseCollator(tokenizer)(feats))
     padded = score_candidates(model, KResponseCollator(tokenizer, pad_to_multiple_of=64)(feats))
@@ -142,7 +131,7 @@ def test_padding_changes_nothing(tiny64_model, tokenizer):
 
 def test_no_grad_path_matches(tiny64_model, tokenizer):
     """The anchor pass runs under no_grad (no checkpointing): same numbers."""
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     batch = KResponseCollator(tokenizer)(features())
     with torch.no_grad():
         fast = score_candidates(model, batch, chunk_size=4)[0]
@@ -152,7 +141,7 @@ def test_no_grad_path_matches(tiny64_model, tokenizer):
 
 def test_response_logps_never_builds_full_logits(tiny64_model, tokenizer):
     """The model's own head sees only the last position (logits_to_keep=1)."""
-    model = load(tiny64_model)
+    model = load_llama(tiny64_model)
     batch = KResponseCollator(tokenizer)(features())
     seen = []
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(tuple(out.shape)))
@@ -171,7 +160,7 @@ def test_lora_with_lora_on_lm_head(tiny64_model, tokenizer):
     """Through a PEFT wrapper, with an adapter on lm_head (called, not bypassed via .weight)."""
     peft = pytest.importorskip("peft")
     model = peft.get_peft_model(
-        load(tiny64_model),
+        load_llama(tiny64_model),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False),
     )
     batch = KResponseCollator(tokenizer)(features())
