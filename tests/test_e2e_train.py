@@ -135,7 +135,8 @@ def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     extra = {"full": {"learning_rate": 1e-3}, "lora": LORA, "qlora": QLORA}[mode]
-    cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0}, **extra)
+    cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0},
+                 num_epochs=2, **extra)
     run_axolotl("train", str(cfg))
 
     out = tmp_path / "out"
@@ -152,12 +153,15 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     quantized = mode == "qlora"
     before = candidate_logps(load_policy(tiny_model, quantized), tokenizer, rows)
     after = candidate_logps(load_policy(out, quantized), tokenizer, rows)
-    up, down = [], []
+    # within each prompt, the response that wins most gains on the others in
+    # log pi_theta - log pi_0 (before training all log-ratios are 0, chance is 1/2;
+    # 16 steps on the tiny model measured 0.67-0.70 in full, LoRA and QLoRA)
+    gains = []
     for row, b, a in zip(rows, before, after):
-        for w, (lb, _), (la, _) in zip(row["win_rates"], b, a):
-            (up if w > 0.5 else down).append(la - lb)
-    # responses that win more than half the time gain log-prob relative to the others
-    assert sum(up) / len(up) > sum(down) / len(down), (sum(up) / len(up), sum(down) / len(down))
+        ratio = [la - lb for (lb, _), (la, _) in zip(b, a)]
+        best = max(range(len(ratio)), key=lambda i: row["win_rates"][i])
+        gains += [ratio[best] > r for i, r in enumerate(ratio) if i != best]
+    assert sum(gains) / len(gains) > 0.6, (sum(gains), len(gains))
 
 
 def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_jsonl):
