@@ -7,6 +7,7 @@ run then takes axolotl's ordinary SFT builder path with POFE's trainer and colla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
 
@@ -181,6 +182,23 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
         ]
     cfg["pofe"] = pofe
     return cfg
+
+
+def pofe_config(cfg: Any) -> PofeConfig:
+    """The validated `pofe:` block of `cfg`; `PofeConfig()` when it has none.
+
+    `cfg` is axolotl's validated cfg (a DictDefault), a raw YAML dict (where
+    `rl: rrhf|sppo` counts as `pofe.method`, see `translate_raw_config`; `cfg` is not
+    changed), or any object with a `pofe` attribute; the block itself is a dict or a
+    `PofeConfig`. The one accessor: callers never branch on which.
+    """
+    if isinstance(cfg, Mapping):
+        pofe = translate_raw_config(dict(cfg)).get("pofe")
+    else:
+        pofe = getattr(cfg, "pofe", None)
+    if isinstance(pofe, PofeConfig):
+        return pofe
+    return PofeConfig.model_validate(dict(pofe or {}))
 
 
 def _check_axolotl_rl(rl: str) -> None:
