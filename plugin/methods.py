@@ -78,6 +78,9 @@ for _spec in METHODS.values():
         DATASET_TYPES[_type] += (_spec.name,)
 del _spec, _type
 
+# the `pofe.method` values, as a type pydantic turns into a choice
+MethodName = Literal[tuple(METHODS)]
+
 
 def method_spec(name: str) -> MethodSpec:
     """The spec of `name`, with an error listing the known methods."""
@@ -85,3 +88,29 @@ def method_spec(name: str) -> MethodSpec:
         return METHODS[name]
     except KeyError:
         raise ValueError(f"unknown POFE method {name!r}; known: {sorted(METHODS)}") from None
+
+
+def check_candidate_rules(method: str, *, pairwise_judge: str | None, keep: str) -> None:
+    """The rules between a method and how its candidates are judged and kept, declared once.
+
+    Both the `pofe:` config and the candidate pipeline (which can run without it) call this.
+
+    Args:
+        method: a registered method name.
+        pairwise_judge: the judge's type when it gives pairwise preferences, else None.
+        keep: the `candidates.keep` policy.
+
+    Raises:
+        ValueError naming the setting to change.
+    """
+    spec = method_spec(method)
+    if pairwise_judge is not None and not spec.takes_pairwise_judges:
+        takers = [name for name, s in METHODS.items() if s.takes_pairwise_judges]
+        raise ValueError(
+            f"judge.type: {pairwise_judge} gives pairwise preferences; {method} needs a scalar "
+            f"reward per candidate: use a python, reward_model or llm judge (or method "
+            f"{' / '.join(takers)})"
+        )
+    if keep not in spec.candidate_keeps:
+        users = [name for name, s in METHODS.items() if keep in s.candidate_keeps]
+        raise ValueError(f"candidates.keep: {keep} applies to method {' / '.join(users)} only")
