@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     from pofe.demo.task import make_prompts
     from pofe.demo.tiny import build_tiny_model
     from pofe.preprocess.config import GenerateConfig, JudgeConfig
-    from pofe.preprocess.generate import load_policy_tokenizer, make_generator
+    from pofe.preprocess.generators import make_generator
+    from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
 
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     gen_cfg = GenerateConfig(num_candidates=k, temperature=1.0, max_new_tokens=16, batch_size=16)
     judge_cfg = JudgeConfig(type="python", function=f"{__name__}:counting_reward")
     generator = make_generator(gen_cfg, policy)
-    tokenizer = load_policy_tokenizer(policy)
+    tokenizer = load_tokenizer(policy)
     rendered = [render_prompt(tokenizer, r["prompt"]).text for r in rows]
 
     def direct(rep):

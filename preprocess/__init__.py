@@ -26,7 +26,7 @@ __all__ = [
 _LAZY = {
     "run_pipeline": ".pipeline",
     "PipelineResult": ".pipeline",
-    "make_generator": ".generate",
+    "make_generator": ".generators",
     "make_judge": ".judges",
     "Abstain": ".judges",
 }

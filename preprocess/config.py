@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -26,12 +26,20 @@ JudgeType = Literal["python", "reward_model", "llm", "pairwise_llm", "pairrm"]
 # Which backends can decode each strategy. The OpenAI completions API has no beam search;
 # vLLM has no group (diverse) beam search and POFE does not wire its separate `beam_search`
 # API yet; transformers does all three (diverse beam via POFE's own logits processor,
-# see diverse_beam.py).
+# see generators/diverse_beam.py).
 STRATEGY_BACKENDS: dict[str, tuple[str, ...]] = {
     "sample": ("vllm", "openai", "transformers"),
     "beam": ("transformers",),
     "diverse_beam": ("transformers",),
 }
+
+# Decoding settings shared by `GenerateConfig` and the run layer's `EvalConfig`: bounds and
+# meaning declared once, each block choosing its own default (`temperature: Temperature = 0.8`).
+Temperature = Annotated[float, Field(ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy.")]
+TopP = Annotated[float, Field(gt=0.0, le=1.0, description="Nucleus sampling mass.")]
+MaxNewTokens = Annotated[int, Field(ge=1, le=32768, description="Tokens per response.")]
+Seed = Annotated[int, Field(ge=0, description="Base seed; same seed and inputs -> same responses.")]
+BatchSize = Annotated[int, Field(ge=1, le=4096, description="Prompts per batch (or per backend call).")]
 
 SCALAR_JUDGES = ("python", "reward_model", "llm")
 PAIRWISE_JUDGES = ("pairwise_llm", "pairrm")
@@ -82,17 +90,17 @@ class GenerateConfig(_Strict):
     )
     num_candidates: int = Field(4, ge=1, le=64, description="Model candidates per prompt (k).")
     strategy: Strategy = Field("sample", description="sample | beam | diverse_beam.")
-    temperature: float = Field(0.8, ge=0.0, le=5.0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    temperature: Temperature = 0.8
+    top_p: TopP = 1.0
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
-    max_new_tokens: int = Field(128, ge=1, le=32768, description="Tokens per candidate.")
+    max_new_tokens: MaxNewTokens = 128
     num_beam_groups: int = Field(
         1, ge=1, le=64, description="diverse_beam: number of groups (paper: 4)."
     )
     diversity_penalty: float = Field(
         1.0, ge=0.0, le=100.0, description="diverse_beam: Hamming diversity penalty (paper: 1.0)."
     )
-    seed: int = Field(0, ge=0, description="Base seed; same seed and inputs -> same candidates.")
+    seed: Seed = 0
     include_dataset_responses: list[str] = Field(
         default_factory=list,
         description="Dataset columns whose text is added as extra candidates (RRHF paper: the "
@@ -108,7 +116,7 @@ class GenerateConfig(_Strict):
         "drop",
         description="Over-long prompts: drop the row (counted) or keep its LAST tokens.",
     )
-    batch_size: int = Field(8, ge=1, le=4096, description="Prompts per backend call.")
+    batch_size: BatchSize = 8
     request_timeout: float = Field(
         120.0, gt=0.0, le=3600.0, description="openai: seconds per HTTP request."
     )

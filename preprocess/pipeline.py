@@ -130,9 +130,10 @@ def run_pipeline(
         for s in todo:
             shard_rows = rows[s * shard_size : (s + 1) * shard_size]
             if state["tokenizer"] is None:
-                from .generate import load_policy_tokenizer, make_generator
+                from .generators import make_generator
+                from .generators.hf import load_tokenizer
 
-                state["tokenizer"] = load_policy_tokenizer(policy_path)
+                state["tokenizer"] = load_tokenizer(policy_path)
                 if state["generator"] is None:
                     state["generator"] = make_generator(generate, policy_path)
             sampling = dataclasses.replace(generate.sampling(), seed=generate.seed + s * SHARD_SEED_STRIDE)

@@ -3,36 +3,28 @@
     generator = make_generator(cfg, policy_path)
     candidates = generator.generate(rendered_prompts, n, cfg.sampling())   # P x n strings
 
-Backends: `transformers` (local `model.generate`: sample, beam, diverse_beam), `openai`
-(any OpenAI-compatible server's /v1/completions: sample), `vllm` (in-process vllm.LLM:
-sample). Heavy imports happen only when a backend is built.
+Backends: `transformers` (hf.py: local `model.generate`: sample, beam, diverse_beam),
+`openai` (openai.py: any OpenAI-compatible server's /v1/completions: sample), `vllm`
+(vllm.py: in-process vllm.LLM: sample). Heavy imports happen only when a backend is built.
+A new backend is one module here implementing `base.Generator`, and one branch below.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from .config import GenerateConfig, Sampling, read_api_key
-
-
-class Generator(Protocol):
-    name: str
-
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
-        """prompts: P rendered prompt strings -> P lists of exactly n candidates each."""
-        ...
+from ..config import GenerateConfig, read_api_key
+from .base import Generator
 
 
 def make_generator(cfg: GenerateConfig, policy_path: str) -> Generator:
     """Build the configured backend; `cfg.model` overrides the policy path (or served name)."""
     model = cfg.model or policy_path
     if cfg.backend == "transformers":
-        from .generate_transformers import TransformersGenerator
+        from .hf import TransformersGenerator
 
         return TransformersGenerator(model, batch_size=cfg.batch_size)
     if cfg.backend == "openai":
-        from .generate_openai import OpenAIGenerator
-        from .openai_client import OpenAIClient
+        from ..openai_client import OpenAIClient
+        from .openai import OpenAIGenerator
 
         client = OpenAIClient(
             cfg.base_url,
@@ -42,14 +34,10 @@ def make_generator(cfg: GenerateConfig, policy_path: str) -> Generator:
         )
         return OpenAIGenerator(client, model, concurrency=cfg.batch_size)
     if cfg.backend == "vllm":
-        from .generate_vllm import VLLMGenerator
+        from .vllm import VLLMGenerator
 
         return VLLMGenerator(model, seed=cfg.seed, **cfg.vllm_kwargs)
     raise ValueError(f"unknown generate.backend {cfg.backend!r}")
 
 
-def load_policy_tokenizer(policy_path: str):
-    """The tokenizer whose chat template renders prompts (the policy's, not the judge's)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(policy_path)
+__all__ = ["Generator", "make_generator"]

@@ -20,6 +20,48 @@ from __future__ import annotations
 import torch
 
 
+def diverse_beam_search(
+    model, enc, n: int, num_groups: int, penalty: float, *, pad_token_id: int, **generate_kwargs
+) -> torch.Tensor:
+    """G groups of n / G beams each, run one after another (see the module docstring).
+
+    Args:
+        enc: the tokenised, left-padded prompt batch (input_ids (P, L), attention_mask).
+        generate_kwargs: passed to every `model.generate` call (max_new_tokens, eos_token_id).
+    Returns:
+        (P * n, T) new token ids, prompt-major and group-major within each prompt; rows that
+        stopped early end in `pad_token_id`.
+    """
+    per_group = n // num_groups
+    num_prompts, prompt_len = enc["input_ids"].shape
+    previous = torch.full((num_prompts, 0, 0), -1, dtype=torch.long)  # (P, M, T)
+    groups = []
+    for _ in range(num_groups):
+        proc = HammingDiversityProcessor(previous, prompt_len, per_group, penalty)
+        seqs = model.generate(
+            **enc,
+            do_sample=False,
+            num_beams=per_group,
+            num_return_sequences=per_group,
+            top_k=None,
+            logits_processor=[proc],
+            pad_token_id=pad_token_id,
+            **generate_kwargs,
+        )  # (P * per_group, prompt_len + T)
+        new = seqs[:, prompt_len:].reshape(num_prompts, per_group, -1)  # (P, per_group, T)
+        groups.append(new)
+        seen = new.clone().cpu()
+        seen[seen == pad_token_id] = -1  # padding after EOS never counts
+        previous = _cat_padded([previous, seen], -1)
+    return _cat_padded(groups, pad_token_id).reshape(num_prompts * n, -1)  # (P, G * per_group, T) flattened
+
+
+def _cat_padded(parts: list[torch.Tensor], value: int) -> torch.Tensor:
+    """Concatenate (P, M_i, T_i) tensors along M, right-padding time with `value`."""
+    t = max(x.shape[2] for x in parts)
+    return torch.cat([torch.nn.functional.pad(x, (0, t - x.shape[2]), value=value) for x in parts], dim=1)
+
+
 class HammingDiversityProcessor:
     """Logits processor: penalise tokens that earlier groups emitted at the same position.
 

@@ -1,4 +1,8 @@
-"""Transformers backend: `model.generate` on the local machine (CPU or GPU).
+"""Transformers: the one policy loader, the one generation loop, and the `transformers` backend.
+
+`load_policy` / `load_tokenizer` / `sample_responses` are shared by the candidate pipeline
+(through `TransformersGenerator`), the run layer's evaluation and the demo, so every place
+that decodes from a policy renders, pads, seeds and cuts responses the same way.
 
 Slow next to vLLM, but always available, and the only backend with all three strategies:
 sampling, beam search, and diverse beam search (POFE's own, see diverse_beam.py).
@@ -6,58 +10,115 @@ sampling, beam search, and diverse beam search (POFE's own, see diverse_beam.py)
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
-from .config import Sampling
-from .diverse_beam import HammingDiversityProcessor
+from ..config import Sampling
+from .diverse_beam import diverse_beam_search
 
 
-class TransformersGenerator:
-    """Generate with a local causal LM.
+def load_policy(path: str, *, device=None, dtype=None) -> torch.nn.Module:
+    """A full model folder or hub id, or a PEFT adapter folder on its base; eval mode.
 
-    Reproducibility: each call seeds torch with `sampling.seed + batch_index` before each
-    batch, so the same prompts, batch size and seed give the same candidates.
+    dtype defaults to float32 on CPU and bfloat16 on CUDA ("auto" keeps the checkpoint's);
+    device defaults to cuda when available.
     """
+    from transformers import AutoModelForCausalLM
 
-    name = "transformers"
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if (Path(path) / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM  # only adapter folders need peft
 
-    def __init__(self, model_path: str, *, batch_size: int = 8, device: str | None = None, dtype=None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.tokenizer.padding_side = "left"  # decoder-only: new tokens follow the prompt directly
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or "auto").to(self.device).eval()
-        self.batch_size = batch_size
-        # Prompts rendered with a chat template already carry BOS.
-        self.add_special_tokens = not bool(getattr(self.tokenizer, "chat_template", None))
 
-    @torch.no_grad()
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
-        """prompts: P rendered strings -> P lists of n candidate strings."""
-        out: list[list[str]] = []
-        for b, start in enumerate(range(0, len(prompts), self.batch_size)):
-            torch.manual_seed(sampling.seed + b)
-            out.extend(self._batch(prompts[start : start + self.batch_size], n, sampling))
-        return out
+def load_tokenizer(path: str):
+    """The policy's tokenizer; an adapter folder without tokenizer files uses its base model's.
 
-    def _batch(self, prompts: list[str], n: int, s: Sampling) -> list[list[str]]:
-        enc = self.tokenizer(
-            prompts, return_tensors="pt", padding=True, add_special_tokens=self.add_special_tokens
-        ).to(self.device)
-        prompt_len = enc["input_ids"].shape[1]
-        common = dict(
-            max_new_tokens=s.max_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-        )
-        if s.strategy == "sample":
-            if s.temperature == 0.0:  # greedy: one decode, n copies (dedupe drops them later)
-                seqs = self.model.generate(**enc, do_sample=False, num_beams=1, **common)
-                return [[t] * n for t in self._decode(seqs, prompt_len)]
-            seqs = self.model.generate(
+    pad_token falls back to eos_token (batched generation needs one; the attention mask
+    keeps it out of every result).
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(path)
+    adapter_config = folder / "adapter_config.json"
+    if adapter_config.exists() and not (folder / "tokenizer_config.json").exists():
+        path = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response: ids stop at and include the first EOS; text decoded without special tokens."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str
+
+
+@torch.no_grad()
+def sample_responses(
+    model, tokenizer, prompts: list[str], n: int, sampling: Sampling, *, batch_size: int
+) -> list[list[Sample]]:
+    """P rendered prompt strings -> P lists of n Samples, for every `sampling.strategy`.
+
+    Temperature 0 with strategy `sample` is greedy decoding (one response: n must be 1).
+    Batch b is seeded with `sampling.seed + b` inside `torch.random.fork_rng`, so the same
+    prompts, batch size and seed give the same responses for every model, and the caller's
+    global RNG is left untouched.
+    """
+    if sampling.strategy == "sample" and sampling.temperature == 0.0 and n != 1:
+        raise ValueError(f"temperature 0 (greedy) gives one response per prompt, asked for n={n}")
+    device = next(model.parameters()).device
+    add_special = not getattr(tokenizer, "chat_template", None)  # a chat template writes BOS itself
+    out: list[list[Sample]] = []
+    for b, start in enumerate(range(0, len(prompts), batch_size)):
+        # Left padding: every row of a decoder-only batch must end at its last prompt token.
+        enc = tokenizer(
+            prompts[start : start + batch_size],
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=add_special,
+        ).to(device)
+        with _seeded(sampling.seed + b):
+            new = _generate(model, tokenizer, enc, n, sampling)  # (B * n, T)
+        out.extend(_to_samples(tokenizer, enc, new.tolist(), n))
+    return out
+
+
+@contextmanager
+def _seeded(seed: int):
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        torch.manual_seed(seed)
+        yield
+
+
+def _generate(model, tokenizer, enc, n: int, s: Sampling) -> torch.Tensor:
+    """New token ids (B * n, T), prompt-major; rows that stopped early end in padding."""
+    prompt_len = enc["input_ids"].shape[1]
+    common = dict(
+        max_new_tokens=s.max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if s.strategy == "sample":
+        if s.temperature == 0.0:
+            seqs = model.generate(**enc, do_sample=False, num_beams=1, **common)
+        else:
+            seqs = model.generate(
                 **enc,
                 do_sample=True,
                 temperature=s.temperature,
@@ -65,52 +126,58 @@ class TransformersGenerator:
                 top_k=s.top_k,  # 0 disables top-k (transformers' default would be 50)
                 num_return_sequences=n,
                 **common,
-            )  # (P * n, prompt_len + T)
-            return _chunk(self._decode(seqs, prompt_len), n)
-        if s.strategy == "beam":
-            seqs = self.model.generate(
-                **enc, do_sample=False, num_beams=n, num_return_sequences=n, top_k=None, **common
-            )
-            return _chunk(self._decode(seqs, prompt_len), n)
-        if s.strategy == "diverse_beam":
-            return self._diverse_beam(enc, prompt_len, n, s, common)
-        raise ValueError(f"unknown generate.strategy {s.strategy!r}")
-
-    def _diverse_beam(self, enc, prompt_len: int, n: int, s: Sampling, common: dict) -> list[list[str]]:
-        g = s.num_beam_groups
-        per_group = n // g
-        num_prompts = enc["input_ids"].shape[0]
-        previous = torch.full((num_prompts, 0, 0), -1, dtype=torch.long)  # (P, M, T)
-        groups: list[list[list[str]]] = []
-        for _ in range(g):
-            proc = HammingDiversityProcessor(previous, prompt_len, per_group, s.diversity_penalty)
-            seqs = self.model.generate(
-                **enc,
-                do_sample=False,
-                num_beams=per_group,
-                num_return_sequences=per_group,
-                top_k=None,
-                logits_processor=[proc],
-                **common,
-            )  # (P * per_group, prompt_len + T)
-            new = seqs[:, prompt_len:].clone()
-            new[new == self.tokenizer.pad_token_id] = -1  # padding after EOS never counts
-            new = new.view(num_prompts, per_group, -1).cpu()
-            previous = _cat_padded(previous, new)
-            groups.append(_chunk(self._decode(seqs, prompt_len), per_group))
-        # (G, P, per_group) -> (P, G * per_group), group-major within each prompt
-        return [[c for grp in groups for c in grp[p]] for p in range(num_prompts)]
-
-    def _decode(self, seqs: torch.Tensor, prompt_len: int) -> list[str]:
-        return self.tokenizer.batch_decode(seqs[:, prompt_len:], skip_special_tokens=True)
+            )  # (B * n, prompt_len + T)
+        return seqs[:, prompt_len:]
+    if s.strategy == "beam":
+        seqs = model.generate(**enc, do_sample=False, num_beams=n, num_return_sequences=n, top_k=None, **common)
+        return seqs[:, prompt_len:]
+    if s.strategy == "diverse_beam":
+        return diverse_beam_search(model, enc, n, s.num_beam_groups, s.diversity_penalty, **common)
+    raise ValueError(f"unknown generate.strategy {s.strategy!r}")
 
 
-def _chunk(flat: list[str], n: int) -> list[list[str]]:
-    return [flat[i : i + n] for i in range(0, len(flat), n)]
+def _to_samples(tokenizer, enc, new: list[list[int]], n: int) -> list[list[Sample]]:
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    out = []
+    for i in range(len(new) // n):
+        prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
+        row = []
+        for ids in new[i * n : (i + 1) * n]:
+            if eos in ids:
+                ids = ids[: ids.index(eos) + 1]
+            else:
+                while ids and ids[-1] == pad:  # only padding follows a finished response
+                    ids = ids[:-1]
+            text = tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True)
+            row.append(Sample(prompt_ids, ids, text))
+        out.append(row)
+    return out
 
 
-def _cat_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Concatenate (P, M1, T1) and (P, M2, T2) along M, right-padding time with -1."""
-    t = max(a.shape[2], b.shape[2])
-    pad = lambda x: torch.nn.functional.pad(x, (0, t - x.shape[2]), value=-1)  # noqa: E731
-    return torch.cat([pad(a), pad(b)], dim=1)
+class TransformersGenerator:
+    """Generate candidates with a local causal LM through `sample_responses`.
+
+    Reproducibility: batch b of a call is seeded with `sampling.seed + b`, so the same
+    prompts, batch size and seed give the same candidates. The model keeps its checkpoint's
+    dtype (dtype="auto").
+    """
+
+    name = "transformers"
+
+    def __init__(self, model_path: str, *, batch_size: int = 8, device: str | None = None, dtype="auto"):
+        self.tokenizer = load_tokenizer(model_path)
+        self.model = load_policy(model_path, device=device, dtype=dtype)
+        self.batch_size = batch_size
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
+        """prompts: P rendered strings -> P lists of n candidate strings."""
+        greedy = sampling.strategy == "sample" and sampling.temperature == 0.0
+        samples = sample_responses(
+            self.model, self.tokenizer, prompts, 1 if greedy else n, sampling, batch_size=self.batch_size
+        )
+        if greedy:  # one decode, n copies (dedupe drops them later)
+            return [[row[0].text] * n for row in samples]
+        return [[s.text for s in row] for row in samples]
+
+
+__all__ = ["load_policy", "load_tokenizer", "Sample", "sample_responses", "TransformersGenerator"]

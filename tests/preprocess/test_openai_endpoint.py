@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
-from pofe.preprocess.generate import make_generator
-from pofe.preprocess.generate_openai import OpenAIGenerator
+from pofe.preprocess.generators import make_generator
+from pofe.preprocess.generators.openai import OpenAIGenerator
 from pofe.preprocess.judge_llm import LLMRubricJudge, PairwiseLLMJudge
 from pofe.preprocess.judges import Abstain
 from pofe.preprocess.openai_client import EndpointError, OpenAIClient

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
-from pofe.preprocess.generate import load_policy_tokenizer, make_generator
+from pofe.preprocess.generators import make_generator
+from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.judges import Abstain, make_judge
 from pofe.preprocess.pipeline import run_pipeline
 from pofe.preprocess.render import render_prompt
@@ -27,7 +28,7 @@ def test_openai_backend_generates_and_is_seeded(vllm_server, tiny_policy):
     cfg = GenerateConfig(backend="openai", base_url=base, model=model, num_candidates=4, max_new_tokens=12,
                          temperature=1.0, seed=5)
     gen = make_generator(cfg, str(tiny_policy))
-    tok = load_policy_tokenizer(str(tiny_policy))
+    tok = load_tokenizer(str(tiny_policy))
     prompts = [render_prompt(tok, p).text for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
     a = gen.generate(prompts, 4, cfg.sampling())
     b = gen.generate(prompts, 4, cfg.sampling())
