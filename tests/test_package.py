@@ -1,0 +1,81 @@
+"""Every module of the package imports, and no two modules import each other.
+
+Walks the source folders the way pyproject maps them (plugin/ -> pofe,
+preprocess/ -> pofe.preprocess), so a module missing from the package list, an import of
+a moved module, or an import cycle (imports inside functions included) fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"pofe": ROOT / "plugin", "pofe.preprocess": ROOT / "preprocess"}
+# modules that import an optional engine at module level (vLLM lives in its own venv here)
+OPTIONAL = {"pofe.preprocess.generators.vllm": "vllm"}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for package, folder in FOLDERS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            if parts and parts[-1] == "__main__":
+                continue
+            mods[".".join([package, *parts])] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_imports(name):
+    if name in OPTIONAL:
+        pytest.importorskip(OPTIONAL[name])
+    importlib.import_module(name)
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The pofe modules `name` imports (at module level or inside functions), each resolved
+    to the most specific module; packages' `__init__` modules and `name`'s own ancestors
+    are left out (a package re-exporting its children is not a cycle)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            targets = [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + ".") \
+                    and MODULES[target].name != "__init__.py":
+                found.add(target)
+    return found
+
+
+def test_no_import_cycles():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_short(name):
+    """One job per module: none grows past about 400 lines."""
+    assert len(MODULES[name].read_text().splitlines()) <= 400, f"{MODULES[name]} is over 400 lines"
