@@ -40,6 +40,10 @@ class MethodSpec:
     diagnostic_label: str
     # `pofe.candidates.keep` values that make sense for this method
     candidate_keeps: tuple[str, ...]
+    # further logged metrics the run report keeps as curves, beside the loss and the diagnostic
+    report_curves: tuple[str, ...] = ()
+    # what the run report says under its rounds table about reading the diagnostic
+    report_note: str = ""
 
 
 RRHF = MethodSpec(
@@ -53,6 +57,7 @@ RRHF = MethodSpec(
     diagnostic_metric="rrhf/rank_accuracy",
     diagnostic_label="rank accuracy",
     candidate_keeps=("all",),
+    report_curves=("rrhf/rank", "rrhf/ft"),
 )
 
 SPPO = MethodSpec(
@@ -66,6 +71,9 @@ SPPO = MethodSpec(
     diagnostic_metric="sppo/win_rate_spread",
     diagnostic_label="win-rate spread",
     candidate_keeps=("all", "best_worst"),
+    report_curves=("sppo/logratio", "sppo/target"),
+    report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
+    "(saturation: the gradient vanishes).",
 )
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (RRHF, SPPO)}
