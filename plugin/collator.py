@@ -21,10 +21,7 @@ from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100
-
-# Per-candidate float columns carried through as (B, K) tensors.
-CANDIDATE_FLOATS = ("rewards", "win_rates", "anchor_logps")
+from .layout import CANDIDATE_FLOATS, IGNORE_INDEX, pack_prompt
 
 
 @dataclass
@@ -70,8 +67,6 @@ class KResponseCollator:
 
     def _packed(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """B packed rows `prompt, r_1, ..., r_k`: no candidate is padded, only the rows."""
-        from .prefix import pack_prompt
-
         rows = [pack_prompt(list(f["prompt_ids"]), [list(r) for r in f["response_ids"]]) for f in features]
         length = self._padded_length(max(len(tokens) for tokens, _, _ in rows))
         b = len(rows)

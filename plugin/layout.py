@@ -20,6 +20,10 @@ CANDIDATE_FLOATS = ("rewards", "win_rates", "anchor_logps")
 # tokenised row columns (what reaches the collator; not forward() arguments)
 TOKENIZED_COLUMNS = ("prompt_ids", "response_ids", *CANDIDATE_FLOATS, "row_id")
 
+# scored response tokens per output-embedding chunk (`pofe.scoring`): the default of
+# `pofe.logit_chunk_size`, and the most (tokens x vocab) logits that exist at a time
+DEFAULT_LOGIT_CHUNK_SIZE = 1024
+
 
 def pack_prompt(prompt: list[int], responses: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
     """One packed row ``prompt, r_1, ..., r_k``: tokens, segment ids and position ids.

@@ -21,60 +21,45 @@ rows: there POFE falls back to the unshared layout (:func:`prefix_sharing_enable
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from axolotl.utils.logging import get_logger
 
+from .args import pofe_config
+from .modeling import attention_backend, model_config
+
 LOG = get_logger(__name__)
 
 # attention backends (transformers' `config._attn_implementation`) that accept a custom 4D mask
 MASK_BACKENDS = ("eager", "sdpa")
-_logged = False
 
 
-def prefix_sharing_blocker(cfg: Any, is_eval: bool = False) -> str | None:
-    """Why this axolotl config cannot use prefix sharing, or None if it can."""
-    get = cfg.get if hasattr(cfg, "get") else (lambda key, default=None: getattr(cfg, key, default))
-    if get("sample_packing") or (is_eval and get("eval_sample_packing")):
+def prefix_sharing_blocker(cfg: Mapping[str, Any], is_eval: bool = False) -> str | None:
+    """Why this axolotl config (its DictDefault, or the raw dict) cannot use prefix sharing, or None."""
+    if cfg.get("sample_packing") or (is_eval and cfg.get("eval_sample_packing")):
         return "sample packing builds its own packed rows"
-    attn = get("attn_implementation")
+    attn = cfg.get("attn_implementation")
     if attn is not None and attn not in MASK_BACKENDS:
         return f"attn_implementation {attn!r} takes no custom 4D attention mask (only {MASK_BACKENDS} do)"
     return None
 
 
-def prefix_sharing_enabled(cfg: Any, is_eval: bool = False) -> bool:
+def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> bool:
     """`pofe.prefix_sharing` unless the config rules it out; logs the fallback once.
 
     The plugin's `get_collator_cls_and_kwargs` passes the result to `KResponseCollator`.
     """
-    global _logged
-    pofe = cfg.get("pofe") if hasattr(cfg, "get") else getattr(cfg, "pofe", None)
-    wanted = True
-    if pofe is not None:
-        wanted = pofe.get("prefix_sharing", True) if hasattr(pofe, "get") else pofe.prefix_sharing
-    if not wanted:
+    if not pofe_config(cfg).prefix_sharing:
         return False
     reason = prefix_sharing_blocker(cfg, is_eval)
     if reason is not None:
-        if not _logged:
-            LOG.warning(f"POFE: prefix sharing off ({reason}); scoring k full rows per prompt")
-            _logged = True
+        # the train and the eval collator both ask: say it once per reason
+        LOG.warning_once(f"POFE: prefix sharing off ({reason}); scoring k full rows per prompt")
         return False
     return True
-
-
-def pack_prompt(prompt: list[int], responses: list[list[int]]) -> tuple[list[int], list[int], list[int]]:
-    """One packed row: tokens, segment ids and position ids (all of length P + sum |r_i|)."""
-    p = len(prompt)
-    tokens, segments, positions = list(prompt), [0] * p, list(range(p))
-    for i, response in enumerate(responses, start=1):
-        tokens += list(response)
-        segments += [i] * len(response)
-        positions += range(p, p + len(response))
-    return tokens, segments, positions
 
 
 def block_attention_mask(segment_ids: torch.Tensor, backend: str, dtype: torch.dtype) -> torch.Tensor:
@@ -108,15 +93,13 @@ def block_attention_mask(segment_ids: torch.Tensor, backend: str, dtype: torch.d
 
 def check_backend(model: torch.nn.Module, position_ids: torch.Tensor) -> None:
     """Raise if the model cannot run a packed batch exactly (the collator was misconfigured)."""
-    from .scoring import _attention_kind, _config
-
-    backend = _attention_kind(model)
+    backend = attention_backend(model)
     if backend not in MASK_BACKENDS:
         raise ValueError(
             f"a prefix-shared batch reached a model running attn_implementation {backend!r}, "
             f"which takes no custom 4D mask; set `pofe.prefix_sharing: false`"
         )
-    config = _config(model)
+    config = model_config(model)
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "use_sliding_window", True) and int(position_ids.max()) + 1 > window:
         raise ValueError(

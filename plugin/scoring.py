@@ -26,54 +26,11 @@ from torch.utils.checkpoint import checkpoint
 
 from axolotl.utils.logging import get_logger
 
-from .collator import IGNORE_INDEX
+from .layout import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
+from .modeling import attention_backend, logits_are_plain, mask_dtype, output_embedding
+from .prefix import block_attention_mask, check_backend
 
 LOG = get_logger(__name__)
-
-DEFAULT_CHUNK_SIZE = 1024
-
-# Config attributes of models whose logits are not just `lm_head(hidden)`: scoring
-# through the output embedding alone would be wrong for them, so they take the full path.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        LOG.warning(message)
-
-
-def _config(model: torch.nn.Module):
-    """The HF config through DDP / PEFT wrappers (PeftModel forwards `.config`)."""
-    config = getattr(model, "config", None)
-    if config is None and hasattr(model, "module"):
-        config = getattr(model.module, "config", None)
-    return config
-
-
-def _logits_are_plain(model: torch.nn.Module) -> bool:
-    config = _config(model)
-    if config is None:
-        return False
-    for name in _LOGIT_TRANSFORMS:
-        value = getattr(config, name, None)
-        if value not in (None, 1, 1.0):
-            return False
-    text = getattr(config, "text_config", None)
-    if text is not None:
-        return all(getattr(text, n, None) in (None, 1, 1.0) for n in _LOGIT_TRANSFORMS)
-    return True
-
-
-def _output_embedding(model: torch.nn.Module) -> torch.nn.Module:
-    """`lm_head` as a module (a LoRA-wrapped head stays wrapped: we call it, never its weight)."""
-    inner = model.module if not hasattr(model, "get_output_embeddings") and hasattr(model, "module") else model
-    head = inner.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(inner).__name__} has no output embedding (get_output_embeddings() is None)")
-    return head
-
 
 _LSE_ROWS = 256  # rows per logsumexp slice: its exp() temporary is _LSE_ROWS x vocab
 
@@ -117,7 +74,10 @@ def _chunk_logps(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Ten
 
 
 def token_logps(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
 ) -> torch.Tensor:
     """Log-probs of `targets` under `head` at `hidden`, `chunk_size` rows at a time.
 
@@ -216,7 +176,7 @@ def response_logps(
     attention_mask: torch.Tensor,
     labels: torch.Tensor,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's summed log-prob over its labelled tokens, and their count (unshared layout).
 
@@ -229,13 +189,14 @@ def response_logps(
         logp_sum (N,) float32 and lengths (N,) int64. Equal (to float32 rounding) to
         :func:`response_logps_reference`, without its (N, T, vocab) logits.
     """
-    if not _logits_are_plain(model):
-        _warn_once("plain", "POFE: this model transforms its logits beyond lm_head; "
-                   "scoring falls back to full logits (more memory)")
+    if not logits_are_plain(model):
+        # asked every step: once per run is enough
+        LOG.warning_once("POFE: this model transforms its logits beyond lm_head; "
+                         "scoring falls back to full logits (more memory)")
         return response_logps_reference(model, input_ids, attention_mask, labels)
     hidden = final_hidden_states(model, input_ids=input_ids, attention_mask=attention_mask)  # (N, T, H)
     src, tgt, row = scored_positions_unshared(labels)
-    logps = token_logps(_output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = labels.shape[0]
     logp_sum = logps.new_zeros(n).index_add(0, row, logps)
     return logp_sum, torch.bincount(row, minlength=n)
@@ -249,7 +210,7 @@ def packed_response_logps(
     position_ids: torch.Tensor,
     candidate_mask: torch.Tensor,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed log-probs and lengths of every candidate from the prefix-shared layout.
 
@@ -261,38 +222,22 @@ def packed_response_logps(
         logp_sum (N,) float32 and lengths (N,) int64, N = candidate_mask.sum(), in the
         row-major order of candidate_mask (the unshared layout's row order).
     """
-    from .prefix import block_attention_mask, check_backend
-
     check_backend(model, position_ids)
-    if not _logits_are_plain(model):
+    if not logits_are_plain(model):
         raise ValueError("prefix sharing needs plain lm_head logits; set pofe.prefix_sharing: false")
-    mask4d = block_attention_mask(segment_ids, _attention_kind(model), _mask_dtype(model))  # (B, 1, L, L)
+    mask4d = block_attention_mask(segment_ids, attention_backend(model), mask_dtype(model))  # (B, 1, L, L)
     hidden = final_hidden_states(
         model, input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids
     )  # (B, L, H)
     src, tgt, cand = scored_positions_packed(input_ids, segment_ids, candidate_mask)
-    logps = token_logps(_output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = int(candidate_mask.sum())
     logp_sum = logps.new_zeros(n).index_add(0, cand, logps)
     return logp_sum, torch.bincount(cand, minlength=n)
 
 
-def _attention_kind(model: torch.nn.Module) -> str:
-    config = _config(model)
-    return getattr(config, "_attn_implementation", None) or "sdpa"
-
-
-def _mask_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the input embeddings, which transformers uses for its own float masks."""
-    try:
-        inner = model if hasattr(model, "get_input_embeddings") else model.module
-        return inner.get_input_embeddings().weight.dtype
-    except AttributeError:
-        return torch.float32
-
-
 def score_candidates(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logp_sum and lengths as (B, K) for a `KResponseCollator` batch of either layout.
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pofe.collator import IGNORE_INDEX, KResponseCollator
+from pofe.collator import KResponseCollator
+from pofe.layout import IGNORE_INDEX, pack_prompt
 from pofe.losses import rrhf_loss
-from pofe.prefix import block_attention_mask, pack_prompt, prefix_sharing_enabled
+from pofe.prefix import block_attention_mask, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed
 
 from tests.helpers import load_llama

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pofe.collator import IGNORE_INDEX, KResponseCollator
+from pofe.collator import KResponseCollator
+from pofe.layout import IGNORE_INDEX
 from pofe.scoring import (
     response_logps,
     response_logps_reference,

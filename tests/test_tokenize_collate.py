@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from pofe.collator import IGNORE_INDEX, KResponseCollator
+from pofe.collator import KResponseCollator
+from pofe.layout import IGNORE_INDEX
 from pofe.data.tokenize import render_row, tokenize_row
 
 
