@@ -11,34 +11,17 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pofe.iterate_config import EvalConfig, RoundPrompts
+from pofe.data.formats import DEFAULT_FIELDS
+from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
+from pofe.methods import DATASET_TYPES, METHODS, MethodName, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-
-METHODS = ("rrhf", "sppo")
-
-# Dataset `type:` values POFE reads, and the methods each one can feed.
-DATASET_TYPES: dict[str, tuple[str, ...]] = {
-    "pofe.prompts": ("rrhf", "sppo"),  # candidates generated and judged in preprocess
-    "pofe.rrhf": ("rrhf",),
-    "pofe.pairs": ("rrhf", "sppo"),
-    "pofe.sppo": ("sppo",),
-    "pofe.sppo_ucla": ("sppo",),
-}
+from pofe.run.config import EvalConfig, RoundPrompts
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
-FIELD_KEYS = (
-    "field_prompt",
-    "field_responses",
-    "field_rewards",
-    "field_ranks",
-    "field_win_rates",
-    "field_anchor_logps",
-    "field_chosen",
-    "field_rejected",
-)
+FIELD_KEYS = tuple(DEFAULT_FIELDS)
 
 
 class PofeConfig(BaseModel):
@@ -46,7 +29,7 @@ class PofeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["rrhf", "sppo"] | None = Field(
+    method: MethodName | None = Field(
         default=None,
         description="Set from `rl: rrhf` / `rl: sppo`; POFE is inactive while unset.",
     )
@@ -80,7 +63,7 @@ class PofeConfig(BaseModel):
         "sample packing).",
     )
     logit_chunk_size: int = Field(
-        default=1024,
+        default=DEFAULT_LOGIT_CHUNK_SIZE,
         ge=1,
         description="Response tokens per output-embedding chunk when scoring; no "
         "(tokens x vocab) logits beyond one chunk exist at a time.",
@@ -132,10 +115,12 @@ class PofeConfig(BaseModel):
             raise ValueError("pofe.sppo_loss: hard applies to `rl: sppo` only")
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
-        if self.method == "rrhf" and self.judge is not None and self.judge.is_pairwise:
-            raise ValueError(
-                f"pofe.judge.type: {self.judge.type} gives pairwise preferences; RRHF needs "
-                "a scalar reward per candidate (python, reward_model or llm)"
+        if self.method is not None:
+            judge = self.judge
+            check_candidate_rules(
+                self.method,
+                pairwise_judge=judge.type if judge is not None and judge.is_pairwise else None,
+                keep=self.candidates.keep,
             )
         if self.rounds > 1 and self.generate is not None and self.generate.backend == "openai":
             raise ValueError(
@@ -143,8 +128,6 @@ class PofeConfig(BaseModel):
                 "running OpenAI-compatible server does not serve: use generate.backend "
                 "transformers or vllm for iterated runs"
             )
-        if self.method == "rrhf" and self.candidates.keep != "all":
-            raise ValueError("pofe.candidates.keep: best_worst applies to `rl: sppo` only")
         return self
 
 
@@ -224,8 +207,11 @@ class PofeArgs(BaseModel):
         if not isinstance(data, dict):
             return data
         translate_raw_config(data)
-        pofe = data.get("pofe") or {}
-        method = pofe.get("method") if isinstance(pofe, dict) else pofe.method
+        try:
+            pofe = pofe_config(data)
+        except ValidationError:
+            return data  # the `pofe` field's own validation reports it, under `pofe.`
+        method = pofe.method
         if method is None:
             return data
         if data.get("sample_packing"):
@@ -233,7 +219,7 @@ class PofeArgs(BaseModel):
                 "sample_packing: true cannot be used with POFE, which lays out the k "
                 "candidates of each prompt itself; set sample_packing: false"
             )
-        has_generate = bool(pofe.get("generate") if isinstance(pofe, dict) else pofe.generate)
+        has_generate = pofe.generate is not None
         has_prompts = False
         for i, entry in enumerate(data.get("datasets") or []):
             # entries are raw dicts, or axolotl's dataset models once validated
@@ -249,7 +235,7 @@ class PofeArgs(BaseModel):
                 raise ValueError(
                     f"datasets[{i}] ({path}): type {dtype!r} is not a POFE "
                     f"dataset type; with `rl: {method}` use one of "
-                    f"{[t for t, m in DATASET_TYPES.items() if method in m]}"
+                    f"{list(method_spec(method).dataset_types)}"
                 )
             if method not in allowed:
                 raise ValueError(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from axolotl.integrations.base import BasePlugin
 
-from .args import translate_raw_config
-
-
-def _method(cfg) -> str | None:
-    pofe = cfg.get("pofe")
-    return pofe.get("method") if pofe else None
+from .args import pofe_config, translate_raw_config
+from .methods import method_spec
 
 
 class PofePlugin(BasePlugin):
@@ -24,22 +22,22 @@ class PofePlugin(BasePlugin):
         return "pofe.args.PofeArgs"
 
     def load_datasets(self, cfg, preprocess: bool = False):
-        if _method(cfg) is None:
+        if pofe_config(cfg).method is None:
             return None
         from .data.loader import load_pofe_datasets
 
         return load_pofe_datasets(cfg, preprocess)
 
     def get_trainer_cls(self, cfg):
-        method = _method(cfg)
+        method = pofe_config(cfg).method
         if method is None:
             return None
-        from .trainers import RRHFTrainer, SPPOTrainer
-
-        return {"rrhf": RRHFTrainer, "sppo": SPPOTrainer}[method]
+        # imported only now: a trainer module pulls in the training stack
+        module, _, name = method_spec(method).trainer.rpartition(".")
+        return getattr(import_module(module), name)
 
     def get_collator_cls_and_kwargs(self, cfg, is_eval: bool = False):
-        if _method(cfg) is None:
+        if pofe_config(cfg).method is None:
             return None
         from .collator import KResponseCollator
         from .prefix import prefix_sharing_enabled
