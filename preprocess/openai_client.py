@@ -9,11 +9,13 @@ placed in the Authorization header (never logged, never in an error message).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import httpx
+
+from .counts import Counts
 
 
 class EndpointError(RuntimeError):
@@ -29,24 +31,14 @@ class EndpointError(RuntimeError):
 
 
 @dataclass
-class ClientStats:
-    """Counts for summary.json. Thread-safe increments."""
+class ClientStats(Counts):
+    """Requests, retries and failures (by cause), for summary.json."""
 
+    REASONS: ClassVar[str] = "causes"
     requests: int = 0
     retries: int = 0
     failures: int = 0
     causes: dict[str, int] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, name: str, cause: str | None = None) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
-            if cause is not None:
-                kind = cause.split(":")[0]
-                self.causes[kind] = self.causes.get(kind, 0) + 1
-
-    def as_dict(self) -> dict:
-        return {"requests": self.requests, "retries": self.retries, "failures": self.failures, "causes": dict(self.causes)}
 
 
 class OpenAIClient:
@@ -104,7 +96,7 @@ class OpenAIClient:
                 continue
             if r.status_code >= 400:
                 cause = f"HTTP {r.status_code}: {r.text[:300]}"
-                self.stats.add("failures", cause)
+                self.stats.add("failures", reason=cause)
                 raise EndpointError(url, cause, tries)
             try:
                 body = r.json()
@@ -115,7 +107,7 @@ class OpenAIClient:
                 cause = f"invalid JSON: expected an object, got {type(body).__name__}"
                 continue
             return body
-        self.stats.add("failures", cause)
+        self.stats.add("failures", reason=cause)
         raise EndpointError(url, cause, tries)
 
     def completions(self, payload: dict) -> list[dict]:
@@ -123,7 +115,7 @@ class OpenAIClient:
         body = self.post("completions", payload)
         choices = body.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) and "text" in c for c in choices):
-            self.stats.add("failures", "bad response: no choices[].text")
+            self.stats.add("failures", reason="bad response: no choices[].text")
             raise EndpointError(
                 f"{self.base_url}/completions", f"bad response: no choices[].text in {str(body)[:200]!r}", 1
             )

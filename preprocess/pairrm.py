@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .judge_pairwise import PairwiseVerdict, preferences_both_orders
-from .judges import JudgeStats
+from .judges.base import JudgeStats, PairwiseVerdict
+from .judges.pairwise import preferences_both_orders
 from .render import Prompt, prompt_text
 
 SOURCE_PREFIX = "<|source|>"

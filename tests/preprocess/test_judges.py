@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from pofe.preprocess.judge_llm import parse_score, parse_verdict, verdict_from_logprobs
-from pofe.preprocess.judge_pairwise import combine_orders, preferences_both_orders
-from pofe.preprocess.judges import Abstain, JudgeError, JudgeStats, PythonJudge, load_function
+from pofe.preprocess.judges.base import Abstain, JudgeError, JudgeStats, load_function
+from pofe.preprocess.judges.llm import parse_score
+from pofe.preprocess.judges.pairwise import combine_orders, parse_verdict, preferences_both_orders, verdict_from_logprobs
+from pofe.preprocess.judges.python import PythonJudge
 from pofe.preprocess.win_rates import win_rates
 
 
@@ -47,7 +48,7 @@ def test_reward_model_batched_equals_independent_forward(tiny_reward_model):
     """Batched, padded scores == one unpadded forward per pair, pooling the last token by hand."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from pofe.preprocess.judge_reward_model import RewardModelJudge
+    from pofe.preprocess.judges.reward_model import RewardModelJudge
 
     prompts = ["What is 2+2?", [{"role": "user", "content": "Hi there"}]]
     responses = [["4", "four, I think", "5"], ["hello", "a much longer greeting with words"]]

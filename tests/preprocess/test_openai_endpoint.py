@@ -15,8 +15,9 @@ import pytest
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.openai import OpenAIGenerator
-from pofe.preprocess.judge_llm import LLMRubricJudge, PairwiseLLMJudge
 from pofe.preprocess.judges import Abstain
+from pofe.preprocess.judges.llm import LLMRubricJudge
+from pofe.preprocess.judges.pairwise import PairwiseLLMJudge
 from pofe.preprocess.openai_client import EndpointError, OpenAIClient
 from pofe.preprocess.win_rates import win_rates
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
-from pofe.preprocess.judge_pairwise import preferences_both_orders
+from pofe.preprocess.judges.pairwise import preferences_both_orders
 from pofe.preprocess.judges import JudgeStats
 from pofe.preprocess.pipeline import ManifestMismatch, run_pipeline
 

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from .judges import JudgeStats, Score
-from .render import Prompt, as_messages, prompt_text
+from ..render import Prompt, as_messages, prompt_text
+from .base import JudgeStats, Score
 
 
 class RewardModelJudge:

@@ -1,0 +1,62 @@
+"""Judges: who scores the candidates (interface and base types in base.py).
+
+    judge = make_judge(cfg)
+    judge.score(prompts, responses)         # scalar judges: python, reward_model, llm
+    judge.preferences(prompts, responses)   # pairwise judges: pairwise_llm, pairrm
+
+A new judge is one module here implementing `base.ScalarJudge` or `base.PairwiseJudge`, a
+`judge.type` value in config.py, and one branch below. Heavy imports happen only for the
+chosen type.
+"""
+
+from __future__ import annotations
+
+from ..config import JudgeConfig, read_api_key
+from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score
+
+
+def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
+    """Build the configured judge."""
+    if cfg.type == "python":
+        from .base import load_function
+        from .python import PythonJudge
+
+        return PythonJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function)
+    if cfg.type == "reward_model":
+        from .reward_model import RewardModelJudge
+
+        return RewardModelJudge(
+            cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length, allow_abstain=cfg.allow_abstain
+        )
+    if cfg.type in ("llm", "pairwise_llm"):
+        from ..openai_client import OpenAIClient
+        from .llm import LLMRubricJudge
+        from .pairwise import PairwiseLLMJudge
+
+        client = OpenAIClient(
+            cfg.base_url, api_key=read_api_key(cfg.api_key_env), timeout=cfg.request_timeout, max_retries=cfg.max_retries
+        )
+        cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
+        return cls(client, cfg)
+    if cfg.type == "pairrm":
+        from ..pairrm import PairRMJudge
+
+        return PairRMJudge.from_pretrained(cfg.model, batch_size=cfg.batch_size)  # lengths: ranker_config.json
+    raise ValueError(f"unknown judge.type {cfg.type!r}")
+
+
+def is_pairwise(judge: ScalarJudge | PairwiseJudge) -> bool:
+    return hasattr(judge, "preferences")
+
+
+__all__ = [
+    "Abstain",
+    "JudgeError",
+    "JudgeStats",
+    "PairwiseJudge",
+    "PairwiseVerdict",
+    "ScalarJudge",
+    "Score",
+    "is_pairwise",
+    "make_judge",
+]

@@ -1,0 +1,103 @@
+"""The judge interface: base types every judge and the factory import (a leaf).
+
+Scalar judges give one reward per candidate (RRHF rewards; Bradley-Terry win rates for SPPO):
+
+    judge.score(prompts, responses) -> list[list[float | Abstain]]        # P prompts x K_p
+
+Pairwise judges give, per prompt, a (K, K) matrix P[i, j] = P(y_i beats y_j) whose pairs
+were judged in both orders and combined with `symmetrize_preferences` (position bias):
+
+    judge.preferences(prompts, responses) -> list[PairwiseVerdict]   # .matrix (K_p, K_p)
+
+A judge that cannot give a verdict (an exception in a python judge, a non-finite score, an
+unparseable LLM reply, a failed request) returns `Abstain(reason)`, never a sentinel number
+such as -1 that could be trained on. Abstentions are counted in `judge.stats`; with
+`allow_abstain: false` the first one stops the run and names the row.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..counts import Counts
+from ..render import Prompt
+
+
+@dataclass(frozen=True)
+class Abstain:
+    """The typed failure value: no verdict for this candidate (or pair), and why."""
+
+    reason: str
+
+
+Score = float | Abstain
+
+
+class JudgeError(RuntimeError):
+    """A verdict was missing and abstaining is not allowed."""
+
+
+@dataclass
+class JudgeStats(Counts):
+    """Judge calls and abstentions (by reason), for summary.json."""
+
+    calls: int = 0
+    abstentions: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def count_call(self, n: int = 1) -> None:
+        self.add("calls", n)
+
+    def abstain(self, reason: str, *, allow: bool, where: str) -> Abstain:
+        """Count an abstention and return it; raise JudgeError instead when not allowed."""
+        if not allow:
+            raise JudgeError(f"judge gave no verdict for {where}: {reason} (set judge.allow_abstain: true to skip and count these)")
+        self.add("abstentions", reason=reason)
+        return Abstain(reason)
+
+
+@dataclass(frozen=True)
+class PairwiseVerdict:
+    """matrix: (K, K) float64, P[i, j] = P(y_i beats y_j), P + P.T = 1, diagonal 1/2.
+    abstained_pairs: unordered pairs for which neither order gave a verdict."""
+
+    matrix: torch.Tensor
+    abstained_pairs: int = 0
+
+
+class ScalarJudge(Protocol):
+    stats: JudgeStats
+
+    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
+        """P prompts, P lists of K_p responses -> P lists of K_p scores (float or Abstain)."""
+        ...
+
+
+class PairwiseJudge(Protocol):
+    stats: JudgeStats
+
+    def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
+        """P prompts, P lists of K_p responses -> P verdicts, one (K_p, K_p) matrix each."""
+        ...
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """'package.module:function' -> the function, with an error that says what is missing."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"judge.function must look like 'module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(f"judge.function {spec!r}: cannot import module {module_name!r}: {e}") from e
+    try:
+        fn = getattr(module, attr)
+    except AttributeError as e:
+        raise AttributeError(f"judge.function {spec!r}: module {module_name!r} has no attribute {attr!r}") from e
+    if not callable(fn):
+        raise TypeError(f"judge.function {spec!r} is not callable")
+    return fn

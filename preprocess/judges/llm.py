@@ -1,0 +1,110 @@
+"""LLM judges over an OpenAI-compatible server (/v1/chat/completions).
+
+- `ChatJudge`: the base both LLM judges share: one chat request per verdict, threads.
+- `LLMRubricJudge` (scalar): asks for a score on `score_range`; the first number in the reply
+  is the score; no number, or one out of range, is an abstention.
+- The pairwise LLM judge is in pairwise.py.
+
+The judge's own chat template is applied by the server (chat route). A request that fails
+for good (EndpointError: server down, 4xx, retries exhausted) stops the run rather than
+abstaining: the current shard is not written, so a restart continues from it once the server
+is back. Replies that arrive but cannot be read are abstentions (counted).
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from ..config import JudgeConfig
+from ..openai_client import OpenAIClient
+from ..render import Prompt, prompt_text
+from .base import JudgeStats, Score
+
+DEFAULT_RUBRIC = (
+    "Rate how well the response answers the request, on a scale from {low:g} to {high:g} "
+    "({high:g} is best). Reply with the number only.\n\n"
+    "[Request]\n{prompt}\n\n[Response]\n{response}\n\nScore:"
+)
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def parse_score(text: str, low: float, high: float) -> float | str:
+    """First number in text if within [low, high]; else a reason string."""
+    m = _NUMBER.search(text)
+    if m is None:
+        return f"unparseable: no number in {text[:40]!r}"
+    v = float(m.group())
+    if not low <= v <= high:
+        return f"out of range: {v} not in [{low}, {high}]"
+    return v
+
+
+class UnreadableReply(Exception):
+    """The server answered, but not with a chat completion: an abstention, not a failure."""
+
+
+class ChatJudge:
+    """One chat request per verdict, `cfg.batch_size` requests in flight, greedy replies."""
+
+    def __init__(self, client: OpenAIClient, cfg: JudgeConfig):
+        self.client = client
+        self.cfg = cfg
+        self.model = cfg.model or "default"
+        self.stats = JudgeStats()
+
+    def chat(self, content: str, **extra) -> dict:
+        """The first choice of a one-turn chat request; UnreadableReply if there is none."""
+        body = self.client.post(
+            "chat/completions",
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": self.cfg.max_new_tokens,
+                "temperature": 0.0,
+                **extra,
+            },
+        )
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise UnreadableReply(f"bad response: no choices in {str(body)[:80]!r}")
+        return choices[0]
+
+    def map(self, fn, items: list) -> list:
+        """fn over items on a thread pool, results in order."""
+        with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.batch_size, len(items)))) as pool:
+            return list(pool.map(fn, items))
+
+
+class LLMRubricJudge(ChatJudge):
+    """Scalar: a score per (prompt, response) from a rubric prompt."""
+
+    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
+        low, high = self.cfg.score_range
+        template = self.cfg.rubric or DEFAULT_RUBRIC
+        items = [(p, k, prompt, r) for p, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)) for k, r in enumerate(rs)]
+
+        def one(item) -> Score:
+            p, k, prompt, response = item
+            where = f"prompt {p}, candidate {k} (llm judge at {self.client.base_url})"
+            text = template.format(prompt=prompt_text(prompt), response=response, low=low, high=high)
+            try:
+                choice = self.chat(text)
+                content = (choice.get("message") or {}).get("content") or ""
+            except UnreadableReply as e:
+                return self.stats.abstain(str(e), allow=self.cfg.allow_abstain, where=where)
+            v = parse_score(content, low, high)
+            if isinstance(v, str):
+                return self.stats.abstain(v, allow=self.cfg.allow_abstain, where=where)
+            return v
+
+        flat = self.map(one, items)
+        self.stats.count_call(len(items))
+        out, i = [], 0
+        for rs in responses:
+            out.append(flat[i : i + len(rs)])
+            i += len(rs)
+        return out
+
+
+__all__ = ["ChatJudge", "LLMRubricJudge", "UnreadableReply", "parse_score"]
