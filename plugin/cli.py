@@ -30,18 +30,20 @@ def candidates(config: str, stage: str):
     from axolotl.cli.config import load_cfg
     from axolotl.utils.data.shared import load_dataset_with_config
 
+    from .args import pofe_config
     from .data.formats import RowFormat
     from .data.loader import build_candidates
 
     cfg = load_cfg(config)
-    if not cfg.pofe or not cfg.pofe.method:
+    pcfg = pofe_config(cfg)
+    if not pcfg.method:
         raise click.UsageError(f"{config} sets no `rl: rrhf` / `rl: sppo`")
     entries = [(i, e) for i, e in enumerate(cfg.datasets or []) if e.type == "pofe.prompts"]
     if not entries:
         raise click.UsageError(f"{config} has no dataset of type pofe.prompts")
     for i, entry in entries:
-        fields = cfg.pofe.dataset_fields[i] if i < len(cfg.pofe.dataset_fields or []) else {}
-        fmt = RowFormat(dataset=entry.path, type=entry.type, method=cfg.pofe.method, fields=fields)
+        fields = pcfg.dataset_fields[i] if i < len(pcfg.dataset_fields) else {}
+        fmt = RowFormat(dataset=entry.path, type=entry.type, method=pcfg.method, fields=fields)
         prompts = load_dataset_with_config(entry, cfg.hf_use_auth_token)
         result = build_candidates(
             cfg, entry, prompts, fmt.column("field_prompt"),
@@ -67,8 +69,9 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     Each stage is a separate process; a killed run started again resumes at the first
     unfinished stage (state in <output_dir>/pofe-run.json).
     """
-    from .rounds import RunStateMismatch, StageFailed
-    from .rounds import run as run_rounds
+    from .run.layout import RunStateMismatch
+    from .run.rounds import run_rounds
+    from .run.stages import StageFailed
 
     try:
         run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
@@ -78,28 +81,28 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
 
 @pofe.command(name="eval")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
-def eval_(config: str):
+@click.option("--no-report", is_flag=True, help="Write eval/ only (`axolotl pofe run` reports once, at its end).")
+def eval_(config: str, no_report: bool):
     """Evaluate every iterate of CONFIG's run on held-out prompts (pofe.eval), then report."""
-    from .evaluation import evaluate_run
-    from .report import write_report
-    from .rounds import RunLayout, load_recipe
+    from .run.evaluation import evaluate_run
+    from .run.report import write_report
 
     try:
-        evaluate_run(config, echo=click.echo)
+        layout = evaluate_run(config, echo=click.echo)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    _, cfg = load_recipe(config)
-    click.echo(write_report(RunLayout(Path(cfg.output_dir).resolve())).terminal_summary())
+    if not no_report:
+        click.echo(write_report(layout).terminal_summary())
 
 
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 def report(config: str):
     """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
-    from .report import write_report
-    from .rounds import RunLayout
-
     import yaml
+
+    from .run.layout import RunLayout
+    from .run.report import write_report
 
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
     if not out:

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pofe.evaluation import block_win_matrix, sequence_logps, win_matrix_from_rewards
-from pofe.report import find_cycles
+from pofe.run.evaluation import sequence_logps
+from pofe.run.tournament import block_win_matrix, find_cycles, win_matrix_from_rewards
 
 
 def sig(x):
@@ -75,7 +75,7 @@ def test_sequence_logps_matches_a_naive_loop(tiny_model):
 def test_judge_models_with_a_python_judge():
     """The path both `pofe.judge` and `pofe.eval.judge2` take: texts[p][m][s] are scored
     model-major and the (M, M) matrix follows from the rewards by Bradley-Terry."""
-    from pofe.evaluation import judge_models
+    from pofe.run.evaluation import judge_models
     from pofe.preprocess import JudgeConfig
 
     prompts = ["1+2=", "3+4="]

@@ -7,8 +7,11 @@ import json
 import pytest
 import torch
 
-from pofe.report import collect, find_cycles, render_markdown, write_report
-from pofe.rounds import RunLayout
+from pofe.run.layout import RunLayout
+from pofe.run.report import write_report
+from pofe.run.report.collect import collect
+from pofe.run.report.markdown import render_markdown
+from pofe.run.tournament import find_cycles
 
 
 def test_no_cycle_in_a_transitive_table():

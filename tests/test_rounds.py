@@ -7,16 +7,10 @@ import json
 import pytest
 
 from pofe.args import PofeConfig
-from pofe.iterate_config import EvalConfig
-from pofe.rounds import (
-    RunLayout,
-    RunState,
-    RunStateMismatch,
-    recipe_fingerprint,
-    resolve_round_prompts,
-    round_recipe,
-    split_prompts,
-)
+from pofe.run.config import EvalConfig
+from pofe.run.layout import RunLayout, RunState, RunStateMismatch
+from pofe.run.prompts import resolve_round_prompts, split_prompts
+from pofe.run.recipe import recipe_fingerprint, round_recipe
 
 
 def test_split_prompts_disjoint_and_covering():
@@ -50,8 +44,8 @@ RAW = {
 
 def test_round_recipe_points_everything_at_the_round():
     layout = RunLayout(__import__("pathlib").Path("/runs/x"))
-    r1 = round_recipe(RAW, layout, 1, "/m/base", seed=7)
-    r2 = round_recipe(RAW, layout, 2, "/runs/x/round-1/merged", seed=8)
+    r1, _ = round_recipe(RAW, layout, 1, "/m/base", seed=7)
+    r2, forced_save = round_recipe(RAW, layout, 2, "/runs/x/round-1/merged", seed=8)
     assert r1["lora_model_dir"] == "/m/adapter" and "lora_model_dir" not in r2  # merged already
     assert r2["base_model"] == "/runs/x/round-1/merged"
     assert r2["output_dir"] == "/runs/x/round-2/train"
@@ -62,7 +56,7 @@ def test_round_recipe_points_everything_at_the_round():
     assert r2["pofe"]["candidates"] == {"out_dir": "/runs/x/round-2/candidates"}
     assert "rounds" not in r2["pofe"] and "eval" not in r2["pofe"]
     # save_strategy: no -> one save at the end, so trainer_state.json (the loss curve) exists
-    assert r2["save_strategy"] == "steps" and r2["save_only_model"] and r2["_pofe_forced_save"]
+    assert r2["save_strategy"] == "steps" and r2["save_only_model"] and forced_save
     assert RAW["base_model"] == "/m/base" and RAW["save_strategy"] == "no"  # the input is untouched
 
 
@@ -115,7 +109,7 @@ def test_merge_adapter_gives_the_adapted_model(tiny_model, tmp_path):
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pofe.rounds import merge_adapter
+    from pofe.run.merge import merge_adapter
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, run_axolotl
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
-from pofe.evaluation import sequence_logps
+from pofe.run.evaluation import sequence_logps
 
 pytestmark = pytest.mark.e2e
 

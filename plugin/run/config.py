@@ -2,7 +2,8 @@
 
 The `pofe.eval` block is declared here (pydantic only, no torch), so `pofe.args` can
 import it cheaply; the rounds themselves are two flat keys of `PofeConfig`
-(`pofe.rounds`, `pofe.round_prompts`).
+(`pofe.rounds`, `pofe.round_prompts`). Decoding fields take their bounds from
+`pofe.preprocess.config`, where `pofe.generate` declares the same ones.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pofe.preprocess.config import JudgeConfig
+from pofe import methods
+from pofe.preprocess.config import BatchSize, JudgeConfig, MaxNewTokens, Seed, Temperature, TopP
 
-RoundPrompts = Literal["auto", "split", "all"]
+# `auto` takes the method's default (`MethodSpec.default_round_prompts`)
+RoundPrompts = Literal["auto", methods.RoundPrompts]
 
 
 class EvalConfig(BaseModel):
@@ -42,17 +45,15 @@ class EvalConfig(BaseModel):
         "reference", description="Column holding a reference response (perplexity); optional."
     )
     num_samples: int = Field(4, ge=1, le=64, description="Samples per prompt and model.")
-    temperature: float = Field(
+    temperature: Temperature = Field(
         1.0,
-        ge=0.0,
-        le=5.0,
         description="0 = greedy (num_samples must be 1). The KL estimate is unbiased only at "
         "temperature 1 and top_p 1 (samples from pi_t itself).",
     )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass when sampling.")
-    max_new_tokens: int = Field(64, ge=1, le=32768, description="Tokens per response.")
-    batch_size: int = Field(16, ge=1, le=4096, description="Prompts per generate/score batch.")
-    seed: int = Field(0, ge=0, description="Sampling seed (the same for every model).")
+    top_p: TopP = 1.0
+    max_new_tokens: MaxNewTokens = 64
+    batch_size: BatchSize = Field(16, description="Prompts per generate/score batch.")
+    seed: Seed = Field(0, description="Sampling seed (the same for every model).")
     train_prompts: int = Field(
         32,
         ge=0,
@@ -70,7 +71,7 @@ class EvalConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "EvalConfig":
+    def _check(self) -> EvalConfig:
         if self.prompts is None and self.held_out == 0:
             raise ValueError(
                 "pofe.eval needs held-out prompts: `prompts: path/to/file.jsonl`, or "

@@ -1,0 +1,70 @@
+"""The run report: report.md + report-*.png + report.json in the run's output_dir.
+
+Every number comes from the run's own files (`collect`), then goes to Markdown
+(`markdown`) and PNG plots (`plots`). A section without data says so.
+
+    axolotl pofe report recipe.yml      # (re)write the report of a run
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pofe.files import write_atomic
+
+from ..layout import RunLayout
+from .collect import collect
+from .markdown import fmt, render_markdown
+from .plots import make_plots
+
+REPORT_MD = "report.md"
+REPORT_JSON = "report.json"
+
+
+@dataclass
+class Report:
+    """A written report: its numbers, its files and its plots ({name: file name})."""
+
+    data: dict
+    markdown_path: Path
+    json_path: Path
+    plots: dict[str, str] = field(default_factory=dict)
+
+    def terminal_summary(self) -> str:
+        """A few lines for the terminal: per round, per model, cycles, where the report is."""
+        rep = self.data
+        lines = [f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
+                 f"{rep['final_policy']}"]
+        for r in rep["rounds"]:
+            cands, train = r["candidates"] or {}, r["train"] or {}
+            lines.append(
+                f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
+                f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
+                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}"
+            )
+        ev = rep["eval"]
+        if ev:
+            names = [m["name"] for m in ev["models"]]
+            rewards = ev["mean_reward"] or [None] * len(names)
+            lines.append("  held-out: " + ", ".join(
+                f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"])))
+            if ev["cycles"]:
+                lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
+        else:
+            lines.append("  no held-out evaluation")
+        lines.append(f"  report: {self.markdown_path}")
+        return "\n".join(lines)
+
+
+def write_report(layout: RunLayout) -> Report:
+    """Collect, plot and write report.md / report.json / report-*.png in layout.root."""
+    rep = collect(layout)
+    for stale in layout.root.glob("report-*.png"):
+        stale.unlink()
+    plots = make_plots(rep, layout.root)
+    md_path, json_path = layout.root / REPORT_MD, layout.root / REPORT_JSON
+    write_atomic(json_path, json.dumps(rep, indent=2) + "\n")
+    write_atomic(md_path, render_markdown(rep, plots) + "\n")
+    return Report(rep, md_path, json_path, plots)

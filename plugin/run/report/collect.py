@@ -1,0 +1,152 @@
+"""The run's numbers, collected from its own files into one JSON-able dict.
+
+Sources: the state file (stages, policies), each round's candidates/summary.json and
+judge shards, each round's trainer_state.json (loss curves), and eval/eval.json
+(`axolotl pofe eval`). A part without data is None.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pofe.files import read_jsonl
+from pofe.methods import method_spec
+
+from ..layout import RunLayout
+from ..tournament import find_cycles, nan_mean
+
+
+def _shards(folder: Path) -> list[dict]:
+    return [row for path in sorted(folder.glob("shard-*.jsonl")) for row in read_jsonl(path)]
+
+
+def candidate_stats(cand_dir: Path, first_n: int | None = None) -> dict | None:
+    """From the pipeline's shards: mean / best-of-k reward of all candidates and the mean
+    reward of the policy's own samples (optionally over the first `first_n` prompts)."""
+    judged = _shards(cand_dir / "judge")
+    if not judged:
+        return None
+    generated = {g["index"]: g for g in _shards(cand_dir / "generate")}
+    all_rewards, best, policy_rewards = [], [], []
+    for row in judged:
+        if first_n is not None and row["index"] >= first_n:
+            continue
+        rewards = row.get("rewards")
+        if not rewards:
+            continue
+        all_rewards += rewards
+        best.append(max(rewards))
+        gen = generated.get(row["index"], {})
+        source = dict(zip(gen.get("candidates", []), gen.get("sources", [])))
+        policy_rewards += [x for resp, x in zip(row["responses"], rewards) if source.get(resp) == "policy"]
+    return {
+        "prompts": len(best),
+        "mean_reward": nan_mean(all_rewards),
+        "best_of_k_reward": nan_mean(best),
+        "policy_sample_mean_reward": nan_mean(policy_rewards),
+    }
+
+
+def training_stats(trainer_state: Path, method: str) -> dict | None:
+    """Loss and the method's diagnostic (first, last, curves) from a trainer_state.json."""
+    if not trainer_state.exists():
+        return None
+    history = json.loads(trainer_state.read_text())["log_history"]
+    steps = [h for h in history if "loss" in h and "step" in h]
+    if not steps:
+        return None
+    spec = method_spec(method)
+    key = spec.diagnostic_metric
+    curves: dict[str, list] = {}
+    for name in ("loss", key, *spec.report_curves):
+        points = [[h["step"], h[name]] for h in steps if name in h]
+        if points:
+            curves[name] = points
+    diagnostic = curves.get(key, [])
+    return {
+        "steps": steps[-1]["step"],
+        "first_loss": steps[0]["loss"],
+        "last_loss": steps[-1]["loss"],
+        "diagnostic": key,
+        "diagnostic_first": diagnostic[0][1] if diagnostic else None,
+        "diagnostic_last": diagnostic[-1][1] if diagnostic else None,
+        "curves": curves,
+    }
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def round_stats(layout: RunLayout, state: dict, t: int, evaluation: dict | None) -> dict:
+    """One round's row of the report."""
+    info = state["rounds"][str(t)]
+    prompts = layout.round_prompts(t)
+    record: dict[str, Any] = {
+        "round": t,
+        "policy_in": info.get("policy_in"),
+        "policy_out": info.get("policy_out"),
+        "generate_seed": info.get("generate_seed"),
+        "prompts": len(read_jsonl(prompts)) if prompts.exists() else None,
+        "stage_seconds": {
+            name.split("/")[1]: stage.get("seconds")
+            for name, stage in state["stages"].items()
+            if name.startswith(f"round-{t}/") and stage.get("status") == "done"
+        },
+        "candidates": None,
+        "train": training_stats(layout.trainer_state(t), state["method"]),
+        "trained_on_train_prompts": None,
+    }
+    summary = _read_json(layout.candidates(t) / "summary.json")
+    if summary is not None:
+        stats = candidate_stats(layout.candidates(t)) or {}
+        record["candidates"] = {
+            "rows": summary["rows"],
+            "per_prompt": summary["candidates_per_prompt"]["mean"],
+            "mean_reward": summary["mean_candidate_reward"],
+            "best_of_k_reward": summary["mean_best_of_k_reward"],
+            "policy_sample_mean_reward": stats.get("policy_sample_mean_reward"),
+            "mean_tokens": summary["mean_candidate_tokens"],
+            "mean_best_win_rate": summary.get("mean_best_win_rate"),
+            "judge_abstentions": summary["judge_abstentions"],
+        }
+    on_train = (evaluation or {}).get("train_prompts", {}).get(str(t))
+    if on_train:
+        same = candidate_stats(layout.candidates(t), first_n=on_train["num_prompts"]) or {}
+        record["trained_on_train_prompts"] = {
+            "num_prompts": on_train["num_prompts"],
+            "model_mean_reward": on_train["mean_reward"],
+            "candidates_mean_reward": same.get("mean_reward"),
+            "candidates_best_of_k_reward": same.get("best_of_k_reward"),
+        }
+    return record
+
+
+def collect(layout: RunLayout) -> dict:
+    """Everything the report shows, as one JSON-able dict."""
+    state = _read_json(layout.state)
+    if state is None:
+        raise ValueError(f"no run state at {layout.state}: nothing to report")
+    evaluation = _read_json(layout.eval_dir / "eval.json")
+    rounds = [round_stats(layout, state, int(key), evaluation) for key in sorted(state["rounds"], key=int)]
+    report: dict[str, Any] = {
+        "output_dir": str(layout.root),
+        "method": state["method"],
+        "rounds_planned": state.get("rounds_planned"),
+        "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
+        "final_policy": state.get("final_policy"),
+        "starts": len(state.get("starts", [])),
+        "rounds": rounds,
+        "eval": None,
+    }
+    if evaluation is not None:
+        threshold = evaluation.get("cycle_threshold", 0.5)
+        second = evaluation.get("win_matrix_judge2")
+        report["eval"] = {
+            **evaluation,
+            "cycles": find_cycles(evaluation["win_matrix"], threshold),
+            "cycles_judge2": find_cycles(second, threshold) if second else None,
+        }
+    return report

@@ -1,0 +1,149 @@
+"""report.md: the collected numbers (`collect.collect`) as Markdown tables and notes."""
+
+from __future__ import annotations
+
+import math
+
+from pofe.methods import method_spec
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number for a table cell: `digits` decimals for floats, `-` for missing or NaN."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
+    """## Rounds: candidates, training, the loss curves."""
+    md = ["## Rounds", ""]
+    if not rep["rounds"]:
+        return md + ["No round has started.", ""]
+    spec = method_spec(rep["method"])
+    header = ["round", "prompts", "cands/prompt", "cand. mean reward", "policy samples' reward",
+              "best-of-k", "trained model reward (its prompts)", "steps", "loss first -> last",
+              f"{spec.diagnostic_label} first -> last"]
+    rows = []
+    for r in rep["rounds"]:
+        cands, train, on_train = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"] or {}
+        trained = (f"{fmt(on_train.get('model_mean_reward'))} (n={on_train['num_prompts']}; cands there: mean "
+                   f"{fmt(on_train.get('candidates_mean_reward'))}, "
+                   f"best {fmt(on_train.get('candidates_best_of_k_reward'))})"
+                   if on_train else "-")
+        rows.append([
+            str(r["round"]), fmt(r["prompts"]), fmt(cands.get("per_prompt"), 2), fmt(cands.get("mean_reward")),
+            fmt(cands.get("policy_sample_mean_reward")), fmt(cands.get("best_of_k_reward")), trained,
+            fmt(train.get("steps")),
+            f"{fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}" if train else "-",
+            f"{fmt(train.get('diagnostic_first'))} -> {fmt(train.get('diagnostic_last'))}" if train else "-",
+        ])
+    md += [table(header, rows), ""]
+    md.append("Candidate rewards come from each round's `candidates/summary.json` and judge shards "
+              "('policy samples' = the round's starting policy's own samples; the rest are dataset "
+              "responses). RRHF's trained model tends to the best-of-k reward of its candidates: "
+              "when it reaches it, better candidates help more than more epochs. `-`: no data "
+              "(a scalar judge and `pofe.eval.train_prompts` > 0 give the trained model's column).")
+    if spec.report_note:
+        md.append(spec.report_note)
+    md.append("")
+    if "rewards" in plots:
+        md += [f"![rewards per round]({plots['rewards']})", ""]
+    md += ["### Loss curves", ""]
+    if "loss" in plots:
+        md += [f"![loss curves]({plots['loss']})", ""]
+    else:
+        md += ["No loss curves: no round has a trainer_state.json.", ""]
+    return md
+
+
+def models_table(ev: dict, names: list[str]) -> str:
+    """One row per model: rewards, win rates against earlier iterates, drift."""
+    w = ev["win_matrix"]
+    header = ["model", "mean reward", "2nd judge reward", "win vs pi_0", "win vs previous", "win vs 2 back",
+              "mean tokens", "mean chars", "KL to pi_0", "ref. perplexity"]
+    missing = [None] * len(names)
+    rows = []
+    for i, name in enumerate(names):
+        rows.append([
+            name,
+            fmt((ev["mean_reward"] or missing)[i]),
+            fmt((ev["mean_reward_judge2"] or missing)[i]),
+            fmt(w[i][0]) if i >= 1 else "-",
+            fmt(w[i][i - 1]) if i >= 1 else "-",
+            fmt(w[i][i - 2]) if i >= 2 else "-",
+            fmt(ev["mean_response_tokens"][i], 2),
+            fmt(ev["mean_response_chars"][i], 2),
+            fmt(ev["kl_to_base"][i]),
+            fmt((ev["perplexity"] or missing)[i]),
+        ])
+    return table(header, rows)
+
+
+def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
+    """### Win rates (and the second judge's): the matrix and its cycles."""
+    md: list[str] = []
+    for label, matrix, cycles in (("", ev["win_matrix"], ev["cycles"]),
+                                  (" (second judge)", ev.get("win_matrix_judge2"), ev.get("cycles_judge2"))):
+        if matrix is None:
+            if label:
+                md += [f"### Win rates{label}", "", "No second judge (`pofe.eval.judge2`) was set.", ""]
+            continue
+        md += [f"### Win rates{label}", ""]
+        how = ("Bradley-Terry on the scalar rewards, sigmoid(r_row - r_col)"
+               if ev["win_matrix_method"] == "bradley_terry" or label else "the pairwise judge, both orders")
+        md.append(f"Row beats column, averaged over prompts and sample pairs ({how}).")
+        md += ["", table(["", *names], [[n, *[fmt(x) for x in row]] for n, row in zip(names, matrix)]), ""]
+        threshold = ev.get("cycle_threshold", 0.5)
+        if cycles:
+            listed = "; ".join(f"{names[a]} > {names[b]} > {names[c]} > {names[a]}" for a, b, c in cycles)
+            md += [f"**CYCLE**: {listed} (a beats b when W[a, b] > {threshold}).", ""]
+        else:
+            md += [f"No cycle (3-cycles of 'W[a, b] > {threshold}'); the iterates are ordered transitively.", ""]
+    return md
+
+
+def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
+    """## Held-out evaluation."""
+    md = ["## Held-out evaluation", ""]
+    if ev is None:
+        return md + ["No evaluation data: the recipe has no `pofe.eval` block, or `axolotl pofe eval` has not run.", ""]
+    names = [m["name"] for m in ev["models"]]
+    decoding, judge = ev["decoding"], ev["judge"]
+    md.append(f"{ev['num_prompts']} prompts from `{ev['prompts_source']}`, {decoding['num_samples']} sample(s) each "
+              f"at temperature {decoding['temperature']}, top_p {decoding['top_p']}, seed {decoding['seed']}; "
+              f"judge `{judge['type']}`"
+              + (f" ({judge.get('function') or judge.get('model')})" if judge else "")
+              + (f", second judge `{ev['judge2']['type']}`" if ev.get("judge2") else ", no second judge") + ".")
+    md += ["", models_table(ev, names), ""]
+    if ev["mean_reward"] is None:
+        md.append("Mean reward: none (the judge is pairwise and gives no scalar reward).")
+    kl_note = ("an unbiased estimate of KL(pi_t || pi_0)" if ev.get("kl_is_unbiased")
+               else "the mean log-ratio on the decoded samples (not an unbiased KL: temperature or top_p != 1)")
+    md.append(f"KL to pi_0: mean over the model's own samples of log pi_t(y|x) - log pi_0(y|x), {kl_note}. "
+              + ("Perplexity: of the held-out reference responses "
+                 f"({ev['reference_count']} prompts have one)." if ev.get("perplexity")
+                 else "Perplexity: no reference responses in the held-out prompts."))
+    md.append("")
+    md += win_rate_sections(ev, names)
+    for key, alt in (("winrate", "win-rate matrix"), ("drift", "length, KL and perplexity per iterate")):
+        if key in plots:
+            md += [f"![{alt}]({plots[key]})", ""]
+    return md
+
+
+def render_markdown(rep: dict, plots: dict[str, str]) -> str:
+    """report.md's text; `plots` maps plot names to the PNG files beside it."""
+    md = [f"# POFE run report: {rep['method'].upper()}, {rep['rounds_finished']} of {rep['rounds_planned']} rounds",
+          ""]
+    md.append(f"Output dir `{rep['output_dir']}`; final policy `{rep['final_policy'] or '(no round finished)'}`; "
+              f"the run was started {rep['starts']} time(s).")
+    md.append("")
+    md += rounds_section(rep, plots)
+    md += eval_section(rep["eval"], plots)
+    return "\n".join(md)

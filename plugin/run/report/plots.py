@@ -1,0 +1,134 @@
+"""report-*.png: rewards per round, loss curves, the win-rate matrix, drift per iterate.
+
+Each plot is drawn only when the collected numbers (`collect.collect`) hold its data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def rewards_plot(rep: dict, out: Path) -> bool:
+    """Candidate, policy-sample, trained-model and held-out rewards against the round."""
+    from matplotlib.ticker import MaxNLocator
+
+    rounds, ev = rep["rounds"], rep["eval"]
+    series = {
+        "candidates: mean": [(r["round"], (r["candidates"] or {}).get("mean_reward")) for r in rounds],
+        "candidates: best-of-k": [(r["round"], (r["candidates"] or {}).get("best_of_k_reward")) for r in rounds],
+        "policy samples": [(r["round"], (r["candidates"] or {}).get("policy_sample_mean_reward")) for r in rounds],
+        "trained model, its prompts": [
+            (r["round"], (r["trained_on_train_prompts"] or {}).get("model_mean_reward")) for r in rounds
+        ],
+    }
+    if ev and ev.get("mean_reward"):
+        series["held-out reward (pi_t)"] = list(enumerate(ev["mean_reward"]))
+    series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
+    if not any(series.values()):
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in series.items():
+        if points:
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round t (held-out: model pi_t, 0 = base)")
+    ax.set_ylabel("mean reward")
+    ax.set_title("Rewards per round")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def loss_plot(rep: dict, out: Path) -> bool:
+    """The loss and the method's diagnostic, rounds concatenated along the steps."""
+    from matplotlib.ticker import MaxNLocator
+
+    curves = [(r["round"], r["train"]) for r in rep["rounds"] if r["train"]]
+    if not curves:
+        return False
+    diagnostic = curves[0][1]["diagnostic"]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    offset = 0
+    for t, train in curves:
+        points = train["curves"]["loss"]
+        axes[0].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
+        points = train["curves"].get(diagnostic, [])
+        axes[1].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
+        offset += train["steps"]
+    axes[0].set_title("training loss")
+    axes[1].set_title(diagnostic)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step (rounds concatenated)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def winrate_plot(ev: dict, out: Path) -> None:
+    """The (M, M) win-rate matrix as a heat map, each cell labelled."""
+    names = [m["name"] for m in ev["models"]]
+    w = ev["win_matrix"]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 1.1 * len(names) + 1.5))
+    image = ax.imshow(w, vmin=0, vmax=1, cmap="RdBu")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_yticks(range(len(names)), names)
+    for i in range(len(names)):
+        for j in range(len(names)):
+            ax.text(j, i, f"{w[i][j]:.2f}", ha="center", va="center", fontsize=9)
+    ax.set_title("P(row beats column)")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def drift_plot(ev: dict, out: Path) -> None:
+    """Response length, KL to pi_0 and (with references) perplexity per iterate."""
+    names = [m["name"] for m in ev["models"]]
+    panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_base"])]
+    if ev.get("perplexity"):
+        panels.append(("reference perplexity", ev["perplexity"]))
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
+    for ax, (title, ys) in zip(axes, panels):
+        ax.plot(range(len(ys)), ys, marker="o")
+        ax.set_xticks(range(len(names)), names)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
+    """PNG plots beside the report; returns {name: file name} for those with data."""
+    plots: dict[str, str] = {}
+    if rewards_plot(rep, out_dir / "report-rewards.png"):
+        plots["rewards"] = "report-rewards.png"
+    if loss_plot(rep, out_dir / "report-loss.png"):
+        plots["loss"] = "report-loss.png"
+    if rep["eval"]:
+        winrate_plot(rep["eval"], out_dir / "report-winrate.png")
+        plots["winrate"] = "report-winrate.png"
+        drift_plot(rep["eval"], out_dir / "report-drift.png")
+        plots["drift"] = "report-drift.png"
+    return plots

@@ -1,0 +1,220 @@
+"""Iterated runs: `axolotl pofe run recipe.yml`.
+
+For t = 1..T (`pofe.rounds`): generate candidates from the current policy, judge them,
+build rows (`axolotl preprocess`), train (`axolotl train`), and make the trained model the
+next round's policy. Every stage is its own process (`pofe.run.stages`). Each round gets a
+derived recipe (`pofe.run.recipe`), written into the run's output dir (`pofe.run.layout`),
+that differs from the user's recipe only in where things are.
+
+Prompts per round: `pofe.run.prompts`. SPPO re-anchors on each round's starting policy for
+free: the anchor pass uses the policy as loaded, and round t loads round t-1's (merged)
+model. LoRA / QLoRA: between rounds the adapter is merged into the round's base
+(`pofe.run.merge`), the next round's `base_model`, which trains a fresh adapter.
+
+A run killed at any point and started again skips every stage recorded as finished and
+redoes the first unfinished one (an interrupted preprocess resumes from its shards).
+After the rounds: the held-out evaluation (`axolotl pofe eval`, its own process) and the
+report, written once.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from pofe.args import pofe_config
+from pofe.files import write_atomic, write_jsonl_atomic
+
+from .layout import RunLayout, RunState, RunStateMismatch
+from .merge import merge_command, merge_dtype
+from .prompts import resolve_round_prompts, split_prompts
+from .recipe import load_recipe, recipe_fingerprint, round_recipe
+from .report import write_report
+from .stages import Echo, axolotl_command, run_logged
+
+
+def check_iterable(cfg) -> None:
+    """An iterated run needs a POFE method and exactly one pofe.prompts dataset."""
+    if not pofe_config(cfg).method:
+        raise ValueError("the recipe sets no `rl: rrhf` / `rl: sppo`")
+    entries = cfg.datasets or []
+    if len(entries) != 1 or entries[0].type != "pofe.prompts":
+        raise ValueError(
+            "an iterated run needs exactly one dataset, of type pofe.prompts (each round "
+            f"generates its candidates from it); got {[e.type for e in entries]}"
+        )
+
+
+def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
+    """The model round t produced (round t+1's policy)."""
+    return layout.merged(t) if adapter else layout.train(t)
+
+
+def prepare_prompts(cfg, layout: RunLayout, state: RunState, echo: Echo) -> None:
+    """Write the per-round prompt files (and held-out prompts) once."""
+    if state.done("prompts"):
+        return
+    from axolotl.utils.data.shared import load_dataset_with_config
+
+    pcfg = pofe_config(cfg)
+    state.start("prompts")
+    rows = load_dataset_with_config(cfg.datasets[0], cfg.hf_use_auth_token).to_list()
+    held = pcfg.eval.held_out if pcfg.eval else 0
+    if held >= len(rows):
+        raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
+    train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
+    if held:
+        write_jsonl_atomic(layout.held_out_prompts, held_rows)
+    mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
+    splits = split_prompts(len(train_rows), pcfg.rounds, mode)
+    for t, indices in enumerate(splits, start=1):
+        write_jsonl_atomic(layout.round_prompts(t), [train_rows[i] for i in indices])
+    state.data["prompt_mode"] = mode
+    state.data["rounds_planned"] = pcfg.rounds
+    state.finish(
+        "prompts", total=len(rows), held_out=held, mode=mode,
+        per_round=[[r.start, r.stop] for r in splits],
+    )
+    echo(f"prompts: {len(train_rows)} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
+
+
+def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
+    """More rounds than planned: fine with `all` (write the new rounds' prompts); a split
+    depends on the number of rounds, so it cannot change once prompts are written."""
+    rounds = pofe_config(cfg).rounds
+    planned = state.data.get("rounds_planned")
+    if planned is None or planned == rounds:
+        return
+    if state.data.get("prompt_mode") == "split":
+        raise RunStateMismatch(
+            f"this run split its prompts into {planned} rounds; pofe.rounds: {rounds} "
+            "would need another split. Use a new output_dir (or round_prompts: all)."
+        )
+    for t in range(planned + 1, rounds + 1):
+        if not layout.round_prompts(t).exists():
+            shutil.copyfile(layout.round_prompts(1), layout.round_prompts(t))
+    state.data["rounds_planned"] = max(planned, rounds)
+    state.save()
+
+
+def collect_trainer_state(layout: RunLayout, t: int, forced_save: bool) -> Path | None:
+    """Copy the last checkpoint's trainer_state.json to round-t/; drop the forced checkpoint."""
+    train = layout.train(t)
+    states = sorted(
+        train.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
+    )
+    if not states:
+        return None
+    dest = layout.trainer_state(t)
+    write_atomic(dest, states[-1].read_text())
+    if forced_save:
+        for checkpoint in train.glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)
+    return dest
+
+
+def eval_models(state: RunState, rounds: int | None = None) -> list[list[str]]:
+    """[[name, path], ...]: pi_0 (the recipe's base_model) and every finished round's model."""
+    models = [["pi_0", state.data.get("pi_0", state.data["base_model"])]]
+    for t in range(1, (rounds or len(state.data["rounds"])) + 1):
+        out = state.data["rounds"].get(str(t), {}).get("policy_out")
+        if out is None:
+            break
+        models.append([f"pi_{t}", out])
+    return models
+
+
+def _local_or_hub(path: str) -> str:
+    """An existing local path made absolute (derived recipes live elsewhere); else a hub id."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str, *, rounds: int,
+              adapter: bool, base_seed: int, launcher: str | None, echo: Echo, stream: bool) -> str:
+    """Round t's preprocess, train and (LoRA) merge stages, each skipped when done;
+    returns the round's model (the next round's policy)."""
+    info = state.round(t)
+    seed = base_seed + (t - 1)
+    info.update(policy_in=policy, generate_seed=seed)
+    derived = round_recipe(raw, layout, t, policy, seed)
+    text = yaml.safe_dump(derived.recipe, sort_keys=False)
+    recipe = layout.recipe(t)
+    if not recipe.exists() or recipe.read_text() != text:
+        write_atomic(recipe, text)
+    round_dir = layout.round_dir(t)
+
+    stage = f"round-{t}/preprocess"
+    if not state.done(stage):
+        echo(f"round {t}/{rounds}: generate + judge + tokenise from {policy}")
+        state.start(stage)
+        run_logged(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log", echo, stream)
+        state.finish(stage, summary=str(layout.candidates(t) / "summary.json"))
+
+    stage = f"round-{t}/train"
+    if not state.done(stage):
+        echo(f"round {t}/{rounds}: train")
+        state.start(stage)
+        extra = ["--launcher", launcher] if launcher else []
+        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream)
+        trainer_state = collect_trainer_state(layout, t, derived.forced_save)
+        state.finish(stage, output_dir=str(layout.train(t)),
+                     trainer_state=str(trainer_state) if trainer_state else None)
+
+    if adapter:
+        stage = f"round-{t}/merge"
+        if not state.done(stage):
+            echo(f"round {t}/{rounds}: merge the adapter into {policy}")
+            state.start(stage)
+            cmd = merge_command(policy, str(layout.train(t)), str(layout.merged(t)), merge_dtype(raw))
+            run_logged(cmd, round_dir / "merge.log", echo, stream)
+            state.finish(stage, merged=str(layout.merged(t)))
+
+    policy = str(policy_dir(layout, t, adapter))
+    info["policy_out"] = policy
+    state.save()
+    return policy
+
+
+def run_rounds(
+    recipe_path: str | Path,
+    *,
+    launcher: str | None = None,
+    stream: bool = True,
+    echo: Echo = print,
+    evaluate: bool = True,
+) -> RunLayout:
+    """Run (or resume) every round of `recipe_path`, then evaluate and report."""
+    raw, cfg = load_recipe(recipe_path)
+    check_iterable(cfg)
+    pcfg = pofe_config(cfg)
+    layout = RunLayout(Path(cfg.output_dir).resolve())
+    layout.root.mkdir(parents=True, exist_ok=True)
+    state = RunState.open(
+        layout.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
+        method=pcfg.method,
+    )
+    prepare_prompts(cfg, layout, state, echo)
+    check_rounds(cfg, state, layout)
+    policy = _local_or_hub(str(raw["base_model"]))
+    state.data["base_model"] = policy
+    # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
+    state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
+    base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
+    for t in range(1, pcfg.rounds + 1):
+        policy = run_round(raw, layout, state, t, policy, rounds=pcfg.rounds, adapter=bool(cfg.adapter),
+                           base_seed=base_seed, launcher=launcher, echo=echo, stream=stream)
+    state.data["final_policy"] = policy
+    state.save()
+
+    if evaluate and pcfg.eval is not None:
+        models = eval_models(state, pcfg.rounds)
+        if not (state.done("eval") and state.data["stages"]["eval"].get("models") == models):
+            echo("evaluate every iterate on held-out prompts")
+            state.start("eval")
+            command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
+            run_logged(command, layout.root / "eval.log", echo, stream)
+            state.finish("eval", models=models)
+    echo(write_report(layout).terminal_summary())
+    return layout
