@@ -16,6 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..methods import method_spec
+
+# The `field_*` keys of a `datasets:` entry and the column each reads by default; the
+# config (`pofe.args.FIELD_KEYS`) takes its list of keys from here.
 DEFAULT_FIELDS = {
     "field_prompt": "prompt",
     "field_responses": "responses",
@@ -38,7 +42,7 @@ class RowFormat:
 
     dataset: str  # the entry's path, for messages
     type: str  # pofe.rrhf | pofe.pairs | pofe.sppo | pofe.sppo_ucla
-    method: str  # rrhf | sppo
+    method: str  # a registered method (`pofe.methods`): its target column is what a row yields
     fields: Mapping[str, str]
 
     def column(self, key: str) -> str:
@@ -113,7 +117,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
 
     k = len(responses)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses}
-    if fmt.method == "rrhf":
+    if method_spec(fmt.method).target == "rewards":
         if fmt.type == "pofe.pairs":
             rewards = [1.0, 0.0]
         elif row.get(fmt.column("field_rewards")) is not None:

@@ -30,6 +30,8 @@ from axolotl.utils.data.shared import (
 from axolotl.utils.dict import DictDefault
 from axolotl.utils.logging import get_logger
 
+from ..args import pofe_config
+from ..methods import method_spec
 from .formats import RowFormat, check_columns, normalize_row
 from .tokenize import tokenize_row
 
@@ -69,7 +71,10 @@ def load_pofe_datasets(cfg: DictDefault, preprocess: bool = False) -> TrainDatas
 def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
     """Axolotl's dataset hash, extended with everything POFE's preparation reads."""
     base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
-    pofe = cfg.pofe
+    pofe = pofe_config(cfg)
+    # the blocks as axolotl's cfg stores them (exclude_none), so the hash does not
+    # depend on how the block was read and caches prepared before keep theirs
+    blocks = pofe.model_dump(include={"generate", "judge", "candidates"}, exclude_none=True)
     extra = {
         "version": PREPARED_FORMAT_VERSION,
         "method": pofe.method,
@@ -77,9 +82,9 @@ def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
         "truncation": pofe.truncation,
         "max_prompt_len": pofe.max_prompt_len,
         "chat_template": tokenizer.chat_template,
-        "generate": pofe.generate,
-        "judge": pofe.judge,
-        "candidates": pofe.candidates,
+        "generate": blocks.get("generate"),
+        "judge": blocks.get("judge"),
+        "candidates": blocks["candidates"],
     }
     payload = base + json.dumps(extra, sort_keys=True, default=str)
     return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()
@@ -95,7 +100,7 @@ def _load_or_prepare(cfg: DictDefault, tokenizer, dataset_hash: str) -> Dataset:
 
 
 def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
-    pofe = cfg.pofe
+    pofe = pofe_config(cfg)
     max_prompt_len = pofe.max_prompt_len or cfg.sequence_len // 2
     if max_prompt_len >= cfg.sequence_len:
         raise ValueError(
@@ -104,7 +109,7 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
         )
     parts = []
     for i, entry in enumerate(cfg.datasets):
-        fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields or []) else {}
+        fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields) else {}
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
         raw = load_dataset_with_config(entry, cfg.hf_use_auth_token)
         if entry.type == "pofe.prompts":
@@ -132,7 +137,7 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
             "no rows left to train on after the length policy; raise sequence_len or "
             "set pofe.truncation: truncate"
         )
-    if pofe.method == "sppo":
+    if method_spec(pofe.method).needs_anchor:
         dataset = _settle_anchor_column(dataset)
     return dataset
 
@@ -157,19 +162,18 @@ def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: Row
     """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
     result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"))
     rows = load_dataset("json", data_files=str(result.data_path), split="train")
+    # the pipeline writes each method's own row format: pofe.rrhf or pofe.sppo rows
     return rows, RowFormat(
-        dataset=str(result.data_path), type=f"pofe.{cfg.pofe.method}", method=cfg.pofe.method, fields={}
+        dataset=str(result.data_path), type=f"pofe.{fmt.method}", method=fmt.method, fields={}
     )
 
 
 def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: str, stop_after=None):
     """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset."""
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
     from pofe.preprocess.pipeline import run_pipeline
 
-    pofe = cfg.pofe
-    generate, judge = GenerateConfig(**pofe.generate), JudgeConfig(**pofe.judge)
-    pipeline = PipelineConfig(**pofe.candidates)
+    pofe = pofe_config(cfg)
+    generate, judge, pipeline = pofe.generate, pofe.judge, pofe.candidates
     policy = generate.model or cfg.base_model
     if pipeline.out_dir is None:
         key = json.dumps(

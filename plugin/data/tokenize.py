@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from ..layout import CANDIDATE_FLOATS
+
 
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
     """Return the rendered prompt text and each response's text after it."""
@@ -62,7 +64,7 @@ def tokenize_row(
         "truncated": too_long,
         "keep": keep,
     }
-    for key in ("rewards", "win_rates", "anchor_logps"):
+    for key in CANDIDATE_FLOATS:
         if key in row:
             out[key] = row[key]
     return out

@@ -8,6 +8,8 @@ import torch
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
+from ..args import PofeConfig, pofe_config
+from ..layout import TOKENIZED_COLUMNS
 from ..scoring import score_candidates as score_batch
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
@@ -26,14 +28,13 @@ class KResponseTrainer(AxolotlTrainer):
         self.model_accepts_loss_kwargs = False
 
     @property
-    def pofe(self):
-        return self.axolotl_cfg.pofe
+    def pofe(self) -> PofeConfig:
+        return pofe_config(self.axolotl_cfg)
 
     def _set_signature_columns_if_needed(self):
         # the prepared columns are not forward() arguments but must reach the collator
         if self._signature_columns is None:
-            self._signature_columns = ["prompt_ids", "response_ids", "rewards",
-                                       "win_rates", "anchor_logps", "row_id"]
+            self._signature_columns = list(TOKENIZED_COLUMNS)
 
     def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model on all candidates; return logp_sum and lengths as (B, K).
