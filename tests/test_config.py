@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pofe.args import PofeArgs, PofeConfig, translate_raw_config
+from pofe.args import PofeArgs, PofeConfig, pofe_config, translate_raw_config
 
 
 def test_rl_moves_under_pofe_with_dataset_fields():
@@ -53,6 +53,32 @@ def test_bounds_and_cross_field_rules():
         PofeConfig(method="rrhf", sppo_loss="hard")
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         PofeConfig(rank_wieght=2.0)
+
+
+def test_method_judge_and_keep_rules():
+    """The rule pofe.methods.check_candidate_rules declares once, as the config sees it."""
+    judge = {"type": "pairrm", "model": "llm-blender/PairRM"}
+    with pytest.raises(ValidationError, match="judge.type: pairrm gives pairwise preferences; rrhf needs"):
+        PofeConfig(method="rrhf", generate={}, judge=judge)
+    with pytest.raises(ValidationError, match="candidates.keep: best_worst applies to method sppo only"):
+        PofeConfig(method="rrhf", candidates={"keep": "best_worst"})
+    PofeConfig(method="sppo", generate={}, judge=judge, candidates={"keep": "best_worst"})
+
+
+def test_pofe_config_reads_every_form():
+    """One accessor for a raw YAML dict (`rl:` counts, the dict is left alone), axolotl's
+    validated DictDefault, and an object holding a PofeConfig."""
+    from types import SimpleNamespace
+
+    from axolotl.utils.dict import DictDefault
+
+    expected = PofeConfig(method="sppo", eta=10.0)
+    raw = {"rl": "sppo", "pofe": {"eta": 10.0}}
+    assert pofe_config(raw) == expected
+    assert raw == {"rl": "sppo", "pofe": {"eta": 10.0}}
+    assert pofe_config(DictDefault({"pofe": expected.model_dump(exclude_none=True)})) == expected
+    assert pofe_config(SimpleNamespace(pofe=expected)) is expected
+    assert pofe_config({"base_model": "x"}) == PofeConfig()
 
 
 def test_sample_packing_is_refused():
