@@ -44,7 +44,7 @@ def main(argv=None) -> int:
 
     from pofe.demo.task import make_prompts
     from pofe.demo.tiny import build_tiny_model
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
     from pofe.preprocess.generators import make_generator
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
 
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg, judge=judge_cfg,
-                     out_dir=work / f"gen-{rep}", generator=generator, progress=False,
-                     shard_size=n_prompts, stop_after="generate")
+                     candidates=PipelineConfig(out_dir=str(work / f"gen-{rep}"), shard_size=n_prompts, progress=False),
+                     generator=generator, stop_after="generate")
 
     times: dict[str, list[float]] = {"direct": [], "pofe": []}
     for rep in range(reps):
@@ -77,8 +77,8 @@ def main(argv=None) -> int:
 
     CALLS["n"] = 0
     result = run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg,
-                          judge=judge_cfg, out_dir=work / "full", generator=generator,
-                          progress=False, shard_size=n_prompts)
+                          judge=judge_cfg, generator=generator,
+                          candidates=PipelineConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False))
     med = {name: statistics.median(v) for name, v in times.items()}
     out = {
         "prompts": n_prompts,

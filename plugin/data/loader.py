@@ -186,7 +186,7 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
         pipeline = pipeline.model_copy(update={"out_dir": str(prepared / f"pofe-candidates-{digest}")})
     result = run_pipeline(
         prompts.to_list(), policy_path=policy, method=pofe.method, generate=generate,
-        judge=judge, pipeline=pipeline, prompt_column=prompt_column, stop_after=stop_after,
+        judge=judge, candidates=pipeline, prompt_column=prompt_column, stop_after=stop_after,
     )
     if result is None:
         LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {pipeline.out_dir}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.pipeline import run_pipeline
 
@@ -43,8 +43,8 @@ def main() -> None:
     )
     judge = JudgeConfig(type="python", function="_resume_driver:slow_reward")
     run_pipeline(
-        rows, policy_path=policy, method=method, generate=gen, judge=judge, out_dir=out_dir,
-        shard_size=2, progress=False, generator=SlowGenerator(TransformersGenerator(policy, batch_size=2)),
+        rows, policy_path=policy, method=method, generate=gen, judge=judge,
+        candidates=PipelineConfig(out_dir=out_dir, shard_size=2, progress=False), generator=SlowGenerator(TransformersGenerator(policy, batch_size=2)),
     )
     print("DONE", flush=True)
 

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig
-from pofe.preprocess.judges.pairwise import preferences_both_orders
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.judges import JudgeStats
-from pofe.preprocess.pipeline import ManifestMismatch, run_pipeline
+from pofe.preprocess.judges.pairwise import preferences_both_orders
+from pofe.preprocess.manifest import ManifestMismatch
+from pofe.preprocess.pipeline import run_pipeline
 
 
 class ScriptedGenerator:
@@ -52,8 +53,8 @@ def _reward(prompt, response):
 def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge, out_dir=tmp_path,
-        shard_size=2, progress=False, generator=ScriptedGenerator(),
+        ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
+        candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False), generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert res.rows == 3 and len(rows) == 3
@@ -79,8 +80,8 @@ def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
 def test_sppo_scalar_judge_gives_bradley_terry_win_rates(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, out_dir=tmp_path,
-        progress=False, generator=ScriptedGenerator(),
+        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert all(list(r) == ["prompt", "responses", "win_rates"] for r in rows)
@@ -94,8 +95,9 @@ def test_sppo_scalar_judge_gives_bradley_terry_win_rates(tiny_policy, tmp_path):
 def test_sppo_pairwise_best_worst(tiny_policy, tmp_path):
     judge = JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1")  # never called: judge_impl given
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, out_dir=tmp_path,
-        keep="best_worst", progress=False, generator=ScriptedGenerator(), judge_impl=LengthPairJudge(),
+        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
+        candidates=PipelineConfig(out_dir=str(tmp_path), keep="best_worst", progress=False),
+        generator=ScriptedGenerator(), judge_impl=LengthPairJudge(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert all(len(r["responses"]) == 2 for r in rows)
@@ -106,13 +108,15 @@ def test_sppo_pairwise_best_worst(tiny_policy, tmp_path):
 def test_rrhf_rejects_pairwise_judge(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="RRHF needs a scalar reward"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-                     judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"), out_dir=tmp_path)
+                     judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+                     candidates=PipelineConfig(out_dir=str(tmp_path)))
 
 
 def test_resume_skips_done_shards_and_manifest_guards(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     g1 = ScriptedGenerator()
-    kw = dict(policy_path=str(tiny_policy), method="rrhf", judge=judge, out_dir=tmp_path, shard_size=1, progress=False)
+    kw = dict(policy_path=str(tiny_policy), method="rrhf", judge=judge,
+              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=1, progress=False))
     first = run_pipeline(ROWS, generate=GEN, generator=g1, **kw).data_path.read_bytes()
     g2 = ScriptedGenerator()
     (tmp_path / "judge" / "shard-00001.jsonl").unlink()
@@ -132,7 +136,8 @@ def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
     """Every row has a "5" candidate: 3 abstentions, each removing that candidate from its row."""
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-        judge=JudgeConfig(type="python", function=f"{__name__}:_picky"), out_dir=tmp_path, progress=False,
+        judge=JudgeConfig(type="python", function=f"{__name__}:_picky"),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
         generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
@@ -142,11 +147,9 @@ def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
 
 
 def test_pipeline_config_block(tiny_policy, tmp_path):
-    from pofe.preprocess.config import PipelineConfig
-
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     pc = PipelineConfig(out_dir=str(tmp_path / "x"), shard_size=1, keep="best_worst", progress=False)
-    res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, pipeline=pc,
+    res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, candidates=pc,
                        generator=ScriptedGenerator())
     assert res.data_path.parent == tmp_path / "x" and len(list((tmp_path / "x" / "judge").glob("*.jsonl"))) == 3
     assert all(len(json.loads(l)["responses"]) == 2 for l in res.data_path.read_text().splitlines())
@@ -155,7 +158,8 @@ def test_pipeline_config_block(tiny_policy, tmp_path):
 def test_missing_prompt_column_names_the_row(tiny_policy, tmp_path):
     with pytest.raises(KeyError, match="prompt row 1 has no 'prompt' column"):
         run_pipeline([{"prompt": "a"}, {"question": "b"}], policy_path=str(tiny_policy), method="rrhf",
-                     generate=GEN, judge=JudgeConfig(type="python", function="a:b"), out_dir=tmp_path)
+                     generate=GEN, judge=JudgeConfig(type="python", function="a:b"),
+                     candidates=PipelineConfig(out_dir=str(tmp_path)))
 
 
 def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path):
@@ -163,7 +167,8 @@ def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path)
     res = run_pipeline(
         [{"prompt": "3+4="}, {"prompt": "5+1="}], policy_path=str(tiny_policy), method="rrhf",
         generate=GenerateConfig(num_candidates=3, max_new_tokens=6, temperature=1.0),
-        judge=JudgeConfig(type="reward_model", model=str(tiny_reward_model)), out_dir=tmp_path, progress=False,
+        judge=JudgeConfig(type="reward_model", model=str(tiny_reward_model)),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert len(rows) == 2 and all(len(r["responses"]) == len(r["rewards"]) >= 2 for r in rows)
@@ -172,9 +177,6 @@ def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path)
 
 def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tmp_path):
     """A policy answering with end-of-turn at once gives "", which no judge can score."""
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig
-    from pofe.preprocess.pipeline import run_pipeline
-
     class Scripted:
         name = "scripted"
 
@@ -185,7 +187,7 @@ def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tm
     result = run_pipeline(
         rows, policy_path=str(tiny_policy), method="rrhf",
         generate=GenerateConfig(num_candidates=4), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-        out_dir=tmp_path / "c", generator=Scripted(), progress=False,
+        candidates=PipelineConfig(out_dir=str(tmp_path / "c"), progress=False), generator=Scripted(),
     )
     data = [json.loads(line) for line in result.data_path.read_text().splitlines()]
     assert [d["responses"] for d in data] == [["7", "8"], ["7", "8"]]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.judges import Abstain, make_judge
@@ -52,7 +52,7 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
     judge = JudgeConfig(type="pairwise_llm", base_url=base, model=model, rubric=SHORT_PAIRWISE,
                         max_new_tokens=1, use_logprobs=True)
     res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
-                       generate=gen, judge=judge, out_dir=tmp_path, progress=False)
+                       generate=gen, judge=judge, candidates=PipelineConfig(out_dir=str(tmp_path), progress=False))
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     for r in rows:
         k = len(r["responses"])

@@ -1,0 +1,101 @@
+"""The build stage: trainer rows and summary.json, from the judged shards alone.
+
+Output rows (exactly what pofe's trainers read; the label column is the method's target):
+    rrhf: {"prompt": <as input>, "responses": [str], "rewards": [float]}
+    sppo: {"prompt": <as input>, "responses": [str], "win_rates": [float in [0, 1]]}
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pofe.methods import method_spec
+
+from .config import GenerateConfig, JudgeConfig, PipelineConfig
+
+
+def build_rows(
+    judged: list[dict], method: str, *, keep: str = "all", min_candidates: int = 2
+) -> tuple[list[dict], Counter]:
+    """Trainer rows from judged rows; returns (rows, Counter of drop reasons).
+
+    keep="best_worst" keeps the highest- and lowest-labelled candidate of each row (the SPPO
+    paper's data-budget choice; `pofe.methods.check_candidate_rules` says which methods
+    allow it).
+    """
+    target = method_spec(method).target
+    data: list[dict] = []
+    dropped: Counter = Counter()
+    for r in judged:
+        if r["dropped"] is not None:
+            dropped["prompt_too_long" if "max_prompt_tokens" in r["dropped"] else "other"] += 1
+            continue
+        if len(r["responses"]) < min_candidates:
+            dropped["too_few_candidates"] += 1
+            continue
+        responses, labels = r["responses"], r[target]
+        if keep == "best_worst":
+            best = max(range(len(labels)), key=lambda k: (labels[k], -k))
+            worst = min(range(len(labels)), key=lambda k: (labels[k], k))
+            if best == worst:  # all tied: any two distinct candidates
+                best, worst = 0, len(labels) - 1
+            idx = [best, worst]
+            responses, labels = [responses[k] for k in idx], [labels[k] for k in idx]
+        data.append({"prompt": r["prompt"], "responses": responses, target: labels})
+    return data, dropped
+
+
+def summarise(
+    generated: list[dict],
+    judged: list[dict],
+    data: list[dict],
+    dropped: Counter,
+    *,
+    method: str,
+    generate: GenerateConfig,
+    judge: JudgeConfig,
+    candidates: PipelineConfig,
+) -> dict:
+    """Counts and statistics, computed from the shards only (resume-proof).
+
+    mean_candidate_reward / mean_best_of_k_reward: the RRHF ceiling (the trained model's reward
+    tends towards the best candidate's); only for scalar judges.
+    """
+    live = [g for g in generated if g["dropped"] is None]
+    rewards = [r["rewards"] for r in judged if r.get("rewards")]
+    tokens = [t for g in live for t in g["candidate_tokens"]]
+    chars = [len(c) for g in live for c in g["candidates"]]
+    abstain_reasons: Counter = Counter()
+    for r in judged:
+        abstain_reasons.update(r.get("abstain_reasons", []))
+    by_source: Counter = Counter(s for g in live for s in g["sources"])
+    k = [len(d["responses"]) for d in data]
+    trains_on_win_rates = method_spec(method).target == "win_rates"
+    return {
+        "method": method,
+        "rows_in": len(generated),
+        "rows": len(data),
+        "rows_dropped": dict(dropped),
+        "prompts_truncated": sum(1 for g in live if g.get("truncated")),
+        "candidates_per_prompt": {"mean": _mean(k), "min": min(k, default=0), "max": max(k, default=0)},
+        "candidates_by_source": dict(by_source),
+        "duplicates_removed": {
+            "exact": sum(g["exact_dups"] for g in generated),
+            "near": sum(g["near_dups"] for g in generated),
+        },
+        "empty_candidates_removed": sum(g.get("empty", 0) for g in generated),
+        "mean_candidate_reward": _mean([x for rs in rewards for x in rs]),
+        "mean_best_of_k_reward": _mean([max(rs) for rs in rewards]),
+        "mean_candidate_tokens": _mean(tokens),
+        "mean_candidate_chars": _mean(chars),
+        "mean_best_win_rate": _mean([max(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
+        "judge_abstentions": sum(r.get("abstained", 0) for r in judged),
+        "judge_abstention_reasons": dict(abstain_reasons),
+        "generate": generate.public_dict(),
+        "judge": judge.model_dump(),
+        "pipeline": candidates.model_dump(),
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None

@@ -1,0 +1,147 @@
+"""The work of the generate and judge stages on one shard: rows in, shard rows out.
+
+generate_shard: render each prompt with the policy's chat template, ask the backend for the
+candidates, add the dataset's own responses, drop empty and duplicate candidates.
+judge_shard: score the candidates (scalar or pairwise judge), drop abstentions, and turn
+scores into the method's target (rewards as they are; win rates for SPPO).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pofe.methods import method_spec
+
+from .config import GenerateConfig, Sampling
+from .dedupe import dedupe
+from .generators import Generator
+from .judges import Abstain, PairwiseJudge, ScalarJudge, is_pairwise
+from .render import render_prompt
+from .win_rates import bradley_terry_preferences, win_rates
+
+
+def generate_shard(
+    rows: list[dict],
+    first_index: int,
+    generator: Generator,
+    tokenizer,
+    cfg: GenerateConfig,
+    sampling: Sampling,
+    prompt_column: str = "prompt",
+) -> list[dict]:
+    """Candidates for one shard of prompts.
+
+    Returns one dict per input row: index, prompt, candidates (deduplicated, dataset responses
+    first), sources, candidate_tokens, dup counts, and `dropped` (a reason, or None).
+    """
+    rendered = [
+        render_prompt(tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow)
+        for r in rows
+    ]
+    live = [i for i, r in enumerate(rendered) if r.text is not None]
+    gen = generator.generate([rendered[i].text for i in live], cfg.num_candidates, sampling) if live else []
+    if len(gen) != len(live) or any(len(g) != cfg.num_candidates for g in gen):
+        raise RuntimeError(
+            f"backend {getattr(generator, 'name', generator)!r} returned {[len(g) for g in gen]} candidates for "
+            f"{len(live)} prompts (expected {cfg.num_candidates} each)"
+        )
+    by_row = dict(zip(live, gen))
+    out = []
+    for i, (row, r) in enumerate(zip(rows, rendered)):
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column]}
+        if r.text is None:
+            rec.update(candidates=[], sources=[], candidate_tokens=[], exact_dups=0, near_dups=0,
+                       empty=0, dropped=r.reason)
+            out.append(rec)
+            continue
+        cands, sources = [], []
+        for col in cfg.include_dataset_responses:
+            for text in _column_texts(row, col, first_index + i):
+                cands.append(text)
+                sources.append(col)
+        cands += by_row[i]
+        sources += ["policy"] * len(by_row[i])
+        # a policy may answer with end-of-turn at once (trained ones do): nothing to score
+        nonempty = [k for k, c in enumerate(cands) if c.strip()]
+        empty = len(cands) - len(nonempty)
+        cands, sources = [cands[k] for k in nonempty], [sources[k] for k in nonempty]
+        exact = near = 0
+        if cfg.dedupe:
+            kept, exact, near = dedupe(cands)
+            cands, sources = [cands[k] for k in kept], [sources[k] for k in kept]
+        rec.update(
+            candidates=cands,
+            sources=sources,
+            candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
+            exact_dups=exact,
+            near_dups=near,
+            empty=empty,
+            truncated=r.truncated,
+            dropped=None,
+        )
+        out.append(rec)
+    return out
+
+
+def _column_texts(row: dict, col: str, index: int) -> list[str]:
+    v = row.get(col)
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return list(v)
+    raise TypeError(
+        f"row {index}, column {col!r} (generate.include_dataset_responses): expected a string or a list of "
+        f"strings, got {type(v).__name__}"
+    )
+
+
+def judge_shard(gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str) -> list[dict]:
+    """Score one shard. Abstained candidates are removed (and counted per row).
+
+    Pairwise judges give win rates directly; scalar judges give rewards, and win rates
+    through Bradley-Terry when the method trains on win rates.
+    """
+    live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
+    out_by_index: dict[int, dict] = {}
+    if is_pairwise(judge):
+        prefs = judge.preferences([r["prompt"] for r in live], [r["candidates"] for r in live]) if live else []
+        for r, verdict in zip(live, prefs, strict=True):
+            w = win_rates(verdict.matrix.to(torch.float64)).tolist()
+            out_by_index[r["index"]] = {
+                "responses": r["candidates"],
+                "rewards": None,
+                "win_rates": [_round(x) for x in w],
+                "abstained": verdict.abstained_pairs,
+            }
+    else:
+        wants_win_rates = method_spec(method).target == "win_rates"
+        scores = judge.score([r["prompt"] for r in live], [r["candidates"] for r in live]) if live else []
+        for r, sc in zip(live, scores, strict=True):
+            keep = [k for k, v in enumerate(sc) if not isinstance(v, Abstain)]
+            rewards = [float(sc[k]) for k in keep]
+            rec = {
+                "responses": [r["candidates"][k] for k in keep],
+                "rewards": rewards,
+                "win_rates": None,
+                "abstained": len(sc) - len(keep),
+                "abstain_reasons": [v.reason.split(":")[0] for v in sc if isinstance(v, Abstain)],  # one per abstention
+            }
+            if wants_win_rates and rewards:
+                w = win_rates(bradley_terry_preferences(torch.tensor(rewards, dtype=torch.float64))).tolist()
+                rec["win_rates"] = [_round(x) for x in w]
+            out_by_index[r["index"]] = rec
+    out = []
+    for r in gen_rows:
+        rec = {"index": r["index"], "prompt": r["prompt"], "dropped": r["dropped"]}
+        rec.update(out_by_index.get(r["index"], {"responses": [], "rewards": None, "win_rates": None, "abstained": 0}))
+        out.append(rec)
+    return out
+
+
+def _round(x: float) -> float:
+    # 12 significant digits: identical across runs and platforms' last-bit float noise.
+    return float(f"{x:.12g}")
