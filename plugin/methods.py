@@ -115,8 +115,8 @@ def check_candidate_rules(method: str, *, pairwise_judge: str | None, keep: str)
     if pairwise_judge is not None and not spec.takes_pairwise_judges:
         takers = [name for name, s in METHODS.items() if s.takes_pairwise_judges]
         raise ValueError(
-            f"judge.type: {pairwise_judge} gives pairwise preferences; {method.upper()} needs a scalar "
-            f"reward per candidate: use a python, reward_model or llm judge (or method "
+            f"judge.type: {pairwise_judge} gives pairwise preferences; {method.upper()} needs a "
+            f"scalar reward per candidate: use a python, reward_model or llm judge (or method "
             f"{' / '.join(takers)})"
         )
     if keep not in spec.candidate_keeps:

@@ -58,7 +58,7 @@ def test_bounds_and_cross_field_rules():
 def test_method_judge_and_keep_rules():
     """The rule pofe.methods.check_candidate_rules declares once, as the config sees it."""
     judge = {"type": "pairrm", "model": "llm-blender/PairRM"}
-    with pytest.raises(ValidationError, match="judge.type: pairrm gives pairwise preferences; rrhf needs"):
+    with pytest.raises(ValidationError, match="judge.type: pairrm gives pairwise preferences; RRHF needs"):
         PofeConfig(method="rrhf", generate={}, judge=judge)
     with pytest.raises(ValidationError, match="candidates.keep: best_worst applies to method sppo only"):
         PofeConfig(method="rrhf", candidates={"keep": "best_worst"})

@@ -173,23 +173,23 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
     from pofe.preprocess.pipeline import run_pipeline
 
     pofe = pofe_config(cfg)
-    generate, judge, pipeline = pofe.generate, pofe.judge, pofe.candidates
+    generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates
     policy = generate.model or cfg.base_model
-    if pipeline.out_dir is None:
+    if candidates.out_dir is None:
         key = json.dumps(
             [entry.path, entry.split, policy, pofe.method, generate.model_dump(),
-             judge.model_dump(), pipeline.model_dump()],
+             judge.model_dump(), candidates.model_dump()],
             sort_keys=True, default=str,
         )
         digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-        prepared = Path(cfg.dataset_prepared_path or "last_run_prepared")
-        pipeline = pipeline.model_copy(update={"out_dir": str(prepared / f"pofe-candidates-{digest}")})
+        out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
+        candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
         prompts.to_list(), policy_path=policy, method=pofe.method, generate=generate,
-        judge=judge, candidates=pipeline, prompt_column=prompt_column, stop_after=stop_after,
+        judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
     )
     if result is None:
-        LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {pipeline.out_dir}")
+        LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {candidates.out_dir}")
         return None
     s = result.summary
     LOG.info(
