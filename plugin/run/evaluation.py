@@ -103,7 +103,7 @@ class ModelAnswers:
         return [s for row in self.samples for s in row]
 
 
-def sample(model, tokenizer, prompts: list, ecfg: EvalConfig) -> list[list[Sample]]:
+def draw_samples(model, tokenizer, prompts: list, ecfg: EvalConfig) -> list[list[Sample]]:
     """`num_samples` responses per prompt, rendered with the chat template as the pipeline
     renders them; the same seeds for every model."""
     from pofe.preprocess.render import render_prompt
@@ -142,11 +142,11 @@ def answer(name: str, path: str, tokenizer, prompts: list, references: list[Toke
     """Load one model: its held-out samples with their log-probs, its reference perplexity,
     and (when `train_prompts` is given) its samples on those training prompts."""
     model = load_policy(path)
-    samples = sample(model, tokenizer, prompts, ecfg)
+    samples = draw_samples(model, tokenizer, prompts, ecfg)
     flat = [s for row in samples for s in row]
     logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
     answers = ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, references, ecfg.batch_size))
-    on_train = sample(model, tokenizer, train_prompts, ecfg) if train_prompts is not None else None
+    on_train = draw_samples(model, tokenizer, train_prompts, ecfg) if train_prompts is not None else None
     return answers, on_train
 
 
