@@ -61,7 +61,7 @@ class AnchorLogps:
         path = self._cache_path()
         if path.exists():
             LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
-            return torch.load(path)
+            return torch.load(path, weights_only=True)
         table = self.compute(model)
         if self.trainer.accelerator.is_main_process:
             path.parent.mkdir(parents=True, exist_ok=True)

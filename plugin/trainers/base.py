@@ -10,6 +10,7 @@ from axolotl.core.trainers.base import AxolotlTrainer
 
 from ..args import PofeConfig, pofe_config
 from ..layout import TOKENIZED_COLUMNS
+from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
@@ -26,6 +27,9 @@ class KResponseTrainer(AxolotlTrainer):
         # Our losses are means over prompts, so the Trainer must divide by the
         # accumulation steps itself rather than pass token counts to the loss.
         self.model_accepts_loss_kwargs = False
+        # SPPO's anchor pass and evaluation run without gradients; on some CPUs that would
+        # move 4-bit layers to a kernel that trains wrong (pofe.quantization)
+        keep_4bit_trainable(self.model)
 
     @property
     def pofe(self) -> PofeConfig:
