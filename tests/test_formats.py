@@ -133,3 +133,74 @@ def test_conversational_responses_take_the_final_assistant_turn():
     assert [m["content"] for m in row["responses"]] == ["good", "bad"]
     with pytest.raises(PofeDataError, match="field 'rejected': a response message must have role 'assistant', not 'user'"):
         normalize_row({"prompt": "p", "chosen": conv("a"), "rejected": conv("b")[:1]}, 0, fmt)
+
+
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]
+
+BAD_CONTENT = [
+    (good_rrhf(prompt=[{"role": "user", "content": None}]),
+     "field 'prompt[0].content': expected text, got None. Give every message its text"),
+    (good_rrhf(prompt=[CHAT[0], {"role": "user", "content": " "}]),
+     "field 'prompt[1].content': the message is empty"),
+    (good_rrhf(prompt=CHAT + [{"role": "assistant", "content": "4"}]),
+     "field 'prompt[2]': the prompt ends with an assistant turn. End the prompt with"),
+    (good_rrhf(responses=["4", {"role": "assistant", "content": None}, "3"]),
+     "field 'responses[1]': expected text or an assistant message, got NoneType"),
+    (good_rrhf(responses=["4", {"role": "assistant", "content": ""}, "3"]),
+     "field 'responses[1]': the response is empty"),
+]
+
+
+@pytest.mark.parametrize("raw,message", BAD_CONTENT)
+def test_none_or_empty_content_and_trailing_assistant_turn(raw, message):
+    """`content: None` used to become the text "None"; a prompt ending in the assistant's
+    turn rendered two assistant turns in a row."""
+    with pytest.raises(PofeDataError) as err:
+        normalize_row(raw, 4, RRHF)
+    assert str(err.value).startswith("dataset data/c.jsonl, row 4 (0-based), ")
+    assert message in str(err.value)
+
+
+def test_duplicate_responses_with_conflicting_labels():
+    with pytest.raises(PofeDataError) as err:
+        normalize_row(good_rrhf(responses=["4", "5", "4"], rewards=[1.0, 0.2, 0.0]), 1, RRHF)
+    assert ("row 1 (0-based), field 'responses[2]': the same text as responses[0] but "
+            "rewards 0.0 vs 1.0. Remove the duplicate") in str(err.value)
+    with pytest.raises(PofeDataError, match=r"field 'responses\[1\]': the same text as "
+                       r"responses\[0\] but win rates 0.3 vs 0.7"):
+        normalize_row({"prompt": "p", "responses": ["a", "a"], "win_rates": [0.7, 0.3]}, 0, SPPO)
+    pairs = RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={})
+    with pytest.raises(PofeDataError, match="field 'rejected': the same text as chosen"):
+        normalize_row({"prompt": "p", "chosen": "a", "rejected": "a"}, 0, pairs)
+    # duplicates that agree are not a contradiction
+    row = normalize_row(good_rrhf(responses=["4", "5", "4"], rewards=[1.0, 0.2, 1.0]), 0, RRHF)
+    assert row["rewards"] == [1.0, 0.2, 1.0]
+
+
+def test_labels_checked_in_float32():
+    """1e39 is finite in float64 but inf in float32; 1e8 + 1 and 1e8 are one float32."""
+    with pytest.raises(PofeDataError, match=r"field 'rewards\[1\]': 1e\+39 overflows float32"):
+        normalize_row(good_rrhf(rewards=[1.0, 1e39, 0.3]), 0, RRHF)
+    with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[0\]': -1e\+39 overflows"):
+        normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
+                       "anchor_logps": [-1e39, -2.0]}, 0, SPPO)
+    with pytest.raises(PofeDataError) as err:
+        normalize_row(good_rrhf(rewards=[1e8 + 1, 1e8, 0.0]), 0, RRHF)
+    assert ("field 'responses[1]': reward 100000000.0 differs from responses[0]'s "
+            "100000001.0 but both are 100000000.0 in float32") in str(err.value)
+    # float64 rounding noise is not a ranking: 0.1 + 0.2 and 0.3 tie, as meant
+    assert normalize_row(good_rrhf(rewards=[0.1 + 0.2, 0.3, 0.0]), 0, RRHF)["rewards"][1] == 0.3
+
+
+def test_rows_with_all_equal_rewards_are_counted_and_warned(caplog):
+    """Equal rewards form no RRHF pair: the row only fine-tunes on responses[0]."""
+    from pofe.data.loader import LOG, _warn_equal_rewards
+
+    # axolotl's logging config does not propagate its loggers to the root, where caplog listens
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        assert _warn_equal_rewards([[1.0, 1.0], [1.0, 0.0], [0.5, 0.5, 0.5]], "d.jsonl") == 2
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert "2 of 3 rows of d.jsonl have all-equal rewards" in caplog.text
+    assert _warn_equal_rewards([[1.0, 0.0]], "d.jsonl") == 0

@@ -7,7 +7,9 @@ Canonical row (what tokenisation sees):
      "anchor_logps": [float] * k | None}                      # rl: sppo
 
 Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
-wrong and what to do: nothing is dropped here.
+wrong and what to do: nothing is dropped here. Labels are checked as training will see
+them, in float32: a value that overflows it, or rewards that differ but round to the
+same float32, are errors; so are identical responses with different labels.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import numpy as np
 
 from ..methods import method_spec
 
@@ -90,8 +94,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         )
 
     prompt_col = fmt.column("field_prompt")
-    prompt = _prompt_messages(row.get(prompt_col), lambda what: fail(prompt_col, what,
-        "A prompt is a non-empty string or a list of {role, content} messages."))
+    prompt = _prompt_messages(row.get(prompt_col), prompt_col, fail)
 
     if fmt.type in ("pofe.rrhf", "pofe.sppo"):
         resp_col = fmt.column("field_responses")
@@ -107,6 +110,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         if len(responses) < 2:
             raise fail(resp_col, f"k = {len(responses)} response(s)",
                        "Ranking needs k >= 2 responses per prompt.")
+        names = [f"{resp_col}[{j}]" for j in range(len(responses))]
     else:
         chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
         responses = [
@@ -114,6 +118,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
                 "Both responses of a pair must be non-empty."))
             for col in (chosen_col, rejected_col)
         ]
+        names = [chosen_col, rejected_col]
 
     k = len(responses)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses}
@@ -126,6 +131,8 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
             # rank 1 is the best response; a reward only needs to order them
             ranks = _numbers(row, fmt.column("field_ranks"), k, fail)
             rewards = [-r for r in ranks]
+        _check_duplicates(responses, rewards, names, "rewards", fail)
+        _check_float32_ties(rewards, names, fail)
         out["rewards"] = rewards
         return out
 
@@ -144,6 +151,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         if not 0.0 <= w <= 1.0:
             raise fail(f"{fmt.column('field_win_rates')}[{j}]", f"win rate {w} is outside [0, 1]",
                        "Win rates are probabilities; recompute them.")
+    _check_duplicates(responses, win_rates, names, "win rates", fail)
     anchor_col = fmt.column("field_anchor_logps")
     out["win_rates"] = win_rates
     out["anchor_logps"] = (
@@ -152,19 +160,32 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     return out
 
 
-def _prompt_messages(value: Any, fail) -> list[dict[str, str]]:
+def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
+    fix = "A prompt is a non-empty string or a list of {role, content} messages."
     if isinstance(value, str):
         if not value.strip():
-            raise fail("the prompt is empty")
+            raise fail(col, "the prompt is empty", fix)
         return [{"role": "user", "content": value}]
     if isinstance(value, (list, tuple)) and value:
         messages = []
-        for m in value:
+        for i, m in enumerate(value):
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise fail(f"message {m!r} is not a {{role, content}} mapping")
-            messages.append({"role": str(m["role"]), "content": str(m["content"])})
+                raise fail(col, f"message {m!r} is not a {{role, content}} mapping", fix)
+            content = m["content"]
+            if not isinstance(content, str):
+                raise fail(f"{col}[{i}].content", f"expected text, got {content!r:.80}",
+                           "Give every message its text, or remove the message.")
+            if not content.strip():
+                raise fail(f"{col}[{i}].content", "the message is empty",
+                           "Give every message its text, or remove the message.")
+            messages.append({"role": str(m["role"]), "content": content})
+        if messages[-1]["role"] == "assistant":
+            # the responses are rendered as the next assistant turn: two in a row
+            raise fail(f"{col}[{len(messages) - 1}]", "the prompt ends with an assistant turn",
+                       "End the prompt with the turn the responses answer; an assistant "
+                       "reply belongs in the responses.")
         return messages
-    raise fail(f"expected text or chat messages, got {value!r:.80}")
+    raise fail(col, f"expected text or chat messages, got {value!r:.80}", fix)
 
 
 def _response_message(value: Any, fail) -> dict[str, str]:
@@ -184,11 +205,18 @@ def _response_message(value: Any, fail) -> dict[str, str]:
 
 
 def _number(row: Mapping[str, Any], col: str, fail) -> float:
-    value = row.get(col)
+    return _checked_number(row.get(col), col, fail)
+
+
+def _checked_number(value: Any, field: str, fail) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail(col, f"expected a number, got {value!r}", "Fix or remove this row.")
+        raise fail(field, f"expected a number, got {value!r}", "Fix or remove this row.")
     if not math.isfinite(value):
-        raise fail(col, f"{value} is not finite", "Fix or remove this row.")
+        raise fail(field, f"{value} is not finite", "Fix or remove this row.")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.float32(value)):
+            raise fail(field, f"{value} overflows float32 (training's precision) to inf",
+                       "Rescale the values of this dataset to within about 1e38.")
     return float(value)
 
 
@@ -200,11 +228,31 @@ def _numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
     if len(values) != k:
         raise fail(col, f"{len(values)} values for {k} responses",
                    "Give exactly one value per response, in the same order.")
-    out = []
-    for j, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise fail(f"{col}[{j}]", f"expected a number, got {v!r}", "Fix or remove this row.")
-        if not math.isfinite(v):
-            raise fail(f"{col}[{j}]", f"{v} is not finite", "Fix or remove this row.")
-        out.append(float(v))
-    return out
+    return [_checked_number(v, f"{col}[{j}]", fail) for j, v in enumerate(values)]
+
+
+def _check_duplicates(responses: list[dict], labels: list[float], names: list[str],
+                      label: str, fail) -> None:
+    """The same text cannot be both better and worse than itself."""
+    first: dict[str, int] = {}
+    for j, message in enumerate(responses):
+        i = first.setdefault(message["content"], j)
+        if labels[i] != labels[j]:
+            raise fail(names[j], f"the same text as {names[i]} but {label} "
+                       f"{labels[j]} vs {labels[i]}",
+                       "Remove the duplicate, or give both the same value.")
+
+
+def _check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
+    """Rewards that differ but round to one float32 would silently tie in training.
+    Differences at float64's own rounding level (0.1 + 0.2 vs 0.3) are arithmetic noise,
+    not a ranking, and pass."""
+    as32 = np.asarray(rewards, dtype=np.float32)
+    for j in range(len(rewards)):
+        for i in range(j):
+            a, b = rewards[i], rewards[j]
+            if as32[i] == as32[j] and abs(a - b) > 1e-12 * max(abs(a), abs(b)):
+                raise fail(names[j], f"reward {b!r} differs from {names[i]}'s {a!r} but both "
+                           f"are {float(as32[j])!r} in float32 (training's precision), so they tie",
+                           "Shift or rescale this row's rewards (e.g. subtract the row's "
+                           "mean) so their differences survive float32.")

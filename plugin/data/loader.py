@@ -129,7 +129,10 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
             desc=f"POFE: tokenising {entry.path}",
         )
         _log_length_policy(part, entry.path, pofe.truncation, cfg.sequence_len)
-        parts.append(part.filter(lambda keep: keep, input_columns="keep"))
+        part = part.filter(lambda keep: keep, input_columns="keep")
+        if "rewards" in part.column_names:
+            _warn_equal_rewards(part["rewards"], entry.path)
+        parts.append(part)
     dataset = merge_datasets(parts, cfg)
     dataset = dataset.remove_columns(["keep", "truncated"])
     if len(dataset) == 0:
@@ -215,6 +218,18 @@ def _log_length_policy(part: Dataset, path: str, truncation: str, sequence_len: 
             f"POFE: {verb} {over} of {len(part)} rows of {path} longer than "
             f"sequence_len={sequence_len} (pofe.truncation: {truncation})"
         )
+
+
+def _warn_equal_rewards(rewards: list[list[float]], path: str) -> int:
+    """Count (and warn about) rows whose rewards are all equal: RRHF has no pair to rank
+    there and only fine-tunes on the first response."""
+    flat = sum(min(r) == max(r) for r in rewards)
+    if flat:
+        LOG.warning(
+            f"POFE: {flat} of {len(rewards)} rows of {path} have all-equal rewards; RRHF "
+            "learns no ranking from them, only SFT on their first response"
+        )
+    return flat
 
 
 def _total_num_steps(cfg: DictDefault, num_rows: int) -> int:
