@@ -204,3 +204,40 @@ def test_rows_with_all_equal_rewards_are_counted_and_warned(caplog):
         LOG.logger.removeHandler(caplog.handler)
     assert "2 of 3 rows of d.jsonl have all-equal rewards" in caplog.text
     assert _warn_equal_rewards([[1.0, 0.0]], "d.jsonl") == 0
+
+
+def test_jsonl_mixing_strings_and_messages_reads_back_as_written(tmp_path):
+    """`datasets` reads such a column as JSON and keeps strings that parse as JSON
+    unencoded: "32" came back as the int 32 and the valid row was rejected."""
+    from axolotl.utils.dict import DictDefault
+    from pofe.data.sources import load_entry
+
+    rows = [
+        {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1.0, 0.0]},
+        {"prompt": [{"role": "user", "content": "8*4="}],
+         "responses": ["32", {"role": "assistant", "content": "null"}], "rewards": [1.0, 0.0]},
+    ]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    raw = load_entry(DictDefault(path=str(data), type="pofe.rrhf"), False)
+    assert list(raw) == rows
+    assert normalize_row(list(raw)[1], 1, RRHF)["responses"] == [
+        {"role": "assistant", "content": "32"}, {"role": "assistant", "content": "null"}]
+    assert list(load_entry(DictDefault(path=str(data), split="train[1:]"), False)) == rows[1:]
+
+
+def test_malformed_jsonl_names_the_file_and_line(tmp_path):
+    from pofe.data.sources import read_json_rows
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps(good_rrhf()) + '\n{"prompt": "b", "responses": ["x",\n')
+    with pytest.raises(PofeDataError, match=f"dataset {data}, line 2: not valid JSON"):
+        read_json_rows(data)
+    data.write_text(json.dumps(good_rrhf()) + '\n["not", "an object"]\n')
+    with pytest.raises(PofeDataError, match=f"dataset {data}, line 2: expected a JSON object, got list"):
+        read_json_rows(data)
+    data.write_text("")
+    with pytest.raises(PofeDataError, match="the file has no rows"):
+        read_json_rows(data)
+    data.write_text(json.dumps([good_rrhf(), good_rrhf()], indent=1))  # one JSON list
+    assert len(read_json_rows(data)) == 2

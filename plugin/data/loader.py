@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, load_dataset
+from datasets import Dataset
 
 from axolotl.common.datasets import TrainDatasetMeta
 from axolotl.loaders import load_tokenizer
@@ -22,7 +22,6 @@ from axolotl.utils.data.lock import FileLockLoader
 from axolotl.utils.data.shared import (
     create_train_validation_split,
     generate_dataset_hash_from_config,
-    load_dataset_with_config,
     load_preprocessed_dataset,
     merge_datasets,
     save_preprocessed_dataset,
@@ -33,6 +32,7 @@ from axolotl.utils.logging import get_logger
 from ..args import pofe_config
 from ..methods import method_spec
 from .formats import RowFormat, check_columns, normalize_row
+from .sources import load_entry, read_json_rows
 from .tokenize import tokenize_row
 
 LOG = get_logger(__name__)
@@ -111,7 +111,7 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
     for i, entry in enumerate(cfg.datasets):
         fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields) else {}
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
-        raw = load_dataset_with_config(entry, cfg.hf_use_auth_token)
+        raw = load_entry(entry, cfg.hf_use_auth_token)
         if entry.type == "pofe.prompts":
             raw, fmt = _candidates_from_prompts(cfg, entry, raw, fmt)
         check_columns(fmt, raw.column_names)
@@ -164,7 +164,7 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
 def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: RowFormat):
     """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
     result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"))
-    rows = load_dataset("json", data_files=str(result.data_path), split="train")
+    rows = read_json_rows(result.data_path)
     # the pipeline writes each method's own row format: pofe.rrhf or pofe.sppo rows
     return rows, RowFormat(
         dataset=str(result.data_path), type=f"pofe.{fmt.method}", method=fmt.method, fields={}
@@ -188,7 +188,8 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
         out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
-        prompts.to_list(), policy_path=policy, method=pofe.method, generate=generate,
+        # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
+        list(prompts), policy_path=policy, method=pofe.method, generate=generate,
         judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
     )
     if result is None:

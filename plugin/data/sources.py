@@ -1,0 +1,92 @@
+"""Where a dataset entry's rows come from.
+
+Local JSON / JSON Lines files are read here rather than by `datasets`: its JSON builder
+stores a column that mixes strings and messages as JSON text but leaves every string
+that already parses as JSON unencoded, so the response "32" reads back as the int 32
+(and "null" as None). Here such a column is JSON-encoded in full, which reads back
+exactly, and a malformed line is an error naming the file and the line, not a pyarrow
+traceback. Everything else (hub, remote, parquet, saved datasets) goes through axolotl's
+`load_dataset_with_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from datasets import Dataset, Json, ReadInstruction
+
+from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
+
+from .formats import PofeDataError
+
+
+def load_entry(entry, use_auth_token) -> Dataset:
+    """The raw rows of one `datasets:` entry."""
+    if Path(entry.path).is_file() and get_dataset_type(entry) == "json":
+        return read_json_rows(entry.path, entry.split)
+    return load_dataset_with_config(entry, use_auth_token)
+
+
+def read_json_rows(path: str | Path, split: str | None = None) -> Dataset:
+    """A JSON Lines file (or one JSON list of objects) as a Dataset, values as written.
+
+    `split` takes `datasets`' slice syntax over the file's one split, "train" ("train[:100]").
+    """
+    rows = _parse_objects(Path(path))
+    if not rows:
+        raise PofeDataError(f"dataset {path}: the file has no rows")
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    data, mixed = {}, []
+    for column in columns:
+        values = [row.get(column) for row in rows]
+        try:
+            pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            # one Arrow type cannot hold them (strings beside messages): keep JSON text
+            values = [json.dumps(v) for v in values]
+            mixed.append(column)
+        data[column] = values
+    dataset = Dataset.from_dict(data)
+    for column in mixed:
+        dataset = dataset.cast_column(column, Json())
+    if split and split != "train":
+        parts = ReadInstruction.from_spec(split).to_absolute({"train": len(dataset)})
+        indices = [i for part in parts for i in range(part.from_, part.to)]
+        dataset = dataset.select(indices)
+    return dataset
+
+
+def _parse_objects(path: Path) -> list[dict[str, Any]]:
+    def fail(line: int, what: str) -> PofeDataError:
+        return PofeDataError(
+            f"dataset {path}, line {line}: {what}. Each line must be one JSON object "
+            "(JSON Lines), or the whole file one JSON list of objects."
+        )
+
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise fail(e.lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise PofeDataError(f"dataset {path}, row {i} (0-based): expected a JSON "
+                                    f"object, got {type(row).__name__}")
+        return rows
+    rows = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise fail(n, f"not valid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise fail(n, f"expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
