@@ -32,7 +32,7 @@ from axolotl.utils.logging import get_logger
 from ..args import pofe_config
 from ..methods import method_spec
 from .formats import RowFormat, check_columns, normalize_row
-from .sources import load_entry, read_json_rows
+from .sources import load_entry, local_files_digest, read_json_rows
 from .tokenize import tokenize_row
 
 LOG = get_logger(__name__)
@@ -85,6 +85,8 @@ def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
         "generate": blocks.get("generate"),
         "judge": blocks.get("judge"),
         "candidates": blocks["candidates"],
+        # axolotl's hash names the files; this is what they hold (edited in place)
+        "data": local_files_digest(cfg.datasets),
     }
     payload = base + json.dumps(extra, sort_keys=True, default=str)
     return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()

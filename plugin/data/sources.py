@@ -1,4 +1,4 @@
-"""Where a dataset entry's rows come from.
+"""Where a dataset entry's rows come from, and a digest of their content.
 
 Local JSON / JSON Lines files are read here rather than by `datasets`: its JSON builder
 stores a column that mixes strings and messages as JSON text but leaves every string
@@ -11,6 +11,7 @@ traceback. Everything else (hub, remote, parquet, saved datasets) goes through a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,27 @@ def _parse_objects(path: Path) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
+
+def local_files_digest(entries) -> list[str | None]:
+    """sha256 of each entry's local data (its file, or every file under its folder, with
+    their relative names); None for a hub or remote dataset, whose revision names it.
+
+    Keys the prepared dataset on what the files hold, so a file edited in place is
+    prepared again instead of read back from a stale cache.
+    """
+    digests = []
+    for entry in entries:
+        path = Path(entry.path)
+        if not path.exists():
+            digests.append(None)
+            continue
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+            with file.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            digest.update(b"\0")
+        digests.append(digest.hexdigest())
+    return digests
