@@ -4,7 +4,8 @@ pi_t is the policy as it stands before training, so one no-grad pass of the poli
 itself, before its first update, gives every anchor log-prob; no second model sits in
 memory. With a fresh LoRA/QLoRA adapter (B = 0) the adapted policy equals its base;
 with a loaded adapter (`lora_model_dir`, the previous SPPO iterate) it is that iterate,
-which is the anchor SPPO asks for. The table is cached beside the prepared data.
+which is the anchor SPPO asks for. The table is cached beside the prepared data, keyed
+on the model's weight files as well as the config (`weights_identity`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError
 
 from axolotl.utils.logging import get_logger
 
@@ -25,6 +28,8 @@ MODEL_IDENTITY_KEYS = (
     "base_model", "base_model_config", "lora_model_dir", "adapter", "load_in_4bit",
     "load_in_8bit", "bf16", "fp16", "torch_dtype", "chat_template", "sequence_len",
 )
+# Bytes hashed from each weight file: its start (the safetensors header), middle and end.
+SAMPLE_BYTES = 1 << 20
 
 
 class AnchorLogps:
@@ -52,6 +57,10 @@ class AnchorLogps:
         cfg = self.trainer.axolotl_cfg
         identity = {key: str(cfg.get(key)) for key in MODEL_IDENTITY_KEYS}
         identity["data"] = [d._fingerprint for d in self._datasets()]
+        identity["weights"] = [
+            weights_identity(cfg.base_model, cfg.revision_of_model),
+            weights_identity(cfg.lora_model_dir),
+        ]
         digest = hashlib.md5(
             json.dumps(identity, sort_keys=True).encode(), usedforsecurity=False
         ).hexdigest()
@@ -95,3 +104,33 @@ class AnchorLogps:
             model.train(was_training)
         LOG.info(f"POFE: computed SPPO anchor log-probs for {num_rows} rows")
         return table
+
+
+def weights_identity(source: str | None, revision: str | None = None) -> list | None:
+    """What a model folder holds: each file's name, size, mtime and a hash of sampled bytes.
+
+    Chosen over a checksum of the live model because a resumed run's model is already
+    trained, while its anchor must stay the one computed at step 0; and over a full hash
+    because a 70B checkpoint's files would take minutes to read. New weights written to
+    the same path change size, mtime or the sampled bytes; a hub id resolves to its
+    cached snapshot, whose folder names the commit. None when nothing local is found
+    (the config strings are then the only key).
+    """
+    if not source:
+        return None
+    folder = Path(source)
+    if not folder.is_dir():
+        try:
+            folder = Path(snapshot_download(source, revision=revision, local_files_only=True))
+        except (FileNotFoundError, HFValidationError):
+            return None
+    files = []
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat = file.stat()
+        digest = hashlib.sha256()
+        with file.open("rb") as f:
+            for offset in (0, stat.st_size // 2, max(stat.st_size - SAMPLE_BYTES, 0)):
+                f.seek(offset)
+                digest.update(f.read(SAMPLE_BYTES))
+        files.append([file.name, stat.st_size, stat.st_mtime_ns, digest.hexdigest()])
+    return [str(folder), files]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import yaml
@@ -49,3 +50,40 @@ def test_local_files_digest_covers_folders_and_skips_hub_names(tmp_path):
     (folder / "part" / "a.arrow").unlink()
     (folder / "part" / "b.arrow").write_bytes(b"rows")  # the first bytes, under a new name
     assert local_files_digest(entries)[0] != first
+
+
+def _anchor_for(tmp_path, base_model, calls):
+    """An AnchorLogps on a stand-in trainer whose anchor pass records that it ran."""
+    import torch
+
+    from pofe.anchor import AnchorLogps
+
+    trainer = SimpleNamespace(
+        axolotl_cfg=DictDefault(base_model=str(base_model), dataset_prepared_path=str(tmp_path / "prep")),
+        train_dataset=SimpleNamespace(_fingerprint="rows-v1"),
+        eval_dataset=None,
+        accelerator=SimpleNamespace(is_main_process=True),
+    )
+    anchor = AnchorLogps(trainer)
+    anchor.compute = lambda model: calls.append(model) or torch.full((2, 2), float(len(calls)))
+    return anchor
+
+
+def test_anchor_table_follows_the_weights_at_the_same_path(tmp_path):
+    """New weights at the same base_model path used to reuse the old anchor table."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\x00" * 3_000_000)
+    calls = []
+    first = _anchor_for(tmp_path, model, calls)._load_or_compute("policy")
+    again = _anchor_for(tmp_path, model, calls)._load_or_compute("policy")
+    assert len(calls) == 1 and again.equal(first)  # the same weights: the cached table
+
+    # new weights, same size, written back with the old mtime: only the bytes differ
+    stat = weights.stat()
+    weights.write_bytes(b"\x00" * 1_500_000 + b"\x01" + b"\x00" * 1_499_999)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    fresh = _anchor_for(tmp_path, model, calls)._load_or_compute("policy")
+    assert len(calls) == 2 and not fresh.equal(first)
