@@ -19,7 +19,7 @@ import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
 
-from axolotl.utils.logging import get_logger
+from .logs import get_logger
 
 LOG = get_logger(__name__)
 

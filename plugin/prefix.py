@@ -26,9 +26,8 @@ from typing import Any
 
 import torch
 
-from axolotl.utils.logging import get_logger
-
 from .args import pofe_config
+from .logs import get_logger
 from .modeling import attention_backend, model_config
 
 LOG = get_logger(__name__)

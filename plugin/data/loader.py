@@ -27,9 +27,9 @@ from axolotl.utils.data.shared import (
     save_preprocessed_dataset,
 )
 from axolotl.utils.dict import DictDefault
-from axolotl.utils.logging import get_logger
 
 from ..args import pofe_config
+from ..logs import get_logger
 from ..methods import method_spec
 from .formats import RowFormat, check_columns, normalize_row
 from .sources import load_entry, local_files_digest, read_json_rows
@@ -181,9 +181,10 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
     generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates
     policy = generate.model or cfg.base_model
     if candidates.out_dir is None:
+        # keyed on what the generate shards depend on: a changed judge reuses them (the
+        # pipeline keeps each judge's shards apart inside)
         key = json.dumps(
-            [entry.path, entry.split, policy, pofe.method, generate.model_dump(),
-             judge.model_dump(), candidates.model_dump()],
+            [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size],
             sort_keys=True, default=str,
         )
         digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()

@@ -1,0 +1,24 @@
+"""POFE's loggers, named as an axolotl integration's: `axolotl.integrations.pofe.*`.
+
+axolotl's CLI (`axolotl.logging_config`) shows INFO only from `axolotl.*` loggers and
+drops every other logger's INFO where it is emitted. Under axolotl's namespace POFE's own
+INFO lines (the candidate summary, the anchor cache) show beside axolotl's, through its
+handlers and at its level (`AXOLOTL_LOG_LEVEL`), with no logging set up here. Without
+axolotl's CLI the names are ordinary loggers that propagate to the root.
+"""
+
+from __future__ import annotations
+
+
+def logger_name(module: str) -> str:
+    """The logger name for a POFE module; `pofe.preprocess`, which runs without axolotl
+    in a vLLM-only venv, takes `logging.getLogger(logger_name(__name__))`."""
+    return f"axolotl.integrations.{module}"
+
+
+def get_logger(module: str):
+    """axolotl's main-process logger for a training-side module: `get_logger(__name__)`."""
+    # imported here so that this module stays importable without axolotl
+    from axolotl.utils.logging import get_logger as axolotl_logger
+
+    return axolotl_logger(logger_name(module))
