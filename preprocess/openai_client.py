@@ -1,33 +1,92 @@
 """A small, bounded, retrying client for OpenAI-compatible HTTP servers (vLLM, TGI, ...).
 
-Every request loop is bounded in count (`max_retries + 1` tries) and in time (`timeout`
-per try, back-off capped), so a dead server ends the run with an error that names the URL
-and the cause instead of hanging it. API keys come from the environment and are only ever
-placed in the Authorization header (never logged, never in an error message).
+Every request is bounded in count (`max_retries + 1` tries) and in time: `timeout` bounds
+each try as a whole, from connecting to the last byte of the body (httpx's own timeouts
+bound each network operation, so a server trickling a byte at a time could hold a try for
+ever), and the waits between tries are capped. A request that fails for good raises an
+error naming the URL, the cause and what the cause usually means. API keys come from the
+environment and are only ever placed in the Authorization header (never logged, never in
+an error message).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import ClassVar
 
 import httpx
 
+from .config import GenerateConfig, JudgeConfig, read_api_key
 from .counts import Counts
+
+# The longest wait a server's `Retry-After` gets: a longer one is cut to this, so a
+# misconfigured server cannot park the run for hours.
+MAX_RETRY_AFTER = 60.0
+
+NETWORK_HINT = (
+    "Check that the server is running and reachable at this URL (base_url), "
+    "or raise request_timeout / max_retries."
+)
+NOT_OPENAI_HINT = (
+    "Check that base_url is the root of an OpenAI-compatible API (usually ending in /v1)."
+)
 
 
 class EndpointError(RuntimeError):
-    """A request that failed for good (after retries, or at once for 4xx)."""
+    """A request that failed for good (after retries, or at once for most 4xx)."""
 
-    def __init__(self, url: str, cause: str, tries: int):
+    def __init__(self, url: str, cause: str, tries: int, hint: str = NETWORK_HINT):
         self.url, self.cause, self.tries = url, cause, tries
-        super().__init__(
-            f"POST {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. "
-            "Check that the server is running and reachable at this URL (generate/judge base_url), "
-            "or raise request_timeout / max_retries."
+        super().__init__(f"POST {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. {hint}")
+
+
+def status_hint(status: int, *, key_env: str | None, model: object) -> str:
+    """What an HTTP error status means for a POFE request, and what to do about it."""
+    if status in (401, 403):
+        source = (
+            f"it was read from the environment variable {key_env} (api_key_env): check its value"
+            if key_env
+            else "none was sent: put it in an environment variable and set api_key_env to that "
+            "variable's name"
         )
+        return f"The server refused the API key, which is missing or wrong ({source})."
+    if status == 404:
+        return (
+            f"Not found: check base_url (the API root, usually ending in /v1) and that the "
+            f"server serves the model {model!r} (its /v1/models lists them)."
+        )
+    if status == 429:
+        return "Rate limited: lower batch_size (requests in flight) or raise max_retries."
+    if status >= 500:
+        return "Server error: see the server's log."
+    return (
+        "The server rejected the request: check the model name and the settings sent "
+        "(e.g. max_new_tokens within the model's context length)."
+    )
+
+
+def retry_after_seconds(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a `Retry-After` header (RFC 9110: delay-seconds or an HTTP-date,
+    measured from `now`, never negative); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)  # HTTP-dates are in GMT
+    return max(0.0, (when - now).total_seconds())
 
 
 @dataclass
@@ -42,11 +101,14 @@ class ClientStats(Counts):
 
 
 class OpenAIClient:
-    """POST JSON to `{base_url}/{route}` with exponential back-off.
+    """POST JSON to `{base_url}/{route}`, retrying what may pass on a second try.
 
     Retried: connection refused/reset, timeouts, HTTP 429 and 5xx, bodies that are not JSON.
-    Not retried: other 4xx (a bad request stays bad). Back-off: backoff * 2**attempt seconds,
-    at most max_backoff.
+    Not retried: other 4xx (a bad request stays bad). The wait before retry n (1, 2, ...) is
+    the server's `Retry-After` when it sent one (at most `max_retry_after` seconds), else
+    `min(backoff * 2**(n-1), max_backoff)` times a uniform factor in [1/2, 1): the jitter
+    keeps requests that failed together (one per thread) from retrying together.
+    `sleep` and `rng` are injectable so tests can read the waits instead of timing them.
     """
 
     def __init__(
@@ -54,61 +116,97 @@ class OpenAIClient:
         base_url: str,
         *,
         api_key: str | None = None,
+        key_env: str | None = None,
         timeout: float = 120.0,
         max_retries: int = 4,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        max_retry_after: float = MAX_RETRY_AFTER,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        self.key_env = key_env  # the variable's name, for error messages
         self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
-        headers = {"Content-Type": "application/json"}
+        self.max_retry_after = max_retry_after
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.headers = {"Content-Type": "application/json"}
         if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        # built once: loading the CA bundle for every try would cost more than the request
+        self._ssl = httpx.create_ssl_context()
         self.stats = ClientStats()
+
+    @classmethod
+    def from_config(cls, cfg: GenerateConfig | JudgeConfig) -> OpenAIClient:
+        """The client for a `generate` or `judge` block (base_url, api_key_env, request_timeout, max_retries)."""
+        return cls(
+            cfg.base_url,
+            api_key=read_api_key(cfg.api_key_env),
+            key_env=cfg.api_key_env,
+            timeout=cfg.request_timeout,
+            max_retries=cfg.max_retries,
+        )
+
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry number `retry` (1-based)."""
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after)
+        return min(self.backoff * 2 ** (retry - 1), self.max_backoff) * (0.5 + 0.5 * self.rng.random())
+
+    async def _send(self, url: str, content: str) -> httpx.Response:
+        # asyncio.timeout is the deadline for the whole try (httpx has no total timeout);
+        # a client per try, because an async client's connections belong to one event loop.
+        async with asyncio.timeout(self.timeout):
+            async with httpx.AsyncClient(headers=self.headers, timeout=self.timeout, verify=self._ssl) as client:
+                return await client.post(url, content=content)
 
     def post(self, route: str, payload: dict) -> dict:
         url = f"{self.base_url}/{route.lstrip('/')}"
-        cause = "no attempt made"
+        content = json.dumps(payload)
+        cause, hint, retry_after = "no attempt made", NETWORK_HINT, None
         tries = 0
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.stats.add("retries")
-                time.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+                self.sleep(self.delay(attempt, retry_after))
             tries += 1
+            retry_after = None
             self.stats.add("requests")
             try:
-                r = self._client.post(url, content=json.dumps(payload))
+                r = asyncio.run(self._send(url, content))
             except httpx.ConnectError as e:
-                cause = f"connection refused: {e}"
+                cause, hint = f"connection refused: {e}", NETWORK_HINT
                 continue
-            except httpx.TimeoutException:
-                cause = f"timeout: no answer within {self.timeout}s"
+            except (httpx.TimeoutException, TimeoutError):
+                cause, hint = f"timeout: no answer within {self.timeout}s (request_timeout, for the whole try)", NETWORK_HINT
                 continue
             except httpx.TransportError as e:
-                cause = f"transport error: {type(e).__name__}: {e}"
-                continue
-            if r.status_code == 429 or r.status_code >= 500:
-                cause = f"HTTP {r.status_code}: {r.text[:200]}"
+                cause, hint = f"transport error: {type(e).__name__}: {e}", NETWORK_HINT
                 continue
             if r.status_code >= 400:
                 cause = f"HTTP {r.status_code}: {r.text[:300]}"
+                hint = status_hint(r.status_code, key_env=self.key_env, model=payload.get("model"))
+                if r.status_code == 429 or r.status_code >= 500:
+                    retry_after = retry_after_seconds(r.headers.get("Retry-After"), datetime.now(timezone.utc))
+                    continue
                 self.stats.add("failures", reason=cause)
-                raise EndpointError(url, cause, tries)
+                raise EndpointError(url, cause, tries, hint)
             try:
                 body = r.json()
             except ValueError:
-                cause = f"invalid JSON: {r.text[:120]!r}"
+                cause, hint = f"invalid JSON: {r.text[:120]!r}", NOT_OPENAI_HINT
                 continue
             if not isinstance(body, dict):
-                cause = f"invalid JSON: expected an object, got {type(body).__name__}"
+                cause, hint = f"invalid JSON: expected an object, got {type(body).__name__}", NOT_OPENAI_HINT
                 continue
             return body
         self.stats.add("failures", reason=cause)
-        raise EndpointError(url, cause, tries)
+        raise EndpointError(url, cause, tries, hint)
 
     def completions(self, payload: dict) -> list[dict]:
         """POST /completions; the choices sorted by their index. Raises EndpointError if absent."""
@@ -117,9 +215,9 @@ class OpenAIClient:
         if not isinstance(choices, list) or not all(isinstance(c, dict) and "text" in c for c in choices):
             self.stats.add("failures", reason="bad response: no choices[].text")
             raise EndpointError(
-                f"{self.base_url}/completions", f"bad response: no choices[].text in {str(body)[:200]!r}", 1
+                f"{self.base_url}/completions",
+                f"bad response: no choices[].text in {str(body)[:200]!r}",
+                1,
+                NOT_OPENAI_HINT,
             )
         return sorted(choices, key=lambda c: c.get("index", 0))
-
-    def close(self) -> None:
-        self._client.close()

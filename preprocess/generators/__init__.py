@@ -11,7 +11,7 @@ A new backend is one module here implementing `base.Generator`, and one branch b
 
 from __future__ import annotations
 
-from ..config import GenerateConfig, read_api_key
+from ..config import GenerateConfig
 from .base import Generator
 
 
@@ -26,13 +26,7 @@ def make_generator(cfg: GenerateConfig, policy_path: str) -> Generator:
         from ..openai_client import OpenAIClient
         from .openai import OpenAIGenerator
 
-        client = OpenAIClient(
-            cfg.base_url,
-            api_key=read_api_key(cfg.api_key_env),
-            timeout=cfg.request_timeout,
-            max_retries=cfg.max_retries,
-        )
-        return OpenAIGenerator(client, model, concurrency=cfg.batch_size)
+        return OpenAIGenerator(OpenAIClient.from_config(cfg), model, concurrency=cfg.batch_size)
     if cfg.backend == "vllm":
         from .vllm import VLLMGenerator
 

@@ -50,6 +50,7 @@ class OpenAIGenerator:
                     f"{self.client.base_url}/completions",
                     f"asked for n={n} completions, got {len(choices)}",
                     1,
+                    "The server must honour the completions API's `n` (vLLM does); check base_url.",
                 )
             return [c["text"] for c in choices]
 

@@ -11,7 +11,7 @@ chosen type.
 
 from __future__ import annotations
 
-from ..config import JudgeConfig, read_api_key
+from ..config import JudgeConfig
 from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score
 
 
@@ -33,11 +33,8 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         from .llm import LLMRubricJudge
         from .pairwise import PairwiseLLMJudge
 
-        client = OpenAIClient(
-            cfg.base_url, api_key=read_api_key(cfg.api_key_env), timeout=cfg.request_timeout, max_retries=cfg.max_retries
-        )
         cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
-        return cls(client, cfg)
+        return cls(OpenAIClient.from_config(cfg), cfg)
     if cfg.type == "pairrm":
         from ..pairrm import PairRMJudge
 

@@ -8,6 +8,7 @@ import math
 import socket
 import threading
 import time
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -18,27 +19,32 @@ from pofe.preprocess.generators.openai import OpenAIGenerator
 from pofe.preprocess.judges import Abstain
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.judges.pairwise import PairwiseLLMJudge
-from pofe.preprocess.openai_client import EndpointError, OpenAIClient
+from pofe.preprocess.openai_client import EndpointError, OpenAIClient, retry_after_seconds
 from pofe.preprocess.win_rates import win_rates
 
 
 class FakeServer:
-    """A scripted OpenAI-ish server. `behaviour(path, body, attempt) -> (status, text, delay_s)`."""
+    """A scripted OpenAI-ish server. `behaviour(path, body, attempt) -> (status, text, delay_s)`,
+    or `(status, text, delay_s, response_headers)`; `request_headers` records what came in."""
 
     def __init__(self, behaviour):
         self.behaviour = behaviour
         self.requests: list[tuple[str, dict]] = []
+        self.request_headers: list[dict[str, str]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, body))
-                status, text, delay = outer.behaviour(self.path, body, len(outer.requests))
+                outer.request_headers.append(dict(self.headers))
+                status, text, delay, *extra = outer.behaviour(self.path, body, len(outer.requests))
                 time.sleep(delay)
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
+                    for name, value in (extra[0] if extra else {}).items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(text.encode())
                 except (BrokenPipeError, ConnectionResetError):
@@ -50,7 +56,7 @@ class FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def __enter__(self):
         self.thread.start()
@@ -151,10 +157,143 @@ def test_api_key_sent_in_header_never_in_errors(monkeypatch):
     with FakeServer(lambda p, b, a: (500, "no", 0.0)) as srv:
         cfg = GenerateConfig(backend="openai", base_url=srv.url, api_key_env="POFE_TEST_KEY", max_retries=0)
         gen = make_generator(cfg, "policy")
-        assert gen.client._client.headers["Authorization"] == "Bearer secret-123"
         with pytest.raises(EndpointError) as e:
             gen.generate(["p"], 2, cfg.sampling())
+    assert srv.request_headers[0]["Authorization"] == "Bearer secret-123"  # as sent on the wire
     assert "secret-123" not in str(e.value) and "secret-123" not in json.dumps(cfg.public_dict())
+
+
+# ---- retry policy, deadline and error texts ------------------------------------------------
+
+
+class Waits:
+    """Records the client's waits instead of sleeping them (the tests read them, never time them)."""
+
+    def __init__(self):
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+class FixedRandom:
+    """An rng whose random() returns the given values in turn."""
+
+    def __init__(self, *values: float):
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def test_retry_after_seconds_and_http_date():
+    now = datetime(2015, 10, 21, 7, 27, 30, tzinfo=timezone.utc)
+    assert retry_after_seconds("3", now) == 3.0
+    assert retry_after_seconds(" 120 ", now) == 120.0
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now) == 30.0  # 07:28:00 - 07:27:30
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:00:00 GMT", now) == 0.0  # already past
+    assert retry_after_seconds("soon", now) is None
+    assert retry_after_seconds("-5", now) is None
+    assert retry_after_seconds(None, now) is None
+
+
+def test_429_waits_as_long_as_retry_after_says_within_the_cap():
+    """Retry-After 3 -> waits 3 s (not the 0.01 s back-off); Retry-After 600 -> the 60 s cap;
+    an HTTP-date in the past -> no wait."""
+    retry_after = {1: "3", 2: "600", 3: "Wed, 21 Oct 2015 07:28:00 GMT"}
+
+    def limited(path, body, attempt):
+        if attempt in retry_after:
+            return 429, "slow down", 0.0, {"Retry-After": retry_after[attempt]}
+        return completions_ok(path, body, attempt)
+
+    waits = Waits()
+    with FakeServer(limited) as srv:
+        c = _client(srv.url, max_retries=3, sleep=waits)
+        assert len(c.completions({"n": 1, "seed": 0})) == 1
+    assert waits.delays == [3.0, 60.0, 0.0]
+    assert c.stats.as_dict() == {"requests": 4, "retries": 3, "failures": 0, "causes": {}}
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    """backoff 0.01, cap 0.03: bases 0.01, 0.02, 0.03 (0.04 capped), 0.03 (0.08 capped);
+    jitter factor 0.5 + 0.5 * r for r = 0, 1, 0.5, 0.5 -> 0.5, 1, 0.75, 0.75;
+    waits 0.005, 0.02, 0.0225, 0.0225."""
+    waits = Waits()
+    with FakeServer(lambda p, b, a: (503, "busy", 0.0)) as srv:
+        c = _client(srv.url, max_retries=4, max_backoff=0.03, sleep=waits, rng=FixedRandom(0.0, 1.0, 0.5, 0.5))
+        with pytest.raises(EndpointError, match="failed after 5 tries: HTTP 503: busy. Server error"):
+            c.completions({})
+    assert waits.delays == pytest.approx([0.005, 0.02, 0.0225, 0.0225])
+
+
+class TrickleServer:
+    """Answers every request with a valid, space-padded JSON body, one byte every `gap_s`."""
+
+    def __init__(self, gap_s: float, size: int):
+        body = json.dumps({"choices": []}).encode().ljust(size)
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for i in range(len(body)):
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(gap_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up: the point of the test
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_request_timeout_bounds_the_whole_request_not_each_read():
+    """Each byte comes within 0.4 s, so no single read ever times out; the 30-byte body takes
+    12 s, far past request_timeout=1: the try must end as a timeout, not as a success."""
+    with TrickleServer(gap_s=0.4, size=30) as srv:
+        c = _client(srv.url, timeout=1.0, max_retries=0)
+        with pytest.raises(EndpointError, match=r"failed after 1 try: timeout: no answer within 1.0s"):
+            c.completions({"n": 1})
+    assert c.stats.as_dict() == {"requests": 1, "retries": 0, "failures": 1, "causes": {"timeout": 1}}
+
+
+@pytest.mark.parametrize(
+    "status, key_env, says",
+    [
+        (401, None, r"refused the API key, which is missing or wrong \(none was sent: .* set api_key_env"),
+        (403, "POFE_TEST_KEY", r"refused the API key, which is missing or wrong \(it was read from the environment variable POFE_TEST_KEY"),
+        (404, None, r"Not found: check base_url .* serves the model 'm'"),
+        (429, None, r"Rate limited: lower batch_size"),
+        (502, None, r"Server error: see the server's log"),
+        (422, None, r"The server rejected the request: check the model name"),
+    ],
+)
+def test_http_errors_say_what_the_status_means(status, key_env, says, monkeypatch):
+    monkeypatch.setenv("POFE_TEST_KEY", "secret-123")
+    with FakeServer(lambda p, b, a: (status, '{"error": "no"}', 0.0)) as srv:
+        c = _client(srv.url, key_env=key_env, api_key="secret-123" if key_env else None, max_retries=0)
+        with pytest.raises(EndpointError, match=says) as e:
+            c.completions({"model": "m"})
+    assert f"HTTP {status}" in str(e.value)
+    assert "server is running" not in str(e.value) and "secret-123" not in str(e.value)
 
 
 # ---- LLM judges against the fake server --------------------------------------------------
