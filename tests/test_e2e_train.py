@@ -141,7 +141,7 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     extra = {"full": {"learning_rate": 1e-3}, "lora": LORA, "qlora": QLORA}[mode]
     cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0},
                  num_epochs=2, **extra)
-    run_axolotl("train", str(cfg))
+    proc = run_axolotl("train", str(cfg))
 
     out = tmp_path / "out"
     steps = check_finite(log_history(out), SPPO_KEYS)
@@ -151,6 +151,8 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
         assert 0.0 < h["sppo/win_rate_spread"] <= 1.0
     # the anchor table was computed once and cached beside the prepared data
     assert len(list((tmp_path / "prepared").glob("pofe-anchor-*.pt"))) == 1
+    # POFE's INFO lines show under the axolotl CLI (its own filter drops non-axolotl INFO)
+    assert "POFE: computed SPPO anchor log-probs for 32 rows" in proc.stdout
 
     rows = read_rows(sppo_jsonl)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
