@@ -1,25 +1,30 @@
 """Remove exact and near-duplicate candidates.
 
 Beam search and low-temperature sampling often return the same answer several times, or
-answers differing only in case, spacing or punctuation. Such pairs carry no ranking signal
-for RRHF (near-ties) and waste judge calls, so they are dropped before judging.
+answers differing only in case or spacing. Such pairs carry no ranking signal for RRHF
+(near-ties) and waste judge calls, so they are dropped before judging.
+
+"Near" is deliberately narrow: only what cannot change an answer is normalised. Signs,
+operators, digits, units and inner punctuation stay ("19" / "-19", "x = 3" / "x = -3",
+"2+2=4" / "2*2=4", "$5" / "5%", "5!" / "5" are all different answers); a merged pair would
+drop the right answer or the wrong one by chance, while a missed near-duplicate only costs a
+judge call.
 """
 
 from __future__ import annotations
 
 import re
-import string
 import unicodedata
 
-_PUNCT = re.compile(f"[{re.escape(string.punctuation)}\u2018\u2019\u201c\u201d\u2013\u2014\u2026]")
 _SPACE = re.compile(r"\s+")
+_FULL_STOPS = re.compile(r"[.\u3002]+$")  # sentence-final full stops ("Four." = "four")
 
 
 def normalise(text: str) -> str:
-    """Canonical form for duplicate detection: NFKC, case-folded, no punctuation, single spaces."""
-    text = unicodedata.normalize("NFKC", text).casefold()
-    text = _PUNCT.sub(" ", text)
-    return _SPACE.sub(" ", text).strip()
+    """Canonical form for duplicate detection: NFKC, case-folded, runs of whitespace as one
+    space, no leading/trailing whitespace, no final full stop(s)."""
+    text = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    return _FULL_STOPS.sub("", text).rstrip()
 
 
 def dedupe(candidates: list[str]) -> tuple[list[int], int, int]:

@@ -62,17 +62,16 @@ def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in ROWS]  # as input: str or messages
     # Model candidates (n=5): 4, 4, Four., four, 5. Dataset responses come first.
     # Row 0: [4 (human), 4, 4*, Four., four~, 5]          exact 1 (*), near 1 (~)
-    # Row 1: [4!, four, 4~, 4*, Four.~, four*, 5]         exact 2, near 2 (a string seen as a
-    #        near-duplicate counts as exact the next time)
-    # Row 2: [4, 4*, Four., four~, 5]                      exact 1, near 1  -> totals 4 and 4
+    # Row 1: [4!, four, 4, 4*, Four.~, four*, 5]          exact 2, near 1 ("4!" is not "4":
+    #        a factorial, say; "Four." ~ "four": case and the final full stop)
+    # Row 2: [4, 4*, Four., four~, 5]                      exact 1, near 1  -> totals 4 and 3
     assert rows[0]["responses"] == ["4 (human)", "4", "Four.", "5"]
     assert rows[0]["rewards"] == [9.0, 1.0, 5.0, 1.0]
-    # Row 1: "4!" ~ "4" (near), "four" ~ "Four." (near)
-    assert rows[1]["responses"] == ["4!", "four", "5"]
+    assert rows[1]["responses"] == ["4!", "four", "4", "5"]
     s = json.loads(res.summary_path.read_text())
     assert s["rows"] == 3 and s["rows_in"] == 3
-    assert s["duplicates_removed"] == {"exact": 4, "near": 4}
-    assert s["candidates_by_source"] == {"human": 3, "policy": 7}
+    assert s["duplicates_removed"] == {"exact": 4, "near": 3}
+    assert s["candidates_by_source"] == {"human": 3, "policy": 8}
     assert s["mean_best_of_k_reward"] == pytest.approx((9 + 4 + 5) / 3)
     assert s["generate"]["backend"] == "transformers" and s["judge"]["type"] == "python"
 
