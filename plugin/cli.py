@@ -66,16 +66,18 @@ def candidates(config: str, stage: str):
 def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
-    Each stage is a separate process; a killed run started again resumes at the first
-    unfinished stage (state in <output_dir>/pofe-run.json).
+    Each stage is a separate process, ended with the run; a killed run started again
+    resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
+    training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
     """
     from .run.layout import RunStateMismatch
+    from .run.lock import RunLocked
     from .run.rounds import run_rounds
     from .run.stages import StageFailed
 
     try:
         run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
-    except (RunStateMismatch, StageFailed, ValueError) as e:
+    except (RunLocked, RunStateMismatch, StageFailed, ValueError) as e:
         raise click.ClickException(str(e)) from e
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,61 @@ def test_merge_adapter_gives_the_adapted_model(tiny_model, tmp_path):
         assert not torch.allclose(merged(ids).logits, plain(ids).logits, atol=1e-3)
     assert (tmp_path / "merged" / "tokenizer_config.json").exists()
     assert not (tmp_path / "merged.tmp").exists()
+
+
+def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, monkeypatch):
+    """Round 1's train stage was killed after saving checkpoints 2, 9 and 10 and while
+    saving 12 (no trainer_state.json yet). The restart's recipe resumes from 10: the
+    highest complete step (by number: "checkpoint-9" sorts after "checkpoint-10" as text)."""
+    import yaml
+
+    from pofe.run import rounds
+
+    layout = RunLayout(tmp_path / "run")
+    train = layout.train(1)
+    for step in (2, 9, 10, 12):
+        (train / f"checkpoint-{step}").mkdir(parents=True)
+        if step != 12:
+            (train / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    state.start("round-1/preprocess")
+    state.finish("round-1/preprocess")
+    state.start("round-1/train")  # killed here
+
+    ran = []
+
+    def fake_stage(cmd, log, echo, stream, keep_fds=()):
+        recipe = yaml.safe_load(Path(cmd[2]).read_text())
+        ran.append((cmd[1], recipe.get("resume_from_checkpoint"), keep_fds))
+        final = train / "checkpoint-20"  # the forced save at the end (save_strategy: no)
+        final.mkdir()
+        (final / "trainer_state.json").write_text(json.dumps({"global_step": 20}))
+
+    monkeypatch.setattr(rounds, "run_logged", fake_stage)
+    said = []
+    kwargs = dict(rounds=1, adapter=False, base_seed=7, launcher=None, echo=said.append, stream=False, keep_fds=(5,))
+    rounds.run_round(RAW, layout, state, 1, "/m/base", **kwargs)
+    resumed = str(train / "checkpoint-10")
+    assert ran == [("train", resumed, (5,))]
+    assert said == [f"round 1/1: train, resuming from {resumed}"]
+    record = state.data["stages"]["round-1/train"]
+    assert record["status"] == "done" and record["resumed_from"] == resumed
+    assert json.loads(layout.trainer_state(1).read_text()) == {"global_step": 20}
+    assert not list(train.glob("checkpoint-*"))  # the forced save's cleanup, after the stage
+
+    # started again: nothing runs, and round-1/recipe.yml still says what ran
+    rounds.run_round(RAW, layout, state, 1, "/m/base", **kwargs)
+    assert len(ran) == 1
+    assert yaml.safe_load(layout.recipe(1).read_text())["resume_from_checkpoint"] == resumed
+
+
+def test_training_without_checkpoints_starts_over(tmp_path):
+    from pofe.run.rounds import resume_point
+
+    layout = RunLayout(tmp_path)
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    state.start("round-1/train")
+    (layout.train(1) / "checkpoint-3").mkdir(parents=True)  # cut short: no trainer_state.json
+    assert resume_point(layout, state, 1) is None
+    recipe, _ = round_recipe(RAW, layout, 1, "/m/base", seed=7, resume_from=None)
+    assert "resume_from_checkpoint" not in recipe

@@ -61,6 +61,21 @@ def state(run: Path) -> dict:
     return json.loads((run / "pofe-run.json").read_text())
 
 
+def wait_until_unlocked(lock: Path, seconds: float = 120.0) -> None:
+    """Until no process holds the run's lock: the killed runner's stage has ended."""
+    import fcntl
+
+    deadline = time.monotonic() + seconds
+    with lock.open() as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the killed run's stage still holds the lock"
+                time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def rrhf_run(tmp_path_factory, tiny_model):
     """Start a two-round RRHF run, SIGKILL it (with its stage process) as soon as round 1's
@@ -81,8 +96,9 @@ def rrhf_run(tmp_path_factory, tiny_model):
             assert time.monotonic() < deadline, "round 1 did not finish in time"
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the runner and whichever stage it had started
+        os.killpg(proc.pid, signal.SIGKILL)  # the runner; the stage's guard then ends the stage
         proc.wait()
+    wait_until_unlocked(run / "pofe-run.lock")
     killed = state(run)
     round1 = [run / "round-1" / f for f in ("candidates/data.jsonl", "candidates/summary.json",
                                            "train/model.safetensors", "trainer_state.json")]

@@ -2,11 +2,12 @@
 
     <output_dir>/
       pofe-run.json              the run's state: which stages finished (written atomically)
+      pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.lock`)
       prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
       round-<t>/recipe.yml       the derived recipe (`pofe.run.recipe.round_recipe`)
       round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
       round-<t>/prepared/        tokenised rows (and SPPO's anchor table)
-      round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter)
+      round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/)
       round-<t>/merged/          LoRA/QLoRA: the adapter merged into the round's base
       round-<t>/trainer_state.json   the trainer's log history (loss curves)
       round-<t>/{preprocess,train,merge}.log
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from pofe.files import write_atomic
 
 STATE_VERSION = 1
 STATE_NAME = "pofe-run.json"
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class RunLayout:
     @property
     def state(self) -> Path:
         return self.root / STATE_NAME
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "pofe-run.lock"
 
     def round_dir(self, t: int) -> Path:
         return self.root / f"round-{t}"
@@ -68,6 +75,16 @@ class RunLayout:
     @property
     def eval_dir(self) -> Path:
         return self.root / "eval"
+
+
+def checkpoints(train_dir: Path) -> list[Path]:
+    """The trainer's complete checkpoints in `train_dir`, by step. The trainer writes
+    trainer_state.json last, so a checkpoint without one was cut short by a kill."""
+    found = [
+        (int(m.group(1)), p) for p in train_dir.glob("checkpoint-*")
+        if (m := CHECKPOINT.fullmatch(p.name)) and (p / "trainer_state.json").is_file()
+    ]
+    return [p for _, p in sorted(found)]
 
 
 class RunStateMismatch(RuntimeError):
@@ -121,8 +138,8 @@ class RunState:
     def done(self, stage: str) -> bool:
         return self.data["stages"].get(stage, {}).get("status") == "done"
 
-    def start(self, stage: str) -> None:
-        self.data["stages"][stage] = {"status": "running", "started": time.time()}
+    def start(self, stage: str, **info: Any) -> None:
+        self.data["stages"][stage] = {"status": "running", "started": time.time(), **info}
         self.save()
 
     def finish(self, stage: str, **info: Any) -> None:

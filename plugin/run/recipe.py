@@ -29,11 +29,15 @@ class RoundRecipe(NamedTuple):
     forced_save: bool
 
 
-def round_recipe(raw: dict, layout: RunLayout, t: int, policy: str, seed: int) -> RoundRecipe:
+def round_recipe(
+    raw: dict, layout: RunLayout, t: int, policy: str, seed: int, resume_from: Path | None = None
+) -> RoundRecipe:
     """Round t's recipe: the user's, pointed at round t's policy, prompts and folders.
 
     `save_strategy: no` becomes one save at the end (`steps` with a huge interval,
-    `save_only_model`), so trainer_state.json (the loss curve) exists. `raw` is not changed.
+    `save_only_model`), so trainer_state.json (the loss curve) exists. `resume_from`: the
+    checkpoint a killed train stage left, which the restarted one resumes from
+    (`resume_from_checkpoint`). `raw` is not changed.
     """
     recipe = copy.deepcopy(raw)
     recipe["base_model"] = policy
@@ -58,6 +62,8 @@ def round_recipe(raw: dict, layout: RunLayout, t: int, policy: str, seed: int) -
         recipe["save_steps"] = 1_000_000_000
         recipe["save_only_model"] = True
         recipe.pop("saves_per_epoch", None)
+    if resume_from is not None:
+        recipe["resume_from_checkpoint"] = str(resume_from)
     return RoundRecipe(recipe, forced_save)
 
 

@@ -12,7 +12,9 @@ model. LoRA / QLoRA: between rounds the adapter is merged into the round's base
 (`pofe.run.merge`), the next round's `base_model`, which trains a fresh adapter.
 
 A run killed at any point and started again skips every stage recorded as finished and
-redoes the first unfinished one (an interrupted preprocess resumes from its shards).
+redoes the first unfinished one (an interrupted preprocess resumes from its shards, an
+interrupted training from its last checkpoint). One runner per output_dir
+(`pofe.run.lock`); its stages end with it (`pofe.run.stages`).
 After the rounds: the held-out evaluation (`axolotl pofe eval`, its own process) and the
 report, written once.
 """
@@ -27,7 +29,8 @@ import yaml
 from pofe.args import pofe_config
 from pofe.files import write_atomic, write_jsonl_atomic
 
-from .layout import RunLayout, RunState, RunStateMismatch
+from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
+from .lock import RunLock
 from .merge import merge_command, merge_dtype
 from .prompts import resolve_round_prompts, split_prompts
 from .recipe import load_recipe, recipe_fingerprint, round_recipe
@@ -102,13 +105,11 @@ def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
 def collect_trainer_state(layout: RunLayout, t: int, forced_save: bool) -> Path | None:
     """Copy the last checkpoint's trainer_state.json to round-t/; drop the forced checkpoint."""
     train = layout.train(t)
-    states = sorted(
-        train.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
-    )
-    if not states:
+    saved = checkpoints(train)
+    if not saved:
         return None
     dest = layout.trainer_state(t)
-    write_atomic(dest, states[-1].read_text())
+    write_atomic(dest, (saved[-1] / "trainer_state.json").read_text())
     if forced_save:
         for checkpoint in train.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
@@ -131,14 +132,27 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
+def resume_point(layout: RunLayout, state: RunState, t: int) -> Path | None:
+    """The checkpoint round t's training resumes from: an unfinished stage's last one (a
+    finished stage's forced checkpoint is gone), or the one a finished stage resumed from."""
+    stage = f"round-{t}/train"
+    if state.done(stage):
+        resumed = state.data["stages"][stage].get("resumed_from")
+        return Path(resumed) if resumed else None
+    saved = checkpoints(layout.train(t))
+    return saved[-1] if saved else None
+
+
 def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str, *, rounds: int,
-              adapter: bool, base_seed: int, launcher: str | None, echo: Echo, stream: bool) -> str:
+              adapter: bool, base_seed: int, launcher: str | None, echo: Echo, stream: bool,
+              keep_fds: tuple[int, ...] = ()) -> str:
     """Round t's preprocess, train and (LoRA) merge stages, each skipped when done;
-    returns the round's model (the next round's policy)."""
+    returns the round's model (the next round's policy). `keep_fds`: see `run_logged`."""
     info = state.round(t)
     seed = base_seed + (t - 1)
     info.update(policy_in=policy, generate_seed=seed)
-    derived = round_recipe(raw, layout, t, policy, seed)
+    resume = resume_point(layout, state, t)
+    derived = round_recipe(raw, layout, t, policy, seed, resume)
     text = yaml.safe_dump(derived.recipe, sort_keys=False)
     recipe = layout.recipe(t)
     if not recipe.exists() or recipe.read_text() != text:
@@ -149,15 +163,15 @@ def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str
     if not state.done(stage):
         echo(f"round {t}/{rounds}: generate + judge + tokenise from {policy}")
         state.start(stage)
-        run_logged(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log", echo, stream)
+        run_logged(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log", echo, stream, keep_fds)
         state.finish(stage, summary=str(layout.candidates(t) / "summary.json"))
 
     stage = f"round-{t}/train"
     if not state.done(stage):
-        echo(f"round {t}/{rounds}: train")
-        state.start(stage)
+        echo(f"round {t}/{rounds}: train" + (f", resuming from {resume}" if resume else ""))
+        state.start(stage, resumed_from=str(resume) if resume else None)
         extra = ["--launcher", launcher] if launcher else []
-        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream)
+        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream, keep_fds)
         trainer_state = collect_trainer_state(layout, t, derived.forced_save)
         state.finish(stage, output_dir=str(layout.train(t)),
                      trainer_state=str(trainer_state) if trainer_state else None)
@@ -168,7 +182,7 @@ def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str
             echo(f"round {t}/{rounds}: merge the adapter into {policy}")
             state.start(stage)
             cmd = merge_command(policy, str(layout.train(t)), str(layout.merged(t)), merge_dtype(raw))
-            run_logged(cmd, round_dir / "merge.log", echo, stream)
+            run_logged(cmd, round_dir / "merge.log", echo, stream, keep_fds)
             state.finish(stage, merged=str(layout.merged(t)))
 
     policy = str(policy_dir(layout, t, adapter))
@@ -185,36 +199,39 @@ def run_rounds(
     echo: Echo = print,
     evaluate: bool = True,
 ) -> RunLayout:
-    """Run (or resume) every round of `recipe_path`, then evaluate and report."""
+    """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
+    while another runner (or a stage it started) holds the output_dir."""
     raw, cfg = load_recipe(recipe_path)
     check_iterable(cfg)
     pcfg = pofe_config(cfg)
     layout = RunLayout(Path(cfg.output_dir).resolve())
     layout.root.mkdir(parents=True, exist_ok=True)
-    state = RunState.open(
-        layout.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
-        method=pcfg.method,
-    )
-    prepare_prompts(cfg, layout, state, echo)
-    check_rounds(cfg, state, layout)
-    policy = _local_or_hub(str(raw["base_model"]))
-    state.data["base_model"] = policy
-    # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
-    state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
-    base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
-    for t in range(1, pcfg.rounds + 1):
-        policy = run_round(raw, layout, state, t, policy, rounds=pcfg.rounds, adapter=bool(cfg.adapter),
-                           base_seed=base_seed, launcher=launcher, echo=echo, stream=stream)
-    state.data["final_policy"] = policy
-    state.save()
+    with RunLock.acquire(layout.lock, echo) as lock:
+        state = RunState.open(
+            layout.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
+            method=pcfg.method,
+        )
+        prepare_prompts(cfg, layout, state, echo)
+        check_rounds(cfg, state, layout)
+        policy = _local_or_hub(str(raw["base_model"]))
+        state.data["base_model"] = policy
+        # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
+        state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
+        base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
+        for t in range(1, pcfg.rounds + 1):
+            policy = run_round(raw, layout, state, t, policy, rounds=pcfg.rounds, adapter=bool(cfg.adapter),
+                               base_seed=base_seed, launcher=launcher, echo=echo, stream=stream,
+                               keep_fds=(lock.fileno(),))
+        state.data["final_policy"] = policy
+        state.save()
 
-    if evaluate and pcfg.eval is not None:
-        models = eval_models(state, pcfg.rounds)
-        if not (state.done("eval") and state.data["stages"]["eval"].get("models") == models):
-            echo("evaluate every iterate on held-out prompts")
-            state.start("eval")
-            command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
-            run_logged(command, layout.root / "eval.log", echo, stream)
-            state.finish("eval", models=models)
-    echo(write_report(layout).terminal_summary())
+        if evaluate and pcfg.eval is not None:
+            models = eval_models(state, pcfg.rounds)
+            if not (state.done("eval") and state.data["stages"]["eval"].get("models") == models):
+                echo("evaluate every iterate on held-out prompts")
+                state.start("eval")
+                command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
+                run_logged(command, layout.root / "eval.log", echo, stream, (lock.fileno(),))
+                state.finish("eval", models=models)
+        echo(write_report(layout).terminal_summary())
     return layout
