@@ -11,6 +11,7 @@ from collections import Counter
 
 from pofe.methods import method_spec
 
+from .abstentions import AbstentionTally
 from .config import GenerateConfig, JudgeConfig, PipelineConfig
 
 
@@ -29,6 +30,10 @@ def build_rows(
     for r in judged:
         if r["dropped"] is not None:
             dropped["prompt_too_long" if "max_prompt_tokens" in r["dropped"] else "other"] += 1
+            continue
+        if r["rewards"] is None and r["abstained"] and r["abstained"] == r["judged"]:
+            # a pairwise judge that abstained on every pair: win rates all 1/2 carry no signal
+            dropped["all_pairs_abstained"] += 1
             continue
         if len(r["responses"]) < min_candidates:
             dropped["too_few_candidates"] += 1
@@ -56,7 +61,8 @@ def summarise(
     judge: JudgeConfig,
     candidates: PipelineConfig,
 ) -> dict:
-    """Counts and statistics, computed from the shards only (resume-proof).
+    """Counts and statistics, computed from the shards only (resume-proof). Every prompt is
+    either a row or a counted drop: rows_in == rows + sum(rows_dropped.values()).
 
     mean_candidate_reward / mean_best_of_k_reward: the RRHF ceiling (the trained model's reward
     tends towards the best candidate's); only for scalar judges.
@@ -65,12 +71,11 @@ def summarise(
     rewards = [r["rewards"] for r in judged if r.get("rewards")]
     tokens = [t for g in live for t in g["candidate_tokens"]]
     chars = [len(c) for g in live for c in g["candidates"]]
-    abstain_reasons: Counter = Counter()
-    for r in judged:
-        abstain_reasons.update(r.get("abstain_reasons", []))
+    abstentions = AbstentionTally().plus(judged)
     by_source: Counter = Counter(s for g in live for s in g["sources"])
     k = [len(d["responses"]) for d in data]
-    trains_on_win_rates = method_spec(method).target == "win_rates"
+    target = method_spec(method).target
+    trains_on_win_rates = target == "win_rates"
     return {
         "method": method,
         "rows_in": len(generated),
@@ -89,8 +94,10 @@ def summarise(
         "mean_candidate_tokens": _mean(tokens),
         "mean_candidate_chars": _mean(chars),
         "mean_best_win_rate": _mean([max(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
-        "judge_abstentions": sum(r.get("abstained", 0) for r in judged),
-        "judge_abstention_reasons": dict(abstain_reasons),
+        "judge_abstentions": abstentions.abstained,
+        "judge_abstention_reasons": dict(abstentions.reasons),
+        "judge_abstention_rate": abstentions.rate,
+        "rows_with_equal_labels": sum(1 for d in data if len(set(d[target])) == 1),
         "generate": generate.public_dict(),
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),

@@ -210,6 +210,13 @@ class JudgeConfig(_Strict):
         description="Treat unparseable verdicts/failed calls as abstentions (counted, candidate "
         "or pair skipped). False: the first one stops the run with the offending row.",
     )
+    max_abstention_rate: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Stop the run when more than this share of verdicts (candidates, or pairs for "
+        "a pairwise judge) abstained; a run where every verdict abstained always stops.",
+    )
     request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per request.")
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")

@@ -20,12 +20,17 @@ class Counts:
             setattr(self, name, getattr(self, name) + n)
             if reason is not None:
                 tally = getattr(self, self.REASONS)
-                kind = reason.split(":")[0][:60]
+                kind = reason_kind(reason)
                 tally[kind] = tally.get(kind, 0) + 1
 
     def as_dict(self) -> dict:
         with self._lock:
             return {f.name: _copy(getattr(self, f.name)) for f in fields(self) if not f.name.startswith("_")}
+
+
+def reason_kind(reason: str) -> str:
+    """The kind of a reason, for tallies: the text before the first ':' ("NameError: ...")."""
+    return reason.split(":")[0][:60]
 
 
 def _copy(value):

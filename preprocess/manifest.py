@@ -1,65 +1,105 @@
-"""manifest.json: what a candidates directory was built from. A restart must match it, so
-shards built from other prompts or settings are never mixed into one dataset."""
+"""manifest.json: what a stage's shards were built from, one per stage directory.
+
+`generate/manifest.json` holds the prompts' hash and the generate settings; a restart must
+match it, so shards built from other prompts or settings are never mixed into one dataset.
+`judge/manifest.json` holds the judge settings and the method (which decides the judge
+shards' labels). The judge's shards depend on the generate shards but not the reverse: a
+changed judge reuses every generate shard. The previous judge's shards are parked in
+`judge-<key>/` (and moved back if that judge returns), never deleted.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Sequence
 
-from pofe.files import write_atomic
+from pofe.files import stable_hash, write_atomic
+from pofe.logs import logger_name
 
-from .config import GenerateConfig, JudgeConfig, PipelineConfig
+from .config import GenerateConfig, JudgeConfig
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+LOG = logging.getLogger(logger_name(__name__))
 
 
 class ManifestMismatch(RuntimeError):
     """out_dir holds shards built from different inputs or settings."""
 
 
-def build_manifest(
-    rows: Sequence[dict],
-    *,
-    policy_path: str,
-    method: str,
-    generate: GenerateConfig,
-    judge: JudgeConfig,
-    candidates: PipelineConfig,
-    prompt_column: str,
+def generate_manifest(
+    rows: Sequence[dict], *, policy_path: str, generate: GenerateConfig, shard_size: int, prompt_column: str
 ) -> dict:
-    """The inputs' hash and every setting the shards depend on."""
+    """The inputs' hash and every setting the generate shards depend on."""
     digest = hashlib.sha256()
     for r in rows:
         digest.update(json.dumps(r, sort_keys=True, default=str).encode())
         digest.update(b"\n")
     return {
         "version": MANIFEST_VERSION,
-        "method": method,
         "policy_path": str(policy_path),
         "prompts_sha256": digest.hexdigest(),
         "num_prompts": len(rows),
         "prompt_column": prompt_column,
         "generate": generate.model_dump(),
-        "judge": judge.model_dump(),
-        "shard_size": candidates.shard_size,
+        "shard_size": shard_size,
     }
 
 
-def check_manifest(out: Path, manifest: dict) -> None:
-    """Write out/manifest.json, or check that the one there is the same; raise naming the keys
-    that differ."""
-    path = out / "manifest.json"
-    text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
-    if path.exists():
-        old = json.loads(path.read_text())
-        norm = json.loads(text)
-        if old != norm:
-            diff = sorted(k for k in set(old) | set(norm) if old.get(k) != norm.get(k))
-            raise ManifestMismatch(
-                f"{path} was written for different inputs or settings (differs in: {', '.join(diff)}). "
-                "Use a new out_dir, or delete this one to start over."
-            )
-        return
-    write_atomic(path, text)
+def judge_manifest(*, method: str, judge: JudgeConfig) -> dict:
+    """Every setting the judge shards depend on (max_abstention_rate is a check over the
+    shards, not part of them: raising it reuses them)."""
+    return {
+        "version": MANIFEST_VERSION,
+        "method": method,
+        "judge": judge.model_dump(exclude={"max_abstention_rate"}),
+    }
+
+
+def check_manifest(stage_dir: Path, manifest: dict) -> None:
+    """Write stage_dir/manifest.json, or check that the one there is the same; raise naming
+    the keys that differ."""
+    path = stage_dir / "manifest.json"
+    old = _read(path)
+    if old is None:
+        write_atomic(path, _text(manifest))
+    elif old != json.loads(_text(manifest)):
+        raise ManifestMismatch(
+            f"{path} was written for different inputs or settings (differs in: {', '.join(_diff(old, manifest))}). "
+            "Use a new out_dir, or delete this one to start over."
+        )
+
+
+def select_judge_dir(out: Path, manifest: dict) -> Path:
+    """out/judge, holding this judge's shards: another judge's are parked in judge-<key>/,
+    and this judge's earlier ones, if parked, are moved back."""
+    judge_dir = out / "judge"
+    old = _read(judge_dir / "manifest.json")
+    if old is not None and old != json.loads(_text(manifest)):
+        parked = out / f"judge-{stable_hash(old, 12)}"
+        judge_dir.rename(parked)
+        LOG.warning(f"POFE: judge settings changed ({', '.join(_diff(old, manifest))}); earlier judge shards kept in {parked}")
+    elif old is None and judge_dir.exists() and any(judge_dir.glob("shard-*.jsonl")):
+        raise ManifestMismatch(f"{judge_dir} holds shards but no manifest.json: delete it to judge again.")
+    returning = out / f"judge-{stable_hash(json.loads(_text(manifest)), 12)}"
+    if not judge_dir.exists() and returning.exists():
+        returning.rename(judge_dir)
+        LOG.info(f"POFE: reusing this judge's earlier shards from {returning}")
+    judge_dir.mkdir(exist_ok=True)
+    check_manifest(judge_dir, manifest)
+    return judge_dir
+
+
+def _text(manifest: dict) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _diff(old: dict, new: dict) -> list[str]:
+    new = json.loads(_text(new))
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

@@ -5,13 +5,16 @@
                           policy_path="path/to/policy")
 
 Layout of `out_dir`:
-    manifest.json            what this directory was built from (a restart must match it)
+    generate/manifest.json       prompts and generate settings (a restart must match them)
     generate/shard-NNNNN.jsonl   candidates per prompt (after dedupe), lengths, drop reasons
+    judge/manifest.json          judge settings and method (manifest.py)
     judge/shard-NNNNN.jsonl      kept responses with rewards and/or win rates, abstentions
-    data.jsonl               the trainers' input rows, in prompt order (build.py)
-    summary.json             counts and statistics (see `build.summarise`)
+    judge-<key>/                 an earlier judge's shards (a judge change reuses generate/)
+    data.jsonl                   the trainers' input rows, in prompt order (build.py)
+    summary.json                 counts and statistics (see `build.summarise`)
 
-Every shard is written atomically (pofe.files). A run killed at any point and started again
+Every shard is written atomically (pofe.files) and verified when a restart reads it back
+(shards.py): a damaged one is redone and counted. A run killed at any point and started again
 with the same arguments redoes only the missing shards, and its data.jsonl is byte for byte
 the one an uninterrupted run writes: generation is seeded per shard (`seed + shard *
 SHARD_SEED_STRIDE`), never from a running RNG.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -33,17 +37,20 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from pofe.files import write_atomic, write_jsonl_atomic
-from pofe.methods import MethodName, check_candidate_rules
+from pofe.logs import logger_name
+from pofe.methods import MethodName, check_candidate_rules, method_spec
 
+from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, summarise
 from .config import GenerateConfig, JudgeConfig, PipelineConfig
 from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
-from .manifest import build_manifest, check_manifest
-from .shards import clean_tmp, read_shard, shard_path
+from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
+from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
 from .stages import generate_shard, judge_shard
 
+LOG = logging.getLogger(logger_name(__name__))
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 
 
@@ -89,43 +96,48 @@ def run_pipeline(
     )
     if candidates.out_dir is None:
         raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
-    out = Path(candidates.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows = list(prompts_rows)
-    _check_rows(rows, prompt_column)
-    check_manifest(out, build_manifest(
-        rows, policy_path=policy_path, method=method, generate=generate, judge=judge,
-        candidates=candidates, prompt_column=prompt_column,
+    _check_inputs(rows, prompt_column, generate, candidates)
+    if judge_impl is None and judge.type == "python":
+        judge_impl = make_judge(judge)  # imports judge.function now, not after generating
+    out = Path(candidates.out_dir)
+    gen_dir = out / "generate"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    check_manifest(gen_dir, generate_manifest(
+        rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
+        prompt_column=prompt_column,
     ))
-    n_shards = math.ceil(len(rows) / candidates.shard_size)
-    gen_dir, judge_dir = out / "generate", out / "judge"
+    judge_dir = select_judge_dir(out, judge_manifest(method=method, judge=judge))
     for d in (gen_dir, judge_dir):
-        d.mkdir(exist_ok=True)
         clean_tmp(d)
     timings: dict[str, float] = {}
+    redone: dict[str, int] = {}
 
     t0 = time.monotonic()
-    generator = _generate_stage(rows, gen_dir, n_shards, generate, candidates, policy_path, prompt_column, generator)
+    generated, generator = _generate_stage(
+        rows, gen_dir, generate, candidates, policy_path, prompt_column, generator, redone
+    )
     timings["generate_s"] = time.monotonic() - t0
     if stop_after == "generate":
         return None
 
     t0 = time.monotonic()
-    judge_impl = _judge_stage(gen_dir, judge_dir, n_shards, len(rows), method, judge, candidates, judge_impl)
+    judged, judge_impl = _judge_stage(generated, judge_dir, len(rows), method, judge, candidates, judge_impl, redone)
     timings["judge_s"] = time.monotonic() - t0
     if stop_after == "judge":
         return None
 
-    # Build data.jsonl and summary.json from the shards alone (so a resumed run's outputs
-    # cannot depend on what happened in memory before the kill).
-    judged = [r for s in range(n_shards) for r in read_shard(shard_path(judge_dir, s))]
-    generated = [r for s in range(n_shards) for r in read_shard(shard_path(gen_dir, s))]
-    data, dropped = build_rows(judged, method, keep=candidates.keep, min_candidates=candidates.min_candidates)
+    # Build data.jsonl and summary.json from the shards alone (as read back from disk), so a
+    # resumed run's outputs cannot depend on what happened in memory before the kill.
+    judged_rows = [r for shard in judged for r in shard]
+    generated_rows = [r for shard in generated for r in shard]
+    data, dropped = build_rows(judged_rows, method, keep=candidates.keep, min_candidates=candidates.min_candidates)
     data_path = out / "data.jsonl"
     write_jsonl_atomic(data_path, data)
     summary = summarise(
-        generated, judged, data, dropped, method=method, generate=generate, judge=judge, candidates=candidates
+        generated_rows, judged_rows, data, dropped, method=method, generate=generate, judge=judge, candidates=candidates
     )
+    summary["shards_redone_last_run"] = redone
     summary["timings_last_run"] = {k: round(v, 3) for k, v in timings.items()}
     for name, obj in (("generate_client", generator), ("judge", judge_impl)):
         client = getattr(obj, "client", None)
@@ -133,22 +145,37 @@ def run_pipeline(
             summary[f"{name}_requests_last_run"] = client.stats.as_dict()
     summary_path = out / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if not data:
+        raise ValueError(
+            f"none of the {len(rows)} prompts gave a training row (dropped: {dict(dropped)}; "
+            f"candidates.min_candidates={candidates.min_candidates}, judge abstentions "
+            f"{summary['judge_abstentions']} {summary['judge_abstention_reasons']}); details in {summary_path}"
+        )
+    if summary["rows_with_equal_labels"]:
+        LOG.warning(
+            f"POFE: {summary['rows_with_equal_labels']} of {len(data)} rows in {data_path} have all-equal "
+            f"{method_spec(method).target}: no pair to rank there (the judge cannot tell the candidates apart)"
+        )
     return PipelineResult(data_path, summary_path, len(data), summary)
 
 
 def _generate_stage(
     rows: list[dict],
     gen_dir: Path,
-    n_shards: int,
     cfg: GenerateConfig,
     candidates: PipelineConfig,
     policy_path: str,
     prompt_column: str,
     generator: Generator | None,
-) -> Generator | None:
-    """Write the missing generate shards; returns the generator used (None if none was needed)."""
+    redone: dict[str, int],
+) -> tuple[list[list[dict]], Generator | None]:
+    """Every generate shard's rows, writing the missing (or damaged) ones; and the generator
+    used (None if none was needed)."""
     size = candidates.shard_size
-    todo = [s for s in range(n_shards) if not shard_path(gen_dir, s).exists()]
+    n_shards = math.ceil(len(rows) / size)
+    shards = [_reuse(gen_dir, s, lambda r, s=s: check_generate_shard(r, s * size, len(rows[s * size : (s + 1) * size])), redone, "generate")
+              for s in range(n_shards)]
+    todo = [s for s in range(n_shards) if shards[s] is None]
     tokenizer = None
     with _bar(candidates.progress, len(rows), "generate", done=len(rows) - _prompts_in(todo, size, len(rows))) as bar:
         for s in todo:
@@ -160,38 +187,73 @@ def _generate_stage(
             sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
             out_rows = generate_shard(shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column)
             write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
+            shards[s] = read_shard(shard_path(gen_dir, s))
             bar.update(len(shard_rows))
-    return generator
+    return shards, generator
 
 
 def _judge_stage(
-    gen_dir: Path,
+    generated: list[list[dict]],
     judge_dir: Path,
-    n_shards: int,
     n_rows: int,
     method: str,
     cfg: JudgeConfig,
     candidates: PipelineConfig,
     judge_impl: ScalarJudge | PairwiseJudge | None,
-) -> ScalarJudge | PairwiseJudge | None:
-    """Write the missing judge shards; returns the judge used (None if none was needed)."""
-    todo = [s for s in range(n_shards) if not shard_path(judge_dir, s).exists()]
+    redone: dict[str, int],
+) -> tuple[list[list[dict]], ScalarJudge | PairwiseJudge | None]:
+    """Every judge shard's rows, writing the missing (or damaged) ones; and the judge used.
+    Stops (abstentions.py) when the judge gives too little signal."""
+    shards = [_reuse(judge_dir, s, lambda r, g=g: check_judge_shard(r, g), redone, "judge") for s, g in enumerate(generated)]
+    todo = [s for s, shard in enumerate(shards) if shard is None]
     if todo and judge_impl is None:
         judge_impl = make_judge(cfg)
+    check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit="pairs" if cfg.is_pairwise else "candidates")
+    tally = AbstentionTally().plus([r for shard in shards if shard is not None for r in shard])
     done = n_rows - _prompts_in(todo, candidates.shard_size, n_rows)
     with _bar(candidates.progress, n_rows, "judge", done=done) as bar:
         for s in todo:
-            gen_rows = read_shard(shard_path(gen_dir, s))
-            write_jsonl_atomic(shard_path(judge_dir, s), judge_shard(gen_rows, judge_impl, method))
-            bar.update(len(gen_rows))
-    return judge_impl
+            out_rows = judge_shard(generated[s], judge_impl, method)
+            tally = tally.plus(out_rows)
+            check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
+            write_jsonl_atomic(shard_path(judge_dir, s), out_rows)
+            shards[s] = read_shard(shard_path(judge_dir, s))
+            bar.update(len(generated[s]))
+    check_abstentions(tally, **check, final=True)
+    return shards, judge_impl
 
 
-def _check_rows(rows: list[dict], prompt_column: str) -> None:
+def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int], stage: str) -> list[dict] | None:
+    """Shard s's rows if it exists and passes `check`; a damaged one is removed and counted."""
+    path = shard_path(stage_dir, s)
+    rows, why = read_verified(path, check)
+    if why is not None:
+        LOG.warning(f"POFE: {path} is damaged ({why}); redoing it")
+        redone[stage] = redone.get(stage, 0) + 1
+    return rows
+
+
+def _check_inputs(rows: list[dict], prompt_column: str, generate: GenerateConfig, candidates: PipelineConfig) -> None:
+    """What can be checked before any model loads: columns, and that k can reach min_candidates."""
+    if not rows:
+        raise ValueError("run_pipeline got no prompt rows")
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or prompt_column not in r:
             cols = sorted(r) if isinstance(r, dict) else type(r).__name__
             raise KeyError(f"prompt row {i} has no {prompt_column!r} column (columns: {cols})")
+    for i, r in enumerate(rows):
+        missing = [c for c in generate.include_dataset_responses if c not in r]
+        if missing:
+            raise ValueError(
+                f"generate.include_dataset_responses names {missing}, which prompt row {i} does not have "
+                f"(columns: {sorted(r)}); a typo?"
+            )
+    if not generate.include_dataset_responses and generate.num_candidates < candidates.min_candidates:
+        raise ValueError(
+            f"generate.num_candidates={generate.num_candidates} gives at most {generate.num_candidates} candidate(s) "
+            f"per prompt, fewer than candidates.min_candidates={candidates.min_candidates}: every row would be "
+            "dropped. Raise num_candidates, or add dataset responses (generate.include_dataset_responses)."
+        )
 
 
 def _prompts_in(shards: list[int], shard_size: int, n: int) -> int:

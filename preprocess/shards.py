@@ -1,13 +1,15 @@
-"""Resumable JSONL shards, written atomically (pofe.files).
+"""Resumable JSONL shards, written atomically (pofe.files) and verified when read back.
 
 A run killed at any moment leaves each shard either complete or absent (plus perhaps a
 `*.tmp-*` file, ignored and removed on the next start), so a restarted run redoes only the
-missing shards: no row lost, none duplicated.
+missing shards: no row lost, none duplicated. A shard damaged after it was written (cut at a
+line boundary, emptied, edited) is caught on resume by the checks below and redone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from pofe.files import read_jsonl
 
@@ -22,6 +24,49 @@ def read_shard(path: Path) -> list[dict]:
         return read_jsonl(path)
     except ValueError as e:
         raise ValueError(f"{e}; delete this shard to redo it") from e
+
+
+def read_verified(path: Path, check: Callable[[list[dict]], str | None]) -> tuple[list[dict] | None, str | None]:
+    """(rows, None) for a shard that passes `check`; (None, None) if there is none; (None, why)
+    for a damaged one, which is removed so that the stage redoes it."""
+    if not path.exists():
+        return None, None
+    try:
+        rows = read_jsonl(path)
+        why = check(rows)
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or rows without the shard's fields
+        why = f"unreadable: {e}"
+    if why is None:
+        return rows, None
+    path.unlink()
+    return None, why
+
+
+def check_generate_shard(rows: list[dict], first_index: int, planned: int) -> str | None:
+    """Why a generate shard is not the one planned (None if it is): it must hold `planned` rows
+    with the consecutive dataset indices first_index, first_index + 1, ..."""
+    want = list(range(first_index, first_index + planned))
+    got = [r["index"] for r in rows]
+    if got != want:
+        return f"{len(got)} rows with indices {_span(got)}, planned {planned} rows with indices {_span(want)}"
+    return None
+
+
+def check_judge_shard(judged: list[dict], generated: list[dict]) -> str | None:
+    """Why a judge shard does not match its generate shard (None if it does): the same rows
+    and prompts, and every candidate accounted for (kept, or abstained for a scalar judge)."""
+    if [r["index"] for r in judged] != [g["index"] for g in generated]:
+        return f"rows {_span([r['index'] for r in judged])}, its generate shard has {_span([g['index'] for g in generated])}"
+    for j, g in zip(judged, generated):
+        scalar_abstained = j["abstained"] if j["rewards"] is not None else 0
+        want = len(g["candidates"]) if g["dropped"] is None else 0
+        if j["prompt"] != g["prompt"] or len(j["responses"]) + scalar_abstained != want:
+            return f"row {j['index']} does not match its generate shard ({want} candidates)"
+    return None
+
+
+def _span(indices: list[int]) -> str:
+    return f"{indices[0]}..{indices[-1]}" if indices else "none"
 
 
 def clean_tmp(stage_dir: Path) -> int:

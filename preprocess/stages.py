@@ -17,7 +17,7 @@ from pofe.methods import method_spec
 from .config import GenerateConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator
-from .judges import Abstain, PairwiseJudge, ScalarJudge, is_pairwise
+from .judges import Abstain, JudgeError, PairwiseJudge, ScalarJudge, is_pairwise
 from .render import render_prompt
 from .win_rates import bradley_terry_preferences, win_rates
 
@@ -103,32 +103,41 @@ def judge_shard(gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method
     """Score one shard. Abstained candidates are removed (and counted per row).
 
     Pairwise judges give win rates directly; scalar judges give rewards, and win rates
-    through Bradley-Terry when the method trains on win rates.
+    through Bradley-Terry when the method trains on win rates. Each row records `judged`
+    (verdicts asked: candidates, or unordered pairs) and one reason per abstention.
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
+    prompts, cands = [r["prompt"] for r in live], [r["candidates"] for r in live]
     out_by_index: dict[int, dict] = {}
+    try:
+        verdicts = (judge.preferences if is_pairwise(judge) else judge.score)(prompts, cands) if live else []
+    except JudgeError as e:  # allow_abstain: false; the judge knows only its call's positions
+        if e.prompt is None:
+            raise
+        raise e.at_row(live[e.prompt]["index"]) from e
     if is_pairwise(judge):
-        prefs = judge.preferences([r["prompt"] for r in live], [r["candidates"] for r in live]) if live else []
-        for r, verdict in zip(live, prefs, strict=True):
-            w = win_rates(verdict.matrix.to(torch.float64)).tolist()
+        for r, verdict in zip(live, verdicts, strict=True):
+            k = len(r["candidates"])
             out_by_index[r["index"]] = {
                 "responses": r["candidates"],
                 "rewards": None,
-                "win_rates": [_round(x) for x in w],
+                "win_rates": [_round(x) for x in win_rates(verdict.matrix.to(torch.float64)).tolist()],
+                "judged": k * (k - 1) // 2,
                 "abstained": verdict.abstained_pairs,
+                "abstain_reasons": [_cap(x) for x in verdict.abstain_reasons],
             }
     else:
         wants_win_rates = method_spec(method).target == "win_rates"
-        scores = judge.score([r["prompt"] for r in live], [r["candidates"] for r in live]) if live else []
-        for r, sc in zip(live, scores, strict=True):
+        for r, sc in zip(live, verdicts, strict=True):
             keep = [k for k, v in enumerate(sc) if not isinstance(v, Abstain)]
             rewards = [float(sc[k]) for k in keep]
             rec = {
                 "responses": [r["candidates"][k] for k in keep],
                 "rewards": rewards,
                 "win_rates": None,
+                "judged": len(sc),
                 "abstained": len(sc) - len(keep),
-                "abstain_reasons": [v.reason.split(":")[0] for v in sc if isinstance(v, Abstain)],  # one per abstention
+                "abstain_reasons": [_cap(v.reason) for v in sc if isinstance(v, Abstain)],
             }
             if wants_win_rates and rewards:
                 w = win_rates(bradley_terry_preferences(torch.tensor(rewards, dtype=torch.float64))).tolist()
@@ -140,6 +149,11 @@ def judge_shard(gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method
         rec.update(out_by_index.get(r["index"], {"responses": [], "rewards": None, "win_rates": None, "abstained": 0}))
         out.append(rec)
     return out
+
+
+def _cap(reason: str) -> str:
+    # the whole reason is kept as an example for errors; a traceback-sized one is cut
+    return reason[:200]
 
 
 def _round(x: float) -> float:

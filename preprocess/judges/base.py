@@ -38,7 +38,22 @@ Score = float | Abstain
 
 
 class JudgeError(RuntimeError):
-    """A verdict was missing and abstaining is not allowed."""
+    """A verdict was missing and abstaining is not allowed.
+
+    `prompt` is the prompt's position in the judge call; the pipeline, which knows the rows it
+    passed, re-raises the error naming the dataset row (`at_row`).
+    """
+
+    def __init__(self, reason: str, where: str, *, prompt: int | None = None, row: int | None = None):
+        self.reason, self.where, self.prompt = reason, where, prompt
+        place = f"dataset row {row}" if row is not None else f"prompt {prompt}" if prompt is not None else None
+        super().__init__(
+            f"judge gave no verdict for {f'{place}, ' if place else ''}{where}: {reason} "
+            "(set judge.allow_abstain: true to skip and count these)"
+        )
+
+    def at_row(self, row: int) -> JudgeError:
+        return JudgeError(self.reason, self.where, row=row)
 
 
 @dataclass
@@ -52,10 +67,11 @@ class JudgeStats(Counts):
     def count_call(self, n: int = 1) -> None:
         self.add("calls", n)
 
-    def abstain(self, reason: str, *, allow: bool, where: str) -> Abstain:
-        """Count an abstention and return it; raise JudgeError instead when not allowed."""
+    def abstain(self, reason: str, *, allow: bool, where: str, prompt: int | None = None) -> Abstain:
+        """Count an abstention and return it; raise JudgeError instead when not allowed.
+        `prompt`: the prompt's position in the judge call, `where`: the rest (candidate, judge)."""
         if not allow:
-            raise JudgeError(f"judge gave no verdict for {where}: {reason} (set judge.allow_abstain: true to skip and count these)")
+            raise JudgeError(reason, where, prompt=prompt)
         self.add("abstentions", reason=reason)
         return Abstain(reason)
 
@@ -63,10 +79,12 @@ class JudgeStats(Counts):
 @dataclass(frozen=True)
 class PairwiseVerdict:
     """matrix: (K, K) float64, P[i, j] = P(y_i beats y_j), P + P.T = 1, diagonal 1/2.
-    abstained_pairs: unordered pairs for which neither order gave a verdict."""
+    abstained_pairs: unordered pairs for which neither order gave a verdict;
+    abstain_reasons: one reason per abstained pair."""
 
     matrix: torch.Tensor
     abstained_pairs: int = 0
+    abstain_reasons: tuple[str, ...] = ()
 
 
 class ScalarJudge(Protocol):

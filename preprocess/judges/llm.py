@@ -86,16 +86,16 @@ class LLMRubricJudge(ChatJudge):
 
         def one(item) -> Score:
             p, k, prompt, response = item
-            where = f"prompt {p}, candidate {k} (llm judge at {self.client.base_url})"
+            where = f"candidate {k} (llm judge at {self.client.base_url})"
             text = template.format(prompt=prompt_text(prompt), response=response, low=low, high=high)
             try:
                 choice = self.chat(text)
                 content = (choice.get("message") or {}).get("content") or ""
             except UnreadableReply as e:
-                return self.stats.abstain(str(e), allow=self.cfg.allow_abstain, where=where)
+                return self.stats.abstain(str(e), allow=self.cfg.allow_abstain, where=where, prompt=p)
             v = parse_score(content, low, high)
             if isinstance(v, str):
-                return self.stats.abstain(v, allow=self.cfg.allow_abstain, where=where)
+                return self.stats.abstain(v, allow=self.cfg.allow_abstain, where=where, prompt=p)
             return v
 
         flat = self.map(one, items)

@@ -17,6 +17,7 @@ reply's text (1 or 0).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Callable
@@ -75,10 +76,18 @@ def preferences_both_orders(
     verdicts = pair_fn(items) if items else []
     stats.count_call(len(items))
     mats = [torch.full((len(c), len(c)), float("nan"), dtype=torch.float64) for c in responses]
+    missing: dict[tuple[int, int, int], str] = {}
     for (p, i, j), v in zip(jobs, verdicts, strict=True):
-        if not isinstance(v, Abstain):
+        if isinstance(v, Abstain):
+            missing[p, i, j] = v.reason
+        else:
             mats[p][i, j] = float(v)
-    return [combine_orders(m) for m in mats]
+    out = []
+    for p, m in enumerate(mats):
+        # a pair abstains when both orders did; its reason is the (i, j) order's
+        reasons = tuple(r for (q, i, j), r in missing.items() if q == p and i < j and (p, j, i) in missing)
+        out.append(dataclasses.replace(combine_orders(m), abstain_reasons=reasons))
+    return out
 
 
 def parse_verdict(text: str) -> float | str:

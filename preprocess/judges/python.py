@@ -28,14 +28,14 @@ class PythonJudge:
             row: list[Score] = []
             for k, resp in enumerate(cands):
                 self.stats.count_call()
-                where = f"prompt {p}, candidate {k} ({self.name})"
+                at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
                 try:
                     v = float(self.fn(prompt, resp))
                 except Exception as e:  # a user function: any failure is an abstention, counted
-                    row.append(self.stats.abstain(f"{type(e).__name__}: {e}", allow=self.allow_abstain, where=where))
+                    row.append(self.stats.abstain(f"{type(e).__name__}: {e}", **at))
                     continue
                 if not math.isfinite(v):
-                    row.append(self.stats.abstain(f"non-finite score: {v}", allow=self.allow_abstain, where=where))
+                    row.append(self.stats.abstain(f"non-finite score: {v}", **at))
                     continue
                 row.append(v)
             out.append(row)

@@ -62,7 +62,7 @@ class RewardModelJudge:
             for k, v in enumerate(scores[i : i + len(rs)]):
                 # A NaN/inf score (e.g. an fp16 overflow) must not become a training target.
                 row.append(v if math.isfinite(v) else self.stats.abstain(
-                    f"non-finite score: {v}", allow=self.allow_abstain, where=f"prompt {p}, candidate {k} (reward model)"))
+                    f"non-finite score: {v}", allow=self.allow_abstain, where=f"candidate {k} (reward model)", prompt=p))
             out.append(row)
             i += len(rs)
         return out

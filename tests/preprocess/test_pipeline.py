@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from pofe.preprocess.abstentions import NoJudgeSignal
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-from pofe.preprocess.judges import JudgeStats
+from pofe.preprocess.judges import Abstain, JudgeError, JudgeStats
 from pofe.preprocess.judges.pairwise import preferences_both_orders
 from pofe.preprocess.manifest import ManifestMismatch
 from pofe.preprocess.pipeline import run_pipeline
@@ -192,3 +193,190 @@ def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tm
     assert [d["responses"] for d in data] == [["7", "8"], ["7", "8"]]
     assert data[0]["rewards"] == [1.0, 0.25]  # 3+4: exact, off by one
     assert result.summary["empty_candidates_removed"] == 4
+
+
+# ---- shards verified on resume ------------------------------------------------------------
+
+def _totals_add_up(summary: dict) -> bool:
+    return summary["rows_in"] == summary["rows"] + sum(summary["rows_dropped"].values())
+
+
+def test_damaged_shards_are_redone_and_counted(tiny_policy, tmp_path):
+    """Shards (size 2): generate/judge 0 = rows 0-1, 1 = row 2. A judge shard cut at a line
+    boundary and one emptied are redone (2 judge shards); then a generate shard cut at a line
+    boundary (regenerated: one generator call) and a judge row missing a candidate (redone).
+    Every resume writes the uninterrupted run's data.jsonl byte for byte."""
+    judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
+    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
+              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+    first = run_pipeline(ROWS, generator=ScriptedGenerator(), **kw)
+    want = first.data_path.read_bytes()
+    assert _totals_add_up(first.summary) and first.summary["shards_redone_last_run"] == {}
+    g0, j0, j1 = (tmp_path / "generate" / "shard-00000.jsonl", tmp_path / "judge" / "shard-00000.jsonl",
+                  tmp_path / "judge" / "shard-00001.jsonl")
+
+    j0.write_text(j0.read_text().splitlines(keepends=True)[0])  # cut at a line boundary
+    j1.write_text("")
+    gen = ScriptedGenerator()
+    res = run_pipeline(ROWS, generator=gen, **kw)
+    assert res.data_path.read_bytes() == want and gen.calls == 0
+    assert res.summary["shards_redone_last_run"] == {"judge": 2} and _totals_add_up(res.summary)
+
+    g0.write_text(g0.read_text().splitlines(keepends=True)[1])  # row 1 only: row 0 lost
+    row = json.loads(j1.read_text())
+    row["responses"], row["rewards"] = row["responses"][1:], row["rewards"][1:]
+    j1.write_text(json.dumps(row) + "\n")
+    gen = ScriptedGenerator()
+    res = run_pipeline(ROWS, generator=gen, **kw)
+    assert res.data_path.read_bytes() == want and gen.calls == 1
+    assert res.summary["shards_redone_last_run"] == {"generate": 1, "judge": 1}
+
+
+# ---- a judging stage without signal stops -------------------------------------------------
+# ScriptedGenerator + GEN give 4, 4 and 3 candidates to rows 0, 1, 2 (see the first test).
+
+def _fails_on_row_2(prompt, response):
+    if prompt == "1+1=":
+        return undefined_name  # noqa: F821 - the bug a user's judge might have
+    return float(len(response))
+
+
+def _broken(prompt, response):
+    return undefined_name  # noqa: F821
+
+
+def test_abstention_rate_over_the_limit_stops_naming_the_dataset_row(tiny_policy, tmp_path):
+    """Shards of 2: shard 0 (rows 0-1) has 8 verdicts, none abstained; shard 1 (row 2) abstains
+    on all 3 -> 3 of 11 = 27% > 20%: stop before writing shard 1, naming dataset row 2 (row 0
+    of its shard). With the limit raised the judge shards are reused and row 2 is dropped."""
+    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, generator=ScriptedGenerator())
+    cands = PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False)
+    judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", max_abstention_rate=0.2)
+    with pytest.raises(NoJudgeSignal, match=r"abstained on 3 of 11 candidates \(27%.*top reason 'NameError' \(3 "
+                                            r"times\), e\.g\. dataset row 2: NameError: name 'undefined_name'"):
+        run_pipeline(ROWS, judge=judge, candidates=cands, **kw)
+    assert not (tmp_path / "judge" / "shard-00001.jsonl").exists()
+    res = run_pipeline(ROWS, judge=judge.model_copy(update={"max_abstention_rate": 0.5}), candidates=cands, **kw)
+    assert res.rows == 2 and res.summary["rows_dropped"] == {"too_few_candidates": 1}
+    assert res.summary["judge_abstentions"] == 3 and res.summary["judge_abstention_rate"] == 3 / 11
+
+
+def test_every_candidate_abstaining_stops_even_without_a_limit(tiny_policy, tmp_path):
+    judge = JudgeConfig(type="python", function=f"{__name__}:_broken", max_abstention_rate=1.0)
+    with pytest.raises(NoJudgeSignal, match=r"abstained on 11 of 11 candidates .*dataset row 0: NameError"):
+        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
+                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+
+
+class PairJudgeAbstainingOn:
+    """Pairwise: longer wins, but no verdict at all for the prompts in `blind`."""
+
+    def __init__(self, *blind):
+        self.blind, self.stats = blind, JudgeStats()
+
+    def preferences(self, prompts, responses):
+        fn = lambda items: [Abstain("unparseable: no A/B") if p in self.blind else float(len(a) > len(b))  # noqa: E731
+                            for p, a, b in items]
+        return preferences_both_orders(fn, prompts, responses, self.stats)
+
+
+def test_row_whose_pairs_all_abstained_is_dropped_and_counted(tiny_policy, tmp_path):
+    """Row 0 (4 candidates, 6 pairs) gets no verdict: dropped, not kept with win rates all 1/2.
+    Abstained pairs: 6 of 6 + 6 + 3 = 15 (40% <= 0.5)."""
+    res = run_pipeline(
+        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+        judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2="),
+    )
+    assert res.rows == 2 and res.summary["rows_dropped"] == {"all_pairs_abstained": 1}
+    assert res.summary["judge_abstentions"] == 6 and res.summary["judge_abstention_reasons"] == {"unparseable": 6}
+    assert res.summary["judge_abstention_rate"] == 6 / 15
+
+
+def test_every_pair_abstaining_stops(tiny_policy, tmp_path):
+    with pytest.raises(NoJudgeSignal, match=r"abstained on 15 of 15 pairs .*'unparseable' \(15 times\)"):
+        run_pipeline(
+            ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+            judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+            candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+            generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2=", [{"role": "user", "content": "1+3="}], "1+1="),
+        )
+
+
+def test_allow_abstain_false_names_the_dataset_row(tiny_policy, tmp_path):
+    """Row 2 is the first row of shard 1: the judge call sees it as prompt 0."""
+    judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", allow_abstain=False)
+    with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidate 0 \(.*_fails_on_row_2\): NameError"):
+        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
+                     candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+                     generator=ScriptedGenerator())
+
+
+class OneAnswer:
+    name = "scripted"
+
+    def generate(self, prompts, n, sampling):
+        return [["4"] * n for _ in prompts]
+
+
+def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path):
+    """Two identical candidates per prompt, deduplicated to one: every row is dropped."""
+    with pytest.raises(ValueError, match=r"none of the 3 prompts gave a training row \(dropped: "
+                                         r"\{'too_few_candidates': 3\}; candidates.min_candidates=2"):
+        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GenerateConfig(num_candidates=2),
+                     judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=OneAnswer())
+    assert json.loads((tmp_path / "summary.json").read_text())["rows_dropped"] == {"too_few_candidates": 3}
+
+
+def _same(prompt, response):
+    return 1.0
+
+
+def test_rows_with_equal_rewards_are_counted_and_warned(tiny_policy, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="axolotl.integrations.pofe.preprocess.pipeline"):
+        res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
+                           judge=JudgeConfig(type="python", function=f"{__name__}:_same"),
+                           candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+    assert res.summary["rows_with_equal_labels"] == 3
+    assert "3 of 3 rows" in caplog.text and "all-equal rewards" in caplog.text
+
+
+# ---- checked before generating; a judge change reuses the generate shards ------------------
+
+@pytest.mark.parametrize("update, judge_fn, error", [
+    ({}, "no_such_module:reward", "cannot import module 'no_such_module'"),
+    ({}, f"{__name__}:no_such_function", "has no attribute 'no_such_function'"),
+    ({"include_dataset_responses": ["answr"]}, f"{__name__}:_reward",
+     r"names \['answr'\], which prompt row 0 does not have \(columns: \['human', 'prompt'\]\)"),
+    ({"num_candidates": 1, "include_dataset_responses": []}, f"{__name__}:_reward",
+     "num_candidates=1 gives at most 1 candidate.* fewer than candidates.min_candidates=2"),
+])
+def test_checked_before_generating(tiny_policy, tmp_path, update, judge_fn, error):
+    gen = ScriptedGenerator()
+    with pytest.raises((ImportError, AttributeError, ValueError), match=error):
+        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN.model_copy(update=update),
+                     judge=JudgeConfig(type="python", function=judge_fn),
+                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+    assert gen.calls == 0 and not list(tmp_path.glob("generate/shard-*"))
+
+
+def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
+    """Judge A, then B: no generation, generate shards untouched, B's rewards. Back to A: its
+    parked judge shards come back untouched and data.jsonl is A's again."""
+    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN,
+              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+    judge_a = JudgeConfig(type="python", function=f"{__name__}:_reward")
+    judge_b = JudgeConfig(type="python", function=f"{__name__}:_same")
+    data_a = run_pipeline(ROWS, judge=judge_a, generator=ScriptedGenerator(), **kw).data_path.read_bytes()
+    stamps = lambda d: {p.name: p.stat().st_mtime_ns for p in (tmp_path / d).glob("shard-*")}  # noqa: E731
+    gen_stamps, judge_a_stamps = stamps("generate"), stamps("judge")
+
+    gen = ScriptedGenerator()
+    res = run_pipeline(ROWS, judge=judge_b, generator=gen, **kw)
+    assert gen.calls == 0 and stamps("generate") == gen_stamps
+    assert [json.loads(l)["rewards"] for l in res.data_path.read_text().splitlines()] == [[1.0] * 4, [1.0] * 4, [1.0] * 3]
+
+    assert run_pipeline(ROWS, judge=judge_a, generator=gen, **kw).data_path.read_bytes() == data_a
+    assert gen.calls == 0 and stamps("generate") == gen_stamps and stamps("judge") == judge_a_stamps

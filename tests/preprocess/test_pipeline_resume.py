@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -70,3 +71,14 @@ def test_kill_and_resume_matches_uninterrupted(tiny_policy, tmp_path, method):
     lines = (ref / "data.jsonl").read_text().splitlines()
     assert len(lines) == 12  # every prompt once: none lost, none duplicated
     assert not list((resumed / "generate").glob("*.tmp-*"))
+
+    # A judge shard cut at a line boundary and one emptied (no kill leaves these: a disk or a
+    # hand did) are found on resume, redone and counted.
+    judge2, judge4 = resumed / "judge" / "shard-00002.jsonl", resumed / "judge" / "shard-00004.jsonl"
+    judge2.write_text(judge2.read_text().splitlines(keepends=True)[0])
+    judge4.write_text("")
+    _run_to_end(resumed, tiny_policy, method)
+    assert (resumed / "data.jsonl").read_bytes() == (ref / "data.jsonl").read_bytes()
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["shards_redone_last_run"] == {"judge": 2}
+    assert summary["rows_in"] == 12 == summary["rows"] + sum(summary["rows_dropped"].values())
