@@ -1,52 +1,92 @@
 """PairRM (Jiang et al. 2023, LLM-Blender, arXiv 2306.02561), reimplemented for transformers 5.
 
-llm-blender itself does not import on transformers >= 5, so POFE carries the model: a
-DeBERTa-v2/v3 encoder reads one sequence
+llm-blender does not import on transformers >= 5, so POFE carries the model and checks it
+against llm-blender 0.0.2's own outputs (tests/preprocess/make_pairrm_reference.py).
 
-    [CLS] <|source|> prompt [SEP] [SEP] [CLS] <|candidate1|> a [SEP] [SEP] [CLS] <|candidate2|> b [SEP] [SEP]
+Checkpoints. `llm-blender/PairRM` holds llm-blender's RankerConfig as `config.json`
+(`ranker_type: pairranker`, `model_type: deberta`, `model_name: microsoft/deberta-v3-large`,
+`source_maxlength: 1224`, `candidate_maxlength: 412`, `n_tasks`, `drop_out`, ...) and
+`pytorch_model.bin`, the plain state dict of `CrossCompareReranker`: the encoder as
+`pretrained_model.*`, the Dropout/Linear/Tanh/Dropout/Linear head as `head_layer.{1,4}.*`.
+As llm-blender does, the encoder's config and tokenizer come from `model_name`, the tokenizer
+gets four prefix tokens and the word embeddings are sized to `len(tokenizer)` (128,005 rows
+for deberta-v3-large, whose config says 128,100). A directory whose `config.json` is a
+DeBERTa-v2 config instead (the `llm-blender/PairRM-hf` layout) supplies config and tokenizer
+itself, with the same state-dict names.
 
-(each part cut after its last [SEP]), takes the final hidden states at the three prefix
-tokens, and scores each side with one shared head on (h_source ++ h_candidate):
+Input, as llm-blender's `CrossCompareCollator` and `cat_ids` build it for one prompt:
+
+    [CLS] <|source|> x [SEP] [CLS] <|candidate1|> a [SEP] [CLS] <|candidate2|> b [SEP]
+
+`<|source|> x` is cut to `source_maxlength` tokens (specials included), each candidate to
+`candidate_maxlength + (source_maxlength - len(source)) // 2`. The final hidden states at the
+three prefix tokens feed one shared head:
 
     s_1 = head([h_src ; h_c1]),  s_2 = head([h_src ; h_c2])      (B, n_tasks) each
-    logit = mean_tasks(s_1 - s_2)                                  (B,)
-    P(a beats b) = sigmoid(logit)
+    C = mean_tasks(s_1 - s_2)                                     (B,) logit that a beats b
 
-Module and parameter names follow llm-blender's `CrossCompareReranker` (`pretrained_model.*`
-for the encoder, `head_layer.{1,4}.*` for the two Linear layers of the Dropout/Linear/Tanh/
-Dropout/Linear head), so the state dict of the published `llm-blender/PairRM` checkpoint
-(`pytorch_model.bin`, a plain state dict, beside a DeBERTa `config.json`, its tokenizer and
-`ranker_config.json`) loads with `strict=True`.
+The source is the prompt as the SPPO scripts pass it (`scripts/rank.py`: the policy's chat
+template applied to the prompt); a plain-string prompt is used verbatim, a message list
+gives its last user turn.
 
-Deviation, stated: llm-blender sizes the candidates' token budget from the longest SOURCE in
-the batch (`candidate_maxlength + remaining // 2`); here the budget is computed per pair, so
-a pair's score never depends on what else is in its batch. Identical whenever the source
-fits in `source_maxlength` and candidates fit in `candidate_maxlength`.
+Deviation, stated: llm-blender sizes the candidates' budget from the longest source in the
+batch; here it is computed per pair, which equals llm-blender at `batch_size=1` (how the SPPO
+scripts call `rank`). llm-blender runs fp16 on CUDA when the config says `fp16`; POFE runs the
+model in float32.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
 from .judges.base import JudgeStats, PairwiseVerdict
-from .judges.pairwise import preferences_both_orders
 from .render import Prompt, prompt_text
+from .win_rates import symmetrize_preferences
 
 SOURCE_PREFIX = "<|source|>"
 CAND1_PREFIX = "<|candidate1|>"
 CAND2_PREFIX = "<|candidate2|>"
 CAND_PREFIX = "<|candidate|>"
-PREFIX_TOKENS = (SOURCE_PREFIX, CAND1_PREFIX, CAND2_PREFIX, CAND_PREFIX)
+PREFIX_TOKENS = (SOURCE_PREFIX, CAND1_PREFIX, CAND2_PREFIX, CAND_PREFIX)  # llm-blender's add_tokens order
+
+PreferenceMode = Literal["authors", "both_orders"]
+
+
+def preferences_from_logits(logits: torch.Tensor, mode: PreferenceMode = "authors") -> torch.Tensor:
+    """The (K, K) preference matrix from PairRM's ordered-pair logits.
+
+    Args:
+        logits: (K, K), logits[i, j] = C_ij, the logit that y_i beats y_j with y_i shown as
+            candidate 1; the diagonal is ignored.
+        mode: "authors": the SPPO scripts' formation. `Blender.rank` scores each candidate
+            s_i = mean_j (C_ij - C_ji) over all K (llm-blender's "max_logits"; the j = i term
+            is 0), and `compute_prob.py` sets P_ij = sigmoid(s_i - s_j).
+            "both_orders": each order's probability, averaged,
+            P_ij = (sigmoid(C_ij) + 1 - sigmoid(C_ji)) / 2 (`symmetrize_preferences`).
+    Returns:
+        (K, K) float64, P + P.T = 1, diagonal 1/2.
+    """
+    if logits.dim() != 2 or logits.shape[0] != logits.shape[1]:
+        raise ValueError(f"logits must be a square (K, K) matrix, got shape {tuple(logits.shape)}")
+    c = logits.to(torch.float64).clone()
+    c.fill_diagonal_(0.0)
+    if mode == "authors":
+        s = (c - c.T).mean(dim=1)  # (K,)
+        return torch.sigmoid(s[:, None] - s[None, :])
+    if mode == "both_orders":
+        return symmetrize_preferences(torch.sigmoid(c))
+    raise ValueError(f"unknown PairRM preference mode {mode!r}; expected 'authors' or 'both_orders'")
 
 
 @dataclass(frozen=True)
 class PairRMSettings:
-    """The parts of llm-blender's ranker_config.json that inference needs (PairRM's values)."""
+    """The RankerConfig fields inference needs; defaults are llm-blender/PairRM's values."""
 
     n_tasks: int = 1
     drop_out: float = 0.05
@@ -54,12 +94,16 @@ class PairRMSettings:
     candidate_maxlength: int = 412
 
     @classmethod
-    def from_dir(cls, path: Path) -> PairRMSettings:
-        f = path / "ranker_config.json"
-        if not f.exists():
-            return cls()
-        raw = json.loads(f.read_text())
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+    def from_ranker_config(cls, raw: dict) -> PairRMSettings:
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if raw.get(k) is not None})
+
+    def capped(self, max_length: int | None) -> PairRMSettings:
+        """Lengths for a total budget of `max_length` tokens, split in the checkpoint's proportion
+        source : candidate : candidate (1224 : 412 : 412 for PairRM). None keeps the checkpoint's."""
+        if max_length is None:
+            return self
+        source = max_length * self.source_maxlength // (self.source_maxlength + 2 * self.candidate_maxlength)
+        return replace(self, source_maxlength=source, candidate_maxlength=(max_length - source) // 2)
 
 
 class PairRMModel(nn.Module):
@@ -108,66 +152,124 @@ def ensure_prefix_tokens(tokenizer) -> dict[str, int]:
     return {t: tokenizer.convert_tokens_to_ids(t) for t in PREFIX_TOKENS}
 
 
+def load_tokenizer(path: Path):
+    """The tokenizer in `path`. A DeBERTa-v3 directory with only `spm.model` (as
+    microsoft/deberta-v3-large ships) is read through sentencepiece's own API: transformers'
+    converter parses the model with protobuf, whose generated module may not match the
+    installed runtime."""
+    from transformers import AutoTokenizer
+
+    if (path / "tokenizer.json").exists() or not (path / "spm.model").exists():
+        return AutoTokenizer.from_pretrained(path)
+    import sentencepiece
+    from transformers import DebertaV2Tokenizer
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(path / "spm.model"))
+    vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+    cfg_file = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    keys = ("do_lower_case", "split_by_punct") + tuple(f"{t}_token" for t in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+    tok = DebertaV2Tokenizer(vocab=vocab, **{k: cfg[k] for k in keys if isinstance(cfg.get(k), (str, bool))})
+    added = path / "added_tokens.json"
+    for token, index in sorted(json.loads(added.read_text()).items() if added.exists() else [], key=lambda kv: kv[1]):
+        if token not in tok.get_vocab():
+            tok.add_tokens([token])
+        if tok.convert_tokens_to_ids(token) != index:
+            raise ValueError(f"{added}: {token!r} should have id {index}, got {tok.convert_tokens_to_ids(token)}")
+    return tok
+
+
 def encode_pair(tokenizer, settings: PairRMSettings, prefix_ids: dict[str, int], source: str, a: str, b: str) -> list[int]:
     """Token ids of one (source, a, b) sequence in PairRM's layout (see module docstring)."""
-    sep = tokenizer.sep_token or tokenizer.eos_token
-    sep_id = tokenizer.convert_tokens_to_ids(sep)
-    # The separator inside texts would split parts wrongly: llm-blender replaces it by a space.
-    clean = lambda s: s.replace(sep, " ")  # noqa: E731
-    src = tokenizer(SOURCE_PREFIX + clean(source) + sep, truncation=True, max_length=settings.source_maxlength)["input_ids"]
-    budget = settings.candidate_maxlength + max(0, settings.source_maxlength - len(src)) // 2
+    sep = tokenizer.sep_token
+    # llm-blender turns the separator inside texts into a space: it would split the parts.
+    def encode(text: str, max_length: int) -> list[int]:
+        return tokenizer(text.replace(sep, " "), truncation=True, max_length=max_length)["input_ids"]
+
+    src = encode(SOURCE_PREFIX + source, settings.source_maxlength)
+    budget = settings.candidate_maxlength + (settings.source_maxlength - len(src)) // 2
 
     def cand(text: str, prefix: str) -> list[int]:
-        ids = tokenizer(CAND_PREFIX + clean(text) + sep, truncation=True, max_length=budget)["input_ids"]
+        ids = encode(CAND_PREFIX + text, budget)
         return [prefix_ids[prefix] if t == prefix_ids[CAND_PREFIX] else t for t in ids]
 
-    def upto_last_sep(ids: list[int]) -> list[int]:
-        last = max(i for i, t in enumerate(ids) if t == sep_id)
-        return ids[: last + 1]
+    return src + cand(a, CAND1_PREFIX) + cand(b, CAND2_PREFIX)
 
-    return upto_last_sep(src) + upto_last_sep(cand(a, CAND1_PREFIX)) + upto_last_sep(cand(b, CAND2_PREFIX))
+
+def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, object]:
+    """Model and tokenizer from a local directory or hub id in either layout (module docstring).
+    `max_length` caps the whole input (see `PairRMSettings.capped`)."""
+    from transformers import AutoConfig
+
+    p = Path(path)
+    if not p.is_dir():
+        from huggingface_hub import snapshot_download
+
+        p = Path(snapshot_download(path))
+    cfg_file = p / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{p}: no config.json (llm-blender's ranker config or a DeBERTa-v2 config)")
+    raw = json.loads(cfg_file.read_text())
+    if "ranker_type" in raw:  # llm-blender/PairRM: encoder config and tokenizer from model_name
+        if raw["ranker_type"] != "pairranker" or not str(raw.get("model_type")).startswith("deberta"):
+            raise ValueError(
+                f"{cfg_file}: ranker_type {raw['ranker_type']!r}, model_type {raw.get('model_type')!r}; "
+                "PairRM is ranker_type 'pairranker' on a DeBERTa backbone (model_type 'deberta')."
+            )
+        if not raw.get("model_name"):
+            raise ValueError(f"{cfg_file}: model_name is empty; it names the DeBERTa backbone (microsoft/deberta-v3-large)")
+        settings = PairRMSettings.from_ranker_config(raw)
+        backbone = Path(raw["model_name"])
+        if not backbone.is_dir():
+            from huggingface_hub import snapshot_download
+
+            backbone = Path(snapshot_download(raw["model_name"], allow_patterns=["*.json", "*.model"]))
+    else:  # llm-blender/PairRM-hf: a DeBERTa-v2 config carrying the ranker fields
+        settings = PairRMSettings.from_ranker_config(raw)
+        backbone = p
+    config = AutoConfig.from_pretrained(backbone)
+    if config.model_type != "deberta-v2":
+        raise ValueError(
+            f"{backbone}: config.json has model_type {config.model_type!r}; PairRM's backbone is DeBERTa-v2/v3 ('deberta-v2')"
+        )
+    tokenizer = load_tokenizer(backbone)
+    prefix_ids = ensure_prefix_tokens(tokenizer)
+    config.vocab_size = len(tokenizer)  # llm-blender: resize_token_embeddings(len(tokenizer))
+    model = PairRMModel(config, settings.capped(max_length), prefix_ids)
+    # Checkpoints saved by older transformers carry the embeddings' position_ids buffer,
+    # which is not persistent any more: dropping it is safe; anything else must match.
+    state = {k: v for k, v in _load_state_dict(p).items() if not k.endswith("embeddings.position_ids")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{p}: weights do not match PairRM's layout (missing {missing[:5]}, unexpected {unexpected[:5]}); "
+            "expected llm-blender's CrossCompareReranker state dict (pretrained_model.*, head_layer.*)."
+        )
+    return model, tokenizer
 
 
 class PairRMJudge:
-    """Pairwise judge: P(a beats b) = sigmoid(PairRM logit), both orders combined per prompt."""
+    """Pairwise judge: PairRM logits for every ordered pair of a prompt's responses, made into
+    preferences by `preferences_from_logits` (default: the SPPO authors' formation)."""
 
-    def __init__(self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None):
+    def __init__(
+        self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None,
+        mode: PreferenceMode = "authors",
+    ):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.mode = mode
         self.stats = JudgeStats()
 
     @classmethod
-    def from_pretrained(cls, path: str, *, batch_size: int = 8, device: str | None = None) -> PairRMJudge:
-        """Load a directory holding config.json (DeBERTa-v2), the tokenizer, ranker_config.json
-        and pytorch_model.bin or model.safetensors (llm-blender's state dict)."""
-        from transformers import AutoConfig, AutoTokenizer
-
-        p = Path(path)
-        if not p.is_dir():
-            from huggingface_hub import snapshot_download
-
-            p = Path(snapshot_download(path))
-        config = AutoConfig.from_pretrained(p)
-        tokenizer = AutoTokenizer.from_pretrained(p)
-        prefix_ids = ensure_prefix_tokens(tokenizer)
-        if len(tokenizer) > config.vocab_size:
-            raise ValueError(
-                f"{p}: tokenizer has {len(tokenizer)} tokens (with PairRM's prefix tokens) but config.json's "
-                f"vocab_size is {config.vocab_size}; this is not a PairRM checkpoint."
-            )
-        model = PairRMModel(config, PairRMSettings.from_dir(p), prefix_ids)
-        # Checkpoints saved by older transformers carry the embeddings' position_ids buffer,
-        # which is not persistent any more: dropping it is safe; anything else must match.
-        state = {k: v for k, v in _load_state_dict(p).items() if not k.endswith("embeddings.position_ids")}
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{p}: weights do not match PairRM's layout (missing {missing[:5]}, unexpected {unexpected[:5]}); "
-                "expected llm-blender's CrossCompareReranker state dict (pretrained_model.*, head_layer.*)."
-            )
-        return cls(model, tokenizer, batch_size=batch_size, device=device)
+    def from_pretrained(
+        cls, path: str, *, batch_size: int = 8, device: str | None = None, max_length: int | None = None,
+        mode: PreferenceMode = "authors",
+    ) -> PairRMJudge:
+        model, tokenizer = load_pairrm(path, max_length)
+        return cls(model, tokenizer, batch_size=batch_size, device=device, mode=mode)
 
     @torch.no_grad()
     def pair_logits(self, items: list[tuple[Prompt, str, str]]) -> torch.Tensor:
@@ -186,11 +288,21 @@ class PairRMJudge:
             out.append(self.model(ids, mask).float().cpu())
         return torch.cat(out) if out else torch.zeros(0)
 
-    def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float]:
-        return torch.sigmoid(self.pair_logits(items)).tolist()
+    def logit_matrices(self, prompts: list[Prompt], responses: list[list[str]]) -> list[torch.Tensor]:
+        """One (K_p, K_p) matrix C per prompt, C[i, j] = logit that y_i (candidate 1) beats y_j;
+        every ordered pair i != j in one batched pass, diagonal 0 (llm-blender's `_full_predict`)."""
+        jobs = [(p, i, j) for p, c in enumerate(responses) for i in range(len(c)) for j in range(len(c)) if i != j]
+        logits = self.pair_logits([(prompts[p], responses[p][i], responses[p][j]) for p, i, j in jobs])
+        self.stats.count_call(len(jobs))
+        mats = [torch.zeros(len(c), len(c)) for c in responses]
+        for (p, i, j), v in zip(jobs, logits.tolist(), strict=True):
+            mats[p][i, j] = v
+        return mats
 
     def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
-        return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
+        return [PairwiseVerdict(preferences_from_logits(c, self.mode)) for c in self.logit_matrices(prompts, responses)]
 
 
 def _load_state_dict(p: Path) -> dict:
@@ -203,4 +315,15 @@ def _load_state_dict(p: Path) -> dict:
     raise FileNotFoundError(f"{p}: no pytorch_model.bin or model.safetensors (PairRM weights)")
 
 
-__all__ = ["PairRMModel", "PairRMJudge", "PairRMSettings", "encode_pair", "ensure_prefix_tokens", "PREFIX_TOKENS"]
+__all__ = [
+    "PREFIX_TOKENS",
+    "PairRMJudge",
+    "PairRMModel",
+    "PairRMSettings",
+    "PreferenceMode",
+    "encode_pair",
+    "ensure_prefix_tokens",
+    "load_pairrm",
+    "load_tokenizer",
+    "preferences_from_logits",
+]

@@ -38,7 +38,9 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     if cfg.type == "pairrm":
         from ..pairrm import PairRMJudge
 
-        return PairRMJudge.from_pretrained(cfg.model, batch_size=cfg.batch_size)  # lengths: ranker_config.json
+        # judge.max_length caps PairRM's input only when set; else the checkpoint's lengths (1224 + 2 x 412)
+        max_length = cfg.max_length if "max_length" in cfg.model_fields_set else None
+        return PairRMJudge.from_pretrained(cfg.model, batch_size=cfg.batch_size, max_length=max_length)
     raise ValueError(f"unknown judge.type {cfg.type!r}")
 
 
