@@ -27,7 +27,8 @@ FIELD_KEYS = tuple(DEFAULT_FIELDS)
 class PofeConfig(BaseModel):
     """The `pofe:` block."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Errors never repeat the input: it may hold a key (pofe.preprocess.config refuses those).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     method: MethodName | None = Field(
         default=None,

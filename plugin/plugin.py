@@ -17,6 +17,9 @@ class PofePlugin(BasePlugin):
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
         # the run follows the SFT builder path with POFE's trainer and collator.
         translate_raw_config(cfg)
+        # Validate the block now, on its own: axolotl's config model repeats each rejected
+        # input in its errors, and a key pasted into `pofe:` must be refused unrepeated.
+        pofe_config(cfg)
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"

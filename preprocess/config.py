@@ -14,8 +14,10 @@ only the NAME of the environment variable that holds one (`api_key_env`).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,8 +66,20 @@ class Sampling:
 
 
 class _Strict(BaseModel):
-    # Unknown keys are typos: fail and name them instead of silently ignoring them.
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # Unknown keys are typos: fail and name them instead of silently ignoring them. Errors
+    # never repeat the input: it may be a key pasted where it does not belong (`api_key:`).
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_key(cls, data):
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError(
+                "api_key: keys are never read from the config (it is written to logs and "
+                "outputs); put the key in an environment variable and set api_key_env to that "
+                "variable's name."
+            )
+        return data
 
 
 class GenerateConfig(_Strict):
@@ -118,10 +132,11 @@ class GenerateConfig(_Strict):
     )
     batch_size: BatchSize = 8
     request_timeout: float = Field(
-        120.0, gt=0.0, le=3600.0, description="openai: seconds per HTTP request."
+        120.0, gt=0.0, le=3600.0, description="openai: seconds per try, connect to last byte."
     )
     max_retries: int = Field(
-        4, ge=0, le=20, description="openai: retries after the first try (exponential back-off)."
+        4, ge=0, le=20,
+        description="openai: retries after the first try (Retry-After, else jittered exponential back-off).",
     )
     vllm_kwargs: dict = Field(
         default_factory=dict,
@@ -151,6 +166,7 @@ class GenerateConfig(_Strict):
                     "num_candidates / num_beam_groups beams)."
                 )
         _check_key_env(self.api_key_env, "generate")
+        _check_base_url(self.base_url, "generate")
         return self
 
     def sampling(self) -> Sampling:
@@ -217,7 +233,7 @@ class JudgeConfig(_Strict):
         description="Stop the run when more than this share of verdicts (candidates, or pairs for "
         "a pairwise judge) abstained; a run where every verdict abstained always stops.",
     )
-    request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per request.")
+    request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per try, connect to last byte.")
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 
@@ -239,6 +255,7 @@ class JudgeConfig(_Strict):
         if not lo < hi:
             raise ValueError(f"judge.score_range must be (low, high) with low < high, got {self.score_range}.")
         _check_key_env(self.api_key_env, "judge")
+        _check_base_url(self.base_url, "judge")
         return self
 
     @property
@@ -264,14 +281,60 @@ class PipelineConfig(_Strict):
     progress: bool = Field(True, description="Show tqdm progress bars.")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Prefixes of common API keys (OpenAI, Hugging Face, GitHub, Groq, Replicate, xAI).
+_KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "r8_", "xai-")
+
+
+def looks_like_key(value: str) -> bool:
+    """A known key prefix on a long value, or 24+ letters and digits with no '_' between words
+    (variable names are words joined by '_'; keys are random characters)."""
+    if value.startswith(_KEY_PREFIXES) and len(value) >= 20:
+        return True
+    return (
+        len(value) >= 24
+        and "_" not in value
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+    )
+
+
 def _check_key_env(name: str | None, block: str) -> None:
-    # A key pasted where the variable NAME belongs would end up in logs and summary.json.
+    # A key pasted where the variable NAME belongs would end up in logs, summary.json and
+    # the config dump: refuse it, and never repeat it in the error.
     if name is None:
         return
-    if not name.replace("_", "").isalnum() or name.startswith("sk-"):
+    if looks_like_key(name):
         raise ValueError(
-            f"{block}.api_key_env must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
-            "not the key itself."
+            f"{block}.api_key_env looks like an API key, not the NAME of an environment variable "
+            "(its value is not repeated here). Put the key in an environment variable "
+            f"(export OPENAI_API_KEY=...) and set {block}.api_key_env: OPENAI_API_KEY."
+        )
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(
+            f"{block}.api_key_env must be the NAME of an environment variable: letters, digits "
+            "and '_', not starting with a digit, e.g. OPENAI_API_KEY (the value given is not "
+            "repeated here, in case it is a key)."
+        )
+
+
+def redact_url(url: str) -> str:
+    """`url` with any `user:password@` replaced by `***@`."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
+def _check_base_url(url: str | None, block: str) -> None:
+    # Credentials in the URL would be written wherever the URL is (errors, logs, manifest,
+    # summary, config dump): refuse them; the key goes in an environment variable.
+    if url is not None and "@" in urlsplit(url).netloc:
+        raise ValueError(
+            f"{block}.base_url must not contain credentials (user:password@host), got "
+            f"{redact_url(url)}: the URL is written to logs and outputs. Remove them, put the key in "
+            f"an environment variable and set {block}.api_key_env to its name (the key is sent as "
+            "`Authorization: Bearer <key>`)."
         )
 
 
