@@ -30,12 +30,13 @@ def test_every_pofe_logger_is_named_under_axolotl():
     root = Path(__file__).parents[1]
     direct = [
         str(p.relative_to(root))
-        for p in (root / "plugin").rglob("*.py")
+        for folder in ("plugin", "preprocess")
+        for p in (root / folder).rglob("*.py")
         if p.name != "logs.py"
         and ("from axolotl.utils.logging import get_logger" in p.read_text()
              or "logging.getLogger(__name__)" in p.read_text())
     ]
-    assert direct == [], "use pofe.logs.get_logger"
+    assert direct == [], "use pofe.logs.get_logger (preprocess: logger_name)"
 
 
 def _base_env() -> dict[str, str]:
