@@ -154,22 +154,34 @@ def ensure_prefix_tokens(tokenizer) -> dict[str, int]:
 
 def load_tokenizer(path: Path):
     """The tokenizer in `path`. A DeBERTa-v3 directory with only `spm.model` (as
-    microsoft/deberta-v3-large ships) is read through sentencepiece's own API: transformers'
-    converter parses the model with protobuf, whose generated module may not match the
-    installed runtime."""
+    microsoft/deberta-v3-large ships) is built here, not by transformers' converter: that one
+    parses the model with protobuf, whose generated module may not match the installed
+    runtime. Pieces come from sentencepiece's own API; the normaliser is the one transformers 4
+    (llm-blender's) builds for DeBERTa-v2: [Lowercase,] Strip, the model's precompiled
+    character map (NFKC for DeBERTa-v3), runs of spaces collapsed."""
     from transformers import AutoTokenizer
 
     if (path / "tokenizer.json").exists() or not (path / "spm.model").exists():
         return AutoTokenizer.from_pretrained(path)
     import sentencepiece
+    from tokenizers import Regex, normalizers
     from transformers import DebertaV2Tokenizer
 
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(path / "spm.model"))
+    model = path / "spm.model"
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
     vocab = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
     cfg_file = path / "tokenizer_config.json"
     cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    keys = ("do_lower_case", "split_by_punct") + tuple(f"{t}_token" for t in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+    specials = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+    keys = ("do_lower_case", "split_by_punct") + tuple(f"{t}_token" for t in specials)
     tok = DebertaV2Tokenizer(vocab=vocab, **{k: cfg[k] for k in keys if isinstance(cfg.get(k), (str, bool))})
+    steps = [normalizers.Lowercase()] if cfg.get("do_lower_case") else []
+    steps.append(normalizers.Strip())
+    charsmap = _precompiled_charsmap(model.read_bytes())
+    if charsmap:
+        steps.append(normalizers.Precompiled(charsmap))
+    steps.append(normalizers.Replace(Regex(" {2,}"), " "))
+    tok.backend_tokenizer.normalizer = normalizers.Sequence(steps)
     added = path / "added_tokens.json"
     for token, index in sorted(json.loads(added.read_text()).items() if added.exists() else [], key=lambda kv: kv[1]):
         if token not in tok.get_vocab():
@@ -177,6 +189,41 @@ def load_tokenizer(path: Path):
         if tok.convert_tokens_to_ids(token) != index:
             raise ValueError(f"{added}: {token!r} should have id {index}, got {tok.convert_tokens_to_ids(token)}")
     return tok
+
+
+def _precompiled_charsmap(model_proto: bytes) -> bytes:
+    """ModelProto.normalizer_spec (field 3).precompiled_charsmap (field 2), read from the
+    protobuf wire format directly (see load_tokenizer for why not through protobuf)."""
+
+    def fields(buf: bytes):
+        i = 0
+        while i < len(buf):
+            key, i = varint(buf, i)
+            wire = key & 7
+            if wire == 0:
+                value, i = varint(buf, i)
+            elif wire == 2:
+                n, i = varint(buf, i)
+                value, i = buf[i : i + n], i + n
+            elif wire in (1, 5):  # fixed 64 / 32 bits
+                n = 8 if wire == 1 else 4
+                value, i = buf[i : i + n], i + n
+            else:
+                raise ValueError(f"spm.model: unexpected protobuf wire type {wire}")
+            yield key >> 3, value
+
+    def varint(buf: bytes, i: int) -> tuple[int, int]:
+        out = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            out |= (b & 0x7F) << shift
+            if b < 0x80:
+                return out, i
+            shift += 7
+
+    spec = next((v for f, v in fields(model_proto) if f == 3), b"")
+    return next((v for f, v in fields(spec) if f == 2), b"")
 
 
 def encode_pair(tokenizer, settings: PairRMSettings, prefix_ids: dict[str, int], source: str, a: str, b: str) -> list[int]:
@@ -230,7 +277,8 @@ def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, 
     config = AutoConfig.from_pretrained(backbone)
     if config.model_type != "deberta-v2":
         raise ValueError(
-            f"{backbone}: config.json has model_type {config.model_type!r}; PairRM's backbone is DeBERTa-v2/v3 ('deberta-v2')"
+            f"{backbone}: config.json has model_type {config.model_type!r}; "
+            "PairRM's backbone is DeBERTa-v2/v3 ('deberta-v2')"
         )
     tokenizer = load_tokenizer(backbone)
     prefix_ids = ensure_prefix_tokens(tokenizer)

@@ -10,10 +10,10 @@
                             dict (pretrained_model.*, head_layer.{1,4}.*) with the word embeddings
                             resized to len(tokenizer) = backbone vocabulary + [MASK] + 4 prefixes
 
-Weights come from a seeded generator over the encoder's (sorted) parameter names, so any venv
-rebuilds the same checkpoint; `weights_sha256` in the fixture proves it. spm.model (782 bytes,
-committed) was trained by sentencepiece 0.2.3 on a short English/digit corpus: unigram,
-vocab_size=64, normalization_rule_name="identity", pad/cls/sep/unk = 0/1/2/3 as DeBERTa-v3.
+Weights come from a seeded generator over the encoder's (sorted) parameter names, and
+spm.model is trained here on a short fixed corpus (unigram, 64 pieces, pad/cls/sep/unk =
+0/1/2/3 and the NFKC normaliser `nmt_nfkc`, as DeBERTa-v3's), so any venv rebuilds the same
+checkpoint; `weights_sha256` and `spm_sha256` in the fixture prove it.
 
 `main()` needs llm-blender 0.0.2 and transformers < 5 (`.ci/pairrm-reference.sh` builds that
 venv and runs this file). It loads root/pairrm with `Blender.loadranker` and records, per case,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -85,12 +84,21 @@ RANKER_CONFIG = {  # every RankerConfig field, as llm-blender/PairRM's config.js
 }
 N_PREFIX_TOKENS = 4  # <|source|>, <|candidate1|>, <|candidate2|>, <|candidate|>
 TOKENIZER_LEN = 64 + 1  # spm pieces + [MASK]
-# Sources as the SPPO scripts pass them (the policy's chat template around the prompt);
-# candidates short and long so both budgets truncate, one holding the [SEP] text.
+CORPUS = (
+    "the quick brown fox jumps over a lazy dog what is two plus four answer hello world how are you today "
+    "[INST] [/INST] <s> </s> <|user|> <|assistant|> yes no it equals 0 1 2 3 4 5 6 7 8 9 + = ? . , ! i think so"
+).split()
+# Sources as the SPPO scripts pass them (the policy's chat template around the prompt, with
+# its newlines); candidates short and long so both budgets truncate, one holding the [SEP]
+# text, some with what the NFKC map and whitespace rules change (full width, tabs, runs).
 CASES = [
     {
         "source": "<s> [INST] what is two plus two? [/INST]",
         "candidates": ["four", "it is 4.", "i think it equals five, no, four!"],
+    },
+    {
+        "source": "<|user|>\nwhat is two plus four？\n<|assistant|>\n",
+        "candidates": ["ｓｉｘ", "it  is\t6\n\nyes", " 6 "],
     },
     {
         "source": "hello",
@@ -101,6 +109,27 @@ CASES = [
         "candidates": ["nine", "9", "the answer is 9 words", "no idea"],
     },
 ]
+
+
+def train_spm(path: Path) -> None:
+    """A 64-piece unigram spm.model with DeBERTa-v3's special ids and NFKC normaliser."""
+    import sentencepiece
+
+    lines = [" ".join(CORPUS[i:] + CORPUS[:i]) for i in range(len(CORPUS))]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=(buf := _Buffer()), vocab_size=64, model_type="unigram",
+        normalization_rule_name="nmt_nfkc", pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]",
+        bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]", num_threads=1, minloglevel=2,
+        character_coverage=1.0, hard_vocab_limit=False,
+    )
+    path.write_bytes(buf.data)
+
+
+class _Buffer:
+    data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
 
 
 def encoder_state(config) -> dict[str, torch.Tensor]:
@@ -134,6 +163,11 @@ def weights_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def spm_digest(ranker_dir: Path) -> str:
+    model_name = json.loads((ranker_dir / "config.json").read_text())["model_name"]
+    return hashlib.sha256((Path(model_name) / "spm.model").read_bytes()).hexdigest()
+
+
 def build_checkpoint(root: Path) -> Path:
     """Write root/deberta-v3-tiny and root/pairrm (see the module docstring); return root/pairrm."""
     from safetensors.torch import save_file
@@ -145,7 +179,7 @@ def build_checkpoint(root: Path) -> Path:
     config = DebertaV2Config(**{k: v for k, v in ENCODER.items() if k != "model_type"})
     (base / "config.json").write_text(json.dumps(ENCODER, indent=2))
     (base / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG))
-    shutil.copy(FIXTURES / "spm.model", base / "spm.model")
+    train_spm(base / "spm.model")
     encoder = encoder_state(config)
     save_file(encoder, str(base / "model.safetensors"))
     # The trained ranker's encoder, embeddings cut to the resized vocabulary as llm-blender saves it.
@@ -209,6 +243,7 @@ def main(out: Path) -> None:
             "versions": {"llm_blender": "0.0.2", "transformers": transformers.__version__, "torch": torch.__version__,
                          "tokenizer_class": type(tok).__name__},
             "weights_sha256": weights_digest(state),
+            "spm_sha256": spm_digest(ranker_dir),
             "len_tokenizer": len(tok),
             "prefix_ids": {"source": tok.source_prefix_id, "candidate1": tok.cand1_prefix_id,
                            "candidate2": tok.cand2_prefix_id, "candidate": tok.cand_prefix_id},

@@ -1,7 +1,8 @@
 """PairRM: llm-blender's published layout and numbers, and how its logits become preferences.
 
 The parity tests rebuild the tiny seeded checkpoint of make_pairrm_reference.py (layout of
-llm-blender/PairRM: a RankerConfig config.json, pytorch_model.bin, backbone with spm.model only)
+llm-blender/PairRM: a RankerConfig config.json, pytorch_model.bin, a backbone with an NFKC
+spm.model only)
 and compare POFE against fixtures/pairrm/reference.json, which llm-blender 0.0.2's own code
 computed (.ci/pairrm-reference.sh). The remaining tests use a DeBERTa-v2 config.json carrying
 the ranker fields (the llm-blender/PairRM-hf layout) and a word-level tokenizer.
@@ -94,6 +95,7 @@ def test_published_layout_rebuilt_exactly(published_dir):
     """The checkpoint the reference was computed on: same weights, llm-blender's file layout."""
     state = torch.load(published_dir / "pytorch_model.bin", weights_only=True)
     assert reference.weights_digest(state) == REFERENCE["weights_sha256"]
+    assert reference.spm_digest(published_dir) == REFERENCE["spm_sha256"]  # else rerun .ci/pairrm-reference.sh
     assert sorted(p.name for p in published_dir.iterdir()) == ["config.json", "pytorch_model.bin"]
     raw = json.loads((published_dir / "config.json").read_text())
     assert raw["ranker_type"] == "pairranker" and raw["model_type"] == "deberta"
