@@ -270,7 +270,15 @@ def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, 
         if not backbone.is_dir():
             from huggingface_hub import snapshot_download
 
-            backbone = Path(snapshot_download(raw["model_name"], allow_patterns=["*.json", "*.model"]))
+            name = raw["model_name"]
+            try:  # the backbone's config and tokenizer only: the ranker's state dict holds every weight
+                backbone = Path(snapshot_download(name, allow_patterns=["*.json", "*.model"]))
+            except OSError as e:
+                raise FileNotFoundError(
+                    f"{cfg_file}: model_name {name!r} (the DeBERTa backbone) is neither a directory nor reachable "
+                    f"on the hub ({type(e).__name__}); its config.json, tokenizer_config.json and spm.model are "
+                    f"needed. Fetch them once: huggingface-cli download {name} config.json tokenizer_config.json spm.model"
+                ) from e
     else:  # llm-blender/PairRM-hf: a DeBERTa-v2 config carrying the ranker fields
         settings = PairRMSettings.from_ranker_config(raw)
         backbone = p

@@ -154,6 +154,9 @@ def test_published_layout_errors(published_dir, tmp_path):
     (d / "config.json").write_text(json.dumps({**raw, "ranker_type": "summareranker"}))
     with pytest.raises(ValueError, match=r"config.json: ranker_type 'summareranker'.*PairRM is ranker_type 'pairranker'"):
         PairRMJudge.from_pretrained(str(d))
+    (d / "config.json").write_text(json.dumps({**raw, "model_name": "nobody/no-such-backbone"}))  # offline in tests
+    with pytest.raises(FileNotFoundError, match="model_name 'nobody/no-such-backbone' .* Fetch them once: huggingface-cli"):
+        PairRMJudge.from_pretrained(str(d))
     (d / "config.json").write_text(json.dumps({**raw, "model_name": None}))
     with pytest.raises(ValueError, match="config.json: model_name is empty; it names the DeBERTa backbone"):
         PairRMJudge.from_pretrained(str(d))
