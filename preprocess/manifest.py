@@ -80,7 +80,9 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
     if old is not None and old != json.loads(_text(manifest)):
         parked = out / f"judge-{stable_hash(old, 12)}"
         judge_dir.rename(parked)
-        LOG.warning(f"POFE: judge settings changed ({', '.join(_diff(old, manifest))}); earlier judge shards kept in {parked}")
+        LOG.warning(
+            f"POFE: judge settings changed ({', '.join(_diff(old, manifest))}); earlier judge shards kept in {parked}"
+        )
     elif old is None and judge_dir.exists() and any(judge_dir.glob("shard-*.jsonl")):
         raise ManifestMismatch(f"{judge_dir} holds shards but no manifest.json: delete it to judge again.")
     returning = out / f"judge-{stable_hash(json.loads(_text(manifest)), 12)}"

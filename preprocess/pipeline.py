@@ -33,6 +33,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -48,7 +49,7 @@ from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
 from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
-from .stages import generate_shard, judge_shard
+from .stages import column_texts, generate_shard, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
@@ -85,7 +86,8 @@ def run_pipeline(
             blocks; candidates.out_dir must be set.
         policy_path: the policy (tokenizer for the chat template; default generation model).
         generator / judge_impl: pre-built backends (tests, or callers that reuse one model
-            across calls); built from the configs when None, and only if a shard needs them.
+            across calls); built from the configs when None, and only if a shard needs them
+            (but a python judge is loaded at once: a bad judge.function fails before generating).
         stop_after: run the stages up to this one only (their shards stay for a later run);
             then nothing is built and None is returned.
     Returns:
@@ -173,8 +175,11 @@ def _generate_stage(
     used (None if none was needed)."""
     size = candidates.shard_size
     n_shards = math.ceil(len(rows) / size)
-    shards = [_reuse(gen_dir, s, lambda r, s=s: check_generate_shard(r, s * size, len(rows[s * size : (s + 1) * size])), redone, "generate")
-              for s in range(n_shards)]
+    shards = [
+        _reuse(gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=_prompts_in([s], size, len(rows))),
+               redone)
+        for s in range(n_shards)
+    ]
     todo = [s for s in range(n_shards) if shards[s] is None]
     tokenizer = None
     with _bar(candidates.progress, len(rows), "generate", done=len(rows) - _prompts_in(todo, size, len(rows))) as bar:
@@ -204,11 +209,12 @@ def _judge_stage(
 ) -> tuple[list[list[dict]], ScalarJudge | PairwiseJudge | None]:
     """Every judge shard's rows, writing the missing (or damaged) ones; and the judge used.
     Stops (abstentions.py) when the judge gives too little signal."""
-    shards = [_reuse(judge_dir, s, lambda r, g=g: check_judge_shard(r, g), redone, "judge") for s, g in enumerate(generated)]
+    shards = [_reuse(judge_dir, s, partial(check_judge_shard, generated=g), redone) for s, g in enumerate(generated)]
     todo = [s for s, shard in enumerate(shards) if shard is None]
     if todo and judge_impl is None:
         judge_impl = make_judge(cfg)
-    check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit="pairs" if cfg.is_pairwise else "candidates")
+    unit = "pairs" if cfg.is_pairwise else "candidates"
+    check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit=unit)
     tally = AbstentionTally().plus([r for shard in shards if shard is not None for r in shard])
     done = n_rows - _prompts_in(todo, candidates.shard_size, n_rows)
     with _bar(candidates.progress, n_rows, "judge", done=done) as bar:
@@ -223,13 +229,14 @@ def _judge_stage(
     return shards, judge_impl
 
 
-def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int], stage: str) -> list[dict] | None:
-    """Shard s's rows if it exists and passes `check`; a damaged one is removed and counted."""
+def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int]) -> list[dict] | None:
+    """Shard s's rows if it exists and passes `check`; a damaged one is removed and counted
+    in `redone` under its stage's name."""
     path = shard_path(stage_dir, s)
     rows, why = read_verified(path, check)
     if why is not None:
         LOG.warning(f"POFE: {path} is damaged ({why}); redoing it")
-        redone[stage] = redone.get(stage, 0) + 1
+        redone[stage_dir.name] = redone.get(stage_dir.name, 0) + 1
     return rows
 
 
@@ -248,6 +255,8 @@ def _check_inputs(rows: list[dict], prompt_column: str, generate: GenerateConfig
                 f"generate.include_dataset_responses names {missing}, which prompt row {i} does not have "
                 f"(columns: {sorted(r)}); a typo?"
             )
+        for c in generate.include_dataset_responses:
+            column_texts(r, c, i)  # raises on a value that is not text
     if not generate.include_dataset_responses and generate.num_candidates < candidates.min_candidates:
         raise ValueError(
             f"generate.num_candidates={generate.num_candidates} gives at most {generate.num_candidates} candidate(s) "

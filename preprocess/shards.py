@@ -55,13 +55,14 @@ def check_generate_shard(rows: list[dict], first_index: int, planned: int) -> st
 def check_judge_shard(judged: list[dict], generated: list[dict]) -> str | None:
     """Why a judge shard does not match its generate shard (None if it does): the same rows
     and prompts, and every candidate accounted for (kept, or abstained for a scalar judge)."""
-    if [r["index"] for r in judged] != [g["index"] for g in generated]:
-        return f"rows {_span([r['index'] for r in judged])}, its generate shard has {_span([g['index'] for g in generated])}"
+    have, want = [r["index"] for r in judged], [g["index"] for g in generated]
+    if have != want:
+        return f"rows {_span(have)}, its generate shard has rows {_span(want)}"
     for j, g in zip(judged, generated):
         scalar_abstained = j["abstained"] if j["rewards"] is not None else 0
-        want = len(g["candidates"]) if g["dropped"] is None else 0
-        if j["prompt"] != g["prompt"] or len(j["responses"]) + scalar_abstained != want:
-            return f"row {j['index']} does not match its generate shard ({want} candidates)"
+        n = len(g["candidates"]) if g["dropped"] is None else 0
+        if j["prompt"] != g["prompt"] or len(j["responses"]) + scalar_abstained != n:
+            return f"row {j['index']} does not match its generate shard ({n} candidates)"
     return None
 
 

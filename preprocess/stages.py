@@ -58,7 +58,7 @@ def generate_shard(
             continue
         cands, sources = [], []
         for col in cfg.include_dataset_responses:
-            for text in _column_texts(row, col, first_index + i):
+            for text in column_texts(row, col, first_index + i):
                 cands.append(text)
                 sources.append(col)
         cands += by_row[i]
@@ -85,7 +85,8 @@ def generate_shard(
     return out
 
 
-def _column_texts(row: dict, col: str, index: int) -> list[str]:
+def column_texts(row: dict, col: str, index: int) -> list[str]:
+    """A dataset-response column's texts for one row (None: none); raises on a non-text value."""
     v = row.get(col)
     if v is None:
         return []

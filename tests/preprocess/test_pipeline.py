@@ -362,6 +362,16 @@ def test_checked_before_generating(tiny_policy, tmp_path, update, judge_fn, erro
     assert gen.calls == 0 and not list(tmp_path.glob("generate/shard-*"))
 
 
+def test_dataset_response_of_the_wrong_type_is_found_before_generating(tiny_policy, tmp_path):
+    gen = ScriptedGenerator()
+    rows = ROWS[:2] + [{"prompt": "1+1=", "human": 2}]
+    with pytest.raises(TypeError, match="row 2, column 'human' .*expected a string or a list of strings, got int"):
+        run_pipeline(rows, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
+                     judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+    assert gen.calls == 0
+
+
 def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
     """Judge A, then B: no generation, generate shards untouched, B's rewards. Back to A: its
     parked judge shards come back untouched and data.jsonl is A's again."""

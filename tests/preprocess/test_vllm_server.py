@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from pofe.preprocess.abstentions import NoJudgeSignal
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
@@ -51,19 +52,25 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
                          temperature=1.0, seed=1)
     judge = JudgeConfig(type="pairwise_llm", base_url=base, model=model, rubric=SHORT_PAIRWISE,
                         max_new_tokens=1, use_logprobs=True)
-    res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
-                       generate=gen, judge=judge, candidates=PipelineConfig(out_dir=str(tmp_path), progress=False))
-    rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
-    for r in rows:
+    judge_impl = make_judge(judge)
+    try:
+        res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
+                           generate=gen, judge=judge, candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                           judge_impl=judge_impl)
+    except NoJudgeSignal as e:
+        # the random tiny model seldom answers A or B: a judge without signal stops the run
+        assert "'unparseable'" in str(e)
+        res = None
+    for r in [] if res is None else [json.loads(l) for l in res.data_path.read_text().splitlines()]:
         k = len(r["responses"])
         assert k >= 2 and len(r["win_rates"]) == k
         assert all(0.0 <= w <= 1.0 for w in r["win_rates"])
         assert sum(r["win_rates"]) == pytest.approx(k / 2)  # P + P.T = 1 after both-order averaging
-    s = res.summary
-    assert s["judge_requests_last_run"]["failures"] == 0
+    stats = judge_impl.client.stats
+    assert stats.failures == 0
     # every ordered pair was asked once: K (K - 1) requests per prompt
-    generated = [json.loads(l) for f in sorted((tmp_path / "generate").glob("*.jsonl")) for l in f.read_text().splitlines()]
-    assert s["judge_requests_last_run"]["requests"] == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
+    generated = [json.loads(l) for f in sorted((tmp_path / "generate").glob("shard-*.jsonl")) for l in f.read_text().splitlines()]
+    assert stats.requests == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
 
 
 def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
