@@ -63,6 +63,10 @@ def check_manifest(stage_dir: Path, manifest: dict) -> None:
     the keys that differ."""
     path = stage_dir / "manifest.json"
     old = _read(path)
+    if old is None and any(stage_dir.glob("shard-*.jsonl")):
+        raise ManifestMismatch(
+            f"{stage_dir} holds shards but no manifest.json (an older POFE?): delete it to start over."
+        )
     if old is None:
         write_atomic(path, _text(manifest))
     elif old != json.loads(_text(manifest)):
@@ -83,8 +87,6 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
         LOG.warning(
             f"POFE: judge settings changed ({', '.join(_diff(old, manifest))}); earlier judge shards kept in {parked}"
         )
-    elif old is None and judge_dir.exists() and any(judge_dir.glob("shard-*.jsonl")):
-        raise ManifestMismatch(f"{judge_dir} holds shards but no manifest.json: delete it to judge again.")
     returning = out / f"judge-{stable_hash(json.loads(_text(manifest)), 12)}"
     if not judge_dir.exists() and returning.exists():
         returning.rename(judge_dir)

@@ -124,6 +124,9 @@ def test_resume_skips_done_shards_and_manifest_guards(tiny_policy, tmp_path):
     assert g2.calls == 0  # generation shards were all reused
     with pytest.raises(ManifestMismatch, match="differs in: generate"):
         run_pipeline(ROWS, generate=GEN.model_copy(update={"seed": 1}), generator=g2, **kw)
+    (tmp_path / "generate" / "manifest.json").unlink()  # shards of unknown origin are never reused
+    with pytest.raises(ManifestMismatch, match="generate holds shards but no manifest.json"):
+        run_pipeline(ROWS, generate=GEN, generator=g2, **kw)
 
 
 def _picky(prompt, response):
