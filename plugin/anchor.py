@@ -5,7 +5,8 @@ itself, before its first update, gives every anchor log-prob; no second model si
 memory. With a fresh LoRA/QLoRA adapter (B = 0) the adapted policy equals its base;
 with a loaded adapter (`lora_model_dir`, the previous SPPO iterate) it is that iterate,
 which is the anchor SPPO asks for. The table is cached beside the prepared data, keyed
-on the model's weight files as well as the config (`weights_identity`).
+on the model's weight files as well as the config (`weights_identity`), and on the
+tokenised rows' content (`rows_digest`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
@@ -56,7 +58,7 @@ class AnchorLogps:
     def _cache_path(self) -> Path:
         cfg = self.trainer.axolotl_cfg
         identity = {key: str(cfg.get(key)) for key in MODEL_IDENTITY_KEYS}
-        identity["data"] = [d._fingerprint for d in self._datasets()]
+        identity["data"] = [rows_digest(d) for d in self._datasets()]
         identity["weights"] = [
             weights_identity(cfg.base_model, cfg.revision_of_model),
             weights_identity(cfg.lora_model_dir),
@@ -71,6 +73,15 @@ class AnchorLogps:
         if path.exists():
             LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
             return torch.load(path, weights_only=True)
+        step = self.trainer.state.global_step
+        if step > 0:
+            # the policy has trained: its log-probs are no longer pi_t's
+            raise RuntimeError(
+                f"SPPO's anchor is the policy before training, but this run resumes at step "
+                f"{step} and no anchor table for its rows and model is cached at {path}. "
+                "Restore the table computed at step 0 (same model, same prepared data), or "
+                "start the training over without resume_from_checkpoint."
+            )
         table = self.compute(model)
         if self.trainer.accelerator.is_main_process:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +115,22 @@ class AnchorLogps:
             model.train(was_training)
         LOG.info(f"POFE: computed SPPO anchor log-probs for {num_rows} rows")
         return table
+
+
+def rows_digest(dataset, columns=("row_id", "prompt_ids", "response_ids")) -> str:
+    """sha256 of the token columns of `dataset`, in row order.
+
+    The same rows give the same digest however the dataset was made (prepared in this
+    run, or loaded from disk after a restart: `datasets` fingerprints differ there).
+    """
+    digest = hashlib.sha256()
+    arrow = dataset.select_columns(list(columns)).with_format("arrow")
+    for batch in arrow.iter(batch_size=4096):  # pa.Table slices, serialised as they hold
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_table(batch)
+        digest.update(sink.getvalue())
+    return digest.hexdigest()
 
 
 def weights_identity(source: str | None, revision: str | None = None) -> list | None:

@@ -52,7 +52,14 @@ def test_local_files_digest_covers_folders_and_skips_hub_names(tmp_path):
     assert local_files_digest(entries)[0] != first
 
 
-def _anchor_for(tmp_path, base_model, calls):
+def _token_rows(responses=((5, 6), (7,))):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"row_id": [0], "prompt_ids": [[1, 2]], "response_ids": [[list(r) for r in responses]],
+                              "win_rates": [[1.0, 0.0]]})
+
+
+def _anchor_for(tmp_path, base_model, calls, step=0):
     """An AnchorLogps on a stand-in trainer whose anchor pass records that it ran."""
     import torch
 
@@ -60,9 +67,10 @@ def _anchor_for(tmp_path, base_model, calls):
 
     trainer = SimpleNamespace(
         axolotl_cfg=DictDefault(base_model=str(base_model), dataset_prepared_path=str(tmp_path / "prep")),
-        train_dataset=SimpleNamespace(_fingerprint="rows-v1"),
+        train_dataset=_token_rows(),
         eval_dataset=None,
         accelerator=SimpleNamespace(is_main_process=True),
+        state=SimpleNamespace(global_step=step),
     )
     anchor = AnchorLogps(trainer)
     anchor.compute = lambda model: calls.append(model) or torch.full((2, 2), float(len(calls)))
@@ -87,3 +95,37 @@ def test_anchor_table_follows_the_weights_at_the_same_path(tmp_path):
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     fresh = _anchor_for(tmp_path, model, calls)._load_or_compute("policy")
     assert len(calls) == 2 and not fresh.equal(first)
+
+
+def test_rows_digest_follows_content_not_fingerprint(tmp_path):
+    """A dataset prepared in the run and the same rows loaded from disk after a restart
+    have different `datasets` fingerprints; the anchor cache must find the same table."""
+    from datasets import load_from_disk
+
+    from pofe.anchor import rows_digest
+
+    rows = _token_rows()
+    rows.save_to_disk(tmp_path / "saved")
+    reloaded = load_from_disk(tmp_path / "saved")
+    assert reloaded._fingerprint != rows._fingerprint
+    assert rows_digest(reloaded) == rows_digest(rows)
+    assert rows_digest(_token_rows(((5, 6), (8,)))) != rows_digest(rows)  # one token differs
+    # a selection holds only the rows it selects
+    two = _token_rows().add_item({"row_id": 1, "prompt_ids": [3], "response_ids": [[4]], "win_rates": [0.5]})
+    assert rows_digest(two.select([0])) == rows_digest(rows)
+
+
+def test_anchor_is_never_computed_from_a_trained_policy(tmp_path):
+    """A run resumed at step 3 whose anchor table is missing would otherwise take the
+    partly trained checkpoint as pi_t (sppo/logratio 0 at the resumed step)."""
+    import pytest
+    import torch
+
+    calls = []
+    anchor = _anchor_for(tmp_path, tmp_path / "absent-model", calls, step=3)
+    with pytest.raises(RuntimeError, match="resumes at step 3"):
+        anchor._load_or_compute("policy")
+    assert calls == []
+    _anchor_for(tmp_path, tmp_path / "absent-model", calls, step=0)._load_or_compute("policy")
+    resumed = _anchor_for(tmp_path, tmp_path / "absent-model", calls, step=3)._load_or_compute("policy")
+    assert len(calls) == 1 and resumed.equal(torch.full((2, 2), 1.0))  # the step-0 table
