@@ -59,9 +59,15 @@ class PofeConfig(BaseModel):
     # Performance (both leave the scores unchanged, up to float rounding)
     prefix_sharing: bool = Field(
         default=True,
-        description="Encode each prompt once: pack `prompt, r_1..r_k` in one row with a "
-        "block attention mask (eager/sdpa; off automatically with flash attention or "
-        "sample packing).",
+        description="Encode each prompt once (`prefix_layout` says how); off "
+        "automatically with sample packing.",
+    )
+    prefix_layout: Literal["auto", "packed", "cache"] = Field(
+        default="auto",
+        description="`packed`: `prompt, r_1..r_k` in one row with a block attention mask "
+        "(eager/sdpa); `cache`: the prompt once, then the k responses over its KV cache "
+        "(any backend); `auto`: cache where the backend takes no 4D mask, else per batch "
+        "the one with fewer attention scores (`pofe.prefix`).",
     )
     logit_chunk_size: int = Field(
         default=DEFAULT_LOGIT_CHUNK_SIZE,

@@ -1,22 +1,29 @@
-"""Prefix sharing: one packed row ``prompt, r_1, ..., r_k`` per prompt.
+"""Prefix sharing: the k candidates of a prompt share its prompt, so it is encoded once.
 
-The k candidates of a prompt share its prompt, so the prompt is encoded once. Each
-packed row carries:
+The collator packs one row ``prompt, r_1, ..., r_k`` per prompt. Each packed row carries:
 
     segment_ids  (L,)  -1 padding, 0 prompt, i the i-th response (1-based)
     position_ids (L,)  0..P-1 for the prompt, then P, P+1, ... again for every response
 
-and attention follows :func:`block_attention_mask`: a prompt token sees the earlier
-prompt tokens, a response token sees the whole prompt and the earlier tokens of its
-own response, never another response. With these positions and this mask every
+and scoring runs it in one of two layouts (`pofe.prefix_layout`), both exact: every
 response token sees exactly the keys, values and rotary positions it sees in its own
-``prompt + response`` row, so log-probs and gradients equal the unshared layout's
-(up to float rounding in the sums).
+``prompt + response`` row, so log-probs and gradients equal the unshared layout's (up to
+float rounding in the sums).
 
-The mask is a custom 4D tensor, which transformers passes through unchanged to the
-eager and sdpa kernels (``masking_utils._preprocess_mask_arguments`` returns 4D masks
-as-is). Flash-attention kernels take no such mask and sample packing builds its own
-rows: there POFE falls back to the unshared layout (:func:`prefix_sharing_enabled`).
+- ``packed``: the row as it is, attention following :func:`block_attention_mask` (a
+  prompt token sees the earlier prompt tokens, a response token the whole prompt and the
+  earlier tokens of its own response). The mask is a custom 4D tensor, which transformers
+  passes unchanged to the eager and sdpa kernels (``masking_utils`` returns 4D masks
+  as-is); the kernels then score all L x L pairs, most of them masked.
+- ``cache``: the prompts run once, their keys and values are kept, and the responses run
+  as k rows each that read them (`pofe.prefix_cache`). No custom mask, so any backend
+  (flash attention, FlexAttention included); it pays two forwards and a copy of the
+  prompt's keys per response row instead of the masked scores.
+
+``auto`` takes the cache layout where the backend takes no 4D mask, and otherwise for each
+batch the one with fewer attention scores to compute, the packed row's counted at a
+:data:`CACHE_FACTOR` discount (:func:`choose_layout`). Sample packing builds its own rows:
+there POFE falls back to the unshared layout (:func:`prefix_sharing_enabled`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,23 @@ LOG = get_logger(__name__)
 
 # attention backends (transformers' `config._attn_implementation`) that accept a custom 4D mask
 MASK_BACKENDS = ("eager", "sdpa")
+PREFIX_LAYOUTS = ("auto", "packed", "cache")
+# `auto` runs the cache layout when the packed rows have more than CACHE_FACTOR times its
+# attention scores (:func:`attention_scores`). Measured on the CPU (benchmarks/run.py,
+# sdpa and eager, 1 thread): at 1.6x (k = 2, prompt 256, responses 128) both layouts took
+# the same time; at 2.6x (k = 8, prompt 512) and 4.6x (k = 6, prompt 64) the cache layout
+# was 12-30% faster. Its fixed costs (a second forward, the copied keys) sit between.
+CACHE_FACTOR = 2.0
+
+
+def _configured_reentrant(cfg: Mapping[str, Any]) -> bool:
+    """Whether the axolotl config checkpoints layers in a way that cuts the cache layout's gradient."""
+    mode = cfg.get("gradient_checkpointing")
+    if not mode:
+        return False
+    if mode is not True:  # axolotl's `offload` and similar modes run their own autograd function
+        return True
+    return bool((cfg.get("gradient_checkpointing_kwargs") or {}).get("use_reentrant", False))
 
 
 def prefix_sharing_blocker(cfg: Mapping[str, Any], is_eval: bool = False) -> str | None:
@@ -41,24 +65,80 @@ def prefix_sharing_blocker(cfg: Mapping[str, Any], is_eval: bool = False) -> str
     if cfg.get("sample_packing") or (is_eval and cfg.get("eval_sample_packing")):
         return "sample packing builds its own packed rows"
     attn = cfg.get("attn_implementation")
-    if attn is not None and attn not in MASK_BACKENDS:
-        return f"attn_implementation {attn!r} takes no custom 4D attention mask (only {MASK_BACKENDS} do)"
+    if attn is not None and attn not in MASK_BACKENDS and not is_eval and _configured_reentrant(cfg):
+        return (f"attn_implementation {attn!r} takes no custom 4D mask and reentrant gradient "
+                "checkpointing cuts the cache layout's gradient; set "
+                "`gradient_checkpointing_kwargs: {use_reentrant: false}` to share prompts")
     return None
 
 
-def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> bool:
-    """`pofe.prefix_sharing` unless the config rules it out; logs the fallback once.
+def layout_rule(layout: str, attn: str | None) -> str:
+    """What `pofe.prefix_layout` does on this backend, in words (the log line)."""
+    if layout == "packed" or (layout == "auto" and attn is not None and attn not in MASK_BACKENDS):
+        return {"packed": "packed rows with a block attention mask",
+                "auto": "the prompt's KV cache (the backend takes no 4D mask)"}[layout]
+    if layout == "cache":
+        return "the prompt's KV cache"
+    return (f"per batch, the prompt's KV cache when packed rows would compute more than "
+            f"{CACHE_FACTOR:g}x its attention scores, else packed rows with a block mask")
 
-    The plugin's `get_collator_cls_and_kwargs` passes the result to `KResponseCollator`.
+
+def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> bool:
+    """`pofe.prefix_sharing` unless the config rules it out; logs the layout that runs.
+
+    The plugin's `get_collator_cls_and_kwargs` passes the result to `KResponseCollator`
+    (once for the train and once for the eval collator: one line each).
     """
-    if not pofe_config(cfg).prefix_sharing:
+    pofe = pofe_config(cfg)
+    split = "eval" if is_eval else "train"
+    if not pofe.prefix_sharing:
         return False
+    attn = cfg.get("attn_implementation")
+    if pofe.prefix_layout == "packed" and attn is not None and attn not in MASK_BACKENDS:
+        raise ValueError(
+            f"pofe.prefix_layout: packed needs attn_implementation in {MASK_BACKENDS} (a custom 4D "
+            f"mask), the config sets {attn!r}; use `pofe.prefix_layout: auto` (the cache layout)"
+        )
     reason = prefix_sharing_blocker(cfg, is_eval)
     if reason is not None:
-        # the train and the eval collator both ask: say it once per reason
-        LOG.warning_once(f"POFE: prefix sharing off ({reason}); scoring k full rows per prompt")
+        LOG.warning(f"POFE ({split}): prefix sharing off ({reason}); scoring k full rows per prompt")
         return False
+    LOG.info(f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn)} "
+             f"(pofe.prefix_layout: {pofe.prefix_layout})")
     return True
+
+
+def attention_scores(segment_ids: torch.Tensor, candidate_mask: torch.Tensor) -> tuple[int, int]:
+    """Query-key pairs the kernels compute for a packed batch (B, L) in each layout.
+
+    packed: B rows of L x L (masked pairs included). cache: B prompts of P x P plus
+    N = candidate_mask.sum() response rows of R x (P + R), P and R the longest prompt
+    and response (each side is padded to them).
+    """
+    b, l = segment_ids.shape
+    p = int((segment_ids == 0).sum(1).max())
+    sizes = torch.nn.functional.one_hot((segment_ids + 1).clamp(min=0)).sum(1)[:, 2:]  # (B, K) tokens per response
+    r = int(sizes.max()) if sizes.numel() else 0
+    return b * l * l, b * p * p + int(candidate_mask.sum()) * r * (p + r)
+
+
+def choose_layout(
+    layout: str, backend: str, segment_ids: torch.Tensor, candidate_mask: torch.Tensor, reentrant: bool = False
+) -> str:
+    """`packed` or `cache` for this batch on this attention backend (see the module docstring).
+
+    `reentrant`: the layers are checkpointed reentrantly, which only the packed layout survives.
+    """
+    if layout not in PREFIX_LAYOUTS:
+        raise ValueError(f"prefix layout must be one of {PREFIX_LAYOUTS}, got {layout!r}")
+    if layout != "auto":
+        return layout
+    if backend not in MASK_BACKENDS:
+        return "cache"
+    if reentrant:
+        return "packed"
+    packed, cache = attention_scores(segment_ids, candidate_mask)
+    return "cache" if packed > CACHE_FACTOR * cache else "packed"
 
 
 def block_attention_mask(segment_ids: torch.Tensor, backend: str, dtype: torch.dtype) -> torch.Tensor:
@@ -90,13 +170,13 @@ def block_attention_mask(segment_ids: torch.Tensor, backend: str, dtype: torch.d
     )
 
 
-def check_backend(model: torch.nn.Module, position_ids: torch.Tensor) -> None:
-    """Raise if the model cannot run a packed batch exactly (the collator was misconfigured)."""
+def check_backend(model: torch.nn.Module, position_ids: torch.Tensor, layout: str) -> None:
+    """Raise if the model cannot run a prefix-shared batch in `layout` exactly."""
     backend = attention_backend(model)
-    if backend not in MASK_BACKENDS:
+    if layout == "packed" and backend not in MASK_BACKENDS:
         raise ValueError(
-            f"a prefix-shared batch reached a model running attn_implementation {backend!r}, "
-            f"which takes no custom 4D mask; set `pofe.prefix_sharing: false`"
+            f"a packed prefix-shared batch reached a model running attn_implementation {backend!r}, "
+            f"which takes no custom 4D mask; set `pofe.prefix_layout: auto` (the cache layout)"
         )
     config = model_config(model)
     window = getattr(config, "sliding_window", None)

@@ -12,11 +12,12 @@ Two batch layouts reach :func:`score_candidates` (see ``pofe.collator``):
 - unshared: N = sum_b k_b rows ``prompt + response``, labels on the response tokens;
   the token at t + 1 is predicted by the hidden state at t.
 - prefix-shared (the batch carries ``segment_ids``): one row per prompt,
-  ``prompt, r_1, ..., r_k``, with a block attention mask (``pofe.prefix``). The first
-  token of every response is predicted by the last prompt position, every later token
-  by the previous token of the same response.
+  ``prompt, r_1, ..., r_k``, run either as it is with a block attention mask or as the
+  prompts and then the responses over the prompts' KV cache (``pofe.prefix``,
+  ``pofe.prefix_cache``). The first token of every response is predicted by the last
+  prompt position, every later token by the previous token of the same response.
 
-Both give the same (B, K) log-probs and lengths: the trainers cannot tell them apart.
+All give the same (B, K) log-probs and lengths: the trainers cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from torch.utils.checkpoint import checkpoint
 from .layout import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
 from .logs import get_logger
 from .modeling import attention_backend, logits_are_plain, mask_dtype, output_embedding
-from .prefix import block_attention_mask, check_backend
+from .prefix import block_attention_mask, check_backend, choose_layout
+from .prefix_cache import cache_hidden_states, reentrant_checkpointing
 
 LOG = get_logger(__name__)
 
@@ -221,9 +223,6 @@ def packed_response_logps(
         logp_sum (N,) float32 and lengths (N,) int64, N = candidate_mask.sum(), in the
         row-major order of candidate_mask (the unshared layout's row order).
     """
-    check_backend(model, position_ids)
-    if not logits_are_plain(model):
-        raise ValueError("prefix sharing needs plain lm_head logits; set pofe.prefix_sharing: false")
     mask4d = block_attention_mask(segment_ids, attention_backend(model), mask_dtype(model))  # (B, 1, L, L)
     hidden = final_hidden_states(
         model, input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids
@@ -235,24 +234,55 @@ def packed_response_logps(
     return logp_sum, torch.bincount(cand, minlength=n)
 
 
+def cache_response_logps(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    candidate_mask: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`packed_response_logps` through the prompts' KV cache (`pofe.prefix_cache`)."""
+    hidden, tgt, cand = cache_hidden_states(model, input_ids, segment_ids, position_ids, candidate_mask)  # (M, H)
+    logps = token_logps(output_embedding(model), hidden, tgt, chunk_size)  # (M,)
+    n = int(candidate_mask.sum())
+    logp_sum = logps.new_zeros(n).index_add(0, cand, logps)
+    return logp_sum, torch.bincount(cand, minlength=n)
+
+
 def score_candidates(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    *,
+    chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
+    prefix_layout: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logp_sum and lengths as (B, K) for a `KResponseCollator` batch of either layout.
 
+    A prefix-shared batch runs in the layout `pofe.prefix.choose_layout` picks from
+    `prefix_layout` (`pofe.prefix_layout`), the model's attention backend and the batch.
     Padded candidate slots hold 0 (the losses mask them with candidate_mask).
     """
     mask = inputs["candidate_mask"]  # (B, K)
     if "segment_ids" in inputs:
-        logp_sum, lengths = packed_response_logps(
-            model,
-            inputs["input_ids"],
-            inputs["attention_mask"],
-            inputs["segment_ids"],
-            inputs["position_ids"],
-            mask,
-            chunk_size=chunk_size,
-        )  # (N,)
+        segment_ids, position_ids = inputs["segment_ids"], inputs["position_ids"]
+        grad = torch.is_grad_enabled() and model.training
+        layout = choose_layout(prefix_layout, attention_backend(model), segment_ids, mask,
+                               reentrant=grad and reentrant_checkpointing(model))
+        LOG.debug(f"POFE: prefix layout {layout} for a batch of {tuple(segment_ids.shape)}")
+        check_backend(model, position_ids, layout)
+        if not logits_are_plain(model):
+            raise ValueError("prefix sharing needs plain lm_head logits; set pofe.prefix_sharing: false")
+        if layout == "cache":
+            logp_sum, lengths = cache_response_logps(
+                model, inputs["input_ids"], segment_ids, position_ids, mask, chunk_size=chunk_size
+            )  # (N,)
+        else:
+            logp_sum, lengths = packed_response_logps(
+                model, inputs["input_ids"], inputs["attention_mask"], segment_ids, position_ids, mask,
+                chunk_size=chunk_size,
+            )  # (N,)
     else:
         logp_sum, lengths = response_logps(
             model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], chunk_size=chunk_size

@@ -1,8 +1,10 @@
 """Prefix sharing (pofe.prefix) is invisible to the losses.
 
-Invariances, each in values and gradients to float32 tolerance (rtol = atol = 1e-5):
-shared == unshared (eager, sdpa, LoRA, gradient checkpointing), padding changes
-nothing, and micro-batch 1 x accumulation 4 == micro-batch 4 x 1 for the RRHF loss.
+Invariances, each in values and gradients to float32 tolerance (rtol = atol = 1e-5),
+for both layouts of a shared batch (`packed` rows with a block mask, the prompt's KV
+`cache`): shared == unshared (eager, sdpa, LoRA, gradient checkpointing), padding
+changes nothing, and micro-batch 1 x accumulation 4 == micro-batch 4 x 1 for the RRHF
+loss.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pofe.scoring import score_candidates, scored_positions_packed
 from tests.helpers import load_llama
 
 TOL = dict(rtol=1e-5, atol=1e-5)
+LAYOUTS = ("packed", "cache")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -51,12 +54,12 @@ def assert_same(a, b):
         torch.testing.assert_close(ga[name], gb[name], **TOL, msg=lambda m: f"{name}: {m}")
 
 
-def both_layouts(model, tokenizer, feats, **collator_kwargs):
+def both_layouts(model, tokenizer, feats, layout="packed", **collator_kwargs):
     unshared = KResponseCollator(tokenizer, **collator_kwargs)(feats)
     shared = KResponseCollator(tokenizer, prefix_sharing=True, **collator_kwargs)(feats)
     return (
         run(model, lambda m: score_candidates(m, unshared, chunk_size=7)[0]),
-        run(model, lambda m: score_candidates(m, shared, chunk_size=7)[0]),
+        run(model, lambda m: score_candidates(m, shared, chunk_size=7, prefix_layout=layout)[0]),
     )
 
 
@@ -125,61 +128,69 @@ def test_collator_packed_layout(tokenizer):
 
 
 # ---------------------------------------------------------------- shared == unshared
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_shared_equals_unshared(tiny64_model, tokenizer, attn):
+def test_shared_equals_unshared(tiny64_model, tokenizer, attn, layout):
     model = load_llama(tiny64_model, attn)
-    unshared, shared = both_layouts(model, tokenizer, features())
+    unshared, shared = both_layouts(model, tokenizer, features(), layout)
     assert_same(shared, unshared)
 
 
-def test_shared_padding_changes_nothing(tiny64_model, tokenizer):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_padding_changes_nothing(tiny64_model, tokenizer, layout):
     model = load_llama(tiny64_model)
     feats = features()
     plain = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
     padded = KResponseCollator(tokenizer, prefix_sharing=True, pad_to_multiple_of=128)(feats)
-    assert_same(
-        run(model, lambda m: score_candidates(m, padded)[0]),
-        run(model, lambda m: score_candidates(m, plain)[0]),
-    )
-    assert torch.equal(score_candidates(model, padded)[1], score_candidates(model, plain)[1])
+    score = lambda m, b: score_candidates(m, b, prefix_layout=layout)  # noqa: E731
+    assert_same(run(model, lambda m: score(m, padded)[0]), run(model, lambda m: score(m, plain)[0]))
+    assert torch.equal(score(model, padded)[1], score(model, plain)[1])
 
 
-def test_shared_equals_unshared_empty_prompt(tiny64_model, tokenizer):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_equals_unshared_empty_prompt(tiny64_model, tokenizer, layout):
     """No prompt: the first response token is scored by neither layout (lengths n - 1)."""
     model = load_llama(tiny64_model)
     feats = features(prompt_lens=(0, 4), k_lens=((3, 5), (2, 1)))
     unshared = KResponseCollator(tokenizer)(feats)
     shared = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
-    assert score_candidates(model, shared)[1].tolist() == [[2, 4], [2, 1]]
-    assert torch.equal(score_candidates(model, shared)[1], score_candidates(model, unshared)[1])
-    assert_same(*both_layouts(model, tokenizer, feats)[::-1])
+    lengths = score_candidates(model, shared, prefix_layout=layout)[1]
+    assert lengths.tolist() == [[2, 4], [2, 1]]
+    assert torch.equal(lengths, score_candidates(model, unshared)[1])
+    assert_same(*both_layouts(model, tokenizer, feats, layout)[::-1])
 
 
-def test_shared_equals_unshared_lora(tiny64_model, tokenizer):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shared_equals_unshared_lora(tiny64_model, tokenizer, layout, lora_seed=0):
     peft = pytest.importorskip("peft")
+    torch.manual_seed(lora_seed)  # the adapters' random init (unseeded, one run missed 1e-5 by rounding)
     model = peft.get_peft_model(
         load_llama(tiny64_model, "sdpa"),
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
                         init_lora_weights=False),
     )
-    unshared, shared = both_layouts(model, tokenizer, features())
+    unshared, shared = both_layouts(model, tokenizer, features(), layout)
     assert_same(shared, unshared)
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_shared_equals_unshared_gradient_checkpointing(tiny64_model, tokenizer, reentrant):
+@pytest.mark.parametrize(
+    "reentrant, layout", [(False, "packed"), (True, "packed"), (False, "cache"), (True, "auto")]
+)
+def test_shared_equals_unshared_gradient_checkpointing(tiny64_model, tokenizer, reentrant, layout):
+    """Reentrant checkpointing only with `auto`, which then packs (the cache layout refuses it)."""
     model = load_llama(tiny64_model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     if reentrant:
         model.enable_input_require_grads()  # what HF/PEFT do so reentrant checkpoints see a grad input
-    unshared, shared = both_layouts(model, tokenizer, features())
+    unshared, shared = both_layouts(model, tokenizer, features(), layout)
     assert_same(shared, unshared)
     reference = load_llama(tiny64_model)  # and both equal the model without checkpointing
     assert_same(shared, both_layouts(reference, tokenizer, features())[0])
 
 
 # ---------------------------------------------------------------- accumulation invariance
-def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer, layout):
     """grad of mean_b L_b over 4 prompts == sum over 4 micro-batches of grad(L_b) / 4.
 
     What the Trainer does with gradient accumulation (our losses are means over
@@ -190,7 +201,7 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer):
     collate = KResponseCollator(tokenizer, prefix_sharing=True)
 
     def loss_of(batch):
-        logp, lengths = score_candidates(model, batch, chunk_size=5)
+        logp, lengths = score_candidates(model, batch, chunk_size=5, prefix_layout=layout)
         return rrhf_loss(logp, lengths, batch["rewards"], mask=batch["candidate_mask"], margin=0.1)[0]
 
     model.zero_grad(set_to_none=True)
@@ -212,8 +223,15 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer):
         ({"pofe": {"method": "rrhf"}, "attn_implementation": "sdpa"}, True),
         ({"pofe": {"method": "rrhf"}, "attn_implementation": "eager"}, True),
         ({"pofe": {"method": "rrhf", "prefix_sharing": False}}, False),
-        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2"}, False),
-        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flex_attention"}, False),
+        # no 4D mask: the cache layout, unless reentrant checkpointing would cut its gradient
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2"}, True),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flex_attention"}, True),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2",
+          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, False),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2",
+          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}, True),
+        ({"pofe": {"method": "rrhf"}, "attn_implementation": "sdpa",
+          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, True),
         ({"pofe": {"method": "rrhf"}, "sample_packing": True}, False),
     ],
 )
@@ -231,14 +249,20 @@ def test_packed_batch_on_unsupported_backend_raises(tiny64_model, tokenizer):
     model = load_llama(tiny64_model)
     model.config._attn_implementation = "flash_attention_2"
     batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
-    with pytest.raises(ValueError, match="prefix_sharing: false"):
-        score_candidates(model, batch)
+    with pytest.raises(ValueError, match="prefix_layout: auto"):
+        score_candidates(model, batch, prefix_layout="packed")
+
+
+def test_packed_layout_on_unsupported_backend_is_a_config_error():
+    cfg = {"pofe": {"method": "rrhf", "prefix_layout": "packed"}, "attn_implementation": "flash_attention_2"}
+    with pytest.raises(ValueError, match="prefix_layout: packed needs attn_implementation"):
+        prefix_sharing_enabled(cfg)
 
 
 def test_config_defaults():
     from pofe.args import PofeConfig
 
     cfg = PofeConfig()
-    assert cfg.prefix_sharing is True and cfg.logit_chunk_size == 1024
+    assert cfg.prefix_sharing is True and cfg.logit_chunk_size == 1024 and cfg.prefix_layout == "auto"
     with pytest.raises(ValueError):
         PofeConfig(logit_chunk_size=0)

@@ -52,7 +52,9 @@ class KResponseTrainer(AxolotlTrainer):
                 f"{type(self).__name__} batch is missing {missing}; POFE needs its own "
                 "collator (is another plugin replacing it?)"
             )
-        return score_batch(model, inputs, chunk_size=self.pofe.logit_chunk_size)
+        return score_batch(
+            model, inputs, chunk_size=self.pofe.logit_chunk_size, prefix_layout=self.pofe.prefix_layout
+        )
 
     def log_stats(self, model, prefix: str, stats: dict[str, float]) -> None:
         split = "train" if model.training else "eval"

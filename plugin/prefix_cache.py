@@ -1,0 +1,195 @@
+"""Prefix sharing through the KV cache: each prompt runs once, its k responses attend to its keys.
+
+Two forwards per batch, with autograd through both:
+
+1. the B prompts (right-padded, as the packed rows hold them), recording every layer's
+   keys and values (:class:`_RecordingLayer`);
+2. the N = sum_b k_b responses as N rows, each reading its prompt's recorded keys and
+   values through a read-only cache (:class:`_PrefixLayer`), with position ids that
+   continue after its own prompt.
+
+A response token then sees the same keys, values and rotary positions as in its own
+``prompt + response`` row, and the gradient of every response reaches the prompt's
+forward once, through the recorded keys and values. There is no custom mask:
+transformers builds the causal + padding mask itself from the 2D attention mask
+``[prompt mask | response mask]`` and the cache length, so it runs on eager, sdpa,
+flash attention and FlexAttention alike. Causal alignment when the query is shorter
+than the keys: eager/sdpa/flex masks come from `cache_position` (query i of a response
+sits at key index P + i, where P is the padded prompt length); flash attention unpads
+both sides with the 2D mask and aligns bottom-right, so query i sees the real prompt
+keys and response keys 0..i. The right padding between a short prompt and its response
+is masked out for every backend.
+
+Both cache layers leave stored state alone on a second call of the same layer, so the
+recompute of gradient checkpointing (non-reentrant) replays the same computation.
+Reentrant checkpointing runs layers under `no_grad`, which would cut the gradient
+through the recorded keys: :func:`cache_hidden_states` refuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class _RecordingLayer(DynamicLayer):
+    """Keeps the last keys/values the layer computed; a replay overwrites them with equal ones."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys, self.values = key_states, value_states  # (B, H, P, D)
+        self.is_initialized = True
+        return key_states, value_states
+
+
+class _PrefixLayer(DynamicLayer):
+    """Read-only prompt keys/values (N, H, P, D): returns them with the new tokens' appended."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        # not stored: the layer's recompute under checkpointing sees the same prefix
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[-2]
+
+
+@contextlib.contextmanager
+def _cache_kept_under_checkpointing(model: torch.nn.Module) -> Iterator[None]:
+    """Let checkpointed decoder layers keep `past_key_values` during our two forwards.
+
+    transformers' `GradientCheckpointingLayer` drops the cache under checkpointing
+    unless the layer sets `_can_checkpoint_with_cache`, which its docstring reserves for
+    layers whose replay reads the same states: ours are (see the cache layers above).
+    Set on the instances for the call only, restored after.
+    """
+    layers = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+    before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for m, value in zip(layers, before):
+            if value is None:
+                del m._can_checkpoint_with_cache
+            else:
+                m._can_checkpoint_with_cache = value
+
+
+def reentrant_checkpointing(model: torch.nn.Module) -> bool:
+    """True when the model's layers are checkpointed with `use_reentrant=True`."""
+    for m in model.modules():
+        if getattr(m, "gradient_checkpointing", False) is True:
+            func = getattr(m, "_gradient_checkpointing_func", None)
+            keywords = getattr(func, "keywords", {}) or {}
+            if keywords.get("use_reentrant", True):  # torch's checkpoint default
+                return True
+    return False
+
+
+def split_packed(
+    input_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor, candidate_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The packed rows ``prompt, r_1 .. r_k`` (B, L) as a prompt batch and a response batch.
+
+    Returns:
+        prompt_ids, prompt_mask (B, P): prompts, right-padded (the rows start with them).
+        prompt_len (B,).
+        response_ids, response_mask (N, R): responses, right-padded, N = candidate_mask.sum(),
+            in the row-major order of candidate_mask.
+        prompt_of (N,): the prompt of each response row.
+    """
+    prompt_len = (segment_ids == 0).sum(1)  # (B,)
+    p = int(prompt_len.max())
+    counts = candidate_mask.sum(1)  # (B,)
+    n = int(counts.sum())
+    rows, cols = (segment_ids >= 1).nonzero(as_tuple=True)  # (T,) every response token
+    cand = (counts.cumsum(0) - counts)[rows] + segment_ids[rows, cols] - 1  # (T,) its candidate
+    within = position_ids[rows, cols] - prompt_len[rows]  # (T,) its index in the response
+    r = int(within.max()) + 1 if within.numel() else 1
+    response_ids = input_ids.new_zeros(n, r)
+    response_mask = input_ids.new_zeros(n, r)
+    response_ids[cand, within] = input_ids[rows, cols]
+    response_mask[cand, within] = 1
+    return {
+        "prompt_ids": input_ids[:, :p],
+        "prompt_mask": (segment_ids[:, :p] == 0).long(),
+        "prompt_len": prompt_len,
+        "response_ids": response_ids,
+        "response_mask": response_mask,
+        "prompt_of": torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts),
+    }
+
+
+def _per_response(t: torch.Tensor, prompt_of: torch.Tensor) -> torch.Tensor:
+    """(B, ...) -> (N, ...): a view when there is one prompt, else one gathered copy."""
+    if t.shape[0] == 1:
+        return t.expand(prompt_of.shape[0], *t.shape[1:])
+    return t.index_select(0, prompt_of)
+
+
+def cache_hidden_states(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    segment_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    candidate_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The final hidden states that predict every response token of a packed batch, via the cache.
+
+    Args:
+        input_ids, segment_ids, position_ids: (B, L) packed rows (`pofe.prefix`).
+        candidate_mask: (B, K) real candidates.
+
+    Returns:
+        hidden (M, H), target ids (M,) and flat candidate indices (M,) (row-major over
+        the True entries of candidate_mask), one per scored response token.
+    """
+    if torch.is_grad_enabled() and model.training and reentrant_checkpointing(model):
+        raise ValueError(
+            "the cache layout of prefix sharing needs non-reentrant gradient checkpointing "
+            "(reentrant checkpoints cut the gradient through the prompt's keys); set "
+            "`gradient_checkpointing_kwargs: {use_reentrant: false}` or `pofe.prefix_layout: packed`"
+        )
+    s = split_packed(input_ids, segment_ids, position_ids, candidate_mask)
+    prompt_of, prompt_len = s["prompt_of"], s["prompt_len"]
+    r = s["response_ids"].shape[1]
+    recorder = Cache(layer_class_to_replicate=_RecordingLayer)
+    with _cache_kept_under_checkpointing(model):
+        prompt_out = model(
+            input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"], past_key_values=recorder,
+            use_cache=False, output_hidden_states=True, logits_to_keep=1,
+        )
+        prefix = Cache(layers=[
+            _PrefixLayer(_per_response(layer.keys, prompt_of), _per_response(layer.values, prompt_of))
+            for layer in recorder.layers
+        ])  # each (N, H, P, D)
+        response_out = model(
+            input_ids=s["response_ids"],
+            attention_mask=torch.cat([_per_response(s["prompt_mask"], prompt_of), s["response_mask"]], 1),  # (N, P+R)
+            position_ids=prompt_len[prompt_of, None] + torch.arange(r, device=input_ids.device),  # (N, R)
+            past_key_values=prefix, use_cache=False, output_hidden_states=True, logits_to_keep=1,
+        )
+    prompt_hidden = prompt_out.hidden_states[-1]  # (B, P, H)
+    response_hidden = response_out.hidden_states[-1]  # (N, R, H)
+
+    # token j >= 1 of response n is predicted at (n, j - 1); token 0 at its prompt's last
+    # position (not scored with an empty prompt, as in the unshared layout)
+    mask = s["response_mask"].bool()  # (N, R)
+    later_rows, later_cols = mask[:, 1:].nonzero(as_tuple=True)
+    first_rows = (mask[:, 0] & (prompt_len[prompt_of] > 0)).nonzero(as_tuple=True)[0]
+    hidden = torch.cat([
+        prompt_hidden[prompt_of[first_rows], prompt_len[prompt_of[first_rows]] - 1],
+        response_hidden[later_rows, later_cols],
+    ])  # (M, H)
+    targets = torch.cat([s["response_ids"][first_rows, 0], s["response_ids"][later_rows, later_cols + 1]])
+    return hidden, targets, torch.cat([first_rows, later_rows])
