@@ -28,11 +28,10 @@ def candidates(config: str, stage: str):
     for users who generate on one machine and judge or train on another.
     """
     from axolotl.cli.config import load_cfg
-    from axolotl.utils.data.shared import load_dataset_with_config
-
     from .args import pofe_config
     from .data.formats import RowFormat
     from .data.loader import build_candidates
+    from .data.sources import load_entry
 
     cfg = load_cfg(config)
     pcfg = pofe_config(cfg)
@@ -44,7 +43,7 @@ def candidates(config: str, stage: str):
     for i, entry in entries:
         fields = pcfg.dataset_fields[i] if i < len(pcfg.dataset_fields) else {}
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pcfg.method, fields=fields)
-        prompts = load_dataset_with_config(entry, cfg.hf_use_auth_token)
+        prompts = load_entry(entry, cfg.hf_use_auth_token)
         result = build_candidates(
             cfg, entry, prompts, fmt.column("field_prompt"),
             stop_after=None if stage == "all" else stage,

@@ -59,11 +59,11 @@ def prepare_prompts(cfg, layout: RunLayout, state: RunState, echo: Echo) -> None
     """Write the per-round prompt files (and held-out prompts) once."""
     if state.done("prompts"):
         return
-    from axolotl.utils.data.shared import load_dataset_with_config
+    from ..data.sources import load_entry
 
     pcfg = pofe_config(cfg)
     state.start("prompts")
-    rows = load_dataset_with_config(cfg.datasets[0], cfg.hf_use_auth_token).to_list()
+    rows = list(load_entry(cfg.datasets[0], cfg.hf_use_auth_token))  # values as written
     held = pcfg.eval.held_out if pcfg.eval else 0
     if held >= len(rows):
         raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
