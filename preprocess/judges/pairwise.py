@@ -26,7 +26,7 @@ import torch
 
 from ..render import Prompt, prompt_text
 from ..win_rates import symmetrize_preferences
-from .base import Abstain, JudgeStats, PairwiseVerdict
+from .base import Abstain, JudgeError, JudgeStats, PairwiseVerdict
 from .llm import ChatJudge, UnreadableReply
 
 PairFn = Callable[[list[tuple[Prompt, str, str]]], list["float | Abstain"]]
@@ -73,7 +73,13 @@ def preferences_both_orders(
         for i, j in ordered_pairs(len(cands)):
             jobs.append((p, i, j))
             items.append((prompt, cands[i], cands[j]))
-    verdicts = pair_fn(items) if items else []
+    try:
+        verdicts = pair_fn(items) if items else []
+    except JudgeError as e:  # allow_abstain: false; pair_fn knows only the item's position
+        if e.prompt is None:
+            raise
+        p, i, j = jobs[e.prompt]
+        raise JudgeError(e.reason, f"candidates {i} and {j}, {e.where}", prompt=p) from e
     stats.count_call(len(items))
     mats = [torch.full((len(c), len(c)), float("nan"), dtype=torch.float64) for c in responses]
     missing: dict[tuple[int, int, int], str] = {}
@@ -131,12 +137,12 @@ class PairwiseLLMJudge(ChatJudge):
 
         def one(arg) -> float | Abstain:
             n, (prompt, a, b) = arg
-            where = f"pair {n} (pairwise llm judge at {self.client.base_url})"
+            at = dict(allow=self.cfg.allow_abstain, where=f"pairwise llm judge at {self.client.base_url}", prompt=n)
             text = template.format(prompt=prompt_text(prompt), response_a=a, response_b=b)
             try:
                 choice = self.chat(text, **extra)
             except UnreadableReply as e:
-                return self.stats.abstain(str(e), allow=self.cfg.allow_abstain, where=where)
+                return self.stats.abstain(str(e), **at)
             if self.cfg.use_logprobs:
                 content = ((choice.get("logprobs") or {}).get("content")) or []
                 if content and isinstance(content[0], dict):
@@ -145,7 +151,7 @@ class PairwiseLLMJudge(ChatJudge):
                         return p
             v = parse_verdict((choice.get("message") or {}).get("content") or "")
             if isinstance(v, str):
-                return self.stats.abstain(v, allow=self.cfg.allow_abstain, where=where)
+                return self.stats.abstain(v, **at)
             return v
 
         return self.map(one, list(enumerate(items)))

@@ -316,6 +316,29 @@ def test_allow_abstain_false_names_the_dataset_row(tiny_policy, tmp_path):
                      generator=ScriptedGenerator())
 
 
+class StrictPairJudge:
+    """Pairwise, allow_abstain: false: no verdict for prompt "1+1=" stops the run."""
+
+    def __init__(self):
+        self.stats = JudgeStats()
+
+    def preferences(self, prompts, responses):
+        def fn(items):
+            return [self.stats.abstain("unparseable: no A/B", allow=False, where="strict judge", prompt=n)
+                    if p == "1+1=" else float(len(a) > len(b)) for n, (p, a, b) in enumerate(items)]
+        return preferences_both_orders(fn, prompts, responses, self.stats)
+
+
+def test_allow_abstain_false_names_the_dataset_row_for_a_pairwise_judge(tiny_policy, tmp_path):
+    """One shard: rows 0 and 1 (4 candidates each) give items 0-23, so row 2's first ordered
+    pair, (0, 1), is item 24 of the pair call and prompt 2 of the judge call."""
+    with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidates 0 and 1, strict judge: unparseable"):
+        run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+                     judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1", allow_abstain=False),
+                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                     generator=ScriptedGenerator(), judge_impl=StrictPairJudge())
+
+
 class OneAnswer:
     name = "scripted"
 
