@@ -179,7 +179,7 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
 
     pofe = pofe_config(cfg)
     generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates
-    policy = generate.model or cfg.base_model
+    policy = sampling_policy(cfg, generate)
     if candidates.out_dir is None:
         # keyed on what the generate shards depend on: a changed judge reuses them (the
         # pipeline keeps each judge's shards apart inside)
@@ -208,6 +208,25 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
         f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
     )
     return result
+
+
+def sampling_policy(cfg: DictDefault, generate) -> str:
+    """What candidates are sampled from: `generate.model` when set, else the policy that
+    trains. With an adapter loaded (`lora_model_dir`) that is base + adapter: SPPO's anchor
+    is that iterate, so candidates drawn from the base alone would be off-policy."""
+    if generate.model:
+        return generate.model
+    if not cfg.lora_model_dir:
+        return cfg.base_model
+    if generate.backend == "openai":
+        raise ValueError(
+            f"lora_model_dir is set ({cfg.lora_model_dir}) but generate.backend: openai asks the "
+            f"server for base_model by name, which would sample off-policy. Serve base + adapter "
+            f"(`vllm serve {cfg.base_model} --enable-lora --lora-modules policy={cfg.lora_model_dir}`) "
+            "and set generate.model: policy"
+        )
+    # the transformers and vllm backends load an adapter folder on its base
+    return str(cfg.lora_model_dir)
 
 
 def _prepare_row(row: dict[str, Any], index: int, *, fmt: RowFormat, tokenizer, **kw) -> dict:

@@ -7,6 +7,9 @@ backend instead; the candidates are the same.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..config import Sampling
 
 INSTALL_HINT = (
@@ -33,6 +36,17 @@ class VLLMGenerator:
     def __init__(self, model_path: str, **llm_kwargs):
         vllm = import_vllm()
         self._vllm = vllm
+        self.lora_request = None
+        adapter_config = Path(model_path) / "adapter_config.json"
+        if adapter_config.exists():  # a PEFT adapter: its base with the adapter on every request
+            from vllm.lora.request import LoRARequest
+
+            adapter = json.loads(adapter_config.read_text())
+            # vLLM's default max_lora_rank is 16; a larger adapter needs it raised
+            rank = {"max_lora_rank": adapter["r"]} if adapter["r"] > 16 else {}
+            llm_kwargs = {"enable_lora": True, **rank, **llm_kwargs}
+            self.lora_request = LoRARequest("policy", 1, str(model_path))
+            model_path = adapter["base_model_name_or_path"]
         self.llm = vllm.LLM(model=model_path, **llm_kwargs)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
@@ -50,5 +64,5 @@ class VLLMGenerator:
             )
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         return [[c.text for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
