@@ -12,16 +12,17 @@ A new backend is one module here implementing `base.Generator`, and one branch b
 from __future__ import annotations
 
 from ..config import GenerateConfig
-from .base import Generator
+from .base import Completion, Generator, finish_reason
 
 
-def make_generator(cfg: GenerateConfig, policy_path: str) -> Generator:
-    """Build the configured backend; `cfg.model` overrides the policy path (or served name)."""
+def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None) -> Generator:
+    """Build the configured backend; `cfg.model` overrides the policy path (or served name).
+    `tokenizer`: the transformers backend's, when the caller has the training one."""
     model = cfg.model or policy_path
     if cfg.backend == "transformers":
         from .hf import TransformersGenerator
 
-        return TransformersGenerator(model, batch_size=cfg.batch_size)
+        return TransformersGenerator(model, batch_size=cfg.batch_size, tokenizer=tokenizer)
     if cfg.backend == "openai":
         from ..openai_client import OpenAIClient
         from .openai import OpenAIGenerator
@@ -34,4 +35,4 @@ def make_generator(cfg: GenerateConfig, policy_path: str) -> Generator:
     raise ValueError(f"unknown generate.backend {cfg.backend!r}")
 
 
-__all__ = ["Generator", "make_generator"]
+__all__ = ["Completion", "Generator", "finish_reason", "make_generator"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import Sampling
+from .base import Completion
 from .diverse_beam import diverse_beam_search
 
 
@@ -61,11 +62,24 @@ def load_tokenizer(path: str):
 
 @dataclass(frozen=True)
 class Sample:
-    """One response: ids stop at and include the first EOS; text decoded without special tokens."""
+    """One response: ids stop at and include the first stop token; text decoded without
+    special tokens; finish_reason "stop" (a stop token ended it) or "length" (max_new_tokens)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     text: str
+    finish_reason: str
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a response: the model's `generation_config.eos_token_id` (chat
+    models often list several, e.g. Llama 3's <|eot_id|> and <|end_of_text|>), then the
+    tokenizer's eos_token_id if not among them."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
 
 
 @torch.no_grad()
@@ -83,6 +97,7 @@ def sample_responses(
         raise ValueError(f"temperature 0 (greedy) gives one response per prompt, asked for n={n}")
     device = next(model.parameters()).device
     add_special = not getattr(tokenizer, "chat_template", None)  # a chat template writes BOS itself
+    stops = stop_token_ids(model, tokenizer)
     out: list[list[Sample]] = []
     for b, start in enumerate(range(0, len(prompts), batch_size)):
         # Left padding: every row of a decoder-only batch must end at its last prompt token.
@@ -94,8 +109,8 @@ def sample_responses(
             add_special_tokens=add_special,
         ).to(device)
         with _seeded(sampling.seed + b):
-            new = _generate(model, tokenizer, enc, n, sampling)  # (B * n, T)
-        out.extend(_to_samples(tokenizer, enc, new.tolist(), n))
+            new = _generate(model, tokenizer, enc, n, sampling, stops)  # (B * n, T)
+        out.extend(_to_samples(tokenizer, enc, new.tolist(), n, stops))
     return out
 
 
@@ -106,14 +121,10 @@ def _seeded(seed: int):
         yield
 
 
-def _generate(model, tokenizer, enc, n: int, s: Sampling) -> torch.Tensor:
+def _generate(model, tokenizer, enc, n: int, s: Sampling, stops: list[int]) -> torch.Tensor:
     """New token ids (B * n, T), prompt-major; rows that stopped early end in padding."""
     prompt_len = enc["input_ids"].shape[1]
-    common = dict(
-        max_new_tokens=s.max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    common = dict(max_new_tokens=s.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops)
     if s.strategy == "sample":
         if s.temperature == 0.0:
             seqs = model.generate(**enc, do_sample=False, num_beams=1, **common)
@@ -136,20 +147,23 @@ def _generate(model, tokenizer, enc, n: int, s: Sampling) -> torch.Tensor:
     raise ValueError(f"unknown generate.strategy {s.strategy!r}")
 
 
-def _to_samples(tokenizer, enc, new: list[list[int]], n: int) -> list[list[Sample]]:
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+def _to_samples(tokenizer, enc, new: list[list[int]], n: int, stops: list[int]) -> list[list[Sample]]:
+    pad, stop_set = tokenizer.pad_token_id, set(stops)
     out = []
     for i in range(len(new) // n):
         prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
         row = []
         for ids in new[i * n : (i + 1) * n]:
-            if eos in ids:
-                ids = ids[: ids.index(eos) + 1]
+            end = next((t for t, tok in enumerate(ids) if tok in stop_set), None)
+            if end is not None:
+                ids, reason = ids[: end + 1], "stop"
             else:
+                # the pad token may be a stop token (pad = eos fallback): then it was found above
                 while ids and ids[-1] == pad:  # only padding follows a finished response
                     ids = ids[:-1]
-            text = tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True)
-            row.append(Sample(prompt_ids, ids, text))
+                reason = "length"
+            text = tokenizer.decode([t for t in ids if t not in stop_set], skip_special_tokens=True)
+            row.append(Sample(prompt_ids, ids, text, reason))
         out.append(row)
     return out
 
@@ -164,20 +178,23 @@ class TransformersGenerator:
 
     name = "transformers"
 
-    def __init__(self, model_path: str, *, batch_size: int = 8, device: str | None = None, dtype="auto"):
-        self.tokenizer = load_tokenizer(model_path)
+    def __init__(
+        self, model_path: str, *, batch_size: int = 8, device: str | None = None, dtype="auto", tokenizer=None
+    ):
+        # the caller's tokenizer when given (axolotl's load_tokenizer: the one training uses)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
         self.model = load_policy(model_path, device=device, dtype=dtype)
         self.batch_size = batch_size
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
-        """prompts: P rendered strings -> P lists of n candidate strings."""
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """prompts: P rendered strings -> P lists of n candidates."""
         greedy = sampling.strategy == "sample" and sampling.temperature == 0.0
         samples = sample_responses(
             self.model, self.tokenizer, prompts, 1 if greedy else n, sampling, batch_size=self.batch_size
         )
         if greedy:  # one decode, n copies (dedupe drops them later)
-            return [[row[0].text] * n for row in samples]
-        return [[s.text for s in row] for row in samples]
+            samples = [[row[0]] * n for row in samples]
+        return [[Completion(s.text, s.finish_reason) for s in row] for row in samples]
 
 
-__all__ = ["load_policy", "load_tokenizer", "Sample", "sample_responses", "TransformersGenerator"]
+__all__ = ["load_policy", "load_tokenizer", "Sample", "sample_responses", "stop_token_ids", "TransformersGenerator"]

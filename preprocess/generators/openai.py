@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..config import Sampling
 from ..openai_client import EndpointError, OpenAIClient
+from .base import Completion
 
 
 class OpenAIGenerator:
@@ -26,7 +27,7 @@ class OpenAIGenerator:
         self.concurrency = concurrency
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
-        """prompts: P rendered strings -> P lists of n candidate strings (order preserved)."""
+        """prompts: P rendered strings -> P lists of n candidates (order preserved)."""
         if sampling.strategy != "sample":
             raise ValueError(
                 f"the openai backend supports strategy 'sample' only, got {sampling.strategy!r}"
@@ -52,7 +53,8 @@ class OpenAIGenerator:
                     1,
                     "The server must honour the completions API's `n` (vLLM does); check base_url.",
                 )
-            return [c["text"] for c in choices]
+            # finish_reason: "stop" or "length", the completions API's values (unknown if absent)
+            return [Completion(c["text"], c["finish_reason"]) if c.get("finish_reason") else c["text"] for c in choices]
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
             return list(pool.map(one, range(len(prompts))))

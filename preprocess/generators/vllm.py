@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ..config import Sampling
+from .base import Completion
 
 INSTALL_HINT = (
     "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "
@@ -49,8 +50,8 @@ class VLLMGenerator:
             model_path = adapter["base_model_name_or_path"]
         self.llm = vllm.LLM(model=model_path, **llm_kwargs)
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
-        """prompts: P rendered strings -> P lists of n candidate strings."""
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """prompts: P rendered strings -> P lists of n candidates ("stop" or "length", as vLLM says)."""
         if sampling.strategy != "sample":
             raise ValueError(f"the vllm backend supports strategy 'sample' only, got {sampling.strategy!r}")
         params = [
@@ -65,4 +66,4 @@ class VLLMGenerator:
             for i in range(len(prompts))
         ]
         outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
-        return [[c.text for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
+        return [[Completion(c.text, c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
 
 from pofe.preprocess.config import GenerateConfig
 from pofe.preprocess.generators.diverse_beam import HammingDiversityProcessor
-from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
+from pofe.preprocess.generators.hf import (
+    TransformersGenerator,
+    _to_samples,
+    load_tokenizer,
+    sample_responses,
+    stop_token_ids,
+)
 from pofe.preprocess.render import render_prompt
 
 
@@ -90,3 +97,36 @@ def test_prompt_overflow_drop_and_truncate(tiny_policy):
     cut = render_prompt(tok, long, max_prompt_tokens=10, overflow="truncate")
     assert cut.truncated and cut.text.endswith("<|assistant|>")
     assert len(tok(cut.text, add_special_tokens=False)["input_ids"]) == 10
+
+
+def test_generation_config_stop_tokens_end_responses(tiny_policy, prompts):
+    """Every token listed in generation_config.eos_token_id (chat models list several): each
+    response is one stop token, finish_reason "stop". With only the tokenizer's eos (the old
+    behaviour) the random model's responses run on towards max_new_tokens."""
+    g = TransformersGenerator(str(tiny_policy), batch_size=2)
+    g.model.generation_config.eos_token_id = list(range(len(g.tokenizer)))
+    sampling = GenerateConfig(num_candidates=3, max_new_tokens=8, temperature=1.0).sampling()
+    samples = sample_responses(g.model, g.tokenizer, prompts[:2], 3, sampling, batch_size=2)
+    assert [[len(s.response_ids) for s in row] for row in samples] == [[1, 1, 1], [1, 1, 1]]
+    out = g.generate(prompts[:2], 3, sampling)
+    assert [[c.finish_reason for c in row] for row in out] == [["stop"] * 3] * 2
+
+
+def test_stop_token_ids_union_of_generation_config_and_tokenizer(gen):
+    tok = gen.tokenizer
+    model = types.SimpleNamespace(generation_config=types.SimpleNamespace(eos_token_id=[9, 10]))
+    assert stop_token_ids(model, tok) == [9, 10, tok.eos_token_id]
+    model.generation_config.eos_token_id = tok.eos_token_id
+    assert stop_token_ids(model, tok) == [tok.eos_token_id]
+
+
+def test_finish_reason_stop_or_length_by_hand(gen):
+    """_to_samples: a response holding a stop token ends there ("stop"); one without is cut at
+    max_new_tokens ("length"), its trailing padding removed."""
+    tok = gen.tokenizer
+    a, b, pad = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("b"), tok.pad_token_id
+    enc = {"input_ids": torch.tensor([[a]]), "attention_mask": torch.tensor([[1]])}
+    rows = _to_samples(tok, enc, [[a, b, b, pad], [a, b, b, b], [a, a, a, a]], 3, stops=[b])
+    assert [(s.response_ids, s.text, s.finish_reason) for s in rows[0]] == [
+        ([a, b], "a", "stop"), ([a, b], "a", "stop"), ([a, a, a, a], "aaaa", "length")
+    ]
