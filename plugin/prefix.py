@@ -43,10 +43,11 @@ LOG = get_logger(__name__)
 MASK_BACKENDS = ("eager", "sdpa")
 PREFIX_LAYOUTS = ("auto", "packed", "cache")
 # `auto` runs the cache layout when the packed rows have more than CACHE_FACTOR times its
-# attention scores (:func:`attention_scores`). Measured on the CPU (benchmarks/run.py,
-# sdpa and eager, 1 thread): at 1.6x (k = 2, prompt 256, responses 128) both layouts took
-# the same time; at 2.6x (k = 8, prompt 512) and 4.6x (k = 6, prompt 64) the cache layout
-# was 12-30% faster. Its fixed costs (a second forward, the copied keys) sit between.
+# attention scores (:func:`attention_scores`). Measured on the CPU (benchmarks/run.py, sdpa,
+# 1 thread, medians of 5, s/step packed vs cache): 1.6x (k = 2, prompt 256, responses
+# 128): 1.08 vs 1.30; 2.6x (k = 8, prompt 512): 2.21 vs 1.98; 4.6x (k = 6, prompt 64):
+# 2.96 vs 2.54. The cache layout's fixed costs (a second forward, the copied keys) put
+# the break-even between 1.6x and 2.6x.
 CACHE_FACTOR = 2.0
 
 
@@ -72,15 +73,18 @@ def prefix_sharing_blocker(cfg: Mapping[str, Any], is_eval: bool = False) -> str
     return None
 
 
-def layout_rule(layout: str, attn: str | None) -> str:
-    """What `pofe.prefix_layout` does on this backend, in words (the log line)."""
-    if layout == "packed" or (layout == "auto" and attn is not None and attn not in MASK_BACKENDS):
-        return {"packed": "packed rows with a block attention mask",
-                "auto": "the prompt's KV cache (the backend takes no 4D mask)"}[layout]
+def layout_rule(layout: str, attn: str | None, reentrant: bool) -> str:
+    """What `pofe.prefix_layout` runs on this backend, in words (the log line); `attn` None is sdpa."""
+    packed, cache = "packed rows with a block attention mask", "the prompts' KV cache"
+    if layout == "packed":
+        return packed
     if layout == "cache":
-        return "the prompt's KV cache"
-    return (f"per batch, the prompt's KV cache when packed rows would compute more than "
-            f"{CACHE_FACTOR:g}x its attention scores, else packed rows with a block mask")
+        return cache
+    if attn is not None and attn not in MASK_BACKENDS:
+        return f"{cache} ({attn} takes no 4D mask)"
+    if reentrant:
+        return f"{packed} (reentrant gradient checkpointing)"
+    return f"per batch, {cache} when {packed} would compute over {CACHE_FACTOR:g}x its attention scores, else {packed}"
 
 
 def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> bool:
@@ -94,16 +98,23 @@ def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> boo
     if not pofe.prefix_sharing:
         return False
     attn = cfg.get("attn_implementation")
+    reentrant = not is_eval and _configured_reentrant(cfg)  # eval runs without gradients
     if pofe.prefix_layout == "packed" and attn is not None and attn not in MASK_BACKENDS:
         raise ValueError(
             f"pofe.prefix_layout: packed needs attn_implementation in {MASK_BACKENDS} (a custom 4D "
             f"mask), the config sets {attn!r}; use `pofe.prefix_layout: auto` (the cache layout)"
         )
+    if pofe.prefix_layout == "cache" and reentrant:
+        raise ValueError(
+            "pofe.prefix_layout: cache needs non-reentrant gradient checkpointing (reentrant "
+            "checkpoints cut the gradient through the prompt's keys); set "
+            "`gradient_checkpointing_kwargs: {use_reentrant: false}` or `pofe.prefix_layout: auto`"
+        )
     reason = prefix_sharing_blocker(cfg, is_eval)
     if reason is not None:
         LOG.warning(f"POFE ({split}): prefix sharing off ({reason}); scoring k full rows per prompt")
         return False
-    LOG.info(f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn)} "
+    LOG.info(f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn, reentrant)} "
              f"(pofe.prefix_layout: {pofe.prefix_layout})")
     return True
 

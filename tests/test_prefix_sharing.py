@@ -266,3 +266,28 @@ def test_config_defaults():
     assert cfg.prefix_sharing is True and cfg.logit_chunk_size == 1024 and cfg.prefix_layout == "auto"
     with pytest.raises(ValueError):
         PofeConfig(logit_chunk_size=0)
+
+
+def test_cache_layout_with_reentrant_checkpointing_is_a_config_error():
+    cfg = {"pofe": {"method": "rrhf", "prefix_layout": "cache"}, "gradient_checkpointing": True,
+           "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    with pytest.raises(ValueError, match="prefix_layout: cache needs non-reentrant"):
+        prefix_sharing_enabled(cfg)
+    assert prefix_sharing_enabled(cfg, is_eval=True) is True  # no gradients in eval
+
+
+@pytest.mark.parametrize(
+    "layout, attn, reentrant, says",
+    [
+        ("auto", "flash_attention_2", False, "the prompts' KV cache (flash_attention_2 takes no 4D mask)"),
+        ("auto", "sdpa", True, "packed rows with a block attention mask (reentrant gradient checkpointing)"),
+        ("auto", None, False, "per batch, the prompts' KV cache when packed rows"),
+        ("packed", "eager", False, "packed rows with a block attention mask"),
+    ],
+)
+def test_log_line_names_the_layout(caplog, layout, attn, reentrant, says):
+    cfg = {"pofe": {"method": "rrhf", "prefix_layout": layout}, "attn_implementation": attn,
+           "gradient_checkpointing": reentrant, "gradient_checkpointing_kwargs": {"use_reentrant": reentrant}}
+    with caplog.at_level("INFO"):
+        assert prefix_sharing_enabled(cfg) is True
+    assert f"POFE (train): prefix sharing through {says}" in caplog.text
