@@ -40,6 +40,9 @@ class MethodSpec:
     diagnostic_label: str
     # `pofe.candidates.keep` values that make sense for this method
     candidate_keeps: tuple[str, ...]
+    # `pofe.generate.dedupe` when unset: RRHF ranks distinct responses; SPPO's win rates are a
+    # Monte-Carlo estimate over K policy samples, which dropping duplicates would bias
+    dedupe_candidates: bool
     # further logged metrics the run report keeps as curves, beside the loss and the diagnostic
     report_curves: tuple[str, ...] = ()
     # what the run report says under its rounds table about reading the diagnostic
@@ -57,6 +60,7 @@ RRHF = MethodSpec(
     diagnostic_metric="rrhf/rank_accuracy",
     diagnostic_label="rank accuracy",
     candidate_keeps=("all",),
+    dedupe_candidates=True,
     report_curves=("rrhf/rank", "rrhf/ft"),
 )
 
@@ -71,6 +75,7 @@ SPPO = MethodSpec(
     diagnostic_metric="sppo/win_rate_spread",
     diagnostic_label="win-rate spread",
     candidate_keeps=("all", "best_worst"),
+    dedupe_candidates=False,  # the authors keep all K samples
     report_curves=("sppo/logratio", "sppo/target"),
     report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
     "(saturation: the gradient vanishes).",

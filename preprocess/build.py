@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from pofe.methods import method_spec
 
 from .abstentions import AbstentionTally
 from .config import GenerateConfig, JudgeConfig, PipelineConfig
+from .win_rates import win_rate_spread
 
 
 def build_rows(
@@ -66,6 +69,8 @@ def summarise(
 
     mean_candidate_reward / mean_best_of_k_reward: the RRHF ceiling (the trained model's reward
     tends towards the best candidate's); only for scalar judges.
+    mean_win_rate_spread: mean over rows of max - min win rate (`win_rate_spread`): near 0, SPPO's
+    targets eta (w - 1/2) carry no signal (e.g. a verifier under unit-scale Bradley-Terry).
     """
     live = [g for g in generated if g["dropped"] is None]
     rewards = [r["rewards"] for r in judged if r.get("rewards")]
@@ -94,6 +99,7 @@ def summarise(
         "mean_candidate_tokens": _mean(tokens),
         "mean_candidate_chars": _mean(chars),
         "mean_best_win_rate": _mean([max(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
+        "mean_win_rate_spread": _mean([_spread(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,
@@ -102,6 +108,10 @@ def summarise(
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),
     }
+
+
+def _spread(rates: list[float]) -> float:
+    return win_rate_spread(torch.tensor(rates, dtype=torch.float64)).item()
 
 
 def _mean(xs: list[float]) -> float | None:

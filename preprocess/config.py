@@ -21,9 +21,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pofe.methods import method_spec
+
 Backend = Literal["vllm", "openai", "transformers"]
 Strategy = Literal["sample", "beam", "diverse_beam"]
-JudgeType = Literal["python", "reward_model", "llm", "pairwise_llm", "pairrm"]
+JudgeType = Literal["python", "python_pairwise", "reward_model", "llm", "pairwise_llm", "pairrm"]
+Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # formulas: win_rates.py, pairrm.py
 
 # Which backends can decode each strategy. The OpenAI completions API has no beam search;
 # vLLM has no group (diverse) beam search and POFE does not wire its separate `beam_search`
@@ -44,7 +47,15 @@ Seed = Annotated[int, Field(ge=0, description="Base seed; same seed and inputs -
 BatchSize = Annotated[int, Field(ge=1, le=4096, description="Prompts per batch (or per backend call).")]
 
 SCALAR_JUDGES = ("python", "reward_model", "llm")
-PAIRWISE_JUDGES = ("pairwise_llm", "pairrm")
+PAIRWISE_JUDGES = ("python_pairwise", "pairwise_llm", "pairrm")
+FUNCTION_JUDGES = ("python", "python_pairwise")  # call judge.function (imported before generating)
+# `judge.preferences` each judge accepts, its default first. "authors" (the SPPO scripts') needs
+# PairRM's logits; the other pairwise judges give probabilities, which "both_orders" combines.
+JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
+    **{t: ("bradley_terry", "hard") for t in SCALAR_JUDGES},
+    **{t: ("both_orders",) for t in ("python_pairwise", "pairwise_llm")},
+    "pairrm": ("authors", "both_orders"),
+}
 
 
 @dataclass(frozen=True)
@@ -120,8 +131,10 @@ class GenerateConfig(_Strict):
         description="Dataset columns whose text is added as extra candidates (RRHF paper: the "
         "dataset's human responses). A column may hold a string or a list of strings.",
     )
-    dedupe: bool = Field(
-        True, description="Drop exact and near-duplicate candidates (case/space/punctuation)."
+    dedupe: bool | None = Field(
+        None,
+        description="Drop exact and near-duplicate candidates (case/space/punctuation). None: the "
+        "method's default (pofe.methods: on for RRHF, off for SPPO, which keeps all K samples).",
     )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Rendered prompt length limit in tokens; None = no limit."
@@ -169,6 +182,12 @@ class GenerateConfig(_Strict):
         _check_base_url(self.base_url, "generate")
         return self
 
+    def for_method(self, method: str) -> GenerateConfig:
+        """This config with `dedupe` resolved: as set, else the method's default."""
+        if self.dedupe is not None:
+            return self
+        return self.model_copy(update={"dedupe": method_spec(method).dedupe_candidates})
+
     def sampling(self) -> Sampling:
         return Sampling(
             strategy=self.strategy,
@@ -190,17 +209,24 @@ class JudgeConfig(_Strict):
     """Who scores the candidates.
 
     Scalar judges (python, reward_model, llm) give one reward per candidate: RRHF uses them
-    directly; SPPO turns them into win rates through Bradley-Terry (transitive by construction).
-    Pairwise judges (pairwise_llm, pairrm) give a K x K preference matrix: SPPO only (RRHF
-    needs a scalar reward per candidate).
+    directly; SPPO turns them into win rates by `preferences` (bradley_terry or hard; transitive
+    by construction). Pairwise judges (python_pairwise, pairwise_llm, pairrm) give a K x K
+    preference matrix: SPPO only (RRHF needs a scalar reward per candidate).
     """
 
-    type: JudgeType = Field("python", description="python | reward_model | llm | pairwise_llm | pairrm.")
+    type: JudgeType = Field("python", description="python | python_pairwise | reward_model | llm | pairwise_llm | pairrm.")
     function: str | None = Field(
         None,
-        description="python: 'module:function' taking (prompt, response) -> float "
-        "(prompt is the dataset's prompt: str or chat messages).",
+        description="python: 'module:function'(prompt, response) -> float; python_pairwise: (prompt, "
+        "response_a, response_b) -> P(a beats b) in [0, 1]. prompt: the dataset's (str or messages).",
     )
+    preferences: Preferences | None = Field(
+        None,
+        description="SPPO: verdicts -> preference matrix. Scalar judges: bradley_terry (default; "
+        "sigmoid((r_i - r_j) / T)) or hard (1, 1/2 on a tie, 0); pairrm: authors (default) or "
+        "both_orders; python_pairwise, pairwise_llm: both_orders. None: the judge's default.",
+    )
+    preferences_temperature: float = Field(1.0, gt=0.0, le=1e6, description="bradley_terry: the reward scale T.")
     model: str | None = Field(
         None, description="reward_model / pairrm: local path or hub id; llm judges: served model name."
     )
@@ -239,11 +265,20 @@ class JudgeConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
-        if self.type == "python" and (not self.function or ":" not in self.function):
+        if self.type in FUNCTION_JUDGES and (not self.function or ":" not in self.function):
             raise ValueError(
-                "judge.type=python needs judge.function: 'module:function' "
+                f"judge.type={self.type} needs judge.function: 'module:function' "
                 "(e.g. pofe.demo.task:reward)."
             )
+        allowed = JUDGE_PREFERENCES[self.type]
+        if self.preferences is None:
+            self.preferences = allowed[0]
+        elif self.preferences not in allowed:
+            raise ValueError(f"judge.preferences: {self.preferences} does not apply to judge.type: {self.type}; "
+                             f"it takes {' or '.join(allowed)}.")
+        if "preferences_temperature" in self.model_fields_set and self.preferences != "bradley_terry":
+            raise ValueError(f"judge.preferences_temperature applies to preferences: bradley_terry only "
+                             f"(judge.type: {self.type} forms them by {self.preferences}); remove it.")
         if self.type in ("reward_model", "pairrm") and not self.model:
             raise ValueError(f"judge.type={self.type} needs judge.model (a local path or hub id).")
         if self.type in ("llm", "pairwise_llm") and not self.base_url:

@@ -43,7 +43,7 @@ from pofe.methods import MethodName, check_candidate_rules, method_spec
 
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, summarise
-from .config import GenerateConfig, JudgeConfig, PipelineConfig
+from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig
 from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
@@ -98,9 +98,10 @@ def run_pipeline(
     )
     if candidates.out_dir is None:
         raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
+    generate = generate.for_method(method)  # dedupe: the method's default unless set
     rows = list(prompts_rows)
     _check_inputs(rows, prompt_column, generate, candidates)
-    if judge_impl is None and judge.type == "python":
+    if judge_impl is None and judge.type in FUNCTION_JUDGES:
         judge_impl = make_judge(judge)  # imports judge.function now, not after generating
     out = Path(candidates.out_dir)
     gen_dir = out / "generate"
@@ -219,7 +220,7 @@ def _judge_stage(
     done = n_rows - _prompts_in(todo, candidates.shard_size, n_rows)
     with _bar(candidates.progress, n_rows, "judge", done=done) as bar:
         for s in todo:
-            out_rows = judge_shard(generated[s], judge_impl, method)
+            out_rows = judge_shard(generated[s], judge_impl, method, cfg)
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
             write_jsonl_atomic(shard_path(judge_dir, s), out_rows)

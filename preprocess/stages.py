@@ -14,12 +14,12 @@ import torch
 
 from pofe.methods import method_spec
 
-from .config import GenerateConfig, Sampling
+from .config import GenerateConfig, JudgeConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator
 from .judges import Abstain, JudgeError, PairwiseJudge, ScalarJudge, is_pairwise
 from .render import render_prompt
-from .win_rates import bradley_terry_preferences, win_rates
+from .win_rates import scalar_preferences, win_rates
 
 
 def generate_shard(
@@ -100,12 +100,15 @@ def column_texts(row: dict, col: str, index: int) -> list[str]:
     )
 
 
-def judge_shard(gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str) -> list[dict]:
+def judge_shard(
+    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str, cfg: JudgeConfig
+) -> list[dict]:
     """Score one shard. Abstained candidates are removed (and counted per row).
 
-    Pairwise judges give win rates directly; scalar judges give rewards, and win rates
-    through Bradley-Terry when the method trains on win rates. Each row records `judged`
-    (verdicts asked: candidates, or unordered pairs) and one reason per abstention.
+    Pairwise judges give win rates directly; scalar judges give rewards, and win rates through
+    `cfg.preferences` (bradley_terry or hard) when the method trains on win rates. Each row
+    records `judged` (verdicts asked: candidates, or unordered pairs) and one reason per
+    abstention.
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
     prompts, cands = [r["prompt"] for r in live], [r["candidates"] for r in live]
@@ -141,7 +144,10 @@ def judge_shard(gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method
                 "abstain_reasons": [_cap(v.reason) for v in sc if isinstance(v, Abstain)],
             }
             if wants_win_rates and rewards:
-                w = win_rates(bradley_terry_preferences(torch.tensor(rewards, dtype=torch.float64))).tolist()
+                pref = scalar_preferences(
+                    torch.tensor(rewards, dtype=torch.float64), cfg.preferences, cfg.preferences_temperature
+                )
+                w = win_rates(pref).tolist()
                 rec["win_rates"] = [_round(x) for x in w]
             out_by_index[r["index"]] = rec
     out = []

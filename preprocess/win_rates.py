@@ -60,20 +60,69 @@ def symmetrize_preferences(first_wins: Tensor) -> Tensor:
     return torch.where(_diagonal(first_wins), 0.5, both)
 
 
-def bradley_terry_preferences(rewards: Tensor) -> Tensor:
-    """Preferences implied by scalar rewards: P[i, j] = sigmoid(r_i - r_j).
+def bradley_terry_preferences(rewards: Tensor, temperature: float = 1.0) -> Tensor:
+    """Preferences implied by scalar rewards: P[i, j] = sigmoid((r_i - r_j) / T).
 
     A scalar judge (reward model) makes preferences transitive: r_i > r_j > r_l gives
     P[i, l] > max(P[i, j], P[j, l]) > 1/2, and win rates order responses exactly as
     rewards do. Only a pairwise judge can express cycles (A > B > C > A), the case
-    SPPO is built for.
+    SPPO is built for. T sets the reward scale: rewards in [0, 1] at T = 1 give P within
+    [0.27, 0.73]; T -> 0 tends to `hard_preferences`.
+
+    Args:
+        rewards: (K,) or (B, K).
+        temperature: T > 0.
+    Returns:
+        (K, K) or (B, K, K), diagonal exactly 1/2.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    r = _float_rewards(rewards)
+    return torch.sigmoid((r[..., :, None] - r[..., None, :]) / temperature)
+
+
+def hard_preferences(rewards: Tensor) -> Tensor:
+    """Sharp preferences from scalar rewards: P[i, j] = 1 if r_i > r_j, 1/2 if r_i = r_j, else 0.
+
+    What a verifier means (right beats wrong, equals tie), and the limit of
+    `bradley_terry_preferences` as T -> 0. Win rates are then
+    w_i = (#{j: r_j < r_i} + #{j: r_j = r_i} / 2) / K, the self-pair counted as a tie.
 
     Args:
         rewards: (K,) or (B, K).
     Returns:
-        (K, K) or (B, K, K), diagonal exactly 1/2.
+        (K, K) or (B, K, K) with entries in {0, 1/2, 1}, diagonal 1/2.
     """
+    r = _float_rewards(rewards)
+    return (torch.sign(r[..., :, None] - r[..., None, :]) + 1) / 2
+
+
+def scalar_preferences(rewards: Tensor, mode: str, temperature: float = 1.0) -> Tensor:
+    """`judge.preferences` for a scalar judge: "bradley_terry" (at `temperature`) or "hard"."""
+    if mode == "bradley_terry":
+        return bradley_terry_preferences(rewards, temperature)
+    if mode == "hard":
+        return hard_preferences(rewards)
+    raise ValueError(f"preferences {mode!r} does not apply to scalar rewards; expected bradley_terry or hard")
+
+
+def win_rate_spread(rates: Tensor) -> Tensor:
+    """max_i w_i - min_i w_i: how far apart the judge sets a prompt's responses.
+
+    SPPO's targets are eta (w_i - 1/2): a spread near 0 leaves the loss nothing to learn
+    (`summary.json` and the run report give its mean over prompts).
+
+    Args:
+        rates: (K,) or (B, K) win rates, K >= 1.
+    Returns:
+        () or (B,).
+    """
+    if rates.dim() not in (1, 2) or rates.shape[-1] == 0:
+        raise ValueError(f"rates must be (K,) or (B, K) with K >= 1, got shape {tuple(rates.shape)}")
+    return rates.amax(dim=-1) - rates.amin(dim=-1)
+
+
+def _float_rewards(rewards: Tensor) -> Tensor:
     if rewards.dim() not in (1, 2):
         raise ValueError(f"rewards must be (K,) or (B, K), got shape {tuple(rewards.shape)}")
-    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # int rewards too
-    return torch.sigmoid(r[..., :, None] - r[..., None, :])
+    return rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # int rewards too

@@ -108,3 +108,26 @@ def test_markdown_flags_a_cycle():
     assert "**CYCLE**: pi_0 > pi_2 > pi_1 > pi_0" in md
     assert "no reference responses" in md.lower()
     assert "not an unbiased KL" in md
+
+
+def test_report_shows_each_rounds_win_rate_spread(tmp_path):
+    """SPPO rounds carry summary.json's mean_win_rate_spread into report.json and a table
+    column; a round without it (an older summary) shows '-'. RRHF's table has no such column."""
+    layout = RunLayout(tmp_path)
+    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {},
+                                        "starts": [1.0], "rounds_planned": 2}))
+    summary = {"rows": 3, "candidates_per_prompt": {"mean": 5.0}, "mean_candidate_reward": 0.5,
+               "mean_best_of_k_reward": 1.0, "mean_candidate_tokens": 7.0, "mean_best_win_rate": 0.9,
+               "judge_abstentions": 0}
+    for t, extra in ((1, {"mean_win_rate_spread": 0.25}), (2, {})):
+        layout.candidates(t).mkdir(parents=True)
+        (layout.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+    rep = collect(layout)
+    assert [r["candidates"]["win_rate_spread"] for r in rep["rounds"]] == [0.25, None]
+    md = render_markdown(rep, {})
+    header = next(line for line in md.splitlines() if line.startswith("| round |"))
+    assert header.split(" | ")[3] == "cand. win-rate spread"
+    cells = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert [c[3] for c in cells] == ["0.250", "-"]
+    rrhf = render_markdown({**rep, "method": "rrhf"}, {}).splitlines()
+    assert "win-rate spread" not in next(line for line in rrhf if line.startswith("| round |"))

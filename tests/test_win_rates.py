@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pofe.preprocess import bradley_terry_preferences, symmetrize_preferences, win_rates
+from pofe.preprocess.win_rates import hard_preferences, scalar_preferences, win_rate_spread
 
 NAN = float("nan")
 
@@ -106,3 +107,52 @@ def test_bad_shapes_raise():
         symmetrize_preferences(torch.zeros(1, 2, 2, 2))
     with pytest.raises(ValueError, match="rewards"):
         bradley_terry_preferences(torch.zeros(1, 2, 2))
+
+
+def test_bradley_terry_temperature_hand_values():
+    """r = (0, 2), T = 2: P[0, 1] = sigmoid(-1) = 0.2689414, P[1, 0] = sigmoid(1) = 0.7310586;
+    w = ((0.5 + 0.2689414) / 2, (0.5 + 0.7310586) / 2). T = 1 gives sigmoid(-2) = 0.1192029."""
+    w = win_rates(bradley_terry_preferences(torch.tensor([0.0, 2.0]), temperature=2.0))
+    torch.testing.assert_close(w, torch.tensor([0.3844707, 0.6155293]))
+    assert bradley_terry_preferences(torch.tensor([0.0, 2.0]))[0, 1].item() == pytest.approx(0.1192029)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        bradley_terry_preferences(torch.tensor([0.0, 2.0]), temperature=0.0)
+
+
+def test_hard_preferences_verifier_hand_values():
+    """A verifier's rewards (1, 0, 1, 0.5): right beats wrong, equal ties.
+    w_i = (#{r_j < r_i} + #{r_j = r_i} / 2) / 4, the self-pair a tie:
+    w0 = (2 + 2/2) / 4 = 0.75, w1 = (0 + 1/2) / 4 = 0.125, w2 = 0.75, w3 = (1 + 1/2) / 4 = 0.375.
+    Bradley-Terry at T = 1 on the same rewards stays near 1/2: w0 = (0.5 + s(1) + 0.5 + s(.5)) / 4."""
+    r = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    p = hard_preferences(r)
+    assert p.tolist() == [[0.5, 1.0, 0.5, 1.0], [0.0, 0.5, 0.0, 0.0], [0.5, 1.0, 0.5, 1.0], [0.0, 1.0, 0.0, 0.5]]
+    torch.testing.assert_close(win_rates(p), torch.tensor([0.75, 0.125, 0.75, 0.375]))
+    bt0 = (0.5 + 1 / (1 + math.exp(-1)) + 0.5 + 1 / (1 + math.exp(-0.5))) / 4
+    assert win_rates(bradley_terry_preferences(r))[0].item() == pytest.approx(bt0)
+    assert bt0 < 0.6
+    # the limit: T -> 0 gives the hard matrix
+    torch.testing.assert_close(bradley_terry_preferences(r, temperature=1e-3), p)
+
+
+def test_hard_preferences_batch_and_int_rewards():
+    p = hard_preferences(torch.tensor([[3, 1], [2, 2]]))
+    assert p.dtype == torch.float32
+    assert p.tolist() == [[[0.5, 1.0], [0.0, 0.5]], [[0.5, 0.5], [0.5, 0.5]]]
+
+
+def test_scalar_preferences_dispatch():
+    r = torch.tensor([0.0, 2.0])
+    torch.testing.assert_close(scalar_preferences(r, "hard"), hard_preferences(r))
+    torch.testing.assert_close(scalar_preferences(r, "bradley_terry", 2.0), bradley_terry_preferences(r, 2.0))
+    with pytest.raises(ValueError, match="'authors' does not apply to scalar rewards"):
+        scalar_preferences(r, "authors")
+
+
+def test_win_rate_spread_hand_values():
+    """Rows (0.75, 0.125, 0.75, 0.375) and (0.5, 0.5, 0.5, 0.5): spreads 0.625 and 0."""
+    rates = torch.tensor([[0.75, 0.125, 0.75, 0.375], [0.5, 0.5, 0.5, 0.5]])
+    assert win_rate_spread(rates).tolist() == [0.625, 0.0]
+    assert win_rate_spread(rates[0]).item() == 0.625
+    with pytest.raises(ValueError, match="K >= 1"):
+        win_rate_spread(torch.zeros(2, 0))

@@ -2,7 +2,7 @@
 
     judge = make_judge(cfg)
     judge.score(prompts, responses)         # scalar judges: python, reward_model, llm
-    judge.preferences(prompts, responses)   # pairwise judges: pairwise_llm, pairrm
+    judge.preferences(prompts, responses)   # pairwise judges: python_pairwise, pairwise_llm, pairrm
 
 A new judge is one module here implementing `base.ScalarJudge` or `base.PairwiseJudge`, a
 `judge.type` value in config.py, and one branch below. Heavy imports happen only for the
@@ -22,6 +22,11 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         from .python import PythonJudge
 
         return PythonJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function)
+    if cfg.type == "python_pairwise":
+        from .base import load_function
+        from .python import PythonPairwiseJudge
+
+        return PythonPairwiseJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function)
     if cfg.type == "reward_model":
         from .reward_model import RewardModelJudge
 
@@ -40,7 +45,9 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
 
         # judge.max_length caps PairRM's input only when set; else the checkpoint's lengths (1224 + 2 x 412)
         max_length = cfg.max_length if "max_length" in cfg.model_fields_set else None
-        return PairRMJudge.from_pretrained(cfg.model, batch_size=cfg.batch_size, max_length=max_length)
+        return PairRMJudge.from_pretrained(
+            cfg.model, batch_size=cfg.batch_size, max_length=max_length, mode=cfg.preferences
+        )
     raise ValueError(f"unknown judge.type {cfg.type!r}")
 
 

@@ -1,4 +1,5 @@
-"""Python judge: a user function `module:function(prompt, response) -> float`."""
+"""Python judges: a user function, scalar `module:function(prompt, response) -> float` or
+pairwise `module:function(prompt, response_a, response_b) -> P(a beats b)`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import math
 from typing import Callable
 
 from ..render import Prompt
-from .base import JudgeStats, Score
+from .base import Abstain, JudgeStats, PairwiseVerdict, Score
+from .pairwise import preferences_both_orders
 
 
 class PythonJudge:
@@ -40,3 +42,41 @@ class PythonJudge:
                 row.append(v)
             out.append(row)
         return out
+
+
+class PythonPairwiseJudge:
+    """`module:function(prompt, response_a, response_b) -> P(a beats b)`, called for every
+    ordered pair (both orders, combined as for the other pairwise judges), so preferences
+    need not be transitive (rock-paper-scissors).
+
+    Exceptions, non-finite values and values outside [0, 1] become abstentions naming why.
+    """
+
+    def __init__(
+        self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise"
+    ):
+        self.fn = fn
+        self.allow_abstain = allow_abstain
+        self.name = name
+        self.stats = JudgeStats()
+
+    def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float | Abstain]:
+        out: list[float | Abstain] = []
+        for n, (prompt, a, b) in enumerate(items):
+            at = dict(allow=self.allow_abstain, where=self.name, prompt=n)
+            try:
+                v = float(self.fn(prompt, a, b))
+            except Exception as e:  # a user function: any failure is an abstention, counted
+                out.append(self.stats.abstain(f"{type(e).__name__}: {e}", **at))
+                continue
+            if not math.isfinite(v):
+                out.append(self.stats.abstain(f"non-finite P(a beats b): {v}", **at))
+                continue
+            if not 0.0 <= v <= 1.0:
+                out.append(self.stats.abstain(f"out of range: P(a beats b) = {v}, expected [0, 1]", **at))
+                continue
+            out.append(v)
+        return out
+
+    def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
+        return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)

@@ -7,10 +7,12 @@ import math
 import pytest
 import torch
 
+from pofe.preprocess.config import JudgeConfig
+from pofe.preprocess.judges import make_judge
 from pofe.preprocess.judges.base import Abstain, JudgeError, JudgeStats, load_function
 from pofe.preprocess.judges.llm import parse_score
 from pofe.preprocess.judges.pairwise import combine_orders, parse_verdict, preferences_both_orders, verdict_from_logprobs
-from pofe.preprocess.judges.python import PythonJudge
+from pofe.preprocess.judges.python import PythonJudge, PythonPairwiseJudge
 from pofe.preprocess.win_rates import win_rates
 
 
@@ -129,3 +131,77 @@ def test_parsers():
     only_a = [{"token": "A", "logprob": math.log(0.3)}, {"token": "x", "logprob": math.log(0.1)}]
     assert verdict_from_logprobs(only_a) == pytest.approx(0.75)  # B bounded by the lowest listed (0.1)
     assert verdict_from_logprobs([{"token": "x", "logprob": -1.0}]) is None
+
+
+_BEATS = {"rock": "scissors", "paper": "rock", "scissors": "paper"}
+
+
+def rps(prompt, response_a, response_b):
+    """Rock-paper-scissors: P(a beats b) is 1, 0 or 1/2 (same hand); non-transitive."""
+    if response_a == response_b:
+        return 0.5
+    return 1.0 if _BEATS[response_a] == response_b else 0.0
+
+
+def test_python_pairwise_judge_rock_paper_scissors():
+    """Candidates (rock, rock, paper, scissors). Win rates w_i = mean_j P[i, j], diagonal 1/2:
+    rock     (1/2 + 1/2 + 0 + 1) / 4 = 0.5   (the other rock ties)
+    paper    (1 + 1 + 1/2 + 0) / 4   = 0.625
+    scissors (0 + 0 + 1 + 1/2) / 4   = 0.375
+    Paper leads because the sampled set holds two rocks: no reward gives these win rates
+    with rock > scissors > paper > rock. Every ordered pair judged: 4 x 3 = 12 calls."""
+    j = make_judge(JudgeConfig(type="python_pairwise", function=f"{__name__}:rps"))
+    (verdict,) = j.preferences(["play"], [["rock", "rock", "paper", "scissors"]])
+    torch.testing.assert_close(win_rates(verdict.matrix), torch.tensor([0.5, 0.5, 0.625, 0.375], dtype=torch.float64))
+    assert verdict.matrix[2, 3].item() == 0.0 and verdict.matrix[3, 0].item() == 0.0 and verdict.matrix[0, 3].item() == 1.0
+    assert j.stats.calls == 12 and j.stats.abstentions == 0
+
+
+def test_python_pairwise_judge_abstains_and_uses_the_other_order():
+    """(a, b) raises, (b, a) gives 0.8 -> P[a, b] = 1 - 0.8 = 0.2 from one order.
+    (a, c) non-finite, (c, a) 1.5 out of range: the pair abstains, P = 1/2.
+    (b, c) 0.9 and (c, b) 0.3: P[b, c] = (0.9 + 1 - 0.3) / 2 = 0.8."""
+    table = {("a", "b"): "raise", ("b", "a"): 0.8, ("a", "c"): float("nan"), ("c", "a"): 1.5,
+             ("b", "c"): 0.9, ("c", "b"): 0.3}
+
+    def fn(prompt, x, y):
+        v = table[x, y]
+        if v == "raise":
+            raise KeyError("no such hand")
+        return v
+
+    j = PythonPairwiseJudge(fn)
+    (verdict,) = j.preferences(["p"], [["a", "b", "c"]])
+    assert verdict.matrix[0, 1].item() == pytest.approx(0.2)
+    assert verdict.matrix[0, 2].item() == 0.5 and verdict.abstained_pairs == 1
+    assert verdict.matrix[1, 2].item() == pytest.approx(0.8)
+    assert j.stats.abstentions == 3 and j.stats.calls == 6
+    assert j.stats.reasons == {"KeyError": 1, "non-finite P(a beats b)": 1, "out of range": 1}
+    assert verdict.abstain_reasons == ("non-finite P(a beats b): nan",)  # the (a, c) order's reason
+    strict = PythonPairwiseJudge(fn, allow_abstain=False, name="m:fn")
+    with pytest.raises(JudgeError, match=r"prompt 0, candidates 0 and 1, m:fn: KeyError"):
+        strict.preferences(["p"], [["a", "b", "c"]])
+
+
+def test_judge_preferences_defaults_and_combinations():
+    """Each judge's default, and a formation that does not fit the judge named with both."""
+    assert JudgeConfig(type="python", function="m:f").preferences == "bradley_terry"
+    assert JudgeConfig(type="python_pairwise", function="m:f").preferences == "both_orders"
+    assert JudgeConfig(type="pairrm", model="llm-blender/PairRM").preferences == "authors"
+    assert JudgeConfig(type="pairwise_llm", base_url="http://h/v1").preferences == "both_orders"
+    assert JudgeConfig(type="pairrm", model="m", preferences="both_orders").preferences == "both_orders"
+    hard = JudgeConfig(type="reward_model", model="m", preferences="hard")
+    assert hard.preferences == "hard" and hard.preferences_temperature == 1.0
+    with pytest.raises(ValueError, match="judge.preferences: hard does not apply to judge.type: pairrm; "
+                                         "it takes authors or both_orders"):
+        JudgeConfig(type="pairrm", model="m", preferences="hard")
+    with pytest.raises(ValueError, match="preferences: authors does not apply to judge.type: python;"):
+        JudgeConfig(type="python", function="m:f", preferences="authors")
+    with pytest.raises(ValueError, match="judge.type: pairwise_llm; it takes both_orders"):
+        JudgeConfig(type="pairwise_llm", base_url="http://h/v1", preferences="authors")
+    with pytest.raises(ValueError, match="preferences_temperature applies to preferences: bradley_terry only"):
+        JudgeConfig(type="python", function="m:f", preferences="hard", preferences_temperature=0.1)
+    with pytest.raises(ValueError, match="judge.type=python_pairwise needs judge.function"):
+        JudgeConfig(type="python_pairwise")
+    with pytest.raises(ValueError, match="greater than 0"):
+        JudgeConfig(type="python", function="m:f", preferences_temperature=0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -44,7 +45,8 @@ ROWS = [
     {"prompt": [{"role": "user", "content": "1+3="}], "human": ["4!", "four"]},
     {"prompt": "1+1=", "human": None},
 ]
-GEN = GenerateConfig(num_candidates=5, include_dataset_responses=["human"], max_new_tokens=4)
+# dedupe set: the counts below are after deduplication, for SPPO (off by default) too
+GEN = GenerateConfig(num_candidates=5, include_dataset_responses=["human"], max_new_tokens=4, dedupe=True)
 
 
 def _reward(prompt, response):
@@ -416,3 +418,73 @@ def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
 
     assert run_pipeline(ROWS, judge=judge_a, generator=gen, **kw).data_path.read_bytes() == data_a
     assert gen.calls == 0 and stamps("generate") == gen_stamps and stamps("judge") == judge_a_stamps
+
+
+PROMPTS = [{"prompt": "2+2="}, {"prompt": "1+1="}]
+
+
+def test_dedupe_default_follows_the_method(tiny_policy, tmp_path):
+    """ScriptedGenerator's 5 candidates: 4, 4, Four., four, 5. SPPO keeps all K (its win rates
+    are a Monte-Carlo estimate over the policy's samples); RRHF drops the exact duplicate "4"
+    and the near duplicate "four" (of "Four."): 3 kept, per prompt. An explicit dedupe wins."""
+    judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
+
+    def run(method, out, **gen):
+        return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method=method, judge=judge,
+                            generate=GenerateConfig(num_candidates=5, max_new_tokens=4, **gen),
+                            candidates=PipelineConfig(out_dir=str(tmp_path / out), progress=False),
+                            generator=ScriptedGenerator()).summary
+
+    sppo, rrhf, sppo_on = run("sppo", "s"), run("rrhf", "r"), run("sppo", "s1", dedupe=True)
+    assert sppo["candidates_per_prompt"]["mean"] == 5 and sppo["duplicates_removed"] == {"exact": 0, "near": 0}
+    assert sppo["generate"]["dedupe"] is False and rrhf["generate"]["dedupe"] is True
+    assert rrhf["candidates_per_prompt"]["mean"] == 3 and rrhf["duplicates_removed"] == {"exact": 2, "near": 2}
+    assert sppo_on["candidates_per_prompt"]["mean"] == 3
+
+
+def test_sppo_hard_preferences_and_win_rate_spread(tiny_policy, tmp_path):
+    """Rewards = lengths of (4, 4, Four., four, 5) = (1, 1, 5, 4, 1). hard: w_i = (#shorter +
+    #same length / 2) / 5 = (0.3, 0.3, 0.9, 0.7, 0.3), spread 0.9 - 0.3 = 0.6 per prompt.
+    bradley_terry (T = 1): w(Four.) = (3 s(4) + s(1) + 1/2) / 5, w(4) = (3/2 + s(-4) + s(-3)) / 5."""
+
+    def run(out, **judge):
+        return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo",
+                            judge=JudgeConfig(type="python", function=f"{__name__}:_reward", **judge),
+                            generate=GenerateConfig(num_candidates=5, max_new_tokens=4),
+                            candidates=PipelineConfig(out_dir=str(tmp_path / out), progress=False),
+                            generator=ScriptedGenerator())
+
+    hard = run("hard", preferences="hard")
+    rows = [json.loads(l) for l in hard.data_path.read_text().splitlines()]
+    assert [r["win_rates"] for r in rows] == [[0.3, 0.3, 0.9, 0.7, 0.3]] * 2
+    assert hard.summary["mean_win_rate_spread"] == pytest.approx(0.6)
+    assert hard.summary["judge"]["preferences"] == "hard"
+    s = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    bt_spread = (3 * s(4) + s(1) + 0.5) / 5 - (1.5 + s(-4) + s(-3)) / 5
+    bt = run("bt").summary
+    assert bt["mean_win_rate_spread"] == pytest.approx(bt_spread) and bt["judge"]["preferences"] == "bradley_terry"
+    # a changed formation re-judges into its own shards (the manifest holds it), the generate shards reused
+    assert run("hard", preferences="bradley_terry").summary["mean_win_rate_spread"] == pytest.approx(bt_spread)
+
+
+class HandsGenerator:
+    name = "hands"
+
+    def generate(self, prompts, n, sampling):
+        return [["rock", "rock", "paper", "scissors"][:n] for _ in prompts]
+
+
+def test_sppo_python_pairwise_judge_rock_paper_scissors(tiny_policy, tmp_path):
+    """judge.type python_pairwise through the pipeline: loaded from judge.function, both orders
+    judged, 4 x 3 = 12 calls per prompt. Win rates (rock, rock, paper, scissors) =
+    (0.5, 0.5, 0.625, 0.375) (worked in test_judges.py): spread 0.25. RRHF refuses the judge."""
+    judge = JudgeConfig(type="python_pairwise", function="tests.preprocess.test_judges:rps")
+    res = run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo", judge=judge,
+                       generate=GenerateConfig(num_candidates=4, max_new_tokens=4),
+                       candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=HandsGenerator())
+    rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
+    assert [r["win_rates"] for r in rows] == [[0.5, 0.5, 0.625, 0.375]] * 2
+    assert res.summary["mean_win_rate_spread"] == 0.25 and res.summary["judge_abstentions"] == 0
+    with pytest.raises(ValueError, match="judge.type: python_pairwise gives pairwise preferences; RRHF needs"):
+        run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="rrhf", judge=judge, generate=GEN,
+                     candidates=PipelineConfig(out_dir=str(tmp_path / "r")))

@@ -110,6 +110,7 @@ def round_stats(layout: RunLayout, state: dict, t: int, evaluation: dict | None)
             "policy_sample_mean_reward": stats.get("policy_sample_mean_reward"),
             "mean_tokens": summary["mean_candidate_tokens"],
             "mean_best_win_rate": summary.get("mean_best_win_rate"),
+            "win_rate_spread": summary.get("mean_win_rate_spread"),  # absent in older summaries
             "judge_abstentions": summary["judge_abstentions"],
         }
     on_train = (evaluation or {}).get("train_prompts", {}).get(str(t))

@@ -29,6 +29,10 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     header = ["round", "prompts", "cands/prompt", "cand. mean reward", "policy samples' reward",
               "best-of-k", "trained model reward (its prompts)", "steps", "loss first -> last",
               f"{spec.diagnostic_label} first -> last"]
+    # the candidates' mean max - min win rate: how much the judge separates them (SPPO's signal)
+    spread = spec.target == "win_rates"
+    if spread:
+        header.insert(3, "cand. win-rate spread")
     rows = []
     for r in rep["rounds"]:
         cands, train, on_train = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"] or {}
@@ -43,6 +47,8 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
             f"{fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}" if train else "-",
             f"{fmt(train.get('diagnostic_first'))} -> {fmt(train.get('diagnostic_last'))}" if train else "-",
         ])
+        if spread:
+            rows[-1].insert(3, fmt(cands.get("win_rate_spread")))
     md += [table(header, rows), ""]
     md.append("Candidate rewards come from each round's `candidates/summary.json` and judge shards "
               "('policy samples' = the round's starting policy's own samples; the rest are dataset "
