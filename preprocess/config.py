@@ -276,7 +276,9 @@ class JudgeConfig(_Strict):
         elif self.preferences not in allowed:
             raise ValueError(f"judge.preferences: {self.preferences} does not apply to judge.type: {self.type}; "
                              f"it takes {' or '.join(allowed)}.")
-        if "preferences_temperature" in self.model_fields_set and self.preferences != "bradley_terry":
+        # against the default, not fields_set: a dumped config (every field set) validates again
+        if self.preferences_temperature != JudgeConfig.model_fields["preferences_temperature"].default \
+                and self.preferences != "bradley_terry":
             raise ValueError(f"judge.preferences_temperature applies to preferences: bradley_terry only "
                              f"(judge.type: {self.type} forms them by {self.preferences}); remove it.")
         if self.type in ("reward_model", "pairrm") and not self.model:

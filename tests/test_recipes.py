@@ -39,3 +39,14 @@ def test_recipe_validates(path):
         ds = json.loads((path.parents[1] / cfg.deepspeed).read_text())
         assert ds["zero_optimization"]["stage"] == 3
         assert cfg.adapter is None  # full fine-tuning
+
+
+def test_verifier_recipe_gives_sharp_preferences_on_all_k_samples():
+    """SPPO on a verifier: hard preferences, every sample kept (the method's dedupe default)."""
+    from pofe.args import pofe_config
+
+    cfg = DictDefault(yaml.safe_load((RECIPES[0].parent / "tiny-sppo-verifier-cpu.yml").read_text()))
+    prepare_plugins(cfg)
+    pofe = pofe_config(validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"}))
+    assert pofe.method == "sppo" and pofe.judge.type == "python" and pofe.judge.preferences == "hard"
+    assert pofe.generate.dedupe is None and pofe.generate.for_method("sppo").dedupe is False
