@@ -43,6 +43,12 @@ class MethodSpec:
     # `pofe.generate.dedupe` when unset: RRHF ranks distinct responses; SPPO's win rates are a
     # Monte-Carlo estimate over K policy samples, which dropping duplicates would bias
     dedupe_candidates: bool
+    # `pofe.candidates.truncated` when unset: what to do with candidates cut at max_new_tokens.
+    # "keep" for both, as the RRHF and SPPO authors' scripts do (they filter nothing). A kept one
+    # is trained as if finished (the template's end-of-turn token is appended and scored);
+    # "drop" avoids that, but loses every candidate of a policy that rarely stops within
+    # max_new_tokens (an untrained model: all of them)
+    truncated_candidates: Literal["drop", "keep"] = "keep"
     # further logged metrics the run report keeps as curves, beside the loss and the diagnostic
     report_curves: tuple[str, ...] = ()
     # what the run report says under its rounds table about reading the diagnostic

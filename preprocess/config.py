@@ -315,7 +315,20 @@ class PipelineConfig(_Strict):
         "(the SPPO paper's data-budget choice).",
     )
     min_candidates: int = Field(2, ge=2, description="Rows with fewer judged candidates are dropped (counted).")
+    truncated: Literal["drop", "keep"] | None = Field(
+        None,
+        description="Candidates cut at generate.max_new_tokens (finish reason `length`): drop them "
+        "(counted in summary.json's truncated_candidates_dropped) or keep them (trained as if "
+        "finished: the end-of-turn token is appended). None: the method's default (pofe.methods: "
+        "keep for RRHF and SPPO, as their authors' scripts do).",
+    )
     progress: bool = Field(True, description="Show tqdm progress bars.")
+
+    def for_method(self, method: str) -> PipelineConfig:
+        """This config with `truncated` resolved: as set, else the method's default."""
+        if self.truncated is not None:
+            return self
+        return self.model_copy(update={"truncated": method_spec(method).truncated_candidates})
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

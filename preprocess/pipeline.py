@@ -75,6 +75,7 @@ def run_pipeline(
     generator: Generator | None = None,
     judge_impl: ScalarJudge | PairwiseJudge | None = None,
     stop_after: Literal["generate", "judge"] | None = None,
+    tokenizer=None,
 ) -> PipelineResult | None:
     """Generate, judge and build the candidate dataset; resume from whatever shards exist.
 
@@ -90,6 +91,9 @@ def run_pipeline(
             (but a python judge is loaded at once: a bad judge.function fails before generating).
         stop_after: run the stages up to this one only (their shards stay for a later run);
             then nothing is built and None is returned.
+        tokenizer: what prompts are rendered with (and the transformers backend decodes with);
+            None: policy_path's own (AutoTokenizer). Inside axolotl it is the training one
+            (axolotl's load_tokenizer: the recipe's chat_template and its settings).
     Returns:
         PipelineResult with data.jsonl's path, summary.json's path, the row count and summary.
     """
@@ -99,6 +103,7 @@ def run_pipeline(
     if candidates.out_dir is None:
         raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
     generate = generate.for_method(method)  # dedupe: the method's default unless set
+    candidates = candidates.for_method(method)  # truncated: the method's default unless set
     rows = list(prompts_rows)
     _check_inputs(rows, prompt_column, generate, candidates)
     if judge_impl is None and judge.type in FUNCTION_JUDGES:
@@ -106,10 +111,11 @@ def run_pipeline(
     out = Path(candidates.out_dir)
     gen_dir = out / "generate"
     gen_dir.mkdir(parents=True, exist_ok=True)
-    check_manifest(gen_dir, generate_manifest(
-        rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
-        prompt_column=prompt_column,
-    ))
+    check_manifest(gen_dir, {
+        **generate_manifest(rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
+                            prompt_column=prompt_column),
+        "truncated": candidates.truncated,  # the shards hold what this policy kept
+    })
     judge_dir = select_judge_dir(out, judge_manifest(method=method, judge=judge))
     for d in (gen_dir, judge_dir):
         clean_tmp(d)
@@ -118,7 +124,7 @@ def run_pipeline(
 
     t0 = time.monotonic()
     generated, generator = _generate_stage(
-        rows, gen_dir, generate, candidates, policy_path, prompt_column, generator, redone
+        rows, gen_dir, generate, candidates, policy_path, prompt_column, generator, redone, tokenizer
     )
     timings["generate_s"] = time.monotonic() - t0
     if stop_after == "generate":
@@ -140,6 +146,7 @@ def run_pipeline(
     summary = summarise(
         generated_rows, judged_rows, data, dropped, method=method, generate=generate, judge=judge, candidates=candidates
     )
+    summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
     summary["shards_redone_last_run"] = redone
     summary["timings_last_run"] = {k: round(v, 3) for k, v in timings.items()}
     for name, obj in (("generate_client", generator), ("judge", judge_impl)):
@@ -171,6 +178,7 @@ def _generate_stage(
     prompt_column: str,
     generator: Generator | None,
     redone: dict[str, int],
+    tokenizer,
 ) -> tuple[list[list[dict]], Generator | None]:
     """Every generate shard's rows, writing the missing (or damaged) ones; and the generator
     used (None if none was needed)."""
@@ -182,16 +190,17 @@ def _generate_stage(
         for s in range(n_shards)
     ]
     todo = [s for s in range(n_shards) if shards[s] is None]
-    tokenizer = None
     with _bar(candidates.progress, len(rows), "generate", done=len(rows) - _prompts_in(todo, size, len(rows))) as bar:
         for s in todo:
             shard_rows = rows[s * size : (s + 1) * size]
-            if tokenizer is None:  # loaded only when a shard is missing
+            if generator is None:  # loaded only when a shard is missing
+                generator = make_generator(cfg, policy_path, tokenizer)
+            if tokenizer is None:
                 tokenizer = load_tokenizer(policy_path)
-                if generator is None:
-                    generator = make_generator(cfg, policy_path)
             sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
-            out_rows = generate_shard(shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column)
+            out_rows = generate_shard(
+                shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column, candidates.truncated
+            )
             write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
             shards[s] = read_shard(shard_path(gen_dir, s))
             bar.update(len(shard_rows))

@@ -1,7 +1,8 @@
 """The work of the generate and judge stages on one shard: rows in, shard rows out.
 
 generate_shard: render each prompt with the policy's chat template, ask the backend for the
-candidates, add the dataset's own responses, drop empty and duplicate candidates.
+candidates, add the dataset's own responses, drop truncated (if asked), empty and duplicate
+candidates.
 judge_shard: score the candidates (scalar or pairwise judge), drop abstentions, and turn
 scores into the method's target (rewards as they are; win rates for SPPO).
 """
@@ -16,7 +17,7 @@ from pofe.methods import method_spec
 
 from .config import GenerateConfig, JudgeConfig, Sampling
 from .dedupe import dedupe
-from .generators import Generator
+from .generators import Generator, finish_reason
 from .judges import Abstain, JudgeError, PairwiseJudge, ScalarJudge, is_pairwise
 from .render import render_prompt
 from .win_rates import scalar_preferences, win_rates
@@ -30,11 +31,15 @@ def generate_shard(
     cfg: GenerateConfig,
     sampling: Sampling,
     prompt_column: str = "prompt",
+    truncated: str = "drop",
 ) -> list[dict]:
     """Candidates for one shard of prompts.
 
     Returns one dict per input row: index, prompt, candidates (deduplicated, dataset responses
-    first), sources, candidate_tokens, dup counts, and `dropped` (a reason, or None).
+    first), sources, finish_reasons (per candidate: "stop", "length", or None for dataset
+    responses and backends that do not say), candidate_tokens, counts of truncated / empty /
+    duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
+    candidates that ended at max_new_tokens (finish reason "length").
     """
     rendered = [
         render_prompt(tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow)
@@ -52,8 +57,8 @@ def generate_shard(
     for i, (row, r) in enumerate(zip(rows, rendered)):
         rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column]}
         if r.text is None:
-            rec.update(candidates=[], sources=[], candidate_tokens=[], exact_dups=0, near_dups=0,
-                       empty=0, dropped=r.reason)
+            rec.update(candidates=[], sources=[], finish_reasons=[], candidate_tokens=[], exact_dups=0,
+                       near_dups=0, empty=0, truncated_dropped=0, dropped=r.reason)
             out.append(rec)
             continue
         cands, sources = [], []
@@ -63,26 +68,38 @@ def generate_shard(
                 sources.append(col)
         cands += by_row[i]
         sources += ["policy"] * len(by_row[i])
+        # candidate texts, sources and finish reasons, filtered together
+        cols = ([str(c) for c in cands], sources, [finish_reason(c) for c in cands])
+        n = len(cols[0])
+        if truncated == "drop":
+            cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
+        cut, n = n - len(cols[0]), len(cols[0])
         # a policy may answer with end-of-turn at once (trained ones do): nothing to score
-        nonempty = [k for k, c in enumerate(cands) if c.strip()]
-        empty = len(cands) - len(nonempty)
-        cands, sources = [cands[k] for k in nonempty], [sources[k] for k in nonempty]
+        cols = _take(cols, [k for k, c in enumerate(cols[0]) if c.strip()])
+        empty = n - len(cols[0])
         exact = near = 0
         if cfg.dedupe:
-            kept, exact, near = dedupe(cands)
-            cands, sources = [cands[k] for k in kept], [sources[k] for k in kept]
+            kept, exact, near = dedupe(cols[0])
+            cols = _take(cols, kept)
+        cands, sources, finish = cols
         rec.update(
             candidates=cands,
             sources=sources,
+            finish_reasons=finish,
             candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
             exact_dups=exact,
             near_dups=near,
             empty=empty,
+            truncated_dropped=cut,
             truncated=r.truncated,
             dropped=None,
         )
         out.append(rec)
     return out
+
+
+def _take(cols: tuple[list, ...], kept: list[int]) -> tuple[list, ...]:
+    return tuple([xs[k] for k in kept] for xs in cols)
 
 
 def column_texts(row: dict, col: str, index: int) -> list[str]:

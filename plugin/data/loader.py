@@ -178,13 +178,17 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
     from pofe.preprocess.pipeline import run_pipeline
 
     pofe = pofe_config(cfg)
-    generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates
+    generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates.for_method(pofe.method)
     policy = sampling_policy(cfg, generate)
+    # sampling from the policy that trains: render its prompts as training will (axolotl's
+    # tokenizer, with the recipe's chat_template settings); generate.model keeps its own
+    tokenizer = None if generate.model else load_tokenizer(cfg)
     if candidates.out_dir is None:
         # keyed on what the generate shards depend on: a changed judge reuses them (the
         # pipeline keeps each judge's shards apart inside)
         key = json.dumps(
-            [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size],
+            [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size,
+             candidates.truncated, getattr(tokenizer, "chat_template", None)],
             sort_keys=True, default=str,
         )
         digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
@@ -194,6 +198,7 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
         # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
         list(prompts), policy_path=policy, method=pofe.method, generate=generate,
         judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
+        tokenizer=tokenizer,
     )
     if result is None:
         LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {candidates.out_dir}")

@@ -54,7 +54,11 @@ def load_tokenizer(path: str):
     adapter_config = folder / "adapter_config.json"
     if adapter_config.exists() and not (folder / "tokenizer_config.json").exists():
         path = json.loads(adapter_config.read_text())["base_model_name_or_path"]
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    return with_pad_token(AutoTokenizer.from_pretrained(path))
+
+
+def with_pad_token(tokenizer):
+    """`tokenizer`, its pad_token set to eos_token if it has none."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -182,7 +186,7 @@ class TransformersGenerator:
         self, model_path: str, *, batch_size: int = 8, device: str | None = None, dtype="auto", tokenizer=None
     ):
         # the caller's tokenizer when given (axolotl's load_tokenizer: the one training uses)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        self.tokenizer = with_pad_token(tokenizer) if tokenizer is not None else load_tokenizer(model_path)
         self.model = load_policy(model_path, device=device, dtype=dtype)
         self.batch_size = batch_size
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 
 import pytest
 import torch
 
-from pofe.preprocess.config import GenerateConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.generators import Completion
 from pofe.preprocess.generators.diverse_beam import HammingDiversityProcessor
 from pofe.preprocess.generators.hf import (
     TransformersGenerator,
@@ -17,7 +19,9 @@ from pofe.preprocess.generators.hf import (
     sample_responses,
     stop_token_ids,
 )
+from pofe.preprocess.pipeline import run_pipeline
 from pofe.preprocess.render import render_prompt
+from pofe.preprocess.stages import generate_shard
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +134,62 @@ def test_finish_reason_stop_or_length_by_hand(gen):
     assert [(s.response_ids, s.text, s.finish_reason) for s in rows[0]] == [
         ([a, b], "a", "stop"), ([a, b], "a", "stop"), ([a, a, a, a], "aaaa", "length")
     ]
+
+
+class _Cut:
+    """Fake backend: candidate j of each prompt is "c{j}", the last one cut at max_new_tokens."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, prompts, n, sampling):
+        self.prompts += prompts
+        return [[Completion(f"c{j}", "length" if j == n - 1 else "stop") for j in range(n)] for _ in prompts]
+
+
+@pytest.mark.parametrize("truncated", ["drop", "keep"])
+def test_truncated_candidates_dropped_and_counted_or_kept(tiny_policy, truncated):
+    tok = load_tokenizer(str(tiny_policy))
+    cfg = GenerateConfig(num_candidates=3, dedupe=False)
+    [row] = generate_shard([{"prompt": "hi"}], 0, _Cut(), tok, cfg, cfg.sampling(), truncated=truncated)
+    if truncated == "drop":
+        assert (row["candidates"], row["finish_reasons"], row["truncated_dropped"]) == (["c0", "c1"], ["stop"] * 2, 1)
+    else:
+        assert (row["candidates"], row["finish_reasons"], row["truncated_dropped"]) == (
+            ["c0", "c1", "c2"], ["stop", "stop", "length"], 0)
+
+
+@pytest.mark.parametrize(("truncated", "dropped", "kept"), [(None, 0, 3), ("drop", 2, 2)])
+def test_pipeline_counts_truncated_candidates(tiny_policy, tmp_path, truncated, dropped, kept):
+    """Two prompts x one cut candidate each: kept by default (the method's), or dropped and
+    counted in summary.json."""
+    result = run_pipeline(
+        [{"prompt": "a"}, {"prompt": "b"}], method="rrhf", policy_path=str(tiny_policy),
+        generate=GenerateConfig(num_candidates=3), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False, truncated=truncated), generator=_Cut(),
+    )
+    assert result.summary["truncated_candidates_dropped"] == dropped
+    assert [len(json.loads(x)["responses"]) for x in result.data_path.read_text().splitlines()] == [kept, kept]
+
+
+def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch):
+    """build_candidates renders prompts with axolotl's load_tokenizer(cfg): the recipe's
+    chat_template (chatml here), not the policy folder's own template."""
+    from axolotl.utils.dict import DictDefault
+
+    import pofe.preprocess.pipeline as pipeline
+    from pofe.data.loader import build_candidates
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))
+    cfg = DictDefault(
+        base_model=str(tiny_policy), tokenizer_config=str(tiny_policy), chat_template="chatml",
+        dataset_prepared_path=None,
+        pofe={"method": "rrhf", "generate": {"num_candidates": 2},
+              "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+    )
+    build_candidates(cfg, DictDefault(path="p.jsonl", split="train"), [{"prompt": "hi"}], "prompt", stop_after="generate")
+    assert render_prompt(seen["tokenizer"], "hi").text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(load_tokenizer(str(tiny_policy)), "hi").text == "<|user|>hi<|end|><|assistant|>"
