@@ -1,18 +1,24 @@
 """POFE's generate stage against the same engine called directly, and judge calls per prompt.
 
-    python -m benchmarks.preprocess            # tiny local Llama, transformers backend
+    python -m benchmarks.preprocess                  # tiny local Llama, transformers backend
+    python -m benchmarks.preprocess --backend vllm   # the same through vLLM's server (.venv-vllm)
     python -m benchmarks.preprocess --quick
 
-Both variants share one loaded generator, the same rendered prompts and the same seed,
-interleaved repetition by repetition (medians). `direct` is the engine's own
-`generate(prompts, n, sampling)`; `pofe` is `run_pipeline(..., stop_after="generate")`,
-which adds rendering, dataset responses, dedupe, token counts and atomic shard writes.
-Judge calls per prompt are counted by a python judge that counts its own calls.
+Both variants use the same engine, the same rendered prompts and the same seed,
+interleaved repetition by repetition (medians); `pofe` is
+`run_pipeline(..., stop_after="generate")`, which adds rendering, dataset responses,
+dedupe, token counts and atomic shard writes. `direct` is, for `transformers`, the
+loaded generator's own `generate(prompts, n, sampling)`; for `vllm`, the vLLM CPU venv's
+OpenAI-compatible server (started on loopback) called without POFE: one `/v1/completions`
+request per `batch_size` prompts with `n` samples, as vLLM's docs call it, where POFE's
+`openai` backend sends one request per prompt, 8 at a time. Judge calls per prompt are
+counted by a python judge that counts its own calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -36,31 +42,72 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--out", default="benchmarks/results/preprocess-cpu.json")
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
+    parser.add_argument("--out", default=None, help="default benchmarks/results/preprocess-<backend>-cpu.json")
     args = parser.parse_args(argv)
+    out_path = Path(args.out or f"benchmarks/results/preprocess-{args.backend}-cpu.json")
     reps = args.reps or (2 if args.quick else 5)
     n_prompts, k = (16, 4) if args.quick else (64, 8)
     torch.set_num_threads(1)
 
-    from pofe.demo.task import make_prompts
     from pofe.demo.tiny import build_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="pofe-bench-"))
+    policy = str(build_tiny_model(work / "model"))
+    with contextlib.ExitStack() as stack:
+        base_url = None
+        if args.backend == "vllm":
+            from benchmarks.vllm_server import serve
+
+            base_url = stack.enter_context(serve(policy, work / "vllm-server.log"))
+        out = measure(policy, work, n_prompts, k, reps, base_url)
+    out["backend"] = args.backend
+    med = out["seconds_median"]
+    print(f"generate stage ({args.backend}): {n_prompts} prompts x {k} samples, medians of {reps}")
+    print(f"  direct engine   {med['direct']:.2f} s")
+    print(f"  pofe stage      {med['pofe']:.2f} s   overhead {out['overhead_pofe_over_direct']:.3f}x")
+    print(f"  python judge calls per prompt: {out['judge_calls_per_prompt']:.2f} "
+          f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def raw_completions(base_url: str, model: str, prompts: list[str], n: int, sampling, batch_size: int) -> None:
+    """vLLM's server without POFE: one /completions request per batch of prompts, n samples each."""
+    import httpx
+
+    for start in range(0, len(prompts), batch_size):
+        r = httpx.post(f"{base_url}/completions", timeout=600, json={
+            "model": model, "prompt": prompts[start:start + batch_size], "n": n,
+            "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p, "seed": sampling.seed,
+        })
+        r.raise_for_status()
+
+
+def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url: str | None) -> dict:
+    """Both variants on `policy`: the transformers backend, or vLLM's server at `base_url`."""
+    from pofe.demo.task import make_prompts
     from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
     from pofe.preprocess.generators import make_generator
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
 
-    work = Path(tempfile.mkdtemp(prefix="pofe-bench-"))
-    policy = str(build_tiny_model(work / "model"))
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
-    gen_cfg = GenerateConfig(num_candidates=k, temperature=1.0, max_new_tokens=16, batch_size=16)
+    backend = {} if base_url is None else {"backend": "openai", "base_url": base_url, "model": policy}
+    gen_cfg = GenerateConfig(num_candidates=k, temperature=1.0, max_new_tokens=16, batch_size=16, **backend)
     judge_cfg = JudgeConfig(type="python", function=f"{__name__}:counting_reward")
     generator = make_generator(gen_cfg, policy)
     tokenizer = load_tokenizer(policy)
     rendered = [render_prompt(tokenizer, r["prompt"]).text for r in rows]
 
     def direct(rep):
-        generator.generate(rendered, k, gen_cfg.sampling())
+        if base_url is None:
+            generator.generate(rendered, k, gen_cfg.sampling())
+        else:
+            raw_completions(base_url, policy, rendered, k, gen_cfg.sampling(), gen_cfg.batch_size)
 
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg, judge=judge_cfg,
@@ -80,7 +127,7 @@ def main(argv=None) -> int:
                           judge=judge_cfg, generator=generator,
                           candidates=PipelineConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False))
     med = {name: statistics.median(v) for name, v in times.items()}
-    out = {
+    return {
         "prompts": n_prompts,
         "k": k,
         "reps": reps,
@@ -91,14 +138,6 @@ def main(argv=None) -> int:
         "judge_calls_per_prompt": CALLS["n"] / n_prompts,
         "candidates_per_prompt_after_dedupe": result.summary["candidates_per_prompt"]["mean"],
     }
-    print(f"generate stage: {n_prompts} prompts x {k} samples, medians of {reps}")
-    print(f"  direct engine   {med['direct']:.2f} s")
-    print(f"  pofe stage      {med['pofe']:.2f} s   overhead {out['overhead_pofe_over_direct']:.3f}x")
-    print(f"  python judge calls per prompt: {out['judge_calls_per_prompt']:.2f} "
-          f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    return 0
 
 
 if __name__ == "__main__":
