@@ -241,3 +241,49 @@ def test_malformed_jsonl_names_the_file_and_line(tmp_path):
         read_json_rows(data)
     data.write_text(json.dumps([good_rrhf(), good_rrhf()], indent=1))  # one JSON list
     assert len(read_json_rows(data)) == 2
+
+
+def _ucla_row(prompt="What is 2+2?", chosen="4", rejected="5"):
+    """One row as uclaml/SPPO's scripts/compute_prob.py (prepare_score) writes it: no prompt
+    column; chosen and rejected are [user, assistant] conversations. K = 5 with rank scores
+    s = (1, 0, 0, 0, -1): P[i][j] = 1 / (1 + exp(s_j - s_i)); chosen = argmax s, rejected = argmin
+    s; chosen_probs = P[0][4]; chosen_probs_win / _lose = mean of row 0 / row 4 of P."""
+    s = [1.0, 0.0, 0.0, 0.0, -1.0]
+    p = [[1 / (1 + math.exp(sj - si)) for sj in s] for si in s]
+    return {
+        "chosen": [{"content": prompt, "role": "user"}, {"content": chosen, "role": "assistant"}],
+        "rejected": [{"content": prompt, "role": "user"}, {"content": rejected, "role": "assistant"}],
+        "chosen_probs": p[0][4],
+        "chosen_probs_win": sum(p[0]) / 5,
+        "chosen_probs_lose": sum(p[4]) / 5,
+    }
+
+
+def test_sppo_authors_scored_parquet_without_a_prompt_column(tmp_path):
+    """Read back from parquet as the scripts write it (pandas, index=False): the prompt is the
+    conversations' user turn; win rates are chosen_probs_win / _lose (0.5 + 3 x 0.731 + 0.881) / 5
+    and (0.119 + 3 x 0.269 + 0.5) / 5."""
+    import pandas as pd
+    from datasets import Dataset
+
+    pd.DataFrame([_ucla_row()]).to_parquet(tmp_path / "train.parquet", index=False)
+    data = Dataset.from_parquet(str(tmp_path / "train.parquet"))
+    fmt = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
+    check_columns(fmt, data.column_names)  # no prompt column: not required
+    row = normalize_row(data[0], 0, fmt)
+    assert row["prompt"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert row["responses"] == [{"role": "assistant", "content": "4"}, {"role": "assistant", "content": "5"}]
+    sig = 1 / (1 + math.exp(-1))
+    assert row["win_rates"] == pytest.approx([(0.5 + 3 * sig + 1 / (1 + math.exp(-2))) / 5,
+                                              (1 / (1 + math.exp(2)) + 3 * (1 - sig) + 0.5) / 5], abs=1e-12)
+
+
+def test_sppo_authors_rows_whose_conversations_disagree_or_are_not_conversations():
+    fmt = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
+    row = _ucla_row()
+    row["rejected"][0]["content"] = "What is 3+3?"
+    with pytest.raises(PofeDataError, match=r"row 0 .*'rejected': its conversation answers a different prompt"):
+        normalize_row(row, 0, fmt)
+    row = {**_ucla_row(), "chosen": "4"}
+    with pytest.raises(PofeDataError, match=r"'chosen': no 'prompt' column and this is not a conversation"):
+        normalize_row(row, 0, fmt)

@@ -61,14 +61,12 @@ class RowFormat:
                 self.column("field_responses"),
                 self.column("field_win_rates"),
             ]
-        pair = [
-            self.column("field_prompt"),
-            self.column("field_chosen"),
-            self.column("field_rejected"),
-        ]
+        pair = [self.column("field_chosen"), self.column("field_rejected")]
         if self.type == "pofe.sppo_ucla":
-            pair += ["chosen_probs_win", "chosen_probs_lose"]
-        return pair
+            # the SPPO scripts (compute_prob.py) write no prompt column: it is the chosen
+            # conversation's user turn (a prompt column, when there is one, is read instead)
+            return pair + ["chosen_probs_win", "chosen_probs_lose"]
+        return [self.column("field_prompt"), *pair]
 
 
 def check_columns(fmt: RowFormat, columns: list[str]) -> None:
@@ -94,7 +92,10 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         )
 
     prompt_col = fmt.column("field_prompt")
-    prompt = _prompt_messages(row.get(prompt_col), prompt_col, fail)
+    if fmt.type == "pofe.sppo_ucla" and row.get(prompt_col) is None:
+        prompt = _conversation_prompt(row, fmt, fail)
+    else:
+        prompt = _prompt_messages(row.get(prompt_col), prompt_col, fail)
 
     if fmt.type in ("pofe.rrhf", "pofe.sppo"):
         resp_col = fmt.column("field_responses")
@@ -186,6 +187,23 @@ def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
                        "reply belongs in the responses.")
         return messages
     raise fail(col, f"expected text or chat messages, got {value!r:.80}", fix)
+
+
+def _conversation_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> list[dict[str, str]]:
+    """The turns before the answer in the chosen and rejected conversations, which must agree."""
+    prompts = []
+    for col in (fmt.column("field_chosen"), fmt.column("field_rejected")):
+        value = row.get(col)
+        if not (isinstance(value, (list, tuple)) and len(value) >= 2):
+            raise fail(col, f"no {fmt.column('field_prompt')!r} column and this is not a conversation "
+                       f"(got {value!r:.80})",
+                       "Give chosen and rejected as [user, assistant] messages, as the SPPO scripts "
+                       "write them, or add a prompt column.")
+        prompts.append(_prompt_messages(list(value[:-1]), col, fail))
+    if prompts[0] != prompts[1]:
+        raise fail(fmt.column("field_rejected"), "its conversation answers a different prompt than chosen's",
+                   "Both responses of a row must answer the same prompt.")
+    return prompts[0]
 
 
 def _response_message(value: Any, fail) -> dict[str, str]:
