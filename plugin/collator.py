@@ -8,7 +8,9 @@ restores the (B, K) layout.
 
 With `prefix_sharing=True` the rows are instead one packed row per prompt,
 `prompt, r_1, ..., r_k` (B rows, right-padded to the longest), plus `segment_ids` and
-`position_ids` from which `pofe.prefix` builds the block attention mask; `labels`
+`position_ids`, from which scoring builds the block attention mask (`pofe.prefix`) or
+splits the row into prompts and responses for the KV-cache layout (`pofe.prefix_cache`),
+whichever `pofe.prefix_layout` picks; `labels`
 then mark the scored tokens in place (they are not shifted targets there: the first
 token of r_i is predicted at the last prompt position). `candidate_mask` and the
 per-candidate columns are the same in both layouts.

@@ -53,8 +53,10 @@ class _PrefixLayer(DynamicLayer):
         self.dtype, self.device = keys.dtype, keys.device
         self.keys, self.values = keys, values
         self.is_initialized = True
+        self.read = False
 
     def update(self, key_states, value_states, *args, **kwargs):
+        self.read = True
         # not stored: the layer's recompute under checkpointing sees the same prefix
         return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
 
@@ -178,6 +180,13 @@ def cache_hidden_states(
             attention_mask=torch.cat([_per_response(s["prompt_mask"], prompt_of), s["response_mask"]], 1),  # (N, P+R)
             position_ids=prompt_len[prompt_of, None] + torch.arange(r, device=input_ids.device),  # (N, R)
             past_key_values=prefix, use_cache=False, output_hidden_states=True, logits_to_keep=1,
+        )
+    if not prefix.layers or not all(layer.read for layer in prefix.layers):
+        # a layer that drops or bypasses the cache would score the responses without their prompt
+        raise ValueError(
+            f"{type(model).__name__} did not read the prompt's KV cache in every layer (a transformers "
+            "version without `_can_checkpoint_with_cache` under gradient checkpointing, or a model "
+            "whose attention keeps its own cache); set `pofe.prefix_layout: packed`"
         )
     prompt_hidden = prompt_out.hidden_states[-1]  # (B, P, H)
     response_hidden = response_out.hidden_states[-1]  # (N, R, H)

@@ -9,6 +9,8 @@ layout rule.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -114,3 +116,16 @@ def test_auto_layout_by_shape(prompt, k, response, expected):
 def test_unknown_layout_raises():
     with pytest.raises(ValueError, match="prefix layout must be one of"):
         choose_layout("dense", "sdpa", paper_row(2, 1, 1), torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_cache_dropped_by_a_layer_raises(tiny64_model, tokenizer, monkeypatch):
+    """Without `_can_checkpoint_with_cache` (older transformers), checkpointed layers drop the
+    cache: the responses would be scored without their prompt. That must fail loudly."""
+    from pofe import prefix_cache
+
+    model = load_llama(tiny64_model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    monkeypatch.setattr(prefix_cache, "_cache_kept_under_checkpointing", lambda m: contextlib.nullcontext())
+    batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
+    with pytest.raises(ValueError, match="did not read the prompt's KV cache"):
+        score_candidates(model, batch, prefix_layout="cache")
