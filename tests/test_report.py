@@ -129,5 +129,6 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     assert header.split(" | ")[3] == "cand. win-rate spread"
     cells = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
     assert [c[3] for c in cells] == ["0.250", "-"]
+    assert "'cand. win-rate spread': the mean over prompts of max - min win rate" in md
     rrhf = render_markdown({**rep, "method": "rrhf"}, {}).splitlines()
     assert "win-rate spread" not in next(line for line in rrhf if line.startswith("| round |"))

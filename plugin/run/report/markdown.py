@@ -55,6 +55,9 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
               "responses). RRHF's trained model tends to the best-of-k reward of its candidates: "
               "when it reaches it, better candidates help more than more epochs. `-`: no data "
               "(a scalar judge and `pofe.eval.train_prompts` > 0 give the trained model's column).")
+    if spread:
+        md.append("'cand. win-rate spread': the mean over prompts of max - min win rate among the round's "
+                  "candidates (`summary.json`): how far apart the judge sets them (`pofe.judge.preferences`).")
     if spec.report_note:
         md.append(spec.report_note)
     md.append("")
