@@ -6,7 +6,7 @@
 
 Layout of `out_dir`:
     generate/manifest.json       prompts and generate settings (a restart must match them)
-    generate/shard-NNNNN.jsonl   candidates per prompt (after dedupe), lengths, drop reasons
+    generate/shard-NNNNN.jsonl   candidates per prompt (after dedupe), finish reasons, lengths, drop reasons
     judge/manifest.json          judge settings and method (manifest.py)
     judge/shard-NNNNN.jsonl      kept responses with rewards and/or win rates, abstentions
     judge-<key>/                 an earlier judge's shards (a judge change reuses generate/)
