@@ -13,15 +13,17 @@ A response token then sees the same keys, values and rotary positions as in its 
 forward once, through the recorded keys and values. There is no custom mask:
 transformers builds the causal + padding mask itself from the 2D attention mask
 ``[prompt mask | response mask]`` and the cache length, so it runs on eager, sdpa,
-flash attention and FlexAttention alike. Causal alignment when the query is shorter
+flash attention and FlexAttention alike (tested here on eager and sdpa; flash attention
+and FlexAttention, which has no backward on the CPU, only by `benchmarks/gpu.sh`). Causal alignment when the query is shorter
 than the keys: eager/sdpa/flex masks come from `cache_position` (query i of a response
 sits at key index P + i, where P is the padded prompt length); flash attention unpads
 both sides with the 2D mask and aligns bottom-right, so query i sees the real prompt
 keys and response keys 0..i. The right padding between a short prompt and its response
 is masked out for every backend.
 
-Both cache layers leave stored state alone on a second call of the same layer, so the
-recompute of gradient checkpointing (non-reentrant) replays the same computation.
+A second call of a layer, the recompute of (non-reentrant) gradient checkpointing,
+replays the same computation: the recording layer overwrites its keys with equal ones,
+the prefix layer stores nothing.
 Reentrant checkpointing runs layers under `no_grad`, which would cut the gradient
 through the recorded keys: :func:`cache_hidden_states` refuses it.
 """
@@ -93,7 +95,7 @@ def reentrant_checkpointing(model: torch.nn.Module) -> bool:
         if getattr(m, "gradient_checkpointing", False) is True:
             func = getattr(m, "_gradient_checkpointing_func", None)
             keywords = getattr(func, "keywords", {}) or {}
-            if keywords.get("use_reentrant", True):  # torch's checkpoint default
+            if keywords.get("use_reentrant", True):  # unsaid (a custom function): assume the worst
                 return True
     return False
 
