@@ -14,12 +14,12 @@ forward once, through the recorded keys and values. There is no custom mask:
 transformers builds the causal + padding mask itself from the 2D attention mask
 ``[prompt mask | response mask]`` and the cache length, so it runs on eager, sdpa,
 flash attention and FlexAttention alike (tested here on eager and sdpa; flash attention
-and FlexAttention, which has no backward on the CPU, only by `benchmarks/gpu.sh`). Causal alignment when the query is shorter
-than the keys: eager/sdpa/flex masks come from `cache_position` (query i of a response
-sits at key index P + i, where P is the padded prompt length); flash attention unpads
-both sides with the 2D mask and aligns bottom-right, so query i sees the real prompt
-keys and response keys 0..i. The right padding between a short prompt and its response
-is masked out for every backend.
+and FlexAttention, which has no backward on the CPU, run only in `benchmarks/gpu.sh`).
+Causal alignment when the query is shorter than the keys: eager/sdpa/flex masks come
+from `cache_position` (query i of a response sits at key index P + i, where P is the
+padded prompt length); flash attention unpads both sides with the 2D mask and aligns
+bottom-right, so query i sees the real prompt keys and response keys 0..i. The right
+padding between a short prompt and its response is masked out for every backend.
 
 A second call of a layer, the recompute of (non-reentrant) gradient checkpointing,
 replays the same computation: the recording layer overwrites its keys with equal ones,
