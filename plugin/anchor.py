@@ -7,20 +7,27 @@ with a loaded adapter (`lora_model_dir`, the previous SPPO iterate) it is that i
 which is the anchor SPPO asks for. The table is cached beside the prepared data, keyed
 on the model's weight files as well as the config (`weights_identity`), and on the
 tokenised rows' content (`rows_digest`).
+
+Under several processes each scores its share of the batches and the table is merged,
+so every rank holds the same table as a one-process run (`pofe.distributed`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
+from tqdm.auto import tqdm
 
+from .distributed import all_ranks, merge_rows, rank_and_world
 from .logs import get_logger
 
 LOG = get_logger(__name__)
@@ -70,7 +77,8 @@ class AnchorLogps:
 
     def _load_or_compute(self, model) -> torch.Tensor:
         path = self._cache_path()
-        if path.exists():
+        # one decision for all ranks: a rank that computes waits for the others' rows
+        if all_ranks(path.exists(), self.trainer.args.device):
             LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
             return torch.load(path, weights_only=True)
         step = self.trainer.state.global_step
@@ -93,27 +101,51 @@ class AnchorLogps:
 
     @torch.no_grad()
     def compute(self, model) -> torch.Tensor:
-        """One no-grad pass over every row of the train and eval sets (eval mode)."""
+        """One no-grad pass over every row of the train and eval sets (eval mode).
+
+        Batch b of a dataset is scored by rank b % world_size. Every rank makes the same
+        number of forward calls (ZeRO-3 and FSDP gather each layer's weights from all
+        ranks in each one): a rank short of a batch scores batch 0 again and drops it.
+        """
         trainer = self.trainer
+        args = trainer.args
+        rank, world = rank_and_world()
         datasets = self._datasets()
         num_rows = 1 + max(max(d["row_id"]) for d in datasets)
         k_max = max(max(len(r) for r in d["response_ids"]) for d in datasets)
         table = torch.full((num_rows, k_max), float("nan"))
-        batch_size = trainer.args.per_device_eval_batch_size
+        written = torch.zeros(table.shape, dtype=torch.bool)
+        batch_size = args.per_device_eval_batch_size
+        rounds = [math.ceil(math.ceil(len(d) / batch_size) / world) for d in datasets]
+        progress = tqdm(
+            total=sum(rounds), desc="POFE anchor log-probs", disable=rank != 0 or args.disable_tqdm
+        )
+        started = time.perf_counter()
         was_training = model.training
         model.eval()
         try:
-            for dataset in datasets:
-                for start in range(0, len(dataset), batch_size):
+            for dataset, n_rounds in zip(datasets, rounds):
+                for i in range(n_rounds):
+                    start = (i * world + rank) * batch_size
+                    keep = start < len(dataset)
+                    start = start if keep else 0
                     rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
                     batch = trainer.data_collator(list(rows))
-                    batch = {k: v.to(trainer.args.device) for k, v in batch.items()}
+                    batch = {k: v.to(args.device) for k, v in batch.items()}
                     logp, _ = trainer.score_candidates(model, batch)  # (B, K)
-                    k = logp.shape[1]
-                    table[batch["row_id"].cpu(), :k] = logp.float().cpu()
+                    progress.update()
+                    if keep:
+                        row_ids, k = batch["row_id"].cpu(), logp.shape[1]
+                        table[row_ids, :k] = logp.float().cpu()
+                        written[row_ids, :k] = True
         finally:
             model.train(was_training)
-        LOG.info(f"POFE: computed SPPO anchor log-probs for {num_rows} rows")
+            progress.close()
+        table = merge_rows(table, written, args.device)
+        LOG.info(
+            f"POFE: computed SPPO anchor log-probs for {num_rows} rows in "
+            f"{time.perf_counter() - started:.1f} s on {world} process(es)"
+        )
         return table
 
 

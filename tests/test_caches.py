@@ -70,6 +70,7 @@ def _anchor_for(tmp_path, base_model, calls, step=0):
         train_dataset=_token_rows(),
         eval_dataset=None,
         accelerator=SimpleNamespace(is_main_process=True),
+        args=SimpleNamespace(device="cpu"),
         state=SimpleNamespace(global_step=step),
     )
     anchor = AnchorLogps(trainer)

@@ -1,0 +1,48 @@
+"""Collectives over the training processes; each is the identity in a one-process run.
+
+torch.distributed is read directly (not the trainer's `Accelerator`) so pure helpers and
+stand-in trainers use them alike; accelerate, DeepSpeed and FSDP all initialise it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(this process's rank, number of processes); (0, 1) without torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def sum_over_ranks(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Elementwise sum of `tensor` over all processes, returned on `tensor`'s device.
+
+    `device` is where the collective runs: NCCL reduces only CUDA tensors.
+    """
+    if rank_and_world()[1] == 1:
+        return tensor
+    total = tensor.to(device)
+    dist.all_reduce(total)
+    return total.to(tensor.device)
+
+
+def all_ranks(flag: bool, device: torch.device | str) -> bool:
+    """True when `flag` holds on every process (every process must call this)."""
+    return bool(sum_over_ranks(torch.tensor([int(not flag)]), device).item() == 0)
+
+
+def merge_rows(table: torch.Tensor, written: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Each process wrote its own rows of `table`; return the union, NaN where none wrote.
+
+    `written` (bool, the shape of `table`) marks the entries this process filled. Every
+    entry is written by at most one process, so the sum adds only zeros to it: the
+    merged values equal the written ones bit for bit (NaN included).
+    """
+    if rank_and_world()[1] == 1:
+        return table
+    values = sum_over_ranks(torch.where(written, table, 0.0), device)
+    counts = sum_over_ranks(written.to(table.dtype), device)
+    return torch.where(counts > 0, values, float("nan"))
