@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
 from ..args import PofeConfig, pofe_config
+from ..distributed import sum_over_ranks
 from ..layout import TOKENIZED_COLUMNS
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
@@ -56,8 +55,21 @@ class KResponseTrainer(AxolotlTrainer):
             model, inputs, chunk_size=self.pofe.logit_chunk_size, prefix_layout=self.pofe.prefix_layout
         )
 
-    def log_stats(self, model, prefix: str, stats: dict[str, float]) -> None:
+    def log_stats(self, model, prefix: str, stats: dict[str, float], num_prompts: int) -> None:
+        """Store the batch's stats as means over every rank's prompts.
+
+        Each rank's means are weighted by its prompt count and summed over the ranks (a
+        NaN, a stat with nothing to average, weighs 0). Every rank calls this once per
+        loss, like TRL's `gather_for_metrics` in its losses. Evaluation stats are stored
+        as `eval_<prefix>/...`, as TRL's DPO names them, beside `eval_loss`.
+        """
+        names = sorted(stats)  # the same order on every rank
+        values = torch.tensor([stats[k] for k in names], dtype=torch.float64)
+        weights = torch.where(values.isnan(), 0.0, float(num_prompts))
+        weighted = torch.where(values.isnan(), 0.0, values) * weights
+        sums = sum_over_ranks(torch.stack([weighted, weights]), self.args.device)
         split = "train" if model.training else "eval"
+        key = f"eval_{prefix}" if split == "eval" else prefix
         self.store_metrics(
-            {f"{prefix}/{k}": v for k, v in stats.items() if not math.isnan(v)}, split
+            {f"{key}/{k}": (total / n).item() for k, total, n in zip(names, *sums) if n > 0}, split
         )

@@ -20,5 +20,5 @@ class RRHFTrainer(KResponseTrainer):
             margin=self.pofe.margin,
             length_penalty=self.pofe.length_penalty,
         )
-        self.log_stats(model, "rrhf", stats)
+        self.log_stats(model, "rrhf", stats, num_prompts=len(logp))
         return (loss, {"scores": logp}) if return_outputs else loss

@@ -33,6 +33,6 @@ class SPPOTrainer(KResponseTrainer):
             loss, stats = sppo_loss(
                 logp, anchor, inputs["win_rates"], eta=self.pofe.eta, mask=mask
             )
-        self.log_stats(model, "sppo", stats)
+        self.log_stats(model, "sppo", stats, num_prompts=len(mask))
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss
 
