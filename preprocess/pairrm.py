@@ -26,8 +26,9 @@ three prefix tokens feed one shared head:
     C = mean_tasks(s_1 - s_2)                                     (B,) logit that a beats b
 
 The source is the prompt as the SPPO scripts pass it (`scripts/rank.py`: the policy's chat
-template applied to the prompt); a plain-string prompt is used verbatim, a message list
-gives its last user turn.
+template applied to the prompt): the pipeline hands PairRM the rendered prompt its generate
+stage sampled from (`PairRMJudge.reads_rendered_prompt`). Called directly, a plain-string
+prompt is used verbatim and a message list gives its last user turn.
 
 Deviation, stated: llm-blender sizes the candidates' budget from the longest source in the
 batch; here it is computed per pair, which equals llm-blender at `batch_size=1` (how the SPPO
@@ -307,6 +308,9 @@ def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, 
 class PairRMJudge:
     """Pairwise judge: PairRM logits for every ordered pair of a prompt's responses, made into
     preferences by `preferences_from_logits` (default: the SPPO authors' formation)."""
+
+    # the pipeline passes the chat-templated prompt, the source text the SPPO scripts rank with
+    reads_rendered_prompt = True
 
     def __init__(
         self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None,

@@ -35,7 +35,8 @@ def generate_shard(
 ) -> list[dict]:
     """Candidates for one shard of prompts.
 
-    Returns one dict per input row: index, prompt, candidates (deduplicated, dataset responses
+    Returns one dict per input row: index, prompt, rendered (the prompt text the backend got),
+    candidates (deduplicated, dataset responses
     first), sources, finish_reasons (per candidate: "stop", "length", or None for dataset
     responses and backends that do not say), candidate_tokens, counts of truncated / empty /
     duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
@@ -55,7 +56,9 @@ def generate_shard(
     by_row = dict(zip(live, gen))
     out = []
     for i, (row, r) in enumerate(zip(rows, rendered)):
-        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column]}
+        # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
+        # read that (PairRM, as the SPPO scripts feed it)
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column], "rendered": r.text}
         if r.text is None:
             rec.update(candidates=[], sources=[], finish_reasons=[], candidate_tokens=[], exact_dups=0,
                        near_dups=0, empty=0, truncated_dropped=0, dropped=r.reason)
@@ -128,7 +131,8 @@ def judge_shard(
     abstention.
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
-    prompts, cands = [r["prompt"] for r in live], [r["candidates"] for r in live]
+    source = "rendered" if getattr(judge, "reads_rendered_prompt", False) else "prompt"
+    prompts, cands = [r[source] for r in live], [r["candidates"] for r in live]
     out_by_index: dict[int, dict] = {}
     try:
         verdicts = (judge.preferences if is_pairwise(judge) else judge.score)(prompts, cands) if live else []

@@ -488,3 +488,38 @@ def test_sppo_python_pairwise_judge_rock_paper_scissors(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="judge.type: python_pairwise gives pairwise preferences; RRHF needs"):
         run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="rrhf", judge=judge, generate=GEN,
                      candidates=PipelineConfig(out_dir=str(tmp_path / "r")))
+
+
+class RenderedSourceJudge(LengthPairJudge):
+    """A pairwise judge that, like PairRM, reads the prompt as the policy saw it."""
+
+    reads_rendered_prompt = True
+
+    def __init__(self):
+        super().__init__()
+        self.prompts = []
+
+    def preferences(self, prompts, responses):
+        self.prompts += prompts
+        return super().preferences(prompts, responses)
+
+
+def test_pairrm_style_judge_gets_the_chat_templated_prompt(tiny_policy, tmp_path):
+    """The SPPO scripts rank with the chat-templated prompt as PairRM's source; a message
+    prompt used to reach the judge as its last user turn only."""
+    from transformers import AutoTokenizer
+
+    judge = RenderedSourceJudge()
+    run_pipeline(
+        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+        judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        generator=ScriptedGenerator(), judge_impl=judge,
+    )
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    expected = [
+        tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+        for c in ("2+2=", "1+3=", "1+1=")
+    ]
+    assert judge.prompts == expected
+    assert "<|user|>1+3=" in judge.prompts[1]  # the template's own markers, not the bare turn
