@@ -4,8 +4,8 @@ LLM judge.
 A pairwise judge reads (prompt, first, second) and returns P(first beats second). Judges
 favour a position (usually the first), so every unordered pair {i, j} is judged both as
 (i, j) and as (j, i), and the two are combined with `symmetrize_preferences` (SPPO paper,
-step 2). Self-pairs are never judged (diagonal 1/2). PairRM (pairrm.py) uses the same
-machinery.
+step 2). Self-pairs are never judged (diagonal 1/2). PairRM (pairrm.py) also runs every
+ordered pair, but forms preferences from its logits by `preferences_from_logits`.
 
 Missing verdicts (Abstain): if one order of a pair abstained, the other order alone gives
 the estimate; if both did, the pair counts as a tie (1/2) and as one abstained pair.
