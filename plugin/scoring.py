@@ -199,8 +199,12 @@ def response_logps(
     src, tgt, row = scored_positions_unshared(labels)
     logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = labels.shape[0]
-    logp_sum = logps.new_zeros(n).index_add(0, row, logps)
-    return logp_sum, torch.bincount(row, minlength=n)
+    return sum_per_candidate(logps, row, n)
+
+
+def sum_per_candidate(logps: torch.Tensor, candidate: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token log-probs (M,) summed per candidate index (M,) into (N,), and the token counts (N,)."""
+    return logps.new_zeros(n).index_add(0, candidate, logps), torch.bincount(candidate, minlength=n)
 
 
 def packed_response_logps(
@@ -230,8 +234,7 @@ def packed_response_logps(
     src, tgt, cand = scored_positions_packed(input_ids, segment_ids, candidate_mask)
     logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = int(candidate_mask.sum())
-    logp_sum = logps.new_zeros(n).index_add(0, cand, logps)
-    return logp_sum, torch.bincount(cand, minlength=n)
+    return sum_per_candidate(logps, cand, n)
 
 
 def cache_response_logps(
@@ -247,8 +250,7 @@ def cache_response_logps(
     hidden, tgt, cand = cache_hidden_states(model, input_ids, segment_ids, position_ids, candidate_mask)  # (M, H)
     logps = token_logps(output_embedding(model), hidden, tgt, chunk_size)  # (M,)
     n = int(candidate_mask.sum())
-    logp_sum = logps.new_zeros(n).index_add(0, cand, logps)
-    return logp_sum, torch.bincount(cand, minlength=n)
+    return sum_per_candidate(logps, cand, n)
 
 
 def score_candidates(

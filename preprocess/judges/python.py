@@ -31,15 +31,7 @@ class PythonJudge:
             for k, resp in enumerate(cands):
                 self.stats.count_call()
                 at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
-                try:
-                    v = float(self.fn(prompt, resp))
-                except Exception as e:  # a user function: any failure is an abstention, counted
-                    row.append(self.stats.abstain(f"{type(e).__name__}: {e}", **at))
-                    continue
-                if not math.isfinite(v):
-                    row.append(self.stats.abstain(f"non-finite score: {v}", **at))
-                    continue
-                row.append(v)
+                row.append(_call(self.fn, (prompt, resp), self.stats, at, "score"))
             out.append(row)
         return out
 
@@ -64,19 +56,23 @@ class PythonPairwiseJudge:
         out: list[float | Abstain] = []
         for n, (prompt, a, b) in enumerate(items):
             at = dict(allow=self.allow_abstain, where=self.name, prompt=n)
-            try:
-                v = float(self.fn(prompt, a, b))
-            except Exception as e:  # a user function: any failure is an abstention, counted
-                out.append(self.stats.abstain(f"{type(e).__name__}: {e}", **at))
-                continue
-            if not math.isfinite(v):
-                out.append(self.stats.abstain(f"non-finite P(a beats b): {v}", **at))
-                continue
-            if not 0.0 <= v <= 1.0:
-                out.append(self.stats.abstain(f"out of range: P(a beats b) = {v}, expected [0, 1]", **at))
-                continue
+            v = _call(self.fn, (prompt, a, b), self.stats, at, "P(a beats b)")
+            if not isinstance(v, Abstain) and not 0.0 <= v <= 1.0:
+                v = self.stats.abstain(f"out of range: P(a beats b) = {v}, expected [0, 1]", **at)
             out.append(v)
         return out
 
     def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
         return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)
+
+
+def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str) -> float | Abstain:
+    """fn(*args) as a float; a user function's exception or a non-finite value is an
+    abstention, counted in `stats` (or an error where `at` forbids abstaining)."""
+    try:
+        v = float(fn(*args))
+    except Exception as e:  # a user function: any failure is an abstention, counted
+        return stats.abstain(f"{type(e).__name__}: {e}", **at)
+    if not math.isfinite(v):
+        return stats.abstain(f"non-finite {what}: {v}", **at)
+    return v

@@ -17,10 +17,24 @@ def _pyplot():
     return plt
 
 
-def rewards_plot(rep: dict, out: Path) -> bool:
-    """Candidate, policy-sample, trained-model and held-out rewards against the round."""
+def _save(plt, fig, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def _style(ax, xlabel: str) -> None:
+    """Integer steps or rounds on x, a small legend, a light grid."""
     from matplotlib.ticker import MaxNLocator
 
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def rewards_plot(rep: dict, out: Path) -> bool:
+    """Candidate, policy-sample, trained-model and held-out rewards against the round."""
     rounds, ev = rep["rounds"], rep["eval"]
     series = {
         "candidates: mean": [(r["round"], (r["candidates"] or {}).get("mean_reward")) for r in rounds],
@@ -40,22 +54,15 @@ def rewards_plot(rep: dict, out: Path) -> bool:
     for name, points in series.items():
         if points:
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round t (held-out: model pi_t, 0 = base)")
+    _style(ax, "round t (held-out: model pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
     ax.set_title("Rewards per round")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out)
     return True
 
 
 def loss_plot(rep: dict, out: Path) -> bool:
     """The loss and the method's diagnostic, rounds concatenated along the steps."""
-    from matplotlib.ticker import MaxNLocator
-
     curves = [(r["round"], r["train"]) for r in rep["rounds"] if r["train"]]
     if not curves:
         return False
@@ -72,13 +79,8 @@ def loss_plot(rep: dict, out: Path) -> bool:
     axes[0].set_title("training loss")
     axes[1].set_title(diagnostic)
     for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step (rounds concatenated)")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+        _style(ax, "step (rounds concatenated)")
+    _save(plt, fig, out)
     return True
 
 
@@ -96,9 +98,7 @@ def winrate_plot(ev: dict, out: Path) -> None:
             ax.text(j, i, f"{w[i][j]:.2f}", ha="center", va="center", fontsize=9)
     ax.set_title("P(row beats column)")
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out)
 
 
 def drift_plot(ev: dict, out: Path) -> None:
@@ -114,9 +114,7 @@ def drift_plot(ev: dict, out: Path) -> None:
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, out)
 
 
 def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
