@@ -131,7 +131,8 @@ def run_pipeline(
         return None
 
     t0 = time.monotonic()
-    judged, judge_impl = _judge_stage(generated, judge_dir, len(rows), method, judge, candidates, judge_impl, redone)
+    columns = [{c: v for c, v in r.items() if c != prompt_column} for r in rows]  # for reward_funcs' kwargs
+    judged, judge_impl = _judge_stage(generated, judge_dir, columns, method, judge, candidates, judge_impl, redone)
     timings["judge_s"] = time.monotonic() - t0
     if stop_after == "judge":
         return None
@@ -210,7 +211,7 @@ def _generate_stage(
 def _judge_stage(
     generated: list[list[dict]],
     judge_dir: Path,
-    n_rows: int,
+    columns: list[dict],
     method: str,
     cfg: JudgeConfig,
     candidates: PipelineConfig,
@@ -218,7 +219,9 @@ def _judge_stage(
     redone: dict[str, int],
 ) -> tuple[list[list[dict]], ScalarJudge | PairwiseJudge | None]:
     """Every judge shard's rows, writing the missing (or damaged) ones; and the judge used.
-    Stops (abstentions.py) when the judge gives too little signal."""
+    `columns`: each prompt row's other columns, by index. Stops (abstentions.py) when the judge
+    gives too little signal."""
+    n_rows = len(columns)
     shards = [_reuse(judge_dir, s, partial(check_judge_shard, generated=g), redone) for s, g in enumerate(generated)]
     todo = [s for s, shard in enumerate(shards) if shard is None]
     if todo and judge_impl is None:
@@ -229,7 +232,7 @@ def _judge_stage(
     done = n_rows - _prompts_in(todo, candidates.shard_size, n_rows)
     with _bar(candidates.progress, n_rows, "judge", done=done) as bar:
         for s in todo:
-            out_rows = judge_shard(generated[s], judge_impl, method, cfg)
+            out_rows = judge_shard(generated[s], judge_impl, method, cfg, [columns[r["index"]] for r in generated[s]])
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
             write_jsonl_atomic(shard_path(judge_dir, s), out_rows)

@@ -121,21 +121,27 @@ def column_texts(row: dict, col: str, index: int) -> list[str]:
 
 
 def judge_shard(
-    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str, cfg: JudgeConfig
+    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str, cfg: JudgeConfig,
+    columns: list[dict] | None = None,
 ) -> list[dict]:
     """Score one shard. Abstained candidates are removed (and counted per row).
 
     Pairwise judges give win rates directly; scalar judges give rewards, and win rates through
     `cfg.preferences` (bradley_terry or hard) when the method trains on win rates. Each row
     records `judged` (verdicts asked: candidates, or unordered pairs) and one reason per
-    abstention.
+    abstention. `columns`: per gen row, its dataset row's other columns (not the prompt), passed
+    to judges that read them (`reads_columns`: TRL-style reward functions take them as kwargs).
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
     source = "rendered" if getattr(judge, "reads_rendered_prompt", False) else "prompt"
     prompts, cands = [r[source] for r in live], [r["candidates"] for r in live]
+    extra = {}
+    if getattr(judge, "reads_columns", False) and columns is not None:
+        by_index = {r["index"]: c for r, c in zip(gen_rows, columns, strict=True)}
+        extra["columns"] = [by_index[r["index"]] for r in live]
     out_by_index: dict[int, dict] = {}
     try:
-        verdicts = (judge.preferences if is_pairwise(judge) else judge.score)(prompts, cands) if live else []
+        verdicts = (judge.preferences if is_pairwise(judge) else judge.score)(prompts, cands, **extra) if live else []
     except JudgeError as e:  # allow_abstain: false; the judge knows only its call's positions
         if e.prompt is None:
             raise
