@@ -17,7 +17,7 @@ from pofe.data.formats import DEFAULT_FIELDS
 from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, MethodName, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-from pofe.run.config import EvalConfig, RoundPrompts
+from pofe.run.config import EvalConfig, RoundPrompts, check_round_prompt_files
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -103,10 +103,16 @@ class PofeConfig(BaseModel):
         description="`axolotl pofe run`: generate -> judge -> train rounds; round t's "
         "trained model is round t+1's policy.",
     )
-    round_prompts: RoundPrompts = Field(
+    round_prompts: RoundPrompts | list[str] = Field(
         default="auto",
         description="Prompts per round: `split` (disjoint contiguous slices, round t gets "
-        "slice t), `all` (every round sees every prompt), `auto` (split for sppo, all for rrhf).",
+        "slice t), `all` (every round sees every prompt), `auto` (split for sppo, all for rrhf), "
+        "or a list of one prompt file per round (round t trains on the t-th file).",
+    )
+    hub_dataset_id: str | None = Field(
+        default=None,
+        description="`axolotl pofe run`: push round t's candidates to the dataset repo "
+        "`<hub_dataset_id>-iter<t>` (default with hub_model_id: `<hub_model_id>-iter<t>-data`).",
     )
     eval: EvalConfig | None = Field(
         default=None, description="Held-out evaluation of every iterate (`axolotl pofe eval`)."
@@ -129,6 +135,8 @@ class PofeConfig(BaseModel):
                 pairwise_judge=judge.type if judge is not None and judge.is_pairwise else None,
                 keep=self.candidates.keep,
             )
+        if isinstance(self.round_prompts, list):
+            check_round_prompt_files(self.round_prompts, self.rounds)
         if self.rounds > 1 and self.generate is not None and self.generate.backend == "openai":
             raise ValueError(
                 "pofe.rounds > 1 generates from each round's new policy, which an already "

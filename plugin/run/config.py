@@ -1,13 +1,15 @@
 """Typed config for iterated runs (`axolotl pofe run`) and their evaluation (`axolotl pofe eval`).
 
 The `pofe.eval` block is declared here (pydantic only, no torch), so `pofe.args` can
-import it cheaply; the rounds themselves are two flat keys of `PofeConfig`
-(`pofe.rounds`, `pofe.round_prompts`). Decoding fields take their bounds from
+import it cheaply; the rounds themselves are flat keys of `PofeConfig` (`pofe.rounds`,
+`pofe.round_prompts`, `pofe.hub_dataset_id`), whose rules live here
+(`check_round_prompt_files`). Decoding fields take their bounds from
 `pofe.preprocess.config`, where `pofe.generate` declares the same ones.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,12 +21,36 @@ from pofe.preprocess.config import BatchSize, JudgeConfig, MaxNewTokens, Seed, T
 RoundPrompts = Literal["auto", methods.RoundPrompts]
 
 
-class EvalConfig(BaseModel):
-    """`pofe.eval`: held-out prompts, decoding, and an optional second judge.
+def check_round_prompt_files(files: list[str], rounds: int) -> None:
+    """`pofe.round_prompts` as a list: one existing prompt file per round, in round order."""
+    if len(files) != rounds:
+        raise ValueError(
+            f"pofe.round_prompts lists {len(files)} prompt files for pofe.rounds: {rounds}; give "
+            "one file per round (round t trains on the t-th), or a mode: auto, split, all"
+        )
+    for t, path in enumerate(files, start=1):
+        if not Path(path).is_file():
+            raise ValueError(
+                f"pofe.round_prompts[{t - 1}] (round {t}): no file at {path!r} (relative paths "
+                "count from the directory axolotl runs in); give a local JSON/JSONL/Parquet file"
+            )
 
-    Every model of the run (pi_0 = the recipe's base_model, pi_t = round t's output) answers
-    the same held-out prompts with the same seeds; the recipe's `pofe.judge` scores them
-    (and `judge2`, an independent judge, when set: the guard against judge exploitation).
+
+# keys that only shape the held-out evaluation: set without held-out prompts, they would do nothing
+HELD_OUT_ONLY = ("prompt_column", "reference_column", "num_samples", "temperature", "judge2", "cycle_threshold")
+
+
+class EvalConfig(BaseModel):
+    """`pofe.eval`: the report's headline, and held-out prompts with their decoding and an
+    optional second judge.
+
+    On by default (`pofe.eval: false` turns it off). The headline: each round's trained model
+    answers the first `train_prompts` of the prompts the round judged (`train_samples` each at
+    `train_temperature`; greedy by default) and the recipe's scalar judge scores them, beside
+    the best-of-k reward of those prompts' candidates. With held-out prompts (`prompts` or
+    `held_out`), every model of the run (pi_0 = the recipe's base_model, pi_t = round t's
+    output) also answers them with the same seeds; the recipe's `pofe.judge` scores them (and
+    `judge2`, an independent judge, when set: the guard against judge exploitation).
     """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -32,7 +58,7 @@ class EvalConfig(BaseModel):
     prompts: str | None = Field(
         None,
         description="A local JSON/JSONL/Parquet file of held-out prompts (column `prompt_column`; "
-        "optional `reference_column` for perplexity).",
+        "optional `reference_column` for perplexity). Unset (and no `held_out`): headline only.",
     )
     held_out: int = Field(
         0,
@@ -44,21 +70,27 @@ class EvalConfig(BaseModel):
     reference_column: str = Field(
         "reference", description="Column holding a reference response (perplexity); optional."
     )
-    num_samples: int = Field(4, ge=1, le=64, description="Samples per prompt and model.")
+    num_samples: int = Field(4, ge=1, le=64, description="Held-out samples per prompt and model.")
     temperature: Temperature = Field(
         1.0,
-        description="0 = greedy (num_samples must be 1). The KL estimate is unbiased only at "
-        "temperature 1 and top_p 1 (samples from pi_t itself).",
+        description="Held-out decoding: 0 = greedy (num_samples must be 1). The KL estimate is "
+        "unbiased only at temperature 1 and top_p 1 (samples from pi_t itself).",
     )
     top_p: TopP = 1.0
     max_new_tokens: MaxNewTokens = 64
     batch_size: BatchSize = Field(16, description="Prompts per generate/score batch.")
     seed: Seed = Field(0, description="Sampling seed (the same for every model).")
     train_prompts: int = Field(
-        32,
+        16,
         ge=0,
-        description="Also score each iterate (scalar judge) on up to n of the prompts it was "
-        "trained on, for the report's 'trained model vs its candidates' (RRHF ceiling) column.",
+        le=4096,
+        description="The report's headline: score each round's trained model (scalar judge) on "
+        "the first n prompts its round judged, beside those prompts' best-of-k candidate reward. "
+        "0 = no headline.",
+    )
+    train_samples: int = Field(1, ge=1, le=64, description="Headline samples per prompt.")
+    train_temperature: Temperature = Field(
+        0.0, description="Headline decoding: 0 = greedy (train_samples must be 1)."
     )
     judge2: JudgeConfig | None = Field(
         None, description="A second, independent judge for evaluation only."
@@ -70,15 +102,25 @@ class EvalConfig(BaseModel):
         description="Model a 'beats' b when win[a, b] > this; the report flags 3-cycles.",
     )
 
+    @property
+    def has_held_out(self) -> bool:
+        return self.prompts is not None or self.held_out > 0
+
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        if self.prompts is None and self.held_out == 0:
-            raise ValueError(
-                "pofe.eval needs held-out prompts: `prompts: path/to/file.jsonl`, or "
-                "`held_out: n` (the last n rows of the pofe.prompts dataset)"
-            )
         if self.prompts is not None and self.held_out:
             raise ValueError("pofe.eval: set `prompts` or `held_out`, not both")
+        if not self.has_held_out:
+            # compared with the defaults, not `model_fields_set`: a dumped config validates again
+            stray = [k for k in HELD_OUT_ONLY if getattr(self, k) != type(self).model_fields[k].default]
+            if stray:
+                raise ValueError(
+                    f"pofe.eval.{stray[0]} shapes the held-out evaluation, but there are no held-out "
+                    "prompts: set `prompts: path/to/file.jsonl` or `held_out: n` (the last n rows of "
+                    f"the pofe.prompts dataset), or drop {', '.join(stray)}"
+                )
         if self.temperature == 0.0 and self.num_samples != 1:
             raise ValueError("pofe.eval.temperature: 0 (greedy) gives one answer: set num_samples: 1")
+        if self.train_temperature == 0.0 and self.train_samples != 1:
+            raise ValueError("pofe.eval.train_temperature: 0 (greedy) gives one answer: set train_samples: 1")
         return self
