@@ -191,20 +191,25 @@ def _generate_stage(
         for s in range(n_shards)
     ]
     todo = [s for s in range(n_shards) if shards[s] is None]
+    built = generator is None
     with _bar(candidates.progress, len(rows), "generate", done=len(rows) - _prompts_in(todo, size, len(rows))) as bar:
-        for s in todo:
-            shard_rows = rows[s * size : (s + 1) * size]
-            if generator is None:  # loaded only when a shard is missing
-                generator = make_generator(cfg, policy_path, tokenizer)
-            if tokenizer is None:
-                tokenizer = load_tokenizer(policy_path)
-            sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
-            out_rows = generate_shard(
-                shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column, candidates.truncated
-            )
-            write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
-            shards[s] = read_shard(shard_path(gen_dir, s))
-            bar.update(len(shard_rows))
+        try:
+            for s in todo:
+                shard_rows = rows[s * size : (s + 1) * size]
+                if generator is None:  # loaded only when a shard is missing
+                    generator = make_generator(cfg, policy_path, tokenizer, workdir=gen_dir)
+                if tokenizer is None:
+                    tokenizer = load_tokenizer(policy_path)
+                sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
+                out_rows = generate_shard(
+                    shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column, candidates.truncated
+                )
+                write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
+                shards[s] = read_shard(shard_path(gen_dir, s))
+                bar.update(len(shard_rows))
+        finally:
+            if built and hasattr(generator, "close"):
+                generator.close()  # a served policy's server stops with its stage, done or failed
     return shards, generator
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+from string import Formatter
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pofe.methods import method_spec
 
@@ -23,6 +25,70 @@ from .base import (
 from .credentials import check_base_url, check_key_env
 
 
+# What POFE fills into generate.serve.command for each stage's policy. `lora_modules` stands
+# alone as a word and becomes several (vLLM's `--enable-lora --lora-modules NAME=PATH
+# [--max-lora-rank R]`), or none when the policy is a full model.
+SERVE_PLACEHOLDERS = ("model", "port", "host", "served_model_name", "lora_modules", "tensor_parallel_size")
+SERVE_REQUIRED = ("model", "port")
+
+
+class ServeConfig(StrictConfig):
+    """A server POFE starts for the stage's policy, waits for, generates from and stops."""
+
+    command: str = Field(
+        ...,
+        min_length=1,
+        description="Command line of an OpenAI-compatible server, with placeholders POFE fills: "
+        "{model} (the policy's path; an adapter's base), {port}, {host}, {served_model_name}, "
+        "{lora_modules} (vLLM's LoRA flags when the policy is an adapter, else nothing), "
+        "{tensor_parallel_size}. {model} and {port} are required.",
+    )
+    host: str = Field("127.0.0.1", min_length=1, description="Address the server binds and POFE calls.")
+    port: int = Field(0, ge=0, le=65535, description="Port for the server; 0 = a free one, picked at start.")
+    served_model_name: str = Field(
+        "policy", min_length=1,
+        description="Name requests use: the served model's ({served_model_name}) or the LoRA module's.",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=1024, description="Filled into {tensor_parallel_size}.")
+    ready_timeout: float = Field(
+        600.0, gt=0.0, le=86400.0, description="Seconds to wait for the server's /models to answer."
+    )
+    stop_timeout: float = Field(
+        30.0, gt=0.0, le=3600.0, description="Seconds between SIGTERM and SIGKILL when stopping the server."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE).",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, command: str) -> str:
+        try:
+            words = shlex.split(command)
+        except ValueError as e:
+            raise ValueError(f"generate.serve.command is not a valid shell-quoted command line: {e}") from e
+        names = [name for word in words for _, name, _, _ in Formatter().parse(word) if name is not None]
+        unknown = sorted({n for n in names if n not in SERVE_PLACEHOLDERS})
+        if unknown:
+            raise ValueError(
+                f"generate.serve.command has unknown placeholder(s) {unknown}; known: "
+                f"{', '.join('{' + p + '}' for p in SERVE_PLACEHOLDERS)} (write {{{{ and }}}} for literal braces)."
+            )
+        missing = [n for n in SERVE_REQUIRED if n not in names]
+        if missing:
+            raise ValueError(
+                f"generate.serve.command must contain {', '.join('{' + n + '}' for n in missing)}: POFE serves "
+                "each stage's policy on a port it chooses (e.g. `... --model {model} --port {port}`)."
+            )
+        if "lora_modules" in names and "{lora_modules}" not in words:
+            raise ValueError(
+                "generate.serve.command: {lora_modules} must be a word of its own (it becomes several "
+                "arguments), e.g. `... --port {port} {lora_modules} --dtype float32`."
+            )
+        return command
+
+
 class GenerateConfig(StrictConfig):
     """How candidates are generated for each prompt."""
 
@@ -33,10 +99,16 @@ class GenerateConfig(StrictConfig):
     )
     model: str | None = Field(
         None,
-        description="Model path or served model name. Defaults to the policy (base_model) path.",
+        description="Model path or served model name (with serve: the path served, a full model or a "
+        "PEFT adapter). Defaults to the policy (base_model) path.",
     )
     base_url: str | None = Field(
         None, description="openai backend: server root, e.g. http://127.0.0.1:8000/v1."
+    )
+    serve: ServeConfig | None = Field(
+        None,
+        description="openai backend: start a server for each stage's policy from this command (instead "
+        "of base_url), generate, and stop it; iterated runs (pofe.rounds > 1) need it.",
     )
     api_key_env: str | None = Field(
         None,
@@ -95,9 +167,20 @@ class GenerateConfig(StrictConfig):
                 f"{self.backend!r}; backends that support it: {', '.join(allowed)}. "
                 "Use strategy: sample, or switch backend."
             )
-        if self.backend == "openai" and not self.base_url:
+        if self.serve is not None and self.backend != "openai":
             raise ValueError(
-                "generate.backend=openai needs generate.base_url (e.g. http://127.0.0.1:8000/v1)."
+                f"generate.serve starts an OpenAI-compatible server: it needs generate.backend: openai, "
+                f"got {self.backend!r}."
+            )
+        if self.serve is not None and self.base_url:
+            raise ValueError(
+                "generate.serve and generate.base_url are both set: with serve, POFE starts the server "
+                "and derives the URL from serve.host and serve.port; remove base_url."
+            )
+        if self.backend == "openai" and not self.base_url and self.serve is None:
+            raise ValueError(
+                "generate.backend=openai needs generate.base_url (e.g. http://127.0.0.1:8000/v1), or "
+                "generate.serve (a server command POFE starts for the policy)."
             )
         if self.strategy == "diverse_beam":
             if self.num_beam_groups < 2:

@@ -4,8 +4,9 @@
     candidates = generator.generate(rendered_prompts, n, cfg.sampling())   # P x n strings
 
 Backends: `transformers` (hf.py: local `model.generate`: sample, beam, diverse_beam),
-`openai` (openai.py: any OpenAI-compatible server's /v1/completions: sample), `vllm`
-(vllm.py: in-process vllm.LLM: sample). Heavy imports happen only when a backend is built.
+`openai` (openai.py: any OpenAI-compatible server's /v1/completions: sample; with
+`generate.serve`, served.py starts that server for the policy and stops it on `close()`),
+`vllm` (vllm.py: in-process vllm.LLM: sample). Heavy imports happen only when a backend is built.
 A new backend is one module here implementing `base.Generator`, and one branch below.
 """
 
@@ -15,10 +16,15 @@ from ..config import GenerateConfig
 from .base import Completion, Generator, finish_reason
 
 
-def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None) -> Generator:
+def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdir=None) -> Generator:
     """Build the configured backend; `cfg.model` overrides the policy path (or served name).
-    `tokenizer`: the transformers backend's, when the caller has the training one."""
+    `tokenizer`: the transformers backend's, when the caller has the training one.
+    `workdir`: where a served policy's server log goes (a temporary folder when None)."""
     model = cfg.model or policy_path
+    if cfg.serve is not None:
+        from .served import ServedGenerator
+
+        return ServedGenerator(cfg, model, workdir)
     if cfg.backend == "transformers":
         from .hf import TransformersGenerator
 

@@ -1,0 +1,250 @@
+"""A served policy: an OpenAI-compatible server started for the stage's policy, then stopped.
+
+`generate.backend: openai` with `generate.serve.command` set: POFE fills the command's
+placeholders for the policy it samples from (`{model}`, `{port}`, ...), starts the server,
+waits until its `/models` answers, generates through the `openai` backend, and stops the
+server when the generate stage ends or fails. A run of several rounds thus serves each
+round's policy, from a venv of its own (vLLM often pins another torch than training's).
+
+A policy that is a PEFT adapter (a folder with adapter_config.json) is served as a vLLM LoRA
+module on its base (`{lora_modules}`), as the in-process vllm backend sends a LoRARequest,
+instead of being merged first.
+
+Lifecycle: the server runs in a session of its own (stopping it reaches the engine workers
+it spawns, and nothing else), writes to `server.log` in the stage folder (appended: a
+resumed stage keeps the crashed server's log), gets SIGTERM and then SIGKILL after
+`serve.stop_timeout` seconds when stopped, is stopped at interpreter exit, and gets SIGTERM
+from the kernel if this process dies without exiting cleanly (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..config import GenerateConfig, Sampling
+from ..openai_client import EndpointError, OpenAIClient
+from .openai import OpenAIGenerator
+
+# vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks); its default is 16.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LOG_NAME = "server.log"
+
+# Run by this interpreter between fork and the server's exec: ask the kernel for SIGTERM
+# when this process dies (it survives exec), then become the server. If this process died
+# before the request took effect, the parent is already someone else: exit.
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+class ServerExited(RuntimeError):
+    """The served policy's server exited (before it was ready, or while generating)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def read_adapter(path: str) -> dict | None:
+    """A PEFT adapter folder's adapter_config.json (its base and rank), or None for a model."""
+    config = Path(path) / "adapter_config.json"
+    return json.loads(config.read_text()) if config.exists() else None
+
+
+def lora_arguments(name: str, adapter_path: str, rank: int) -> list[str]:
+    """vLLM's flags serving `adapter_path` as LoRA module `name` (the rank rounded up to a
+    value vLLM accepts when above its default of 16)."""
+    args = ["--enable-lora", "--lora-modules", json.dumps({"name": name, "path": str(adapter_path)})]
+    if rank > 16:
+        fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+        if not fits:
+            raise ValueError(f"LoRA adapter {adapter_path} has rank {rank}; vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
+        args += ["--max-lora-rank", str(fits[0])]
+    return args
+
+
+def render_command(template: str, values: dict[str, str], lora_args: list[str]) -> list[str]:
+    """The command's words with placeholders filled; the word `{lora_modules}` becomes
+    `lora_args` (several words, or none). The template was checked by ServeConfig."""
+    words = []
+    for word in shlex.split(template):
+        if word == "{lora_modules}":
+            words += lora_args
+        else:
+            words.append(word.format(**values))
+    return words
+
+
+class ServerProcess:
+    """An HTTP server started from `command` in its own session, logging to `log_path`."""
+
+    def __init__(self, command: list[str], log_path: Path, base_url: str, *, env: dict[str, str] | None = None,
+                 stop_timeout: float = 30.0):
+        self.command, self.log_path, self.base_url, self.stop_timeout = command, Path(log_path), base_url, stop_timeout
+        full_env = {**os.environ, **(env or {})}
+        full_env.pop("PYTHONPATH", None)  # never mix this venv's packages into the server's
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"\n=== POFE {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {shlex.join(command)}\n")
+            log.flush()
+            self._log_start = log.tell()
+            launcher = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
+            self.proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=full_env, start_new_session=True)
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """None while running; else the exit status (negative: killed by that signal)."""
+        return self.proc.poll()
+
+    def wait_ready(self, timeout: float) -> list[str]:
+        """Poll `{base_url}/models` until it answers 200; the served model ids. Raises
+        ServerExited if the server exits first, TimeoutError after `timeout` seconds."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.exit_code is not None:
+                raise ServerExited(self.describe("exited before it was ready"))
+            with contextlib.suppress(httpx.TransportError, ValueError):
+                r = httpx.get(f"{self.base_url}/models", timeout=5)
+                if r.status_code == 200:
+                    return [m.get("id") for m in r.json().get("data", [])]
+            if time.monotonic() > deadline:
+                raise TimeoutError(self.describe(f"did not answer {self.base_url}/models within {timeout:.0f} s "
+                                                 "(generate.serve.ready_timeout)"))
+            time.sleep(1)
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines this start wrote to the log."""
+        with open(self.log_path, errors="replace") as f:
+            f.seek(self._log_start)
+            return "".join(f.read().splitlines(keepends=True)[-lines:])
+
+    def describe(self, what: str) -> str:
+        code = self.exit_code
+        status = "running" if code is None else f"exit code {code}" + (
+            f" (signal {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else "")
+        return (f"the server `{shlex.join(self.command)}` {what} ({status}); last lines of {self.log_path}:\n"
+                f"{self.tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM the server's session, SIGKILL it after stop_timeout seconds; then SIGKILL
+        whatever is left of the session (engine workers outliving the server)."""
+        _LIVE.discard(self)
+        for sig, wait in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait)
+                break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+_LIVE: set[ServerProcess] = set()
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+def live_servers() -> list[ServerProcess]:
+    """Servers started and not yet stopped in this process."""
+    return list(_LIVE)
+
+
+class ServedGenerator:
+    """The `openai` backend against a server started here for `policy_path`; `close()` stops it.
+
+    Requests name `serve.served_model_name`, which is the LoRA module when the policy is an
+    adapter (the base is then served as `<name>-base`), else the served model's name; a
+    command without {served_model_name} serves a full model under its path, so requests
+    name that path.
+    """
+
+    name = "served"
+
+    def __init__(self, cfg: GenerateConfig, policy_path: str, workdir: str | Path | None = None):
+        serve = cfg.serve
+        if serve is None:
+            raise ValueError("ServedGenerator needs generate.serve")
+        adapter = read_adapter(policy_path)
+        names_model = "{served_model_name}" in serve.command
+        if adapter is not None:
+            if "{lora_modules}" not in shlex.split(serve.command):
+                raise ValueError(
+                    f"the policy {policy_path} is a PEFT adapter: add {{lora_modules}} to generate.serve.command "
+                    "(vLLM then serves it as a LoRA module on its base), or merge it into its base first."
+                )
+            model = adapter["base_model_name_or_path"]
+            lora_args = lora_arguments(serve.served_model_name, policy_path, adapter["r"])
+            served_name, request_name = f"{serve.served_model_name}-base", serve.served_model_name
+        else:
+            model, lora_args = policy_path, []
+            served_name = serve.served_model_name
+            request_name = served_name if names_model else policy_path
+        port = serve.port or free_port(serve.host)
+        command = render_command(serve.command, {
+            "model": model, "port": str(port), "host": serve.host, "served_model_name": served_name,
+            "tensor_parallel_size": str(serve.tensor_parallel_size),
+        }, lora_args)
+        base_url = f"http://{serve.host}:{port}/v1"
+        log_dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pofe-serve-"))
+        self.server = ServerProcess(command, log_dir / LOG_NAME, base_url, env=serve.env,
+                                    stop_timeout=serve.stop_timeout)
+        try:
+            served = self.server.wait_ready(serve.ready_timeout)
+            if request_name not in served:
+                raise ValueError(self.server.describe(
+                    f"serves {served}, not {request_name!r}, the model POFE requests: pass "
+                    "--served-model-name {served_model_name} (and {lora_modules}) in generate.serve.command"))
+        except BaseException:
+            self.server.stop()
+            raise
+        client_cfg = cfg.model_copy(update={"base_url": base_url})
+        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name, concurrency=cfg.batch_size)
+
+    @property
+    def client(self) -> OpenAIClient:
+        return self.inner.client  # its request counts go to summary.json
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
+        if self.server.exit_code is not None:
+            raise ServerExited(self.server.describe("exited before this batch") + _RESUME_HINT)
+        try:
+            return self.inner.generate(prompts, n, sampling)
+        except EndpointError as e:
+            if self.server.exit_code is None:
+                raise
+            raise ServerExited(self.server.describe("exited while generating") + _RESUME_HINT) from e
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+_RESUME_HINT = "\nThe finished shards are kept: run the stage again to resume from them."
