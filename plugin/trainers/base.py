@@ -11,6 +11,7 @@ from ..distributed import sum_over_ranks
 from ..layout import TOKENIZED_COLUMNS
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
+from .metrics import PairMetrics
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 
@@ -55,21 +56,28 @@ class KResponseTrainer(AxolotlTrainer):
             model, inputs, chunk_size=self.pofe.logit_chunk_size, prefix_layout=self.pofe.prefix_layout
         )
 
-    def log_stats(self, model, prefix: str, stats: dict[str, float], num_prompts: int) -> None:
+    def log_stats(
+        self, model, prefix: str, stats: dict[str, float], num_prompts: int, pairs: PairMetrics | None = None
+    ) -> None:
         """Store the batch's stats as means over every rank's prompts.
 
-        Each rank's means are weighted by its prompt count and summed over the ranks (a
-        NaN, a stat with nothing to average, weighs 0). Every rank calls this once per
-        loss, like TRL's `gather_for_metrics` in its losses. Evaluation stats are stored
-        as `eval_<prefix>/...`, as TRL's DPO names them, beside `eval_loss`.
+        `stats` are stored as `<prefix>/<name>`, means over `num_prompts` prompts; `pairs`
+        (TRL's `rewards/*` and `logps/*`) under their own names, means over the prompts
+        that have a pair. Each rank's means are weighted by their prompt count and summed
+        over the ranks in one collective (a NaN, a stat with nothing to average, weighs
+        0). Every rank calls this once per loss, like TRL's `gather_for_metrics` in its
+        losses. Evaluation stats are stored as `eval_<name>`, as TRL's DPO names them,
+        beside `eval_loss`.
         """
-        names = sorted(stats)  # the same order on every rank
-        values = torch.tensor([stats[k] for k in names], dtype=torch.float64)
-        weights = torch.where(values.isnan(), 0.0, float(num_prompts))
+        counted = {f"{prefix}/{k}": (v, num_prompts) for k, v in stats.items()}
+        if pairs is not None:
+            counted.update({k: (v, pairs.num_pairs) for k, v in pairs.values.items()})
+        names = sorted(counted)  # the same order on every rank
+        values = torch.tensor([counted[k][0] for k in names], dtype=torch.float64)
+        counts = torch.tensor([float(counted[k][1]) for k in names], dtype=torch.float64)
+        weights = torch.where(values.isnan(), 0.0, counts)
         weighted = torch.where(values.isnan(), 0.0, values) * weights
         sums = sum_over_ranks(torch.stack([weighted, weights]), self.args.device)
         split = "train" if model.training else "eval"
-        key = f"eval_{prefix}" if split == "eval" else prefix
-        self.store_metrics(
-            {f"{key}/{k}": (total / n).item() for k, total, n in zip(names, *sums) if n > 0}, split
-        )
+        key = (lambda name: name) if split == "train" else (lambda name: f"eval_{name}")
+        self.store_metrics({key(k): (total / n).item() for k, total, n in zip(names, *sums) if n > 0}, split)

@@ -1,9 +1,16 @@
-"""RRHF trainer: length-normalised ranking hinge plus SFT on the best of k."""
+"""RRHF trainer: length-normalised ranking hinge plus SFT on the best of k.
+
+Besides `rrhf/*` it logs TRL's `rewards/*` and `logps/*` for the best- and worst-reward
+candidate of each prompt (`best_worst_metrics`). RRHF has no reference model, so its
+`rewards/*` are the length-normalised log-likelihoods its hinge compares,
+logp_sum / length ** length_penalty, not a beta-scaled log-ratio.
+"""
 
 from __future__ import annotations
 
 from ..losses import rrhf_loss
 from .base import KResponseTrainer
+from .metrics import best_worst_metrics
 
 
 class RRHFTrainer(KResponseTrainer):
@@ -20,5 +27,7 @@ class RRHFTrainer(KResponseTrainer):
             margin=self.pofe.margin,
             length_penalty=self.pofe.length_penalty,
         )
-        self.log_stats(model, "rrhf", stats, num_prompts=len(logp))
+        scores = logp / lengths**self.pofe.length_penalty  # (B, K), the scores the hinge compares
+        pairs = best_worst_metrics(logp, scores, inputs["rewards"], inputs["candidate_mask"])
+        self.log_stats(model, "rrhf", stats, num_prompts=len(logp), pairs=pairs)
         return (loss, {"scores": logp}) if return_outputs else loss

@@ -1,10 +1,17 @@
-"""SPPO trainer: regress the log-ratio to the anchor policy onto eta * (win rate - 1/2)."""
+"""SPPO trainer: regress the log-ratio to the anchor policy onto eta * (win rate - 1/2).
+
+Besides `sppo/*` it logs TRL's `rewards/*` and `logps/*` for the highest- and lowest-
+win-rate candidate of each prompt (`best_worst_metrics`; with pairs, chosen and
+rejected): rewards are beta * (log pi - log pi_t) with beta = 1/eta, as TRL's
+DPOTrainer computes them for `loss_type="sppo_hard"`.
+"""
 
 from __future__ import annotations
 
 from ..anchor import AnchorLogps
 from ..losses import sppo_hard_loss, sppo_loss
 from .base import KResponseTrainer
+from .metrics import best_worst_metrics
 
 
 class SPPOTrainer(KResponseTrainer):
@@ -33,6 +40,8 @@ class SPPOTrainer(KResponseTrainer):
             loss, stats = sppo_loss(
                 logp, anchor, inputs["win_rates"], eta=self.pofe.eta, mask=mask
             )
-        self.log_stats(model, "sppo", stats, num_prompts=len(mask))
+        implicit_rewards = (logp - anchor) / self.pofe.eta  # (B, K), beta * log-ratio
+        pairs = best_worst_metrics(logp, implicit_rewards, inputs["win_rates"], mask)
+        self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss
 

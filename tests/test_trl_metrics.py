@@ -1,0 +1,155 @@
+"""TRL's metric names (`rewards/*`, `logps/*`) logged by the RRHF and SPPO trainers.
+
+The trainers run for real (axolotl's trainer on the tiny model, POFE's collator); the
+expected values come from scoring each candidate with a plain full log-softmax and
+picking chosen and rejected by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pofe.trainers.metrics import best_worst_metrics
+
+# rows of prompt, responses, labels: k = 3, k = 2 (a padded slot), and one whose labels
+# all tie (no pair: it counts in rrhf/* and sppo/* but not in rewards/* or logps/*)
+PROMPTS = ["ab", "hello there", "xyz"]
+RESPONSES = [["c", "dd", "eee"], ["fine", "ok"], ["1", "22"]]
+REWARDS = [[0.5, 2.0, -1.0], [0.0, 1.0], [3.0, 3.0]]
+WIN_RATES = [[0.25, 0.75, 0.5], [0.1, 0.9], [0.5, 0.5]]
+ANCHORS = [[-4.0, -9.0, -12.0], [-20.0, -7.0], [-3.0, -5.0]]
+ETA = 10.0
+LENGTH_PENALTY = 0.5
+TRL_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+             "logps/chosen", "logps/rejected")
+
+
+def test_best_worst_metrics_by_hand():
+    """Prompt 0: preference (1, 3, 2) -> chosen slot 1, rejected slot 0; rewards 0.5 vs
+    -0.5, margin 1, right. Prompt 1: a tie for best between slots 0 and 1 goes to slot 0,
+    rejected slot 2 (slot 3 is padding, its NaN and its preference 9 are ignored):
+    rewards 1 vs 2, margin -1, wrong. Prompt 2: all preferences tie, no pair.
+    Means over the 2 pairs: chosen 0.75, rejected 0.75, margin 0, accuracy 0.5,
+    logps chosen (-2 + -1) / 2 = -1.5, rejected (-4 + -3) / 2 = -3.5."""
+    logp = torch.tensor([[-4.0, -2.0, -9.0, 0.0], [-1.0, -8.0, -3.0, float("nan")], [-1.0, -2.0, 0.0, 0.0]])
+    reward = torch.tensor([[-0.5, 0.5, 0.0, 0.0], [1.0, 7.0, 2.0, float("nan")], [1.0, 2.0, 0.0, 0.0]])
+    preference = torch.tensor([[1.0, 3.0, 2.0, 0.0], [5.0, 5.0, 4.0, 9.0], [1.0, 1.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, True, False], [True, True, False, False]])
+    values, n = best_worst_metrics(logp, reward, preference, mask)
+    assert n == 2
+    assert values == pytest.approx({
+        "rewards/chosen": 0.75, "rewards/rejected": 0.75, "rewards/margins": 0.0,
+        "rewards/accuracies": 0.5, "logps/chosen": -1.5, "logps/rejected": -3.5,
+    })
+
+
+def test_no_pair_gives_nan():
+    values, n = best_worst_metrics(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=bool))
+    assert n == 0 and all(math.isnan(v) for v in values.values())
+
+
+@pytest.fixture(scope="module")
+def batch_and_logps(tiny64_model, tokenizer):
+    """The collated batch, and each candidate's summed log-prob and token count scored
+    independently: one full sequence at a time, full log-softmax, response tokens only."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.collator import KResponseCollator
+    from pofe.data.tokenize import tokenize_row
+
+    features = []
+    for prompt, responses, rewards, win_rates, anchors in zip(PROMPTS, RESPONSES, REWARDS, WIN_RATES, ANCHORS):
+        row = {"prompt": [{"role": "user", "content": prompt}],
+               "responses": [{"role": "assistant", "content": r} for r in responses],
+               "rewards": rewards, "win_rates": win_rates, "anchor_logps": anchors}
+        feature = tokenize_row(row, tokenizer, sequence_len=128, max_prompt_len=64, truncation="drop")
+        assert feature["keep"]
+        features.append(feature)
+    model = AutoModelForCausalLM.from_pretrained(tiny64_model, attn_implementation="eager").eval()
+    logps = []
+    with torch.no_grad():
+        for f in features:
+            row = []
+            for response in f["response_ids"]:
+                ids = torch.tensor([f["prompt_ids"] + response])
+                token_logps = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+                row.append((token_logps[len(f["prompt_ids"]) - 1:].sum().item(), len(response)))
+            logps.append(row)
+    return KResponseCollator(tokenizer)(features), logps
+
+
+def _trainer(cls, tiny64_model, tokenizer, tmp_path, pofe):
+    from axolotl.core.training_args import AxolotlTrainingArguments
+    from axolotl.utils.dict import DictDefault
+    from transformers import AutoModelForCausalLM
+
+    from pofe.collator import KResponseCollator
+
+    model = AutoModelForCausalLM.from_pretrained(tiny64_model, attn_implementation="eager")
+    args = AxolotlTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = cls(model=model, args=args, data_collator=KResponseCollator(tokenizer))
+    trainer.axolotl_cfg = DictDefault(pofe=pofe)
+    return trainer
+
+
+def _expected(logps, implicit_reward, labels):
+    """Means over prompts with a pair of chosen = argmax label, rejected = argmin label."""
+    sums, n = dict.fromkeys(TRL_NAMES, 0.0), 0
+    for row, label in zip(logps, labels):
+        if max(label) == min(label):
+            continue
+        n += 1
+        c, r = label.index(max(label)), label.index(min(label))
+        rc, rr = implicit_reward(row, c), implicit_reward(row, r)
+        for name, value in zip(TRL_NAMES, (rc, rr, rc - rr, float(rc > rr), row[c][0], row[r][0])):
+            sums[name] += value
+    return {name: total / n for name, total in sums.items()}
+
+
+def _stored(trainer, inputs, split):
+    """What one compute_loss call stores, as axolotl will log it (one value each)."""
+    trainer.model.train(split == "train")
+    trainer.compute_loss(trainer.model, inputs)
+    stored = trainer._stored_metrics[split]
+    return {k: v["values"][-1] for k, v in stored.items()}
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
+    """rewards/* are RRHF's scores logp / n ** 0.5 for the best- and worst-reward candidate
+    (prompt 0: slots 1 and 2, prompt 1: slots 1 and 0; prompt 2 ties: left out)."""
+    from pofe.trainers import RRHFTrainer
+
+    batch, logps = batch_and_logps
+    trainer = _trainer(RRHFTrainer, tiny64_model, tokenizer, tmp_path,
+                       {"method": "rrhf", "length_penalty": LENGTH_PENALTY})
+    stored = _stored(trainer, dict(batch), split)
+    expected = _expected(logps, lambda row, i: row[i][0] / row[i][1] ** LENGTH_PENALTY, REWARDS)
+    prefix = "" if split == "train" else "eval_"
+    for name, value in expected.items():
+        assert stored[prefix + name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+    assert f"{prefix}rrhf/rank" in stored  # POFE's own names stay beside TRL's
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_sppo_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
+    """rewards/* are beta * (logp - anchor), beta = 1/eta, for the highest- and lowest-
+    win-rate candidate (prompt 0: slots 1 and 0, prompt 1: slots 1 and 0)."""
+    from pofe.trainers import SPPOTrainer
+
+    batch, logps = batch_and_logps
+    trainer = _trainer(SPPOTrainer, tiny64_model, tokenizer, tmp_path, {"method": "sppo", "eta": ETA})
+    stored = _stored(trainer, dict(batch), split)
+    anchors = iter(ANCHORS)
+    rows = [[(lp - a, n) for (lp, n), a in zip(row, next(anchors))] for row in logps]
+    expected = _expected(rows, lambda row, i: row[i][0] / ETA, WIN_RATES)
+    # logps/* are the policy's own summed log-probs, not the log-ratios
+    expected["logps/chosen"] = (logps[0][1][0] + logps[1][1][0]) / 2
+    expected["logps/rejected"] = (logps[0][0][0] + logps[1][0][0]) / 2
+    prefix = "" if split == "train" else "eval_"
+    for name, value in expected.items():
+        assert stored[prefix + name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+    assert f"{prefix}sppo/loss" in stored
