@@ -6,6 +6,9 @@ Canonical row (what tokenisation sees):
     {"prompt": ..., "responses": ..., "win_rates": [float] * k,
      "anchor_logps": [float] * k | None}                      # rl: sppo
 
+With `prompt_format: hh` on the `datasets:` entry, the prompt and the responses are
+Anthropic HH transcripts, turned into chat messages first (`transcripts.py`).
+
 Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
 wrong and what to do: nothing is dropped here. Labels are checked as training will see
 them, in float32: a value that overflows it, or rewards that differ but round to the
@@ -21,9 +24,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..methods import method_spec
+from .transcripts import hh_row
 
-# The `field_*` keys of a `datasets:` entry and the column each reads by default; the
-# config (`pofe.args.FIELD_KEYS`) takes its list of keys from here.
+# The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
+# names a column; `prompt_format` says how the text fields are written (`chat`: a string
+# or chat messages as they are; `hh`: Anthropic HH transcripts, see `transcripts.py`).
+# The config (`pofe.args.FIELD_KEYS`) takes its list of keys from here.
 DEFAULT_FIELDS = {
     "field_prompt": "prompt",
     "field_responses": "responses",
@@ -33,7 +39,9 @@ DEFAULT_FIELDS = {
     "field_anchor_logps": "anchor_logps",
     "field_chosen": "chosen",
     "field_rejected": "rejected",
+    "prompt_format": "chat",
 }
+PROMPT_FORMATS = ("chat", "hh")
 
 
 class PofeDataError(ValueError):
@@ -49,8 +57,21 @@ class RowFormat:
     method: str  # a registered method (`pofe.methods`): its target column is what a row yields
     fields: Mapping[str, str]
 
+    def __post_init__(self):
+        check_prompt_format(self.prompt_format, self.dataset)
+
     def column(self, key: str) -> str:
         return self.fields.get(key, DEFAULT_FIELDS[key])
+
+    @property
+    def prompt_format(self) -> str:
+        return self.fields.get("prompt_format", DEFAULT_FIELDS["prompt_format"])
+
+    def response_columns(self) -> list[str]:
+        """The columns holding responses: the k-response list, or chosen and rejected."""
+        if self.type in ("pofe.rrhf", "pofe.sppo"):
+            return [self.column("field_responses")]
+        return [self.column("field_chosen"), self.column("field_rejected")]
 
     def required_columns(self) -> list[str]:
         if self.type == "pofe.rrhf":
@@ -62,11 +83,21 @@ class RowFormat:
                 self.column("field_win_rates"),
             ]
         pair = [self.column("field_chosen"), self.column("field_rejected")]
+        if self.type == "pofe.pairs" and self.prompt_format == "hh":
+            return pair  # Anthropic/hh-rlhf: the prompt is in each transcript (`transcripts.py`)
         if self.type == "pofe.sppo_ucla":
             # the SPPO scripts (compute_prob.py) write no prompt column: it is the chosen
             # conversation's user turn (a prompt column, when there is one, is read instead)
             return pair + ["chosen_probs_win", "chosen_probs_lose"]
         return [self.column("field_prompt"), *pair]
+
+
+def check_prompt_format(value: str, dataset: str) -> None:
+    if value not in PROMPT_FORMATS:
+        raise PofeDataError(
+            f"dataset {dataset}: prompt_format {value!r} is not one of {list(PROMPT_FORMATS)}; use hh "
+            "for Anthropic HH transcripts ('\\n\\nHuman: ...\\n\\nAssistant:'), or leave it out"
+        )
 
 
 def check_columns(fmt: RowFormat, columns: list[str]) -> None:
@@ -83,13 +114,31 @@ def check_columns(fmt: RowFormat, columns: list[str]) -> None:
         )
 
 
-def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
-    """Check one raw row and return its canonical form (see module docstring)."""
+def row_error(fmt: RowFormat, index: int):
+    """`fail(field, what, fix)`: the error for one field of row `index`."""
 
     def fail(field: str, what: str, fix: str) -> PofeDataError:
         return PofeDataError(
             f"dataset {fmt.dataset}, row {index} (0-based), field '{field}': {what}. {fix}"
         )
+
+    return fail
+
+
+def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_columns: list[str]) -> dict[str, Any]:
+    """A `pofe.prompts` row as the pipeline reads it: with `prompt_format: hh`, its prompt
+    as chat messages and each of `response_columns` (`generate.include_dataset_responses`)
+    as the response text; otherwise as it is."""
+    if fmt.prompt_format != "hh":
+        return dict(row)
+    return hh_row(row, fmt.column("field_prompt"), response_columns, row_error(fmt, index))
+
+
+def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
+    """Check one raw row and return its canonical form (see module docstring)."""
+    fail = row_error(fmt, index)
+    if fmt.prompt_format == "hh":
+        row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
 
     prompt_col = fmt.column("field_prompt")
     if fmt.type == "pofe.sppo_ucla" and row.get(prompt_col) is None:

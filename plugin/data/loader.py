@@ -31,7 +31,7 @@ from axolotl.utils.dict import DictDefault
 from ..args import pofe_config
 from ..logs import get_logger
 from ..methods import method_spec
-from .formats import RowFormat, check_columns, normalize_row
+from .formats import RowFormat, check_columns, normalize_row, prompt_row
 from .sources import load_entry, local_files_digest, read_json_rows
 from .tokenize import tokenize_row
 
@@ -165,7 +165,7 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
 
 def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: RowFormat):
     """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
-    result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"))
+    result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"), prompt_format=fmt.prompt_format)
     rows = read_json_rows(result.data_path)
     # the pipeline writes each method's own row format: pofe.rrhf or pofe.sppo rows
     return rows, RowFormat(
@@ -173,12 +173,22 @@ def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: Row
     )
 
 
-def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: str, stop_after=None):
-    """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset."""
+def build_candidates(
+    cfg: DictDefault, entry, prompts: Dataset, prompt_column: str, stop_after=None, prompt_format: str = "chat"
+):
+    """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset.
+
+    `prompt_format` is the entry's (`hh`: the prompts and the dataset responses are HH
+    transcripts, read as chat turns by `formats.prompt_row`).
+    """
     from pofe.preprocess.pipeline import run_pipeline
 
     pofe = pofe_config(cfg)
     generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates.for_method(pofe.method)
+    fmt = RowFormat(dataset=entry.path, type="pofe.prompts", method=pofe.method,
+                    fields={"field_prompt": prompt_column, "prompt_format": prompt_format})
+    # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
+    rows = [prompt_row(row, i, fmt, generate.include_dataset_responses) for i, row in enumerate(prompts)]
     policy = sampling_policy(cfg, generate)
     # sampling from the policy that trains: render its prompts as training will (axolotl's
     # tokenizer, with the recipe's chat_template settings); generate.model keeps its own
@@ -186,17 +196,16 @@ def build_candidates(cfg: DictDefault, entry, prompts: Dataset, prompt_column: s
     if candidates.out_dir is None:
         # keyed on what the generate shards depend on: a changed judge reuses them (the
         # pipeline keeps each judge's shards apart inside)
-        key = json.dumps(
-            [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size,
-             candidates.truncated, getattr(tokenizer, "chat_template", None)],
-            sort_keys=True, default=str,
-        )
+        parts = [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size,
+                 candidates.truncated, getattr(tokenizer, "chat_template", None)]
+        # appended only when not the default, so caches built before the option keep their key
+        parts += [prompt_format] if prompt_format != "chat" else []
+        key = json.dumps(parts, sort_keys=True, default=str)
         digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
         out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
-        # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
-        list(prompts), policy_path=policy, method=pofe.method, generate=generate,
+        rows, policy_path=policy, method=pofe.method, generate=generate,
         judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
         tokenizer=tokenizer,
     )
