@@ -46,7 +46,7 @@ def candidates(config: str, stage: str):
         prompts = load_entry(entry, cfg.hf_use_auth_token)
         result = build_candidates(
             cfg, entry, prompts, fmt.column("field_prompt"),
-            stop_after=None if stage == "all" else stage,
+            stop_after=None if stage == "all" else stage, prompt_format=fmt.prompt_format,
         )
         if result is not None:
             click.echo(f"{entry.path}: {result.rows} rows -> {result.data_path}")
