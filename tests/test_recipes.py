@@ -50,3 +50,20 @@ def test_verifier_recipe_gives_sharp_preferences_on_all_k_samples():
     pofe = pofe_config(validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"}))
     assert pofe.method == "sppo" and pofe.judge.type == "python" and pofe.judge.preferences == "hard"
     assert pofe.generate.dedupe is None and pofe.generate.for_method("sppo").dedupe is False
+
+
+@pytest.mark.parametrize("name", ["rrhf-qlora", "rrhf-zero3"])
+def test_rrhf_recipes_run_the_papers_pipeline_on_hh(name):
+    """HH prompts read as chat turns (the `prompt_format` key survives axolotl's dataset
+    schema), 4 samples plus the dataset's chosen and rejected responses, a reward model."""
+    from pofe.args import pofe_config
+
+    cfg = DictDefault(yaml.safe_load((RECIPES[0].parent / f"{name}.yml").read_text()))
+    prepare_plugins(cfg)
+    cfg = validate_config(cfg, capabilities=H100, env_capabilities={"torch_version": "2.13.0"})
+    pofe = pofe_config(cfg)
+    assert cfg.datasets[0].type == "pofe.prompts"
+    assert pofe.dataset_fields == [{"prompt_format": "hh"}]
+    assert pofe.generate.num_candidates == 4 and pofe.generate.strategy == "sample"
+    assert pofe.generate.include_dataset_responses == ["chosen", "rejected"]
+    assert pofe.judge.type == "reward_model" and pofe.judge.model.count("/") == 1  # a hub id
