@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -14,7 +16,13 @@ Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # form
 
 SCALAR_JUDGES = ("python", "reward_model", "llm")
 PAIRWISE_JUDGES = ("python_pairwise", "pairwise_llm", "pairrm")
-FUNCTION_JUDGES = ("python", "python_pairwise")  # call judge.function (imported before generating)
+FUNCTION_JUDGES = ("python", "python_pairwise")  # call user functions (imported before generating)
+RewardModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
+# device_map: accelerate's placement strategies, or one device (torch's spelling)
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+_DEVICE = re.compile(r"(cpu|mps|disk|(cuda|xpu|npu|hpu)(:\d+)?|\d+)")
+# reward_model-only keys and their defaults: set for another judge, an error (they would be ignored)
+REWARD_MODEL_KEYS = ("dtype", "device_map", "trust_remote_code", "score_output", "score_index")
 # `judge.preferences` each judge accepts, its default first. "authors" (the SPPO scripts') needs
 # PairRM's logits; the other pairwise judges give probabilities, which "both_orders" combines.
 JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -38,6 +46,20 @@ class JudgeConfig(StrictConfig):
         None,
         description="python: 'module:function'(prompt, response) -> float; python_pairwise: (prompt, "
         "response_a, response_b) -> P(a beats b) in [0, 1]. prompt: the dataset's (str or messages).",
+    )
+    reward_funcs: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="python, instead of function: TRL / axolotl GRPO-style batched reward functions, "
+        "dotted paths 'package.module.function'(prompts, completions, **kwargs) -> list[float | None] "
+        "(kwargs: the dataset row's other columns, one value per completion). None: that function "
+        "abstains for that completion.",
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        min_length=1,
+        description="reward_funcs: one weight per function (default 1.0 each). Reward = sum of weight x "
+        "value over the functions that gave a value (TRL's nansum); none gave one: an abstention.",
     )
     preferences: Preferences | None = Field(
         None,
@@ -66,6 +88,28 @@ class JudgeConfig(StrictConfig):
     )
     batch_size: int = Field(8, ge=1, le=4096, description="Candidates (or pairs) per forward / request batch.")
     max_length: int = Field(1024, ge=8, le=131072, description="reward_model/pairrm: tokens per input.")
+    dtype: RewardModelDtype = Field(
+        "auto", description="reward_model: weights' dtype; auto = the checkpoint's (its config's dtype)."
+    )
+    device_map: str | dict[str, int | str] | None = Field(
+        None,
+        description="reward_model: transformers' device_map: auto | balanced | balanced_low_0 | sequential, "
+        "one device (cpu, cuda:1), or {module name: device}. None: cuda if available, else cpu.",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="reward_model: run the model folder's own Python code (auto_map), as custom "
+        "(e.g. multi-objective) reward models need. Off unless opted in: that code runs unreviewed.",
+    )
+    score_output: str = Field(
+        "logits",
+        min_length=1,
+        description="reward_model: the model output's field that holds the scores: logits (sequence "
+        "classifiers), or what a custom model returns (e.g. score, rewards).",
+    )
+    score_index: int = Field(
+        0, ge=0, le=4096, description="reward_model: column of score_output, (batch, n) -> (batch,), e.g. one objective."
+    )
     allow_abstain: bool = Field(
         True,
         description="Treat unparseable verdicts/failed calls as abstentions (counted, candidate "
@@ -84,11 +128,8 @@ class JudgeConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
-        if self.type in FUNCTION_JUDGES and (not self.function or ":" not in self.function):
-            raise ValueError(
-                f"judge.type={self.type} needs judge.function: 'module:function' "
-                "(e.g. pofe.demo.task:reward)."
-            )
+        self._check_functions()
+        self._check_reward_model_keys()
         allowed = JUDGE_PREFERENCES[self.type]
         if self.preferences is None:
             self.preferences = allowed[0]
@@ -113,6 +154,49 @@ class JudgeConfig(StrictConfig):
         check_key_env(self.api_key_env, "judge")
         check_base_url(self.base_url, "judge")
         return self
+
+    def _check_functions(self) -> None:
+        if self.reward_funcs is not None and self.type != "python":
+            raise ValueError(f"judge.reward_funcs applies to judge.type: python, not {self.type}; remove it.")
+        if self.type == "python" and self.reward_funcs is not None:
+            if self.function:
+                raise ValueError("judge.function and judge.reward_funcs are both set: a python judge calls one "
+                                 "per-candidate function or a list of batched reward functions; keep one.")
+            bad = [f for f in self.reward_funcs if "." not in f.strip(".") or ":" in f]
+            if bad:
+                raise ValueError(f"judge.reward_funcs: {bad} are not dotted paths 'package.module.function' "
+                                 "(as axolotl's trl.reward_funcs).")
+        elif self.type in FUNCTION_JUDGES and (not self.function or ":" not in self.function):
+            hint = " or judge.reward_funcs: [package.module.function, ...]" if self.type == "python" else ""
+            raise ValueError(
+                f"judge.type={self.type} needs judge.function: 'module:function' "
+                f"(e.g. pofe.demo.task:reward){hint}."
+            )
+        if self.reward_weights is not None:
+            if self.reward_funcs is None:
+                raise ValueError("judge.reward_weights weighs judge.reward_funcs, which is not set; remove it.")
+            if len(self.reward_weights) != len(self.reward_funcs):
+                raise ValueError(f"judge.reward_weights has {len(self.reward_weights)} weights for "
+                                 f"{len(self.reward_funcs)} reward_funcs; give one weight per function.")
+            if not all(math.isfinite(w) for w in self.reward_weights):
+                raise ValueError(f"judge.reward_weights must be finite numbers, got {self.reward_weights}.")
+
+    def _check_reward_model_keys(self) -> None:
+        if self.type != "reward_model":
+            # against the defaults, not fields_set: a dumped config (every field set) validates again
+            changed = [k for k in REWARD_MODEL_KEYS if getattr(self, k) != JudgeConfig.model_fields[k].default]
+            if changed:
+                raise ValueError(f"judge.{', judge.'.join(changed)} apply to judge.type: reward_model only "
+                                 f"(this judge is {self.type}); remove them.")
+        dm = self.device_map
+        if isinstance(dm, str) and dm not in DEVICE_MAP_STRATEGIES and not _DEVICE.fullmatch(dm):
+            raise ValueError(f"judge.device_map: {dm!r} is neither {' | '.join(DEVICE_MAP_STRATEGIES)} nor a "
+                             "device (cpu, cuda, cuda:N, N, mps).")
+        if isinstance(dm, dict):
+            bad = {m: d for m, d in dm.items() if not (isinstance(d, int) and d >= 0 or _DEVICE.fullmatch(str(d)))}
+            if not dm or bad:
+                raise ValueError(f"judge.device_map: a map of module name -> device (cpu, cuda:N, N, disk), e.g. "
+                                 f"{{'': 'cuda:0'}}; {f'not devices: {bad}' if bad else 'got an empty map'}.")
 
     @property
     def is_pairwise(self) -> bool:

@@ -1,7 +1,7 @@
 """Judges: who scores the candidates (interface and base types in base.py).
 
     judge = make_judge(cfg)
-    judge.score(prompts, responses)         # scalar judges: python, reward_model, llm
+    judge.score(prompts, responses)         # scalar judges: python (function or reward_funcs), reward_model, llm
     judge.preferences(prompts, responses)   # pairwise judges: python_pairwise, pairwise_llm, pairrm
 
 A new judge is one module here implementing `base.ScalarJudge` or `base.PairwiseJudge`, a
@@ -17,6 +17,10 @@ from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdic
 
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     """Build the configured judge."""
+    if cfg.type == "python" and cfg.reward_funcs:
+        from .reward_funcs import RewardFuncsJudge
+
+        return RewardFuncsJudge.from_paths(cfg.reward_funcs, cfg.reward_weights, allow_abstain=cfg.allow_abstain)
     if cfg.type == "python":
         from .base import load_function
         from .python import PythonJudge
@@ -31,7 +35,9 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         from .reward_model import RewardModelJudge
 
         return RewardModelJudge(
-            cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length, allow_abstain=cfg.allow_abstain
+            cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length, allow_abstain=cfg.allow_abstain,
+            dtype=cfg.dtype, device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
+            score_output=cfg.score_output, score_index=cfg.score_index,
         )
     if cfg.type in ("llm", "pairwise_llm"):
         from ..openai_client import OpenAIClient

@@ -108,14 +108,27 @@ def load_function(spec: str) -> Callable[..., Any]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"judge.function must look like 'module:function', got {spec!r}")
+    return _import_callable(module_name, attr, f"judge.function {spec!r}")
+
+
+def load_dotted(path: str, key: str) -> Callable[..., Any]:
+    """'package.module.function' (TRL / axolotl's reward_funcs spelling) -> the function;
+    `key` names the setting in errors."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{key} must look like 'package.module.function', got {path!r}")
+    return _import_callable(module_name, attr, f"{key} {path!r}")
+
+
+def _import_callable(module_name: str, attr: str, what: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ImportError(f"judge.function {spec!r}: cannot import module {module_name!r}: {e}") from e
+        raise ImportError(f"{what}: cannot import module {module_name!r}: {e}") from e
     try:
         fn = getattr(module, attr)
     except AttributeError as e:
-        raise AttributeError(f"judge.function {spec!r}: module {module_name!r} has no attribute {attr!r}") from e
+        raise AttributeError(f"{what}: module {module_name!r} has no attribute {attr!r}") from e
     if not callable(fn):
-        raise TypeError(f"judge.function {spec!r} is not callable")
+        raise TypeError(f"{what} is not callable")
     return fn
