@@ -137,11 +137,15 @@ class PofeConfig(BaseModel):
             )
         if isinstance(self.round_prompts, list):
             check_round_prompt_files(self.round_prompts, self.rounds)
-        if self.rounds > 1 and self.generate is not None and self.generate.backend == "openai":
+        generate = self.generate
+        if self.rounds > 1 and generate is not None and generate.backend == "openai" and generate.serve is None:
             raise ValueError(
                 "pofe.rounds > 1 generates from each round's new policy, which an already "
-                "running OpenAI-compatible server does not serve: use generate.backend "
-                "transformers or vllm for iterated runs"
+                "running OpenAI-compatible server (generate.base_url) does not serve: set "
+                "generate.serve instead (POFE then starts a server for each round's policy, e.g. "
+                "`serve: {command: \"/path/to/vllm-venv/bin/vllm serve {model} --port {port} "
+                "--served-model-name {served_model_name} {lora_modules}\"}`), or use generate.backend "
+                "transformers or vllm"
             )
         return self
 
