@@ -232,14 +232,15 @@ def sampling_policy(cfg: DictDefault, generate) -> str:
         return generate.model
     if not cfg.lora_model_dir:
         return cfg.base_model
-    if generate.backend == "openai":
+    if generate.backend == "openai" and generate.serve is None:
         raise ValueError(
             f"lora_model_dir is set ({cfg.lora_model_dir}) but generate.backend: openai asks the "
-            f"server for base_model by name, which would sample off-policy. Serve base + adapter "
-            f"(`vllm serve {cfg.base_model} --enable-lora --lora-modules policy={cfg.lora_model_dir}`) "
-            "and set generate.model: policy"
+            f"server for base_model by name, which would sample off-policy. Set generate.serve (POFE "
+            f"then serves base + adapter as a LoRA module), or serve it yourself (`vllm serve "
+            f"{cfg.base_model} --enable-lora --lora-modules policy={cfg.lora_model_dir}`) and set "
+            "generate.model: policy"
         )
-    # the transformers and vllm backends load an adapter folder on its base
+    # the transformers and vllm backends, and a served policy, load an adapter folder on its base
     return str(cfg.lora_model_dir)
 
 
