@@ -200,5 +200,9 @@ class TransformersGenerator:
             samples = [[row[0]] * n for row in samples]
         return [[Completion(s.text, s.finish_reason) for s in row] for row in samples]
 
+    def close(self) -> None:
+        """Drop the model (the pipeline frees its memory before the judge loads)."""
+        del self.model
+
 
 __all__ = ["load_policy", "load_tokenizer", "Sample", "sample_responses", "stop_token_ids", "TransformersGenerator"]

@@ -67,3 +67,9 @@ class VLLMGenerator:
         ]
         outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         return [[Completion(c.text, c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
+
+    def close(self) -> None:
+        """Stop the engine: its core process holds the weights and KV cache on the GPU until
+        it ends (the pipeline calls this before the judge loads)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
