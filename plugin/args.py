@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pofe.data.formats import DEFAULT_FIELDS
 from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
@@ -114,13 +114,24 @@ class PofeConfig(BaseModel):
         description="`axolotl pofe run`: push round t's candidates to the dataset repo "
         "`<hub_dataset_id>-iter<t>` (default with hub_model_id: `<hub_model_id>-iter<t>-data`).",
     )
-    eval: EvalConfig | None = Field(
-        default=None, description="Held-out evaluation of every iterate (`axolotl pofe eval`)."
+    # off is `False`, not None: axolotl drops None values when it dumps the validated config
+    eval: EvalConfig | Literal[False] = Field(
+        default_factory=EvalConfig,
+        description="`axolotl pofe eval`: the report's headline (each round's trained model on its "
+        "own prompts) and, with held-out prompts, every iterate on them; `false` turns it off.",
     )
     dataset_fields: list[dict[str, str]] = Field(
         default_factory=list,
         description="Internal: the `field_*` keys of each `datasets:` entry.",
     )
+
+    @field_validator("eval", mode="before")
+    @classmethod
+    def _eval_switch(cls, value: Any) -> Any:
+        # `eval: false` (or null) turns evaluation off; `true` keeps the defaults
+        if value is None:
+            return False
+        return {} if value is True else value
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "PofeConfig":

@@ -1,9 +1,15 @@
-"""`axolotl pofe eval recipe.yml`: every iterate of a run on held-out prompts.
+"""`axolotl pofe eval recipe.yml`: the report's headline and every iterate on held-out prompts.
 
-Models: pi_0 (the policy round 1 started from) and pi_t (round t's trained model), read
-from the run's state file. Every model answers the same held-out prompts with the same
-seeds (`pofe.eval`: `num_samples` per prompt at `temperature`; temperature 0 = greedy),
-through the one generation loop (`pofe.preprocess.generators.hf.sample_responses`).
+The headline (on by default, `pofe.eval.train_prompts`): each round's trained model pi_t
+answers the first prompts its round judged (greedy by default) and the recipe's scalar judge
+scores them, into eval/headline.json; the report sets them beside the same prompts'
+candidates (`pofe.run.headline`). A pairwise judge gives no scalar reward: the file says so.
+
+With held-out prompts (`pofe.eval.prompts` or `held_out`), models: pi_0 (the policy round 1
+started from) and pi_t (round t's trained model), read from the run's state file. Every
+model answers the same held-out prompts with the same seeds (`pofe.eval`: `num_samples`
+per prompt at `temperature`; temperature 0 = greedy), through the one generation loop
+(`pofe.preprocess.generators.hf.sample_responses`).
 Then, per model:
 
 - mean reward under the recipe's judge (scalar judges), and under `pofe.eval.judge2`;
@@ -18,12 +24,10 @@ Then, per model:
   unbiased estimate of KL(pi_t || pi_0) only when sampling at temperature 1, top_p 1;
   otherwise the same mean log-ratio on the decoded responses;
 - perplexity of the held-out reference responses (when the prompts have a reference
-  column): exp(total NLL / total tokens) over the rendered assistant turns;
-- on up to `train_prompts` of the prompts round t trained on: pi_t's mean reward, next to
-  the candidates' mean and best-of-k on the same prompts (RRHF's ceiling).
+  column): exp(total NLL / total tokens) over the rendered assistant turns.
 
-Outputs under <output_dir>/eval/: samples.jsonl (every response with its reward(s) and
-log-probs) and eval.json (the numbers the report shows).
+Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
+(every response with its reward(s) and log-probs) and eval.json (the numbers the report shows).
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ from torch import Tensor
 
 from pofe.args import pofe_config
 from pofe.files import read_jsonl, write_atomic
-from pofe.layout import IGNORE_INDEX, PROMPT
+from pofe.layout import IGNORE_INDEX
 from pofe.preprocess.config import JudgeConfig, Sampling
 from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
 from pofe.scoring import response_logps
 
 from .config import EvalConfig
+from .headline import HEADLINE_JSON, headline_prompts
 from .layout import RunLayout, RunState
 from .recipe import load_recipe
 from .rounds import eval_models
@@ -103,15 +108,18 @@ class ModelAnswers:
         return [s for row in self.samples for s in row]
 
 
-def draw_samples(model, tokenizer, prompts: list, ecfg: EvalConfig) -> list[list[Sample]]:
-    """`num_samples` responses per prompt, rendered with the chat template as the pipeline
-    renders them; the same seeds for every model."""
+def draw_samples(model, tokenizer, prompts: list, ecfg: EvalConfig, *, headline: bool = False) -> list[list[Sample]]:
+    """Responses to each prompt, rendered with the chat template as the pipeline renders them;
+    the same seeds for every model. Held-out decoding (`num_samples` at `temperature`), or
+    with `headline` the headline's (`train_samples` at `train_temperature`)."""
     from pofe.preprocess.render import render_prompt
 
-    sampling = Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens,
+    n, temperature = ((ecfg.train_samples, ecfg.train_temperature) if headline
+                      else (ecfg.num_samples, ecfg.temperature))
+    sampling = Sampling(temperature=temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens,
                         seed=ecfg.seed)
     rendered = [render_prompt(tokenizer, p).text for p in prompts]
-    return sample_responses(model, tokenizer, rendered, ecfg.num_samples, sampling, batch_size=ecfg.batch_size)
+    return sample_responses(model, tokenizer, rendered, n, sampling, batch_size=ecfg.batch_size)
 
 
 def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:
@@ -137,17 +145,13 @@ def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
     return math.exp(nll / sum(len(r) for _, r in pairs))
 
 
-def answer(name: str, path: str, tokenizer, prompts: list, references: list[TokenPair],
-           train_prompts: list | None, ecfg: EvalConfig) -> tuple[ModelAnswers, list[list[Sample]] | None]:
-    """Load one model: its held-out samples with their log-probs, its reference perplexity,
-    and (when `train_prompts` is given) its samples on those training prompts."""
-    model = load_policy(path)
+def answer(model, name: str, path: str, tokenizer, prompts: list, references: list[TokenPair],
+           ecfg: EvalConfig) -> ModelAnswers:
+    """One model's held-out samples with their log-probs, and its reference perplexity."""
     samples = draw_samples(model, tokenizer, prompts, ecfg)
     flat = [s for row in samples for s in row]
     logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
-    answers = ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, references, ecfg.batch_size))
-    on_train = draw_samples(model, tokenizer, train_prompts, ecfg) if train_prompts is not None else None
-    return answers, on_train
+    return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, references, ecfg.batch_size))
 
 
 def score_under_base(base_path: str, answers: list[ModelAnswers], batch_size: int) -> None:
@@ -213,7 +217,7 @@ def _load_rows(path: str | Path) -> list[dict]:
 
 def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, ecfg: EvalConfig,
               judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
-    """eval.json's numbers (without `train_prompts`)."""
+    """eval.json's numbers."""
     M = len(answers)
     return {
         "models": [{"name": a.name, "path": a.path} for a in answers],
@@ -234,7 +238,6 @@ def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, e
         "perplexity": [a.perplexity for a in answers] if references else None,
         "reference_count": references,
         "cycle_threshold": ecfg.cycle_threshold,
-        "train_prompts": {},
     }
 
 
@@ -256,54 +259,84 @@ def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, secon
     return records
 
 
+def headline_record(path: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]) -> dict:
+    """headline.json's entry for one round: its model, and each answer with its reward."""
+    return {"model": path, "samples": [
+        {"index": q["index"], "prompt": q["prompt"], "sample": s, "response": smp.text,
+         "tokens": len(smp.response_ids), "reward": rewards[i][s]}
+        for i, (q, row) in enumerate(zip(prompts, samples, strict=True)) for s, smp in enumerate(row)
+    ]}
+
+
+def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
+    """Why the run has no headline, or None."""
+    if not ecfg.train_prompts:
+        return "`pofe.eval.train_prompts: 0`"
+    if judge_cfg.is_pairwise:
+        return (f"the judge (`{judge_cfg.type}`) is pairwise: it gives no scalar reward to set beside the "
+                "candidates' best-of-k (held-out prompts, `pofe.eval.held_out`, give win rates between iterates)")
+    return None
+
+
 def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
-    """Evaluate every finished iterate of the run of `recipe_path` into its eval/ folder;
-    returns the run's layout (for the report)."""
+    """The headline of every finished round, and (with held-out prompts) every iterate on
+    them, into the run's eval/ folder; returns the run's layout (for the report)."""
     _, cfg = load_recipe(recipe_path)
     pcfg = pofe_config(cfg)
     ecfg = pcfg.eval
-    if ecfg is None:
-        raise ValueError(f"{recipe_path} has no pofe.eval block")
+    if not ecfg:
+        raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
     layout = RunLayout(Path(cfg.output_dir).resolve())
     if not layout.state.exists():
         raise ValueError(f"no run state at {layout.state}: run `axolotl pofe run {recipe_path}` first")
     models = eval_models(RunState.read(layout.state))
     judge_cfg = pcfg.judge
-
-    rows = _load_rows(ecfg.prompts) if ecfg.prompts else read_jsonl(layout.held_out_prompts)
-    prompts = [r[ecfg.prompt_column] for r in rows]
     tokenizer = load_tokenizer(models[0][1])
-    references = reference_pairs(tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
-    prompt_field = (pcfg.dataset_fields or [{}])[0].get("field_prompt", PROMPT)
+
+    skipped = headline_skipped(ecfg, judge_cfg)
+    # model m is round m's; its headline prompts come from round m's judged candidates
+    on_train = {} if skipped else {m: headline_prompts(layout.candidates(m), ecfg.train_prompts)
+                                   for m in range(1, len(models))}
+    prompts, references = [], []
+    if ecfg.has_held_out:
+        rows = _load_rows(ecfg.prompts) if ecfg.prompts else read_jsonl(layout.held_out_prompts)
+        prompts = [r[ecfg.prompt_column] for r in rows]
+        references = reference_pairs(tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
 
     answers: list[ModelAnswers] = []
-    on_train: dict[int, tuple[list, list[list[Sample]]]] = {}  # round t -> (prompts, pi_t's samples)
+    headline: dict[str, Any] = {
+        "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": judge_cfg.model_dump(),
+        "decoding": {"num_samples": ecfg.train_samples, "temperature": ecfg.train_temperature,
+                     **ecfg.model_dump(include={"top_p", "max_new_tokens", "seed"})},
+        "rounds": {},
+    }
     for m, (name, path) in enumerate(models):
+        if not (ecfg.has_held_out or on_train.get(m)):
+            continue
         echo(f"eval: {name} ({path})")
-        train_prompts = None
-        if m >= 1 and ecfg.train_prompts and not judge_cfg.is_pairwise:  # model m is round m's
-            train_prompts = [r[prompt_field] for r in read_jsonl(layout.round_prompts(m))[: ecfg.train_prompts]]
-        model_answers, train_samples = answer(name, path, tokenizer, prompts, references, train_prompts, ecfg)
-        answers.append(model_answers)
-        if train_samples is not None:
-            on_train[m] = (train_prompts, train_samples)
-    score_under_base(models[0][1], answers, ecfg.batch_size)
+        model = load_policy(path)
+        if ecfg.has_held_out:
+            answers.append(answer(model, name, path, tokenizer, prompts, references, ecfg))
+        if on_train.get(m):
+            texts = [q["prompt"] for q in on_train[m]]
+            samples = draw_samples(model, tokenizer, texts, ecfg, headline=True)
+            rewards = scalar_scores(judge_cfg, texts, [[s.text for s in row] for row in samples])
+            headline["rounds"][str(m)] = headline_record(path, on_train[m], samples, rewards)
+    out = layout.eval_dir / HEADLINE_JSON
+    write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
+    echo(f"eval: headline of {len(headline['rounds'])} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))
+    if not ecfg.has_held_out:
+        for stale in ("eval.json", "samples.jsonl"):  # an earlier evaluation's, with held-out prompts
+            (layout.eval_dir / stale).unlink(missing_ok=True)
+        return layout
 
+    score_under_base(models[0][1], answers, ecfg.batch_size)
     M, P, S = len(models), len(prompts), ecfg.num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
     main = judge_models(judge_cfg, prompts, texts)
     second = judge_models(ecfg.judge2, prompts, texts) if ecfg.judge2 else None
-
     result = summarise(answers, prompts, ecfg.prompts or str(layout.held_out_prompts), ecfg, judge_cfg,
                        main, second, len(references))
-    for t, (train_prompts, train_samples) in on_train.items():
-        scores = scalar_scores(judge_cfg, train_prompts, [[s.text for s in row] for row in train_samples])
-        result["train_prompts"][str(t)] = {
-            "num_prompts": len(train_prompts),
-            "prompts": train_prompts,
-            "mean_reward": nan_mean([x for row in scores for x in row]),
-        }
-
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, prompts, main, second)
     write_atomic(layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))

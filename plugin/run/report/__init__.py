@@ -38,12 +38,17 @@ class Report:
         lines = [f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
                  f"{rep['final_policy']}"]
         for r in rep["rounds"]:
-            cands, train = r["candidates"] or {}, r["train"] or {}
+            cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
+            trained = (f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
+                       f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
+                       if head else "")
             lines.append(
                 f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
                 f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
-                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}"
+                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}"
             )
+        if (rep["headline"] or {}).get("skipped"):
+            lines.append(f"  no headline: {rep['headline']['skipped']}")
         ev = rep["eval"]
         if ev:
             names = [m["name"] for m in ev["models"]]

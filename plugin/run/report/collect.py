@@ -1,8 +1,9 @@
 """The run's numbers, collected from its own files into one JSON-able dict.
 
 Sources: the state file (stages, policies), each round's candidates/summary.json and
-judge shards, each round's trainer_state.json (loss curves), and eval/eval.json
-(`axolotl pofe eval`). A part without data is None.
+judge shards, each round's trainer_state.json (loss curves), and eval/headline.json and
+eval/eval.json (`axolotl pofe eval`). A part without data is None. `sample_rows` gives the
+headline's sampled completions as plain rows (for the report's tables and for trackers).
 """
 
 from __future__ import annotations
@@ -14,39 +15,9 @@ from typing import Any
 from pofe.files import read_jsonl
 from pofe.methods import method_spec
 
+from ..headline import HEADLINE_JSON, candidate_stats, round_headline
 from ..layout import RunLayout
-from ..tournament import find_cycles, nan_mean
-
-
-def _shards(folder: Path) -> list[dict]:
-    return [row for path in sorted(folder.glob("shard-*.jsonl")) for row in read_jsonl(path)]
-
-
-def candidate_stats(cand_dir: Path, first_n: int | None = None) -> dict | None:
-    """From the pipeline's shards: mean / best-of-k reward of all candidates and the mean
-    reward of the policy's own samples (optionally over the first `first_n` prompts)."""
-    judged = _shards(cand_dir / "judge")
-    if not judged:
-        return None
-    generated = {g["index"]: g for g in _shards(cand_dir / "generate")}
-    all_rewards, best, policy_rewards = [], [], []
-    for row in judged:
-        if first_n is not None and row["index"] >= first_n:
-            continue
-        rewards = row.get("rewards")
-        if not rewards:
-            continue
-        all_rewards += rewards
-        best.append(max(rewards))
-        gen = generated.get(row["index"], {})
-        source = dict(zip(gen.get("candidates", []), gen.get("sources", [])))
-        policy_rewards += [x for resp, x in zip(row["responses"], rewards) if source.get(resp) == "policy"]
-    return {
-        "prompts": len(best),
-        "mean_reward": nan_mean(all_rewards),
-        "best_of_k_reward": nan_mean(best),
-        "policy_sample_mean_reward": nan_mean(policy_rewards),
-    }
+from ..tournament import find_cycles
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
@@ -80,7 +51,7 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def round_stats(layout: RunLayout, state: dict, t: int, evaluation: dict | None) -> dict:
+def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -> dict:
     """One round's row of the report."""
     info = state["rounds"][str(t)]
     prompts = layout.round_prompts(t)
@@ -113,15 +84,9 @@ def round_stats(layout: RunLayout, state: dict, t: int, evaluation: dict | None)
             "win_rate_spread": summary.get("mean_win_rate_spread"),  # absent in older summaries
             "judge_abstentions": summary["judge_abstentions"],
         }
-    on_train = (evaluation or {}).get("train_prompts", {}).get(str(t))
-    if on_train:
-        same = candidate_stats(layout.candidates(t), first_n=on_train["num_prompts"]) or {}
-        record["trained_on_train_prompts"] = {
-            "num_prompts": on_train["num_prompts"],
-            "model_mean_reward": on_train["mean_reward"],
-            "candidates_mean_reward": same.get("mean_reward"),
-            "candidates_best_of_k_reward": same.get("best_of_k_reward"),
-        }
+    recorded = (headline or {}).get("rounds", {}).get(str(t))
+    if recorded:
+        record["trained_on_train_prompts"] = round_headline(layout.candidates(t), recorded)
     return record
 
 
@@ -131,7 +96,8 @@ def collect(layout: RunLayout) -> dict:
     if state is None:
         raise ValueError(f"no run state at {layout.state}: nothing to report")
     evaluation = _read_json(layout.eval_dir / "eval.json")
-    rounds = [round_stats(layout, state, int(key), evaluation) for key in sorted(state["rounds"], key=int)]
+    headline = _read_json(layout.eval_dir / HEADLINE_JSON)
+    rounds = [round_stats(layout, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
     report: dict[str, Any] = {
         "output_dir": str(layout.root),
         "method": state["method"],
@@ -140,6 +106,8 @@ def collect(layout: RunLayout) -> dict:
         "final_policy": state.get("final_policy"),
         "starts": len(state.get("starts", [])),
         "rounds": rounds,
+        # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
+        "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,
         "eval": None,
     }
     if evaluation is not None:
@@ -151,3 +119,11 @@ def collect(layout: RunLayout) -> dict:
             "cycles_judge2": find_cycles(second, threshold) if second else None,
         }
     return report
+
+
+def sample_rows(report: dict) -> list[dict]:
+    """The headline's sampled completions of every round, as plain rows: round, index (of the
+    prompt in the round's candidates), sample, prompt, completion, reward, best_candidate,
+    best_candidate_reward."""
+    return [{"round": r["round"], **row} for r in report["rounds"]
+            for row in (r["trained_on_train_prompts"] or {}).get("samples", [])]

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 
 from pofe.methods import method_spec
+from pofe.preprocess.render import prompt_text
+
+from .collect import sample_rows
+
+# sampled completions shown per round (report.json keeps them all), and characters per cell
+SAMPLES_SHOWN, CELL_CHARS = 4, 200
+# ASCII punctuation that could start Markdown formatting, a link, HTML, or end a table cell
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~])")
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -12,6 +21,16 @@ def fmt(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def text_cell(text: str, limit: int = CELL_CHARS) -> str:
+    """Free text (a prompt, a completion) as one table cell that shows it literally: cut to
+    `limit` characters, Markdown and HTML escaped, line breaks as <br>."""
+    if not text:
+        return "*(empty)*"  # a real text's asterisks are escaped, so this cannot be one
+    cut = text if len(text) <= limit else text[: limit - 1] + "…"
+    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", cut.replace("&", "&amp;"))
+    return "<br>".join(escaped.splitlines())
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -27,7 +46,7 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
         return md + ["No round has started.", ""]
     spec = method_spec(rep["method"])
     header = ["round", "prompts", "cands/prompt", "cand. mean reward", "policy samples' reward",
-              "best-of-k", "trained model reward (its prompts)", "steps", "loss first -> last",
+              "best-of-k", "steps", "loss first -> last",
               f"{spec.diagnostic_label} first -> last"]
     # the candidates' mean max - min win rate: how much the judge separates them (SPPO's signal)
     spread = spec.target == "win_rates"
@@ -35,14 +54,10 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
         header.insert(3, "cand. win-rate spread")
     rows = []
     for r in rep["rounds"]:
-        cands, train, on_train = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"] or {}
-        trained = (f"{fmt(on_train.get('model_mean_reward'))} (n={on_train['num_prompts']}; cands there: mean "
-                   f"{fmt(on_train.get('candidates_mean_reward'))}, "
-                   f"best {fmt(on_train.get('candidates_best_of_k_reward'))})"
-                   if on_train else "-")
+        cands, train = r["candidates"] or {}, r["train"] or {}
         rows.append([
             str(r["round"]), fmt(r["prompts"]), fmt(cands.get("per_prompt"), 2), fmt(cands.get("mean_reward")),
-            fmt(cands.get("policy_sample_mean_reward")), fmt(cands.get("best_of_k_reward")), trained,
+            fmt(cands.get("policy_sample_mean_reward")), fmt(cands.get("best_of_k_reward")),
             fmt(train.get("steps")),
             f"{fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}" if train else "-",
             f"{fmt(train.get('diagnostic_first'))} -> {fmt(train.get('diagnostic_last'))}" if train else "-",
@@ -52,9 +67,7 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     md += [table(header, rows), ""]
     md.append("Candidate rewards come from each round's `candidates/summary.json` and judge shards "
               "('policy samples' = the round's starting policy's own samples; the rest are dataset "
-              "responses). RRHF's trained model tends to the best-of-k reward of its candidates: "
-              "when it reaches it, better candidates help more than more epochs. `-`: no data "
-              "(a scalar judge and `pofe.eval.train_prompts` > 0 give the trained model's column).")
+              "responses), over all of the round's prompts. `-`: no data.")
     if spread:
         md.append("'cand. win-rate spread': the mean over prompts of max - min win rate among the round's "
                   "candidates (`summary.json`): how far apart the judge sets them (`pofe.judge.preferences`).")
@@ -68,6 +81,58 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
         md += [f"![loss curves]({plots['loss']})", ""]
     else:
         md += ["No loss curves: no round has a trainer_state.json.", ""]
+    return md
+
+
+def headline_section(rep: dict) -> list[str]:
+    """## Headline: each round's trained model beside its candidates, on the same prompts."""
+    md = ["## Headline: the trained model and its candidates", ""]
+    info = rep.get("headline")
+    if info is None:
+        return md + ["No headline: `axolotl pofe eval` has not run (or the recipe sets `pofe.eval: false`).", ""]
+    if info["skipped"]:
+        return md + [f"No headline: {info['skipped']}.", ""]
+    decoding, judge = info["decoding"], info["judge"]
+    how = ("greedy" if decoding["temperature"] == 0.0
+           else f"temperature {decoding['temperature']}, top_p {decoding['top_p']}, seed {decoding['seed']}")
+    md.append(f"Each round's trained model pi_t answers the first {info['train_prompts']} prompts its round "
+              f"judged ({decoding['num_samples']} answer(s) each, {how}, up to {decoding['max_new_tokens']} "
+              f"tokens; `pofe.eval.train_*`), scored by the judge `{judge['type']}`, beside the same prompts' "
+              "candidates: the starting policy's own samples, all candidates, and the best of each prompt's "
+              "candidates. RRHF's trained model tends to that best-of-k reward: when it reaches it, better "
+              "candidates help more than more epochs.")
+    rows = []
+    for r in rep["rounds"]:
+        h = r["trained_on_train_prompts"]
+        if h:
+            gap = (h["model_mean_reward"] - h["candidates_best_of_k_reward"]
+                   if None not in (h["model_mean_reward"], h["candidates_best_of_k_reward"]) else None)
+            rows.append([str(r["round"]), str(h["num_prompts"]), fmt(h["policy_sample_mean_reward"]),
+                         fmt(h["candidates_mean_reward"]), fmt(h["candidates_best_of_k_reward"]),
+                         fmt(h["model_mean_reward"]), fmt(gap)])
+    if not rows:
+        return md + ["", "No finished round has a headline yet.", ""]
+    header = ["round", "prompts", "policy samples' reward", "cand. mean reward", "best-of-k",
+              "trained model reward", "trained - best-of-k"]
+    return md + ["", table(header, rows), ""]
+
+
+def samples_section(rep: dict) -> list[str]:
+    """### Sampled completions: per round, the first few headline prompts."""
+    rows = sample_rows(rep)
+    if not rows:
+        return []
+    md = ["### Sampled completions", "",
+          f"The first {SAMPLES_SHOWN} headline answers of each round (all of them are in report.json), "
+          f"each cell cut to {CELL_CHARS} characters; the best candidate is the round's highest-reward one "
+          "for the prompt; a chat prompt shows its last user turn.", ""]
+    for t in sorted({row["round"] for row in rows}):
+        shown = [row for row in rows if row["round"] == t][:SAMPLES_SHOWN]
+        md += [f"Round {t} (pi_{t}):", "", table(
+            ["prompt", f"pi_{t}'s completion", "reward", "best candidate", "its reward"],
+            [[text_cell(prompt_text(row["prompt"])), text_cell(row["completion"]), fmt(row["reward"]),
+              text_cell(row["best_candidate"]), fmt(row["best_candidate_reward"])] for row in shown],
+        ), ""]
     return md
 
 
@@ -153,6 +218,8 @@ def render_markdown(rep: dict, plots: dict[str, str]) -> str:
     md.append(f"Output dir `{rep['output_dir']}`; final policy `{rep['final_policy'] or '(no round finished)'}`; "
               f"the run was started {rep['starts']} time(s).")
     md.append("")
+    md += headline_section(rep)
+    md += samples_section(rep)
     md += rounds_section(rep, plots)
     md += eval_section(rep["eval"], plots)
     return "\n".join(md)

@@ -1,0 +1,203 @@
+"""The report's default headline (each round's trained model on its own prompts beside its
+candidates' best-of-k) and its sampled-completions table.
+
+The run is built from real parts without training: two rounds whose "trained" models are the
+two tiny models, each round's candidates from the real generate/judge pipeline, then the real
+`evaluate_run` (a recipe without a `pofe.eval` block) and `write_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers import CPU_SETTINGS
+from pofe.demo.task import make_prompt_rows, reward
+from pofe.run.layout import RunLayout
+
+NUM_PROMPTS, HEADLINE_PROMPTS = 20, 16  # more prompts than the default headline takes
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def headline_run(tmp_path_factory, tiny_model, tiny64_model):
+    from pofe.preprocess import GenerateConfig, JudgeConfig, PipelineConfig, run_pipeline
+    from pofe.run.evaluation import evaluate_run
+    from pofe.run.report import write_report
+
+    root = tmp_path_factory.mktemp("headline")
+    layout = RunLayout(root / "run")
+    rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=3)
+    pofe = {
+        "generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 4,
+                     "seed": 0, "include_dataset_responses": ["answer", "near_misses"]},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    }
+    models = {1: str(tiny_model), 2: str(tiny64_model)}  # round t's "trained" model
+    for t, policy_in in ((1, str(tiny_model)), (2, models[1])):
+        layout.round_prompts(t).parent.mkdir(parents=True, exist_ok=True)
+        layout.round_prompts(t).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        run_pipeline(rows, policy_path=policy_in, method="rrhf", generate=GenerateConfig(**pofe["generate"]),
+                     judge=JudgeConfig(**pofe["judge"]),
+                     candidates=PipelineConfig(out_dir=str(layout.candidates(t)), progress=False))
+    layout.state.write_text(json.dumps({
+        "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [time.time()],
+        "rounds_planned": 2, "final_policy": models[2],
+        "rounds": {str(t): {"policy_in": str(tiny_model), "policy_out": path} for t, path in models.items()},
+    }))
+    recipe = root / "recipe.yml"
+    recipe.write_text(yaml.safe_dump({
+        "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
+        "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
+        "output_dir": str(layout.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
+        "learning_rate": 1e-3, **CPU_SETTINGS, "pofe": pofe,
+    }))
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluate_run(recipe, echo=lambda _: None)
+    report = write_report(layout)
+    return {"layout": layout, "rows": rows, "models": models, "report": report, "recipe": recipe}
+
+
+def test_default_headline_rescored_by_hand(headline_run):
+    """Without a `pofe.eval` block each round's model answers the first 16 judged prompts
+    once, greedily; re-scoring the recorded answers with the judge function gives the
+    report's trained-model reward, and re-judging each prompt's generated candidates gives
+    the same prompts' best-of-k."""
+    layout, rows = headline_run["layout"], headline_run["rows"]
+    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    assert recorded["skipped"] is None and recorded["decoding"]["temperature"] == 0.0
+    assert not (layout.eval_dir / "eval.json").exists()  # no held-out prompts by default
+    rep = headline_run["report"].data
+    for t in (1, 2):
+        samples = recorded["rounds"][str(t)]["samples"]
+        assert recorded["rounds"][str(t)]["model"] == headline_run["models"][t]
+        assert [s["prompt"] for s in samples] == [r["prompt"] for r in rows[:HEADLINE_PROMPTS]]
+        assert [s["sample"] for s in samples] == [0] * HEADLINE_PROMPTS
+        rescored = [reward(s["prompt"], s["response"]) for s in samples]
+        assert [s["reward"] for s in samples] == rescored
+        head = rep["rounds"][t - 1]["trained_on_train_prompts"]
+        assert head["num_prompts"] == HEADLINE_PROMPTS
+        assert head["model_mean_reward"] == pytest.approx(sum(rescored) / len(rescored))
+
+        generated = {g["index"]: g for p in sorted((layout.candidates(t) / "generate").glob("shard-*.jsonl"))
+                     for g in _jsonl(p)}
+        best = [max(reward(rows[i]["prompt"], c) for c in generated[i]["candidates"]) for i in range(HEADLINE_PROMPTS)]
+        assert head["candidates_best_of_k_reward"] == pytest.approx(sum(best) / len(best))
+        assert head["candidates_best_of_k_reward"] == 1.0  # the dataset's answer is a candidate
+        for row, s in zip(head["samples"], samples):
+            assert row["best_candidate_reward"] == reward(s["prompt"], row["best_candidate"]) == 1.0
+
+        md = headline_run["report"].markdown_path.read_text()
+        gap = head["model_mean_reward"] - 1.0
+        assert (f"| {t} | {HEADLINE_PROMPTS} | {head['policy_sample_mean_reward']:.3f} | "
+                f"{head['candidates_mean_reward']:.3f} | 1.000 | {head['model_mean_reward']:.3f} | {gap:.3f} |") in md
+
+
+def test_headline_answers_are_the_round_models_greedy_answers(headline_run):
+    """The recorded answers are each round's own model's greedy decoding (transformers'
+    generate, called here directly): round 2's differ from what round 1's model says."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    layout = headline_run["layout"]
+    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    max_new = recorded["decoding"]["max_new_tokens"]
+    answers = {}
+    for t, path in headline_run["models"].items():
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for s in recorded["rounds"][str(t)]["samples"][:3]:
+            text = tok.apply_chat_template([{"role": "user", "content": s["prompt"]}], tokenize=False,
+                                           add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            out = model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+            answers[t, s["index"]] = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            assert s["response"] == answers[t, s["index"]]
+    assert any(answers[1, i] != answers[2, i] for (t, i) in answers if t == 1)
+
+
+def test_samples_table_and_rows(headline_run):
+    """`sample_rows` gives every headline answer as a plain JSON-able row; report.md shows
+    the first four of each round, escaped."""
+    from pofe.run.report.collect import sample_rows
+    from pofe.run.report.markdown import text_cell
+
+    rep = headline_run["report"].data
+    rows = sample_rows(rep)
+    assert len(rows) == 2 * HEADLINE_PROMPTS and json.loads(json.dumps(rows)) == rows
+    assert set(rows[0]) == {"round", "index", "sample", "prompt", "completion", "reward", "best_candidate",
+                            "best_candidate_reward"}
+    md = headline_run["report"].markdown_path.read_text()
+    for t in (1, 2):
+        mine = [r for r in rows if r["round"] == t]
+        for r in mine[:4]:
+            assert (f"| {text_cell(r['prompt'])} | {text_cell(r['completion'])} | {r['reward']:.3f} | "
+                    f"{text_cell(r['best_candidate'])} | {r['best_candidate_reward']:.3f} |") in md
+        assert f"| {text_cell(mine[4]['prompt'])} |" not in md.split(f"Round {t} (pi_{t}):")[1].split("Round")[0]
+
+
+def test_text_cell_shows_the_text_literally():
+    """A completion with table pipes, HTML, emphasis, a link, an entity and line breaks is one
+    cell whose text, as CommonMark + GFM tables (markdown-it) parse it, is the completion."""
+    from markdown_it import MarkdownIt
+
+    from pofe.run.report.markdown import table, text_cell
+
+    nasty = "a | b\n<script>x</script> *em* _u_ `code` [l](http://x) &amp; \\ ~~s~~ #1\r\nend"
+    md = table(["prompt", "completion"], [["p", text_cell(nasty)]])
+    tokens = MarkdownIt("commonmark").enable("table").parse(md)
+    cells = [tokens[i + 1] for i, tok in enumerate(tokens) if tok.type == "td_open"]
+    assert len(cells) == 2  # the pipe did not split the row
+    parsed = "".join("\n" if c.type == "html_inline" and c.content == "<br>" else c.content
+                     for c in cells[1].children)
+    assert all(c.type in ("text", "html_inline") for c in cells[1].children)  # no emphasis, link, code
+    assert parsed == nasty.replace("\r\n", "\n")
+    assert text_cell("x" * 300).endswith("…") and len(text_cell("x" * 300)) == 200
+    assert text_cell("") == "*(empty)*"
+
+
+def test_eval_switch_and_headline_keys():
+    """`pofe.eval` is on by default (headline only), `false` turns it off; held-out keys
+    without held-out prompts and greedy with several samples are refused."""
+    from pofe.args import PofeConfig
+    from pofe.run.config import EvalConfig
+
+    default = PofeConfig().eval
+    assert (default.train_prompts, default.train_samples, default.train_temperature) == (16, 1, 0.0)
+    assert not default.has_held_out
+    assert PofeConfig(eval=False).eval is False is PofeConfig(eval=None).eval
+    assert PofeConfig.model_validate(PofeConfig().model_dump()).eval == default  # dumped and read again
+    with pytest.raises(ValueError, match=r"pofe.eval.num_samples shapes the held-out evaluation"):
+        EvalConfig(num_samples=2)
+    with pytest.raises(ValueError, match="set train_samples: 1"):
+        EvalConfig(train_samples=2)
+    assert EvalConfig(train_samples=2, train_temperature=0.7).train_samples == 2
+
+
+def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
+    """A pairwise judge records why there is no headline, and the report says it; a recipe
+    with `pofe.eval: false` cannot be evaluated."""
+    from pofe.preprocess import JudgeConfig
+    from pofe.run.config import EvalConfig
+    from pofe.run.evaluation import evaluate_run, headline_skipped
+    from pofe.run.report.markdown import headline_section
+
+    why = headline_skipped(EvalConfig(), JudgeConfig(type="python_pairwise", function="m:f"))
+    assert "pairwise" in why
+    assert headline_skipped(EvalConfig(train_prompts=0), JudgeConfig(type="python", function="m:f"))
+    rep = {"headline": {"skipped": why}, "rounds": []}
+    assert f"No headline: {why}." in "\n".join(headline_section(rep))
+    assert "No headline: `axolotl pofe eval` has not run" in "\n".join(headline_section({"headline": None}))
+
+    off = yaml.safe_load(headline_run["recipe"].read_text())
+    off["pofe"]["eval"] = False
+    (tmp_path / "off.yml").write_text(yaml.safe_dump(off))
+    with pytest.raises(ValueError, match="pofe.eval: false"):
+        evaluate_run(tmp_path / "off.yml")
