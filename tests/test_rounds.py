@@ -90,9 +90,9 @@ def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
 def test_config_keys():
     cfg = PofeConfig(method="sppo", rounds=3, eval={"held_out": 5})
     assert cfg.round_prompts == "auto" and cfg.eval.num_samples == 4 and cfg.eval.temperature == 1.0
-    assert PofeConfig().rounds == 1 and PofeConfig().eval is None
+    assert PofeConfig().rounds == 1 and PofeConfig().eval == EvalConfig()  # on: the headline only
     with pytest.raises(ValueError, match="held-out prompts"):
-        EvalConfig()
+        EvalConfig(num_samples=2)
     with pytest.raises(ValueError, match="not both"):
         EvalConfig(prompts="p.jsonl", held_out=3)
     with pytest.raises(ValueError, match="greedy"):

@@ -225,10 +225,11 @@ def run_rounds(
         state.data["final_policy"] = policy
         state.save()
 
-        if evaluate and pcfg.eval is not None:
+        if evaluate and pcfg.eval:  # on unless `pofe.eval: false`: the headline at least
             models = eval_models(state, pcfg.rounds)
             if not (state.done("eval") and state.data["stages"]["eval"].get("models") == models):
-                echo("evaluate every iterate on held-out prompts")
+                echo("evaluate: each round's headline" + (", every iterate on held-out prompts"
+                                                          if pcfg.eval.has_held_out else ""))
                 state.start("eval")
                 command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
                 run_logged(command, layout.root / "eval.log", echo, stream, (lock.fileno(),))
