@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,8 +49,9 @@ from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
+from .parallel import assign_devices, check_parallel, engine_group_size, run_workers, visible_gpus
 from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
-from .stages import column_texts, generate_shard, judge_shard
+from .stages import StagePlan, close_generator, column_texts, free_memory, generate_shard, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
@@ -61,6 +63,18 @@ class PipelineResult:
     summary_path: Path
     rows: int
     summary: dict
+
+
+@dataclass(frozen=True)
+class StagesDone:
+    """What `run_stages` did: each shard's rows as read back (None: not this process's, or
+    not reached), and per-run facts for summary.json."""
+
+    generated: list[list[dict] | None]
+    judged: list[list[dict] | None] | None
+    timings: dict[str, float]
+    redone: dict[str, int]
+    requests: dict[str, dict]
 
 
 def run_pipeline(
@@ -84,11 +98,14 @@ def run_pipeline(
             columns named in generate.include_dataset_responses.
         method: a registered method (pofe.methods); its target column is what rows carry.
         generate / judge / candidates: the `pofe.generate` / `pofe.judge` / `pofe.candidates`
-            blocks; candidates.out_dir must be set.
+            blocks; candidates.out_dir must be set. candidates.num_workers > 1 runs the
+            generate and judge stages in that many processes (parallel.py).
         policy_path: the policy (tokenizer for the chat template; default generation model).
         generator / judge_impl: pre-built backends (tests, or callers that reuse one model
             across calls); built from the configs when None, and only if a shard needs them
             (but a python judge is loaded at once: a bad judge.function fails before generating).
+            A generator built here is closed (its memory freed) before the judge loads; a
+            passed one belongs to the caller.
         stop_after: run the stages up to this one only (their shards stay for a later run);
             then nothing is built and None is returned.
         tokenizer: what prompts are rendered with (and the transformers backend decodes with);
@@ -106,6 +123,11 @@ def run_pipeline(
     candidates = candidates.for_method(method)  # truncated: the method's default unless set
     rows = list(prompts_rows)
     _check_inputs(rows, prompt_column, generate, candidates)
+    prebuilt = [name for name, obj in (("generator", generator), ("judge", judge_impl)) if obj is not None]
+    check_parallel(generate, candidates, prebuilt=prebuilt)
+    visible = visible_gpus() if candidates.num_workers > 1 else []
+    if candidates.num_workers > 1:  # GPU groups checked before any worker starts
+        assign_devices(candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible)
     if judge_impl is None and judge.type in FUNCTION_JUDGES:
         judge_impl = make_judge(judge)  # imports judge.function now, not after generating
     out = Path(candidates.out_dir)
@@ -119,28 +141,22 @@ def run_pipeline(
     judge_dir = select_judge_dir(out, judge_manifest(method=method, judge=judge))
     for d in (gen_dir, judge_dir):
         clean_tmp(d)
-    timings: dict[str, float] = {}
-    redone: dict[str, int] = {}
+    plan = StagePlan(rows, method, generate, judge, candidates, policy_path, prompt_column, gen_dir, judge_dir)
 
+    reports: list[dict] = []
     t0 = time.monotonic()
-    generated, generator = _generate_stage(
-        rows, gen_dir, generate, candidates, policy_path, prompt_column, generator, redone, tokenizer
-    )
-    timings["generate_s"] = time.monotonic() - t0
-    if stop_after == "generate":
-        return None
-
-    t0 = time.monotonic()
-    columns = [{c: v for c, v in r.items() if c != prompt_column} for r in rows]  # for reward_funcs' kwargs
-    judged, judge_impl = _judge_stage(generated, judge_dir, columns, method, judge, candidates, judge_impl, redone)
-    timings["judge_s"] = time.monotonic() - t0
-    if stop_after == "judge":
+    if candidates.num_workers > 1:
+        reports = run_workers(plan, tokenizer, stop_after, math.ceil(len(rows) / candidates.shard_size), visible)
+    workers_s = time.monotonic() - t0
+    # every shard read back (and verified) here; in one process, this does all the work
+    done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
+    if stop_after is not None:
         return None
 
     # Build data.jsonl and summary.json from the shards alone (as read back from disk), so a
     # resumed run's outputs cannot depend on what happened in memory before the kill.
-    judged_rows = [r for shard in judged for r in shard]
-    generated_rows = [r for shard in generated for r in shard]
+    judged_rows = [r for shard in done.judged for r in shard]
+    generated_rows = [r for shard in done.generated for r in shard]
     data, dropped = build_rows(judged_rows, method, keep=candidates.keep, min_candidates=candidates.min_candidates)
     data_path = out / "data.jsonl"
     write_jsonl_atomic(data_path, data)
@@ -148,12 +164,16 @@ def run_pipeline(
         generated_rows, judged_rows, data, dropped, method=method, generate=generate, judge=judge, candidates=candidates
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
-    summary["shards_redone_last_run"] = redone
+    redone = Counter(done.redone)
+    for report in reports:
+        redone.update(report["redone"])
+    summary["shards_redone_last_run"] = dict(redone)
+    timings = {**done.timings, **({"workers_s": workers_s} if reports else {})}
     summary["timings_last_run"] = {k: round(v, 3) for k, v in timings.items()}
-    for name, obj in (("generate_client", generator), ("judge", judge_impl)):
-        client = getattr(obj, "client", None)
-        if client is not None and hasattr(client, "stats"):
-            summary[f"{name}_requests_last_run"] = client.stats.as_dict()
+    if reports:
+        summary["workers_last_run"] = reports
+    for name, stats in done.requests.items():
+        summary[f"{name}_requests_last_run"] = stats
     summary_path = out / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if not data:
@@ -170,80 +190,124 @@ def run_pipeline(
     return PipelineResult(data_path, summary_path, len(data), summary)
 
 
+def run_stages(
+    plan: StagePlan,
+    *,
+    owned: list[int] | None = None,
+    generator: Generator | None = None,
+    judge_impl: ScalarJudge | PairwiseJudge | None = None,
+    tokenizer=None,
+    stop_after: Literal["generate", "judge"] | None = None,
+) -> StagesDone:
+    """The generate stage on the `owned` shards (None: all), then the judge stage on them.
+
+    The generator is built only if a shard needs it, and when built here it is closed and
+    dropped before the judge is built: a GPU never holds both models.
+    """
+    redone: dict[str, int] = {}
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    built = generator is None
+    generated, generator = _generate_stage(plan, owned, generator, redone, tokenizer)
+    timings["generate_s"] = time.monotonic() - t0
+    requests = _request_stats("generate_client", generator)
+    if built and generator is not None:
+        close_generator(generator)
+        generator = None
+        free_memory()
+    if stop_after == "generate":
+        return StagesDone(generated, None, timings, redone, requests)
+    t0 = time.monotonic()
+    judged, judge_impl = _judge_stage(plan, generated, judge_impl, redone, final=owned is None)
+    timings["judge_s"] = time.monotonic() - t0
+    return StagesDone(generated, judged, timings, redone, {**requests, **_request_stats("judge", judge_impl)})
+
+
+def _request_stats(name: str, obj) -> dict[str, dict]:
+    """An API client's request counts (OpenAI-compatible backends and judges), by stage."""
+    client = getattr(obj, "client", None)
+    return {name: client.stats.as_dict()} if client is not None and hasattr(client, "stats") else {}
+
+
 def _generate_stage(
-    rows: list[dict],
-    gen_dir: Path,
-    cfg: GenerateConfig,
-    candidates: PipelineConfig,
-    policy_path: str,
-    prompt_column: str,
+    plan: StagePlan,
+    owned: list[int] | None,
     generator: Generator | None,
     redone: dict[str, int],
     tokenizer,
-) -> tuple[list[list[dict]], Generator | None]:
-    """Every generate shard's rows, writing the missing (or damaged) ones; and the generator
-    used (None if none was needed)."""
-    size = candidates.shard_size
+) -> tuple[list[list[dict] | None], Generator | None]:
+    """The owned generate shards' rows (None elsewhere), writing the missing (or damaged)
+    ones; and the generator used (None if none was needed)."""
+    cfg, rows, gen_dir = plan.generate, plan.rows, plan.gen_dir
+    size = plan.candidates.shard_size
     n_shards = math.ceil(len(rows) / size)
-    shards = [
-        _reuse(gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=_prompts_in([s], size, len(rows))),
-               redone)
-        for s in range(n_shards)
-    ]
-    todo = [s for s in range(n_shards) if shards[s] is None]
-    built = generator is None
-    with _bar(candidates.progress, len(rows), "generate", done=len(rows) - _prompts_in(todo, size, len(rows))) as bar:
+    mine = list(range(n_shards)) if owned is None else owned
+    shards: list[list[dict] | None] = [None] * n_shards
+    for s in mine:
+        planned = _prompts_in([s], size, len(rows))
+        shards[s] = _reuse(gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=planned), redone)
+    todo = [s for s in mine if shards[s] is None]
+    total = _prompts_in(mine, size, len(rows))
+    passed = generator
+    with _bar(plan.candidates.progress, total, "generate", done=total - _prompts_in(todo, size, len(rows))) as bar:
         try:
             for s in todo:
                 shard_rows = rows[s * size : (s + 1) * size]
                 if generator is None:  # loaded only when a shard is missing
-                    generator = make_generator(cfg, policy_path, tokenizer, workdir=gen_dir)
+                    generator = make_generator(cfg, plan.policy_path, tokenizer, workdir=gen_dir)
                 if tokenizer is None:
-                    tokenizer = load_tokenizer(policy_path)
+                    tokenizer = load_tokenizer(plan.policy_path)
                 sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
                 out_rows = generate_shard(
-                    shard_rows, s * size, generator, tokenizer, cfg, sampling, prompt_column, candidates.truncated
+                    shard_rows, s * size, generator, tokenizer, cfg, sampling, plan.prompt_column,
+                    plan.candidates.truncated,
                 )
                 write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
                 shards[s] = read_shard(shard_path(gen_dir, s))
                 bar.update(len(shard_rows))
-        finally:
-            if built and hasattr(generator, "close"):
-                generator.close()  # a served policy's server stops with its stage, done or failed
+        except BaseException:
+            if generator is not None and generator is not passed:
+                close_generator(generator)  # a served policy's server stops with its failed stage too
+            raise
     return shards, generator
 
 
 def _judge_stage(
-    generated: list[list[dict]],
-    judge_dir: Path,
-    columns: list[dict],
-    method: str,
-    cfg: JudgeConfig,
-    candidates: PipelineConfig,
+    plan: StagePlan,
+    generated: list[list[dict] | None],
     judge_impl: ScalarJudge | PairwiseJudge | None,
     redone: dict[str, int],
-) -> tuple[list[list[dict]], ScalarJudge | PairwiseJudge | None]:
-    """Every judge shard's rows, writing the missing (or damaged) ones; and the judge used.
-    `columns`: each prompt row's other columns, by index. Stops (abstentions.py) when the judge
-    gives too little signal."""
-    n_rows = len(columns)
-    shards = [_reuse(judge_dir, s, partial(check_judge_shard, generated=g), redone) for s, g in enumerate(generated)]
-    todo = [s for s, shard in enumerate(shards) if shard is None]
+    final: bool,
+) -> tuple[list[list[dict] | None], ScalarJudge | PairwiseJudge | None]:
+    """The judge shards' rows for every generated shard (None elsewhere), writing the missing
+    (or damaged) ones; and the judge used. Stops (abstentions.py) when the judge gives too
+    little signal: over the limit on the shards seen so far, or (`final`: this process saw
+    every shard) abstaining on everything."""
+    cfg, judge_dir = plan.judge, plan.judge_dir
+    mine = [s for s, g in enumerate(generated) if g is not None]
+    shards: list[list[dict] | None] = [None] * len(generated)
+    for s in mine:
+        shards[s] = _reuse(judge_dir, s, partial(check_judge_shard, generated=generated[s]), redone)
+    todo = [s for s in mine if shards[s] is None]
     if todo and judge_impl is None:
         judge_impl = make_judge(cfg)
     unit = "pairs" if cfg.is_pairwise else "candidates"
     check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit=unit)
     tally = AbstentionTally().plus([r for shard in shards if shard is not None for r in shard])
-    done = n_rows - _prompts_in(todo, candidates.shard_size, n_rows)
-    with _bar(candidates.progress, n_rows, "judge", done=done) as bar:
+    total = sum(len(generated[s]) for s in mine)
+    with _bar(plan.candidates.progress, total, "judge", done=total - sum(len(generated[s]) for s in todo)) as bar:
         for s in todo:
-            out_rows = judge_shard(generated[s], judge_impl, method, cfg, [columns[r["index"]] for r in generated[s]])
+            # each row's other dataset columns: TRL-style reward functions take them as kwargs
+            rows = [plan.rows[r["index"]] for r in generated[s]]
+            columns = [{c: v for c, v in r.items() if c != plan.prompt_column} for r in rows]
+            out_rows = judge_shard(generated[s], judge_impl, plan.method, cfg, columns)
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
             write_jsonl_atomic(shard_path(judge_dir, s), out_rows)
             shards[s] = read_shard(shard_path(judge_dir, s))
             bar.update(len(generated[s]))
-    check_abstentions(tally, **check, final=True)
+    if final:
+        check_abstentions(tally, **check, final=True)
     return shards, judge_impl
 
 
@@ -293,4 +357,4 @@ def _bar(enabled: bool, total: int, desc: str, done: int = 0):
     return tqdm(total=total, initial=done, desc=f"pofe {desc}", unit="prompt", disable=not enabled, dynamic_ncols=True)
 
 
-__all__ = ["run_pipeline", "PipelineResult", "SHARD_SEED_STRIDE"]
+__all__ = ["run_pipeline", "run_stages", "PipelineResult", "SHARD_SEED_STRIDE", "StagesDone"]

@@ -1,5 +1,7 @@
 """The work of the generate and judge stages on one shard: rows in, shard rows out.
 
+StagePlan: what both stages work from (picklable: a worker process gets one).
+
 generate_shard: render each prompt with the policy's chat template, ask the backend for the
 candidates, add the dataset's own responses, drop truncated (if asked), empty and duplicate
 candidates.
@@ -9,18 +11,52 @@ scores into the method's target (rewards as they are; win rates for SPPO).
 
 from __future__ import annotations
 
+import gc
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from pofe.methods import method_spec
 
-from .config import GenerateConfig, JudgeConfig, Sampling
+from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator, finish_reason
 from .judges import Abstain, JudgeError, PairwiseJudge, ScalarJudge, is_pairwise
 from .render import render_prompt
 from .win_rates import scalar_preferences, win_rates
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One out_dir's prompts, settings and stage folders (manifests already checked)."""
+
+    rows: list[dict]
+    method: str
+    generate: GenerateConfig
+    judge: JudgeConfig
+    candidates: PipelineConfig
+    policy_path: str
+    prompt_column: str
+    gen_dir: Path
+    judge_dir: Path
+
+
+def close_generator(generator: Generator) -> None:
+    """Let a backend free what it holds (a model, vLLM's engine processes and their GPU
+    memory) before the judge loads; backends without a `close()` hold nothing of note."""
+    close = getattr(generator, "close", None)
+    if close is not None:
+        close()
+
+
+def free_memory() -> None:
+    """Collect what dropped references left (models sit in reference cycles), then hand
+    CUDA's cached blocks back so the next model can have them."""
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def generate_shard(

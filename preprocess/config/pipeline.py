@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pofe.methods import method_spec
 
@@ -34,6 +34,44 @@ class PipelineConfig(StrictConfig):
         "keep for RRHF and SPPO, as their authors' scripts do).",
     )
     progress: bool = Field(True, description="Show tqdm progress bars.")
+    num_workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Processes that generate and judge the shards side by side: shard s belongs to "
+        "worker s % num_workers, which generates all its shards, frees its generator, then judges "
+        "them; this process waits and builds data.jsonl (byte for byte the one-process file: seeds "
+        "are per shard). Each worker gets its own GPUs (worker_devices; else the visible GPUs in "
+        "turn, tensor_parallel_size x pipeline_parallel_size of them per vLLM worker); on a CPU they "
+        "share the cores. 1: all in this process.",
+    )
+    worker_devices: list[str] | None = Field(
+        None,
+        description="CUDA_VISIBLE_DEVICES for each worker, one entry per worker: ['0', '1'], or "
+        "['0,1', '2,3'] for vLLM workers with tensor_parallel_size 2. None: the visible GPUs in turn.",
+    )
+
+    @model_validator(mode="after")
+    def _check_workers(self) -> PipelineConfig:
+        if self.worker_devices is None:
+            return self
+        if self.num_workers == 1:
+            raise ValueError(
+                "pofe.candidates.worker_devices is for num_workers > 1; to place one process, set "
+                "CUDA_VISIBLE_DEVICES for the run instead"
+            )
+        if len(self.worker_devices) != self.num_workers:
+            raise ValueError(
+                f"pofe.candidates.worker_devices has {len(self.worker_devices)} entries for num_workers="
+                f"{self.num_workers}: give one CUDA_VISIBLE_DEVICES value per worker"
+            )
+        for i, devices in enumerate(self.worker_devices):
+            if not all(d.strip() for d in devices.split(",")):
+                raise ValueError(
+                    f"pofe.candidates.worker_devices[{i}] = {devices!r} is not a comma-separated list of "
+                    "GPU indices or UUIDs (e.g. '0' or '2,3')"
+                )
+        return self
 
     def for_method(self, method: str) -> PipelineConfig:
         """This config with `truncated` resolved: as set, else the method's default."""

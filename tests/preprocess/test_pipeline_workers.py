@@ -1,0 +1,169 @@
+"""Data-parallel candidates (pofe.preprocess.parallel): two worker processes write the
+data.jsonl one process writes; a killed worker fails the run by name and a rerun resumes;
+the generator is gone before the judge loads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from pofe.preprocess import pipeline
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.generators.hf import TransformersGenerator
+from pofe.preprocess.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
+from pofe.preprocess.pipeline import run_pipeline
+
+HERE = Path(__file__).parent
+ROWS = [{"prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(12)]
+ROWS[3] = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}], "gold": "7"}
+GEN = GenerateConfig(
+    backend="transformers", num_candidates=3, max_new_tokens=12, temperature=1.0, seed=7, batch_size=2,
+    include_dataset_responses=["gold"],
+)
+# 0.1 s per candidate: a worker's judge shard takes ~0.8 s, time enough to kill it between shards
+SLOW_JUDGE = JudgeConfig(type="python", function="_resume_driver:slow_reward")
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """One thread here and in the workers: float sums, hence samples, agree across processes."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(str(HERE))  # the workers import the judge from this import path
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(out: Path, policy: Path, workers: int):
+    cands = PipelineConfig(out_dir=str(out), shard_size=2, progress=False, num_workers=workers)
+    return run_pipeline(ROWS, policy_path=str(policy), method="sppo", generate=GEN, judge=SLOW_JUDGE, candidates=cands)
+
+
+def _worker_process(worker: int) -> psutil.Process | None:
+    for child in psutil.Process().children():
+        cmd = child.cmdline()
+        if "pofe.preprocess.worker" in cmd and cmd[-2] == str(worker):
+            return child
+    return None
+
+
+def test_two_workers_write_the_one_process_file_and_resume_after_a_killed_worker(tiny_policy, tmp_path, one_thread):
+    ref = _run(tmp_path / "one", tiny_policy, workers=1)
+    out = tmp_path / "two"
+    judge_dir = out / "judge"
+
+    # Worker 1 (shards 1, 3, 5) is SIGKILLed once its first judge shard is written.
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_run, out, tiny_policy, 2)
+        deadline = time.monotonic() + 300
+        while not (judge_dir / "shard-00001.jsonl").exists():
+            assert not running.done(), f"the run ended before worker 1 judged a shard: {running.exception()}"
+            assert time.monotonic() < deadline, "worker 1 wrote no judge shard in 300 s"
+            time.sleep(0.02)
+        victim = _worker_process(1)
+        assert victim is not None, "worker 1's process was not found"
+        victim.send_signal(signal.SIGKILL)
+        with pytest.raises(WorkerFailed) as failed:
+            running.result(timeout=300)
+    message = str(failed.value)
+    assert "candidate worker 1 of 2 (CPU, shards [1, 3, 5]) was killed by SIGKILL" in message
+    assert f"its log: {out / 'workers' / 'worker-1.log'}" in message
+    assert "POFE candidate worker 1 of 2" in message  # the log's tail: its first line
+    assert "worker 0" not in message  # the other worker finished its shards
+    judged = sorted(p.name for p in judge_dir.glob("shard-*.jsonl"))
+    assert judged == ["shard-00000.jsonl", "shard-00001.jsonl", "shard-00002.jsonl", "shard-00004.jsonl"]
+    assert not (out / "data.jsonl").exists()
+
+    kept = {p: p.stat().st_mtime_ns for p in [*out.glob("generate/shard-*"), *judge_dir.glob("shard-*")]}
+    resumed = _run(out, tiny_policy, workers=2)
+    assert resumed.data_path.read_bytes() == ref.data_path.read_bytes()
+    assert len(ref.data_path.read_text().splitlines()) == 12
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # only the two missing shards were redone
+    assert sorted(p.name for p in judge_dir.glob("shard-*.jsonl")) == [f"shard-0000{s}.jsonl" for s in range(6)]
+    reports = resumed.summary["workers_last_run"]
+    assert [r["shards"] for r in reports] == [[0, 2, 4], [1, 3, 5]]
+    assert [r["devices"] for r in reports] == [None, None]
+    assert not list(out.glob("*/*.tmp-*"))
+
+
+def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_reward_model, tmp_path, monkeypatch):
+    seen: dict = {}
+    make_generator, make_judge = pipeline.make_generator, pipeline.make_judge
+
+    def spy_generator(*args):
+        generator = make_generator(*args)
+        seen["generator"], seen["model"] = weakref.ref(generator), weakref.ref(generator.model)
+        return generator
+
+    def spy_judge(cfg):
+        seen["alive_at_judge"] = (seen["generator"]() is not None, seen["model"]() is not None)
+        return make_judge(cfg)
+
+    monkeypatch.setattr(pipeline, "make_generator", spy_generator)
+    monkeypatch.setattr(pipeline, "make_judge", spy_judge)
+    judge = JudgeConfig(type="reward_model", model=str(tiny_reward_model))
+    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge)
+    run_pipeline(ROWS[:4], candidates=PipelineConfig(out_dir=str(tmp_path / "built"), progress=False), **kw)
+    assert seen["alive_at_judge"] == (False, False)
+
+    # A generator the caller passed is the caller's: used, never closed.
+    mine = TransformersGenerator(str(tiny_policy), batch_size=2)
+    run_pipeline(ROWS[:4], candidates=PipelineConfig(out_dir=str(tmp_path / "passed"), progress=False),
+                 generator=mine, **kw)
+    assert isinstance(mine.model, torch.nn.Module)
+
+
+def test_owned_shards_and_devices():
+    assert [owned_shards(w, 3, 8) for w in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
+    assert assign_devices(3, None, 1, ["0", "1"]) == ["0", "1", "0"]  # more workers than GPUs: in turn
+    assert assign_devices(2, None, 2, ["4", "5", "6", "7"]) == ["4,5", "6,7"]  # vLLM tensor parallel 2
+    assert assign_devices(2, ["1", "0"], 1, ["0", "1"]) == ["1", "0"]
+    assert assign_devices(2, None, 1, []) == [None, None]
+    with pytest.raises(ValueError, match="2 workers x 2 GPUs each .* need 4 GPUs, 3 are visible"):
+        assign_devices(2, None, 2, ["0", "1", "2"])
+    with pytest.raises(ValueError, match="needs 2 GPUs .* but none is visible"):
+        assign_devices(1, None, 2, [])
+
+
+def test_worker_env(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    cpu = worker_env(None, 4)
+    assert cpu["OMP_NUM_THREADS"] == "4" and "CUDA_VISIBLE_DEVICES" not in cpu
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    gpu = worker_env("2,3", 4)
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "2,3" and gpu["OMP_NUM_THREADS"] == "3"
+    monkeypatch.syspath_prepend("/opt/judges")  # where a judge.function module may live
+    assert worker_env(None, 1)["PYTHONPATH"].split(os.pathsep)[0] == "/opt/judges"
+
+
+@pytest.mark.parametrize(
+    "cands, vllm_kwargs, pass_generator, error",
+    [
+        (dict(num_workers=2, worker_devices=["0"]), {}, False, "has 1 entries for num_workers=2"),
+        (dict(worker_devices=["0"]), {}, False, "worker_devices is for num_workers > 1"),
+        (dict(num_workers=2, worker_devices=["0", "1,"]), {}, False, r"worker_devices\[1\] = '1,' is not"),
+        (dict(num_workers=2, worker_devices=["0", "1"]), {"tensor_parallel_size": 2}, False,
+         r"worker_devices\[0\] = '0' names 1 GPU\(s\), but each vLLM worker needs .* = 2"),
+        ({}, {"data_parallel_size": 2}, False, "set pofe.candidates.num_workers instead"),
+        (dict(num_workers=2), {}, True, "pre-built generator with candidates.num_workers=2"),
+    ],
+)
+def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, vllm_kwargs, pass_generator, error):
+    backend = dict(backend="vllm", vllm_kwargs=vllm_kwargs) if vllm_kwargs else {}
+    with pytest.raises(ValueError, match=error):
+        run_pipeline(
+            ROWS, policy_path="no-such-model", method="rrhf", generate=GenerateConfig(**backend),
+            judge=SLOW_JUDGE, candidates=PipelineConfig(out_dir=str(tmp_path), **cands),
+            generator=object() if pass_generator else None,
+        )
+    assert not list(tmp_path.iterdir())  # nothing written
