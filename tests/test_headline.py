@@ -72,7 +72,9 @@ def test_default_headline_rescored_by_hand(headline_run):
     the same prompts' best-of-k."""
     layout, rows = headline_run["layout"], headline_run["rows"]
     recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    # greedy, with the candidates' token budget (pofe.generate.max_new_tokens), not pofe.eval's 64
     assert recorded["skipped"] is None and recorded["decoding"]["temperature"] == 0.0
+    assert recorded["decoding"]["max_new_tokens"] == 4
     assert not (layout.eval_dir / "eval.json").exists()  # no held-out prompts by default
     rep = headline_run["report"].data
     for t in (1, 2):

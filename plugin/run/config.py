@@ -37,7 +37,8 @@ def check_round_prompt_files(files: list[str], rounds: int) -> None:
 
 
 # keys that only shape the held-out evaluation: set without held-out prompts, they would do nothing
-HELD_OUT_ONLY = ("prompt_column", "reference_column", "num_samples", "temperature", "judge2", "cycle_threshold")
+HELD_OUT_ONLY = ("prompt_column", "reference_column", "num_samples", "temperature", "max_new_tokens", "judge2",
+                 "cycle_threshold")
 
 
 class EvalConfig(BaseModel):
@@ -46,8 +47,9 @@ class EvalConfig(BaseModel):
 
     On by default (`pofe.eval: false` turns it off). The headline: each round's trained model
     answers the first `train_prompts` of the prompts the round judged (`train_samples` each at
-    `train_temperature`; greedy by default) and the recipe's scalar judge scores them, beside
-    the best-of-k reward of those prompts' candidates. With held-out prompts (`prompts` or
+    `train_temperature`, greedy by default, with the candidates' `pofe.generate.max_new_tokens`)
+    and the recipe's scalar judge scores them, beside the best-of-k reward of those prompts'
+    candidates. With held-out prompts (`prompts` or
     `held_out`), every model of the run (pi_0 = the recipe's base_model, pi_t = round t's
     output) also answers them with the same seeds; the recipe's `pofe.judge` scores them (and
     `judge2`, an independent judge, when set: the guard against judge exploitation).
@@ -77,7 +79,11 @@ class EvalConfig(BaseModel):
         "unbiased only at temperature 1 and top_p 1 (samples from pi_t itself).",
     )
     top_p: TopP = 1.0
-    max_new_tokens: MaxNewTokens = 64
+    max_new_tokens: MaxNewTokens = Field(
+        64,
+        description="Held-out tokens per response (the headline answers with the candidates' budget, "
+        "pofe.generate.max_new_tokens, so that their rewards compare).",
+    )
     batch_size: BatchSize = Field(16, description="Prompts per generate/score batch.")
     seed: Seed = Field(0, description="Sampling seed (the same for every model).")
     train_prompts: int = Field(

@@ -108,18 +108,24 @@ class ModelAnswers:
         return [s for row in self.samples for s in row]
 
 
-def draw_samples(model, tokenizer, prompts: list, ecfg: EvalConfig, *, headline: bool = False) -> list[list[Sample]]:
-    """Responses to each prompt, rendered with the chat template as the pipeline renders them;
-    the same seeds for every model. Held-out decoding (`num_samples` at `temperature`), or
-    with `headline` the headline's (`train_samples` at `train_temperature`)."""
+def held_out_sampling(ecfg: EvalConfig) -> Sampling:
+    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens, seed=ecfg.seed)
+
+
+def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
+    """The headline's decoding: `train_temperature`, and the token budget the round's
+    candidates had (`max_new_tokens`), so that their rewards compare."""
+    return Sampling(temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens,
+                    seed=ecfg.seed)
+
+
+def draw_samples(model, tokenizer, prompts: list, n: int, sampling: Sampling, batch_size: int) -> list[list[Sample]]:
+    """`n` responses to each prompt, rendered with the chat template as the pipeline renders
+    them; the same seeds for every model."""
     from pofe.preprocess.render import render_prompt
 
-    n, temperature = ((ecfg.train_samples, ecfg.train_temperature) if headline
-                      else (ecfg.num_samples, ecfg.temperature))
-    sampling = Sampling(temperature=temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens,
-                        seed=ecfg.seed)
     rendered = [render_prompt(tokenizer, p).text for p in prompts]
-    return sample_responses(model, tokenizer, rendered, n, sampling, batch_size=ecfg.batch_size)
+    return sample_responses(model, tokenizer, rendered, n, sampling, batch_size=batch_size)
 
 
 def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:
@@ -148,7 +154,7 @@ def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
 def answer(model, name: str, path: str, tokenizer, prompts: list, references: list[TokenPair],
            ecfg: EvalConfig) -> ModelAnswers:
     """One model's held-out samples with their log-probs, and its reference perplexity."""
-    samples = draw_samples(model, tokenizer, prompts, ecfg)
+    samples = draw_samples(model, tokenizer, prompts, ecfg.num_samples, held_out_sampling(ecfg), ecfg.batch_size)
     flat = [s for row in samples for s in row]
     logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
     return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, references, ecfg.batch_size))
@@ -304,10 +310,11 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
         references = reference_pairs(tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
 
     answers: list[ModelAnswers] = []
+    sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
     headline: dict[str, Any] = {
         "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": judge_cfg.model_dump(),
-        "decoding": {"num_samples": ecfg.train_samples, "temperature": ecfg.train_temperature,
-                     **ecfg.model_dump(include={"top_p", "max_new_tokens", "seed"})},
+        "decoding": {"num_samples": ecfg.train_samples, "temperature": sampling.temperature,
+                     "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
         "rounds": {},
     }
     for m, (name, path) in enumerate(models):
@@ -319,7 +326,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
             answers.append(answer(model, name, path, tokenizer, prompts, references, ecfg))
         if on_train.get(m):
             texts = [q["prompt"] for q in on_train[m]]
-            samples = draw_samples(model, tokenizer, texts, ecfg, headline=True)
+            samples = draw_samples(model, tokenizer, texts, ecfg.train_samples, sampling, ecfg.batch_size)
             rewards = scalar_scores(judge_cfg, texts, [[s.text for s in row] for row in samples])
             headline["rounds"][str(m)] = headline_record(path, on_train[m], samples, rewards)
     out = layout.eval_dir / HEADLINE_JSON
