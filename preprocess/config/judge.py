@@ -91,10 +91,10 @@ class JudgeConfig(StrictConfig):
     dtype: RewardModelDtype = Field(
         "auto", description="reward_model: weights' dtype; auto = the checkpoint's (its config's dtype)."
     )
-    device_map: str | dict[str, int | str] | None = Field(
+    device_map: int | str | dict[str, int | str] | None = Field(
         None,
         description="reward_model: transformers' device_map: auto | balanced | balanced_low_0 | sequential, "
-        "one device (cpu, cuda:1), or {module name: device}. None: cuda if available, else cpu.",
+        "one device (cpu, cuda:1, 0), or {module name: device}. None: cuda if available, else cpu.",
     )
     trust_remote_code: bool = Field(
         False,
@@ -189,6 +189,8 @@ class JudgeConfig(StrictConfig):
                 raise ValueError(f"judge.{', judge.'.join(changed)} apply to judge.type: reward_model only "
                                  f"(this judge is {self.type}); remove them.")
         dm = self.device_map
+        if isinstance(dm, int) and dm < 0:
+            raise ValueError(f"judge.device_map: a GPU index is >= 0, got {dm}.")
         if isinstance(dm, str) and dm not in DEVICE_MAP_STRATEGIES and not _DEVICE.fullmatch(dm):
             raise ValueError(f"judge.device_map: {dm!r} is neither {' | '.join(DEVICE_MAP_STRATEGIES)} nor a "
                              "device (cpu, cuda, cuda:N, N, mps).")
