@@ -49,7 +49,7 @@ def round_recipe(
     recipe["output_dir"] = str(layout.train(t))
     recipe["dataset_prepared_path"] = str(layout.prepared(t))
     (entry,) = recipe["datasets"]
-    keep = {k: v for k, v in entry.items() if k == "type" or k.startswith("field_")}
+    keep = {k: v for k, v in entry.items() if k in ("type", "prompt_format") or k.startswith("field_")}
     recipe["datasets"] = [{"path": str(layout.round_prompts(t)), "ds_type": "json", **keep}]
     pofe = recipe.setdefault("pofe", {})
     for key in ("rounds", "round_prompts", "eval"):
