@@ -67,3 +67,14 @@ def test_rrhf_recipes_run_the_papers_pipeline_on_hh(name):
     assert pofe.generate.num_candidates == 4 and pofe.generate.strategy == "sample"
     assert pofe.generate.include_dataset_responses == ["chosen", "rejected"]
     assert pofe.judge.type == "reward_model" and pofe.judge.model.count("/") == 1  # a hub id
+
+
+def test_iterated_rounds_keep_the_prompt_format(tmp_path):
+    """`axolotl pofe run` writes each round's recipe from the user's: HH prompts stay HH."""
+    from pofe.run.layout import RunLayout
+    from pofe.run.recipe import round_recipe
+
+    raw = yaml.safe_load((RECIPES[0].parent / "rrhf-qlora.yml").read_text())
+    recipe, _ = round_recipe(raw, RunLayout(tmp_path), 2, "/m/round-1", seed=1)
+    (entry,) = recipe["datasets"]
+    assert entry["prompt_format"] == "hh" and entry["type"] == "pofe.prompts"
