@@ -146,15 +146,16 @@ def test_samples_table_and_rows(headline_run):
 
 
 def test_text_cell_shows_the_text_literally():
-    """A completion with table pipes, HTML, emphasis, a link, an entity and line breaks is one
-    cell whose text, as CommonMark + GFM tables (markdown-it) parse it, is the completion."""
+    """A completion with table pipes, HTML, emphasis, code, a link, an image, an entity, a
+    heading and list markers on its lines is one cell whose text, as CommonMark with GFM tables
+    and strikethrough (markdown-it) parse it, is the completion."""
     from markdown_it import MarkdownIt
 
     from pofe.run.report.markdown import table, text_cell
 
-    nasty = "a | b\n<script>x</script> *em* _u_ `code` [l](http://x) &amp; \\ ~~s~~ #1\r\nend"
+    nasty = "# a | b\n<script>x</script> *em* _u_ `code` [l](http://x) ![i](y) &amp; \\ ~~s~~\r\n+ item\n1. end"
     md = table(["prompt", "completion"], [["p", text_cell(nasty)]])
-    tokens = MarkdownIt("commonmark").enable("table").parse(md)
+    tokens = MarkdownIt("commonmark").enable(["table", "strikethrough"]).parse(md)
     cells = [tokens[i + 1] for i, tok in enumerate(tokens) if tok.type == "td_open"]
     assert len(cells) == 2  # the pipe did not split the row
     parsed = "".join("\n" if c.type == "html_inline" and c.content == "<br>" else c.content

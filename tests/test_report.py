@@ -77,7 +77,7 @@ def test_report_without_rounds_or_eval_says_so(tmp_path):
     rep = write_report(layout)
     md = rep.markdown_path.read_text()
     assert "No round has started." in md
-    assert "No evaluation data" in md
+    assert "No held-out evaluation" in md
     assert rep.plots == {} and not list(tmp_path.glob("report-*.png"))
     assert json.loads(rep.json_path.read_text())["eval"] is None
 

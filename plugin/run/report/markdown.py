@@ -12,8 +12,9 @@ from .collect import sample_rows
 
 # sampled completions shown per round (report.json keeps them all), and characters per cell
 SAMPLES_SHOWN, CELL_CHARS = 4, 200
-# ASCII punctuation that could start Markdown formatting, a link, HTML, or end a table cell
-MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]<>()#+!|~])")
+# what starts inline Markdown (emphasis, code, a link or image, HTML, strikethrough) or ends a
+# table cell; block syntax (#, +, -, 1.) cannot start inside a cell
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -186,7 +187,8 @@ def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
     """## Held-out evaluation."""
     md = ["## Held-out evaluation", ""]
     if ev is None:
-        return md + ["No evaluation data: the recipe has no `pofe.eval` block, or `axolotl pofe eval` has not run.", ""]
+        return md + ["No held-out evaluation: the recipe sets no held-out prompts (`pofe.eval.held_out` or "
+                     "`pofe.eval.prompts`), or `axolotl pofe eval` has not run.", ""]
     names = [m["name"] for m in ev["models"]]
     decoding, judge = ev["decoding"], ev["judge"]
     md.append(f"{ev['num_prompts']} prompts from `{ev['prompts_source']}`, {decoding['num_samples']} sample(s) each "
