@@ -61,7 +61,7 @@ def candidates(config: str, stage: str):
     help="Passed to each round's `axolotl train` (default: axolotl's own, accelerate).",
 )
 @click.option("--quiet", is_flag=True, help="Stages' output goes to their log files only.")
-@click.option("--no-eval", is_flag=True, help="Skip the held-out evaluation (pofe.eval).")
+@click.option("--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval).")
 def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
@@ -84,7 +84,8 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-report", is_flag=True, help="Write eval/ only (`axolotl pofe run` reports once, at its end).")
 def eval_(config: str, no_report: bool):
-    """Evaluate every iterate of CONFIG's run on held-out prompts (pofe.eval), then report."""
+    """Score each round's trained model on its own prompts (the report's headline) and, with
+    held-out prompts, every iterate on them (pofe.eval); then report."""
     from .run.evaluation import evaluate_run
     from .run.report import write_report
 
