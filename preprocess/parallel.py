@@ -11,9 +11,10 @@ the others finished stay, and a rerun redoes only the missing ones.
 
 vLLM's own parallel settings pass through `generate.vllm_kwargs`: tensor_parallel_size and
 pipeline_parallel_size split one engine over tensor_parallel_size x pipeline_parallel_size
-GPUs, so each worker gets a group of that many. vLLM's data_parallel_size is refused: its
-in-process `vllm.LLM` cannot run it (it asks for one process per rank), which is what
-num_workers is.
+GPUs, so each worker gets a group of that many (a served policy: serve.tensor_parallel_size;
+each worker starts its own server, on a free port, its log in workers/worker-N/). vLLM's
+data_parallel_size is refused: its in-process `vllm.LLM` cannot run it (it asks for one
+process per rank), which is what num_workers is.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def owned_shards(worker: int, num_workers: int, n_shards: int) -> list[int]:
 
 
 def engine_group_size(generate: GenerateConfig) -> int:
-    """GPUs one generator needs: vLLM's tensor_parallel_size x pipeline_parallel_size, else 1."""
+    """GPUs one generator needs: vLLM's tensor_parallel_size x pipeline_parallel_size (in
+    process), a served policy's serve.tensor_parallel_size, else 1."""
+    if generate.serve is not None:
+        return generate.serve.tensor_parallel_size
     if generate.backend != "vllm":
         return 1
     kw = generate.vllm_kwargs
@@ -69,12 +73,17 @@ def check_parallel(generate: GenerateConfig, candidates: PipelineConfig, *, preb
             f"run_pipeline got a pre-built {' and '.join(prebuilt)} with candidates.num_workers="
             f"{candidates.num_workers}: worker processes build theirs from the config; pass none, or use one worker"
         )
+    if candidates.num_workers > 1 and generate.serve is not None and generate.serve.port != 0:
+        raise ValueError(
+            f"generate.serve.port={generate.serve.port} with candidates.num_workers={candidates.num_workers}: "
+            "each worker starts its own server, and they cannot share a port; set port: 0 (a free one each)"
+        )
     group = engine_group_size(generate)
     for i, devices in enumerate(candidates.worker_devices or []):
         if len(devices.split(",")) != group:
             raise ValueError(
                 f"pofe.candidates.worker_devices[{i}] = {devices!r} names {len(devices.split(','))} GPU(s), but "
-                f"each vLLM worker needs tensor_parallel_size x pipeline_parallel_size = {group}"
+                f"each worker's generator needs {group} (vLLM's tensor_parallel_size x pipeline_parallel_size)"
             )
 
 

@@ -198,17 +198,19 @@ def run_stages(
     judge_impl: ScalarJudge | PairwiseJudge | None = None,
     tokenizer=None,
     stop_after: Literal["generate", "judge"] | None = None,
+    workdir: Path | None = None,
 ) -> StagesDone:
     """The generate stage on the `owned` shards (None: all), then the judge stage on them.
 
     The generator is built only if a shard needs it, and when built here it is closed and
-    dropped before the judge is built: a GPU never holds both models.
+    dropped before the judge is built: a GPU never holds both models. `workdir`: where the
+    generator keeps its own files (a served policy's server.log); None: the generate folder.
     """
     redone: dict[str, int] = {}
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     built = generator is None
-    generated, generator = _generate_stage(plan, owned, generator, redone, tokenizer)
+    generated, generator = _generate_stage(plan, owned, generator, redone, tokenizer, workdir or plan.gen_dir)
     timings["generate_s"] = time.monotonic() - t0
     requests = _request_stats("generate_client", generator)
     if built and generator is not None:
@@ -235,6 +237,7 @@ def _generate_stage(
     generator: Generator | None,
     redone: dict[str, int],
     tokenizer,
+    workdir: Path,
 ) -> tuple[list[list[dict] | None], Generator | None]:
     """The owned generate shards' rows (None elsewhere), writing the missing (or damaged)
     ones; and the generator used (None if none was needed)."""
@@ -254,7 +257,7 @@ def _generate_stage(
             for s in todo:
                 shard_rows = rows[s * size : (s + 1) * size]
                 if generator is None:  # loaded only when a shard is missing
-                    generator = make_generator(cfg, plan.policy_path, tokenizer, workdir=gen_dir)
+                    generator = make_generator(cfg, plan.policy_path, tokenizer, workdir=workdir)
                 if tokenizer is None:
                     tokenizer = load_tokenizer(plan.policy_path)
                 sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)

@@ -99,8 +99,8 @@ def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_rewar
     seen: dict = {}
     make_generator, make_judge = pipeline.make_generator, pipeline.make_judge
 
-    def spy_generator(*args):
-        generator = make_generator(*args)
+    def spy_generator(*args, **kwargs):
+        generator = make_generator(*args, **kwargs)
         seen["generator"], seen["model"] = weakref.ref(generator), weakref.ref(generator.model)
         return generator
 
@@ -146,23 +146,27 @@ def test_worker_env(monkeypatch):
     assert worker_env(None, 1)["PYTHONPATH"].split(os.pathsep)[0] == "/opt/judges"
 
 
+SERVE = {"command": "vllm serve {model} --port {port}", "port": 8000}
+
+
 @pytest.mark.parametrize(
-    "cands, vllm_kwargs, pass_generator, error",
+    "cands, generate, pass_generator, error",
     [
         (dict(num_workers=2, worker_devices=["0"]), {}, False, "has 1 entries for num_workers=2"),
         (dict(worker_devices=["0"]), {}, False, "worker_devices is for num_workers > 1"),
         (dict(num_workers=2, worker_devices=["0", "1,"]), {}, False, r"worker_devices\[1\] = '1,' is not"),
-        (dict(num_workers=2, worker_devices=["0", "1"]), {"tensor_parallel_size": 2}, False,
-         r"worker_devices\[0\] = '0' names 1 GPU\(s\), but each vLLM worker needs .* = 2"),
-        ({}, {"data_parallel_size": 2}, False, "set pofe.candidates.num_workers instead"),
+        (dict(num_workers=2, worker_devices=["0", "1"]), dict(backend="vllm", vllm_kwargs={"tensor_parallel_size": 2}),
+         False, r"worker_devices\[0\] = '0' names 1 GPU\(s\), but each worker's generator needs 2"),
+        ({}, dict(backend="vllm", vllm_kwargs={"data_parallel_size": 2}), False,
+         "set pofe.candidates.num_workers instead"),
         (dict(num_workers=2), {}, True, "pre-built generator with candidates.num_workers=2"),
+        (dict(num_workers=2), dict(backend="openai", serve=SERVE), False, "cannot share a port; set port: 0"),
     ],
 )
-def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, vllm_kwargs, pass_generator, error):
-    backend = dict(backend="vllm", vllm_kwargs=vllm_kwargs) if vllm_kwargs else {}
+def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, generate, pass_generator, error):
     with pytest.raises(ValueError, match=error):
         run_pipeline(
-            ROWS, policy_path="no-such-model", method="rrhf", generate=GenerateConfig(**backend),
+            ROWS, policy_path="no-such-model", method="rrhf", generate=GenerateConfig(**generate),
             judge=SLOW_JUDGE, candidates=PipelineConfig(out_dir=str(tmp_path), **cands),
             generator=object() if pass_generator else None,
         )
