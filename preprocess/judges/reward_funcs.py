@@ -64,6 +64,8 @@ class RewardFuncsJudge:
     ) -> list[list[Score]]:
         """P prompts, P lists of K_p responses (and, from the pipeline, each prompt row's other
         columns) -> P lists of K_p rewards or Abstain."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
         where = [(p, k) for p, cands in enumerate(responses) for k in range(len(cands))]  # (N,) candidates
         n = len(where)
         call = dict(
