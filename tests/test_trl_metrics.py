@@ -78,7 +78,7 @@ def batch_and_logps(tiny64_model, tokenizer):
                 token_logps = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
                 row.append((token_logps[len(f["prompt_ids"]) - 1:].sum().item(), len(response)))
             logps.append(row)
-    return KResponseCollator(tokenizer)(features), logps
+    return KResponseCollator(tokenizer)(features), logps, features
 
 
 def _trainer(cls, tiny64_model, tokenizer, tmp_path, pofe):
@@ -123,7 +123,7 @@ def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
     (prompt 0: slots 1 and 2, prompt 1: slots 1 and 0; prompt 2 ties: left out)."""
     from pofe.trainers import RRHFTrainer
 
-    batch, logps = batch_and_logps
+    batch, logps, _ = batch_and_logps
     trainer = _trainer(RRHFTrainer, tiny64_model, tokenizer, tmp_path,
                        {"method": "rrhf", "length_penalty": LENGTH_PENALTY})
     stored = _stored(trainer, dict(batch), split)
@@ -140,7 +140,7 @@ def test_sppo_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
     win-rate candidate (prompt 0: slots 1 and 0, prompt 1: slots 1 and 0)."""
     from pofe.trainers import SPPOTrainer
 
-    batch, logps = batch_and_logps
+    batch, logps, _ = batch_and_logps
     trainer = _trainer(SPPOTrainer, tiny64_model, tokenizer, tmp_path, {"method": "sppo", "eta": ETA})
     stored = _stored(trainer, dict(batch), split)
     anchors = iter(ANCHORS)
@@ -153,3 +153,22 @@ def test_sppo_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
     for name, value in expected.items():
         assert stored[prefix + name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
     assert f"{prefix}sppo/loss" in stored
+
+
+def test_sppo_hard_takes_column_0_as_chosen(batch_and_logps, tiny64_model, tokenizer, tmp_path, one_torch_thread):
+    """With sppo_loss: hard the loss reads column 0 as chosen, so do the metrics, even where
+    the win rates (0.1, 0.9) would say otherwise; rewards/chosen = sppo/chosen_logratio / eta,
+    TRL's sppo_hard rewards. Prompts 1 and 2 (both k = 2): both are pairs."""
+    from pofe.collator import KResponseCollator
+    from pofe.trainers import SPPOTrainer
+
+    _, logps, features = batch_and_logps
+    trainer = _trainer(SPPOTrainer, tiny64_model, tokenizer, tmp_path,
+                       {"method": "sppo", "eta": ETA, "sppo_loss": "hard"})
+    stored = _stored(trainer, KResponseCollator(tokenizer)(features[1:]), "train")
+    ratios = [[lp - a for (lp, _), a in zip(logps[b], ANCHORS[b])] for b in (1, 2)]
+    assert stored["rewards/chosen"] == pytest.approx((ratios[0][0] + ratios[1][0]) / 2 / ETA, rel=1e-4)
+    assert stored["rewards/rejected"] == pytest.approx((ratios[0][1] + ratios[1][1]) / 2 / ETA, rel=1e-4)
+    assert stored["logps/chosen"] == pytest.approx((logps[1][0][0] + logps[2][0][0]) / 2, rel=1e-4)
+    assert stored["rewards/chosen"] == pytest.approx(stored["sppo/chosen_logratio"] / ETA, rel=1e-4)
+    assert stored["rewards/accuracies"] == stored["sppo/accuracy"]

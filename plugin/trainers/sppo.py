@@ -1,12 +1,15 @@
 """SPPO trainer: regress the log-ratio to the anchor policy onto eta * (win rate - 1/2).
 
 Besides `sppo/*` it logs TRL's `rewards/*` and `logps/*` for the highest- and lowest-
-win-rate candidate of each prompt (`best_worst_metrics`; with pairs, chosen and
-rejected): rewards are beta * (log pi - log pi_t) with beta = 1/eta, as TRL's
-DPOTrainer computes them for `loss_type="sppo_hard"`.
+win-rate candidate of each prompt (`best_worst_metrics`; with `sppo_loss: hard`, columns
+0 and 1, the chosen and rejected response the loss reads): rewards are
+beta * (log pi - log pi_t) with beta = 1/eta, as TRL's DPOTrainer computes them for
+`loss_type="sppo_hard"`.
 """
 
 from __future__ import annotations
+
+import torch
 
 from ..anchor import AnchorLogps
 from ..losses import sppo_hard_loss, sppo_loss
@@ -36,12 +39,15 @@ class SPPOTrainer(KResponseTrainer):
             loss, stats = sppo_hard_loss(
                 logp[:, 0], anchor[:, 0], logp[:, 1], anchor[:, 1], beta=1.0 / self.pofe.eta
             )
+            # the loss takes column 0 as chosen, whatever the win rates say
+            preference = torch.tensor([[1.0, 0.0]], device=logp.device).expand_as(logp)
         else:
             loss, stats = sppo_loss(
                 logp, anchor, inputs["win_rates"], eta=self.pofe.eta, mask=mask
             )
+            preference = inputs["win_rates"]
         implicit_rewards = (logp - anchor) / self.pofe.eta  # (B, K), beta * log-ratio
-        pairs = best_worst_metrics(logp, implicit_rewards, inputs["win_rates"], mask)
+        pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss
 
