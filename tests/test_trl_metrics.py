@@ -172,3 +172,51 @@ def test_sppo_hard_takes_column_0_as_chosen(batch_and_logps, tiny64_model, token
     assert stored["logps/chosen"] == pytest.approx((logps[1][0][0] + logps[2][0][0]) / 2, rel=1e-4)
     assert stored["rewards/chosen"] == pytest.approx(stored["sppo/chosen_logratio"] / ETA, rel=1e-4)
     assert stored["rewards/accuracies"] == stored["sppo/accuracy"]
+
+
+# ---- two processes (gloo): TRL's metrics are means over every rank's pairs -------------
+
+def _pair_batch():
+    """(5, 3) candidates; prompts 1 and 3 tie throughout (no pair): rank 0 (prompts 0-1) has
+    1 pair, rank 1 (prompts 2-4) has 2, so a mean of the ranks' means would be wrong."""
+    g = torch.Generator().manual_seed(5)
+    logp = -torch.rand(5, 3, generator=g) * 10
+    reward = torch.randn(5, 3, generator=g)
+    preference = torch.tensor([[0.0, 2.0, 1.0], [1.0, 1.0, 1.0], [3.0, 1.0, 2.0], [0.5, 0.5, 0.5], [1.0, 0.0, 2.0]])
+    return logp, reward, preference, torch.ones(5, 3, dtype=torch.bool)
+
+
+def _rank_worker(rank, store, out):
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from pofe.trainers.base import KResponseTrainer
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=120))
+    try:
+        rows = slice(0, 2) if rank == 0 else slice(2, 5)
+        pairs = best_worst_metrics(*(t[rows] for t in _pair_batch()))
+        stored = {}
+        trainer = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")),
+                                  store_metrics=lambda metrics, split: stored.update(metrics))
+        KResponseTrainer.log_stats(trainer, SimpleNamespace(training=False), "rrhf", {"rank": float(rank)},
+                                   rows.stop - rows.start, pairs=pairs)
+        torch.save(stored, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pair_metrics_are_means_over_every_ranks_pairs(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    expected, n = best_worst_metrics(*_pair_batch())  # one process, all 5 prompts: 3 pairs
+    assert n == 3
+    for rank in range(2):
+        stored = torch.load(tmp_path / f"rank{rank}.pt")
+        assert stored["eval_rrhf/rank"] == pytest.approx(3 / 5)  # 0 x 2 prompts + 1 x 3 prompts
+        for name, value in expected.items():
+            assert stored[f"eval_{name}"] == pytest.approx(value, rel=1e-6), name
