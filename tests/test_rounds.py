@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,35 +105,52 @@ def test_config_keys():
                    judge={"type": "python", "function": "m:f"})
 
 
-def test_merge_adapter_gives_the_adapted_model(tiny_model, tmp_path):
-    """merge_adapter (the runner's merge stage) saves a full model whose logits equal the
-    base with the adapter applied; the tokenizer travels with it."""
+def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):
+    """The runner's merge stage (axolotl's memory-efficient `merge-lora`, shard by shard) gives
+    the weights of peft's `merge_and_unload` on the whole model (the merge POFE ran before);
+    the merged model's logits are the base's with the adapter applied."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pofe.run.merge import merge_adapter
+    from pofe.run.merge import merge_command
+    from tests.helpers import AXOLOTL_ENV, recipe
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
     for name, p in peft.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)  # a fresh adapter is a no-op; make it matter
     peft.save_pretrained(tmp_path / "adapter")
-    merge_adapter(str(tiny_model), str(tmp_path / "adapter"), str(tmp_path / "merged"), "float32")
+    cfg = recipe(tmp_path, tiny_model, "rrhf", tmp_path / "unused.jsonl", "pofe.rrhf", adapter="lora",
+                 lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj", "down_proj"])
+    env = {**os.environ, **AXOLOTL_ENV}
+    subprocess.run(merge_command(cfg, tmp_path / "adapter", tmp_path / "round"), env=env, check=True,
+                   capture_output=True, timeout=600)
 
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    merged_dir = tmp_path / "round" / "merged"
+    merged = load_file(merged_dir / "model.safetensors")
+    reference = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), tmp_path / "adapter"
+    ).merge_and_unload().state_dict()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    assert set(merged) <= set(reference) and {k for k in reference if "proj" in k} <= set(merged)
+    diff = max((merged[k] - reference[k]).abs().max().item() for k in merged)
+    changed = [k for k in merged if not torch.equal(merged[k], plain[k])]
+    print(f"axolotl merge-lora vs peft merge_and_unload: max abs weight diff {diff:.3g}")
+    assert diff < 1e-6
+    assert sorted(changed) == sorted(k for k in merged if any(m in k for m in ("q_proj", "v_proj", "down_proj")))
+
+    model = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 10, 20, 30, 40, 50]])
     adapted = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), tmp_path / "adapter"
     ).eval()
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    ids = torch.tensor([[1, 10, 20, 30, 40, 50]])
     with torch.no_grad():
-        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
-        assert not torch.allclose(merged(ids).logits, plain(ids).logits, atol=1e-3)
-    assert (tmp_path / "merged" / "tokenizer_config.json").exists()
-    assert not (tmp_path / "merged.tmp").exists()
+        assert torch.allclose(model(ids).logits, adapted(ids).logits, atol=1e-5)
+    assert (merged_dir / "tokenizer_config.json").exists()
 
 
 def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, monkeypatch):
@@ -155,7 +174,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
     ran = []
 
-    def fake_stage(cmd, log, echo, stream, keep_fds=()):
+    def fake_stage(cmd, log, echo, stream, keep_fds=(), env=None):
         recipe = yaml.safe_load(Path(cmd[2]).read_text())
         ran.append((cmd[1], recipe.get("resume_from_checkpoint"), keep_fds))
         final = train / "checkpoint-20"  # the forced save at the end (save_strategy: no)

@@ -15,6 +15,7 @@ import yaml
 from pofe.files import stable_hash
 
 from .layout import RunLayout
+from .publish import hub_model_repo, tracker_keys
 
 # Keys of the pofe block that may change between starts of one run without invalidating
 # finished stages (rounds may grow when prompts are not split; eval settings only affect eval).
@@ -37,7 +38,8 @@ def round_recipe(
     `save_strategy: no` becomes one save at the end (`steps` with a huge interval,
     `save_only_model`), so trainer_state.json (the loss curve) exists. `resume_from`: the
     checkpoint a killed train stage left, which the restarted one resumes from
-    (`resume_from_checkpoint`). `raw` is not changed.
+    (`resume_from_checkpoint`). Tracker runs and hub repos are named per round
+    (`pofe.run.publish`). `raw` is not changed.
     """
     recipe = copy.deepcopy(raw)
     recipe["base_model"] = policy
@@ -52,8 +54,14 @@ def round_recipe(
     keep = {k: v for k, v in entry.items() if k in ("type", "prompt_format") or k.startswith("field_")}
     recipe["datasets"] = [{"path": str(layout.round_prompts(t)), "ds_type": "json", **keep}]
     pofe = recipe.setdefault("pofe", {})
-    for key in ("rounds", "round_prompts", "eval"):
+    for key in ("rounds", "round_prompts", "eval", "hub_dataset_id"):
         pofe.pop(key, None)
+    recipe.update(tracker_keys(raw, t))
+    model_repo = hub_model_repo(raw, t)
+    if model_repo and not recipe.get("adapter"):
+        recipe["hub_model_id"] = model_repo  # axolotl's trainer pushes the round's model
+    else:
+        recipe.pop("hub_model_id", None)  # an adapter: the runner pushes the merged iterate
     pofe["generate"] = {**pofe["generate"], "model": policy, "seed": seed}
     pofe["candidates"] = {**(pofe.get("candidates") or {}), "out_dir": str(layout.candidates(t))}
     forced_save = str(recipe.get("save_strategy", "")).lower() in ("no", "false")

@@ -10,6 +10,9 @@ Prompts per round: `pofe.run.prompts`. SPPO re-anchors on each round's starting 
 free: the anchor pass uses the policy as loaded, and round t loads round t-1's (merged)
 model. LoRA / QLoRA: between rounds the adapter is merged into the round's base
 (`pofe.run.merge`), the next round's `base_model`, which trains a fresh adapter.
+Each round publishes as the SPPO authors' iterations do (`pofe.run.publish`): hub repos
+`<hub_model_id>-iter<t>` (the model) and `...-iter<t>-data` (its candidates), tracker runs
+`<name>-iter<t>`, and the round-level numbers in one W&B run after the report.
 
 A run killed at any point and started again skips every stage recorded as finished and
 redoes the first unfinished one (an interrupted preprocess resumes from its shards, an
@@ -27,12 +30,16 @@ from pathlib import Path
 import yaml
 
 from pofe.args import pofe_config
-from pofe.files import write_atomic, write_jsonl_atomic
+from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 
 from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
-from .merge import merge_command, merge_dtype
+from .merge import merge_command
 from .prompts import resolve_round_prompts, split_prompts
+from .publish import (
+    hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics,
+    tracker_env, uses_wandb,
+)
 from .recipe import load_recipe, recipe_fingerprint, round_recipe
 from .report import write_report
 from .stages import Echo, axolotl_command, run_logged
@@ -56,31 +63,47 @@ def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
 
 
 def prepare_prompts(cfg, layout: RunLayout, state: RunState, echo: Echo) -> None:
-    """Write the per-round prompt files (and held-out prompts) once."""
+    """Write the per-round prompt files (and held-out prompts) once.
+
+    `pofe.round_prompts` as a list of files: round t's prompts are the t-th file, read with
+    the `datasets:` entry's settings; that entry then only supplies the held-out rows.
+    """
     if state.done("prompts"):
         return
+    from axolotl.utils.dict import DictDefault
+
     from ..data.sources import load_entry
 
     pcfg = pofe_config(cfg)
     state.start("prompts")
-    rows = list(load_entry(cfg.datasets[0], cfg.hf_use_auth_token))  # values as written
+    entry = cfg.datasets[0]
+    rows = list(load_entry(entry, cfg.hf_use_auth_token))  # values as written
     held = pcfg.eval.held_out if pcfg.eval else 0
     if held >= len(rows):
         raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
     train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
     if held:
         write_jsonl_atomic(layout.held_out_prompts, held_rows)
-    mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
-    splits = split_prompts(len(train_rows), pcfg.rounds, mode)
-    for t, indices in enumerate(splits, start=1):
-        write_jsonl_atomic(layout.round_prompts(t), [train_rows[i] for i in indices])
+    if isinstance(pcfg.round_prompts, list):
+        mode = "files"
+        per_round = [
+            list(load_entry(DictDefault({**entry, "path": path, "ds_type": None, "split": None,
+                                         "data_files": None, "name": None}), cfg.hf_use_auth_token))
+            for path in pcfg.round_prompts
+        ]
+        sizes = [[0, len(r)] for r in per_round]
+    else:
+        mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
+        splits = split_prompts(len(train_rows), pcfg.rounds, mode)
+        per_round = [[train_rows[i] for i in indices] for indices in splits]
+        sizes = [[r.start, r.stop] for r in splits]
+    for t, round_rows in enumerate(per_round, start=1):
+        write_jsonl_atomic(layout.round_prompts(t), round_rows)
     state.data["prompt_mode"] = mode
     state.data["rounds_planned"] = pcfg.rounds
-    state.finish(
-        "prompts", total=len(rows), held_out=held, mode=mode,
-        per_round=[[r.start, r.stop] for r in splits],
-    )
-    echo(f"prompts: {len(train_rows)} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
+    state.finish("prompts", total=len(rows), held_out=held, mode=mode, per_round=sizes)
+    trained = sum(len(r) for r in per_round) if mode == "files" else len(train_rows)
+    echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
 
 
 def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
@@ -90,7 +113,7 @@ def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
     planned = state.data.get("rounds_planned")
     if planned is None or planned == rounds:
         return
-    if state.data.get("prompt_mode") == "split":
+    if state.data.get("prompt_mode") in ("split", "files"):
         raise RunStateMismatch(
             f"this run split its prompts into {planned} rounds; pofe.rounds: {rounds} "
             "would need another split. Use a new output_dir (or round_prompts: all)."
@@ -143,11 +166,35 @@ def resume_point(layout: RunLayout, state: RunState, t: int) -> Path | None:
     return saved[-1] if saved else None
 
 
+def push_round(raw: dict, layout: RunLayout, state: RunState, t: int, adapter: bool, echo: Echo, hub=None) -> None:
+    """Round t's push stage: its candidates and (LoRA) its merged iterate to their hub repos;
+    a full fine-tune's model axolotl's trainer pushed already. `hub`: an `HfApi` (default: HfApi())."""
+    model_repo = hub_model_repo(raw, t) if adapter else None
+    data_repo = hub_dataset_repo(raw, t)
+    stage = f"round-{t}/push"
+    if not (model_repo or data_repo) or state.done(stage):
+        return
+    if hub is None:
+        from huggingface_hub import HfApi
+
+        hub = HfApi()
+    state.start(stage)
+    pushed = {}
+    if data_repo:
+        echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
+        pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, layout.candidates(t), t)]
+    if model_repo:
+        echo(f"round {t}: push the merged iterate to {model_repo}")
+        pushed["model"] = [model_repo, push_model(hub, model_repo, layout.merged(t), t)]
+    state.finish(stage, **pushed)
+
+
 def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str, *, rounds: int,
               adapter: bool, base_seed: int, launcher: str | None, echo: Echo, stream: bool,
-              keep_fds: tuple[int, ...] = ()) -> str:
-    """Round t's preprocess, train and (LoRA) merge stages, each skipped when done;
-    returns the round's model (the next round's policy). `keep_fds`: see `run_logged`."""
+              keep_fds: tuple[int, ...] = (), hub=None) -> str:
+    """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
+    done; returns the round's model (the next round's policy). `keep_fds`: see `run_logged`;
+    `hub`: see `push_round`."""
     info = state.round(t)
     seed = base_seed + (t - 1)
     info.update(policy_in=policy, generate_seed=seed)
@@ -171,7 +218,8 @@ def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str
         echo(f"round {t}/{rounds}: train" + (f", resuming from {resume}" if resume else ""))
         state.start(stage, resumed_from=str(resume) if resume else None)
         extra = ["--launcher", launcher] if launcher else []
-        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream, keep_fds)
+        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream, keep_fds,
+                   env=tracker_env(raw))
         trainer_state = collect_trainer_state(layout, t, derived.forced_save)
         state.finish(stage, output_dir=str(layout.train(t)),
                      trainer_state=str(trainer_state) if trainer_state else None)
@@ -181,9 +229,11 @@ def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str
         if not state.done(stage):
             echo(f"round {t}/{rounds}: merge the adapter into {policy}")
             state.start(stage)
-            cmd = merge_command(policy, str(layout.train(t)), str(layout.merged(t)), merge_dtype(raw))
+            shutil.rmtree(layout.merged(t), ignore_errors=True)  # what a killed merge left
+            cmd = merge_command(recipe, layout.train(t), round_dir)
             run_logged(cmd, round_dir / "merge.log", echo, stream, keep_fds)
             state.finish(stage, merged=str(layout.merged(t)))
+    push_round(raw, layout, state, t, adapter, echo, hub)
 
     policy = str(policy_dir(layout, t, adapter))
     info["policy_out"] = policy
@@ -234,5 +284,19 @@ def run_rounds(
                 command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
                 run_logged(command, layout.root / "eval.log", echo, stream, (lock.fileno(),))
                 state.finish("eval", models=models)
-        echo(write_report(layout).terminal_summary())
+        report = write_report(layout)
+        if uses_wandb(raw):
+            log_rounds(raw, report.data, layout, state, echo)
+        echo(report.terminal_summary())
     return layout
+
+
+def log_rounds(raw: dict, report: dict, layout: RunLayout, state: RunState, echo: Echo) -> None:
+    """The report's round-level numbers to W&B (`pofe.run.publish`), once per set of numbers."""
+    rows = round_metrics(report)
+    if state.done("tracker") and state.data["stages"]["tracker"].get("rows_hash") == stable_hash(rows):
+        return
+    state.start("tracker")
+    run_id = log_round_metrics(raw, rows, layout.root)
+    state.finish("tracker", run_id=run_id, rows_hash=stable_hash(rows))
+    echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")

@@ -41,10 +41,12 @@ def axolotl_command(*args: str) -> list[str]:
     return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "axolotl.cli.main", *args]
 
 
-def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tuple[int, ...] = ()) -> None:
+def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tuple[int, ...] = (),
+               env: dict[str, str] | None = None) -> None:
     """Run `cmd` under `guard`; its output goes to `log` (and the terminal when `stream`).
 
-    `keep_fds` stay open in the stage (the run's lock: held while any stage process lives).
+    `keep_fds` stay open in the stage (the run's lock: held while any stage process lives);
+    `env` is added to the stage's environment.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
     echo(f"$ {' '.join(cmd)}   (log: {log})")
@@ -54,7 +56,7 @@ def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tu
         # when this process ends. Its own session keeps it out of signals sent to ours
         # (`kill -9 %1` kills the runner, and the guard then ends the stage).
         with subprocess.Popen(
-            guarded, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            guarded, env={**child_env(), **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, bufsize=1, pass_fds=keep_fds, start_new_session=True,
         ) as proc:
             assert proc.stdout is not None

@@ -1,0 +1,227 @@
+"""Iterated runs publish per round (`pofe.run.publish`): hub repos `<id>-iter<t>` pushed through
+huggingface_hub's real `HfApi` to a loopback hub, tracker runs named per round, the
+round-level numbers read back from an offline W&B run, and one prompt file per round."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import HfApi
+
+from pofe.args import PofeConfig
+from pofe.run.layout import RunLayout, RunState
+from pofe.run.publish import (
+    hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
+)
+from pofe.run.recipe import round_recipe
+from pofe.run.rounds import prepare_prompts, push_round
+from tests.hub_server import HubServer
+
+RAW = {
+    "base_model": "/m/base",
+    "rl": "rrhf",
+    "datasets": [{"path": "data/p.jsonl", "type": "pofe.prompts"}],
+    "output_dir": "/runs/tldr-rrhf",
+    "hub_model_id": "org/tldr",
+    "wandb_project": "pofe", "wandb_name": "tldr",
+    "trackio_project_name": "pofe",
+    "pofe": {"rounds": 3, "generate": {"backend": "transformers", "seed": 7},
+             "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+}
+
+
+def test_round_recipes_name_hub_repos_and_tracker_runs_per_round():
+    layout = RunLayout(Path("/runs/tldr-rrhf"))
+    full, _ = round_recipe(RAW, layout, 2, "/runs/tldr-rrhf/round-1/train", seed=8)
+    # a full fine-tune: axolotl's trainer pushes round 2's model to its own repo
+    assert full["hub_model_id"] == "org/tldr-iter2"
+    assert full["wandb_name"] == "tldr-iter2" and full["trackio_run_name"] == "tldr-iter2"
+    assert tracker_env(RAW) == {"WANDB_RUN_GROUP": "tldr"}
+    lora, _ = round_recipe({**RAW, "adapter": "lora"}, layout, 2, "/runs/tldr-rrhf/round-1/merged", seed=8)
+    assert "hub_model_id" not in lora  # an adapter: the runner pushes the merged iterate instead
+    # no wandb_name: the run is named after its output_dir; a wandb_run_id gets a round suffix
+    plain = {k: v for k, v in RAW.items() if k not in ("wandb_name", "trackio_project_name")}
+    named, _ = round_recipe({**plain, "wandb_run_id": "abc"}, layout, 3, "/p", seed=9)
+    assert named["wandb_name"] == "tldr-rrhf-iter3" and named["wandb_run_id"] == "abc-iter3"
+    assert "trackio_run_name" not in named
+    off, _ = round_recipe({**plain, "wandb_mode": "disabled", "hub_model_id": None}, layout, 1, "/p", seed=7)
+    assert "wandb_name" not in off and "hub_model_id" not in off and tracker_env(off) == {}
+    assert hub_dataset_repo(RAW, 2) == "org/tldr-iter2-data"
+    assert hub_dataset_repo({**RAW, "pofe": {"hub_dataset_id": "org/cands"}}, 2) == "org/cands-iter2"
+    assert hub_dataset_repo(off, 1) is None
+
+
+def write_round(layout: RunLayout, t: int) -> None:
+    cands, merged = layout.candidates(t), layout.merged(t)
+    cands.mkdir(parents=True)
+    merged.mkdir(parents=True)
+    (cands / "data.jsonl").write_text(json.dumps({"prompt": f"p{t}", "responses": ["a", "b"], "rewards": [1, 0]}) + "\n")
+    (cands / "summary.json").write_text(json.dumps({"rows": 1}))
+    (cands / "shard-00000.jsonl").write_text("not pushed\n")
+    (merged / "config.json").write_text('{"model_type": "llama"}')
+    (merged / "model.safetensors").write_bytes(bytes(range(256)) * 40)
+
+
+@pytest.fixture(autouse=True)
+def hub_reachable(monkeypatch):
+    """The tests run with HF_HUB_OFFLINE=1, which huggingface_hub reads once, at import;
+    the loopback hub is the only one these tests reach."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+
+def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path):
+    """Through huggingface_hub's HfApi to a loopback hub: round t's candidates go to
+    `org/tldr-iter<t>-data` as data/train.jsonl (+ pofe/summary.json), its merged iterate to
+    `org/tldr-iter<t>`, byte for byte, private; a finished push stage is not redone."""
+    layout = RunLayout(tmp_path)
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    said = []
+    with HubServer() as hub:
+        api = HfApi(endpoint=hub.url, token="hf_test")
+        for t in (1, 2):
+            write_round(layout, t)
+            push_round({**RAW, "adapter": "lora"}, layout, state, t, True, said.append, api)
+        push_round({**RAW, "adapter": "lora"}, layout, state, 2, True, said.append, api)  # done: skipped
+        assert hub.unknown == []
+        assert len(hub.commits) == 4
+    for t in (1, 2):
+        cands, merged = layout.candidates(t), layout.merged(t)
+        assert hub.created[f"org/tldr-iter{t}-data"] == {"type": "dataset", "visibility": "private"}
+        assert hub.created[f"org/tldr-iter{t}"] == {"type": "model", "visibility": "private"}
+        assert hub.files[("dataset", f"org/tldr-iter{t}-data")] == {
+            "data/train.jsonl": (cands / "data.jsonl").read_bytes(),
+            "pofe/summary.json": (cands / "summary.json").read_bytes(),
+        }
+        assert hub.files[("model", f"org/tldr-iter{t}")] == {
+            p.name: p.read_bytes() for p in merged.iterdir()}
+        record = state.data["stages"][f"round-{t}/push"]
+        assert record["status"] == "done" and record["model"][0] == f"org/tldr-iter{t}"
+        assert record["dataset"][1].startswith(f"{hub.url}/org/tldr-iter{t}-data/commit/")
+    assert said[0] == "round 1: push the candidates to the dataset repo org/tldr-iter1-data"
+
+
+def test_full_fine_tune_pushes_only_the_candidates(tmp_path):
+    """Without an adapter axolotl's trainer pushed the model; the runner sends the data only,
+    to `pofe.hub_dataset_id`'s repo; a recipe with neither key pushes nothing."""
+    layout = RunLayout(tmp_path)
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    write_round(layout, 1)
+    raw = {**RAW, "pofe": {**RAW["pofe"], "hub_dataset_id": "org/cands"}}
+    with HubServer() as hub:
+        api = HfApi(endpoint=hub.url, token="hf_test")
+        push_round(raw, layout, state, 1, False, print, api)
+        push_round({**RAW, "hub_model_id": None}, layout, state, 2, False, print, api)
+    assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.data["stages"]
+    assert list(hub.files) == [("dataset", "org/cands-iter1")] and len(hub.commits) == 1
+
+
+def read_wandb_history(run_dir: Path) -> tuple[dict, dict[int, dict], bool]:
+    """The run record, {step: {key: value}} and whether the run's exit record is written, of
+    an offline W&B run, read from its .wandb file: 7-byte file header, then 32 KiB blocks of
+    records (crc32, length, type: 1 full, 2 first, 3 middle, 4 last), each a `Record` protobuf."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending, run, history, exited = 7, 32768, b"", {}, {}, False
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            break
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.HasField("run"):
+                run = {"name": record.run.display_name, "group": record.run.run_group, "id": record.run.run_id}
+            exited = exited or record.HasField("exit")
+            if record.HasField("history"):
+                # "a/b" keys come as nested_key ["a", "b"]; "_step", "_runtime"... are wandb's own
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return run, history, exited
+
+
+REPORT = {
+    "rounds": [
+        {"round": 1, "candidates": {"mean_reward": 0.25, "best_of_k_reward": 0.75, "policy_sample_mean_reward": 0.5,
+                                    "mean_best_win_rate": None, "win_rate_spread": None},
+         "train": {"first_loss": 2.0, "last_loss": 1.5}},
+        {"round": 2, "candidates": {"mean_reward": 0.5, "best_of_k_reward": 1.0, "policy_sample_mean_reward": 0.625},
+         "train": None},
+    ],
+    "eval": {
+        "models": [{"name": "pi_0"}, {"name": "pi_1"}, {"name": "pi_2"}],
+        "mean_reward": [0.125, 0.375, 0.625], "mean_reward_judge2": None,
+        "kl_to_base": [0.0, 0.5, 1.25], "perplexity": None, "mean_response_tokens": [4.0, 3.5, 3.0],
+        "win_matrix": [[0.5, 0.25, 0.125], [0.75, 0.5, 0.375], [0.875, 0.625, 0.5]],
+    },
+}
+
+
+def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
+    """An offline W&B run `<name>-rounds` in group `<name>` holds, at step t, round t's numbers
+    from the report (step 0: pi_0's held-out numbers); None values are left out."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rows = round_metrics(REPORT)
+    run_id = log_round_metrics({**RAW, "wandb_mode": "offline"}, rows, tmp_path)
+    (run_dir,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
+    deadline = time.monotonic() + 60
+    while not (found := read_wandb_history(run_dir))[2]:  # wandb's service may still be writing
+        assert time.monotonic() < deadline, "the offline run never got its exit record"
+        time.sleep(0.2)
+    run, history, _ = found
+    assert run == {"name": "tldr-rounds", "group": "tldr", "id": run_id}
+    assert history == {
+        0: {"eval/mean_reward": 0.125, "eval/kl_to_base": 0.0, "eval/mean_response_tokens": 4.0},
+        1: {"candidates/mean_reward": 0.25, "candidates/best_of_k_reward": 0.75,
+            "candidates/policy_sample_mean_reward": 0.5, "train/first_loss": 2.0, "train/last_loss": 1.5,
+            "eval/mean_reward": 0.375, "eval/kl_to_base": 0.5, "eval/mean_response_tokens": 3.5,
+            "eval/win_rate_vs_pi_0": 0.75, "eval/win_rate_vs_previous": 0.75},
+        2: {"candidates/mean_reward": 0.5, "candidates/best_of_k_reward": 1.0,
+            "candidates/policy_sample_mean_reward": 0.625,
+            "eval/mean_reward": 0.625, "eval/kl_to_base": 1.25, "eval/mean_response_tokens": 3.0,
+            "eval/win_rate_vs_pi_0": 0.875, "eval/win_rate_vs_previous": 0.625},
+    }
+
+
+def test_one_prompt_file_per_round(tmp_path):
+    """`pofe.round_prompts: [f1, f2]`: round t trains on file t; the datasets entry gives only
+    the held-out rows (its last eval.held_out); wrong counts and missing files name the round."""
+    from axolotl.utils.dict import DictDefault
+
+    files = []
+    for t in (1, 2):
+        path = tmp_path / f"iter{t}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": f"r{t}-{i}"}) + "\n" for i in range(t + 1)))
+        files.append(str(path))
+    base = tmp_path / "base.jsonl"
+    base.write_text("".join(json.dumps({"prompt": f"b{i}"}) + "\n" for i in range(5)))
+    pofe = {**RAW["pofe"], "rounds": 2, "round_prompts": files, "eval": {"held_out": 2}}
+    cfg = DictDefault({"rl": "rrhf", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
+                       "pofe": pofe})
+    layout = RunLayout(tmp_path / "run")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    said = []
+    prepare_prompts(cfg, layout, state, said.append)
+    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
+    assert read(layout.round_prompts(1)) == ["r1-0", "r1-1"]
+    assert read(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
+    assert read(layout.held_out_prompts) == ["b3", "b4"]
+    assert state.data["prompt_mode"] == "files" and said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
+    with pytest.raises(ValueError, match="lists 2 prompt files for pofe.rounds: 3"):
+        PofeConfig(rounds=3, round_prompts=files)
+    with pytest.raises(ValueError, match=r"round_prompts\[1\] \(round 2\): no file at '.*gone.jsonl'"):
+        PofeConfig(rounds=2, round_prompts=[files[0], str(tmp_path / "gone.jsonl")])
