@@ -17,7 +17,7 @@ import torch
 
 from pofe.preprocess import pipeline
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-from pofe.preprocess.generators.hf import TransformersGenerator
+from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
 from pofe.preprocess.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
 from pofe.preprocess.pipeline import run_pipeline
 
@@ -43,9 +43,10 @@ def one_thread(monkeypatch):
     torch.set_num_threads(before)
 
 
-def _run(out: Path, policy: Path, workers: int):
+def _run(out: Path, policy: Path, workers: int, tokenizer=None):
     cands = PipelineConfig(out_dir=str(out), shard_size=2, progress=False, num_workers=workers)
-    return run_pipeline(ROWS, policy_path=str(policy), method="sppo", generate=GEN, judge=SLOW_JUDGE, candidates=cands)
+    return run_pipeline(ROWS, policy_path=str(policy), method="sppo", generate=GEN, judge=SLOW_JUDGE, candidates=cands,
+                        tokenizer=tokenizer)
 
 
 def _worker_process(worker: int) -> psutil.Process | None:
@@ -59,11 +60,12 @@ def _worker_process(worker: int) -> psutil.Process | None:
 def test_two_workers_write_the_one_process_file_and_resume_after_a_killed_worker(tiny_policy, tmp_path, one_thread):
     ref = _run(tmp_path / "one", tiny_policy, workers=1)
     out = tmp_path / "two"
+    tokenizer = load_tokenizer(str(tiny_policy))  # the caller's (axolotl's) tokenizer travels pickled
     judge_dir = out / "judge"
 
     # Worker 1 (shards 1, 3, 5) is SIGKILLed once its first judge shard is written.
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(_run, out, tiny_policy, 2)
+        running = pool.submit(_run, out, tiny_policy, 2, tokenizer)
         deadline = time.monotonic() + 300
         while not (judge_dir / "shard-00001.jsonl").exists():
             assert not running.done(), f"the run ended before worker 1 judged a shard: {running.exception()}"
@@ -84,7 +86,7 @@ def test_two_workers_write_the_one_process_file_and_resume_after_a_killed_worker
     assert not (out / "data.jsonl").exists()
 
     kept = {p: p.stat().st_mtime_ns for p in [*out.glob("generate/shard-*"), *judge_dir.glob("shard-*")]}
-    resumed = _run(out, tiny_policy, workers=2)
+    resumed = _run(out, tiny_policy, workers=2, tokenizer=tokenizer)
     assert resumed.data_path.read_bytes() == ref.data_path.read_bytes()
     assert len(ref.data_path.read_text().splitlines()) == 12
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # only the two missing shards were redone
