@@ -12,6 +12,8 @@ Layout of `out_dir`:
     judge-<key>/                 an earlier judge's shards (a judge change reuses generate/)
     data.jsonl                   the trainers' input rows, in prompt order (build.py)
     summary.json                 counts and statistics (see `build.summarise`)
+    workers/                     with candidates.num_workers > 1 (parallel.py): each worker's
+                                 log (worker-N.log), report (worker-N.json) and generator files
 
 Every shard is written atomically (pofe.files) and verified when a restart reads it back
 (shards.py): a damaged one is redone and counted. A run killed at any point and started again

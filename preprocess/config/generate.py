@@ -155,7 +155,10 @@ class GenerateConfig(StrictConfig):
     )
     vllm_kwargs: dict = Field(
         default_factory=dict,
-        description="vllm: extra keyword arguments for vllm.LLM (dtype, max_model_len, ...).",
+        description="vllm: extra keyword arguments for vllm.LLM (dtype, max_model_len, ...). "
+        "tensor_parallel_size and pipeline_parallel_size split one engine over that many GPUs (with "
+        "pofe.candidates.num_workers, each worker takes a group of tensor x pipeline GPUs); "
+        "data_parallel_size is refused: set pofe.candidates.num_workers (one engine per worker).",
     )
 
     @model_validator(mode="after")
