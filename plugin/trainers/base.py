@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import Trainer
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
@@ -16,8 +17,22 @@ from .metrics import PairMetrics
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 
 
-class KResponseTrainer(AxolotlTrainer):
+class _WithoutTokenPerplexity(Trainer):
+    """Drops the `ppl` / `eval_ppl` that axolotl 0.19's `AxolotlTrainer.log` adds to every
+    log (it has no switch). Placed after `AxolotlTrainer` in the MRO, it sees the finished
+    logs just before transformers records them. Not needed once axolotl >= 0.21."""
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.pop("ppl", None)
+        logs.pop("eval_ppl", None)
+        super().log(logs, start_time)
+
+
+class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
     """Scores every candidate of a (B prompts x k candidates) batch from `KResponseCollator`."""
+
+    # axolotl >= 0.21 reads this: exp(loss) is a token perplexity only for cross-entropy
+    reports_token_perplexity = False
 
     # keys besides BATCH_KEYS that compute_loss reads from the batch
     required_keys: tuple[str, ...] = ()
