@@ -107,35 +107,11 @@ def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_
     """On-policy round 1 with lora_model_dir: vLLM serves the adapter as a LoRA request, and
     its greedy answers are those of peft's base + adapter (a strong random adapter, whose
     answers differ from the base's, so a request without the adapter fails here)."""
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from tests.preprocess._lora import greedy_answers, strong_adapter
     from tests.preprocess._vllm_inprocess_driver import PROMPTS
 
-    torch.manual_seed(0)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
-                      init_lora_weights=False)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32), lora)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "lora_B" in name:
-                weight.mul_(20)
-    adapter = tmp_path / "adapter"
-    model.save_pretrained(adapter)
-    tok = AutoTokenizer.from_pretrained(tiny_policy)
-
-    def greedy(m):
-        answers = []
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
-            seq = m.generate(**ids, max_new_tokens=8, do_sample=False)
-            answers.append(tok.decode(seq[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
-        return answers
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
-    with_adapter = greedy(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
-        tiny_policy, dtype=torch.float32), adapter).eval())
-    assert with_adapter != greedy(base)
+    adapter = strong_adapter(tiny_policy, tmp_path / "adapter")
+    with_adapter = greedy_answers(tiny_policy, PROMPTS, adapter)
+    assert with_adapter != greedy_answers(tiny_policy, PROMPTS)
     res = _run_inprocess(vllm_python, adapter, tmp_path, "greedy")
     assert [c[0] for c in res["a"]] == with_adapter

@@ -1,0 +1,259 @@
+"""generate.serve: a real vLLM (CPU) server started for the stage's policy, stopped after it.
+
+The server tests start vLLM from .venv-vllm (~30-60 s each on 2 cores); the config and
+command tests need no server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
+from pofe.preprocess.generators.served import (
+    ServedGenerator,
+    ServerExited,
+    lora_arguments,
+    live_servers,
+    render_command,
+)
+from pofe.preprocess.generators.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
+from pofe.preprocess.pipeline import SHARD_SEED_STRIDE, run_pipeline
+
+PROMPTS = [{"prompt": f"{i}+{i + 1}="} for i in range(8)]
+SHARD_SIZE = 1  # a shard per prompt: a server killed after shard 1 leaves most shards to resume
+
+
+def length_reward(prompt, response) -> float:
+    return float(len(response))
+
+
+JUDGE = JudgeConfig(type="python", function="tests.preprocess.test_served:length_reward")
+
+
+def _served(vllm_python, **kw) -> GenerateConfig:
+    settings = dict(num_candidates=3, max_new_tokens=8, temperature=1.0, seed=3, dedupe=False,
+                    batch_size=1)  # one request at a time: the server batches nothing across prompts
+    return GenerateConfig(backend="openai", serve={"command": vllm_cpu_command(vllm_python), "env": VLLM_CPU_ENV,
+                                                   "ready_timeout": 300, "stop_timeout": 20}, **{**settings, **kw})
+
+
+def _pipeline(cfg: GenerateConfig, policy: Path, out: Path):
+    return run_pipeline(PROMPTS, policy_path=str(policy), method="rrhf", generate=cfg, judge=JUDGE,
+                        candidates=PipelineConfig(out_dir=str(out), shard_size=SHARD_SIZE, truncated="keep",
+                                                  progress=False))
+
+
+def _running(out: Path) -> list:
+    """Servers this process started for the pipeline in `out` and has not stopped (the
+    session's vllm_server fixture runs on beside them)."""
+    return [s for s in live_servers() if s.log_path == out / "generate" / "server.log"]
+
+
+def _shards(out: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted((out / "generate").glob("shard-*.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+# ---- no server ------------------------------------------------------------------------------
+
+def test_command_placeholders_filled_and_lora_flags_expanded():
+    cfg = GenerateConfig(backend="openai", serve={
+        "command": "/v/python -m srv --model {model} --port={port} {lora_modules} --tp {tensor_parallel_size}"})
+    words = render_command(cfg.serve.command, {"model": "/m", "port": "8123", "host": "h", "served_model_name": "p",
+                                               "tensor_parallel_size": "2"}, lora_arguments("policy", "/a", 24))
+    assert words == ["/v/python", "-m", "srv", "--model", "/m", "--port=8123", "--enable-lora", "--lora-modules",
+                     '{"name": "policy", "path": "/a"}', "--max-lora-rank", "32", "--tp", "2"]
+    # rank 16 or less: vLLM's default max rank serves it, no flag
+    assert lora_arguments("policy", "/a", 8) == ["--enable-lora", "--lora-modules", '{"name": "policy", "path": "/a"}']
+    assert render_command(cfg.serve.command, {"model": "/m", "port": "1", "host": "h", "served_model_name": "p",
+                                              "tensor_parallel_size": "1"}, [])[5:7] == ["--port=1", "--tp"]
+
+
+@pytest.mark.parametrize("serve, base_url, backend, needle", [
+    ({"command": "srv --model {model}"}, None, "openai", "must contain {port}"),
+    ({"command": "srv {model} {port} {gpus}"}, None, "openai", "unknown placeholder(s) ['gpus']"),
+    ({"command": "srv {model} {port} --lora={lora_modules}"}, None, "openai", "must be a word of its own"),
+    ({"command": "srv '{model} {port}"}, None, "openai", "not a valid shell-quoted command line"),
+    ({"command": "srv {model} {port}"}, "http://127.0.0.1:8000/v1", "openai", "remove base_url"),
+    ({"command": "srv {model} {port}"}, None, "vllm", "needs generate.backend: openai"),
+    ({"command": "srv {model} {port}", "port": 70000}, None, "openai", "less than or equal to 65535"),
+])
+def test_serve_config_errors(serve, base_url, backend, needle):
+    with pytest.raises(ValidationError) as e:
+        GenerateConfig(backend=backend, serve=serve, base_url=base_url)
+    assert needle in str(e.value)
+
+
+def test_openai_without_url_or_serve_points_at_serve():
+    with pytest.raises(ValidationError, match="or generate.serve"):
+        GenerateConfig(backend="openai")
+
+
+def test_rounds_with_openai_need_serve():
+    """An already running server (base_url) serves one policy, not each round's: refused for
+    rounds > 1, pointing at generate.serve; with serve, iterated runs validate."""
+    from pofe.args import PofeConfig
+
+    judge = {"type": "python", "function": "tests.preprocess.test_served:length_reward"}
+    served = PofeConfig(method="rrhf", rounds=2, judge=judge,
+                        generate={"backend": "openai", "serve": {"command": "srv {model} {port}"}})
+    assert served.generate.serve.command == "srv {model} {port}"
+    with pytest.raises(ValidationError, match="set generate.serve instead"):
+        PofeConfig(method="rrhf", rounds=2, judge=judge,
+                   generate={"backend": "openai", "base_url": "http://127.0.0.1:8000/v1"})
+
+
+def test_adapter_policy_without_lora_placeholder_is_refused(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/base", "r": 8}))
+    cfg = GenerateConfig(backend="openai", serve={"command": "srv --model {model} --port {port}"})
+    before = live_servers()
+    with pytest.raises(ValueError, match=r"is a PEFT adapter: add \{lora_modules\}"):
+        ServedGenerator(cfg, str(tmp_path), tmp_path)
+    assert live_servers() == before and not (tmp_path / "server.log").exists()  # refused before starting
+
+
+def _gone(pid: int, timeout: float = 15.0) -> bool:
+    """Whether process `pid` ends within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_ends_the_servers_whole_session(tmp_path):
+    """stop() reaches what the server started (vLLM's engine workers): here a grandchild."""
+    from pofe.preprocess.generators.served import ServerProcess
+
+    server = ServerProcess(["sh", "-c", "sleep 600 & echo worker $!; wait"], tmp_path / "server.log", "http://x")
+    deadline = time.monotonic() + 15
+    while "worker " not in server.tail() and time.monotonic() < deadline:  # tail: after the command line
+        time.sleep(0.05)
+    worker = int(server.tail().split("worker ")[1].split()[0])
+    server.stop()
+    assert server.exit_code is not None and _gone(worker)
+    assert server not in live_servers()
+
+
+def test_server_dies_with_a_killed_parent(tmp_path):
+    """A stage process killed outright (no atexit) takes its server along (PR_SET_PDEATHSIG)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, time\n"
+              "from pofe.preprocess.generators.served import ServerProcess\n"
+              "s = ServerProcess(['sleep', '600'], sys.argv[1], 'http://x')\n"
+              "print(s.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "server.log")], stdout=subprocess.PIPE,
+                              text=True)
+    server_pid = int(parent.stdout.readline())
+    time.sleep(0.5)  # the launcher has exec'd into the server
+    assert not _gone(server_pid, timeout=0.1)
+    parent.kill()
+    parent.wait(timeout=30)
+    assert _gone(server_pid)
+
+
+# ---- a real vLLM server ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reference_run(vllm_python, tiny_policy, tmp_path_factory) -> Path:
+    """The served pipeline run to the end without interruption (its out_dir)."""
+    out = tmp_path_factory.mktemp("served") / "reference"
+    _pipeline(_served(vllm_python), tiny_policy, out)
+    return out
+
+
+@pytest.mark.vllm
+def test_served_pipeline_equals_direct_server_and_stops_it(reference_run, vllm_server, vllm_python, tiny_policy):
+    """Shard s was sampled with seed + s * SHARD_SEED_STRIDE + i for its prompt i: asking an
+    independently started server (the session fixture, same model and settings) with those
+    seeds gives the same candidates. The server is gone after the stage."""
+    from pofe.preprocess.generators import make_generator
+
+    cfg = _served(vllm_python)
+    base, model = vllm_server
+    direct = make_generator(cfg.model_copy(update={"serve": None, "base_url": base, "model": model}), model)
+    for shard in _shards(reference_run):
+        s = shard["index"] // SHARD_SIZE
+        sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
+        (expected,) = direct.generate([shard["rendered"]], cfg.num_candidates, sampling)
+        assert shard["candidates"] == [c for c in expected if c.strip()]  # the stage drops empty ones
+    summary = json.loads((reference_run / "summary.json").read_text())
+    assert summary["generate_client_requests_last_run"]["requests"] == len(PROMPTS)
+    assert summary["generate_client_requests_last_run"]["failures"] == 0
+    log = (reference_run / "generate" / "server.log").read_text()
+    assert "=== POFE" in log and "--served-model-name policy" in log
+    assert _running(reference_run) == []
+
+
+@pytest.mark.vllm
+def test_server_killed_mid_stage_fails_clearly_and_rerun_resumes(reference_run, vllm_python, tiny_policy, tmp_path):
+    """SIGKILL the server once shard 1 is written: the stage fails naming the command, the exit
+    code and the log; a rerun starts a new server, does only the missing shards, and writes the
+    uninterrupted run's data.jsonl byte for byte."""
+    out = tmp_path / "resumed"
+    killed = []
+
+    def kill_after_shard_1():
+        deadline = time.monotonic() + 400
+        while not (out / "generate" / "shard-00001.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for server in _running(out):
+            os.killpg(server.pid, signal.SIGKILL)
+            killed.append(server.pid)
+
+    watcher = threading.Thread(target=kill_after_shard_1, daemon=True)
+    watcher.start()
+    with pytest.raises(ServerExited) as e:
+        _pipeline(_served(vllm_python), tiny_policy, out)
+    watcher.join()
+    message = str(e.value)
+    assert killed and ("exited while generating" in message or "exited before this batch" in message)
+    assert "exit code -9 (signal SIGKILL)" in message
+    assert "vllm.entrypoints.openai.api_server --model" in message
+    assert str(out / "generate" / "server.log") in message and "run the stage again to resume" in message
+    assert _running(out) == []
+    written = len(list((out / "generate").glob("shard-*.jsonl")))
+    assert 2 <= written < len(PROMPTS)
+
+    result = _pipeline(_served(vllm_python), tiny_policy, out)
+    requests = json.loads(result.summary_path.read_text())["generate_client_requests_last_run"]["requests"]
+    assert requests == len(PROMPTS) - written  # only the missing shards were generated
+    assert result.data_path.read_bytes() == (reference_run / "data.jsonl").read_bytes()
+    assert _running(out) == []
+    assert (out / "generate" / "server.log").read_text().count("=== POFE") == 2  # both starts logged
+
+
+@pytest.mark.vllm
+def test_adapter_served_as_lora_module_matches_peft(vllm_python, tiny_policy, tmp_path):
+    """A PEFT adapter policy is served as a LoRA module on its base (no merge): greedy answers
+    equal peft's base + adapter, and differ from the base's."""
+    from tests.preprocess._lora import greedy_answers, strong_adapter
+    from tests.preprocess._vllm_inprocess_driver import PROMPTS as RENDERED
+
+    adapter = strong_adapter(tiny_policy, tmp_path / "adapter")
+    with_adapter = greedy_answers(tiny_policy, RENDERED, adapter)
+    assert with_adapter != greedy_answers(tiny_policy, RENDERED)
+    gen = ServedGenerator(_served(vllm_python), str(adapter), tmp_path)
+    try:
+        answers = gen.generate(RENDERED, 1, Sampling(temperature=0.0, max_new_tokens=8))
+    finally:
+        gen.close()
+    assert [a[0] for a in answers] == with_adapter
+    log = (tmp_path / "server.log").read_text()
+    assert f"--model {tiny_policy}" in log and "--enable-lora" in log and "--served-model-name policy-base" in log
+    assert gen.server.exit_code is not None  # stopped
