@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .args import pofe_config
+from .distributed import sum_over_ranks
 from .logs import get_logger
 from .modeling import attention_backend, model_config
 
@@ -139,6 +140,9 @@ def choose_layout(
     """`packed` or `cache` for this batch on this attention backend (see the module docstring).
 
     `reentrant`: the layers are checkpointed reentrantly, which only the packed layout survives.
+    Under several processes `auto` weighs the scores summed over the ranks (every rank
+    calls this once per batch), so all run the same layout: its number of forwards must
+    match across ranks, whose collectives (sharded weights, DDP's buffer broadcast) pair up.
     """
     if layout not in PREFIX_LAYOUTS:
         raise ValueError(f"prefix layout must be one of {PREFIX_LAYOUTS}, got {layout!r}")
@@ -148,7 +152,8 @@ def choose_layout(
         return "cache"
     if reentrant:
         return "packed"
-    packed, cache = attention_scores(segment_ids, candidate_mask)
+    scores = torch.tensor(attention_scores(segment_ids, candidate_mask))  # (packed, cache)
+    packed, cache = sum_over_ranks(scores, segment_ids.device).tolist()
     return "cache" if packed > CACHE_FACTOR * cache else "packed"
 
 

@@ -147,16 +147,20 @@ def cache_hidden_states(
     segment_ids: torch.Tensor,
     position_ids: torch.Tensor,
     candidate_mask: torch.Tensor,
+    *,
+    logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The final hidden states that predict every response token of a packed batch, via the cache.
 
     Args:
         input_ids, segment_ids, position_ids: (B, L) packed rows (`pofe.prefix`).
         candidate_mask: (B, K) real candidates.
+        logits: return the logits the forwards' own head computed at those positions
+            instead (for models whose head cannot be called apart, `pofe.scoring`).
 
     Returns:
-        hidden (M, H), target ids (M,) and flat candidate indices (M,) (row-major over
-        the True entries of candidate_mask), one per scored response token.
+        hidden (M, H) (logits (M, V)), target ids (M,) and flat candidate indices (M,)
+        (row-major over the True entries of candidate_mask), one per scored response token.
     """
     if torch.is_grad_enabled() and model.training and reentrant_checkpointing(model):
         raise ValueError(
@@ -168,10 +172,11 @@ def cache_hidden_states(
     prompt_of, prompt_len = s["prompt_of"], s["prompt_len"]
     r = s["response_ids"].shape[1]
     recorder = Cache(layer_class_to_replicate=_RecordingLayer)
+    outputs = dict(logits_to_keep=0) if logits else dict(output_hidden_states=True, logits_to_keep=1)
     with _cache_kept_under_checkpointing(model):
         prompt_out = model(
             input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"], past_key_values=recorder,
-            use_cache=False, output_hidden_states=True, logits_to_keep=1,
+            use_cache=False, **outputs,
         )
         prefix = Cache(layers=[
             _PrefixLayer(_per_response(layer.keys, prompt_of), _per_response(layer.values, prompt_of))
@@ -181,7 +186,7 @@ def cache_hidden_states(
             input_ids=s["response_ids"],
             attention_mask=torch.cat([_per_response(s["prompt_mask"], prompt_of), s["response_mask"]], 1),  # (N, P+R)
             position_ids=prompt_len[prompt_of, None] + torch.arange(r, device=input_ids.device),  # (N, R)
-            past_key_values=prefix, use_cache=False, output_hidden_states=True, logits_to_keep=1,
+            past_key_values=prefix, use_cache=False, **outputs,
         )
     if not prefix.layers or not all(layer.read for layer in prefix.layers):
         # a layer that drops or bypasses the cache would score the responses without their prompt
@@ -190,8 +195,8 @@ def cache_hidden_states(
             "version without `_can_checkpoint_with_cache` under gradient checkpointing, or a model "
             "whose attention keeps its own cache); set `pofe.prefix_layout: packed`"
         )
-    prompt_hidden = prompt_out.hidden_states[-1]  # (B, P, H)
-    response_hidden = response_out.hidden_states[-1]  # (N, R, H)
+    prompt_hidden = prompt_out.logits if logits else prompt_out.hidden_states[-1]  # (B, P, H|V)
+    response_hidden = response_out.logits if logits else response_out.hidden_states[-1]  # (N, R, H|V)
 
     # token j >= 1 of response n is predicted at (n, j - 1); token 0 at its prompt's last
     # position (not scored with an empty prompt, as in the unshared layout)

@@ -18,6 +18,11 @@ Two batch layouts reach :func:`score_candidates` (see ``pofe.collator``):
   prompt position, every later token by the previous token of the same response.
 
 All give the same (B, K) log-probs and lengths: the trainers cannot tell them apart.
+
+Under sharded models the output embedding is called apart from the forward only where
+that is exact (`pofe.modeling.head_outside_forward`); elsewhere (ZeRO-3, FSDP1, FSDP2 with
+the head as its own unit) the model's forward runs its head on every position and the
+log-probs are read off those logits (a log line says so; more memory, same numbers).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .layout import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
 from .logs import get_logger
-from .modeling import attention_backend, logits_are_plain, mask_dtype, output_embedding
+from .modeling import attention_backend, head_outside_forward, logits_are_plain, mask_dtype, output_embedding
 from .prefix import block_attention_mask, check_backend, choose_layout
 from .prefix_cache import cache_hidden_states, reentrant_checkpointing
 
@@ -118,19 +123,47 @@ def token_logps(
     return torch.cat(out)  # (M,)
 
 
-def final_hidden_states(model: torch.nn.Module, **inputs) -> torch.Tensor:
+def final_hidden_states(model: torch.nn.Module, head_in_forward: bool = False, **inputs) -> torch.Tensor:
     """(rows, T, H) hidden states after the final norm, without the full logits.
 
     `logits_to_keep=1` makes the head run on the last position only; the hidden states
     come from `output_hidden_states` (transformers ties `hidden_states[-1]` to the
     normed `last_hidden_state`). Calling the top-level model keeps PEFT, DDP,
-    DeepSpeed and gradient checkpointing hooks in play.
+    DeepSpeed and gradient checkpointing hooks in play. With `head_in_forward` these
+    are the (rows, T, vocab) logits instead, the head run inside the forward.
     """
+    if head_in_forward:
+        return model(**inputs, use_cache=False, logits_to_keep=0).logits
     out = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
     hidden = getattr(out, "hidden_states", None)
     if hidden is None:
         raise ValueError(f"{type(model).__name__}.forward returned no hidden_states")
     return hidden[-1]
+
+
+class _ComputedLogits(torch.nn.Module):
+    """The head for logits the forward already computed: a float32 copy of each chunk.
+
+    A copy, because the chunked log-softmax's backward overwrites its input in place.
+    """
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.to(torch.float32, copy=True)
+
+
+def scoring_head(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+    """The head scoring applies to the gathered states, and whether the forward runs the real one.
+
+    Where the output embedding cannot run apart from the forward
+    (:func:`pofe.modeling.head_outside_forward` says why), the forward returns logits
+    and the head applied to them copies them.
+    """
+    reason = head_outside_forward(model)
+    if reason is None:
+        return output_embedding(model), False
+    LOG.warning_once(f"POFE: {reason}; the model's forward runs it on every position "
+                     "(full logits: more memory than chunked scoring, the same log-probs)")
+    return _ComputedLogits(), True
 
 
 def scored_positions_unshared(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,9 +228,10 @@ def response_logps(
         LOG.warning_once("POFE: this model transforms its logits beyond lm_head; "
                          "scoring falls back to full logits (more memory)")
         return response_logps_reference(model, input_ids, attention_mask, labels)
-    hidden = final_hidden_states(model, input_ids=input_ids, attention_mask=attention_mask)  # (N, T, H)
+    head, in_forward = scoring_head(model)
+    hidden = final_hidden_states(model, in_forward, input_ids=input_ids, attention_mask=attention_mask)  # (N, T, H|V)
     src, tgt, row = scored_positions_unshared(labels)
-    logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    logps = token_logps(head, hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = labels.shape[0]
     return sum_per_candidate(logps, row, n)
 
@@ -228,11 +262,12 @@ def packed_response_logps(
         row-major order of candidate_mask (the unshared layout's row order).
     """
     mask4d = block_attention_mask(segment_ids, attention_backend(model), mask_dtype(model))  # (B, 1, L, L)
+    head, in_forward = scoring_head(model)
     hidden = final_hidden_states(
-        model, input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids
-    )  # (B, L, H)
+        model, in_forward, input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids
+    )  # (B, L, H|V)
     src, tgt, cand = scored_positions_packed(input_ids, segment_ids, candidate_mask)
-    logps = token_logps(output_embedding(model), hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
+    logps = token_logps(head, hidden.flatten(0, 1)[src], tgt, chunk_size)  # (M,)
     n = int(candidate_mask.sum())
     return sum_per_candidate(logps, cand, n)
 
@@ -247,8 +282,11 @@ def cache_response_logps(
     chunk_size: int = DEFAULT_LOGIT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`packed_response_logps` through the prompts' KV cache (`pofe.prefix_cache`)."""
-    hidden, tgt, cand = cache_hidden_states(model, input_ids, segment_ids, position_ids, candidate_mask)  # (M, H)
-    logps = token_logps(output_embedding(model), hidden, tgt, chunk_size)  # (M,)
+    head, in_forward = scoring_head(model)
+    hidden, tgt, cand = cache_hidden_states(
+        model, input_ids, segment_ids, position_ids, candidate_mask, logits=in_forward
+    )  # (M, H|V)
+    logps = token_logps(head, hidden, tgt, chunk_size)  # (M,)
     n = int(candidate_mask.sum())
     return sum_per_candidate(logps, cand, n)
 

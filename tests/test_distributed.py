@@ -114,20 +114,28 @@ def _worker(rank, store, model_path, prep, out):
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, tiny64_model):
-    """Run `_worker` on two spawned processes; what each saved, and the prepared folder."""
-    out = tmp_path_factory.mktemp("ranks")
-    prep = out / "prep"
-    context = mp.spawn(_worker, args=(str(out / "store"), str(tiny64_model), str(prep), str(out)),
-                       nprocs=WORLD, join=False)
+def spawn_ranks(worker, out, *args) -> list:
+    """Run `worker(rank, store, *args)` on WORLD spawned processes; what each saved to out/rank<r>.pt.
+
+    A worker that hangs in a collective (unpaired calls across ranks) fails the test
+    after TIMEOUT_S instead of blocking the suite.
+    """
+    context = mp.spawn(worker, args=(str(out / "store"), *args), nprocs=WORLD, join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=1):  # raises with the worker's traceback if one fails
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"two gloo workers did not finish within {TIMEOUT_S} s")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)], prep
+            pytest.fail(f"{WORLD} gloo workers did not finish within {TIMEOUT_S} s")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, tiny64_model):
+    """Run `_worker` on two spawned processes; what each saved, and the prepared folder."""
+    out = tmp_path_factory.mktemp("ranks")
+    prep = out / "prep"
+    return spawn_ranks(_worker, out, str(tiny64_model), str(prep), str(out)), prep
 
 
 def test_two_ranks_hold_the_one_process_anchor_table(two_ranks, tiny64_model, tmp_path):
