@@ -185,3 +185,24 @@ def test_vllm_generator_close_ends_its_engine(vllm_python, tiny_policy, tmp_path
     assert any(c.startswith("VLLM::EngineCore") for c in res["children"]), res["children"]
     assert all("multiprocessing.resource_tracker" in c for c in res["alive_after_close"]), res["alive_after_close"]
     assert res["has_llm"] is False
+
+
+@pytest.mark.e2e
+def test_axolotl_preprocess_with_two_workers_writes_the_one_process_file(tmp_path, tiny_model):
+    """Through the plugin: `axolotl preprocess` with pofe.candidates.num_workers: 2 (axolotl's
+    tokenizer pickled to the workers, the judge imported there) writes the one-process file."""
+    from tests.helpers import recipe, run_axolotl
+    from tests.test_e2e_prompts import pofe_block, prompts_file
+
+    data, _ = prompts_file(tmp_path)
+    outputs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"candidates-{workers}"
+        block = {**pofe_block("rrhf"), "candidates": {"out_dir": str(out), "shard_size": 4, "num_workers": workers}}
+        run_dir = tmp_path / f"run-{workers}"
+        run_dir.mkdir()
+        run_axolotl("preprocess", str(recipe(run_dir, tiny_model, "rrhf", data, "pofe.prompts", pofe=block)))
+        outputs[workers] = out
+    assert (outputs[2] / "data.jsonl").read_bytes() == (outputs[1] / "data.jsonl").read_bytes()
+    assert len((outputs[1] / "data.jsonl").read_text().splitlines()) == 12
+    assert sorted(p.name for p in (outputs[2] / "workers").glob("worker-*.log")) == ["worker-0.log", "worker-1.log"]
