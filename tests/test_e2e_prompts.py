@@ -31,6 +31,7 @@ def pofe_block(method):
     }
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("method", ["rrhf", "sppo"])
 def test_prompts_to_trained_model(tmp_path, tiny_model, method):
     data, prompts = prompts_file(tmp_path)

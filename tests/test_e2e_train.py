@@ -107,6 +107,7 @@ RRHF_KEYS = ["rrhf/rank", "rrhf/ft", "rrhf/rank_accuracy", "rrhf/best_score", "r
 SPPO_KEYS = ["sppo/loss", "sppo/logratio", "sppo/target", "sppo/win_rate_spread"]
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
     extra = {"full": {}, "lora": LORA, "qlora": QLORA}[mode]
@@ -136,6 +137,7 @@ def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
         assert after[1] > before[1], (before, after)
 
 
+@pytest.mark.newest
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     extra = {"full": {"learning_rate": 1e-3}, "lora": LORA, "qlora": QLORA}[mode]
