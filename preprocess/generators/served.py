@@ -131,7 +131,9 @@ class ServerProcess:
             with contextlib.suppress(httpx.TransportError, ValueError):
                 r = httpx.get(f"{self.base_url}/models", timeout=5)
                 if r.status_code == 200:
-                    return [m.get("id") for m in r.json().get("data", [])]
+                    body = r.json()
+                    models = body.get("data") if isinstance(body, dict) else None
+                    return [m.get("id") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
             if time.monotonic() > deadline:
                 raise TimeoutError(self.describe(f"did not answer {self.base_url}/models within {timeout:.0f} s "
                                                  "(generate.serve.ready_timeout)"))

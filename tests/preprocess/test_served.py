@@ -167,6 +167,30 @@ def test_server_dies_with_a_killed_parent(tmp_path):
     assert _gone(server_pid)
 
 
+def test_server_exiting_before_ready_fails_with_exit_code_and_log(tmp_path):
+    cfg = GenerateConfig(backend="openai", serve={"command": "sh -c 'echo cannot load {model}; exit 3' {port}"})
+    with pytest.raises(ServerExited) as e:
+        ServedGenerator(cfg, "/no/such/model", tmp_path)
+    message = str(e.value)
+    assert "exited before it was ready (exit code 3)" in message
+    assert "cannot load /no/such/model" in message and str(tmp_path / "server.log") in message
+
+
+def test_server_not_serving_the_requested_name_is_refused_and_stopped(tmp_path):
+    """A real HTTP server (python's http.server) whose /v1/models lists another model: POFE
+    names what is served and what it would request, and stops the server."""
+    import sys
+
+    (tmp_path / "site" / "v1").mkdir(parents=True)
+    (tmp_path / "site" / "v1" / "models").write_text(json.dumps({"data": [{"id": "other"}]}))
+    command = f"{sys.executable} -m http.server {{port}} --bind {{host}} --directory {{model}}"
+    cfg = GenerateConfig(backend="openai", serve={"command": command, "served_model_name": "policy"})
+    before = live_servers()
+    with pytest.raises(ValueError, match=r"serves \['other'\], not '/.*/site', the model POFE requests"):
+        ServedGenerator(cfg, str(tmp_path / "site"), tmp_path)
+    assert live_servers() == before  # stopped
+
+
 # ---- a real vLLM server ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
