@@ -33,6 +33,7 @@ from pofe.files import write_atomic
 from pofe.logs import logger_name
 
 from .config import GenerateConfig, PipelineConfig
+from .stages import StagePlan
 
 LOG = logging.getLogger(logger_name(__name__))
 WORKER_MODULE = "pofe.preprocess.worker"
@@ -124,6 +125,12 @@ def assign_devices(num_workers: int, assigned: list[str] | None, group: int, vis
     return [",".join(visible[i * group : (i + 1) * group]) for i in range(num_workers)]
 
 
+def worker_devices(generate: GenerateConfig, candidates: PipelineConfig) -> list[str | None]:
+    """Each worker's CUDA_VISIBLE_DEVICES for these settings on this machine (raises, before
+    any worker starts, when the GPUs cannot hold the workers' engines)."""
+    return assign_devices(candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible_gpus())
+
+
 def worker_env(devices: str | None, num_workers: int) -> dict[str, str]:
     """A worker's environment: its GPUs; on a CPU an equal share of the cores (unless
     OMP_NUM_THREADS is set); and this process's import path, so judge.function and the
@@ -138,12 +145,13 @@ def worker_env(devices: str | None, num_workers: int) -> dict[str, str]:
     return env
 
 
-def run_workers(plan, tokenizer, stop_after: str | None, n_shards: int, visible: list[str]) -> list[dict]:
-    """Run the generate and judge stages in `plan.candidates.num_workers` processes; return
-    each worker's report (its shards, devices, timings, shards redone). Raises WorkerFailed
-    naming every worker that failed, its exit status and the end of its log."""
+def run_workers(
+    plan: StagePlan, tokenizer, stop_after: str | None, n_shards: int, devices: list[str | None]
+) -> list[dict]:
+    """Run the generate and judge stages in `plan.candidates.num_workers` processes, worker i
+    on devices[i]; return each worker's report (its shards, devices, timings, shards redone).
+    Raises WorkerFailed naming every worker that failed, its exit status and its log's end."""
     n = plan.candidates.num_workers
-    devices = assign_devices(n, plan.candidates.worker_devices, engine_group_size(plan.generate), visible)
     folder = plan.gen_dir.parent / "workers"
     folder.mkdir(exist_ok=True)
     spec = folder / "spec.pkl"

@@ -51,7 +51,7 @@ from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
-from .parallel import assign_devices, check_parallel, engine_group_size, run_workers, visible_gpus
+from .parallel import check_parallel, run_workers, worker_devices
 from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
 from .stages import StagePlan, close_generator, column_texts, free_memory, generate_shard, judge_shard
 
@@ -127,9 +127,7 @@ def run_pipeline(
     _check_inputs(rows, prompt_column, generate, candidates)
     prebuilt = [name for name, obj in (("generator", generator), ("judge", judge_impl)) if obj is not None]
     check_parallel(generate, candidates, prebuilt=prebuilt)
-    visible = visible_gpus() if candidates.num_workers > 1 else []
-    if candidates.num_workers > 1:  # GPU groups checked before any worker starts
-        assign_devices(candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible)
+    devices = worker_devices(generate, candidates) if candidates.num_workers > 1 else []
     if judge_impl is None and judge.type in FUNCTION_JUDGES:
         judge_impl = make_judge(judge)  # imports judge.function now, not after generating
     out = Path(candidates.out_dir)
@@ -148,7 +146,7 @@ def run_pipeline(
     reports: list[dict] = []
     t0 = time.monotonic()
     if candidates.num_workers > 1:
-        reports = run_workers(plan, tokenizer, stop_after, math.ceil(len(rows) / candidates.shard_size), visible)
+        reports = run_workers(plan, tokenizer, stop_after, math.ceil(len(rows) / candidates.shard_size), devices)
     workers_s = time.monotonic() - t0
     # every shard read back (and verified) here; in one process, this does all the work
     done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
