@@ -6,8 +6,14 @@ stand-in trainers use them alike; accelerate, DeepSpeed and FSDP all initialise 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+
+from .logs import get_logger
+
+LOG = get_logger(__name__)
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -46,3 +52,29 @@ def merge_rows(table: torch.Tensor, written: torch.Tensor, device: torch.device 
     values = sum_over_ranks(torch.where(written, table, 0.0), device)
     counts = sum_over_ranks(written.to(table.dtype), device)
     return torch.where(counts > 0, values, float("nan"))
+
+
+def place_ranks_on_cpu(cfg) -> None:
+    """Train with several processes on a machine without accelerator: models on the CPU, gloo.
+
+    axolotl 0.19's `normalize_config` sets `device_map = {"": LOCAL_RANK}` whenever
+    world_size > 1 (a recipe's `device_map` is overwritten), which transformers reads as
+    accelerator LOCAL_RANK: every rank fails to load. The model loader holds this very
+    dict in its `from_pretrained` arguments (`pre_model_load` runs after it copied them),
+    so it is changed in place. And axolotl's early `PartialState()` is not told `cpu`, so
+    accelerate reports no distributed run and the Trainer would train each rank alone:
+    the state is made again with `cpu=True` (the gloo group already exists), and
+    `ACCELERATE_USE_CPU` makes the TrainingArguments ask for it too. Nothing happens
+    where an accelerator exists or in a one-process run.
+    """
+    device_map = cfg.get("device_map")
+    if (cfg.get("world_size") or 1) == 1 or torch.accelerator.is_available() or not isinstance(device_map, dict):
+        return
+    from accelerate import PartialState  # imported only here: this module stays torch-only otherwise
+
+    device_map[""] = "cpu"
+    os.environ["ACCELERATE_USE_CPU"] = "true"
+    PartialState._reset_state()
+    state = PartialState(cpu=True)
+    LOG.info(f"POFE: no accelerator: rank {state.process_index} of {state.num_processes} trains on the CPU "
+             f"({state.distributed_type.value}, {dist.get_backend()})")

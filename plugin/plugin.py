@@ -24,6 +24,13 @@ class PofePlugin(BasePlugin):
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"
 
+    def pre_model_load(self, cfg):
+        if pofe_config(cfg).method is None:
+            return
+        from .distributed import place_ranks_on_cpu
+
+        place_ranks_on_cpu(cfg)
+
     def load_datasets(self, cfg, preprocess: bool = False):
         if pofe_config(cfg).method is None:
             return None
