@@ -1,9 +1,10 @@
 """A loopback stand-in for the Hugging Face Hub's HTTP API, for `huggingface_hub.HfApi`.
 
-It answers the calls a push makes (create a repo, ask each file's upload mode, commit) and
-records them: `created` ({repo_id: {"type", "visibility"}}) and `files` ({(repo_type, repo_id):
-{path: bytes}}). Every file is declared "regular" (its bytes travel base64 in the commit),
-so no LFS or Xet storage is involved; any other call is answered 404 and recorded in `unknown`.
+It answers the calls a push makes (who am I, create a repo, ask each file's upload mode,
+commit) and records them: `created` ({repo_id: {"type", "visibility"}}) and `files`
+({(repo_type, repo_id): {path: bytes}}). Every file is declared "regular" (its bytes travel
+base64 in the commit), so no LFS or Xet storage is involved; any other call is answered 404
+and recorded in `unknown`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class HubServer:
                                          "commitOid": oid, "pullRequestUrl": None})
 
             def do_GET(self):
+                if self.path == "/api/whoami-v2":  # axolotl checks the token before it starts
+                    return self._reply(200, {"name": "pofe-test", "type": "user",
+                                             "auth": {"accessToken": {"role": "write"}}})
                 server.unknown.append(f"GET {self.path}")
                 self._reply(404, {"error": "unknown"})
 

@@ -17,6 +17,8 @@ import torch
 import yaml
 
 from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, run_axolotl
+from tests.hub_server import HubServer
+from tests.test_publish import read_wandb_history
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
 from pofe.run.evaluation import sequence_logps
 
@@ -197,12 +199,26 @@ def test_report_holds_the_run_numbers(rrhf_run):
 
 
 @pytest.fixture(scope="module")
-def sppo_run(tmp_path_factory, tiny_model):
+def sppo_published(tmp_path_factory, tiny_model):
+    """Two SPPO LoRA rounds that publish: `hub_model_id` against a loopback hub (HF_ENDPOINT),
+    W&B offline into the test's folder."""
     root = tmp_path_factory.mktemp("sppo_rounds")
     recipe = write_recipe(root, tiny_model, "sppo", adapter="lora", lora_r=4, lora_alpha=8,
-                          lora_target_linear=True)
-    run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet")
-    return root / "run"
+                          lora_target_linear=True, hub_model_id="org/tiny-sppo",
+                          wandb_project="pofe-test", wandb_mode="offline")
+    cmd = [str(Path(sys.executable).parent / "axolotl"), "pofe", "run", str(recipe), "--launcher", "python", "--quiet"]
+    with HubServer() as hub:
+        env = {**os.environ, **AXOLOTL_ENV, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test",
+               "WANDB_DIR": str(root), "WANDB_SILENT": "true",
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+    return root / "run", hub
+
+
+@pytest.fixture(scope="module")
+def sppo_run(sppo_published):
+    return sppo_published[0]
 
 
 def test_sppo_rounds_train_on_disjoint_splits(sppo_run):
@@ -260,3 +276,33 @@ def test_sppo_report_and_eval(sppo_run):
         assert r["candidates"]["mean_best_win_rate"] is not None
     md = (sppo_run / "report.md").read_text()
     assert "win-rate spread first -> last" in md
+
+
+def test_sppo_rounds_publish_per_round(sppo_published):
+    """Each round's merged iterate and candidates reach `org/tiny-sppo-iter<t>` and
+    `...-iter<t>-data` byte for byte; each round's training is the W&B run `run-iter<t>`
+    in group `run`; the `run-rounds` run holds the report's numbers at step = round."""
+    run, hub = sppo_published
+    assert not [call for call in hub.unknown if "tiny-sppo" in call]  # (bitsandbytes asks for its kernels too)
+    for t in (1, 2):
+        merged, cands = run / f"round-{t}" / "merged", run / f"round-{t}" / "candidates"
+        pushed = hub.files[("model", f"org/tiny-sppo-iter{t}")]
+        assert pushed == {str(p.relative_to(merged)): p.read_bytes() for p in merged.rglob("*") if p.is_file()}
+        assert hub.files[("dataset", f"org/tiny-sppo-iter{t}-data")]["data/train.jsonl"] == (cands / "data.jsonl").read_bytes()
+    assert set(hub.created) == {f"org/tiny-sppo-iter{t}{s}" for t in (1, 2) for s in ("", "-data")}
+
+    rep = json.loads((run / "report.json").read_text())
+    runs = {}
+    for run_dir in list(run.parent.glob("wandb/offline-run-*")) + list(run.glob("wandb/offline-run-*")):
+        info, history, _ = read_wandb_history(run_dir)
+        runs[info["name"]] = (info, history)
+    assert set(runs) == {"run-iter1", "run-iter2", "run-rounds"}
+    assert {runs[n][0]["group"] for n in runs} == {"run"}
+    history = runs["run-rounds"][1]
+    for r in rep["rounds"]:
+        assert history[r["round"]]["candidates/mean_reward"] == pytest.approx(r["candidates"]["mean_reward"])
+        assert history[r["round"]]["train/last_loss"] == pytest.approx(r["train"]["last_loss"])
+    for m, model in enumerate(rep["eval"]["models"]):
+        step = int(model["name"].removeprefix("pi_"))
+        assert history[step]["eval/mean_reward"] == pytest.approx(rep["eval"]["mean_reward"][m])
+    assert history[2]["eval/win_rate_vs_pi_0"] == pytest.approx(rep["eval"]["win_matrix"][2][0])
