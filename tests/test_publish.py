@@ -59,7 +59,8 @@ def write_round(layout: RunLayout, t: int) -> None:
     cands, merged = layout.candidates(t), layout.merged(t)
     cands.mkdir(parents=True)
     merged.mkdir(parents=True)
-    (cands / "data.jsonl").write_text(json.dumps({"prompt": f"p{t}", "responses": ["a", "b"], "rewards": [1, 0]}) + "\n")
+    row = {"prompt": f"p{t}", "responses": ["a", "b"], "rewards": [1, 0]}
+    (cands / "data.jsonl").write_text(json.dumps(row) + "\n")
     (cands / "summary.json").write_text(json.dumps({"rows": 1}))
     (cands / "shard-00000.jsonl").write_text("not pushed\n")
     (merged / "config.json").write_text('{"model_type": "llama"}')
@@ -220,7 +221,8 @@ def test_one_prompt_file_per_round(tmp_path):
     assert read(layout.round_prompts(1)) == ["r1-0", "r1-1"]
     assert read(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
     assert read(layout.held_out_prompts) == ["b3", "b4"]
-    assert state.data["prompt_mode"] == "files" and said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
+    assert state.data["prompt_mode"] == "files"
+    assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt files for pofe.rounds: 3"):
         PofeConfig(rounds=3, round_prompts=files)
     with pytest.raises(ValueError, match=r"round_prompts\[1\] \(round 2\): no file at '.*gone.jsonl'"):

@@ -288,7 +288,8 @@ def test_sppo_rounds_publish_per_round(sppo_published):
         merged, cands = run / f"round-{t}" / "merged", run / f"round-{t}" / "candidates"
         pushed = hub.files[("model", f"org/tiny-sppo-iter{t}")]
         assert pushed == {str(p.relative_to(merged)): p.read_bytes() for p in merged.rglob("*") if p.is_file()}
-        assert hub.files[("dataset", f"org/tiny-sppo-iter{t}-data")]["data/train.jsonl"] == (cands / "data.jsonl").read_bytes()
+        data = hub.files[("dataset", f"org/tiny-sppo-iter{t}-data")]
+        assert data["data/train.jsonl"] == (cands / "data.jsonl").read_bytes()
     assert set(hub.created) == {f"org/tiny-sppo-iter{t}{s}" for t in (1, 2) for s in ("", "-data")}
 
     rep = json.loads((run / "report.json").read_text())
