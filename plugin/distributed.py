@@ -73,6 +73,10 @@ def place_ranks_on_cpu(cfg) -> None:
     from accelerate import PartialState  # imported only here: this module stays torch-only otherwise
 
     device_map[""] = "cpu"
+    if cfg.get("deepspeed"):
+        # accelerate 1.13 makes no DeepSpeed state without an accelerator; left as it is,
+        # DeepSpeed stops with its own error instead of training as something else
+        return
     os.environ["ACCELERATE_USE_CPU"] = "true"
     PartialState._reset_state()
     state = PartialState(cpu=True)
