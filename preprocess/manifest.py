@@ -20,6 +20,7 @@ from pofe.files import stable_hash, write_atomic
 from pofe.logs import logger_name
 
 from .config import GenerateConfig, JudgeConfig
+from .config.generate import SERVE_RUNTIME_KEYS
 
 MANIFEST_VERSION = 2
 LOG = logging.getLogger(logger_name(__name__))
@@ -43,7 +44,7 @@ def generate_manifest(
         "prompts_sha256": digest.hexdigest(),
         "num_prompts": len(rows),
         "prompt_column": prompt_column,
-        "generate": generate.model_dump(),
+        "generate": generate.model_dump(exclude={"serve": set(SERVE_RUNTIME_KEYS)}),
         "shard_size": shard_size,
     }
 

@@ -30,6 +30,9 @@ from .credentials import check_base_url, check_key_env
 # [--max-lora-rank R]`), or none when the policy is a full model.
 SERVE_PLACEHOLDERS = ("model", "port", "host", "served_model_name", "lora_modules", "tensor_parallel_size")
 SERVE_REQUIRED = ("model", "port")
+# serve keys that decide how the server is reached and waited for, not what it generates: a
+# stage resumed with other values reuses its shards (generate/manifest.json leaves them out)
+SERVE_RUNTIME_KEYS = frozenset({"host", "port", "ready_timeout", "stop_timeout"})
 
 
 class ServeConfig(StrictConfig):

@@ -121,6 +121,20 @@ def test_adapter_policy_without_lora_placeholder_is_refused(tmp_path):
     assert live_servers() == before and not (tmp_path / "server.log").exists()  # refused before starting
 
 
+def test_manifest_keeps_what_changes_samples_not_how_the_server_is_reached():
+    """A stage that failed on ready_timeout resumes with a larger one; another command is
+    another generation setting."""
+    from pofe.preprocess.manifest import generate_manifest
+
+    def manifest(**serve):
+        cfg = GenerateConfig(backend="openai", serve={"command": "srv {model} {port}", **serve})
+        return generate_manifest(PROMPTS, policy_path="/p", generate=cfg, shard_size=1, prompt_column="prompt")
+
+    assert manifest() == manifest(ready_timeout=1200, stop_timeout=5, port=8011, host="0.0.0.0")
+    assert manifest() != manifest(command="srv {model} {port} --dtype bfloat16")
+    assert manifest() != manifest(tensor_parallel_size=2)
+
+
 def _gone(pid: int, timeout: float = 15.0) -> bool:
     """Whether process `pid` ends within `timeout` seconds."""
     deadline = time.monotonic() + timeout
