@@ -112,6 +112,20 @@ def test_rounds_with_openai_need_serve():
                    generate={"backend": "openai", "base_url": "http://127.0.0.1:8000/v1"})
 
 
+def test_lora_model_dir_is_sampled_through_the_served_adapter():
+    """With an adapter loaded, a served policy samples base + adapter (the adapter folder is
+    what the server gets); a bare base_url would sample the base: refused, pointing at serve."""
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.data.loader import sampling_policy
+
+    cfg = DictDefault(base_model="/base", lora_model_dir="/adapter")
+    served = GenerateConfig(backend="openai", serve={"command": "srv {model} {port} {lora_modules}"})
+    assert sampling_policy(cfg, served) == "/adapter"
+    with pytest.raises(ValueError, match="Set generate.serve"):
+        sampling_policy(cfg, GenerateConfig(backend="openai", base_url="http://127.0.0.1:8000/v1"))
+
+
 def test_adapter_policy_without_lora_placeholder_is_refused(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/base", "r": 8}))
     cfg = GenerateConfig(backend="openai", serve={"command": "srv --model {model} --port {port}"})
