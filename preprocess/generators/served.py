@@ -14,7 +14,8 @@ Lifecycle: the server runs in a session of its own (stopping it reaches the engi
 it spawns, and nothing else), writes to `server.log` in the stage folder (appended: a
 resumed stage keeps the crashed server's log), gets SIGTERM and then SIGKILL after
 `serve.stop_timeout` seconds when stopped, is stopped at interpreter exit, and gets SIGTERM
-from the kernel if this process dies without exiting cleanly (PR_SET_PDEATHSIG).
+from the kernel if this process dies without exiting cleanly (PR_SET_PDEATHSIG; strictly, when
+the thread that started it ends, so servers are started from the stage's own thread).
 """
 
 from __future__ import annotations
@@ -202,6 +203,11 @@ class ServedGenerator:
                 raise ValueError(
                     f"the policy {policy_path} is a PEFT adapter: add {{lora_modules}} to generate.serve.command "
                     "(vLLM then serves it as a LoRA module on its base), or merge it into its base first."
+                )
+            if adapter.get("peft_type", "LORA") != "LORA":
+                raise ValueError(
+                    f"the policy {policy_path} is a PEFT adapter of type {adapter['peft_type']}; vLLM serves LoRA adapters "
+                    "only: merge it into its base first."
                 )
             model = adapter["base_model_name_or_path"]
             lora_args = lora_arguments(serve.served_model_name, policy_path, adapter["r"])

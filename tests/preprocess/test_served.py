@@ -133,6 +133,11 @@ def test_adapter_policy_without_lora_placeholder_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"is a PEFT adapter: add \{lora_modules\}"):
         ServedGenerator(cfg, str(tmp_path), tmp_path)
     assert live_servers() == before and not (tmp_path / "server.log").exists()  # refused before starting
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/base", "peft_type": "IA3"}))
+    cfg = GenerateConfig(backend="openai", serve={"command": "srv --model {model} --port {port} {lora_modules}"})
+    with pytest.raises(ValueError, match="adapter of type IA3; vLLM serves LoRA adapters only"):
+        ServedGenerator(cfg, str(tmp_path), tmp_path)
+    assert live_servers() == before and not (tmp_path / "server.log").exists()
 
 
 def test_manifest_keeps_what_changes_samples_not_how_the_server_is_reached():
