@@ -8,8 +8,11 @@ runner's merge stage is
 whose default (`merge_method: memory_efficient`) adds the adapter's delta shard by shard,
 never holding the whole model in memory, and writes `round-<t>/merged` (axolotl always
 writes `<output_dir>/merged`), with the base's non-weight files (config, tokenizer). The
-base's dtype is kept. QLoRA: the delta is added to the NF4 round trip of the base weights,
-the weights the adapter was trained against; the next round quantises the merged model again.
+base's dtype is kept; on a float32 LoRA the weights equal peft's `merge_and_unload` exactly.
+QLoRA: axolotl adds the delta to the NF4 round trip of every 2-D base weight, the embeddings
+and lm_head included, which QLoRA training keeps in float (on the tiny model: max abs diff
+1.0e-2 to the float merge); `merge_method: legacy` in the recipe takes axolotl's whole-model
+float merge instead (equal to `merge_and_unload`). The next round quantises the merged model again.
 """
 
 from __future__ import annotations
