@@ -1,8 +1,9 @@
 """Two processes on the CPU (gloo, spawned): the sharded anchor pass and gathered metrics.
 
 The workers run the real `AnchorLogps` and `KResponseTrainer.log_stats` on stand-in
-trainers (axolotl 0.19 cannot place a model on the CPU when world_size > 1, so its CLI
-cannot launch them here). They meet through a file store, so no port is needed.
+trainers, which pins down the sharding of the anchor pass and the metrics' weighting by
+hand (whole runs through `axolotl train` on two processes: tests/test_two_process_train.py).
+They meet through a file store, so no port is needed.
 """
 
 from __future__ import annotations
