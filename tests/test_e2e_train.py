@@ -110,7 +110,9 @@ SPPO_KEYS = ["sppo/loss", "sppo/logratio", "sppo/target", "sppo/win_rate_spread"
 @pytest.mark.newest
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
-    extra = {"full": {}, "lora": LORA, "qlora": QLORA}[mode]
+    # QLoRA at LoRA's 1e-2 spiked at its last step (grad norm 48 on axolotl 0.19, the best
+    # response falling back below its start on 0.21, seed 0): half of it is stable on both
+    extra = {"full": {}, "lora": LORA, "qlora": {**QLORA, "learning_rate": 5e-3}}[mode]
     cfg = recipe(tmp_path, tiny_model, "rrhf", rrhf_jsonl, "pofe.rrhf", num_epochs=2, **extra)
     run_axolotl("train", str(cfg))
 
