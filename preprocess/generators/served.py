@@ -36,10 +36,9 @@ from pathlib import Path
 
 from ..config import GenerateConfig, Sampling
 from ..openai_client import EndpointError, OpenAIClient
+from .adapters import max_lora_rank, read_adapter
 from .openai import OpenAIGenerator
 
-# vLLM's accepted --max-lora-rank values (vllm.config.lora.MaxLoRARanks); its default is 16.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LOG_NAME = "server.log"
 
 # Run by this interpreter between fork and the server's exec: ask the kernel for SIGTERM
@@ -63,22 +62,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def read_adapter(path: str) -> dict | None:
-    """A PEFT adapter folder's adapter_config.json (its base and rank), or None for a model."""
-    config = Path(path) / "adapter_config.json"
-    return json.loads(config.read_text()) if config.exists() else None
-
-
 def lora_arguments(name: str, adapter_path: str, rank: int) -> list[str]:
     """vLLM's flags serving `adapter_path` as LoRA module `name` (the rank rounded up to a
     value vLLM accepts when above its default of 16)."""
     args = ["--enable-lora", "--lora-modules", json.dumps({"name": name, "path": str(adapter_path)})]
-    if rank > 16:
-        fits = [r for r in VLLM_LORA_RANKS if r >= rank]
-        if not fits:
-            raise ValueError(f"LoRA adapter {adapter_path} has rank {rank}; vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
-        args += ["--max-lora-rank", str(fits[0])]
-    return args
+    rank = max_lora_rank(rank, adapter_path)
+    return args if rank is None else [*args, "--max-lora-rank", str(rank)]
 
 
 def render_command(template: str, values: dict[str, str], lora_args: list[str]) -> list[str]:

@@ -7,10 +7,8 @@ backend instead; the candidates are the same.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from ..config import Sampling
+from .adapters import max_lora_rank, read_adapter
 from .base import Completion
 
 INSTALL_HINT = (
@@ -38,14 +36,12 @@ class VLLMGenerator:
         vllm = import_vllm()
         self._vllm = vllm
         self.lora_request = None
-        adapter_config = Path(model_path) / "adapter_config.json"
-        if adapter_config.exists():  # a PEFT adapter: its base with the adapter on every request
+        adapter = read_adapter(model_path)
+        if adapter is not None:  # a PEFT adapter: its base with the adapter on every request
             from vllm.lora.request import LoRARequest
 
-            adapter = json.loads(adapter_config.read_text())
-            # vLLM's default max_lora_rank is 16; a larger adapter needs it raised
-            rank = {"max_lora_rank": adapter["r"]} if adapter["r"] > 16 else {}
-            llm_kwargs = {"enable_lora": True, **rank, **llm_kwargs}
+            rank = max_lora_rank(adapter["r"], model_path)
+            llm_kwargs = {"enable_lora": True, **({} if rank is None else {"max_lora_rank": rank}), **llm_kwargs}
             self.lora_request = LoRARequest("policy", 1, str(model_path))
             model_path = adapter["base_model_name_or_path"]
         self.llm = vllm.LLM(model=model_path, **llm_kwargs)
