@@ -204,3 +204,34 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     (tmp_path / "off.yml").write_text(yaml.safe_dump(off))
     with pytest.raises(ValueError, match="pofe.eval: false"):
         evaluate_run(tmp_path / "off.yml")
+
+
+def answer_length_gap(prompts, completions, answer, **kwargs):
+    """A GRPO-style reward function reading the dataset's `answer` column."""
+    return [-abs(len(c) - len(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_path):
+    """A `reward_funcs` judge that reads a dataset column (as GRPO reward functions do) gets
+    each headline prompt's column from the round's prompt file, as the judge stage gave it:
+    the recorded rewards equal the function applied by hand to the answers and `answer`."""
+    import shutil
+
+    from pofe.run.evaluation import evaluate_run
+
+    layout = RunLayout(tmp_path / "run")
+    shutil.copytree(headline_run["layout"].root, layout.root)
+    recipe = yaml.safe_load(headline_run["recipe"].read_text())
+    recipe["output_dir"] = str(layout.root)
+    recipe["pofe"]["judge"] = {"type": "python", "reward_funcs": ["tests.test_headline.answer_length_gap"],
+                               "reward_weights": [2.0]}
+    (tmp_path / "funcs.yml").write_text(yaml.safe_dump(recipe))
+    evaluate_run(tmp_path / "funcs.yml", echo=lambda _: None)
+
+    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    answers = {r["prompt"]: r["answer"] for r in headline_run["rows"]}
+    for t in (1, 2):
+        samples = recorded["rounds"][str(t)]["samples"]
+        assert len(samples) == HEADLINE_PROMPTS
+        by_hand = [2.0 * -abs(len(s["response"]) - len(answers[s["prompt"]])) for s in samples]
+        assert [s["reward"] for s in samples] == by_hand

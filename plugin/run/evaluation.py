@@ -172,11 +172,15 @@ def score_under_base(base_path: str, answers: list[ModelAnswers], batch_size: in
 # ---- judging ---------------------------------------------------------------------------------
 
 
-def scalar_scores(judge_cfg: JudgeConfig, prompts: list, responses: list[list[str]]) -> list[list[float]]:
-    """Scalar judge scores, NaN for abstentions."""
+def scalar_scores(judge_cfg: JudgeConfig, prompts: list, responses: list[list[str]],
+                  columns: list[dict] | None = None) -> list[list[float]]:
+    """Scalar judge scores, NaN for abstentions. `columns`: each prompt's other dataset
+    columns, for judges that read them (TRL-style reward functions take them as kwargs)."""
     from pofe.preprocess.judges import Abstain, make_judge
 
-    scores = make_judge(judge_cfg).score(prompts, responses)
+    judge = make_judge(judge_cfg)
+    extra = {"columns": columns} if columns is not None and getattr(judge, "reads_columns", False) else {}
+    scores = judge.score(prompts, responses, **extra)
     return [[math.nan if isinstance(v, Abstain) else float(v) for v in row] for row in scores]
 
 
@@ -265,6 +269,19 @@ def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, secon
     return records
 
 
+def round_prompt_column(cfg) -> str:
+    """The prompt column of the run's `pofe.prompts` entry (each round's recipe keeps it)."""
+    (entry,) = cfg.datasets
+    return entry.get("field_prompt") or "prompt"
+
+
+def round_columns(prompts_file: Path, headline: list[dict], prompt_column: str) -> list[dict]:
+    """The other dataset columns of each headline prompt's row in the round's prompt file,
+    as the judge stage passed them when it judged that round's candidates."""
+    rows = read_jsonl(prompts_file)
+    return [{c: v for c, v in rows[q["index"]].items() if c != prompt_column} for q in headline]
+
+
 def headline_record(path: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]) -> dict:
     """headline.json's entry for one round: its model, and each answer with its reward."""
     return {"model": path, "samples": [
@@ -327,7 +344,8 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
         if on_train.get(m):
             texts = [q["prompt"] for q in on_train[m]]
             samples = draw_samples(model, tokenizer, texts, ecfg.train_samples, sampling, ecfg.batch_size)
-            rewards = scalar_scores(judge_cfg, texts, [[s.text for s in row] for row in samples])
+            columns = round_columns(layout.round_prompts(m), on_train[m], round_prompt_column(cfg))
+            rewards = scalar_scores(judge_cfg, texts, [[s.text for s in row] for row in samples], columns)
             headline["rounds"][str(m)] = headline_record(path, on_train[m], samples, rewards)
     out = layout.eval_dir / HEADLINE_JSON
     write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
