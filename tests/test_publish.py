@@ -18,6 +18,7 @@ from pofe.run.publish import (
     hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
 )
 from pofe.run.recipe import round_recipe
+from pofe.run.report.collect import sample_rows
 from pofe.run.rounds import prepare_prompts, push_round
 from tests.hub_server import HubServer
 
@@ -159,7 +160,12 @@ REPORT = {
     "rounds": [
         {"round": 1, "candidates": {"mean_reward": 0.25, "best_of_k_reward": 0.75, "policy_sample_mean_reward": 0.5,
                                     "mean_best_win_rate": None, "win_rate_spread": None},
-         "train": {"first_loss": 2.0, "last_loss": 1.5}},
+         "train": {"first_loss": 2.0, "last_loss": 1.5},
+         "trained_on_train_prompts": {"model_mean_reward": 0.5, "candidates_best_of_k_reward": 0.75, "samples": [
+             {"index": 0, "sample": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0,
+              "best_candidate": "2", "best_candidate_reward": 1.0},
+             {"index": 1, "sample": 0, "prompt": "2+2=", "completion": "5", "reward": 0.0,
+              "best_candidate": "4", "best_candidate_reward": 1.0}]}},
         {"round": 2, "candidates": {"mean_reward": 0.5, "best_of_k_reward": 1.0, "policy_sample_mean_reward": 0.625},
          "train": None},
     ],
@@ -177,7 +183,7 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
     from the report (step 0: pi_0's held-out numbers); None values are left out."""
     monkeypatch.setenv("WANDB_SILENT", "true")
     rows = round_metrics(REPORT)
-    run_id = log_round_metrics({**RAW, "wandb_mode": "offline"}, rows, tmp_path)
+    run_id = log_round_metrics({**RAW, "wandb_mode": "offline"}, rows, tmp_path, sample_rows(REPORT))
     (run_dir,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")
     deadline = time.monotonic() + 60
     while not (found := read_wandb_history(run_dir))[2]:  # wandb's service may still be writing
@@ -185,9 +191,11 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
         time.sleep(0.2)
     run, history, _ = found
     assert run == {"name": "tldr-rounds", "group": "tldr", "id": run_id}
+    table_ref = {k.removeprefix("samples/"): history[2].pop(k) for k in list(history[2]) if k.startswith("samples/")}
+    assert (table_ref["_type"], table_ref["nrows"], table_ref["ncols"]) == ("table-file", 2, 8)
     assert history == {
         0: {"eval/mean_reward": 0.125, "eval/kl_to_base": 0.0, "eval/mean_response_tokens": 4.0},
-        1: {"candidates/mean_reward": 0.25, "candidates/best_of_k_reward": 0.75,
+        1: {"headline/trained_reward": 0.5, "headline/best_of_k_reward": 0.75, "candidates/mean_reward": 0.25, "candidates/best_of_k_reward": 0.75,
             "candidates/policy_sample_mean_reward": 0.5, "train/first_loss": 2.0, "train/last_loss": 1.5,
             "eval/mean_reward": 0.375, "eval/kl_to_base": 0.5, "eval/mean_response_tokens": 3.5,
             "eval/win_rate_vs_pi_0": 0.75, "eval/win_rate_vs_previous": 0.75},
@@ -196,6 +204,12 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
             "eval/mean_reward": 0.625, "eval/kl_to_base": 1.25, "eval/mean_response_tokens": 3.0,
             "eval/win_rate_vs_pi_0": 0.875, "eval/win_rate_vs_previous": 0.625},
     }
+    # the sampled completions: one table at the last step, its rows as the report has them
+    (table_file,) = run_dir.glob("files/media/table/samples_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["round", "index", "sample", "prompt", "completion", "reward", "best_candidate",
+                                "best_candidate_reward"]
+    assert table["data"] == [[1, 0, 0, "1+1=", "2", 1.0, "2", 1.0], [1, 1, 0, "2+2=", "5", 0.0, "4", 1.0]]
 
 
 def test_one_prompt_file_per_round(tmp_path):

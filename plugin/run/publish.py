@@ -103,7 +103,10 @@ def round_metrics(report: dict) -> list[tuple[int, dict[str, float]]]:
     by_step: dict[int, dict[str, float | None]] = {}
     for r in report["rounds"]:
         cands, train = r.get("candidates") or {}, r.get("train") or {}
+        head = r.get("trained_on_train_prompts") or {}
         by_step[r["round"]] = {
+            "headline/trained_reward": head.get("model_mean_reward"),
+            "headline/best_of_k_reward": head.get("candidates_best_of_k_reward"),
             "candidates/mean_reward": cands.get("mean_reward"),
             "candidates/best_of_k_reward": cands.get("best_of_k_reward"),
             "candidates/policy_sample_mean_reward": cands.get("policy_sample_mean_reward"),
@@ -135,9 +138,12 @@ def round_metrics(report: dict) -> list[tuple[int, dict[str, float]]]:
     return out
 
 
-def log_round_metrics(raw: dict, rows: list[tuple[int, dict[str, float]]], wandb_dir: Path) -> str:
-    """Log `rows` to the W&B run `<name>-rounds` (group `<name>`) of the recipe's project;
-    its id. The id follows the numbers, so a rerun with the same numbers reopens that run."""
+def log_round_metrics(raw: dict, rows: list[tuple[int, dict[str, float]]], wandb_dir: Path,
+                      samples: list[dict] | None = None) -> str:
+    """Log `rows` to the W&B run `<name>-rounds` (group `<name>`) of the recipe's project, and
+    `samples` (the report's sampled completions, `report.collect.sample_rows`) as the table
+    `samples` at the last step; its id. The id follows the numbers, so a rerun with the same
+    numbers reopens that run."""
     import wandb
 
     name = run_name(raw)
@@ -148,6 +154,10 @@ def log_round_metrics(raw: dict, rows: list[tuple[int, dict[str, float]]], wandb
         dir=str(wandb_dir), config={"method": (raw.get("pofe") or {}).get("method") or raw.get("rl")},
     )
     try:
+        if samples:  # one table at the last step: W&B steps only go forward
+            last, metrics = rows[-1] if rows else (0, {})
+            table = wandb.Table(columns=list(samples[0]), data=[list(r.values()) for r in samples])
+            rows = [*rows[:-1], (last, {**metrics, "samples": table})]
         for step, metrics in rows:
             run.log(metrics, step=step)
     finally:

@@ -42,6 +42,7 @@ from .publish import (
 )
 from .recipe import load_recipe, recipe_fingerprint, round_recipe
 from .report import write_report
+from .report.collect import sample_rows
 from .stages import Echo, axolotl_command, run_logged
 
 
@@ -297,6 +298,6 @@ def log_rounds(raw: dict, report: dict, layout: RunLayout, state: RunState, echo
     if state.done("tracker") and state.data["stages"]["tracker"].get("rows_hash") == stable_hash(rows):
         return
     state.start("tracker")
-    run_id = log_round_metrics(raw, rows, layout.root)
+    run_id = log_round_metrics(raw, rows, layout.root, sample_rows(report))
     state.finish("tracker", run_id=run_id, rows_hash=stable_hash(rows))
     echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")

@@ -126,4 +126,4 @@ def sample_rows(report: dict) -> list[dict]:
     prompt in the round's candidates), sample, prompt, completion, reward, best_candidate,
     best_candidate_reward."""
     return [{"round": r["round"], **row} for r in report["rounds"]
-            for row in (r["trained_on_train_prompts"] or {}).get("samples", [])]
+            for row in (r.get("trained_on_train_prompts") or {}).get("samples", [])]
