@@ -235,3 +235,22 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
         assert len(samples) == HEADLINE_PROMPTS
         by_hand = [2.0 * -abs(len(s["response"]) - len(answers[s["prompt"]])) for s in samples]
         assert [s["reward"] for s in samples] == by_hand
+
+
+def test_held_out_rows_read_as_their_dataset_entry_reads_them():
+    """Held-out rows from the dataset follow its `prompt_format`: an HH transcript becomes
+    chat turns (the final empty `Assistant:` the generation point), a plain prompt stays as
+    it is, and a malformed transcript names the file, row and field."""
+    from pofe.run.evaluation import dataset_prompts
+
+    rows = [{"prompt": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2+2?\n\nAssistant:"},
+            {"prompt": "\n\nHuman: Name a colour.\n\nAssistant:"}]
+    assert dataset_prompts(rows, "prompt", {"prompt_format": "hh"}, "held_out.jsonl", "rrhf") == [
+        [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
+         {"role": "user", "content": "What is 2+2?"}],
+        [{"role": "user", "content": "Name a colour."}],
+    ]
+    assert dataset_prompts(rows, "prompt", {}, "held_out.jsonl", "rrhf") == [r["prompt"] for r in rows]
+    with pytest.raises(ValueError, match=r"held_out\.jsonl.*row 1.*'prompt'"):
+        dataset_prompts([rows[0], {"prompt": "no turns here"}], "prompt", {"prompt_format": "hh"},
+                        "held_out.jsonl", "rrhf")

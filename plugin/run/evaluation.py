@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from pofe.args import pofe_config
+from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
 from pofe.layout import IGNORE_INDEX
 from pofe.preprocess.config import JudgeConfig, Sampling
@@ -225,6 +226,13 @@ def _load_rows(path: str | Path) -> list[dict]:
     return load_dataset(kind, data_files=path, split="train").to_list()
 
 
+def dataset_prompts(rows: list[dict], column: str, fields: dict, source: str, method: str) -> list:
+    """Each row's prompt as the pipeline reads a `pofe.prompts` row of that dataset entry:
+    with `prompt_format: hh`, an HH transcript becomes chat messages."""
+    fmt = RowFormat(dataset=source, type="pofe.prompts", method=method, fields={**fields, "field_prompt": column})
+    return [prompt_row(r, i, fmt, [])[column] for i, r in enumerate(rows)]
+
+
 def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, ecfg: EvalConfig,
               judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
     """eval.json's numbers."""
@@ -322,8 +330,13 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
                                    for m in range(1, len(models))}
     prompts, references = [], []
     if ecfg.has_held_out:
-        rows = _load_rows(ecfg.prompts) if ecfg.prompts else read_jsonl(layout.held_out_prompts)
-        prompts = [r[ecfg.prompt_column] for r in rows]
+        if ecfg.prompts:
+            rows = _load_rows(ecfg.prompts)
+            prompts = [r[ecfg.prompt_column] for r in rows]
+        else:  # the dataset's own rows: read as its entry reads them (`prompt_format`)
+            rows = read_jsonl(layout.held_out_prompts)
+            fields = pcfg.dataset_fields[0] if pcfg.dataset_fields else {}
+            prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(layout.held_out_prompts), pcfg.method)
         references = reference_pairs(tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
 
     answers: list[ModelAnswers] = []
