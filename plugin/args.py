@@ -17,7 +17,7 @@ from pofe.data.formats import DEFAULT_FIELDS
 from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, MethodName, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-from pofe.run.config import EvalConfig, RoundPrompts, check_round_prompt_files
+from pofe.run.config import EvalConfig, RoundPrompts, check_round_prompt_count, check_round_prompt_files
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -147,7 +147,7 @@ class PofeConfig(BaseModel):
                 keep=self.candidates.keep,
             )
         if isinstance(self.round_prompts, list):
-            check_round_prompt_files(self.round_prompts, self.rounds)
+            check_round_prompt_count(self.round_prompts, self.rounds)
         generate = self.generate
         if self.rounds > 1 and generate is not None and generate.backend == "openai" and generate.serve is None:
             raise ValueError(
@@ -159,6 +159,15 @@ class PofeConfig(BaseModel):
                 "transformers or vllm"
             )
         return self
+
+    def check_files(self) -> None:
+        """Check the files the block names on disk (each `round_prompts` file).
+
+        Not a validator: the block is validated wherever it is read, and a disk check there
+        would run at every read. `PofePlugin.register` calls this once per loaded recipe.
+        """
+        if isinstance(self.round_prompts, list):
+            check_round_prompt_files(self.round_prompts)
 
 
 def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:

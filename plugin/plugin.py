@@ -19,7 +19,9 @@ class PofePlugin(BasePlugin):
         translate_raw_config(cfg)
         # Validate the block now, on its own: axolotl's config model repeats each rejected
         # input in its errors, and a key pasted into `pofe:` must be refused unrepeated.
-        pofe_config(cfg)
+        # Files it names are checked here, once per loaded recipe (`axolotl.cli.config.load_cfg`
+        # calls this hook, so `pofe.run.recipe.load_recipe` does too).
+        pofe_config(cfg).check_files()
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"

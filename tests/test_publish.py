@@ -10,14 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from huggingface_hub import HfApi
 
+from pofe import PofePlugin
 from pofe.args import PofeConfig
 from pofe.run.layout import RunLayout, RunState
 from pofe.run.publish import (
     hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
 )
-from pofe.run.recipe import round_recipe
+from pofe.run.recipe import load_recipe, round_recipe
 from pofe.run.report.collect import sample_rows
 from pofe.run.rounds import prepare_prompts, push_round
 from tests.hub_server import HubServer
@@ -214,7 +216,8 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
 
 def test_one_prompt_file_per_round(tmp_path):
     """`pofe.round_prompts: [f1, f2]`: round t trains on file t; the datasets entry gives only
-    the held-out rows (its last eval.held_out); wrong counts and missing files name the round."""
+    the held-out rows (its last eval.held_out); wrong counts and missing files name the round,
+    the missing files when the recipe is loaded."""
     from axolotl.utils.dict import DictDefault
 
     files = []
@@ -239,5 +242,13 @@ def test_one_prompt_file_per_round(tmp_path):
     assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt files for pofe.rounds: 3"):
         PofeConfig(rounds=3, round_prompts=files)
-    with pytest.raises(ValueError, match=r"round_prompts\[1\] \(round 2\): no file at '.*gone.jsonl'"):
-        PofeConfig(rounds=2, round_prompts=[files[0], str(tmp_path / "gone.jsonl")])
+    # files on disk are checked once, where a recipe is loaded, not at every read of the block
+    missing = {**RAW, "pofe": {**RAW["pofe"], "rounds": 2, "round_prompts": [files[0], str(tmp_path / "gone.jsonl")]}}
+    assert PofeConfig(**missing["pofe"]).round_prompts[1].endswith("gone.jsonl")
+    gone = r"round_prompts\[1\] \(round 2\): no file at '.*gone.jsonl'"
+    with pytest.raises(ValueError, match=gone):
+        PofePlugin().register(dict(missing))
+    recipe_path = tmp_path / "recipe.yml"
+    recipe_path.write_text(yaml.safe_dump({**missing, "plugins": ["pofe.PofePlugin"]}))
+    with pytest.raises(ValueError, match=gone):
+        load_recipe(recipe_path)  # axolotl's load_cfg runs register

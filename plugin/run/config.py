@@ -3,7 +3,7 @@
 The `pofe.eval` block is declared here (pydantic only, no torch), so `pofe.args` can
 import it cheaply; the rounds themselves are flat keys of `PofeConfig` (`pofe.rounds`,
 `pofe.round_prompts`, `pofe.hub_dataset_id`), whose rules live here
-(`check_round_prompt_files`). Decoding fields take their bounds from
+(`check_round_prompt_count`, `check_round_prompt_files`). Decoding fields take their bounds from
 `pofe.preprocess.config`, where `pofe.generate` declares the same ones.
 """
 
@@ -21,13 +21,18 @@ from pofe.preprocess.config import BatchSize, JudgeConfig, MaxNewTokens, Seed, T
 RoundPrompts = Literal["auto", methods.RoundPrompts]
 
 
-def check_round_prompt_files(files: list[str], rounds: int) -> None:
-    """`pofe.round_prompts` as a list: one existing prompt file per round, in round order."""
+def check_round_prompt_count(files: list[str], rounds: int) -> None:
+    """`pofe.round_prompts` as a list: one prompt file per round, in round order."""
     if len(files) != rounds:
         raise ValueError(
             f"pofe.round_prompts lists {len(files)} prompt files for pofe.rounds: {rounds}; give "
             "one file per round (round t trains on the t-th), or a mode: auto, split, all"
         )
+
+
+def check_round_prompt_files(files: list[str]) -> None:
+    """Each file of `pofe.round_prompts` exists: checked on disk once, where a recipe is
+    loaded (`PofeConfig.check_files`), not each time the block is validated."""
     for t, path in enumerate(files, start=1):
         if not Path(path).is_file():
             raise ValueError(

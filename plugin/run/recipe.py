@@ -85,7 +85,11 @@ def recipe_fingerprint(raw: dict) -> str:
 
 
 def load_recipe(recipe_path: str | Path):
-    """(raw YAML dict, axolotl's validated cfg) of the user's recipe."""
+    """(raw YAML dict, axolotl's validated cfg) of the user's recipe.
+
+    Axolotl's `load_cfg` runs `PofePlugin.register`, which checks the files the `pofe:`
+    block names (`PofeConfig.check_files`) before the config is validated.
+    """
     from axolotl.cli.config import load_cfg
 
     raw = yaml.safe_load(Path(recipe_path).read_text())
