@@ -40,6 +40,28 @@ class PofePlugin(BasePlugin):
 
         return load_pofe_datasets(cfg, preprocess)
 
+    def get_training_args_mixin(self) -> str:
+        # merged into axolotl's TrainingArguments when axolotl.core.training_args is imported
+        return "pofe.training_args.PofeTrainingArgsMixin"
+
+    def get_training_args(self, cfg):
+        pofe = pofe_config(cfg)
+        if pofe.method is None:
+            return None
+        from axolotl.core.training_args import AxolotlTrainingArguments
+
+        from .training_args import PofeTrainingArgsMixin, pofe_training_args
+
+        # axolotl merges the mixin only if this plugin registered before that module was
+        # first imported; otherwise say so, instead of the builder's "unexpected keyword"
+        if not issubclass(AxolotlTrainingArguments, PofeTrainingArgsMixin):
+            raise RuntimeError(
+                "axolotl's TrainingArguments lack POFE's fields: axolotl.core.training_args was "
+                "imported before PofePlugin registered. Load the config (axolotl.cli.config."
+                "load_cfg) before importing axolotl's trainer builders."
+            )
+        return pofe_training_args(pofe)
+
     def get_trainer_cls(self, cfg):
         method = pofe_config(cfg).method
         if method is None:

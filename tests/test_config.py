@@ -107,3 +107,78 @@ def test_every_pofe_key_is_in_the_readme_table():
 
     missing = [k for k in keys(PofeConfig, "pofe") if k not in rows]
     assert not missing, f"not in README's reference table: {missing}"
+
+
+# ---- the trainers' arguments: the plugin's two TrainingArguments hooks --------------
+
+TRAINER_BLOCK = {"method": "sppo", "rank_weight": 2.0, "margin": 0.5, "length_penalty": 0.0, "eta": 7.0,
+                 "sppo_loss": "hard", "logit_chunk_size": 16, "prefix_layout": "cache"}
+
+
+@pytest.fixture
+def plugin_registered(monkeypatch):
+    """The plugin manager holding only PofePlugin, and axolotl's TrainingArguments class as
+    `axolotl.core.training_args` builds it when the plugin registered before that import:
+    `merge_training_args` mixes in what `get_training_args_mixin` names."""
+    from collections import OrderedDict
+    from dataclasses import dataclass
+
+    import axolotl.core.training_args as axolotl_args
+    from axolotl.integrations.base import PluginManager
+    from axolotl.integrations.config import merge_training_args
+    from transformers import TrainingArguments
+
+    from pofe import PofePlugin
+
+    manager = PluginManager.get_instance()
+    monkeypatch.setattr(manager, "plugins", OrderedDict({"pofe.PofePlugin": PofePlugin()}))
+    merged = dataclass(type("AxolotlTrainingArguments", (merge_training_args(), TrainingArguments), {}))
+    monkeypatch.setattr(axolotl_args, "AxolotlTrainingArguments", merged)
+    return manager, merged
+
+
+def test_trainer_args_come_from_the_plugin_hooks(plugin_registered, tmp_path):
+    """The builder's route: `get_training_args(cfg)` fills the merged fields from the block;
+    the arguments still serialise for trackers (`to_dict`, `to_json_string`)."""
+    import json
+
+    from axolotl.utils.dict import DictDefault
+
+    manager, merged = plugin_registered
+    kwargs = manager.get_training_args(DictDefault(pofe=TRAINER_BLOCK))
+    args = merged(output_dir=str(tmp_path), report_to=[], use_cpu=True, **kwargs)
+    expected = {f"pofe_{key}": value for key, value in TRAINER_BLOCK.items() if key != "method"}
+    assert {key: getattr(args, key) for key in expected} == expected
+    assert {key: args.to_dict()[key] for key in expected} == expected
+    assert {key: json.loads(args.to_json_string())[key] for key in expected} == expected
+    # without a POFE method the plugin adds nothing
+    assert manager.get_training_args(DictDefault(base_model="x")) == {}
+
+
+def test_trainer_arg_names_clash_with_nothing():
+    from dataclasses import fields
+
+    from axolotl.core.training_args_base import AxolotlTrainingMixins
+    from transformers import TrainingArguments
+
+    from pofe.training_args import PofeTrainingArgsMixin
+
+    ours = {f.name for f in fields(PofeTrainingArgsMixin)}
+    assert ours.isdisjoint(f.name for f in fields(TrainingArguments))
+    assert ours.isdisjoint(f.name for f in fields(AxolotlTrainingMixins))
+
+
+def test_unmerged_trainer_args_are_named(monkeypatch):
+    """axolotl merges the mixin only when the plugin registered before it first imported
+    `axolotl.core.training_args`: the hook says so instead of the builder's TypeError."""
+    from dataclasses import dataclass
+
+    import axolotl.core.training_args as axolotl_args
+    from axolotl.utils.dict import DictDefault
+    from transformers import TrainingArguments
+
+    from pofe import PofePlugin
+
+    monkeypatch.setattr(axolotl_args, "AxolotlTrainingArguments", dataclass(type("Plain", (TrainingArguments,), {})))
+    with pytest.raises(RuntimeError, match="imported before PofePlugin registered"):
+        PofePlugin().get_training_args(DictDefault(pofe=TRAINER_BLOCK))

@@ -82,17 +82,22 @@ def batch_and_logps(tiny64_model, tokenizer):
 
 
 def _trainer(cls, tiny64_model, tokenizer, tmp_path, pofe):
+    from dataclasses import dataclass
+
     from axolotl.core.training_args import AxolotlTrainingArguments
-    from axolotl.utils.dict import DictDefault
     from transformers import AutoModelForCausalLM
 
+    from pofe.args import PofeConfig
     from pofe.collator import KResponseCollator
+    from pofe.training_args import PofeTrainingArgsMixin, pofe_training_args
 
     model = AutoModelForCausalLM.from_pretrained(tiny64_model, attn_implementation="eager")
-    args = AxolotlTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
-    trainer = cls(model=model, args=args, data_collator=KResponseCollator(tokenizer))
-    trainer.axolotl_cfg = DictDefault(pofe=pofe)
-    return trainer
+    # axolotl's TrainingArguments with the plugin's mixin merged in and filled from the
+    # `pofe:` block, as `axolotl train` builds them (test_config follows that route)
+    args_cls = dataclass(type("Args", (PofeTrainingArgsMixin, AxolotlTrainingArguments), {}))
+    args = args_cls(output_dir=str(tmp_path), report_to=[], use_cpu=True,
+                    **pofe_training_args(PofeConfig(**pofe)))
+    return cls(model=model, args=args, data_collator=KResponseCollator(tokenizer))
 
 
 def _expected(logps, implicit_reward, labels):

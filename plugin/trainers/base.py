@@ -7,7 +7,6 @@ from transformers import Trainer
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
-from ..args import PofeConfig, pofe_config
 from ..distributed import sum_over_ranks
 from ..layout import TOKENIZED_COLUMNS
 from ..quantization import keep_4bit_trainable
@@ -29,7 +28,11 @@ class _WithoutTokenPerplexity(Trainer):
 
 
 class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
-    """Scores every candidate of a (B prompts x k candidates) batch from `KResponseCollator`."""
+    """Scores every candidate of a (B prompts x k candidates) batch from `KResponseCollator`.
+
+    The `pofe:` keys it reads are `self.args.pofe_<key>` (`pofe.training_args`), filled once
+    by `PofePlugin.get_training_args`.
+    """
 
     # axolotl >= 0.21 reads this: exp(loss) is a token perplexity only for cross-entropy
     reports_token_perplexity = False
@@ -45,10 +48,6 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         # SPPO's anchor pass and evaluation run without gradients; on some CPUs that would
         # move 4-bit layers to a kernel that trains wrong (pofe.quantization)
         keep_4bit_trainable(self.model)
-
-    @property
-    def pofe(self) -> PofeConfig:
-        return pofe_config(self.axolotl_cfg)
 
     def _set_signature_columns_if_needed(self):
         # the prepared columns are not forward() arguments but must reach the collator
@@ -67,9 +66,8 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
                 f"{type(self).__name__} batch is missing {missing}; POFE needs its own "
                 "collator (is another plugin replacing it?)"
             )
-        return score_batch(
-            model, inputs, chunk_size=self.pofe.logit_chunk_size, prefix_layout=self.pofe.prefix_layout
-        )
+        args = self.args
+        return score_batch(model, inputs, chunk_size=args.pofe_logit_chunk_size, prefix_layout=args.pofe_prefix_layout)
 
     def log_stats(
         self, model, prefix: str, stats: dict[str, float], num_prompts: int, pairs: PairMetrics | None = None

@@ -23,11 +23,11 @@ class RRHFTrainer(KResponseTrainer):
             lengths,
             inputs["rewards"],
             mask=inputs["candidate_mask"],
-            rank_weight=self.pofe.rank_weight,
-            margin=self.pofe.margin,
-            length_penalty=self.pofe.length_penalty,
+            rank_weight=self.args.pofe_rank_weight,
+            margin=self.args.pofe_margin,
+            length_penalty=self.args.pofe_length_penalty,
         )
-        scores = logp / lengths**self.pofe.length_penalty  # (B, K), the scores the hinge compares
+        scores = logp / lengths**self.args.pofe_length_penalty  # (B, K), the scores the hinge compares
         pairs = best_worst_metrics(logp, scores, inputs["rewards"], inputs["candidate_mask"])
         self.log_stats(model, "rrhf", stats, num_prompts=len(logp), pairs=pairs)
         return (loss, {"scores": logp}) if return_outputs else loss

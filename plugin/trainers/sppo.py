@@ -30,23 +30,23 @@ class SPPOTrainer(KResponseTrainer):
         logp, _ = self.score_candidates(model, inputs)  # (B, K)
         anchor = self.anchor.lookup(model, inputs)  # (B, K)
         mask = inputs["candidate_mask"]
-        if self.pofe.sppo_loss == "hard":
+        if self.args.pofe_sppo_loss == "hard":
             if mask.shape[1] != 2 or not bool(mask.all()):
                 raise ValueError(
                     "pofe.sppo_loss: hard needs exactly two responses (chosen, rejected) "
                     "per row; use a pofe.pairs dataset or sppo_loss: soft"
                 )
             loss, stats = sppo_hard_loss(
-                logp[:, 0], anchor[:, 0], logp[:, 1], anchor[:, 1], beta=1.0 / self.pofe.eta
+                logp[:, 0], anchor[:, 0], logp[:, 1], anchor[:, 1], beta=1.0 / self.args.pofe_eta
             )
             # the loss takes column 0 as chosen, whatever the win rates say
             preference = torch.tensor([[1.0, 0.0]], device=logp.device).expand_as(logp)
         else:
             loss, stats = sppo_loss(
-                logp, anchor, inputs["win_rates"], eta=self.pofe.eta, mask=mask
+                logp, anchor, inputs["win_rates"], eta=self.args.pofe_eta, mask=mask
             )
             preference = inputs["win_rates"]
-        implicit_rewards = (logp - anchor) / self.pofe.eta  # (B, K), beta * log-ratio
+        implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
         pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss
