@@ -45,7 +45,7 @@ def candidates(config: str, stage: str):
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pcfg.method, fields=fields)
         prompts = load_entry(entry, cfg.hf_use_auth_token)
         result = build_candidates(
-            cfg, entry, prompts, fmt.column("field_prompt"),
+            cfg, pcfg, entry, prompts, fmt.column("field_prompt"),
             stop_after=None if stage == "all" else stage, prompt_format=fmt.prompt_format,
         )
         if result is not None:

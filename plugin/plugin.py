@@ -34,11 +34,12 @@ class PofePlugin(BasePlugin):
         place_ranks_on_cpu(cfg)
 
     def load_datasets(self, cfg, preprocess: bool = False):
-        if pofe_config(cfg).method is None:
+        pofe = pofe_config(cfg)
+        if pofe.method is None:
             return None
         from .data.loader import load_pofe_datasets
 
-        return load_pofe_datasets(cfg, preprocess)
+        return load_pofe_datasets(cfg, pofe, preprocess)
 
     def get_training_args_mixin(self) -> str:
         # merged into axolotl's TrainingArguments when axolotl.core.training_args is imported
@@ -71,9 +72,10 @@ class PofePlugin(BasePlugin):
         return getattr(import_module(module), name)
 
     def get_collator_cls_and_kwargs(self, cfg, is_eval: bool = False):
-        if pofe_config(cfg).method is None:
+        pofe = pofe_config(cfg)
+        if pofe.method is None:
             return None
         from .collator import KResponseCollator
         from .prefix import prefix_sharing_enabled
 
-        return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, is_eval)}
+        return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, pofe, is_eval)}

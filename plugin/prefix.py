@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .args import pofe_config
+from .args import PofeConfig
 from .distributed import sum_over_ranks
 from .logs import get_logger
 from .modeling import attention_backend, model_config
@@ -88,13 +88,13 @@ def layout_rule(layout: str, attn: str | None, reentrant: bool) -> str:
     return f"per batch, {cache} when {packed} would compute over {CACHE_FACTOR:g}x its attention scores, else {packed}"
 
 
-def prefix_sharing_enabled(cfg: Mapping[str, Any], is_eval: bool = False) -> bool:
+def prefix_sharing_enabled(cfg: Mapping[str, Any], pofe: PofeConfig, is_eval: bool = False) -> bool:
     """`pofe.prefix_sharing` unless the config rules it out; logs the layout that runs.
 
-    The plugin's `get_collator_cls_and_kwargs` passes the result to `KResponseCollator`
-    (once for the train and once for the eval collator: one line each).
+    `pofe` is `cfg`'s validated `pofe:` block. The plugin's `get_collator_cls_and_kwargs`
+    passes the result to `KResponseCollator` (once for the train and once for the eval
+    collator: one line each).
     """
-    pofe = pofe_config(cfg)
     split = "eval" if is_eval else "train"
     if not pofe.prefix_sharing:
         return False

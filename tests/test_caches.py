@@ -12,6 +12,7 @@ from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault
 
+from pofe.args import pofe_config
 from pofe.data.loader import prepared_dataset_hash
 from tests.helpers import recipe
 
@@ -28,12 +29,12 @@ def test_prepared_dataset_follows_the_data_file_content(tmp_path, tiny_model):
     cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
     tokenizer = SimpleNamespace(name_or_path=str(tiny_model), chat_template="{{ messages }}")
 
-    before = prepared_dataset_hash(cfg, tokenizer)
+    before = prepared_dataset_hash(cfg, pofe_config(cfg), tokenizer)
     data.write_text(json.dumps({**row, "rewards": [0.0, 1.0]}) + "\n")
-    edited = prepared_dataset_hash(cfg, tokenizer)
+    edited = prepared_dataset_hash(cfg, pofe_config(cfg), tokenizer)
     assert edited != before
     data.write_text(json.dumps(row) + "\n")  # the same rows again: the same cache
-    assert prepared_dataset_hash(cfg, tokenizer) == before
+    assert prepared_dataset_hash(cfg, pofe_config(cfg), tokenizer) == before
 
 
 def test_local_files_digest_covers_folders_and_skips_hub_names(tmp_path):

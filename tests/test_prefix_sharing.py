@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pofe.args import pofe_config
 from pofe.collator import KResponseCollator
 from pofe.layout import IGNORE_INDEX, pack_prompt
 from pofe.losses import rrhf_loss
@@ -216,6 +217,11 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer, layout):
 
 
 # ---------------------------------------------------------------- fallback
+def enabled(cfg, is_eval=False):
+    """`prefix_sharing_enabled` as the plugin's hook calls it: with the config's validated block."""
+    return prefix_sharing_enabled(cfg, pofe_config(cfg), is_eval)
+
+
 @pytest.mark.parametrize(
     "cfg, expected",
     [
@@ -236,13 +242,13 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer, layout):
     ],
 )
 def test_prefix_sharing_enabled(cfg, expected):
-    assert prefix_sharing_enabled(cfg) is expected
+    assert enabled(cfg) is expected
 
 
 def test_prefix_sharing_eval_sample_packing():
     cfg = {"pofe": {"method": "sppo"}, "eval_sample_packing": True}
-    assert prefix_sharing_enabled(cfg) is True
-    assert prefix_sharing_enabled(cfg, is_eval=True) is False
+    assert enabled(cfg) is True
+    assert enabled(cfg, is_eval=True) is False
 
 
 def test_packed_batch_on_unsupported_backend_raises(tiny64_model, tokenizer):
@@ -256,7 +262,7 @@ def test_packed_batch_on_unsupported_backend_raises(tiny64_model, tokenizer):
 def test_packed_layout_on_unsupported_backend_is_a_config_error():
     cfg = {"pofe": {"method": "rrhf", "prefix_layout": "packed"}, "attn_implementation": "flash_attention_2"}
     with pytest.raises(ValueError, match="prefix_layout: packed needs attn_implementation"):
-        prefix_sharing_enabled(cfg)
+        enabled(cfg)
 
 
 def test_config_defaults():
@@ -272,8 +278,8 @@ def test_cache_layout_with_reentrant_checkpointing_is_a_config_error():
     cfg = {"pofe": {"method": "rrhf", "prefix_layout": "cache"}, "gradient_checkpointing": True,
            "gradient_checkpointing_kwargs": {"use_reentrant": True}}
     with pytest.raises(ValueError, match="prefix_layout: cache needs non-reentrant"):
-        prefix_sharing_enabled(cfg)
-    assert prefix_sharing_enabled(cfg, is_eval=True) is True  # no gradients in eval
+        enabled(cfg)
+    assert enabled(cfg, is_eval=True) is True  # no gradients in eval
 
 
 @pytest.mark.parametrize(
@@ -289,5 +295,5 @@ def test_log_line_names_the_layout(caplog, layout, attn, reentrant, says):
     cfg = {"pofe": {"method": "rrhf", "prefix_layout": layout}, "attn_implementation": attn,
            "gradient_checkpointing": reentrant, "gradient_checkpointing_kwargs": {"use_reentrant": reentrant}}
     with caplog.at_level("INFO"):
-        assert prefix_sharing_enabled(cfg) is True
+        assert enabled(cfg) is True
     assert f"POFE (train): prefix sharing through {says}" in caplog.text

@@ -28,7 +28,7 @@ from axolotl.utils.data.shared import (
 )
 from axolotl.utils.dict import DictDefault
 
-from ..args import pofe_config
+from ..args import PofeConfig
 from ..logs import get_logger
 from ..methods import method_spec
 from .formats import RowFormat, check_columns, normalize_row, prompt_row
@@ -41,8 +41,11 @@ LOG = get_logger(__name__)
 PREPARED_FORMAT_VERSION = 1
 
 
-def load_pofe_datasets(cfg: DictDefault, preprocess: bool = False) -> TrainDatasetMeta:
-    """Build (or reuse) the tokenised k-response dataset described by `cfg`."""
+def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False) -> TrainDatasetMeta:
+    """Build (or reuse) the tokenised k-response dataset described by `cfg`.
+
+    `pofe` is `cfg`'s validated `pofe:` block, read once by the plugin's hook and passed down.
+    """
     tokenizer = load_tokenizer(cfg)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
@@ -50,11 +53,11 @@ def load_pofe_datasets(cfg: DictDefault, preprocess: bool = False) -> TrainDatas
             "template; POFE renders prompts and responses with one: set "
             "`chat_template:` (e.g. chatml) in the recipe"
         )
-    dataset_hash = prepared_dataset_hash(cfg, tokenizer)
+    dataset_hash = prepared_dataset_hash(cfg, pofe, tokenizer)
     Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
     loader = FileLockLoader(cfg)
     try:
-        dataset = loader.load(partial(_load_or_prepare, cfg, tokenizer, dataset_hash))
+        dataset = loader.load(partial(_load_or_prepare, cfg, pofe, tokenizer, dataset_hash))
     finally:
         loader.cleanup()
 
@@ -68,10 +71,9 @@ def load_pofe_datasets(cfg: DictDefault, preprocess: bool = False) -> TrainDatas
     )
 
 
-def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
+def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
     """Axolotl's dataset hash, extended with everything POFE's preparation reads."""
     base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
-    pofe = pofe_config(cfg)
     # the blocks as axolotl's cfg stores them (exclude_none), so the hash does not
     # depend on how the block was read and caches prepared before keep theirs
     blocks = pofe.model_dump(include={"generate", "judge", "candidates"}, exclude_none=True)
@@ -92,17 +94,16 @@ def prepared_dataset_hash(cfg: DictDefault, tokenizer) -> str:
     return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()
 
 
-def _load_or_prepare(cfg: DictDefault, tokenizer, dataset_hash: str) -> Dataset:
+def _load_or_prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, dataset_hash: str) -> Dataset:
     dataset = load_preprocessed_dataset(cfg, dataset_hash)
     if dataset is not None:
         return dataset
-    dataset = _prepare(cfg, tokenizer)
+    dataset = _prepare(cfg, pofe, tokenizer)
     save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
     return dataset
 
 
-def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
-    pofe = pofe_config(cfg)
+def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> Dataset:
     max_prompt_len = pofe.max_prompt_len or cfg.sequence_len // 2
     if max_prompt_len >= cfg.sequence_len:
         raise ValueError(
@@ -115,7 +116,7 @@ def _prepare(cfg: DictDefault, tokenizer) -> Dataset:
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
         raw = load_entry(entry, cfg.hf_use_auth_token)
         if entry.type == "pofe.prompts":
-            raw, fmt = _candidates_from_prompts(cfg, entry, raw, fmt)
+            raw, fmt = _candidates_from_prompts(cfg, pofe, entry, raw, fmt)
         check_columns(fmt, raw.column_names)
         part = raw.map(
             _prepare_row,
@@ -163,9 +164,9 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
     return dataset.add_column("row_id", list(range(len(dataset))))
 
 
-def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: RowFormat):
+def _candidates_from_prompts(cfg: DictDefault, pofe: PofeConfig, entry, prompts: Dataset, fmt: RowFormat):
     """Generate and judge candidates for a prompt dataset; read them back as k-response rows."""
-    result = build_candidates(cfg, entry, prompts, fmt.column("field_prompt"), prompt_format=fmt.prompt_format)
+    result = build_candidates(cfg, pofe, entry, prompts, fmt.column("field_prompt"), prompt_format=fmt.prompt_format)
     rows = read_json_rows(result.data_path)
     # the pipeline writes each method's own row format: pofe.rrhf or pofe.sppo rows
     return rows, RowFormat(
@@ -174,16 +175,17 @@ def _candidates_from_prompts(cfg: DictDefault, entry, prompts: Dataset, fmt: Row
 
 
 def build_candidates(
-    cfg: DictDefault, entry, prompts: Dataset, prompt_column: str, stop_after=None, prompt_format: str = "chat"
+    cfg: DictDefault, pofe: PofeConfig, entry, prompts: Dataset, prompt_column: str, stop_after=None,
+    prompt_format: str = "chat",
 ):
     """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset.
 
-    `prompt_format` is the entry's (`hh`: the prompts and the dataset responses are HH
-    transcripts, read as chat turns by `formats.prompt_row`).
+    `pofe` is `cfg`'s validated `pofe:` block. `prompt_format` is the entry's (`hh`: the
+    prompts and the dataset responses are HH transcripts, read as chat turns by
+    `formats.prompt_row`).
     """
     from pofe.preprocess.pipeline import run_pipeline
 
-    pofe = pofe_config(cfg)
     generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates.for_method(pofe.method)
     fmt = RowFormat(dataset=entry.path, type="pofe.prompts", method=pofe.method,
                     fields={"field_prompt": prompt_column, "prompt_format": prompt_format})

@@ -180,6 +180,7 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
     from axolotl.utils.dict import DictDefault
 
     import pofe.preprocess.pipeline as pipeline
+    from pofe.args import pofe_config
     from pofe.data.loader import build_candidates
 
     seen = {}
@@ -190,6 +191,7 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
         pofe={"method": "rrhf", "generate": {"num_candidates": 2},
               "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
     )
-    build_candidates(cfg, DictDefault(path="p.jsonl", split="train"), [{"prompt": "hi"}], "prompt", stop_after="generate")
+    build_candidates(cfg, pofe_config(cfg), DictDefault(path="p.jsonl", split="train"), [{"prompt": "hi"}], "prompt",
+                     stop_after="generate")
     assert render_prompt(seen["tokenizer"], "hi").text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert render_prompt(load_tokenizer(str(tiny_policy)), "hi").text == "<|user|>hi<|end|><|assistant|>"
