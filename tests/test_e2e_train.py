@@ -174,6 +174,21 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     assert sum(gains) / len(gains) > 0.6, (sum(gains), len(gains))
 
 
+def test_rrhf_reads_its_weights_from_the_recipe(tmp_path, tiny_model, rrhf_jsonl):
+    """Non-default pofe: keys reach the trainer through axolotl's TrainingArguments: the
+    logged loss is rank_weight * rank + ft, and the saved arguments hold the recipe's values."""
+    pofe = {"rank_weight": 0.25, "margin": 0.5, "length_penalty": 0.5}
+    cfg = recipe(tmp_path, tiny_model, "rrhf", rrhf_jsonl, "pofe.rrhf", pofe=pofe, max_steps=2,
+                 save_strategy="steps", save_steps=2)
+    run_axolotl("train", str(cfg))
+    steps = check_finite(log_history(tmp_path / "out"), RRHF_KEYS)
+    for h in steps:
+        assert h["loss"] == pytest.approx(0.25 * h["rrhf/rank"] + h["rrhf/ft"], rel=2e-3)
+    (saved,) = (tmp_path / "out").glob("checkpoint-*/training_args.bin")
+    args = torch.load(saved, weights_only=False)
+    assert {key: getattr(args, f"pofe_{key}") for key in pofe} == pofe
+
+
 def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_jsonl):
     cfg = recipe(tmp_path, tiny_model, "rrhf", rrhf_jsonl, "pofe.rrhf", max_steps=2)
     proc = run_axolotl("preprocess", str(cfg))
