@@ -18,7 +18,7 @@ from .args import PofeConfig
 PREFIX = "pofe_"
 
 
-def _from(key: str):
+def _filled_from(key: str):
     return field(default=None, metadata={"help": f"`pofe.{key}`, set by PofePlugin.get_training_args"})
 
 
@@ -26,13 +26,13 @@ def _from(key: str):
 class PofeTrainingArgsMixin:
     """The `pofe:` keys the trainers, their scoring and their metrics read."""
 
-    pofe_rank_weight: float | None = _from("rank_weight")
-    pofe_margin: float | None = _from("margin")
-    pofe_length_penalty: float | None = _from("length_penalty")
-    pofe_eta: float | None = _from("eta")
-    pofe_sppo_loss: str | None = _from("sppo_loss")
-    pofe_logit_chunk_size: int | None = _from("logit_chunk_size")
-    pofe_prefix_layout: str | None = _from("prefix_layout")
+    pofe_rank_weight: float | None = _filled_from("rank_weight")
+    pofe_margin: float | None = _filled_from("margin")
+    pofe_length_penalty: float | None = _filled_from("length_penalty")
+    pofe_eta: float | None = _filled_from("eta")
+    pofe_sppo_loss: str | None = _filled_from("sppo_loss")
+    pofe_logit_chunk_size: int | None = _filled_from("logit_chunk_size")
+    pofe_prefix_layout: str | None = _filled_from("prefix_layout")
 
 
 def pofe_training_args(pofe: PofeConfig) -> dict[str, Any]:
