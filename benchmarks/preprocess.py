@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         base_url = None
         if args.backend == "vllm":
-            from pofe.preprocess.generators.vllm_server import vllm_server
+            from tests.vllm_server import vllm_server
 
             base_url = stack.enter_context(vllm_server(vllm_python(), policy, work / "vllm-server.log"))
         out = measure(policy, work, n_prompts, k, reps, base_url)

@@ -116,9 +116,39 @@ def run_pipeline(
     Returns:
         PipelineResult with data.jsonl's path, summary.json's path, the row count and summary.
     """
-    check_candidate_rules(
-        method, pairwise_judge=judge.type if judge.is_pairwise else None, keep=candidates.keep
+    plan, judge_impl, devices = _prepare(
+        prompts_rows, method, generate, judge, candidates, policy_path, prompt_column, generator, judge_impl
     )
+    reports: list[dict] = []
+    t0 = time.monotonic()
+    if plan.candidates.num_workers > 1:
+        n_shards = math.ceil(len(plan.rows) / plan.candidates.shard_size)
+        reports = run_workers(plan, tokenizer, stop_after, n_shards, devices)
+    workers_s = time.monotonic() - t0
+    # every shard read back (and verified) here; in one process, this does all the work
+    done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
+    if stop_after is not None:
+        return None
+    return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s))
+
+
+def _prepare(
+    prompts_rows: Sequence[dict],
+    method: MethodName,
+    generate: GenerateConfig,
+    judge: JudgeConfig,
+    candidates: PipelineConfig,
+    policy_path: str,
+    prompt_column: str,
+    generator: Generator | None,
+    judge_impl: ScalarJudge | PairwiseJudge | None,
+) -> tuple[StagePlan, ScalarJudge | PairwiseJudge | None, list[str | None]]:
+    """Everything checked before any model loads, and the out_dir made ready (its generate
+    and judge manifests checked, manifest.py; temporary files a killed run left removed): the
+    StagePlan (the method's defaults applied), the judge (`judge_impl` if passed, else
+    a python judge loaded now so that a bad judge.function fails before generating, else
+    None: built later if a shard needs it) and each worker's devices ([] in one process)."""
+    check_candidate_rules(method, pairwise_judge=judge.type if judge.is_pairwise else None, keep=candidates.keep)
     if candidates.out_dir is None:
         raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
     generate = generate.for_method(method)  # dedupe: the method's default unless set
@@ -142,43 +172,47 @@ def run_pipeline(
     for d in (gen_dir, judge_dir):
         clean_tmp(d)
     plan = StagePlan(rows, method, generate, judge, candidates, policy_path, prompt_column, gen_dir, judge_dir)
+    return plan, judge_impl, devices
 
-    reports: list[dict] = []
-    t0 = time.monotonic()
-    if candidates.num_workers > 1:
-        reports = run_workers(plan, tokenizer, stop_after, math.ceil(len(rows) / candidates.shard_size), devices)
-    workers_s = time.monotonic() - t0
-    # every shard read back (and verified) here; in one process, this does all the work
-    done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
-    if stop_after is not None:
-        return None
 
-    # Build data.jsonl and summary.json from the shards alone (as read back from disk), so a
-    # resumed run's outputs cannot depend on what happened in memory before the kill.
+def _last_run_facts(done: StagesDone, reports: list[dict], workers_s: float) -> dict:
+    """summary.json's facts about this run alone (a resumed run counts only its own work): shards
+    redone, timings, the workers' reports (`reports`: [] in one process), API request counts."""
+    redone = Counter(done.redone)
+    for report in reports:
+        redone.update(report["redone"])
+    timings = {**done.timings, **({"workers_s": workers_s} if reports else {})}
+    rounded = {k: round(v, 3) for k, v in timings.items()}
+    facts: dict = {"shards_redone_last_run": dict(redone), "timings_last_run": rounded}
+    if reports:
+        facts["workers_last_run"] = reports
+    for name, stats in done.requests.items():
+        facts[f"{name}_requests_last_run"] = stats
+    return facts
+
+
+def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> PipelineResult:
+    """Build data.jsonl and summary.json (with the `last_run` facts) from the shards alone (as
+    read back from disk), so a resumed run's outputs cannot depend on what happened in memory
+    before the kill. Raises, after writing both, when no prompt gave a training row."""
+    method, candidates = plan.method, plan.candidates
+    out = Path(candidates.out_dir)
     judged_rows = [r for shard in done.judged for r in shard]
     generated_rows = [r for shard in done.generated for r in shard]
     data, dropped = build_rows(judged_rows, method, keep=candidates.keep, min_candidates=candidates.min_candidates)
     data_path = out / "data.jsonl"
     write_jsonl_atomic(data_path, data)
     summary = summarise(
-        generated_rows, judged_rows, data, dropped, method=method, generate=generate, judge=judge, candidates=candidates
+        generated_rows, judged_rows, data, dropped, method=method, generate=plan.generate, judge=plan.judge,
+        candidates=candidates,
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
-    redone = Counter(done.redone)
-    for report in reports:
-        redone.update(report["redone"])
-    summary["shards_redone_last_run"] = dict(redone)
-    timings = {**done.timings, **({"workers_s": workers_s} if reports else {})}
-    summary["timings_last_run"] = {k: round(v, 3) for k, v in timings.items()}
-    if reports:
-        summary["workers_last_run"] = reports
-    for name, stats in done.requests.items():
-        summary[f"{name}_requests_last_run"] = stats
+    summary.update(last_run)
     summary_path = out / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if not data:
         raise ValueError(
-            f"none of the {len(rows)} prompts gave a training row (dropped: {dict(dropped)}; "
+            f"none of the {len(plan.rows)} prompts gave a training row (dropped: {dict(dropped)}; "
             f"candidates.min_candidates={candidates.min_candidates}, judge abstentions "
             f"{summary['judge_abstentions']} {summary['judge_abstention_reasons']}); details in {summary_path}"
         )

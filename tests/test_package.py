@@ -75,3 +75,83 @@ def test_no_import_cycles():
 def test_module_is_short(name):
     """One job per module: none grows past about 400 lines."""
     assert len(MODULES[name].read_text().splitlines()) <= 400, f"{MODULES[name]} is over 400 lines"
+
+
+MAX_CODE_LINES = 60
+
+
+def _code_lines(source: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's code lines: the lines of its body after its docstring that are neither
+    blank nor comment-only (nested functions count towards the outer one too)."""
+    body = node.body
+    if ast.get_docstring(node, clean=False) is not None:
+        start = body[0].end_lineno + 1  # the line after the docstring
+    else:
+        first = body[0]
+        start = min([first.lineno] + [d.lineno for d in getattr(first, "decorator_list", [])])
+    lines = source.splitlines()[start - 1 : node.end_lineno]
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def _long_reason(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The text after a docstring line starting "Long:" (why the function is long), if any."""
+    for line in (ast.get_docstring(node) or "").splitlines():
+        if line.strip().startswith("Long:") and line.strip()[len("Long:"):].strip():
+            return line.strip()[len("Long:"):].strip()
+    return None
+
+
+def _functions(tree: ast.AST, prefix: str = ""):
+    """(qualified name, node) for every function and method, nested ones included."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}{child.name}", child
+            yield from _functions(child, f"{prefix}{child.name}.<locals>.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _functions(child, f"{prefix}{child.name}.")
+        else:
+            yield from _functions(child, prefix)
+
+
+SAMPLE = '''
+def outer(x):
+    """Docstring,
+    two lines."""
+    # a comment-only line
+
+    y = x + 1  # a trailing comment: still code
+        # an indented comment
+    @staticmethod
+    def inner():
+        return (
+            1,
+        )
+    return y
+'''
+
+
+def test_code_line_counter_counts_a_sample():
+    """outer: `y = ...`, `@staticmethod`, `def inner`, `return (`, `1,`, `)`, `return y` = 7
+    (docstring, comments and the blank line left out); inner: its 3-line return = 3."""
+    found = dict(_functions(ast.parse(SAMPLE)))
+    assert sorted(found) == ["outer", "outer.<locals>.inner"]
+    assert _code_lines(SAMPLE, found["outer"]) == 7
+    assert _code_lines(SAMPLE, found["outer.<locals>.inner"]) == 3
+    one_liner = "def f(): return 1\n"
+    assert _code_lines(one_liner, ast.parse(one_liner).body[0]) == 1
+    assert _long_reason(found["outer"]) is None
+    marked = ast.parse('def f():\n    """Short.\n\n    Long: one table, read top to bottom."""\n')
+    assert _long_reason(marked.body[0]) == "one table, read top to bottom."
+    assert _long_reason(ast.parse('def f():\n    """Long:"""\n').body[0]) is None  # no reason given
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_functions_are_short(name):
+    """One job per function: none over ~60 code lines unless its docstring says why ("Long: ...")."""
+    source = MODULES[name].read_text()
+    long = [
+        f"{name}.{qualname}: {n} code lines"
+        for qualname, node in _functions(ast.parse(source))
+        if (n := _code_lines(source, node)) > MAX_CODE_LINES and _long_reason(node) is None
+    ]
+    assert not long, f"over {MAX_CODE_LINES} code lines, with no 'Long:' reason in the docstring: {long}"

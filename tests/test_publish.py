@@ -21,7 +21,8 @@ from pofe.run.publish import (
 )
 from pofe.run.recipe import load_recipe, round_recipe
 from pofe.run.report.collect import sample_rows
-from pofe.run.rounds import prepare_prompts, push_round
+from pofe.run.rounds import RoundPlan, prepare_prompts, push_round
+from pofe.run.runner import StageRunner
 from tests.hub_server import HubServer
 
 RAW = {
@@ -58,6 +59,11 @@ def test_round_recipes_name_hub_repos_and_tracker_runs_per_round():
     assert hub_dataset_repo(off, 1) is None
 
 
+def plan(t: int, adapter: bool, hub: HfApi) -> RoundPlan:
+    """Round t's plan as far as its push stage reads it."""
+    return RoundPlan(t=t, rounds=3, policy="/m/base", adapter=adapter, seed=7, hub=hub)
+
+
 def write_round(layout: RunLayout, t: int) -> None:
     cands, merged = layout.candidates(t), layout.merged(t)
     cands.mkdir(parents=True)
@@ -86,12 +92,13 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
     layout = RunLayout(tmp_path)
     state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
     said = []
+    runner = StageRunner(state, echo=said.append)
     with HubServer() as hub:
         api = HfApi(endpoint=hub.url, token="hf_test")
         for t in (1, 2):
             write_round(layout, t)
-            push_round({**RAW, "adapter": "lora"}, layout, state, t, True, said.append, api)
-        push_round({**RAW, "adapter": "lora"}, layout, state, 2, True, said.append, api)  # done: skipped
+            push_round({**RAW, "adapter": "lora"}, layout, plan(t, True, api), runner)
+        push_round({**RAW, "adapter": "lora"}, layout, plan(2, True, api), runner)  # done: skipped
         assert hub.unknown == []
         assert len(hub.commits) == 4
     for t in (1, 2):
@@ -119,8 +126,9 @@ def test_full_fine_tune_pushes_only_the_candidates(tmp_path):
     raw = {**RAW, "pofe": {**RAW["pofe"], "hub_dataset_id": "org/cands"}}
     with HubServer() as hub:
         api = HfApi(endpoint=hub.url, token="hf_test")
-        push_round(raw, layout, state, 1, False, print, api)
-        push_round({**RAW, "hub_model_id": None}, layout, state, 2, False, print, api)
+        runner = StageRunner(state)
+        push_round(raw, layout, plan(1, False, api), runner)
+        push_round({**RAW, "hub_model_id": None}, layout, plan(2, False, api), runner)
     assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.data["stages"]
     assert list(hub.files) == [("dataset", "org/cands-iter1")] and len(hub.commits) == 1
 
@@ -233,7 +241,7 @@ def test_one_prompt_file_per_round(tmp_path):
     layout = RunLayout(tmp_path / "run")
     state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
     said = []
-    prepare_prompts(cfg, layout, state, said.append)
+    prepare_prompts(cfg, layout, StageRunner(state, echo=said.append))
     read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
     assert read(layout.round_prompts(1)) == ["r1-0", "r1-1"]
     assert read(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]

@@ -159,7 +159,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     highest complete step (by number: "checkpoint-9" sorts after "checkpoint-10" as text)."""
     import yaml
 
-    from pofe.run import rounds
+    from pofe.run import rounds, runner
 
     layout = RunLayout(tmp_path / "run")
     train = layout.train(1)
@@ -181,10 +181,11 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
         final.mkdir()
         (final / "trainer_state.json").write_text(json.dumps({"global_step": 20}))
 
-    monkeypatch.setattr(rounds, "run_logged", fake_stage)
+    monkeypatch.setattr(runner, "run_logged", fake_stage)
     said = []
-    kwargs = dict(rounds=1, adapter=False, base_seed=7, launcher=None, echo=said.append, stream=False, keep_fds=(5,))
-    rounds.run_round(RAW, layout, state, 1, "/m/base", **kwargs)
+    plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
+    stages = runner.StageRunner(state, echo=said.append, stream=False, keep_fds=(5,))
+    rounds.run_round(RAW, layout, plan, stages)
     resumed = str(train / "checkpoint-10")
     assert ran == [("train", resumed, (5,))]
     assert said == [f"round 1/1: train, resuming from {resumed}"]
@@ -194,7 +195,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     assert not list(train.glob("checkpoint-*"))  # the forced save's cleanup, after the stage
 
     # started again: nothing runs, and round-1/recipe.yml still says what ran
-    rounds.run_round(RAW, layout, state, 1, "/m/base", **kwargs)
+    rounds.run_round(RAW, layout, plan, stages)
     assert len(ran) == 1
     assert yaml.safe_load(layout.recipe(1).read_text())["resume_from_checkpoint"] == resumed
 

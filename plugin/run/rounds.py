@@ -2,9 +2,10 @@
 
 For t = 1..T (`pofe.rounds`): generate candidates from the current policy, judge them,
 build rows (`axolotl preprocess`), train (`axolotl train`), and make the trained model the
-next round's policy. Every stage is its own process (`pofe.run.stages`). Each round gets a
-derived recipe (`pofe.run.recipe`), written into the run's output dir (`pofe.run.layout`),
-that differs from the user's recipe only in where things are.
+next round's policy. Every stage goes through the run's `StageRunner` (`pofe.run.runner`);
+most are a process of their own (`pofe.run.stages`). Each round gets a derived recipe
+(`pofe.run.recipe`), written into the run's output dir (`pofe.run.layout`), that differs
+from the user's recipe only in where things are.
 
 Prompts per round: `pofe.run.prompts`. SPPO re-anchors on each round's starting policy for
 free: the anchor pass uses the policy as loaded, and round t loads round t-1's (merged)
@@ -25,7 +26,9 @@ report, written once.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -43,7 +46,8 @@ from .publish import (
 from .recipe import load_recipe, recipe_fingerprint, round_recipe
 from .report import write_report
 from .report.collect import sample_rows
-from .stages import Echo, axolotl_command, run_logged
+from .runner import StageRunner
+from .stages import Echo, axolotl_command
 
 
 def check_iterable(cfg) -> None:
@@ -58,53 +62,70 @@ def check_iterable(cfg) -> None:
         )
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """What round `t` of `rounds` starts from: its policy (a local path or hub id), whether
+    it trains an adapter (then merged before the next round), its generation seed, the
+    `axolotl train --launcher` (None: axolotl's default) and, for the push stage, an
+    `huggingface_hub.HfApi` (None: `HfApi()`, made when a push runs)."""
+
+    t: int
+    rounds: int
+    policy: str
+    adapter: bool
+    seed: int
+    launcher: str | None = None
+    hub: Any = None
+
+
 def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
     """The model round t produced (round t+1's policy)."""
     return layout.merged(t) if adapter else layout.train(t)
 
 
-def prepare_prompts(cfg, layout: RunLayout, state: RunState, echo: Echo) -> None:
-    """Write the per-round prompt files (and held-out prompts) once.
+def prepare_prompts(cfg, layout: RunLayout, runner: StageRunner) -> None:
+    """The `prompts` stage: write the per-round prompt files (and held-out prompts) once.
 
     `pofe.round_prompts` as a list of files: round t's prompts are the t-th file, read with
     the `datasets:` entry's settings; that entry then only supplies the held-out rows.
     """
-    if state.done("prompts"):
-        return
-    from axolotl.utils.dict import DictDefault
 
-    from ..data.sources import load_entry
+    def work() -> dict:
+        from axolotl.utils.dict import DictDefault
 
-    pcfg = pofe_config(cfg)
-    state.start("prompts")
-    entry = cfg.datasets[0]
-    rows = list(load_entry(entry, cfg.hf_use_auth_token))  # values as written
-    held = pcfg.eval.held_out if pcfg.eval else 0
-    if held >= len(rows):
-        raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
-    train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
-    if held:
-        write_jsonl_atomic(layout.held_out_prompts, held_rows)
-    if isinstance(pcfg.round_prompts, list):
-        mode = "files"
-        per_round = [
-            list(load_entry(DictDefault({**entry, "path": path, "ds_type": None, "split": None,
-                                         "data_files": None, "name": None}), cfg.hf_use_auth_token))
-            for path in pcfg.round_prompts
-        ]
-        sizes = [[0, len(r)] for r in per_round]
-    else:
-        mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
-        splits = split_prompts(len(train_rows), pcfg.rounds, mode)
-        per_round = [[train_rows[i] for i in indices] for indices in splits]
-        sizes = [[r.start, r.stop] for r in splits]
-    for t, round_rows in enumerate(per_round, start=1):
-        write_jsonl_atomic(layout.round_prompts(t), round_rows)
-    state.data["prompt_mode"] = mode
-    state.data["rounds_planned"] = pcfg.rounds
-    state.finish("prompts", total=len(rows), held_out=held, mode=mode, per_round=sizes)
-    trained = sum(len(r) for r in per_round) if mode == "files" else len(train_rows)
-    echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
+        from ..data.sources import load_entry
+
+        pcfg = pofe_config(cfg)
+        entry = cfg.datasets[0]
+        rows = list(load_entry(entry, cfg.hf_use_auth_token))  # values as written
+        held = pcfg.eval.held_out if pcfg.eval else 0
+        if held >= len(rows):
+            raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
+        train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
+        if held:
+            write_jsonl_atomic(layout.held_out_prompts, held_rows)
+        if isinstance(pcfg.round_prompts, list):
+            mode = "files"
+            per_round = [
+                list(load_entry(DictDefault({**entry, "path": path, "ds_type": None, "split": None,
+                                             "data_files": None, "name": None}), cfg.hf_use_auth_token))
+                for path in pcfg.round_prompts
+            ]
+            sizes = [[0, len(r)] for r in per_round]
+        else:
+            mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
+            splits = split_prompts(len(train_rows), pcfg.rounds, mode)
+            per_round = [[train_rows[i] for i in indices] for indices in splits]
+            sizes = [[r.start, r.stop] for r in splits]
+        for t, round_rows in enumerate(per_round, start=1):
+            write_jsonl_atomic(layout.round_prompts(t), round_rows)
+        runner.state.data["prompt_mode"] = mode
+        runner.state.data["rounds_planned"] = pcfg.rounds
+        trained = sum(len(r) for r in per_round) if mode == "files" else len(train_rows)
+        runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
+        return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes}
+
+    runner.run("prompts", work)
 
 
 def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
@@ -167,76 +188,78 @@ def resume_point(layout: RunLayout, state: RunState, t: int) -> Path | None:
     return saved[-1] if saved else None
 
 
-def push_round(raw: dict, layout: RunLayout, state: RunState, t: int, adapter: bool, echo: Echo, hub=None) -> None:
+def push_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> None:
     """Round t's push stage: its candidates and (LoRA) its merged iterate to their hub repos;
-    a full fine-tune's model axolotl's trainer pushed already. `hub`: an `HfApi` (default: HfApi())."""
-    model_repo = hub_model_repo(raw, t) if adapter else None
+    a full fine-tune's model axolotl's trainer pushed already."""
+    t = plan.t
+    model_repo = hub_model_repo(raw, t) if plan.adapter else None
     data_repo = hub_dataset_repo(raw, t)
-    stage = f"round-{t}/push"
-    if not (model_repo or data_repo) or state.done(stage):
+    if not (model_repo or data_repo):
         return
-    if hub is None:
-        from huggingface_hub import HfApi
 
-        hub = HfApi()
-    state.start(stage)
-    pushed = {}
-    if data_repo:
-        echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
-        pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, layout.candidates(t), t)]
-    if model_repo:
-        echo(f"round {t}: push the merged iterate to {model_repo}")
-        pushed["model"] = [model_repo, push_model(hub, model_repo, layout.merged(t), t)]
-    state.finish(stage, **pushed)
+    def work() -> dict:
+        hub = plan.hub
+        if hub is None:
+            from huggingface_hub import HfApi
+
+            hub = HfApi()
+        pushed = {}
+        if data_repo:
+            runner.echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
+            pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, layout.candidates(t), t)]
+        if model_repo:
+            runner.echo(f"round {t}: push the merged iterate to {model_repo}")
+            pushed["model"] = [model_repo, push_model(hub, model_repo, layout.merged(t), t)]
+        return pushed
+
+    runner.run(f"round-{t}/push", work)
 
 
-def run_round(raw: dict, layout: RunLayout, state: RunState, t: int, policy: str, *, rounds: int,
-              adapter: bool, base_seed: int, launcher: str | None, echo: Echo, stream: bool,
-              keep_fds: tuple[int, ...] = (), hub=None) -> str:
-    """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
-    done; returns the round's model (the next round's policy). `keep_fds`: see `run_logged`;
-    `hub`: see `push_round`."""
-    info = state.round(t)
-    seed = base_seed + (t - 1)
-    info.update(policy_in=policy, generate_seed=seed)
-    resume = resume_point(layout, state, t)
-    derived = round_recipe(raw, layout, t, policy, seed, resume)
+def write_round_recipe(raw: dict, layout: RunLayout, plan: RoundPlan, resume: Path | None) -> tuple[Path, bool]:
+    """Write round t's derived recipe (only when its text changed: a restart leaves a finished
+    round's file as it ran); its path and whether its training was given a save at the end."""
+    derived = round_recipe(raw, layout, plan.t, plan.policy, plan.seed, resume)
     text = yaml.safe_dump(derived.recipe, sort_keys=False)
-    recipe = layout.recipe(t)
+    recipe = layout.recipe(plan.t)
     if not recipe.exists() or recipe.read_text() != text:
         write_atomic(recipe, text)
+    return recipe, derived.forced_save
+
+
+def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> str:
+    """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
+    done; returns the round's model (the next round's policy)."""
+    t, state = plan.t, runner.state
+    info = state.round(t)
+    info.update(policy_in=plan.policy, generate_seed=plan.seed)
+    resume = resume_point(layout, state, t)
+    recipe, forced_save = write_round_recipe(raw, layout, plan, resume)
     round_dir = layout.round_dir(t)
+    step = f"round {t}/{plan.rounds}"
 
-    stage = f"round-{t}/preprocess"
-    if not state.done(stage):
-        echo(f"round {t}/{rounds}: generate + judge + tokenise from {policy}")
-        state.start(stage)
-        run_logged(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log", echo, stream, keep_fds)
-        state.finish(stage, summary=str(layout.candidates(t) / "summary.json"))
+    def preprocess() -> dict:
+        runner.command(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log")
+        return {"summary": str(layout.candidates(t) / "summary.json")}
 
-    stage = f"round-{t}/train"
-    if not state.done(stage):
-        echo(f"round {t}/{rounds}: train" + (f", resuming from {resume}" if resume else ""))
-        state.start(stage, resumed_from=str(resume) if resume else None)
-        extra = ["--launcher", launcher] if launcher else []
-        run_logged(axolotl_command("train", str(recipe), *extra), round_dir / "train.log", echo, stream, keep_fds,
-                   env=tracker_env(raw))
-        trainer_state = collect_trainer_state(layout, t, derived.forced_save)
-        state.finish(stage, output_dir=str(layout.train(t)),
-                     trainer_state=str(trainer_state) if trainer_state else None)
+    def train() -> dict:
+        launcher = ["--launcher", plan.launcher] if plan.launcher else []
+        runner.command(axolotl_command("train", str(recipe), *launcher), round_dir / "train.log", env=tracker_env(raw))
+        trainer_state = collect_trainer_state(layout, t, forced_save)
+        return {"output_dir": str(layout.train(t)), "trainer_state": str(trainer_state) if trainer_state else None}
 
-    if adapter:
-        stage = f"round-{t}/merge"
-        if not state.done(stage):
-            echo(f"round {t}/{rounds}: merge the adapter into {policy}")
-            state.start(stage)
-            shutil.rmtree(layout.merged(t), ignore_errors=True)  # what a killed merge left
-            cmd = merge_command(recipe, layout.train(t), round_dir)
-            run_logged(cmd, round_dir / "merge.log", echo, stream, keep_fds)
-            state.finish(stage, merged=str(layout.merged(t)))
-    push_round(raw, layout, state, t, adapter, echo, hub)
+    def merge() -> dict:
+        shutil.rmtree(layout.merged(t), ignore_errors=True)  # what a killed merge left
+        runner.command(merge_command(recipe, layout.train(t), round_dir), round_dir / "merge.log")
+        return {"merged": str(layout.merged(t))}
 
-    policy = str(policy_dir(layout, t, adapter))
+    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}")
+    runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
+               started={"resumed_from": str(resume) if resume else None})
+    if plan.adapter:
+        runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
+    push_round(raw, layout, plan, runner)
+
+    policy = str(policy_dir(layout, t, plan.adapter))
     info["policy_out"] = policy
     state.save()
     return policy
@@ -262,7 +285,8 @@ def run_rounds(
             layout.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
             method=pcfg.method,
         )
-        prepare_prompts(cfg, layout, state, echo)
+        runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
+        prepare_prompts(cfg, layout, runner)
         check_rounds(cfg, state, layout)
         policy = _local_or_hub(str(raw["base_model"]))
         state.data["base_model"] = policy
@@ -270,34 +294,39 @@ def run_rounds(
         state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
         base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
         for t in range(1, pcfg.rounds + 1):
-            policy = run_round(raw, layout, state, t, policy, rounds=pcfg.rounds, adapter=bool(cfg.adapter),
-                               base_seed=base_seed, launcher=launcher, echo=echo, stream=stream,
-                               keep_fds=(lock.fileno(),))
+            plan = RoundPlan(t=t, rounds=pcfg.rounds, policy=policy, adapter=bool(cfg.adapter),
+                             seed=base_seed + (t - 1), launcher=launcher)
+            policy = run_round(raw, layout, plan, runner)
         state.data["final_policy"] = policy
         state.save()
 
         if evaluate and pcfg.eval:  # on unless `pofe.eval: false`: the headline at least
-            models = eval_models(state, pcfg.rounds)
-            if not (state.done("eval") and state.data["stages"]["eval"].get("models") == models):
-                echo("evaluate: each round's headline" + (", every iterate on held-out prompts"
-                                                          if pcfg.eval.has_held_out else ""))
-                state.start("eval")
-                command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
-                run_logged(command, layout.root / "eval.log", echo, stream, (lock.fileno(),))
-                state.finish("eval", models=models)
+            evaluate_rounds(recipe_path, layout, pcfg, runner)
         report = write_report(layout)
         if uses_wandb(raw):
-            log_rounds(raw, report.data, layout, state, echo)
+            log_rounds(raw, report.data, layout, runner)
         echo(report.terminal_summary())
     return layout
 
 
-def log_rounds(raw: dict, report: dict, layout: RunLayout, state: RunState, echo: Echo) -> None:
-    """The report's round-level numbers to W&B (`pofe.run.publish`), once per set of numbers."""
+def evaluate_rounds(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRunner) -> None:
+    """The eval stage, `axolotl pofe eval` in its own process; run again when the run has
+    more finished rounds (other models) than the recorded evaluation."""
+    says = "evaluate: each round's headline" + (", every iterate on held-out prompts"
+                                                 if pcfg.eval.has_held_out else "")
+    command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
+    runner.run("eval", lambda: runner.command(command, layout.root / "eval.log"), says=says,
+               inputs={"models": eval_models(runner.state, pcfg.rounds)})
+
+
+def log_rounds(raw: dict, report: dict, layout: RunLayout, runner: StageRunner) -> None:
+    """The tracker stage: the report's round-level numbers to W&B (`pofe.run.publish`), once
+    per set of numbers."""
     rows = round_metrics(report)
-    if state.done("tracker") and state.data["stages"]["tracker"].get("rows_hash") == stable_hash(rows):
-        return
-    state.start("tracker")
-    run_id = log_round_metrics(raw, rows, layout.root, sample_rows(report))
-    state.finish("tracker", run_id=run_id, rows_hash=stable_hash(rows))
-    echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")
+
+    def work() -> dict:
+        run_id = log_round_metrics(raw, rows, layout.root, sample_rows(report))
+        runner.echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")
+        return {"run_id": run_id}
+
+    runner.run("tracker", work, inputs={"rows_hash": stable_hash(rows)})

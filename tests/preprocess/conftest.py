@@ -73,7 +73,7 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
     """Serve the tiny policy with vLLM's OpenAI server on 127.0.0.1; yields (base_url, model)."""
-    from pofe.preprocess.generators.vllm_server import vllm_server as serve
+    from tests.vllm_server import vllm_server as serve
 
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     # a server that exits or never gets ready errors the fixture, with its log's end

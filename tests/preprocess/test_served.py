@@ -25,8 +25,8 @@ from pofe.preprocess.generators.served import (
     live_servers,
     render_command,
 )
-from pofe.preprocess.generators.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
 from pofe.preprocess.pipeline import SHARD_SEED_STRIDE, run_pipeline
+from tests.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
 
 PROMPTS = [{"prompt": f"{i}+{i + 1}="} for i in range(8)]
 SHARD_SIZE = 1  # a shard per prompt: a server killed after shard 1 leaves most shards to resume

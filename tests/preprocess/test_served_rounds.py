@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 def _serve_block(vllm_python: Path) -> dict:
-    from pofe.preprocess.generators.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
+    from tests.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
 
     return {"command": vllm_cpu_command(vllm_python), "env": VLLM_CPU_ENV, "ready_timeout": 400, "stop_timeout": 20}
 

