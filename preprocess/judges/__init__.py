@@ -47,7 +47,7 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
         return cls(OpenAIClient.from_config(cfg), cfg)
     if cfg.type == "pairrm":
-        from ..pairrm import PairRMJudge
+        from .pairrm import PairRMJudge
 
         # judge.max_length caps PairRM's input only when set; else the checkpoint's lengths (1224 + 2 x 412)
         max_length = cfg.max_length if "max_length" in cfg.model_fields_set else None

@@ -20,7 +20,7 @@ import torch
 
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges import make_judge
-from pofe.preprocess.pairrm import (
+from pofe.preprocess.judges.pairrm import (
     CAND1_PREFIX,
     CAND2_PREFIX,
     SOURCE_PREFIX,

@@ -46,9 +46,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .judges.base import JudgeStats, PairwiseVerdict
-from .render import Prompt, prompt_text
-from .win_rates import symmetrize_preferences
+from ..render import Prompt, prompt_text
+from ..win_rates import symmetrize_preferences
+from .base import JudgeStats, PairwiseVerdict
 
 SOURCE_PREFIX = "<|source|>"
 CAND1_PREFIX = "<|candidate1|>"
