@@ -1,18 +1,21 @@
 """Judges: who scores the candidates (interface and base types in base.py).
 
     judge = make_judge(cfg)
-    judge.score(prompts, responses)         # scalar judges: python (function or reward_funcs), reward_model, llm
-    judge.preferences(prompts, responses)   # pairwise judges: python_pairwise, pairwise_llm, pairrm
+    apply_judge(judge, prompts, rendered, responses, columns=..., rows=...)
+    # -> judge.score(...)        scalar judges: python (function or reward_funcs), reward_model, llm
+    # -> judge.preferences(...)  pairwise judges: python_pairwise, pairwise_llm, pairrm
 
-A new judge is one module here implementing `base.ScalarJudge` or `base.PairwiseJudge`, a
-`judge.type` value in config.py, and one branch below. Heavy imports happen only for the
-chosen type.
+`apply_judge` (apply.py) is how the judge stage and evaluation call a judge: it hands each
+judge the prompt form and columns its flags ask for. A new judge is one module here
+implementing `base.ScalarJudge` or `base.PairwiseJudge` (flags included), a `judge.type`
+value in config.py, and one branch below. Heavy imports happen only for the chosen type.
 """
 
 from __future__ import annotations
 
 from ..config import JudgeConfig
-from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score
+from .apply import apply_judge
+from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
 
 
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
@@ -57,10 +60,6 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     raise ValueError(f"unknown judge.type {cfg.type!r}")
 
 
-def is_pairwise(judge: ScalarJudge | PairwiseJudge) -> bool:
-    return hasattr(judge, "preferences")
-
-
 __all__ = [
     "Abstain",
     "JudgeError",
@@ -69,6 +68,7 @@ __all__ = [
     "PairwiseVerdict",
     "ScalarJudge",
     "Score",
+    "apply_judge",
     "is_pairwise",
     "make_judge",
 ]

@@ -309,8 +309,9 @@ class PairRMJudge:
     """Pairwise judge: PairRM logits for every ordered pair of a prompt's responses, made into
     preferences by `preferences_from_logits` (default: the SPPO authors' formation)."""
 
-    # the pipeline passes the chat-templated prompt, the source text the SPPO scripts rank with
+    # the chat-templated prompt is the source text the SPPO scripts rank with
     reads_rendered_prompt = True
+    reads_columns = False
 
     def __init__(
         self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None,
