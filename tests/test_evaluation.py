@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pofe.run.evaluation import sequence_logps
+from pofe.run.answers import sequence_logps
 from pofe.run.tournament import block_win_matrix, find_cycles, win_matrix_from_rewards
 
 

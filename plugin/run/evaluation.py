@@ -37,23 +37,19 @@ Outputs under <output_dir>/eval/: headline.json, and with held-out prompts sampl
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
-from pofe.layout import IGNORE_INDEX
 from pofe.preprocess.config import JudgeConfig, Sampling
-from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
+from pofe.preprocess.generators.hf import load_policy, load_tokenizer, sample_responses
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.render import render_prompt
-from pofe.scoring import response_logps
 
+from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
 from .config import EvalConfig
 from .headline import (
     HEADLINE_JSON,
@@ -70,61 +66,6 @@ from .rounds import eval_models
 from .stages import Echo
 from .tournament import nan_mean
 
-TokenPair = tuple[list[int], list[int]]  # (prompt ids, response ids)
-
-
-# ---- log-probs -------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def sequence_logps(
-    model, prompt_ids: list[list[int]], response_ids: list[list[int]], batch_size: int = 16
-) -> list[float]:
-    """Summed log pi(response | prompt) for each pair, by `pofe.scoring.response_logps`.
-
-    Rows `prompt + response` are right-padded (positions start at 0 for every row); only
-    response tokens are labelled, so only they count. An empty response scores 0.
-    """
-    device = next(model.parameters()).device
-    out: list[float] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        prompts, responses = prompt_ids[start : start + batch_size], response_ids[start : start + batch_size]
-        rows = [p + r for p, r in zip(prompts, responses, strict=True)]
-        T = max(len(row) for row in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)  # (B, T)
-        mask = torch.zeros(len(rows), T, dtype=torch.long)  # (B, T)
-        labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
-        for i, (prompt, row) in enumerate(zip(prompts, rows)):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = 1
-            labels[i, len(prompt) : len(row)] = ids[i, len(prompt) : len(row)]
-        logp_sum, _ = response_logps(model, ids.to(device), mask.to(device), labels.to(device))  # (B,)
-        out += logp_sum.tolist()
-    return out
-
-
-# ---- one model's answers ---------------------------------------------------------------------
-
-
-@dataclass
-class ModelAnswers:
-    """One model's held-out samples, with log-probs flat in prompt-major order (P * S)."""
-
-    name: str
-    path: str
-    samples: list[list[Sample]]  # [prompt][sample]
-    logps: list[float]  # log pi_m(y|x)
-    base_logps: list[float] = field(default_factory=list)  # log pi_0(y|x)
-    perplexity: float | None = None
-
-    @property
-    def flat(self) -> list[Sample]:
-        return [s for row in self.samples for s in row]
-
-
-def held_out_sampling(ecfg: EvalConfig) -> Sampling:
-    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens, seed=ecfg.seed)
-
 
 def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
     """The headline's decoding: `train_temperature`, and the token budget the round's
@@ -137,58 +78,6 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
     """Each prompt rendered with the chat template as the pipeline's generate stage renders
     it: the text the models sample from, and the `rendered` prompt judges may read."""
     return [render_prompt(tokenizer, p).text for p in prompts]
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """The held-out prompts (rendered once, for every model and judge) and their references."""
-
-    prompts: list
-    rendered: list[str]
-    references: list[TokenPair]
-    source: str  # where the prompts came from, for eval.json
-
-
-def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:
-    """(prompt ids, response ids) of each non-empty reference, as the rendered assistant turn."""
-    from pofe.data.tokenize import render_row
-
-    pairs = []
-    for prompt, reference in zip(prompts, references):
-        if isinstance(reference, str) and reference:
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            row = {"prompt": messages, "responses": [{"role": "assistant", "content": reference}]}
-            prompt_text, (response_text,) = render_row(row, tokenizer)
-            pairs.append((tokenizer(prompt_text, add_special_tokens=False)["input_ids"],
-                          tokenizer(response_text, add_special_tokens=False)["input_ids"]))
-    return pairs
-
-
-def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
-    """exp(total NLL / total tokens) of the reference responses; None without references."""
-    if not pairs:
-        return None
-    nll = -sum(sequence_logps(model, [p for p, _ in pairs], [r for _, r in pairs], batch_size))
-    return math.exp(nll / sum(len(r) for _, r in pairs))
-
-
-def answer(model, name: str, path: str, tokenizer, held_out: HeldOut, ecfg: EvalConfig) -> ModelAnswers:
-    """One model's held-out samples (the same seeds for every model) with their log-probs,
-    and its reference perplexity."""
-    samples = sample_responses(model, tokenizer, held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg),
-                               batch_size=ecfg.batch_size)
-    flat = [s for row in samples for s in row]
-    logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
-    return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, held_out.references, ecfg.batch_size))
-
-
-def score_under_base(base_path: str, answers: list[ModelAnswers], batch_size: int) -> None:
-    """Fill `base_logps`: log pi_0 of every model's samples (pi_0's own: its `logps`)."""
-    answers[0].base_logps = list(answers[0].logps)
-    base = load_policy(base_path)
-    for a in answers[1:]:
-        flat = a.flat
-        a.base_logps = sequence_logps(base, [s.prompt_ids for s in flat], [s.response_ids for s in flat], batch_size)
 
 
 # ---- held-out rows, eval.json and samples.jsonl ------------------------------------------------
@@ -341,7 +230,7 @@ def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers],
     """Every model's answers scored under pi_0 and judged (and by judge2), into
     eval/samples.jsonl and eval/eval.json."""
     ecfg = run.pcfg.eval
-    score_under_base(run.models[0][1], answers, ecfg.batch_size)
+    score_under_base(load_policy(run.models[0][1]), answers, ecfg.batch_size)
     M, P, S = len(run.models), len(held_out.prompts), ecfg.num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
     main = judge_models(judge, held_out.prompts, held_out.rendered, texts)
