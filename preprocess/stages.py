@@ -23,7 +23,7 @@ from pofe.methods import method_spec
 from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator, finish_reason
-from .judges import Abstain, JudgeError, PairwiseJudge, ScalarJudge, is_pairwise
+from .judges import Abstain, PairwiseJudge, ScalarJudge, apply_judge, is_pairwise
 from .render import render_prompt
 from .win_rates import scalar_preferences, win_rates
 
@@ -169,19 +169,15 @@ def judge_shard(
     to judges that read them (`reads_columns`: TRL-style reward functions take them as kwargs).
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
-    source = "rendered" if getattr(judge, "reads_rendered_prompt", False) else "prompt"
-    prompts, cands = [r[source] for r in live], [r["candidates"] for r in live]
-    extra = {}
-    if getattr(judge, "reads_columns", False) and columns is not None:
+    live_columns = None
+    if columns is not None:
         by_index = {r["index"]: c for r, c in zip(gen_rows, columns, strict=True)}
-        extra["columns"] = [by_index[r["index"]] for r in live]
+        live_columns = [by_index[r["index"]] for r in live]
+    verdicts = apply_judge(
+        judge, [r["prompt"] for r in live], [r["rendered"] for r in live], [r["candidates"] for r in live],
+        columns=live_columns, rows=[r["index"] for r in live],
+    )
     out_by_index: dict[int, dict] = {}
-    try:
-        verdicts = (judge.preferences if is_pairwise(judge) else judge.score)(prompts, cands, **extra) if live else []
-    except JudgeError as e:  # allow_abstain: false; the judge knows only its call's positions
-        if e.prompt is None:
-            raise
-        raise e.at_row(live[e.prompt]["index"]) from e
     if is_pairwise(judge):
         for r, verdict in zip(live, verdicts, strict=True):
             k = len(r["candidates"])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pofe.run.evaluation import sequence_logps
+from pofe.run.answers import sequence_logps
 from pofe.run.tournament import block_win_matrix, find_cycles, win_matrix_from_rewards
 
 
@@ -74,13 +74,17 @@ def test_sequence_logps_matches_a_naive_loop(tiny_model):
 
 def test_judge_models_with_a_python_judge():
     """The path both `pofe.judge` and `pofe.eval.judge2` take: texts[p][m][s] are scored
-    model-major and the (M, M) matrix follows from the rewards by Bradley-Terry."""
-    from pofe.run.evaluation import judge_models
+    model-major and the (M, M) matrix follows from the rewards by Bradley-Terry. A python judge
+    reads the dataset's prompt, as in the judge stage: the rendered one would not parse (NaN)."""
     from pofe.preprocess import JudgeConfig
+    from pofe.preprocess.judges import make_judge
+    from pofe.run.judging import judge_models
 
     prompts = ["1+2=", "3+4="]
+    rendered = [f"<|user|>{p}<|assistant|>" for p in prompts]
     texts = [[["3", "x"], ["2", "3"]], [["7", "7"], ["9", "8"]]]  # (P=2, M=2, S=2)
-    out = judge_models(JudgeConfig(type="python", function="pofe.demo.task:reward"), prompts, texts)
+    out = judge_models(make_judge(JudgeConfig(type="python", function="pofe.demo.task:reward")), prompts, rendered,
+                       texts)
     # rewards: "3" right (1.0), "x" not a number (0), "2" off by one (0.25), "9" off by 2 (1/6), "8" (0.25)
     got = torch.tensor(out["rewards"], dtype=torch.float64)
     want = torch.tensor([[[1.0, 0.0], [0.25, 1.0]], [[1.0, 1.0], [0.5 / 3, 0.25]]], dtype=torch.float64)

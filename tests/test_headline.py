@@ -189,7 +189,8 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     with `pofe.eval: false` cannot be evaluated."""
     from pofe.preprocess import JudgeConfig
     from pofe.run.config import EvalConfig
-    from pofe.run.evaluation import evaluate_run, headline_skipped
+    from pofe.run.evaluation import evaluate_run
+    from pofe.run.headline import headline_skipped
     from pofe.run.report.markdown import headline_section
 
     why = headline_skipped(EvalConfig(), JudgeConfig(type="python_pairwise", function="m:f"))
@@ -254,3 +255,65 @@ def test_held_out_rows_read_as_their_dataset_entry_reads_them():
     with pytest.raises(ValueError, match=r"held_out\.jsonl.*row 1.*'prompt'"):
         dataset_prompts([rows[0], {"prompt": "no turns here"}], "prompt", {"prompt_format": "hh"},
                         "held_out.jsonl", "rrhf")
+
+
+def longer_wins(prompt, response_a, response_b):
+    """A pairwise judge function: the longer response wins, equal lengths tie."""
+    return 0.5 if len(response_a) == len(response_b) else float(len(response_a) > len(response_b))
+
+
+def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeypatch):
+    """Three models (pi_0, pi_1, pi_2), two headline rounds, held-out prompts and a second
+    judge: `make_judge` runs twice, once per judge (it used to run once per headline round and
+    once more per judge for the held-out prompts: four times). The scalar judge reads the
+    dataset's prompt (the rewards equal `reward` applied by hand; a rendered prompt would not
+    parse); the second judge, set to read the rendered prompt as PairRM does, gets each
+    held-out prompt with the policy's chat template applied, in one call for all models."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from pofe.preprocess.render import render_prompt
+    from pofe.run import evaluation
+
+    layout = RunLayout(tmp_path / "run")
+    shutil.copytree(headline_run["layout"].root, layout.root)
+    held_out = make_prompt_rows(3, k_wrong=1, seed=5)
+    (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
+    recipe = yaml.safe_load(headline_run["recipe"].read_text())
+    recipe["output_dir"] = str(layout.root)
+    recipe["pofe"]["eval"] = {
+        "prompts": str(tmp_path / "held_out.jsonl"), "num_samples": 1, "temperature": 0.0, "max_new_tokens": 4,
+        "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
+    }
+    (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
+
+    built, received, make_judge = [], [], evaluation.make_judge
+
+    def counting_make_judge(cfg):
+        judge = make_judge(cfg)
+        built.append(cfg.type)
+        if cfg.type == "python_pairwise":
+            judge.reads_rendered_prompt = True
+            preferences = judge.preferences
+
+            def spy(prompts, responses):
+                received.append(list(prompts))
+                return preferences(prompts, responses)
+
+            judge.preferences = spy
+        return judge
+
+    monkeypatch.setattr(evaluation, "make_judge", counting_make_judge)
+    evaluation.evaluate_run(tmp_path / "eval.yml", echo=lambda _: None)
+
+    assert built == ["python", "python_pairwise"]
+    assert sorted(json.loads((layout.eval_dir / "headline.json").read_text())["rounds"]) == ["1", "2"]
+    result = json.loads((layout.eval_dir / "eval.json").read_text())
+    assert [m["name"] for m in result["models"]] == ["pi_0", "pi_1", "pi_2"]
+    samples = _jsonl(layout.eval_dir / "samples.jsonl")
+    assert len(samples) == 3 * 3
+    assert [s["reward"] for s in samples] == [reward(s["prompt"], s["response"]) for s in samples]
+    tok = AutoTokenizer.from_pretrained(recipe["base_model"])
+    rendered = [render_prompt(tok, r["prompt"]).text for r in held_out]
+    assert received == [rendered] and rendered[0] != held_out[0]["prompt"]

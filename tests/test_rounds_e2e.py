@@ -20,7 +20,7 @@ from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, run_axolotl
 from tests.hub_server import HubServer
 from tests.test_publish import read_wandb_history
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
-from pofe.run.evaluation import sequence_logps
+from pofe.run.answers import sequence_logps
 
 pytestmark = pytest.mark.e2e
 

@@ -7,15 +7,25 @@ greedy by default) and the recipe's scalar judge score the answers, into eval/he
 The report (`pofe.run.report.collect`) sets them beside the same prompts' candidates: their
 mean, their best-of-k (the mean over prompts of the best reward) and the starting policy's
 own samples. A pairwise judge gives no scalar reward: headline.json then says so instead.
+
+Here: which prompts, columns and record a round's headline has (evaluation writes it) and
+the numbers the report reads back.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pofe.files import read_jsonl
 
 from .tournament import nan_mean
+
+if TYPE_CHECKING:
+    from pofe.preprocess.config import JudgeConfig
+    from pofe.preprocess.generators.hf import Sample
+
+    from .config import EvalConfig
 
 HEADLINE_JSON = "headline.json"
 
@@ -33,6 +43,38 @@ def judged_rows(cand_dir: Path) -> list[dict]:
 def headline_prompts(cand_dir: Path, n: int) -> list[dict]:
     """The headline's prompts of a round: its first `n` judged rows ({"index", "prompt"})."""
     return [{"index": r["index"], "prompt": r["prompt"]} for r in judged_rows(cand_dir)[:n]]
+
+
+def round_prompt_column(cfg) -> str:
+    """The prompt column of the run's `pofe.prompts` entry (each round's recipe keeps it)."""
+    (entry,) = cfg.datasets
+    return entry.get("field_prompt") or "prompt"
+
+
+def round_columns(prompts_file: Path, headline: list[dict], prompt_column: str) -> list[dict]:
+    """The other dataset columns of each headline prompt's row in the round's prompt file,
+    as the judge stage passed them when it judged that round's candidates."""
+    rows = read_jsonl(prompts_file)
+    return [{c: v for c, v in rows[q["index"]].items() if c != prompt_column} for q in headline]
+
+
+def headline_record(path: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]) -> dict:
+    """headline.json's entry for one round: its model, and each answer with its reward."""
+    return {"model": path, "samples": [
+        {"index": q["index"], "prompt": q["prompt"], "sample": s, "response": smp.text,
+         "tokens": len(smp.response_ids), "reward": rewards[i][s]}
+        for i, (q, row) in enumerate(zip(prompts, samples, strict=True)) for s, smp in enumerate(row)
+    ]}
+
+
+def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
+    """Why the run has no headline, or None."""
+    if not ecfg.train_prompts:
+        return "`pofe.eval.train_prompts: 0`"
+    if judge_cfg.is_pairwise:
+        return (f"the judge (`{judge_cfg.type}`) is pairwise: it gives no scalar reward to set beside the "
+                "candidates' best-of-k (held-out prompts, `pofe.eval.held_out`, give win rates between iterates)")
+    return None
 
 
 def best_candidate(row: dict) -> tuple[str, float]:

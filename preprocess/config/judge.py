@@ -12,7 +12,7 @@ from .base import StrictConfig
 from .credentials import check_base_url, check_key_env
 
 JudgeType = Literal["python", "python_pairwise", "reward_model", "llm", "pairwise_llm", "pairrm"]
-Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # formulas: win_rates.py, pairrm.py
+Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # formulas: win_rates.py, judges/pairrm.py
 
 SCALAR_JUDGES = ("python", "reward_model", "llm")
 PAIRWISE_JUDGES = ("python_pairwise", "pairwise_llm", "pairrm")

@@ -1,18 +1,21 @@
 """Judges: who scores the candidates (interface and base types in base.py).
 
     judge = make_judge(cfg)
-    judge.score(prompts, responses)         # scalar judges: python (function or reward_funcs), reward_model, llm
-    judge.preferences(prompts, responses)   # pairwise judges: python_pairwise, pairwise_llm, pairrm
+    apply_judge(judge, prompts, rendered, responses, columns=..., rows=...)
+    # -> judge.score(...)        scalar judges: python (function or reward_funcs), reward_model, llm
+    # -> judge.preferences(...)  pairwise judges: python_pairwise, pairwise_llm, pairrm
 
-A new judge is one module here implementing `base.ScalarJudge` or `base.PairwiseJudge`, a
-`judge.type` value in config.py, and one branch below. Heavy imports happen only for the
-chosen type.
+`apply_judge` (apply.py) is how the judge stage and evaluation call a judge: it hands each
+judge the prompt form and columns its flags ask for. A new judge is one module here
+implementing `base.ScalarJudge` or `base.PairwiseJudge` (flags included), a `judge.type`
+value in config.py, and one branch below. Heavy imports happen only for the chosen type.
 """
 
 from __future__ import annotations
 
 from ..config import JudgeConfig
-from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score
+from .apply import apply_judge
+from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
 
 
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
@@ -47,7 +50,7 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
         return cls(OpenAIClient.from_config(cfg), cfg)
     if cfg.type == "pairrm":
-        from ..pairrm import PairRMJudge
+        from .pairrm import PairRMJudge
 
         # judge.max_length caps PairRM's input only when set; else the checkpoint's lengths (1224 + 2 x 412)
         max_length = cfg.max_length if "max_length" in cfg.model_fields_set else None
@@ -55,10 +58,6 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             cfg.model, batch_size=cfg.batch_size, max_length=max_length, mode=cfg.preferences
         )
     raise ValueError(f"unknown judge.type {cfg.type!r}")
-
-
-def is_pairwise(judge: ScalarJudge | PairwiseJudge) -> bool:
-    return hasattr(judge, "preferences")
 
 
 __all__ = [
@@ -69,6 +68,7 @@ __all__ = [
     "PairwiseVerdict",
     "ScalarJudge",
     "Score",
+    "apply_judge",
     "is_pairwise",
     "make_judge",
 ]

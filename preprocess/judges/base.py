@@ -88,7 +88,16 @@ class PairwiseVerdict:
 
 
 class ScalarJudge(Protocol):
+    """Capability flags, set explicitly by every judge (`apply.apply_judge` reads them):
+
+    reads_rendered_prompt: the judge gets the prompt as the policy saw it (chat template
+        applied, the generate stage's `rendered`) instead of the dataset's prompt.
+    reads_columns: the judge's call also takes `columns=`, each prompt's other dataset columns.
+    """
+
     stats: JudgeStats
+    reads_rendered_prompt: bool
+    reads_columns: bool
 
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         """P prompts, P lists of K_p responses -> P lists of K_p scores (float or Abstain)."""
@@ -96,11 +105,20 @@ class ScalarJudge(Protocol):
 
 
 class PairwiseJudge(Protocol):
+    """The capability flags mean what they mean for `ScalarJudge`."""
+
     stats: JudgeStats
+    reads_rendered_prompt: bool
+    reads_columns: bool
 
     def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
         """P prompts, P lists of K_p responses -> P verdicts, one (K_p, K_p) matrix each."""
         ...
+
+
+def is_pairwise(judge: ScalarJudge | PairwiseJudge) -> bool:
+    """Whether the judge gives preference matrices (`preferences`) rather than scores."""
+    return hasattr(judge, "preferences")
 
 
 def load_function(spec: str) -> Callable[..., Any]:

@@ -79,6 +79,10 @@ class ChatJudge:
 class LLMRubricJudge(ChatJudge):
     """Scalar: a score per (prompt, response) from a rubric prompt."""
 
+    # the rubric quotes the dataset prompt's text (its last user turn), not a chat template
+    reads_rendered_prompt = False
+    reads_columns = False
+
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         low, high = self.cfg.score_range
         template = self.cfg.rubric or DEFAULT_RUBRIC

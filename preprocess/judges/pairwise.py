@@ -129,6 +129,10 @@ def verdict_from_logprobs(top: list[dict]) -> float | None:
 class PairwiseLLMJudge(ChatJudge):
     """Pairwise: P(A beats B) per ordered pair; both orders combined per prompt."""
 
+    # as LLMRubricJudge: the judging prompt quotes the dataset prompt's text
+    reads_rendered_prompt = False
+    reads_columns = False
+
     TOP_LOGPROBS = 20  # vLLM's default cap on top_logprobs
 
     def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float | Abstain]:

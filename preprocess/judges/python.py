@@ -18,6 +18,9 @@ class PythonJudge:
     non-finite results become abstentions naming the exception.
     """
 
+    reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
+    reads_columns = False
+
     def __init__(self, fn: Callable[[Prompt, str], float], *, allow_abstain: bool = True, name: str = "python"):
         self.fn = fn
         self.allow_abstain = allow_abstain
@@ -43,6 +46,9 @@ class PythonPairwiseJudge:
 
     Exceptions, non-finite values and values outside [0, 1] become abstentions naming why.
     """
+
+    reads_rendered_prompt = False  # as PythonJudge: the dataset's prompt as stored
+    reads_columns = False
 
     def __init__(
         self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise"

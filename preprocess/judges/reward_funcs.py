@@ -39,7 +39,8 @@ RESERVED = ("prompts", "completions")  # TRL's own arguments; a dataset column c
 class RewardFuncsJudge:
     """Weighted sum of batched reward functions, each called once per `score` call."""
 
-    reads_columns = True  # the judge stage passes the dataset's other columns (stages.judge_shard)
+    reads_rendered_prompt = False  # TRL passes reward functions the dataset's prompts
+    reads_columns = True  # and the dataset's other columns as kwargs (apply.apply_judge passes them)
 
     def __init__(
         self, funcs: list[tuple[str, Callable[..., Any]]], weights: list[float] | None = None, *,

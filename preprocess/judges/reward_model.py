@@ -20,6 +20,10 @@ from .base import JudgeStats, Score
 
 
 class RewardModelJudge:
+    # the dataset's prompt: the reward model renders it with its own chat template (`encode`)
+    reads_rendered_prompt = False
+    reads_columns = False
+
     def __init__(
         self, model_path: str, *, batch_size: int = 8, max_length: int = 1024, allow_abstain: bool = True,
         dtype: str = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,

@@ -1,4 +1,4 @@
-"""Scalar judges (python, reward model) and the both-order combination, with hand numbers."""
+"""Scalar judges (python, reward model), the both-order combination, and `apply_judge`, with hand numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pofe.preprocess.config import JudgeConfig
-from pofe.preprocess.judges import make_judge
+from pofe.preprocess.judges import apply_judge, make_judge
 from pofe.preprocess.judges.base import Abstain, JudgeError, JudgeStats, load_function
 from pofe.preprocess.judges.llm import parse_score
 from pofe.preprocess.judges.pairwise import combine_orders, parse_verdict, preferences_both_orders, verdict_from_logprobs
@@ -207,3 +207,76 @@ def test_judge_preferences_defaults_and_combinations():
         JudgeConfig(type="python", function="m:f", preferences_temperature=0.0)
     for cfg in (hard, JudgeConfig(type="pairrm", model="m")):  # a dumped config (as axolotl re-validates) reads back
         assert JudgeConfig(**cfg.model_dump()) == cfg
+
+
+# ---- apply_judge: what each judge is handed ------------------------------------------------
+
+
+class Recorder:
+    """A scalar judge scoring every response 1.0 and recording what it was called with."""
+
+    def __init__(self, *, rendered: bool, columns: bool):
+        self.reads_rendered_prompt, self.reads_columns = rendered, columns
+        self.stats, self.calls = JudgeStats(), []
+
+    def score(self, prompts, responses, **kwargs):
+        self.calls.append((prompts, kwargs))
+        return [[1.0] * len(r) for r in responses]
+
+
+def test_apply_judge_gives_each_judge_the_prompt_form_and_columns_it_reads():
+    """The flags pick the inputs: rendered prompts only for `reads_rendered_prompt`, columns
+    only for `reads_columns` (a judge without the flag is never passed `columns=`)."""
+    prompts = ["2+2=", [{"role": "user", "content": "1+3="}]]
+    rendered = ["<|user|>2+2=<|assistant|>", "<|user|>1+3=<|assistant|>"]
+    columns = [{"answer": "4"}, {"answer": "4", "level": 2}]
+    for reads_rendered, reads_columns in ((False, False), (True, False), (False, True), (True, True)):
+        judge = Recorder(rendered=reads_rendered, columns=reads_columns)
+        out = apply_judge(judge, prompts, rendered, [["a", "b"], ["c"]], columns=columns)
+        assert out == [[1.0, 1.0], [1.0]]
+        assert judge.calls == [(rendered if reads_rendered else prompts, {"columns": columns} if reads_columns else {})]
+    plain = Recorder(rendered=False, columns=True)
+    apply_judge(plain, prompts, rendered, [["a"], ["b"]])  # no columns given: none passed
+    assert plain.calls == [(prompts, {})]
+
+
+def test_apply_judge_hands_reward_functions_their_columns():
+    """A real reads_columns judge (TRL-style reward function) reading `answer`: 1.0 on the
+    answer, 0.0 otherwise; a PythonJudge (no columns) through the same call is not passed any."""
+    from pofe.preprocess.judges.reward_funcs import RewardFuncsJudge
+
+    def exact(prompts, completions, answer, **kwargs):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    out = apply_judge(RewardFuncsJudge([("exact", exact)]), ["1+1=", "2+2="], ["r1", "r2"],
+                      [["2", "3"], ["5", "4"]], columns=[{"answer": "2"}, {"answer": "4"}])
+    assert out == [[1.0, 0.0], [0.0, 1.0]]
+    out = apply_judge(PythonJudge(lambda p, r: float(len(p) + len(r))), ["1+1=", "2+2="], ["r1", "r2"],
+                      [["2", "33"], ["4"]], columns=[{"answer": "2"}, {"answer": "4"}])
+    assert out == [[5.0, 6.0], [5.0]]  # len("1+1=") = 4, + 1 or 2
+
+
+def test_apply_judge_names_the_dataset_row_of_a_missing_verdict():
+    """allow_abstain: false. The judge fails on its call's prompt 1; with rows [7, 12] the
+    error names dataset row 12, without rows it keeps the position. A pairwise judge's error
+    is re-raised the same way."""
+    def fails_on_q(prompt, response):
+        return 1 / 0 if prompt == "q" else 1.0
+
+    judge = PythonJudge(fails_on_q, allow_abstain=False, name="fails_on_q")
+    with pytest.raises(JudgeError, match=r"no verdict for dataset row 12, candidate 0 \(fails_on_q\): ZeroDivision"):
+        apply_judge(judge, ["p", "q"], ["P", "Q"], [["a"], ["b"]], rows=[7, 12])
+    with pytest.raises(JudgeError, match=r"no verdict for prompt 1, candidate 0 \(fails_on_q\)"):
+        apply_judge(judge, ["p", "q"], ["P", "Q"], [["a"], ["b"]])
+    pairwise = PythonPairwiseJudge(lambda p, a, b: math.nan if p == "q" else 1.0, allow_abstain=False, name="pw")
+    with pytest.raises(JudgeError, match=r"no verdict for dataset row 7, candidates 0 and 1, pw: non-finite"):
+        apply_judge(pairwise, ["q"], ["Q"], [["a", "b"]], rows=[7])
+
+
+def test_apply_judge_checks_lengths_and_skips_empty_calls():
+    judge = Recorder(rendered=False, columns=True)
+    assert apply_judge(judge, [], [], []) == [] and judge.calls == []
+    with pytest.raises(ValueError, match="2 prompts but 1 rendered prompts"):
+        apply_judge(judge, ["p", "q"], ["P"], [["a"], ["b"]])
+    with pytest.raises(ValueError, match="2 prompts but 1 column dicts"):
+        apply_judge(judge, ["p", "q"], ["P", "Q"], [["a"], ["b"]], columns=[{}])

@@ -20,7 +20,7 @@ import torch
 
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges import make_judge
-from pofe.preprocess.pairrm import (
+from pofe.preprocess.judges.pairrm import (
     CAND1_PREFIX,
     CAND2_PREFIX,
     SOURCE_PREFIX,
@@ -305,3 +305,52 @@ def test_wrong_checkpoint_errors(pairrm_dir, tmp_path):
     torch.save({k: v for k, v in sd.items() if not k.startswith("head_layer.4")}, d / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"weights do not match PairRM's layout \(missing \['head_layer.4"):
         PairRMJudge.from_pretrained(str(d))
+
+
+class FixedCandidates:
+    """A generate backend answering every prompt with the same three candidates."""
+
+    name = "fixed"
+
+    def generate(self, prompts, n, sampling):
+        return [["4", "four", "5"][:n] for _ in prompts]
+
+
+def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pairrm_dir, tiny_policy, tmp_path):
+    """PairRM's source is the prompt as the policy saw it (the SPPO scripts rank with the
+    chat-templated prompt), in the judge stage and in evaluation alike: the prompts its
+    `preferences` receives from `run_pipeline` and from evaluation's `judge_models` (with
+    `render_prompts`, as `axolotl pofe eval` renders them) are the same strings, the policy's
+    chat template applied, not the dataset's prompt."""
+    from transformers import AutoTokenizer
+
+    from pofe.preprocess.config import GenerateConfig, PipelineConfig
+    from pofe.preprocess.pipeline import run_pipeline
+    from pofe.preprocess.render import render_prompt
+    from pofe.run.evaluation import render_prompts
+    from pofe.run.judging import judge_models
+
+    judge = PairRMJudge.from_pretrained(str(pairrm_dir))
+    received, preferences = [], judge.preferences
+
+    def spy(prompts, responses):
+        received.append(list(prompts))
+        return preferences(prompts, responses)
+
+    judge.preferences = spy
+    prompts = ["2+2=", [{"role": "user", "content": "1+3="}]]
+    run_pipeline([{"prompt": p} for p in prompts], policy_path=str(tiny_policy), method="sppo",
+                 judge=JudgeConfig(type="pairrm", model=str(pairrm_dir)),
+                 generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
+                 candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                 generator=FixedCandidates(), judge_impl=judge)
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    out = judge_models(judge, prompts, render_prompts(tok, prompts), [[["4"], ["four"]], [["5"], ["4"]]])
+    assert out["method"] == "pairwise" and len(received) == 2
+    pipeline_prompts, eval_prompts = received
+    assert pipeline_prompts == eval_prompts == [render_prompt(tok, p).text for p in prompts]
+    assert eval_prompts == [
+        tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+        for c in ("2+2=", "1+3=")
+    ]
+    assert eval_prompts[0] != "2+2=" and "<|user|>2+2=" in eval_prompts[0]  # the template's markers

@@ -32,6 +32,8 @@ class ScriptedGenerator:
 class LengthPairJudge:
     """Pairwise: longer wins (no position bias)."""
 
+    reads_rendered_prompt = reads_columns = False
+
     def __init__(self):
         self.stats = JudgeStats()
 
@@ -276,6 +278,8 @@ def test_every_candidate_abstaining_stops_even_without_a_limit(tiny_policy, tmp_
 class PairJudgeAbstainingOn:
     """Pairwise: longer wins, but no verdict at all for the prompts in `blind`."""
 
+    reads_rendered_prompt = reads_columns = False
+
     def __init__(self, *blind):
         self.blind, self.stats = blind, JudgeStats()
 
@@ -320,6 +324,8 @@ def test_allow_abstain_false_names_the_dataset_row(tiny_policy, tmp_path):
 
 class StrictPairJudge:
     """Pairwise, allow_abstain: false: no verdict for prompt "1+1=" stops the run."""
+
+    reads_rendered_prompt = reads_columns = False
 
     def __init__(self):
         self.stats = JudgeStats()

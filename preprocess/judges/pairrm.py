@@ -46,9 +46,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .judges.base import JudgeStats, PairwiseVerdict
-from .render import Prompt, prompt_text
-from .win_rates import symmetrize_preferences
+from ..render import Prompt, prompt_text
+from ..win_rates import symmetrize_preferences
+from .base import JudgeStats, PairwiseVerdict
 
 SOURCE_PREFIX = "<|source|>"
 CAND1_PREFIX = "<|candidate1|>"
@@ -309,8 +309,9 @@ class PairRMJudge:
     """Pairwise judge: PairRM logits for every ordered pair of a prompt's responses, made into
     preferences by `preferences_from_logits` (default: the SPPO authors' formation)."""
 
-    # the pipeline passes the chat-templated prompt, the source text the SPPO scripts rank with
+    # the chat-templated prompt is the source text the SPPO scripts rank with
     reads_rendered_prompt = True
+    reads_columns = False
 
     def __init__(
         self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None,

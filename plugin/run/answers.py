@@ -1,0 +1,124 @@
+"""Evaluation's answers: what a loaded policy gives the held-out part (`pofe.run.evaluation`).
+
+Each model's samples on the held-out prompts (the same seeds for every model, through the one
+generation loop, `pofe.preprocess.generators.hf.sample_responses`), their summed log-probs
+under the model (`pofe.scoring.response_logps`), its perplexity of the reference responses,
+and pi_0's log-probs of every model's samples (the KL estimate). Each function takes a model
+its caller loaded; evaluation loads one at a time and frees it before the next, and builds
+the judges only after all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from pofe.layout import IGNORE_INDEX
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.hf import Sample, sample_responses
+from pofe.scoring import response_logps
+
+from .config import EvalConfig
+
+TokenPair = tuple[list[int], list[int]]  # (prompt ids, response ids)
+
+
+@torch.no_grad()
+def sequence_logps(
+    model, prompt_ids: list[list[int]], response_ids: list[list[int]], batch_size: int = 16
+) -> list[float]:
+    """Summed log pi(response | prompt) for each pair, by `pofe.scoring.response_logps`.
+
+    Rows `prompt + response` are right-padded (positions start at 0 for every row); only
+    response tokens are labelled, so only they count. An empty response scores 0.
+    """
+    device = next(model.parameters()).device
+    out: list[float] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        prompts, responses = prompt_ids[start : start + batch_size], response_ids[start : start + batch_size]
+        rows = [p + r for p, r in zip(prompts, responses, strict=True)]
+        T = max(len(row) for row in rows)
+        ids = torch.zeros(len(rows), T, dtype=torch.long)  # (B, T)
+        mask = torch.zeros(len(rows), T, dtype=torch.long)  # (B, T)
+        labels = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+        for i, (prompt, row) in enumerate(zip(prompts, rows)):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+            labels[i, len(prompt) : len(row)] = ids[i, len(prompt) : len(row)]
+        logp_sum, _ = response_logps(model, ids.to(device), mask.to(device), labels.to(device))  # (B,)
+        out += logp_sum.tolist()
+    return out
+
+
+@dataclass
+class ModelAnswers:
+    """One model's held-out samples, with log-probs flat in prompt-major order (P * S)."""
+
+    name: str
+    path: str
+    samples: list[list[Sample]]  # [prompt][sample]
+    logps: list[float]  # log pi_m(y|x)
+    base_logps: list[float] = field(default_factory=list)  # log pi_0(y|x)
+    perplexity: float | None = None
+
+    @property
+    def flat(self) -> list[Sample]:
+        return [s for row in self.samples for s in row]
+
+
+def held_out_sampling(ecfg: EvalConfig) -> Sampling:
+    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens, seed=ecfg.seed)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out prompts (rendered once, for every model and judge) and their references."""
+
+    prompts: list
+    rendered: list[str]
+    references: list[TokenPair]
+    source: str  # where the prompts came from, for eval.json
+
+
+def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:
+    """(prompt ids, response ids) of each non-empty reference, as the rendered assistant turn."""
+    from pofe.data.tokenize import render_row
+
+    pairs = []
+    for prompt, reference in zip(prompts, references):
+        if isinstance(reference, str) and reference:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            row = {"prompt": messages, "responses": [{"role": "assistant", "content": reference}]}
+            prompt_text, (response_text,) = render_row(row, tokenizer)
+            pairs.append((tokenizer(prompt_text, add_special_tokens=False)["input_ids"],
+                          tokenizer(response_text, add_special_tokens=False)["input_ids"]))
+    return pairs
+
+
+def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
+    """exp(total NLL / total tokens) of the reference responses; None without references."""
+    if not pairs:
+        return None
+    nll = -sum(sequence_logps(model, [p for p, _ in pairs], [r for _, r in pairs], batch_size))
+    return math.exp(nll / sum(len(r) for _, r in pairs))
+
+
+def answer(model, name: str, path: str, tokenizer, held_out: HeldOut, ecfg: EvalConfig) -> ModelAnswers:
+    """One model's held-out samples (the same seeds for every model) with their log-probs,
+    and its reference perplexity."""
+    samples = sample_responses(model, tokenizer, held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg),
+                               batch_size=ecfg.batch_size)
+    flat = [s for row in samples for s in row]
+    logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
+    return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, held_out.references, ecfg.batch_size))
+
+
+def score_under_base(base, answers: list[ModelAnswers], batch_size: int) -> None:
+    """Fill `base_logps`: log pi_0 of every model's samples, `base` being pi_0 (pi_0's own
+    samples: its `logps`)."""
+    answers[0].base_logps = list(answers[0].logps)
+    for a in answers[1:]:
+        flat = a.flat
+        a.base_logps = sequence_logps(base, [s.prompt_ids for s in flat], [s.response_ids for s in flat], batch_size)
