@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from transformers import Trainer
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
+from ..anchor import AnchorLogps
 from ..args import PofeConfig, pofe_config
 from ..distributed import sum_over_ranks
-from ..layout import TOKENIZED_COLUMNS
+from ..layout import tokenized_columns
+from ..methods import method_spec
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
 from .metrics import PairMetrics
@@ -50,10 +54,17 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
     def pofe(self) -> PofeConfig:
         return pofe_config(self.axolotl_cfg)
 
+    @cached_property
+    def anchor(self) -> AnchorLogps | None:
+        """An anchored method's log pi_t table (`pofe.anchor`), else None. Made at the first
+        step, once accelerate/DeepSpeed/FSDP have wrapped the model (the pass then works under
+        every backend axolotl supports) and the builder has set `axolotl_cfg`."""
+        return AnchorLogps(self) if method_spec(self.pofe.method).needs_anchor else None
+
     def _set_signature_columns_if_needed(self):
         # the prepared columns are not forward() arguments but must reach the collator
         if self._signature_columns is None:
-            self._signature_columns = list(TOKENIZED_COLUMNS)
+            self._signature_columns = list(tokenized_columns())
 
     def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model on all candidates; return logp_sum and lengths as (B, K).
