@@ -180,7 +180,7 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
     from axolotl.utils.dict import DictDefault
 
     import pofe.preprocess.pipeline as pipeline
-    from pofe.data.loader import build_candidates
+    from pofe.data.candidates import build_candidates
 
     seen = {}
     monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))
