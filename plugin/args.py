@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pofe.data.formats import DEFAULT_FIELDS
 from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
-from pofe.methods import DATASET_TYPES, METHODS, MethodName, check_candidate_rules, method_spec
+from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.run.config import EvalConfig, RoundPrompts, check_round_prompt_count, check_round_prompt_files
 
@@ -30,9 +30,10 @@ class PofeConfig(BaseModel):
     # Errors never repeat the input: it may hold a key (pofe.preprocess.config refuses those).
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    method: MethodName | None = Field(
+    method: str | None = Field(
         default=None,
-        description="Set from `rl: rrhf` / `rl: sppo`; POFE is inactive while unset.",
+        description="Set from `rl: rrhf` / `rl: sppo` (or a method registered with "
+        "`pofe.methods.register_method`); POFE is inactive while unset.",
     )
     # RRHF (Yuan et al. 2023)
     rank_weight: float = Field(
@@ -125,6 +126,13 @@ class PofeConfig(BaseModel):
         description="Internal: the `field_*` keys of each `datasets:` entry.",
     )
 
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, value: str | None) -> str | None:
+        if value is not None:
+            method_spec(value)  # the error lists the registered methods
+        return value
+
     @field_validator("eval", mode="before")
     @classmethod
     def _eval_switch(cls, value: Any) -> Any:
@@ -133,10 +141,19 @@ class PofeConfig(BaseModel):
             return False
         return {} if value is True else value
 
+    def _check_own_keys(self) -> None:
+        """A key only another method reads, set away from its default, would do nothing."""
+        spec = method_spec(self.method)
+        for other in METHODS.values():
+            for key in other.own_keys:
+                if key in spec.own_keys or getattr(self, key) == type(self).model_fields[key].default:
+                    continue
+                raise ValueError(f"pofe.{key}: {getattr(self, key)} applies to `rl: {other.name}` only")
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "PofeConfig":
-        if self.sppo_loss == "hard" and self.method not in (None, "sppo"):
-            raise ValueError("pofe.sppo_loss: hard applies to `rl: sppo` only")
+        if self.method is not None:
+            self._check_own_keys()
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
         if self.method is not None:

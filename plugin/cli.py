@@ -30,7 +30,7 @@ def candidates(config: str, stage: str):
     from axolotl.cli.config import load_cfg
     from .args import pofe_config
     from .data.formats import RowFormat
-    from .data.loader import build_candidates
+    from .data.candidates import build_candidates
     from .data.sources import load_entry
 
     cfg = load_cfg(config)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .layout import CANDIDATE_FLOATS, IGNORE_INDEX, pack_prompt
+from .layout import IGNORE_INDEX, candidate_float_columns, pack_prompt
 
 
 @dataclass
@@ -48,7 +48,7 @@ class KResponseCollator:
         counts = [len(f["response_ids"]) for f in features]
         k_max = max(counts)
         batch["candidate_mask"] = torch.arange(k_max)[None, :] < torch.tensor(counts)[:, None]  # (B, K)
-        for key in CANDIDATE_FLOATS:
+        for key in candidate_float_columns():
             if key in features[0] and features[0][key] is not None:
                 values = torch.zeros((len(features), k_max), dtype=torch.float32)
                 for b, f in enumerate(features):

@@ -1,24 +1,35 @@
 """The batch and row layout every POFE layer agrees on: column names and the packed row.
 
-Canonical dataset rows carry `prompt`, `responses` and one per-candidate label column
-(`rewards` for RRHF, `win_rates` for SPPO, see `pofe.methods`); tokenised rows carry
-`prompt_ids`, `response_ids`, the label columns and `row_id`. The collator turns them
-into the batch layouts described in `pofe.collator`.
+Canonical dataset rows carry `prompt`, `responses` and the method's per-candidate label
+column (its `Target`, see `pofe.methods`); tokenised rows carry `prompt_ids`,
+`response_ids`, the label columns and `row_id`. The collator turns them into the batch
+layouts described in `pofe.collator`.
 
-This module is a leaf: standard library only.
+This module is a leaf: it imports only the method registry (`pofe.methods`).
 """
 
 from __future__ import annotations
+
+from .methods import label_columns
 
 IGNORE_INDEX = -100
 
 # canonical (rendered) row columns
 PROMPT = "prompt"
 RESPONSES = "responses"
-# per-candidate float columns carried through tokenisation and collation as (B, K) tensors
-CANDIDATE_FLOATS = ("rewards", "win_rates", "anchor_logps")
-# tokenised row columns (what reaches the collator; not forward() arguments)
-TOKENIZED_COLUMNS = ("prompt_ids", "response_ids", *CANDIDATE_FLOATS, "row_id")
+# an anchored method's given log pi_t(y|x) per candidate (SPPO); else the trainer computes them
+ANCHOR_LOGPS = "anchor_logps"
+
+
+def candidate_float_columns() -> tuple[str, ...]:
+    """Per-candidate float columns carried through tokenisation and collation as (B, K)
+    tensors: every registered method's label column, and the anchor log-probs."""
+    return (*label_columns(), ANCHOR_LOGPS)
+
+
+def tokenized_columns() -> tuple[str, ...]:
+    """Tokenised row columns (what reaches the collator; not forward() arguments)."""
+    return ("prompt_ids", "response_ids", *candidate_float_columns(), "row_id")
 
 # scored response tokens per output-embedding chunk (`pofe.scoring`): the default of
 # `pofe.logit_chunk_size`, and the most (tokens x vocab) logits that exist at a time

@@ -2,8 +2,9 @@
 
 Every layer (config validation, data loading, the candidate pipeline, iterated runs, the
 report) asks the method's `MethodSpec` instead of comparing method names, in the way
-torchtune marks a loss reference-free. Adding a method means adding its spec here, its
-loss in `pofe.losses` and its trainer in `pofe.trainers`; nothing else branches on names.
+torchtune marks a loss reference-free; what a method trains on is its `Target`. Adding a
+method means a spec (here, or from any module through `register_method`), its loss and
+its trainer; nothing else branches on names or label columns.
 
 This module is a leaf: it imports nothing from POFE or from the training stack.
 """
@@ -17,21 +18,50 @@ RoundPrompts = Literal["split", "all"]
 
 
 @dataclass(frozen=True)
+class Target:
+    """What a method trains on: one label per candidate, and how judges' verdicts become it.
+
+    A judge gives either one scalar reward per candidate or a pairwise preference matrix.
+    Labels are those rewards as they are, or the candidates' win rates (from the matrix, or
+    from the rewards through `judge.preferences`): `from_win_rates` says which.
+    """
+
+    # the per-candidate label column of canonical and tokenised rows
+    column: str
+    # how messages name the labels ("rewards", "win rates")
+    noun: str
+    # labels are win rates (pairwise verdicts, or scalar ones through `judge.preferences`);
+    # False: the scalar judge's rewards themselves (such a method takes no pairwise judge)
+    from_win_rates: bool
+    # (low, high): a label outside is an error in the data; None: any finite value
+    bounds: tuple[float, float] | None = None
+    # labels order candidates: two that differ must stay apart in float32 (training's precision)
+    distinct_in_float32: bool = False
+    # the run report's candidates column for the labels' per-prompt spread (None: no column)
+    report_column: str | None = None
+
+
+REWARDS = Target(column="rewards", noun="rewards", from_win_rates=False, distinct_in_float32=True)
+WIN_RATES = Target(
+    column="win_rates", noun="win rates", from_win_rates=True, bounds=(0.0, 1.0),
+    report_column="cand. win-rate spread",
+)
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One method's needs and defaults."""
 
     name: str
-    # the per-candidate label column the loss reads: "rewards" (RRHF) or "win_rates" (SPPO)
-    target: str
+    # what the loss reads per candidate (`Target`): rewards (RRHF) or win rates (SPPO)
+    target: Target
     # dotted path of the trainer class (imported lazily by the plugin)
     trainer: str
     # dataset `type:` values that can feed this method
     dataset_types: tuple[str, ...]
-    # True when the loss compares against a frozen anchor policy (SPPO's pi_t)
+    # True when the loss compares against a frozen anchor policy (SPPO's pi_t): rows may carry
+    # `anchor_logps`, and `KResponseTrainer` computes the anchor table when they do not
     needs_anchor: bool
-    # True when the method can learn from pairwise judges (a preference matrix per prompt);
-    # False when it needs one scalar reward per candidate
-    takes_pairwise_judges: bool
     # `pofe.round_prompts: auto` in iterated runs: disjoint splits, or every prompt each round
     default_round_prompts: RoundPrompts
     # the trainer's metric that says whether training moves the right way (report, plots)
@@ -53,30 +83,40 @@ class MethodSpec:
     report_curves: tuple[str, ...] = ()
     # what the run report says under its rounds table about reading the diagnostic
     report_note: str = ""
+    # what a dataset row whose labels are all equal teaches; a warning counts such rows when set
+    equal_labels_note: str = ""
+    # `pofe:` keys that only this method reads; set to a non-default value under another
+    # method they are an error
+    own_keys: tuple[str, ...] = ()
+
+    @property
+    def takes_pairwise_judges(self) -> bool:
+        """Whether a pairwise judge (a preference matrix per prompt) can label candidates."""
+        return self.target.from_win_rates
 
 
 RRHF = MethodSpec(
     name="rrhf",
-    target="rewards",
+    target=REWARDS,
     trainer="pofe.trainers.rrhf.RRHFTrainer",
     dataset_types=("pofe.prompts", "pofe.rrhf", "pofe.pairs"),
     needs_anchor=False,
-    takes_pairwise_judges=False,
     default_round_prompts="all",  # the paper's IP-n resamples the same prompts
     diagnostic_metric="rrhf/rank_accuracy",
     diagnostic_label="rank accuracy",
     candidate_keeps=("all",),
     dedupe_candidates=True,
     report_curves=("rrhf/rank", "rrhf/ft"),
+    equal_labels_note="RRHF learns no ranking from them, only SFT on their first response",
+    own_keys=("rank_weight", "margin", "length_penalty"),
 )
 
 SPPO = MethodSpec(
     name="sppo",
-    target="win_rates",
+    target=WIN_RATES,
     trainer="pofe.trainers.sppo.SPPOTrainer",
     dataset_types=("pofe.prompts", "pofe.pairs", "pofe.sppo", "pofe.sppo_ucla"),
     needs_anchor=True,
-    takes_pairwise_judges=True,
     default_round_prompts="split",  # the paper: disjoint prompt splits per iteration
     diagnostic_metric="sppo/win_rate_spread",
     diagnostic_label="win-rate spread",
@@ -85,20 +125,35 @@ SPPO = MethodSpec(
     report_curves=("sppo/logratio", "sppo/target"),
     report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
     "(saturation: the gradient vanishes).",
+    own_keys=("eta", "sppo_loss"),
 )
 
-METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (RRHF, SPPO)}
-
+# the registered methods by name (`rl:` values); `register_method` adds to it
+METHODS: dict[str, MethodSpec] = {}
 # every dataset type POFE reads, and the methods it can feed
 DATASET_TYPES: dict[str, tuple[str, ...]] = {}
-for _spec in METHODS.values():
-    for _type in _spec.dataset_types:
-        DATASET_TYPES.setdefault(_type, ())
-        DATASET_TYPES[_type] += (_spec.name,)
-del _spec, _type
 
-# the `pofe.method` values, as a type pydantic turns into a choice
-MethodName = Literal[tuple(METHODS)]
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    """Make `spec` a POFE method: `rl: <spec.name>` then trains with it, from its dataset types.
+
+    A method defined outside POFE registers from a module that every axolotl process
+    imports: one listed under `plugins:` (axolotl imports every listed plugin's module
+    before any plugin reads the config). Registering a name again replaces nothing: it is
+    an error unless the spec is the same.
+    """
+    known = METHODS.get(spec.name)
+    if known is not None and known != spec:
+        raise ValueError(f"POFE method {spec.name!r} is registered already, with another spec")
+    if known is None:
+        METHODS[spec.name] = spec
+        for dtype in spec.dataset_types:
+            DATASET_TYPES[dtype] = (*DATASET_TYPES.get(dtype, ()), spec.name)
+    return spec
+
+
+register_method(RRHF)
+register_method(SPPO)
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -107,6 +162,12 @@ def method_spec(name: str) -> MethodSpec:
         return METHODS[name]
     except KeyError:
         raise ValueError(f"unknown POFE method {name!r}; known: {sorted(METHODS)}") from None
+
+
+def label_columns() -> tuple[str, ...]:
+    """Every registered method's label column, in registration order (tokenised rows and
+    batches carry whichever a dataset has)."""
+    return tuple(dict.fromkeys(spec.target.column for spec in METHODS.values()))
 
 
 def check_candidate_rules(method: str, *, pairwise_judge: str | None, keep: str) -> None:

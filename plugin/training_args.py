@@ -26,6 +26,7 @@ def _filled_from(key: str):
 class PofeTrainingArgsMixin:
     """The `pofe:` keys the trainers, their scoring and their metrics read."""
 
+    pofe_method: str | None = _filled_from("method")
     pofe_rank_weight: float | None = _filled_from("rank_weight")
     pofe_margin: float | None = _filled_from("margin")
     pofe_length_penalty: float | None = _filled_from("length_penalty")

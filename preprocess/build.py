@@ -1,8 +1,10 @@
 """The build stage: trainer rows and summary.json, from the judged shards alone.
 
-Output rows (exactly what pofe's trainers read; the label column is the method's target):
+Output rows, one per prompt, with the method's label column (`Target.column`; the labels are
+the judge's rewards, or the candidates' win rates when `Target.from_win_rates`):
     rrhf: {"prompt": <as input>, "responses": [str], "rewards": [float]}
     sppo: {"prompt": <as input>, "responses": [str], "win_rates": [float in [0, 1]]}
+The training side takes them as they are (`pofe.data.formats.candidate_row`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from pofe.methods import method_spec
+from pofe.methods import Target, method_spec
 
 from .abstentions import AbstentionTally
 from .config import GenerateConfig, JudgeConfig, PipelineConfig
@@ -28,6 +30,7 @@ def build_rows(
     allow it).
     """
     target = method_spec(method).target
+    verdicts = _verdict_key(target)
     data: list[dict] = []
     dropped: Counter = Counter()
     for r in judged:
@@ -41,7 +44,7 @@ def build_rows(
         if len(r["responses"]) < min_candidates:
             dropped["too_few_candidates"] += 1
             continue
-        responses, labels = r["responses"], r[target]
+        responses, labels = r["responses"], r[verdicts]
         if keep == "best_worst":
             best = max(range(len(labels)), key=lambda k: (labels[k], -k))
             worst = min(range(len(labels)), key=lambda k: (labels[k], k))
@@ -49,8 +52,13 @@ def build_rows(
                 best, worst = 0, len(labels) - 1
             idx = [best, worst]
             responses, labels = [responses[k] for k in idx], [labels[k] for k in idx]
-        data.append({"prompt": r["prompt"], "responses": responses, target: labels})
+        data.append({"prompt": r["prompt"], "responses": responses, target.column: labels})
     return data, dropped
+
+
+def _verdict_key(target: Target) -> str:
+    """The judge shard field that holds the target's labels: its win rates, or its rewards."""
+    return "win_rates" if target.from_win_rates else "rewards"
 
 
 def summarise(
@@ -80,7 +88,7 @@ def summarise(
     by_source: Counter = Counter(s for g in live for s in g["sources"])
     k = [len(d["responses"]) for d in data]
     target = method_spec(method).target
-    trains_on_win_rates = target == "win_rates"
+    trains_on_win_rates = target.from_win_rates
     return {
         "method": method,
         "rows_in": len(generated),
@@ -98,12 +106,12 @@ def summarise(
         "mean_best_of_k_reward": _mean([max(rs) for rs in rewards]),
         "mean_candidate_tokens": _mean(tokens),
         "mean_candidate_chars": _mean(chars),
-        "mean_best_win_rate": _mean([max(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
-        "mean_win_rate_spread": _mean([_spread(d["win_rates"]) for d in data]) if trains_on_win_rates else None,
+        "mean_best_win_rate": _mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
+        "mean_win_rate_spread": _mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,
-        "rows_with_equal_labels": sum(1 for d in data if len(set(d[target])) == 1),
+        "rows_with_equal_labels": sum(1 for d in data if len(set(d[target.column])) == 1),
         "generate": generate.public_dict(),
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),

@@ -42,7 +42,7 @@ from typing import Literal, Sequence
 
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import logger_name
-from pofe.methods import MethodName, check_candidate_rules, method_spec
+from pofe.methods import check_candidate_rules, method_spec
 
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, summarise
@@ -82,7 +82,7 @@ class StagesDone:
 def run_pipeline(
     prompts_rows: Sequence[dict],
     *,
-    method: MethodName,
+    method: str,
     generate: GenerateConfig,
     judge: JudgeConfig,
     candidates: PipelineConfig,
@@ -219,7 +219,7 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
     if summary["rows_with_equal_labels"]:
         LOG.warning(
             f"POFE: {summary['rows_with_equal_labels']} of {len(data)} rows in {data_path} have all-equal "
-            f"{method_spec(method).target}: no pair to rank there (the judge cannot tell the candidates apart)"
+            f"{method_spec(method).target.noun}: no pair to rank there (the judge cannot tell the candidates apart)"
         )
     return PipelineResult(data_path, summary_path, len(data), summary)
 

@@ -190,7 +190,7 @@ def judge_shard(
                 "abstain_reasons": [_cap(x) for x in verdict.abstain_reasons],
             }
     else:
-        wants_win_rates = method_spec(method).target == "win_rates"
+        wants_win_rates = method_spec(method).target.from_win_rates
         for r, sc in zip(live, verdicts, strict=True):
             keep = [k for k, v in enumerate(sc) if not isinstance(v, Abstain)]
             rewards = [float(sc[k]) for k in keep]

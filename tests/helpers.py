@@ -63,11 +63,13 @@ def recipe(tmp_path: Path, model: Path, method: str, data: Path, dtype: str, **o
     return path
 
 
-def run_axolotl(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the real `axolotl` CLI of this environment (in-process launcher: 2 CPUs)."""
+def run_axolotl(*args: str, cwd: Path | None = None, check: bool = True,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real `axolotl` CLI of this environment (in-process launcher: 2 CPUs); `env`
+    is added to its environment."""
     axolotl = Path(sys.executable).parent / "axolotl"
     extra = ["--launcher", "python"] if args[0] == "train" else []
-    env = {**os.environ, **AXOLOTL_ENV}
+    env = {**os.environ, **AXOLOTL_ENV, **(env or {})}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(
         [str(axolotl), *args, *extra], cwd=cwd, env=env, capture_output=True, text=True,

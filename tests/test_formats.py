@@ -194,16 +194,18 @@ def test_labels_checked_in_float32():
 
 def test_rows_with_all_equal_rewards_are_counted_and_warned(caplog):
     """Equal rewards form no RRHF pair: the row only fine-tunes on responses[0]."""
-    from pofe.data.loader import LOG, _warn_equal_rewards
+    from pofe.data.loader import LOG, _warn_equal_labels
+    from pofe.methods import RRHF
 
     # axolotl's logging config does not propagate its loggers to the root, where caplog listens
     LOG.logger.addHandler(caplog.handler)
     try:
-        assert _warn_equal_rewards([[1.0, 1.0], [1.0, 0.0], [0.5, 0.5, 0.5]], "d.jsonl") == 2
+        assert _warn_equal_labels([[1.0, 1.0], [1.0, 0.0], [0.5, 0.5, 0.5]], "d.jsonl", RRHF) == 2
     finally:
         LOG.logger.removeHandler(caplog.handler)
-    assert "2 of 3 rows of d.jsonl have all-equal rewards" in caplog.text
-    assert _warn_equal_rewards([[1.0, 0.0]], "d.jsonl") == 0
+    assert ("2 of 3 rows of d.jsonl have all-equal rewards; RRHF learns no ranking from them, only SFT "
+            "on their first response") in caplog.text
+    assert _warn_equal_labels([[1.0, 0.0]], "d.jsonl", RRHF) == 0
 
 
 def test_jsonl_mixing_strings_and_messages_reads_back_as_written(tmp_path):

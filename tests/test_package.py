@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,35 @@ def test_functions_are_short(name):
         if (n := _code_lines(source, node)) > MAX_CODE_LINES and _long_reason(node) is None
     ]
     assert not long, f"over {MAX_CODE_LINES} code lines, with no 'Long:' reason in the docstring: {long}"
+
+
+# A method's name or label column compared outside `pofe.methods`: a branch that a new
+# method would have to edit. Reading a column by name (`row["rewards"]`) is not a branch.
+METHOD_BRANCHES = re.compile(
+    r"""(==|!=)\s*["'](rrhf|sppo|rewards|win_rates)["']"""  # x == "sppo"
+    r"""|["'](rrhf|sppo|rewards|win_rates)["']\s*(==|!=)"""  # "sppo" == x
+    r"""|\bin\s*[(\[{][^)\]}]*["'](rrhf|sppo)["']"""  # x in (None, "sppo")
+    r"""|["'](rrhf|sppo)["']\s+(not\s+)?in\b"""  # "sppo" in methods
+    r"""|["'](rewards|win_rates)["']\s+(not\s+)?in\s+\w+\.column_names"""  # a dataset's label column
+    r"""|\.target\s*(==|!=)"""  # spec.target == ...
+    r"""|pofe\.\{[^}]*method"""  # f"pofe.{method}": a dataset type made from a method name
+)
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"pofe.methods"}))
+def test_no_branch_on_method_names(name):
+    """Only the registry (`pofe.methods`) knows the methods: elsewhere code asks the spec."""
+    hits = [f"{MODULES[name].name}:{i}: {line.strip()}"
+            for i, line in enumerate(MODULES[name].read_text().splitlines(), start=1)
+            if METHOD_BRANCHES.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_method_branch_pattern_finds_the_old_branches():
+    """The pattern catches each form the code used before the method registry said it all."""
+    for line in ('if method_spec(method).target == "win_rates":', 'if self.method not in (None, "sppo"):',
+                 'if "rewards" in part.column_names:', 'type=f"pofe.{fmt.method}"', 'spread = spec.target == x',
+                 'if method == "rrhf":'):
+        assert METHOD_BRANCHES.search(line), line
+    for line in ('logp = inputs["rewards"]', 'if "rewards" in plots:', 'raise ValueError(f"pofe.{key}: x")'):
+        assert not METHOD_BRANCHES.search(line), line

@@ -1,10 +1,9 @@
 """The k-response row shapes POFE reads, checked and brought to one canonical form.
 
-Canonical row (what tokenisation sees):
+Canonical row (what tokenisation sees), with the method's label column (`Target.column`):
     {"prompt": [chat messages], "responses": [assistant messages] * k,
-     "rewards": [float] * k}                                  # rl: rrhf
-    {"prompt": ..., "responses": ..., "win_rates": [float] * k,
-     "anchor_logps": [float] * k | None}                      # rl: sppo
+     <label column>: [float] * k,                   # rewards (rl: rrhf), win_rates (rl: sppo)
+     "anchor_logps": [float] * k | None}            # methods with an anchor only (rl: sppo)
 
 With `prompt_format: hh` on the `datasets:` entry, the prompt and the responses are
 Anthropic HH transcripts, turned into chat messages first (`transcripts.py`).
@@ -23,7 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..methods import method_spec
+from ..layout import ANCHOR_LOGPS
+from ..methods import Target, method_spec
 from .transcripts import hh_row
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
@@ -54,7 +54,7 @@ class RowFormat:
 
     dataset: str  # the entry's path, for messages
     type: str  # pofe.rrhf | pofe.pairs | pofe.sppo | pofe.sppo_ucla
-    method: str  # a registered method (`pofe.methods`): its target column is what a row yields
+    method: str  # a registered method (`pofe.methods`): its target's column is what a row yields
     fields: Mapping[str, str]
 
     def __post_init__(self):
@@ -114,12 +114,12 @@ def check_columns(fmt: RowFormat, columns: list[str]) -> None:
         )
 
 
-def row_error(fmt: RowFormat, index: int):
-    """`fail(field, what, fix)`: the error for one field of row `index`."""
+def row_error(dataset: str, index: int):
+    """`fail(field, what, fix)`: the error for one field of row `index` of `dataset`."""
 
     def fail(field: str, what: str, fix: str) -> PofeDataError:
         return PofeDataError(
-            f"dataset {fmt.dataset}, row {index} (0-based), field '{field}': {what}. {fix}"
+            f"dataset {dataset}, row {index} (0-based), field '{field}': {what}. {fix}"
         )
 
     return fail
@@ -131,12 +131,12 @@ def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_colu
     as the response text; otherwise as it is."""
     if fmt.prompt_format != "hh":
         return dict(row)
-    return hh_row(row, fmt.column("field_prompt"), response_columns, row_error(fmt, index))
+    return hh_row(row, fmt.column("field_prompt"), response_columns, row_error(fmt.dataset, index))
 
 
 def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
     """Check one raw row and return its canonical form (see module docstring)."""
-    fail = row_error(fmt, index)
+    fail = row_error(fmt.dataset, index)
     if fmt.prompt_format == "hh":
         row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
 
@@ -145,7 +145,36 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         prompt = _conversation_prompt(row, fmt, fail)
     else:
         prompt = _prompt_messages(row.get(prompt_col), prompt_col, fail)
+    responses, names = _responses(row, fmt, fail)
+    spec = method_spec(fmt.method)
+    labels, label_names = _labels(row, fmt, len(responses), fail)
+    _check_labels(spec.target, labels, label_names, responses, names, fail)
+    out: dict[str, Any] = {"prompt": prompt, "responses": responses, spec.target.column: labels}
+    if spec.needs_anchor:
+        anchor_col = fmt.column("field_anchor_logps")
+        out[ANCHOR_LOGPS] = (
+            _numbers(row, anchor_col, len(responses), fail) if row.get(anchor_col) is not None else None
+        )
+    return out
 
+
+def candidate_row(row: Mapping[str, Any], index: int, *, target: Target, source: str) -> dict[str, Any]:
+    """A row of POFE's own candidate pipeline (`data.jsonl`) in canonical form.
+
+    The pipeline has checked what it wrote (non-empty candidates, labels from its judge), so
+    only the shapes change: the prompt becomes chat messages, each response an assistant
+    message. Identical candidate texts stay as sampled: SPPO keeps all K samples, and
+    a judge's verdicts on two copies of one text may differ.
+    """
+    return {
+        "prompt": _prompt_messages(row["prompt"], "prompt", row_error(source, index)),
+        "responses": [{"role": "assistant", "content": text} for text in row["responses"]],
+        target.column: row[target.column],
+    }
+
+
+def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict], list[str]]:
+    """The row's responses as assistant messages, and each one's field name for errors."""
     if fmt.type in ("pofe.rrhf", "pofe.sppo"):
         resp_col = fmt.column("field_responses")
         raw = row.get(resp_col)
@@ -160,54 +189,51 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
         if len(responses) < 2:
             raise fail(resp_col, f"k = {len(responses)} response(s)",
                        "Ranking needs k >= 2 responses per prompt.")
-        names = [f"{resp_col}[{j}]" for j in range(len(responses))]
-    else:
-        chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
-        responses = [
-            _response_message(row.get(col), lambda what, col=col: fail(col, what,
-                "Both responses of a pair must be non-empty."))
-            for col in (chosen_col, rejected_col)
-        ]
-        names = [chosen_col, rejected_col]
+        return responses, [f"{resp_col}[{j}]" for j in range(len(responses))]
+    chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
+    responses = [
+        _response_message(row.get(col), lambda what, col=col: fail(col, what,
+            "Both responses of a pair must be non-empty."))
+        for col in (chosen_col, rejected_col)
+    ]
+    return responses, [chosen_col, rejected_col]
 
-    k = len(responses)
-    out: dict[str, Any] = {"prompt": prompt, "responses": responses}
-    if method_spec(fmt.method).target == "rewards":
-        if fmt.type == "pofe.pairs":
-            rewards = [1.0, 0.0]
-        elif row.get(fmt.column("field_rewards")) is not None:
-            rewards = _numbers(row, fmt.column("field_rewards"), k, fail)
-        else:
-            # rank 1 is the best response; a reward only needs to order them
-            ranks = _numbers(row, fmt.column("field_ranks"), k, fail)
-            rewards = [-r for r in ranks]
-        _check_duplicates(responses, rewards, names, "rewards", fail)
-        _check_float32_ties(rewards, names, fail)
-        out["rewards"] = rewards
-        return out
 
+def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[float], list[str]]:
+    """The row's k labels as its dataset type gives them, and each label's field for errors."""
     if fmt.type == "pofe.pairs":
-        win_rates = [1.0, 0.0]
-    elif fmt.type == "pofe.sppo_ucla":
+        return [1.0, 0.0], [fmt.column("field_chosen"), fmt.column("field_rejected")]
+    if fmt.type == "pofe.sppo_ucla":
         # The SPPO authors' release: chosen/rejected plus each one's win rate.
-        win_rates = [_number(row, "chosen_probs_win", fail), _number(row, "chosen_probs_lose", fail)]
-        for name, w in zip(("chosen_probs_win", "chosen_probs_lose"), win_rates):
-            if not 0.0 <= w <= 1.0:
-                raise fail(name, f"win rate {w} is outside [0, 1]",
-                           "Win rates are probabilities; recompute them.")
+        names = ["chosen_probs_win", "chosen_probs_lose"]
+        return [_number(row, name, fail) for name in names], names
+    if fmt.type == "pofe.sppo":
+        col = fmt.column("field_win_rates")
+        labels = _numbers(row, col, k, fail)
+    elif row.get(fmt.column("field_rewards")) is not None:
+        col = fmt.column("field_rewards")
+        labels = _numbers(row, col, k, fail)
     else:
-        win_rates = _numbers(row, fmt.column("field_win_rates"), k, fail)
-    for j, w in enumerate(win_rates):
-        if not 0.0 <= w <= 1.0:
-            raise fail(f"{fmt.column('field_win_rates')}[{j}]", f"win rate {w} is outside [0, 1]",
-                       "Win rates are probabilities; recompute them.")
-    _check_duplicates(responses, win_rates, names, "win rates", fail)
-    anchor_col = fmt.column("field_anchor_logps")
-    out["win_rates"] = win_rates
-    out["anchor_logps"] = (
-        _numbers(row, anchor_col, k, fail) if row.get(anchor_col) is not None else None
-    )
-    return out
+        # rank 1 is the best response; a reward only needs to order them
+        col = fmt.column("field_ranks")
+        labels = [-r for r in _numbers(row, col, k, fail)]
+    return labels, [f"{col}[{j}]" for j in range(k)]
+
+
+def _check_labels(target: Target, labels: list[float], label_names: list[str], responses: list[dict],
+                  names: list[str], fail) -> None:
+    """The target's rules: its range, one label per distinct text, float32-distinct labels.
+    `label_names` / `names`: each label's / response's field, for errors."""
+    if target.bounds is not None:
+        low, high = target.bounds
+        for name, value in zip(label_names, labels):
+            if not low <= value <= high:
+                raise fail(name, f"{target.noun[:-1]} {value} is outside [{low:g}, {high:g}]",
+                           f"{target.noun.capitalize()} are probabilities; recompute them."
+                           if (low, high) == (0.0, 1.0) else "Rescale or fix this row's labels.")
+    _check_duplicates(responses, labels, names, target.noun, fail)
+    if target.distinct_in_float32:
+        _check_float32_ties(labels, names, fail)
 
 
 def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..layout import CANDIDATE_FLOATS
+from ..layout import candidate_float_columns
 
 
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
@@ -64,7 +64,7 @@ def tokenize_row(
         "truncated": too_long,
         "keep": keep,
     }
-    for key in CANDIDATE_FLOATS:
+    for key in candidate_float_columns():
         if key in row:
             out[key] = row[key]
     return out

@@ -7,8 +7,10 @@ from transformers import Trainer
 
 from axolotl.core.trainers.base import AxolotlTrainer
 
+from ..anchor import AnchorLogps
 from ..distributed import sum_over_ranks
-from ..layout import TOKENIZED_COLUMNS
+from ..layout import tokenized_columns
+from ..methods import method_spec
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
 from .metrics import PairMetrics
@@ -48,11 +50,15 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         # SPPO's anchor pass and evaluation run without gradients; on some CPUs that would
         # move 4-bit layers to a kernel that trains wrong (pofe.quantization)
         keep_4bit_trainable(self.model)
+        # an anchored method's log pi_t table (`pofe.anchor`), computed lazily in the first
+        # step, once accelerate/DeepSpeed/FSDP have wrapped the model, so the pass works under
+        # every backend axolotl supports
+        self.anchor = AnchorLogps(self) if method_spec(self.args.pofe_method).needs_anchor else None
 
     def _set_signature_columns_if_needed(self):
         # the prepared columns are not forward() arguments but must reach the collator
         if self._signature_columns is None:
-            self._signature_columns = list(TOKENIZED_COLUMNS)
+            self._signature_columns = list(tokenized_columns())
 
     def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model on all candidates; return logp_sum and lengths as (B, K).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ..anchor import AnchorLogps
 from ..losses import sppo_hard_loss, sppo_loss
 from .base import KResponseTrainer
 from .metrics import best_worst_metrics
@@ -19,12 +18,6 @@ from .metrics import best_worst_metrics
 
 class SPPOTrainer(KResponseTrainer):
     required_keys = ("win_rates",)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # computed lazily in the first step, once accelerate/DeepSpeed/FSDP have wrapped
-        # the model, so the anchor pass works under every backend axolotl supports
-        self.anchor = AnchorLogps(self)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logp, _ = self.score_candidates(model, inputs)  # (B, K)

@@ -181,7 +181,7 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
 
     import pofe.preprocess.pipeline as pipeline
     from pofe.args import pofe_config
-    from pofe.data.loader import build_candidates
+    from pofe.data.candidates import build_candidates
 
     seen = {}
     monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from axolotl.utils.dict import DictDefault
 
-from pofe.data.loader import sampling_policy
+from pofe.data.candidates import sampling_policy
 from pofe.layout import IGNORE_INDEX
 from pofe.preprocess.config import GenerateConfig
 from pofe.preprocess.generators import make_generator

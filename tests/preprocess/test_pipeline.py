@@ -529,3 +529,65 @@ def test_pairrm_style_judge_gets_the_chat_templated_prompt(tiny_policy, tmp_path
     ]
     assert judge.prompts == expected
     assert "<|user|>1+3=" in judge.prompts[1]  # the template's own markers, not the bare turn
+
+
+class TwoOfAKind:
+    """Policy samples "4", "4", "5": SPPO keeps both copies (its samples are a Monte-Carlo set)."""
+
+    name = "two-of-a-kind"
+
+    def generate(self, prompts, n, sampling):
+        return [["4", "4", "5"] for _ in prompts]
+
+
+class AbstainsOnFirstCopy:
+    """Pairwise: "4" beats "5", but the pair (first "4", "5") got no verdict (a failed request)."""
+
+    reads_rendered_prompt = False
+    reads_columns = False
+
+    def __init__(self):
+        self.stats = JudgeStats()
+
+    def preferences(self, prompts, responses):
+        import torch
+
+        from pofe.preprocess.judges import PairwiseVerdict
+
+        assert all(r == ["4", "4", "5"] for r in responses)
+        self.stats.count_call(3 * len(prompts))
+        self.stats.abstain("no reply", allow=True, where="pair (0, 2)")
+        # P[i, j] = P(y_i beats y_j); the abstained pair is a tie
+        matrix = torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 1.0], [0.5, 0.0, 0.5]], dtype=torch.float64)
+        return [PairwiseVerdict(matrix, abstained_pairs=1, abstain_reasons=("no reply",)) for _ in prompts]
+
+
+def test_sppo_copies_with_different_win_rates_reach_training(tiny_policy, tmp_path):
+    """One abstention makes two copies of one text differ: w = mean_j P[i, j] gives
+    (0.5 + 0.5 + 0.5) / 3 = 1/2 for the first "4", (0.5 + 0.5 + 1) / 3 = 2/3 for the second and
+    (0.5 + 0 + 0.5) / 3 = 1/3 for "5". User data like that is refused (which copy is right?);
+    POFE's own rows go to tokenisation as the pipeline wrote them."""
+    from pofe.data.formats import PofeDataError, RowFormat, candidate_row, normalize_row
+    from pofe.data.tokenize import tokenize_row
+    from pofe.methods import SPPO
+    from transformers import AutoTokenizer
+
+    res = run_pipeline(
+        [{"prompt": "2+2="}], policy_path=str(tiny_policy), method="sppo",
+        generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
+        judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        generator=TwoOfAKind(), judge_impl=AbstainsOnFirstCopy(),
+    )
+    (row,) = [json.loads(line) for line in res.data_path.read_text().splitlines()]
+    assert row["responses"] == ["4", "4", "5"]
+    assert row["win_rates"] == pytest.approx([1 / 2, 2 / 3, 1 / 3], abs=1e-12)
+
+    with pytest.raises(PofeDataError, match=r"field 'responses\[1\]': the same text as responses\[0\]"):
+        normalize_row(row, 0, RowFormat(dataset="user.jsonl", type="pofe.sppo", method="sppo", fields={}))
+    canonical = candidate_row(row, 0, target=SPPO.target, source=str(res.data_path))
+    assert canonical["win_rates"] == row["win_rates"]
+    assert canonical["responses"] == [{"role": "assistant", "content": t} for t in row["responses"]]
+    tokenized = tokenize_row(canonical, AutoTokenizer.from_pretrained(tiny_policy), sequence_len=64,
+                             max_prompt_len=32, truncation="truncate")
+    assert tokenized["win_rates"] == row["win_rates"] and len(tokenized["response_ids"]) == 3

@@ -117,7 +117,7 @@ def test_lora_model_dir_is_sampled_through_the_served_adapter():
     what the server gets); a bare base_url would sample the base: refused, pointing at serve."""
     from axolotl.utils.dict import DictDefault
 
-    from pofe.data.loader import sampling_policy
+    from pofe.data.candidates import sampling_policy
 
     cfg = DictDefault(base_model="/base", lora_model_dir="/adapter")
     served = GenerateConfig(backend="openai", serve={"command": "srv {model} {port} {lora_modules}"})

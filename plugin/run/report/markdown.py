@@ -49,10 +49,10 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     header = ["round", "prompts", "cands/prompt", "cand. mean reward", "policy samples' reward",
               "best-of-k", "steps", "loss first -> last",
               f"{spec.diagnostic_label} first -> last"]
-    # the candidates' mean max - min win rate: how much the judge separates them (SPPO's signal)
-    spread = spec.target == "win_rates"
+    # the candidates' mean max - min label: how much the judge separates them (SPPO's signal)
+    spread = spec.target.report_column
     if spread:
-        header.insert(3, "cand. win-rate spread")
+        header.insert(3, spread)
     rows = []
     for r in rep["rounds"]:
         cands, train = r["candidates"] or {}, r["train"] or {}

@@ -1,0 +1,106 @@
+"""Candidates for a `pofe.prompts` dataset entry, from inside axolotl: the policy to sample
+from, where the shards go, and the generate -> judge -> build pipeline (`pofe.preprocess`)
+run (or resumed) with the recipe's tokenizer.
+
+`axolotl preprocess` / `train` reach it through the loader (`loader.py`), and
+`axolotl pofe candidates` directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from datasets import Dataset
+
+from axolotl.loaders import load_tokenizer
+from axolotl.utils.dict import DictDefault
+
+from ..args import PofeConfig
+from ..logs import get_logger
+from .formats import RowFormat, prompt_row
+from .sources import read_json_rows
+
+LOG = get_logger(__name__)
+
+
+def candidates_from_prompts(
+    cfg: DictDefault, pofe: PofeConfig, entry, prompts: Dataset, fmt: RowFormat
+) -> tuple[Dataset, str]:
+    """Generate and judge candidates for a prompt dataset: the pipeline's rows (prompt,
+    responses, the method's label column), and the file they were read from."""
+    result = build_candidates(cfg, pofe, entry, prompts, fmt.column("field_prompt"), prompt_format=fmt.prompt_format)
+    return read_json_rows(result.data_path), str(result.data_path)
+
+
+def build_candidates(
+    cfg: DictDefault, pofe: PofeConfig, entry, prompts: Dataset, prompt_column: str, stop_after=None,
+    prompt_format: str = "chat",
+):
+    """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset.
+
+    `pofe` is `cfg`'s validated `pofe:` block. `prompt_format` is the entry's (`hh`: the
+    prompts and the dataset responses are HH transcripts, read as chat turns by
+    `formats.prompt_row`).
+    """
+    from pofe.preprocess.pipeline import run_pipeline
+
+    generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates.for_method(pofe.method)
+    fmt = RowFormat(dataset=entry.path, type="pofe.prompts", method=pofe.method,
+                    fields={"field_prompt": prompt_column, "prompt_format": prompt_format})
+    # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
+    rows = [prompt_row(row, i, fmt, generate.include_dataset_responses) for i, row in enumerate(prompts)]
+    policy = sampling_policy(cfg, generate)
+    # sampling from the policy that trains: render its prompts as training will (axolotl's
+    # tokenizer, with the recipe's chat_template settings); generate.model keeps its own
+    tokenizer = None if generate.model else load_tokenizer(cfg)
+    if candidates.out_dir is None:
+        # keyed on what the generate shards depend on: a changed judge reuses them (the
+        # pipeline keeps each judge's shards apart inside)
+        parts = [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size,
+                 candidates.truncated, getattr(tokenizer, "chat_template", None)]
+        # appended only when not the default, so caches built before the option keep their key
+        parts += [prompt_format] if prompt_format != "chat" else []
+        key = json.dumps(parts, sort_keys=True, default=str)
+        digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
+        out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
+        candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
+    result = run_pipeline(
+        rows, policy_path=policy, method=pofe.method, generate=generate,
+        judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
+        tokenizer=tokenizer,
+    )
+    if result is None:
+        LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {candidates.out_dir}")
+        return None
+    s = result.summary
+    LOG.info(
+        f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
+        f"(dropped: {s['rows_dropped'] or 0}), {s['candidates_per_prompt']['mean']:.2f} per "
+        f"prompt, duplicates removed {s['duplicates_removed']}, empty candidates removed "
+        f"{s['empty_candidates_removed']}, mean candidate reward "
+        f"{s['mean_candidate_reward']}, best-of-k {s['mean_best_of_k_reward']}, judge "
+        f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
+    )
+    return result
+
+
+def sampling_policy(cfg: DictDefault, generate) -> str:
+    """What candidates are sampled from: `generate.model` when set, else the policy that
+    trains. With an adapter loaded (`lora_model_dir`) that is base + adapter: SPPO's anchor
+    is that iterate, so candidates drawn from the base alone would be off-policy."""
+    if generate.model:
+        return generate.model
+    if not cfg.lora_model_dir:
+        return cfg.base_model
+    if generate.backend == "openai" and generate.serve is None:
+        raise ValueError(
+            f"lora_model_dir is set ({cfg.lora_model_dir}) but generate.backend: openai asks the "
+            f"server for base_model by name, which would sample off-policy. Set generate.serve (POFE "
+            f"then serves base + adapter as a LoRA module), or serve it yourself (`vllm serve "
+            f"{cfg.base_model} --enable-lora --lora-modules policy={cfg.lora_model_dir}`) and set "
+            "generate.model: policy"
+        )
+    # the transformers and vllm backends, and a served policy, load an adapter folder on its base
+    return str(cfg.lora_model_dir)
