@@ -51,6 +51,14 @@ def test_bounds_and_cross_field_rules():
         PofeConfig(margin=-1)
     with pytest.raises(ValidationError, match="sppo_loss: hard applies to `rl: sppo` only"):
         PofeConfig(method="rrhf", sppo_loss="hard")
+    # a key only another method reads would do nothing: refused away from its default
+    with pytest.raises(ValidationError, match="pofe.rank_weight: 2.0 applies to `rl: rrhf` only"):
+        PofeConfig(method="sppo", rank_weight=2.0)
+    with pytest.raises(ValidationError, match="pofe.eta: 5.0 applies to `rl: sppo` only"):
+        PofeConfig(method="rrhf", eta=5.0)
+    assert PofeConfig(method="rrhf", eta=1000.0, rank_weight=2.0).rank_weight == 2.0  # eta at its default
+    with pytest.raises(ValidationError, match=r"unknown POFE method 'dpo'; known: \['rrhf', 'sppo'\]"):
+        PofeConfig(method="dpo")
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         PofeConfig(rank_wieght=2.0)
 
@@ -111,8 +119,9 @@ def test_every_pofe_key_is_in_the_readme_table():
 
 # ---- the trainers' arguments: the plugin's two TrainingArguments hooks --------------
 
-TRAINER_BLOCK = {"method": "sppo", "rank_weight": 2.0, "margin": 0.5, "length_penalty": 0.0, "eta": 7.0,
-                 "sppo_loss": "hard", "logit_chunk_size": 16, "prefix_layout": "cache"}
+TRAINER_BLOCK = {"method": "sppo", "eta": 7.0, "sppo_loss": "hard", "logit_chunk_size": 16, "prefix_layout": "cache"}
+# RRHF's own keys, at their defaults under `rl: sppo` (another value there is refused)
+RRHF_DEFAULTS = {"pofe_rank_weight": 1.0, "pofe_margin": 0.0, "pofe_length_penalty": 1.0}
 
 
 @pytest.fixture
@@ -147,7 +156,7 @@ def test_trainer_args_come_from_the_plugin_hooks(plugin_registered, tmp_path):
     manager, merged = plugin_registered
     kwargs = manager.get_training_args(DictDefault(pofe=TRAINER_BLOCK))
     args = merged(output_dir=str(tmp_path), report_to=[], use_cpu=True, **kwargs)
-    expected = {f"pofe_{key}": value for key, value in TRAINER_BLOCK.items() if key != "method"}
+    expected = {f"pofe_{key}": value for key, value in TRAINER_BLOCK.items()} | RRHF_DEFAULTS
     assert {key: getattr(args, key) for key in expected} == expected
     assert {key: args.to_dict()[key] for key in expected} == expected
     assert {key: json.loads(args.to_json_string())[key] for key in expected} == expected
