@@ -330,12 +330,13 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     """Every model's answers come first, each policy loaded, used and freed, and only then
     are the judges built: when `make_judge` runs, every model `load_policy` gave (pi_0, pi_1,
     pi_2, and pi_0 again for the KL pass) has been loaded and is gone (its weak reference is
-    dead), so a GPU never holds a policy beside a reward model."""
+    dead), so a GPU never holds a policy beside a reward model. Each of the two stages logs
+    its peak memory, and both eval files record them under `peak_memory`."""
     import weakref
 
     from pofe.run import evaluation
 
-    _held_out_run(headline_run, tmp_path)
+    layout, _, _ = _held_out_run(headline_run, tmp_path)
     loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
 
     def recording_load_policy(path, **kwargs):
@@ -349,6 +350,17 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
 
     monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
     monkeypatch.setattr(evaluation, "make_judge", checking_make_judge)
-    evaluation.evaluate_run(tmp_path / "eval.yml", echo=lambda _: None)
+    echoed = []
+    evaluation.evaluate_run(tmp_path / "eval.yml", echo=echoed.append)
 
     assert at_build == [("python", 4, [True] * 4), ("python_pairwise", 4, [True] * 4)]
+    # each stage's peak memory: one line each, and the same record in both files
+    peaks = [line for line in echoed if line.startswith("eval: peak memory")]
+    assert [line.split(":")[1] for line in peaks] == [" peak memory of the answers", " peak memory of the judging"]
+    recorded = [json.loads((layout.eval_dir / f).read_text())["peak_memory"] for f in ("headline.json", "eval.json")]
+    assert recorded[0] == recorded[1]
+    expected_device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert recorded[0]["device"] == expected_device and sorted(recorded[0]) == ["answers_gib", "device", "judging_gib"]
+    assert 0 < recorded[0]["answers_gib"] and 0 < recorded[0]["judging_gib"]
+    if expected_device == "cpu":  # the process's peak so far: judging's is never below the answers'
+        assert recorded[0]["answers_gib"] <= recorded[0]["judging_gib"]

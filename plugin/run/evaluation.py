@@ -36,6 +36,11 @@ the chat-templated text the models sampled from.
 
 Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
 (every response with its reward(s) and log-probs) and eval.json (the numbers the report shows).
+Both JSON files end with `peak_memory`, each stage's peak (`pofe.run.memory`), also logged
+one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib": ..} in GiB
+(2**30 bytes). On "cuda", `torch.cuda.max_memory_allocated()` during that stage alone; on
+"cpu", the process's peak resident set size (`ru_maxrss`) so far, which cannot be reset, so
+`judging_gib` is never below `answers_gib`.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from .headline import (
 )
 from .judging import judge_models, mean_reward_per_model, scalar_scores
 from .layout import RunLayout, RunState
+from .memory import PeakMemory
 from .recipe import load_recipe
 from .rounds import eval_models
 from .stages import Echo
@@ -214,14 +220,16 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
 
 
 def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict],
-                   echo: Echo) -> None:
-    """eval/headline.json: the decoding, the judge and every round's entry (or why none)."""
+                   peak_memory: dict, echo: Echo) -> None:
+    """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
+    evaluation's peak memory."""
     ecfg = run.pcfg.eval
     headline = {
         "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": run.pcfg.judge.model_dump(),
         "decoding": {"num_samples": ecfg.train_samples, "temperature": sampling.temperature,
                      "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
         "rounds": rounds,
+        "peak_memory": peak_memory,
     }
     out = run.layout.eval_dir / HEADLINE_JSON
     write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
@@ -257,11 +265,13 @@ def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: Scalar
 
 
 def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], main: dict, second: dict | None,
-                   echo: Echo) -> None:
-    """The judged held-out answers into eval/samples.jsonl and eval/eval.json."""
+                   peak_memory: dict, echo: Echo) -> None:
+    """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with the
+    evaluation's peak memory)."""
     ecfg = run.pcfg.eval
     result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
                        len(held_out.references))
+    result["peak_memory"] = peak_memory
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, held_out.prompts, main, second)
     write_atomic(run.layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
@@ -325,14 +335,17 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     skipped, on_train = headline_plan(run)
     held_out = held_out_set(run) if ecfg.has_held_out else None
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
+    memory = PeakMemory()
     answers = all_answers(run, held_out, on_train, sampling, echo)
+    memory.part("answers", echo)
     judge = make_judge(pcfg.judge) if held_out or answers.headline else None
     judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
     rounds = {str(m): headline_round(run, m, judge, a) for m, a in answers.headline.items()}
     verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
-    write_headline(run, skipped, sampling, rounds, echo)
+    memory.part("judging", echo)
+    write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:
-        write_held_out(run, held_out, answers.held_out, *verdicts, echo)
+        write_held_out(run, held_out, answers.held_out, *verdicts, memory.record(), echo)
     else:
         for stale in ("eval.json", "samples.jsonl"):  # an earlier evaluation's, with held-out prompts
             (run.layout.eval_dir / stale).unlink(missing_ok=True)
