@@ -262,19 +262,10 @@ def longer_wins(prompt, response_a, response_b):
     return 0.5 if len(response_a) == len(response_b) else float(len(response_a) > len(response_b))
 
 
-def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeypatch):
-    """Three models (pi_0, pi_1, pi_2), two headline rounds, held-out prompts and a second
-    judge: `make_judge` runs twice, once per judge (it used to run once per headline round and
-    once more per judge for the held-out prompts: four times). The scalar judge reads the
-    dataset's prompt (the rewards equal `reward` applied by hand; a rendered prompt would not
-    parse); the second judge, set to read the rendered prompt as PairRM does, gets each
-    held-out prompt with the policy's chat template applied, in one call for all models."""
+def _held_out_run(headline_run, tmp_path):
+    """A copy of the headline run evaluated on 3 held-out prompts (greedy, one sample) and
+    with a pairwise second judge: (its layout, its recipe at tmp_path/eval.yml, the prompts)."""
     import shutil
-
-    from transformers import AutoTokenizer
-
-    from pofe.preprocess.render import render_prompt
-    from pofe.run import evaluation
 
     layout = RunLayout(tmp_path / "run")
     shutil.copytree(headline_run["layout"].root, layout.root)
@@ -287,6 +278,22 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
         "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
     }
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
+    return layout, recipe, held_out
+
+
+def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeypatch):
+    """Three models (pi_0, pi_1, pi_2), two headline rounds, held-out prompts and a second
+    judge: `make_judge` runs twice, once per judge (it used to run once per headline round and
+    once more per judge for the held-out prompts: four times). The scalar judge reads the
+    dataset's prompt (the rewards equal `reward` applied by hand; a rendered prompt would not
+    parse); the second judge, set to read the rendered prompt as PairRM does, gets each
+    held-out prompt with the policy's chat template applied, in one call for all models."""
+    from transformers import AutoTokenizer
+
+    from pofe.preprocess.render import render_prompt
+    from pofe.run import evaluation
+
+    layout, recipe, held_out = _held_out_run(headline_run, tmp_path)
 
     built, received, make_judge = [], [], evaluation.make_judge
 
@@ -317,3 +324,43 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
     tok = AutoTokenizer.from_pretrained(recipe["base_model"])
     rendered = [render_prompt(tok, r["prompt"]).text for r in held_out]
     assert received == [rendered] and rendered[0] != held_out[0]["prompt"]
+
+
+def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkeypatch):
+    """Every model's answers come first, each policy loaded, used and freed, and only then
+    are the judges built: when `make_judge` runs, every model `load_policy` gave (pi_0, pi_1,
+    pi_2, and pi_0 again for the KL pass) has been loaded and is gone (its weak reference is
+    dead), so a GPU never holds a policy beside a reward model. Each of the two stages logs
+    its peak memory, and both eval files record them under `peak_memory`."""
+    import weakref
+
+    from pofe.run import evaluation
+
+    layout, _, _ = _held_out_run(headline_run, tmp_path)
+    loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
+
+    def recording_load_policy(path, **kwargs):
+        model = load_policy(path, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    def checking_make_judge(cfg):
+        at_build.append((cfg.type, len(loaded), [ref() is None for ref in loaded]))
+        return make_judge(cfg)
+
+    monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
+    monkeypatch.setattr(evaluation, "make_judge", checking_make_judge)
+    echoed = []
+    evaluation.evaluate_run(tmp_path / "eval.yml", echo=echoed.append)
+
+    assert at_build == [("python", 4, [True] * 4), ("python_pairwise", 4, [True] * 4)]
+    # each stage's peak memory: one line each, and the same record in both files
+    peaks = [line for line in echoed if line.startswith("eval: peak memory")]
+    assert [line.split(":")[1] for line in peaks] == [" peak memory of the answers", " peak memory of the judging"]
+    recorded = [json.loads((layout.eval_dir / f).read_text())["peak_memory"] for f in ("headline.json", "eval.json")]
+    assert recorded[0] == recorded[1]
+    expected_device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert recorded[0]["device"] == expected_device and sorted(recorded[0]) == ["answers_gib", "device", "judging_gib"]
+    assert 0 < recorded[0]["answers_gib"] and 0 < recorded[0]["judging_gib"]
+    if expected_device == "cpu":  # the process's peak so far: judging's is never below the answers'
+        assert recorded[0]["answers_gib"] <= recorded[0]["judging_gib"]

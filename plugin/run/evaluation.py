@@ -26,18 +26,27 @@ Then, per model:
 - perplexity of the held-out reference responses (when the prompts have a reference
   column): exp(total NLL / total tokens) over the rendered assistant turns.
 
-Judges are built once per evaluation and called as the judge stage calls them
-(`pofe.run.judging`, through `pofe.preprocess.judges.apply_judge`): a judge that reads the
-rendered prompt (PairRM) gets the chat-templated text the models sampled from.
+Two stages, so that each fits the machine the policy fits: first every model's answers
+(`pofe.run.answers`: headline and held-out samples, their log-probs, then pi_0's pass for
+the KL), one model in memory at a time, each loaded once, used and freed before the next;
+then the judges, each built once after the last policy is freed, judge everything. They are
+called as the judge stage calls them (`pofe.run.judging`, through
+`pofe.preprocess.judges.apply_judge`): a judge that reads the rendered prompt (PairRM) gets
+the chat-templated text the models sampled from.
 
 Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
 (every response with its reward(s) and log-probs) and eval.json (the numbers the report shows).
+Both JSON files end with `peak_memory`, each stage's peak (`pofe.run.memory`), also logged
+one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib": ..} in GiB
+(2**30 bytes). On "cuda", `torch.cuda.max_memory_allocated()` during that stage alone; on
+"cpu", the process's peak resident set size (`ru_maxrss`) so far, which cannot be reset, so
+`judging_gib` is never below `answers_gib`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +54,10 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
 from pofe.preprocess.config import JudgeConfig, Sampling
-from pofe.preprocess.generators.hf import load_policy, load_tokenizer, sample_responses
+from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.render import render_prompt
+from pofe.preprocess.stages import free_memory
 
 from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
 from .config import EvalConfig
@@ -61,6 +71,7 @@ from .headline import (
 )
 from .judging import judge_models, mean_reward_per_model, scalar_scores
 from .layout import RunLayout, RunState
+from .memory import PeakMemory
 from .recipe import load_recipe
 from .rounds import eval_models
 from .stages import Echo
@@ -169,6 +180,15 @@ def open_run(recipe_path: str | Path) -> EvalRun:
 # ---- the headline: each round's model on its own round's prompts --------------------------------
 
 
+@dataclass(frozen=True)
+class HeadlineAnswers:
+    """A round's model's answers to its headline prompts, as rendered for it."""
+
+    prompts: list[dict]  # {"index", "prompt"}
+    rendered: list[str]
+    samples: list[list[Sample]]  # [prompt][sample]
+
+
 def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     """(why there is no headline or None, {round m: its headline prompts})."""
     skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
@@ -178,29 +198,38 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     return skipped, on_train
 
 
-def headline_round(run: EvalRun, m: int, model, judge: ScalarJudge, prompts: list[dict], sampling: Sampling) -> dict:
-    """Round m's headline entry: its model answers the round's headline prompts, judged as the
-    judge stage judged the round's candidates (same rendered prompts, same dataset columns)."""
+def headline_answers(run: EvalRun, model, prompts: list[dict], sampling: Sampling) -> HeadlineAnswers:
+    """A round's model's answers to the round's headline prompts (rendered as the pipeline
+    rendered them for the round's candidates)."""
     ecfg = run.pcfg.eval
-    texts = [q["prompt"] for q in prompts]
-    rendered = render_prompts(run.tokenizer, texts)
+    rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
     samples = sample_responses(model, run.tokenizer, rendered, ecfg.train_samples, sampling,
                                batch_size=ecfg.batch_size)
+    return HeadlineAnswers(prompts, rendered, samples)
+
+
+def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
+    """Round m's headline entry: its model's answers judged as the judge stage judged the
+    round's candidates (same rendered prompts, same dataset columns)."""
+    prompts = answers.prompts
     columns = round_columns(run.layout.round_prompts(m), prompts, run.prompt_column)
-    rewards = scalar_scores(judge, texts, rendered, [[s.text for s in row] for row in samples], columns,
+    rewards = scalar_scores(judge, [q["prompt"] for q in prompts], answers.rendered,
+                            [[s.text for s in row] for row in answers.samples], columns,
                             rows=[q["index"] for q in prompts])
-    return headline_record(run.models[m][1], prompts, samples, rewards)
+    return headline_record(run.models[m][1], prompts, answers.samples, rewards)
 
 
 def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict],
-                   echo: Echo) -> None:
-    """eval/headline.json: the decoding, the judge and every round's entry (or why none)."""
+                   peak_memory: dict, echo: Echo) -> None:
+    """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
+    evaluation's peak memory."""
     ecfg = run.pcfg.eval
     headline = {
         "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": run.pcfg.judge.model_dump(),
         "decoding": {"num_samples": ecfg.train_samples, "temperature": sampling.temperature,
                      "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
         "rounds": rounds,
+        "peak_memory": peak_memory,
     }
     out = run.layout.eval_dir / HEADLINE_JSON
     write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
@@ -225,24 +254,69 @@ def held_out_set(run: EvalRun) -> HeldOut:
                    ecfg.prompts or str(run.layout.held_out_prompts))
 
 
-def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], judge: ScalarJudge | PairwiseJudge,
-                   judge2: ScalarJudge | PairwiseJudge | None, echo: Echo) -> None:
-    """Every model's answers scored under pi_0 and judged (and by judge2), into
-    eval/samples.jsonl and eval/eval.json."""
-    ecfg = run.pcfg.eval
-    score_under_base(load_policy(run.models[0][1]), answers, ecfg.batch_size)
-    M, P, S = len(run.models), len(held_out.prompts), ecfg.num_samples
+def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: ScalarJudge | PairwiseJudge,
+                   judge2: ScalarJudge | PairwiseJudge | None, num_samples: int) -> tuple[dict, dict | None]:
+    """Every model's held-out answers judged together, per prompt (and by judge2)."""
+    M, P, S = len(answers), len(held_out.prompts), num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
     main = judge_models(judge, held_out.prompts, held_out.rendered, texts)
     second = judge_models(judge2, held_out.prompts, held_out.rendered, texts) if judge2 else None
+    return main, second
+
+
+def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], main: dict, second: dict | None,
+                   peak_memory: dict, echo: Echo) -> None:
+    """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with the
+    evaluation's peak memory)."""
+    ecfg = run.pcfg.eval
     result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
                        len(held_out.references))
+    result["peak_memory"] = peak_memory
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, held_out.prompts, main, second)
     write_atomic(run.layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
     out = run.layout.eval_dir / "eval.json"
     write_atomic(out, json.dumps(result, indent=2) + "\n")
-    echo(f"eval: {M} models x {P} prompts x {S} samples -> {out}")
+    echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
+
+
+# ---- every model's answers, one model in memory at a time -------------------------------------
+
+
+@dataclass
+class Answers:
+    """What the judges will read: every model's held-out answers (scored under pi_0 too) and
+    each round's headline answers, all produced before any judge is built."""
+
+    held_out: list[ModelAnswers] = field(default_factory=list)  # pi_0 first, as run.models
+    headline: dict[int, HeadlineAnswers] = field(default_factory=dict)  # round m: its model's
+
+
+def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[int, list[dict]],
+                sampling: Sampling, answers: Answers) -> None:
+    """Model m loaded and its answers added to `answers`; the model is dropped on return."""
+    name, path = run.models[m]
+    model = load_policy(path)
+    if held_out:
+        answers.held_out.append(answer(model, name, path, run.tokenizer, held_out, run.pcfg.eval))
+    if on_train.get(m):
+        answers.headline[m] = headline_answers(run, model, on_train[m], sampling)
+
+
+def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling,
+                echo: Echo) -> Answers:
+    """Each model's answers, each model loaded, used and freed before the next loads; then
+    (with held-out prompts) pi_0 loaded again to score every model's samples (the KL)."""
+    answers = Answers()
+    for m, (name, path) in enumerate(run.models):
+        if held_out or on_train.get(m):
+            echo(f"eval: {name} ({path})")
+            answer_with(run, m, held_out, on_train, sampling, answers)
+            free_memory()
+    if held_out:
+        score_under_base(load_policy(run.models[0][1]), answers.held_out, run.pcfg.eval.batch_size)
+        free_memory()
+    return answers
 
 
 # ---- the eval command ------------------------------------------------------------------------------
@@ -252,29 +326,26 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     """The headline of every finished round, and (with held-out prompts) every iterate on
     them, into the run's eval/ folder; returns the run's layout (for the report).
 
-    Each model is loaded once for both parts; each judge is built once for the whole
-    evaluation (a reward model or PairRM loads its weights once, not once per round)."""
+    Models first, judges after: every model's answers are produced with one model in memory
+    at a time (each loaded once for both parts, then freed), and only then is each judge
+    built, once, to judge them all: a GPU never holds a policy beside a reward model, and a
+    reward model or PairRM loads its weights once, not once per round."""
     run = open_run(recipe_path)
     ecfg, pcfg = run.pcfg.eval, run.pcfg
     skipped, on_train = headline_plan(run)
     held_out = held_out_set(run) if ecfg.has_held_out else None
-    judge = make_judge(pcfg.judge) if held_out or any(on_train.values()) else None
-    judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
-    rounds: dict[str, dict] = {}
-    answers: list[ModelAnswers] = []
-    for m, (name, path) in enumerate(run.models):
-        if not (held_out or on_train.get(m)):
-            continue
-        echo(f"eval: {name} ({path})")
-        model = load_policy(path)
-        if held_out:
-            answers.append(answer(model, name, path, run.tokenizer, held_out, ecfg))
-        if on_train.get(m):
-            rounds[str(m)] = headline_round(run, m, model, judge, on_train[m], sampling)
-    write_headline(run, skipped, sampling, rounds, echo)
+    memory = PeakMemory()
+    answers = all_answers(run, held_out, on_train, sampling, echo)
+    memory.part("answers", echo)
+    judge = make_judge(pcfg.judge) if held_out or answers.headline else None
+    judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
+    rounds = {str(m): headline_round(run, m, judge, a) for m, a in answers.headline.items()}
+    verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
+    memory.part("judging", echo)
+    write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:
-        write_held_out(run, held_out, answers, judge, judge2, echo)
+        write_held_out(run, held_out, answers.held_out, *verdicts, memory.record(), echo)
     else:
         for stale in ("eval.json", "samples.jsonl"):  # an earlier evaluation's, with held-out prompts
             (run.layout.eval_dir / stale).unlink(missing_ok=True)
