@@ -11,6 +11,7 @@ import ast
 import graphlib
 import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,39 @@ def test_no_import_cycles():
         tuple(graphlib.TopologicalSorter(graph).static_order())
     except graphlib.CycleError as e:
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _doc_leaves() -> list[str]:
+    """The modules docs/architecture.md lists in its `leaves` row."""
+    row = next(line for line in ARCHITECTURE.read_text().splitlines() if line.startswith("| leaves |"))
+    return re.findall(r"`(pofe[\w.]*)`", row.split("|")[2])
+
+
+def _module_level_packages(path: Path) -> set[str]:
+    """Top-level packages imported at module level (absolute imports only)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").partition(".")[0])
+    return found
+
+
+def test_architecture_doc_lists_the_leaves():
+    assert len(_doc_leaves()) >= 5 and set(_doc_leaves()) <= set(MODULES)
+
+
+@pytest.mark.parametrize("leaf", _doc_leaves())
+def test_leaf_imports_are_what_the_architecture_doc_says(leaf):
+    """A leaf imports no POFE module but other leaves, and at module level nothing outside
+    the standard library but torch (the doc's `leaves` row)."""
+    assert _imports(leaf, MODULES[leaf]) <= set(_doc_leaves())
+    external = _module_level_packages(MODULES[leaf]) - set(sys.stdlib_module_names) - {"__future__"}
+    assert external <= {"torch"}, external
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
