@@ -32,6 +32,12 @@ class PofePlugin(BasePlugin):
         from .distributed import place_ranks_on_cpu
 
         place_ranks_on_cpu(cfg)
+        if cfg.seed is not None:
+            from transformers import set_seed
+
+            # axolotl seeds only in the Trainer, after the model is built: a LoRA adapter's
+            # random A matrices would differ from run to run, and so would its training
+            set_seed(cfg.seed)
 
     def load_datasets(self, cfg, preprocess: bool = False):
         pofe = pofe_config(cfg)

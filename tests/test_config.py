@@ -191,3 +191,22 @@ def test_unmerged_trainer_args_are_named(monkeypatch):
     monkeypatch.setattr(axolotl_args, "AxolotlTrainingArguments", dataclass(type("Plain", (TrainingArguments,), {})))
     with pytest.raises(RuntimeError, match="imported before PofePlugin registered"):
         PofePlugin().get_training_args(DictDefault(pofe=TRAINER_BLOCK))
+
+
+def test_model_load_is_seeded_by_the_recipe():
+    """LoRA's A matrices are drawn while the model loads, before the Trainer seeds: the hook
+    seeds first, so two loads with one seed draw the same numbers (and another seed others)."""
+    import torch
+    from axolotl.utils.dict import DictDefault
+
+    from pofe import PofePlugin
+
+    def draw(seed):
+        PofePlugin().pre_model_load(DictDefault(pofe={"method": "rrhf"}, seed=seed))
+        return torch.rand(4)
+
+    torch.manual_seed(123)
+    first = draw(7)
+    torch.manual_seed(456)
+    assert torch.equal(draw(7), first)
+    assert not torch.equal(draw(8), first)
