@@ -134,7 +134,7 @@ def run_pipeline(
 
 def _prepare(
     prompts_rows: Sequence[dict],
-    method: MethodName,
+    method: str,
     generate: GenerateConfig,
     judge: JudgeConfig,
     candidates: PipelineConfig,
@@ -171,7 +171,8 @@ def _prepare(
     judge_dir = select_judge_dir(out, judge_manifest(method=method, judge=judge))
     for d in (gen_dir, judge_dir):
         clean_tmp(d)
-    plan = StagePlan(rows, method, generate, judge, candidates, policy_path, prompt_column, gen_dir, judge_dir)
+    plan = StagePlan(rows, method, method_spec(method).target, generate, judge, candidates, policy_path, prompt_column,
+                     gen_dir, judge_dir)
     return plan, judge_impl, devices
 
 
@@ -337,7 +338,7 @@ def _judge_stage(
             # each row's other dataset columns: TRL-style reward functions take them as kwargs
             rows = [plan.rows[r["index"]] for r in generated[s]]
             columns = [{c: v for c, v in r.items() if c != plan.prompt_column} for r in rows]
-            out_rows = judge_shard(generated[s], judge_impl, plan.method, cfg, columns)
+            out_rows = judge_shard(generated[s], judge_impl, plan.target, cfg, columns)
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
             write_jsonl_atomic(shard_path(judge_dir, s), out_rows)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pofe.methods import method_spec
+from pofe.methods import Target
 
 from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
@@ -34,6 +34,9 @@ class StagePlan:
 
     rows: list[dict]
     method: str
+    # the method's target, carried whole: a worker process may not have imported the module
+    # that registered the method
+    target: Target
     generate: GenerateConfig
     judge: JudgeConfig
     candidates: PipelineConfig
@@ -157,13 +160,13 @@ def column_texts(row: dict, col: str, index: int) -> list[str]:
 
 
 def judge_shard(
-    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, method: str, cfg: JudgeConfig,
+    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, target: Target, cfg: JudgeConfig,
     columns: list[dict] | None = None,
 ) -> list[dict]:
     """Score one shard. Abstained candidates are removed (and counted per row).
 
     Pairwise judges give win rates directly; scalar judges give rewards, and win rates through
-    `cfg.preferences` (bradley_terry or hard) when the method trains on win rates. Each row
+    `cfg.preferences` (bradley_terry or hard) when the method's `target` is win rates. Each row
     records `judged` (verdicts asked: candidates, or unordered pairs) and one reason per
     abstention. `columns`: per gen row, its dataset row's other columns (not the prompt), passed
     to judges that read them (`reads_columns`: TRL-style reward functions take them as kwargs).
@@ -190,7 +193,7 @@ def judge_shard(
                 "abstain_reasons": [_cap(x) for x in verdict.abstain_reasons],
             }
     else:
-        wants_win_rates = method_spec(method).target.from_win_rates
+        wants_win_rates = target.from_win_rates
         for r, sc in zip(live, verdicts, strict=True):
             keep = [k for k, v in enumerate(sc) if not isinstance(v, Abstain)]
             rewards = [float(sc[k]) for k in keep]
