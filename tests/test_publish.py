@@ -14,7 +14,7 @@ import yaml
 from huggingface_hub import HfApi
 
 from pofe import PofePlugin
-from pofe.args import PofeConfig
+from pofe.args import PofeConfig, pofe_config
 from pofe.run.layout import RunLayout, RunState
 from pofe.run.publish import (
     hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
@@ -241,7 +241,7 @@ def test_one_prompt_file_per_round(tmp_path):
     layout = RunLayout(tmp_path / "run")
     state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
     said = []
-    prepare_prompts(cfg, layout, StageRunner(state, echo=said.append))
+    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=said.append))
     read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
     assert read(layout.round_prompts(1)) == ["r1-0", "r1-1"]
     assert read(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]

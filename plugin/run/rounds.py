@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from pofe.args import pofe_config
+from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 
 from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
@@ -50,9 +50,9 @@ from .runner import StageRunner
 from .stages import Echo, axolotl_command
 
 
-def check_iterable(cfg) -> None:
+def check_iterable(cfg, pcfg: PofeConfig) -> None:
     """An iterated run needs a POFE method and exactly one pofe.prompts dataset."""
-    if not pofe_config(cfg).method:
+    if not pcfg.method:
         raise ValueError("the recipe sets no `rl: rrhf` / `rl: sppo`")
     entries = cfg.datasets or []
     if len(entries) != 1 or entries[0].type != "pofe.prompts":
@@ -83,7 +83,7 @@ def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
     return layout.merged(t) if adapter else layout.train(t)
 
 
-def prepare_prompts(cfg, layout: RunLayout, runner: StageRunner) -> None:
+def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunner) -> None:
     """The `prompts` stage: write the per-round prompt files (and held-out prompts) once.
 
     `pofe.round_prompts` as a list of files: round t's prompts are the t-th file, read with
@@ -95,7 +95,6 @@ def prepare_prompts(cfg, layout: RunLayout, runner: StageRunner) -> None:
 
         from ..data.sources import load_entry
 
-        pcfg = pofe_config(cfg)
         entry = cfg.datasets[0]
         rows = list(load_entry(entry, cfg.hf_use_auth_token))  # values as written
         held = pcfg.eval.held_out if pcfg.eval else 0
@@ -128,10 +127,9 @@ def prepare_prompts(cfg, layout: RunLayout, runner: StageRunner) -> None:
     runner.run("prompts", work)
 
 
-def check_rounds(cfg, state: RunState, layout: RunLayout) -> None:
-    """More rounds than planned: fine with `all` (write the new rounds' prompts); a split
-    depends on the number of rounds, so it cannot change once prompts are written."""
-    rounds = pofe_config(cfg).rounds
+def check_rounds(rounds: int, state: RunState, layout: RunLayout) -> None:
+    """`pofe.rounds` more than planned: fine with `all` (write the new rounds' prompts); a
+    split depends on the number of rounds, so it cannot change once prompts are written."""
     planned = state.data.get("rounds_planned")
     if planned is None or planned == rounds:
         return
@@ -276,8 +274,8 @@ def run_rounds(
     """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
     while another runner (or a stage it started) holds the output_dir."""
     raw, cfg = load_recipe(recipe_path)
-    check_iterable(cfg)
     pcfg = pofe_config(cfg)
+    check_iterable(cfg, pcfg)
     layout = RunLayout(Path(cfg.output_dir).resolve())
     layout.root.mkdir(parents=True, exist_ok=True)
     with RunLock.acquire(layout.lock, echo) as lock:
@@ -286,8 +284,8 @@ def run_rounds(
             method=pcfg.method,
         )
         runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
-        prepare_prompts(cfg, layout, runner)
-        check_rounds(cfg, state, layout)
+        prepare_prompts(cfg, pcfg, layout, runner)
+        check_rounds(pcfg.rounds, state, layout)
         policy = _local_or_hub(str(raw["base_model"]))
         state.data["base_model"] = policy
         # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
