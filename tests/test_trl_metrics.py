@@ -94,7 +94,11 @@ def _trainer(cls, tiny64_model, tokenizer, tmp_path, pofe):
     model = AutoModelForCausalLM.from_pretrained(tiny64_model, attn_implementation="eager")
     # axolotl's TrainingArguments with the plugin's mixin merged in and filled from the
     # `pofe:` block, as `axolotl train` builds them (test_config follows that route)
-    args_cls = dataclass(type("Args", (PofeTrainingArgsMixin, AxolotlTrainingArguments), {}))
+    # (merged already when an earlier test loaded a recipe with the plugin before axolotl's
+    # training_args module was first imported: merging twice is no valid class)
+    args_cls = AxolotlTrainingArguments
+    if not issubclass(args_cls, PofeTrainingArgsMixin):
+        args_cls = dataclass(type("Args", (PofeTrainingArgsMixin, AxolotlTrainingArguments), {}))
     args = args_cls(output_dir=str(tmp_path), report_to=[], use_cpu=True,
                     **pofe_training_args(PofeConfig(**pofe)))
     return cls(model=model, args=args, data_collator=KResponseCollator(tokenizer))
