@@ -184,6 +184,10 @@ def test_labels_checked_in_float32():
     with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[0\]': -1e\+39 overflows"):
         normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
                        "anchor_logps": [-1e39, -2.0]}, 0, SPPO)
+    for bad in (math.nan, -math.inf):  # bad case 5 of issue 20: refused already when rows are read
+        with pytest.raises(PofeDataError, match=rf"row 0.*field 'anchor_logps\[1\]': {bad} is not finite"):
+            normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
+                           "anchor_logps": [-1.0, bad]}, 0, SPPO)
     with pytest.raises(PofeDataError) as err:
         normalize_row(good_rrhf(rewards=[1e8 + 1, 1e8, 0.0]), 0, RRHF)
     assert ("field 'responses[1]': reward 100000000.0 differs from responses[0]'s "
