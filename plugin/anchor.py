@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
@@ -47,6 +48,7 @@ class AnchorLogps:
     def __init__(self, trainer):
         self.trainer = trainer
         self.table: torch.Tensor | None = None  # (num_rows, K_max), float32, CPU
+        self.path: Path | None = None  # the table's cache file, once looked up
 
     def lookup(self, model, inputs) -> torch.Tensor:
         """(B, K) anchor log-probs for the batch: given in the data, else the table."""
@@ -58,6 +60,11 @@ class AnchorLogps:
             self.table = self._load_or_compute(model)
         k = inputs["candidate_mask"].shape[1]
         return self.table[inputs["row_id"].cpu(), :k].to(inputs["input_ids"].device)
+
+    def fix_hint(self) -> str:
+        """What to do about a non-finite entry of the table."""
+        return (f"the anchor table {self.path} holds them: delete it so the next run computes it again, and "
+                "check the model's dtype (fp16 overflows where bf16 or fp32 does not)")
 
     def _datasets(self):
         return [d for d in (self.trainer.train_dataset, self.trainer.eval_dataset) if d is not None]
@@ -76,11 +83,19 @@ class AnchorLogps:
         return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-anchor-{digest}.pt"
 
     def _load_or_compute(self, model) -> torch.Tensor:
-        path = self._cache_path()
+        path = self.path = self._cache_path()
         # one decision for all ranks: a rank that computes waits for the others' rows
         if all_ranks(path.exists(), self.trainer.args.device):
             LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
-            return torch.load(path, weights_only=True)
+            table = torch.load(path, weights_only=True)
+            bad = nonfinite_rows(table, self._datasets())
+            if bad:
+                raise ValueError(
+                    f"the cached SPPO anchor table {path} has no finite log-prob for rows (row_id) "
+                    f"{_listed(bad)}; training on it would give NaN losses. Delete the file: the next run "
+                    "computes the table again from the policy (before its first update)."
+                )
+            return table
         step = self.trainer.state.global_step
         if step > 0:
             # the policy has trained: its log-probs are no longer pi_t's
@@ -91,6 +106,13 @@ class AnchorLogps:
                 "start the training over without resume_from_checkpoint."
             )
         table = self.compute(model)
+        bad = nonfinite_rows(table, self._datasets())
+        if bad:
+            raise RuntimeError(
+                f"the policy gives non-finite SPPO anchor log-probs for rows (row_id) {_listed(bad)} "
+                f"(not cached). Check those rows' responses, and the model: its weights (NaN?), its "
+                "dtype (fp16 overflows where bf16 or fp32 does not)."
+            )
         if self.trainer.accelerator.is_main_process:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -147,6 +169,28 @@ class AnchorLogps:
             f"{time.perf_counter() - started:.1f} s on {world} process(es)"
         )
         return table
+
+
+def nonfinite_rows(table: torch.Tensor, datasets) -> list[int]:
+    """The row_ids whose candidates have a non-finite (or no) entry in `table`, (num_rows,
+    K_max); a row's slots past its own k are padding (NaN by design) and not read."""
+    bad: set[int] = set()
+    for dataset in datasets:
+        arrow = dataset.select_columns(["row_id", "response_ids"]).with_format("arrow")
+        for batch in arrow.iter(batch_size=4096):
+            rows = torch.tensor(batch["row_id"].to_pylist())  # (N,)
+            ks = torch.tensor(pa.compute.list_value_length(batch["response_ids"]).to_pylist())  # (N,)
+            fits = (rows < table.shape[0]) & (ks <= table.shape[1])
+            bad.update(rows[~fits].tolist())
+            rows, ks = rows[fits], ks[fits]
+            padding = torch.arange(table.shape[1]) >= ks[:, None]  # (N, K_max)
+            ok = (torch.isfinite(table[rows]) | padding).all(dim=1)  # (N,)
+            bad.update(rows[~ok].tolist())
+    return sorted(bad)
+
+
+def _listed(rows: list[int], most: int = 20) -> str:
+    return ", ".join(map(str, rows[:most])) + (f" and {len(rows) - most} more" if len(rows) > most else "")
 
 
 def rows_digest(dataset, columns=("row_id", "prompt_ids", "response_ids")) -> str:

@@ -298,7 +298,7 @@ def _generate_stage(
                 sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
                 out_rows = generate_shard(
                     shard_rows, s * size, generator, tokenizer, cfg, sampling, plan.prompt_column,
-                    plan.candidates.truncated,
+                    plan.candidates.truncated, shard=shard_path(gen_dir, s),
                 )
                 write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
                 shards[s] = read_shard(shard_path(gen_dir, s))

@@ -71,8 +71,9 @@ def generate_shard(
     sampling: Sampling,
     prompt_column: str = "prompt",
     truncated: str = "drop",
+    shard: Path | str | None = None,
 ) -> list[dict]:
-    """Candidates for one shard of prompts.
+    """Candidates for one shard of prompts (`shard`: its file, named in errors).
 
     Returns one dict per input row: index, prompt, rendered (the prompt text the backend got),
     candidates (deduplicated, dataset responses
@@ -93,7 +94,9 @@ def generate_shard(
             f"{len(live)} prompts (expected {cfg.num_candidates} each)"
         )
     by_row = dict(zip(live, gen))
-    out = []
+    for i, texts in by_row.items():
+        _check_unicode(texts, generator, first_index + i, shard)
+    out: list[dict] = []
     for i, (row, r) in enumerate(zip(rows, rendered)):
         # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
         # read that (PairRM, as the SPPO scripts feed it)
@@ -142,6 +145,26 @@ def generate_shard(
 
 def _take(cols: tuple[list, ...], kept: list[int]) -> tuple[list, ...]:
     return tuple([xs[k] for k in kept] for xs in cols)
+
+
+def _check_unicode(texts: list, generator: Generator, row: int, shard: Path | str | None) -> None:
+    """Raise ValueError if a candidate is not valid Unicode (a lone surrogate such as
+    "\\ud800", which JSON can carry but UTF-8 cannot): the tokenizer would fail on it with an
+    unrelated TypeError. Chosen over dropping the candidate: a server sending such text has a
+    broken detokenizer, which dropping would hide (its other candidates may be cut wrong too)."""
+    for k, text in enumerate(texts):
+        try:
+            str(text).encode("utf-8")
+        except UnicodeEncodeError as e:
+            client = getattr(generator, "client", None)
+            source = f"the server at {client.base_url}" if client is not None else \
+                f"the {getattr(generator, 'name', type(generator).__name__)} backend"
+            raise ValueError(
+                f"{source} returned candidate {k} for dataset row {row}{f' (shard {shard})' if shard else ''} "
+                f"with invalid Unicode: {e.reason} at character {e.start} ({str(text)[max(0, e.start - 20):e.end]!r}). "
+                "Text must be valid UTF-8: check the server's tokenizer and version (vLLM sends "
+                "U+FFFD for incomplete bytes), then run the stage again; finished shards are kept."
+            ) from None
 
 
 def column_texts(row: dict, col: str, index: int) -> list[str]:

@@ -131,3 +131,33 @@ def test_anchor_is_never_computed_from_a_trained_policy(tmp_path):
     _anchor_for(tmp_path, tmp_path / "absent-model", calls, step=0)._load_or_compute("policy")
     resumed = _anchor_for(tmp_path, tmp_path / "absent-model", calls, step=3)._load_or_compute("policy")
     assert len(calls) == 1 and resumed.equal(torch.full((2, 2), 1.0))  # the step-0 table
+
+
+def test_nan_anchor_table_is_refused_at_load_naming_the_file(tmp_path):
+    """Bad case 5 of issue 20: a cached table of NaN trained a NaN model and exited 0. Row 0
+    has k = 2 (the fixture's rows): NaN past column 2 is padding and passes; NaN in its
+    candidates' columns is refused, naming the file and what to do (delete it)."""
+    import pytest
+    import torch
+
+    calls = []
+    anchor = _anchor_for(tmp_path, tmp_path / "absent-model", calls)
+    path = anchor._cache_path()
+    path.parent.mkdir(parents=True)
+    torch.save(torch.tensor([[-1.0, -2.0, float("nan")]]), path)  # (1, 3): column 2 is padding
+    assert anchor._load_or_compute("policy").shape == (1, 3)
+    torch.save(torch.tensor([[-1.0, float("nan")]]), path)
+    with pytest.raises(ValueError, match=rf"anchor table {path} has no finite log-prob for rows \(row_id\) 0.*Delete the file"):
+        _anchor_for(tmp_path, tmp_path / "absent-model", calls)._load_or_compute("policy")
+    assert calls == []
+
+
+def test_nan_anchor_pass_is_refused_and_not_cached(tmp_path):
+    import pytest
+    import torch
+
+    anchor = _anchor_for(tmp_path, tmp_path / "absent-model", [])
+    anchor.compute = lambda model: torch.tensor([[float("inf"), -2.0]])
+    with pytest.raises(RuntimeError, match=r"non-finite SPPO anchor log-probs for rows \(row_id\) 0 \(not cached\)"):
+        anchor._load_or_compute("policy")
+    assert not anchor._cache_path().exists()

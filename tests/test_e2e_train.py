@@ -235,3 +235,19 @@ def test_drop_policy_counts_what_it_drops(tmp_path, tiny_model):
 
     (prepared,) = [p for p in (tmp_path / "prepared").iterdir() if p.name.startswith("pofe-")]
     assert len(load_from_disk(str(prepared))) == 2
+
+
+def test_nan_anchor_table_stops_training_naming_the_file(tmp_path, tiny_model, sppo_jsonl):
+    """Bad case 5 of issue 20: a cached anchor table of NaN trained a NaN model (loss 0,
+    grad_norm nan) and `axolotl train` exited 0. Now it exits non-zero naming the file."""
+    cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", max_steps=1)
+    # prepared first: a run that prepares its data in-process caches its anchor table under
+    # another key than later runs that load the prepared data (left as found; see the commit)
+    run_axolotl("preprocess", str(cfg))
+    run_axolotl("train", str(cfg))
+    (table,) = (tmp_path / "prepared").glob("pofe-anchor-*.pt")
+    torch.save(torch.full_like(torch.load(table, weights_only=True), float("nan")), table)
+    proc = run_axolotl("train", str(cfg), check=False)
+    assert proc.returncode != 0
+    assert f"the cached SPPO anchor table {table} has no finite log-prob" in proc.stderr
+    assert "Delete the file" in proc.stderr

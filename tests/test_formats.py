@@ -184,6 +184,10 @@ def test_labels_checked_in_float32():
     with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[0\]': -1e\+39 overflows"):
         normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
                        "anchor_logps": [-1e39, -2.0]}, 0, SPPO)
+    for bad in (math.nan, -math.inf):  # bad case 5 of issue 20: refused already when rows are read
+        with pytest.raises(PofeDataError, match=rf"row 0.*field 'anchor_logps\[1\]': {bad} is not finite"):
+            normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
+                           "anchor_logps": [-1.0, bad]}, 0, SPPO)
     with pytest.raises(PofeDataError) as err:
         normalize_row(good_rrhf(rewards=[1e8 + 1, 1e8, 0.0]), 0, RRHF)
     assert ("field 'responses[1]': reward 100000000.0 differs from responses[0]'s "
@@ -243,6 +247,26 @@ def test_malformed_jsonl_names_the_file_and_line(tmp_path):
         read_json_rows(data)
     data.write_text(json.dumps([good_rrhf(), good_rrhf()], indent=1))  # one JSON list
     assert len(read_json_rows(data)) == 2
+
+
+def test_invalid_unicode_in_jsonl_names_the_file_and_line(tmp_path):
+    """Bad case 6 of issue 20: a lone surrogate ("\\ud800", valid JSON, not Unicode) or bytes
+    that are not UTF-8 are named with the file, line and field; a surrogate pair is fine."""
+    from pofe.data.sources import read_json_rows
+
+    data = tmp_path / "bad.jsonl"
+    emoji = good_rrhf(responses=["ok \U0001F600", "b", "c"])
+    data.write_text(json.dumps(good_rrhf()) + "\n" + json.dumps(emoji) + "\n")  # ensure_ascii: \ud83d\ude00
+    assert read_json_rows(data)[1]["responses"][0] == "ok \U0001F600"
+    data.write_text(json.dumps(good_rrhf()) + "\n" + json.dumps(good_rrhf(responses=["a", "half \ud800", "c"])) + "\n")
+    with pytest.raises(PofeDataError, match=rf"dataset {data}, line 2, field 'responses\[1\]': surrogates not allowed"):
+        read_json_rows(data)
+    data.write_text(json.dumps([good_rrhf(responses=["\udfff", "b", "c"])]))
+    with pytest.raises(PofeDataError, match=r"row 0 \(0-based\), field 'responses\[0\]'"):
+        read_json_rows(data)
+    data.write_bytes(json.dumps(good_rrhf()).encode() + b'\n{"prompt": "caf\xe9"}\n')  # latin-1
+    with pytest.raises(PofeDataError, match=rf"dataset {data}, line 2: byte b'\\xe9' at offset \d+ is not UTF-8"):
+        read_json_rows(data)
 
 
 def _ucla_row(prompt="What is 2+2?", chosen="4", rejected="5"):

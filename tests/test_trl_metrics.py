@@ -183,6 +183,32 @@ def test_sppo_hard_takes_column_0_as_chosen(batch_and_logps, tiny64_model, token
     assert stored["rewards/accuracies"] == stored["sppo/accuracy"]
 
 
+@pytest.mark.parametrize("broken", ["anchor", "logp"])
+def test_non_finite_logps_or_anchors_stop_training_naming_the_rows(batch_and_logps, tiny64_model, tokenizer,
+                                                                   tmp_path, broken, one_torch_thread):
+    """Bad case 5 of issue 20: a NaN anchor (here in the data's anchor_logps, as a NaN table
+    row would give) or a NaN policy log-prob trained on with loss 0 and grad_norm nan and
+    exited 0. Now the step stops, naming the batch's row_ids and what to do. A NaN in a
+    padded slot (prompt 1 has k = 2 of 3) is not read and passes."""
+    from pofe.trainers import SPPOTrainer
+
+    batch = dict(batch_and_logps[0])
+    batch["row_id"] = torch.tensor([10, 11, 12])
+    trainer = _trainer(SPPOTrainer, tiny64_model, tokenizer, tmp_path, {"method": "sppo", "eta": ETA})
+    batch["anchor_logps"] = batch["anchor_logps"].clone()
+    batch["anchor_logps"][1, 2] = float("nan")  # padding
+    trainer.compute_loss(trainer.model, batch)
+    if broken == "anchor":
+        batch["anchor_logps"][2, 0] = float("nan")
+        needle = r"anchor is not finite for rows \(row_id\) \[12\]: fix field anchor_logps"
+    else:
+        with torch.no_grad():
+            trainer.model.lm_head.weight[:, 0] = float("nan")  # every logit NaN: every row
+        needle = r"logp is not finite for rows \(row_id\) \[10, 11, 12\]: .*bf16"
+    with pytest.raises(FloatingPointError, match=needle):
+        trainer.compute_loss(trainer.model, batch)
+
+
 # ---- two processes (gloo): TRL's metrics are means over every rank's pairs -------------
 
 def _pair_batch():

@@ -67,16 +67,28 @@ def _parse_objects(path: Path) -> list[dict[str, Any]]:
             "(JSON Lines), or the whole file one JSON list of objects."
         )
 
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise PofeDataError(
+            f"dataset {path}, line {line}: byte {raw[e.start:e.start + 1]!r} at offset {e.start} is not UTF-8 "
+            f"({e.reason}). JSON files must be UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8) or fix "
+            "that line."
+        ) from None
     if text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise fail(e.lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
+        escapes = _has_surrogate_escape(text)
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
                 raise PofeDataError(f"dataset {path}, row {i} (0-based): expected a JSON "
                                     f"object, got {type(row).__name__}")
+            if escapes:
+                _check_unicode(row, f"dataset {path}, row {i} (0-based)")
         return rows
     rows = []
     for n, line in enumerate(text.splitlines(), start=1):
@@ -88,8 +100,39 @@ def _parse_objects(path: Path) -> list[dict[str, Any]]:
             raise fail(n, f"not valid JSON ({e.msg}, column {e.colno})") from None
         if not isinstance(row, dict):
             raise fail(n, f"expected a JSON object, got {type(row).__name__}")
+        if _has_surrogate_escape(line):
+            _check_unicode(row, f"dataset {path}, line {n}")
         rows.append(row)
     return rows
+
+
+def _has_surrogate_escape(text: str) -> bool:
+    """Whether `text` has a \\uD800-\\uDFFF escape: the only way decoded UTF-8 text gives a
+    surrogate, so only such rows need `_check_unicode`."""
+    return "\\ud" in text or "\\uD" in text
+
+
+def _check_unicode(row: dict, where: str) -> None:
+    """Raise PofeDataError if a string in `row` holds a lone surrogate ("\\ud800": valid JSON,
+    not valid Unicode; tokenizers fail on it with an unrelated TypeError)."""
+    def walk(value, field: str) -> None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise PofeDataError(
+                    f"{where}, field {field!r}: {e.reason} at character {e.start} "
+                    f"({value[max(0, e.start - 20):e.end]!r}), not valid Unicode. Fix the text (a surrogate "
+                    "pair \\ud83d\\ude00 is fine; half of one is not) or remove the row."
+                ) from None
+        elif isinstance(value, dict):
+            for key, v in value.items():
+                walk(v, f"{field}.{key}" if field else str(key))
+        elif isinstance(value, list):
+            for j, v in enumerate(value):
+                walk(v, f"{field}[{j}]")
+
+    walk(row, "")
 
 
 def local_files_digest(entries) -> list[str | None]:

@@ -16,6 +16,10 @@ from ..scoring import score_candidates as score_batch
 from .metrics import PairMetrics
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
+# what to do when the policy's own log-probs (or a loss from finite inputs) are not finite
+LOGP_HINT = ("the policy's log-probs overflowed or its weights hold NaN: train in bf16 or fp32 rather than fp16, "
+             "lower learning_rate, or check the checkpoint")
+LOSS_HINT = "check those rows' labels and the method's settings (e.g. eta, margin, length_penalty)"
 
 
 class _WithoutTokenPerplexity(Trainer):
@@ -74,6 +78,30 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
             )
         args = self.args
         return score_batch(model, inputs, chunk_size=args.pofe_logit_chunk_size, prefix_layout=args.pofe_prefix_layout)
+
+    def check_finite(self, inputs, loss: torch.Tensor, hints: dict[str, str], **per_candidate: torch.Tensor) -> None:
+        """Stop on a non-finite loss or per-candidate value (`per_candidate`: name -> (B, K),
+        e.g. logp, anchor); padded slots (`candidate_mask` False) are not read. A NaN would
+        otherwise train a NaN model to the end: `log_stats` weighs NaN stats 0, so they just
+        vanish from the log. One device sync per step; the error names the batch's rows
+        (`row_id`, else positions in the batch) and, per value, `hints[name]`: what to do."""
+        mask = inputs["candidate_mask"]  # (B, K)
+        total = sum(torch.where(mask, v.float(), 0.0) for v in per_candidate.values())  # (B, K)
+        if bool(torch.isfinite(total).all() & torch.isfinite(loss.detach()).all()):
+            return
+        rows = inputs["row_id"].tolist() if "row_id" in inputs else None
+        label = "rows (row_id)" if rows is not None else "prompts at batch positions"
+        found = []
+        for name, value in per_candidate.items():
+            bad = (~torch.isfinite(value) & mask).any(dim=1).nonzero().flatten().tolist()  # (B,) -> positions
+            if bad:
+                found.append(f"{name} is not finite for {label} {[rows[b] if rows else b for b in bad]}: {hints[name]}")
+        if not found:
+            found.append(f"the loss is {loss.item()} with finite inputs: {hints['loss']}")
+        raise FloatingPointError(
+            f"{type(self).__name__} at step {self.state.global_step}: " + "; ".join(found)
+            + " Training stopped: a NaN or inf here would make every weight NaN."
+        )
 
     def log_stats(
         self, model, prefix: str, stats: dict[str, float], num_prompts: int, pairs: PairMetrics | None = None

@@ -9,7 +9,7 @@ logp_sum / length ** length_penalty, not a beta-scaled log-ratio.
 from __future__ import annotations
 
 from ..losses import rrhf_loss
-from .base import KResponseTrainer
+from .base import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from .metrics import best_worst_metrics
 
 
@@ -27,6 +27,7 @@ class RRHFTrainer(KResponseTrainer):
             margin=self.args.pofe_margin,
             length_penalty=self.args.pofe_length_penalty,
         )
+        self.check_finite(inputs, loss, {"logp": LOGP_HINT, "loss": LOSS_HINT}, logp=logp)
         scores = logp / lengths**self.args.pofe_length_penalty  # (B, K), the scores the hinge compares
         pairs = best_worst_metrics(logp, scores, inputs["rewards"], inputs["candidate_mask"])
         self.log_stats(model, "rrhf", stats, num_prompts=len(logp), pairs=pairs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..losses import sppo_hard_loss, sppo_loss
-from .base import KResponseTrainer
+from .base import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from .metrics import best_worst_metrics
 
 
@@ -39,6 +39,10 @@ class SPPOTrainer(KResponseTrainer):
                 logp, anchor, inputs["win_rates"], eta=self.args.pofe_eta, mask=mask
             )
             preference = inputs["win_rates"]
+        anchor_hint = ("fix field anchor_logps of those dataset rows (or remove it: POFE then computes the anchors)"
+                       if "anchor_logps" in inputs else self.anchor.fix_hint())
+        self.check_finite(inputs, loss, {"logp": LOGP_HINT, "anchor": anchor_hint, "loss": LOSS_HINT},
+                          logp=logp, anchor=anchor)
         implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
         pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)

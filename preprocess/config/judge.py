@@ -32,6 +32,50 @@ JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 
 
+# The placeholders each LLM judge's rubric may use, and those it must use. Only these are filled
+# in (low and high take a format spec, e.g. {low:g}); any other brace is literal text, so a
+# rubric can show JSON such as {"score": 7} as it is.
+RUBRIC_FIELDS: dict[str, tuple[str, ...]] = {
+    "llm": ("prompt", "response", "low", "high"),
+    "pairwise_llm": ("prompt", "response_a", "response_b"),
+}
+RUBRIC_REQUIRED: dict[str, tuple[str, ...]] = {"llm": ("response",), "pairwise_llm": ("response_a", "response_b")}
+_NUMERIC_FIELDS = ("low", "high")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)(?::([^{}]*))?\}")
+
+
+def fill_rubric(template: str, values: dict[str, object]) -> str:
+    """`template` with each known placeholder `{name}` / `{name:spec}` (a key of `values`)
+    replaced by its value, in one pass (a response quoting "{prompt}" is not filled again);
+    everything else, other braces included, is kept as written."""
+    def one(m: re.Match) -> str:
+        name, spec = m.group(1), m.group(2)
+        return m.group(0) if name not in values else format(values[name], spec or "")
+    return _PLACEHOLDER.sub(one, template)
+
+
+def check_rubric(template: str, judge_type: str) -> None:
+    """Raise ValueError if the rubric lacks a required placeholder or gives a text field a
+    format spec (or a number field a spec that does not format a number)."""
+    known, required = RUBRIC_FIELDS[judge_type], RUBRIC_REQUIRED[judge_type]
+    used = {m.group(1): m.group(2) for m in _PLACEHOLDER.finditer(template) if m.group(1) in known}
+    missing = [f"{{{f}}}" for f in required if f not in used]
+    if missing:
+        raise ValueError(
+            f"judge.rubric has no {' or '.join(missing)}: the judge would never see the candidate. Placeholders "
+            f"filled in for judge.type: {judge_type}: {', '.join(f'{{{f}}}' for f in known)}; any other brace "
+            "(e.g. JSON such as {\"score\": 7}) is kept as written.")
+    for m in _PLACEHOLDER.finditer(template):
+        name, spec = m.group(1), m.group(2)
+        if name not in known or spec is None:
+            continue
+        try:
+            format(1.0 if name in _NUMERIC_FIELDS else "text", spec)
+        except ValueError as e:
+            raise ValueError(f"judge.rubric: {m.group(0)} has a format spec that does not apply ({e}); "
+                             f"write {{{name}}}.") from None
+
+
 class JudgeConfig(StrictConfig):
     """Who scores the candidates.
 
@@ -75,8 +119,9 @@ class JudgeConfig(StrictConfig):
     api_key_env: str | None = Field(None, description="Name of the env var holding the API key.")
     rubric: str | None = Field(
         None,
-        description="llm: prompt template with {prompt} and {response}; pairwise_llm: with "
-        "{prompt}, {response_a}, {response_b}. Default templates are used if unset.",
+        description="llm: prompt template with {response} (required), {prompt}, {low}, {high}; pairwise_llm: "
+        "with {response_a}, {response_b} (required), {prompt}. Only these placeholders are filled in; other "
+        "braces (e.g. JSON) are kept as written. Default templates are used if unset.",
     )
     score_range: tuple[float, float] = Field(
         (1.0, 10.0), description="llm: the score scale the rubric asks for; out-of-range = abstain."
@@ -148,6 +193,8 @@ class JudgeConfig(StrictConfig):
                 f"judge.type={self.type} needs judge.base_url (an OpenAI-compatible server, "
                 "e.g. http://127.0.0.1:8000/v1)."
             )
+        if self.rubric is not None and self.type in RUBRIC_FIELDS:
+            check_rubric(self.rubric, self.type)
         lo, hi = self.score_range
         if not lo < hi:
             raise ValueError(f"judge.score_range must be (low, high) with low < high, got {self.score_range}.")

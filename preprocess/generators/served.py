@@ -34,8 +34,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..config import GenerateConfig, Sampling
-from ..openai_client import EndpointError, OpenAIClient
+from ..config import GenerateConfig, Sampling, read_api_key
+from ..openai_client import EndpointError, OpenAIClient, status_hint
 from .adapters import max_lora_rank, read_adapter
 from .openai import OpenAIGenerator
 
@@ -109,17 +109,24 @@ class ServerProcess:
         """None while running; else the exit status (negative: killed by that signal)."""
         return self.proc.poll()
 
-    def wait_ready(self, timeout: float) -> list[str]:
-        """Poll `{base_url}/models` until it answers 200; the served model ids. Raises
-        ServerExited if the server exits first, TimeoutError after `timeout` seconds."""
+    def wait_ready(self, timeout: float, *, api_key: str | None = None, key_env: str | None = None) -> list[str]:
+        """Poll `{base_url}/models` until it answers 200; the served model ids. Sends `api_key`
+        as the completion requests do (vLLM's --api-key guards /v1/models too). Raises
+        ServerExited if the server exits first, PermissionError at once on HTTP 401/403 (the
+        key is missing or wrong: waiting will not help), TimeoutError after `timeout` seconds."""
         import httpx
 
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         deadline = time.monotonic() + timeout
         while True:
             if self.exit_code is not None:
                 raise ServerExited(self.describe("exited before it was ready"))
             with contextlib.suppress(httpx.TransportError, ValueError):
-                r = httpx.get(f"{self.base_url}/models", timeout=5)
+                r = httpx.get(f"{self.base_url}/models", headers=headers, timeout=5)
+                if r.status_code in (401, 403):
+                    raise PermissionError(self.describe(
+                        f"answered HTTP {r.status_code} to {self.base_url}/models. "
+                        + status_hint(r.status_code, key_env=key_env, model=None)))
                 if r.status_code == 200:
                     body = r.json()
                     models = body.get("data") if isinstance(body, dict) else None
@@ -215,7 +222,8 @@ class ServedGenerator:
         self.server = ServerProcess(command, log_dir / LOG_NAME, base_url, env=serve.env,
                                     stop_timeout=serve.stop_timeout)
         try:
-            served = self.server.wait_ready(serve.ready_timeout)
+            served = self.server.wait_ready(serve.ready_timeout, api_key=read_api_key(cfg.api_key_env),
+                                            key_env=cfg.api_key_env)
             if request_name not in served:
                 raise ValueError(self.server.describe(
                     f"serves {served}, not {request_name!r}, the model POFE requests: pass "

@@ -17,6 +17,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import JudgeConfig
+from ..config.judge import fill_rubric
 from ..openai_client import OpenAIClient
 from ..render import Prompt, prompt_text
 from .base import JudgeStats, Score
@@ -91,7 +92,7 @@ class LLMRubricJudge(ChatJudge):
         def one(item) -> Score:
             p, k, prompt, response = item
             where = f"candidate {k} (llm judge at {self.client.base_url})"
-            text = template.format(prompt=prompt_text(prompt), response=response, low=low, high=high)
+            text = fill_rubric(template, {"prompt": prompt_text(prompt), "response": response, "low": low, "high": high})
             try:
                 choice = self.chat(text)
                 content = (choice.get("message") or {}).get("content") or ""

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from ..config.judge import fill_rubric
 from ..render import Prompt, prompt_text
 from ..win_rates import symmetrize_preferences
 from .base import Abstain, JudgeError, JudgeStats, PairwiseVerdict
@@ -142,7 +143,7 @@ class PairwiseLLMJudge(ChatJudge):
         def one(arg) -> float | Abstain:
             n, (prompt, a, b) = arg
             at = dict(allow=self.cfg.allow_abstain, where=f"pairwise llm judge at {self.client.base_url}", prompt=n)
-            text = template.format(prompt=prompt_text(prompt), response_a=a, response_b=b)
+            text = fill_rubric(template, {"prompt": prompt_text(prompt), "response_a": a, "response_b": b})
             try:
                 choice = self.chat(text, **extra)
             except UnreadableReply as e:

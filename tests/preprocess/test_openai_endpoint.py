@@ -325,6 +325,34 @@ def test_llm_rubric_judge_scores_and_abstains():
     assert all(p == "/v1/chat/completions" for p, _ in srv.requests)
 
 
+def test_rubrics_with_literal_braces_are_sent_as_written():
+    """Bad case 7 of issue 20: a rubric showing JSON ({"score": 7}) failed with a bare
+    KeyError after generation. Only the known placeholders are filled, in one pass: braces in
+    the rubric and in a response ("{prompt}") are kept as written."""
+    rubric = 'Reply as JSON, e.g. {"score": 7}, from {low:g} to {high:g}.\n[Q] {prompt}\n[R] {response}'
+    pairwise = '{"winner": "A"} or {"winner": "B"}?\n{prompt}\nA: {response_a}\nB: {response_b}'
+    with FakeServer(lambda path, body, attempt: (200, _chat("7"), 0.0)) as srv:
+        judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, rubric=rubric))
+        assert judge.score(["q?"], [["see {prompt}"]]) == [[7.0]]
+        pair = PairwiseLLMJudge(_client(srv.url), JudgeConfig(type="pairwise_llm", base_url=srv.url,
+                                                              rubric=pairwise, use_logprobs=False))
+        pair.judge_pairs([("q?", "x", "y")])
+    sent = [b["messages"][0]["content"] for _, b in srv.requests]
+    assert sent[0] == 'Reply as JSON, e.g. {"score": 7}, from 1 to 10.\n[Q] q?\n[R] see {prompt}'
+    assert sent[1] == '{"winner": "A"} or {"winner": "B"}?\nq?\nA: x\nB: y'
+
+
+@pytest.mark.parametrize("judge_type, rubric, needle", [
+    ("llm", "Rate {prompt} from 1 to 10.", r"judge.rubric has no \{response\}"),
+    ("llm", "Rate {respnse}.", r"no \{response\}.*\{prompt\}, \{response\}, \{low\}, \{high\}"),
+    ("pairwise_llm", "A: {response_a} or {response}?", r"no \{response_b\}"),
+    ("llm", "{response} from {low:q}", r"\{low:q\} has a format spec that does not apply"),
+])
+def test_rubric_without_the_candidate_is_refused_at_config_time(judge_type, rubric, needle):
+    with pytest.raises(ValueError, match=needle):
+        JudgeConfig(type=judge_type, base_url="http://127.0.0.1:1/v1", rubric=rubric)
+
+
 def test_pairwise_llm_judge_logprobs_both_orders_remove_position_bias():
     """True P(longer wins) = 0.8; the judge adds +0.1 to whichever is shown FIRST (A).
     Order (long, short): P(A) = .9;  order (short, long): P(A) = .2 + .1 = .3.

@@ -591,3 +591,30 @@ def test_sppo_copies_with_different_win_rates_reach_training(tiny_policy, tmp_pa
     tokenized = tokenize_row(canonical, AutoTokenizer.from_pretrained(tiny_policy), sequence_len=64,
                              max_prompt_len=32, truncation="truncate")
     assert tokenized["win_rates"] == row["win_rates"] and len(tokenized["response_ids"]) == 3
+
+
+def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_policy, tmp_path):
+    """Bad case 6 of issue 20: a lone surrogate in a completion ("\\ud800": valid JSON, not
+    valid Unicode) ended in the tokenizer's unrelated `TypeError: TextEncodeInput must be
+    Union[...]`. Now the stage stops naming the server, the dataset row and the shard."""
+    from pofe.preprocess.generators.openai import OpenAIGenerator
+    from pofe.preprocess.openai_client import OpenAIClient
+    from tests.preprocess.test_openai_endpoint import FakeServer
+
+    def srv_fn(path, body, attempt):
+        bad = "1+1=" in body["prompt"]
+        texts = ["7", "ok \ud800 then" if bad else "8"]
+        return 200, json.dumps({"choices": [{"index": i, "text": t} for i, t in enumerate(texts)]}), 0.0
+
+    rows = [{"prompt": "3+4="}, {"prompt": "1+1="}]
+    with FakeServer(srv_fn) as srv:
+        with pytest.raises(ValueError, match=rf"the server at {srv.url} returned candidate 1 for dataset row 1 "
+                                             r"\(shard .*shard-00000\.jsonl\) with invalid Unicode: surrogates not "
+                                             r"allowed at character 3 \('ok \\ud800'\)\. .*run the stage again"):
+            run_pipeline(
+                rows, policy_path=str(tiny_policy), method="rrhf",
+                generate=GenerateConfig(num_candidates=2, dedupe=False),
+                judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+                candidates=PipelineConfig(out_dir=str(tmp_path / "c"), progress=False),
+                generator=OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "policy"),
+            )

@@ -224,6 +224,52 @@ def test_server_not_serving_the_requested_name_is_refused_and_stopped(tmp_path):
     assert live_servers() == before  # stopped
 
 
+# A server that guards /v1/models with an API key, as `vllm serve --api-key` does: 401 without it.
+_KEYED_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port, key, model = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == f"Bearer {key}"
+        body = json.dumps({"data": [{"id": model}]} if ok else {"error": "Unauthorized"}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("sent", ["the-key", "a-wrong-key", None])
+def test_readiness_probe_sends_the_api_key_and_fails_at_once_when_refused(tmp_path, monkeypatch, sent):
+    """Bad case 8: the probe of /v1/models sends the key from api_key_env; a 401 stops the
+    wait at once (not after ready_timeout) and names api_key_env."""
+    import sys
+
+    (tmp_path / "server.py").write_text(_KEYED_SERVER)
+    command = f"{sys.executable} {tmp_path / 'server.py'} {{port}} the-key {{model}}"
+    if sent is not None:
+        monkeypatch.setenv("POFE_TEST_KEY", sent)
+    cfg = GenerateConfig(backend="openai", api_key_env="POFE_TEST_KEY" if sent else None,
+                         serve={"command": command, "ready_timeout": 20})
+    before = live_servers()
+    if sent == "the-key":
+        gen = ServedGenerator(cfg, str(tmp_path), tmp_path)
+        gen.close()
+        return
+    start = time.monotonic()
+    with pytest.raises(PermissionError) as e:
+        ServedGenerator(cfg, str(tmp_path), tmp_path)
+    assert time.monotonic() - start < 15  # at once, not after ready_timeout
+    message = str(e.value)
+    assert "HTTP 401" in message and "api_key_env" in message
+    if sent:
+        assert "POFE_TEST_KEY" in message and sent not in message  # the variable named, the key never shown
+    assert live_servers() == before  # stopped
+
+
 # ---- a real vLLM server ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
