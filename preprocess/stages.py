@@ -199,8 +199,9 @@ def judge_shard(
     if columns is not None:
         by_index = {r["index"]: c for r, c in zip(gen_rows, columns, strict=True)}
         live_columns = [by_index[r["index"]] for r in live]
+    # generate shards from before `rendered` was recorded lack it: only a judge that reads it needs it
     verdicts = apply_judge(
-        judge, [r["prompt"] for r in live], [r["rendered"] for r in live], [r["candidates"] for r in live],
+        judge, [r["prompt"] for r in live], [r.get("rendered") for r in live], [r["candidates"] for r in live],
         columns=live_columns, rows=[r["index"] for r in live],
     )
     out_by_index: dict[int, dict] = {}

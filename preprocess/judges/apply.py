@@ -14,7 +14,7 @@ from .base import JudgeError, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score
 def apply_judge(
     judge: ScalarJudge | PairwiseJudge,
     prompts: list[Prompt],
-    rendered: list[str],
+    rendered: list[str | None],
     responses: list[list[str]],
     *,
     columns: list[dict] | None = None,
@@ -36,6 +36,11 @@ def apply_judge(
             raise ValueError(f"{len(prompts)} prompts but {len(xs)} {name}")
     if not prompts:
         return []
+    if judge.reads_rendered_prompt and any(text is None for text in rendered):
+        raise ValueError(
+            f"{type(judge).__name__} reads the chat-templated prompt, which these generate shards do not "
+            "record (written by an older POFE): delete the candidates' generate/ folder to regenerate them"
+        )
     extra = {"columns": columns} if judge.reads_columns and columns is not None else {}
     call = judge.preferences if is_pairwise(judge) else judge.score
     try:

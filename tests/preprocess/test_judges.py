@@ -238,6 +238,12 @@ def test_apply_judge_gives_each_judge_the_prompt_form_and_columns_it_reads():
     plain = Recorder(rendered=False, columns=True)
     apply_judge(plain, prompts, rendered, [["a"], ["b"]])  # no columns given: none passed
     assert plain.calls == [(prompts, {})]
+    # generate shards from before the rendered prompt was recorded: fine for a judge that does
+    # not read it, a clear error (not None as a prompt) for one that does
+    old_shards = Recorder(rendered=False, columns=False)
+    assert apply_judge(old_shards, prompts, [None, None], [["a"], ["b"]]) == [[1.0], [1.0]]
+    with pytest.raises(ValueError, match="delete the candidates' generate/ folder"):
+        apply_judge(Recorder(rendered=True, columns=False), prompts, [None, None], [["a"], ["b"]])
 
 
 def test_apply_judge_hands_reward_functions_their_columns():
