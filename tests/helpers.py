@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -99,3 +100,44 @@ def load_llama(path: Path, attn: str = "eager"):
 
     model = LlamaForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32)
     return model.train()
+
+
+def float_tolerance(dtype, n_terms: int, magnitude: float = 1.0, c: float = 4.0) -> dict[str, float]:
+    """`rtol`/`atol` for two computations of one float quantity that differ in the order of
+    their sums (prefix-shared vs unshared, chunked vs whole, KV cache vs packed, FSDP vs one
+    process), as `torch.testing.assert_close` takes them.
+
+    Each rounding of a sum of `n_terms` terms of size about `magnitude` errs by up to
+    eps / 2 times the partial sum, eps = `torch.finfo(dtype).eps` (float32: 1.19e-7,
+    bfloat16: 7.8e-3). Taken as independent, the errors add up like a random walk, to about
+    eps * sqrt(n) * magnitude; all in one direction (the worst case) they reach
+    eps * n * magnitude. Two orders of the same sum differ by about as much. A value or
+    gradient of a small transformer sums over the width H at each matmul and, for a
+    weight's gradient, over every token of the batch, so n ~ H * tokens; the few matmuls in
+    series add a constant factor, `c`.
+
+    Returns rtol = c * eps * sqrt(n) and atol = rtol * magnitude (the scale of the whole
+    tensor, for its elements near zero). Measured on the 64-wide tiny model (130 tokens,
+    n = 8320, bound 365 eps * max|ref| at c = 4): the worst of tests/test_prefix_sharing.py
+    and tests/test_scoring.py differed by 12 eps * max|ref| on AVX-512 (with and without
+    ATEN_CPU_CAPABILITY=avx2/default); the CI failure that the old fixed 1e-5 met (1.3e-5
+    on a LoRA gradient of max 1.46) is ~75 eps * max|ref|, still 5x inside. The bound stays
+    far below what a bug moves: a token scored at a rotary position off by one, or one
+    token of a batch dropped, misses it by 1e2-1e4 times.
+    """
+    import torch
+
+    eps = torch.finfo(dtype).eps
+    rtol = c * eps * math.sqrt(n_terms)
+    return {"rtol": rtol, "atol": rtol * float(magnitude)}
+
+
+def assert_float_close(actual, expected, n_terms: int, msg=None, **kwargs) -> None:
+    """`torch.testing.assert_close` at `float_tolerance(expected.dtype, n_terms, max|expected|)`;
+    non-finite entries (NaN for an unwritten slot) must match."""
+    import torch
+
+    finite = expected[expected.isfinite()]
+    magnitude = finite.abs().max().item() if finite.numel() else 0.0
+    tol = float_tolerance(expected.dtype, n_terms, magnitude)
+    torch.testing.assert_close(actual, expected, **tol, equal_nan=True, msg=msg, **kwargs)

@@ -132,17 +132,24 @@ def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
     quantized = mode == "qlora"
     before = rrhf_summary(rows, candidate_logps(load_policy(tiny_model, quantized), tokenizer, rows))
     after = rrhf_summary(rows, candidate_logps(load_policy(out, quantized), tokenizer, rows))
-    assert after[0] > before[0] + 0.5, (before, after)  # the best response gains
+    # the best response gains; its mean length-normalised log-prob rose, recipe seeds 0-4
+    # (OMP_NUM_THREADS=1): full 2.89-2.97, LoRA 0.79-1.09, QLoRA 1.04-1.25; threshold 0.5
+    assert after[0] > before[0] + 0.5, (before, after)
     if mode == "full":
-        # the best outscores more of the others (0.51 -> 0.59 measured); 16 LoRA steps
-        # move this share by a few pairs only (0.51 -> 0.54, once 0.49 -> 0.46)
+        # the best outscores more of the others: 0.51 -> 0.54-0.66 over seeds 0-4 (the
+        # thinnest margin here, 3 pairs of 96 at seed 2); 16 adapter steps move it by a few
+        # pairs either way (LoRA 0.51 -> 0.53-0.62, QLoRA 0.53 -> 0.48-0.62): not checked
         assert after[1] > before[1], (before, after)
 
 
 @pytest.mark.newest
 @pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
 def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
-    extra = {"full": {"learning_rate": 1e-3}, "lora": LORA, "qlora": QLORA}[mode]
+    # LoRA's 1e-2 sits at the edge of stability for SPPO: the share below fell to 0.51-0.68
+    # (LoRA) and 0.56-0.64 (QLoRA, seeds 0-2) over recipe seeds 0-4; half of it holds
+    adapter_lr = {"learning_rate": 5e-3}
+    extra = {"full": {"learning_rate": 1e-3}, "lora": {**LORA, **adapter_lr},
+             "qlora": {**QLORA, **adapter_lr}}[mode]
     cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0},
                  num_epochs=2, **extra)
     proc = run_axolotl("train", str(cfg))
@@ -164,8 +171,9 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     before = candidate_logps(load_policy(tiny_model, quantized), tokenizer, rows)
     after = candidate_logps(load_policy(out, quantized), tokenizer, rows)
     # within each prompt, the response that wins most gains on the others in
-    # log pi_theta - log pi_0 (before training all log-ratios are 0, chance is 1/2;
-    # 16 steps on the tiny model measured 0.67-0.70 in full, LoRA and QLoRA)
+    # log pi_theta - log pi_0 (before training all log-ratios are 0, chance is 1/2);
+    # 16 steps, recipe seeds 0-4 (OMP_NUM_THREADS=1), share of 96 pairs: full 0.69-0.71,
+    # LoRA 0.68-0.86, QLoRA 0.67-0.83; threshold 0.6
     gains = []
     for row, b, a in zip(rows, before, after):
         ratio = [la - lb for (lb, _), (la, _) in zip(b, a)]
@@ -216,7 +224,8 @@ def test_sppo_hard_on_pairs_starts_at_eta_squared_over_two(tmp_path, tiny_model)
     steps = check_finite(log_history(tmp_path / "out"), ["sppo/chosen_logratio", "sppo/rejected_logratio"])
     assert len(steps) == 2
     assert steps[0]["loss"] == pytest.approx(50.0, rel=1e-4)
-    # the chosen response gains on the rejected one after a step
+    # the chosen response gains on the rejected one after a step (chosen - rejected
+    # log-ratio at step 2, recipe seeds 0-4: 2.82-3.19; threshold 0)
     assert steps[1]["sppo/chosen_logratio"] > steps[1]["sppo/rejected_logratio"]
 
 
