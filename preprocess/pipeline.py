@@ -116,9 +116,31 @@ def run_pipeline(
     Returns:
         PipelineResult with data.jsonl's path, summary.json's path, the row count and summary.
     """
-    plan, judge_impl, devices = _prepare(
-        prompts_rows, method, generate, judge, candidates, policy_path, prompt_column, generator, judge_impl
+    # everything checked before any model loads
+    check_candidate_rules(method, pairwise_judge=judge.type if judge.is_pairwise else None, keep=candidates.keep)
+    if candidates.out_dir is None:
+        raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
+    generate = generate.for_method(method)  # dedupe: the method's default unless set
+    candidates = candidates.for_method(method)  # truncated: the method's default unless set
+    rows = list(prompts_rows)
+    _check_inputs(rows, prompt_column, generate, candidates)
+    prebuilt = [name for name, obj in (("generator", generator), ("judge", judge_impl)) if obj is not None]
+    check_parallel(generate, candidates, prebuilt=prebuilt)
+    devices = worker_devices(generate, candidates) if candidates.num_workers > 1 else []
+    if judge_impl is None and judge.type in FUNCTION_JUDGES:
+        judge_impl = make_judge(judge)  # imports judge.function now, not after generating
+    gen_dir, judge_dir = _ready_out_dir(
+        Path(candidates.out_dir),
+        {
+            **generate_manifest(rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
+                                prompt_column=prompt_column),
+            "truncated": candidates.truncated,  # the shards hold what this policy kept
+        },
+        judge_manifest(method=method, judge=judge),
     )
+    plan = StagePlan(rows, method, method_spec(method).target, generate, judge, candidates, policy_path, prompt_column,
+                     gen_dir, judge_dir)
+
     reports: list[dict] = []
     t0 = time.monotonic()
     if plan.candidates.num_workers > 1:
@@ -132,48 +154,17 @@ def run_pipeline(
     return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s))
 
 
-def _prepare(
-    prompts_rows: Sequence[dict],
-    method: str,
-    generate: GenerateConfig,
-    judge: JudgeConfig,
-    candidates: PipelineConfig,
-    policy_path: str,
-    prompt_column: str,
-    generator: Generator | None,
-    judge_impl: ScalarJudge | PairwiseJudge | None,
-) -> tuple[StagePlan, ScalarJudge | PairwiseJudge | None, list[str | None]]:
-    """Everything checked before any model loads, and the out_dir made ready (its generate
-    and judge manifests checked, manifest.py; temporary files a killed run left removed): the
-    StagePlan (the method's defaults applied), the judge (`judge_impl` if passed, else
-    a python judge loaded now so that a bad judge.function fails before generating, else
-    None: built later if a shard needs it) and each worker's devices ([] in one process)."""
-    check_candidate_rules(method, pairwise_judge=judge.type if judge.is_pairwise else None, keep=candidates.keep)
-    if candidates.out_dir is None:
-        raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
-    generate = generate.for_method(method)  # dedupe: the method's default unless set
-    candidates = candidates.for_method(method)  # truncated: the method's default unless set
-    rows = list(prompts_rows)
-    _check_inputs(rows, prompt_column, generate, candidates)
-    prebuilt = [name for name, obj in (("generator", generator), ("judge", judge_impl)) if obj is not None]
-    check_parallel(generate, candidates, prebuilt=prebuilt)
-    devices = worker_devices(generate, candidates) if candidates.num_workers > 1 else []
-    if judge_impl is None and judge.type in FUNCTION_JUDGES:
-        judge_impl = make_judge(judge)  # imports judge.function now, not after generating
-    out = Path(candidates.out_dir)
+def _ready_out_dir(out: Path, gen_manifest: dict, judge_fields: dict) -> tuple[Path, Path]:
+    """out_dir's generate and judge folders, made ready: the generate manifest checked (a
+    restart must match it), this judge's folder chosen (manifest.py), and temporary files a
+    killed run left removed."""
     gen_dir = out / "generate"
     gen_dir.mkdir(parents=True, exist_ok=True)
-    check_manifest(gen_dir, {
-        **generate_manifest(rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
-                            prompt_column=prompt_column),
-        "truncated": candidates.truncated,  # the shards hold what this policy kept
-    })
-    judge_dir = select_judge_dir(out, judge_manifest(method=method, judge=judge))
+    check_manifest(gen_dir, gen_manifest)
+    judge_dir = select_judge_dir(out, judge_fields)
     for d in (gen_dir, judge_dir):
         clean_tmp(d)
-    plan = StagePlan(rows, method, method_spec(method).target, generate, judge, candidates, policy_path, prompt_column,
-                     gen_dir, judge_dir)
-    return plan, judge_impl, devices
+    return gen_dir, judge_dir
 
 
 def _last_run_facts(done: StagesDone, reports: list[dict], workers_s: float) -> dict:
