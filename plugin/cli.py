@@ -87,7 +87,8 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
               help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).")
 @click.option("--gpu-memory", type=click.FloatRange(min=1), default=80.0, show_default=True, help="GB per GPU.")
 @click.option("--prompts", type=click.IntRange(min=1), default=None,
-              help="Prompts in the dataset, where they cannot be counted offline (a hub dataset).")
+              help="Prompts in the dataset where they cannot be counted offline (a hub dataset); per round "
+              "when pofe.round_prompts lists one dataset per round.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="cpu: plan a CPU run (memory is the process's resident set).")
 def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str):

@@ -204,3 +204,41 @@ def test_cli_json(tmp_path):
     assert [s["round"] for s in plan["stages"]][:4] == [1, 1, 1, 1] and plan["prompts"] == 30
     text = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
     assert "round 1 train" in text.output and "WARNING: base_model" in text.output
+
+
+@pytest.mark.parametrize("name", ["tiny-rrhf-cpu", "tiny-sppo-cpu", "tiny-sppo-verifier-cpu"])
+def test_tiny_recipes_plan_on_the_cpu(name, tiny_model):
+    """The CPU recipes on the tests' tiny Llama: every stage sized, in float32, on the CPU; the
+    training estimate (the process, 0.8 GB, plus a model of kilobytes) is within a factor 1.5
+    of the 0.85 GiB peak measured for `axolotl train` on such a model (docs: shared environment
+    notes; tests/test_rounds_e2e.py checks the evaluation's against a measured peak)."""
+    from pofe.args import pofe_config
+
+    raw = yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text())
+    raw["base_model"] = str(tiny_model)
+    sizes, warnings = model_sizes(raw, pofe_config(raw))
+    assert warnings == []
+    plan = plan_run(raw, sizes, 60, PlanOptions(device="cpu"))
+    for s in plan["stages"]:
+        assert s["gpu_memory_gb"] == 0.0 and s["device"] == "cpu", s
+        assert s["cpu_memory_gb"] is not None or not s["parts_gb"], s
+    train = next(s for s in plan["stages"] if s["stage"] == "train")
+    assert train["dtype"] == "float32" and train["disk_gb"] == round(sizes[str(tiny_model)].total * 4 / GB, 2)
+    assert 1 / 1.5 <= train["cpu_memory_gb"] / (0.85 * 2**30 / GB) <= 1.5
+    assert plan["warnings"] == []  # no LoRA, full fine-tuning; the kernels stay off
+
+
+def test_workers_sharing_a_gpu_add_up(mistral_sizes):
+    """Two candidate workers placed on GPU 0: two vLLM engines (each taking 0.9 of it) and two
+    PairRM judges there; on 2 GPUs, one each."""
+    shared = _recipe()
+    shared["pofe"] = {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "num_workers": 2,
+                                                       "worker_devices": ["0", "0"]}}
+    plan = plan_run(shared, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    generate, judge = plan["stages"][0], plan["stages"][1]
+    assert generate["gpu_memory_gb"] == 2 * 72.0 and generate["data_parallel"] == 2
+    assert abs(judge["parts_gb"]["1_more_workers_on_this_gpu"] - judge["gpu_memory_gb"] / 2) <= 0.01  # GB rounding
+    assert [w for w in plan["warnings"] if w.startswith("generate (round 1)") and "worker_devices" in w]
+    apart = {**shared, "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}}}
+    spread = plan_run(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    assert spread["stages"][0]["gpu_memory_gb"] == 72.0 and not [w for w in spread["warnings"] if "generate" in w]

@@ -91,8 +91,10 @@ def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None,
 
 # the keys that shrink each stage's memory, named in its warning
 STAGE_KEYS = {
-    "generate": "pofe.generate.vllm_kwargs (max_model_len, tensor_parallel_size) or pofe.generate.batch_size",
-    "judge": "pofe.judge.batch_size or pofe.judge.max_length",
+    "generate": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.generate.vllm_kwargs "
+                "(max_model_len, tensor_parallel_size) or pofe.generate.batch_size",
+    "judge": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.judge.batch_size or "
+             "pofe.judge.max_length",
     "train": "micro_batch_size, gradient_checkpointing, adapter: qlora or deepspeed",
     "merge": "merge_method: memory_efficient",
     "eval-answers": "pofe.eval.batch_size",
@@ -106,8 +108,8 @@ def memory_warnings(stages: list[dict], options: PlanOptions) -> list[str]:
     for s in stages:
         if s["gpu_memory_gb"] is None or s["gpu_memory_gb"] <= options.gpu_memory_gb:
             continue
-        if "reserved" in s["parts_gb"]:
-            continue  # vLLM's share: `generate_stage` said what does not fit in it
+        if "reserved" in s["parts_gb"] and not any(k.endswith("_on_this_gpu") for k in s["parts_gb"]):
+            continue  # one vLLM engine in its share: `generate_stage` said what does not fit in it
         where = "" if s["round"] is None else f" (round {s['round']})"
         said.append(f"{s['stage']}{where}: {s['gpu_memory_gb']} GB per GPU exceeds a {options.gpu_memory_gb:g} GB "
                     f"GPU ({s['model']}): change {STAGE_KEYS[s['stage']]}, or use larger or more GPUs "

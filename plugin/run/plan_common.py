@@ -57,9 +57,10 @@ def deepspeed_config(raw: dict) -> dict:
 
 
 def round_prompt_counts(pcfg: PofeConfig, prompts: int | None) -> list[int | None]:
-    """Prompts each round trains on, as `prepare_prompts` splits them (held-out rows removed)."""
-    if prompts is None or isinstance(pcfg.round_prompts, list):
-        return [None] * pcfg.rounds
+    """Prompts each round trains on, as `prepare_prompts` splits them (held-out rows removed);
+    with one dataset per round (`round_prompts` a list), `prompts` each."""
+    if prompts is None or isinstance(pcfg.round_prompts, list):  # a list: one dataset per round
+        return [prompts] * pcfg.rounds
     held = pcfg.eval.held_out if pcfg.eval else 0
     mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
     return [len(r) for r in split_prompts(prompts - held, pcfg.rounds, mode)]

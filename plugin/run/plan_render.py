@@ -18,6 +18,8 @@ def _where(entry: dict) -> str:
 
 
 def _memory(entry: dict) -> str:
+    if not entry["parts_gb"]:
+        return "no model here"
     value = entry["gpu_memory_gb"] if entry["device"] == "cuda" else entry["cpu_memory_gb"]
     if value is None:
         return "? GB (model not sized)"

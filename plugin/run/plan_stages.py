@@ -7,6 +7,7 @@ sized offline: the entry then has no memory figure (its parts are None).
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 
 from pofe import memory_estimate as mem
 from pofe.args import PofeConfig
@@ -19,6 +20,24 @@ PAIRWISE_JUDGES = ("pairrm", "python_pairwise", "pairwise_llm")
 
 def _unknown(names: tuple[str, ...]) -> dict:
     return dict.fromkeys(names)
+
+
+def workers_per_gpu(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> int:
+    """The most candidate workers sharing one GPU, each with `group` GPUs (tensor parallel), as the
+    pipeline assigns them (`pofe.preprocess.parallel.assign_devices`) on --gpus visible GPUs."""
+    from pofe.preprocess.parallel import assign_devices
+
+    devices = assign_devices(pcfg.candidates.num_workers, pcfg.candidates.worker_devices, group,
+                             [str(i) for i in range(options.gpus)])
+    return max(Counter(d.strip() for entry in devices for d in str(entry).split(",")).values())
+
+
+def co_resident(parts: dict, pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> dict:
+    """`parts` with the other workers on the same GPU added (each holds its own model)."""
+    n = workers_per_gpu(pcfg, options, group) if options.device == "cuda" else 1
+    if n == 1 or any(v is None for v in parts.values()):
+        return parts
+    return {**parts, f"{n - 1}_more_workers_on_this_gpu": (n - 1) * sum(parts.values())}
 
 
 def vllm_dtype(requested: str, size: ModelSize) -> str:
@@ -72,8 +91,8 @@ def generate_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, 
                     f"({util} x {options.gpu_memory_gb:g} GB): lower pofe.generate.vllm_kwargs.max_model_len or "
                     "raise tensor_parallel_size / gpu_memory_utilization")
         note = "vLLM takes gpu_memory_utilization of each GPU; all but the weights is KV cache"
-        return stage("generate", t, model, dtype=dtype, parts=parts, options=options, gpus=workers * tp, tp=tp,
-                     dp=workers, counts=counts, note=note), warnings
+        return stage("generate", t, model, dtype=dtype, parts=co_resident(parts, pcfg, options, tp), options=options,
+                     gpus=workers * tp, tp=tp, dp=workers, counts=counts, note=note), warnings
     return _hf_generate(raw, pcfg, size, t, model, counts, options), warnings
 
 
@@ -111,8 +130,7 @@ def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[st
         dtype, rows = "float32", judge.batch_size * judge.max_length
         forward = mem.forward_bytes(size, rows, dtype, attention_rows=3 * rows * judge.max_length)
     else:
-        dtype = size.dtype if judge.dtype == "auto" else judge.dtype
-        dtype = "float32" if dtype == "float32" or options.device == "cpu" and judge.dtype == "auto" else dtype
+        dtype = size.dtype if judge.dtype == "auto" else judge.dtype  # auto: the checkpoint's, on any device
         forward = mem.forward_bytes(size, judge.batch_size * judge.max_length, dtype)
     return dtype, {"weights": mem.weights_bytes(size, dtype), "forward": forward, "runtime": options.runtime}
 
@@ -127,5 +145,6 @@ def judge_stage(pcfg: PofeConfig, size: ModelSize | None, t: int, prompts: int |
         return stage("judge", t, judge.model or "", dtype="-", parts={}, options=options, device="remote",
                      counts=counts, note=f"an OpenAI-compatible server at {judge.base_url}")
     dtype, parts = judge_parts(judge, size, options)
-    return stage("judge", t, judge.model, dtype=dtype, parts=parts, options=options, gpus=workers, dp=workers,
+    return stage("judge", t, judge.model, dtype=dtype, parts=co_resident(parts, pcfg, options), options=options,
+                 gpus=workers, dp=workers,
                  counts=counts)
