@@ -91,7 +91,10 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
               "when pofe.round_prompts lists one dataset per round.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="cpu: plan a CPU run (memory is the process's resident set).")
-def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str):
+@click.option("--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).")
+def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str,
+         output: str | None):
     """The plan of CONFIG's run before it starts: for each stage of each round, what loads where,
     the estimated peak memory per GPU, the disk, the counts; warnings name the key to change.
     Reads config.json files from disk or the hub cache only: never downloads."""
@@ -105,6 +108,8 @@ def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int 
         result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    if output:
+        Path(output).write_text(json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
 
 

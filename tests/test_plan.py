@@ -198,9 +198,11 @@ def test_cli_json(tmp_path):
 
     recipe = tmp_path / "r.yml"
     recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "none"))))
-    result = CliRunner().invoke(pofe, ["plan", str(recipe), "--json", "--prompts", "30"])
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(pofe, ["plan", str(recipe), "--json", "--prompts", "30", "--output", str(out)])
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)
+    plan = json.loads(result.stdout)
+    assert json.loads(out.read_text()) == plan
     assert [s["round"] for s in plan["stages"]][:4] == [1, 1, 1, 1] and plan["prompts"] == 30
     text = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
     assert "round 1 train" in text.output and "WARNING: base_model" in text.output
