@@ -54,9 +54,10 @@ def test_qlora_training_memory_is_the_hand_computed_one(mistral_plans):
     assert train["parts_gb"] == {k: round(v / GB, 2) for k, v in expected.items()}
     assert train["gpu_memory_gb"] == round(sum(expected.values()) / GB, 2)
     assert train["quantization"] == "nf4" and train["gpus"] == 1
-    # 20000 prompts split in 3 (6667, 6667, 6666); every ordered pair of K = 5 judged by PairRM
+    # 20000 prompts a round (one of the authors' sets per round); every ordered pair of K = 5
+    # judged by PairRM
     judges = [s for s in qlora["stages"] if s["stage"] == "judge"]
-    assert [s["counts"]["judge_calls"] for s in judges] == [6667 * 5 * 4, 6667 * 5 * 4, 6666 * 5 * 4]
+    assert [s["counts"]["judge_calls"] for s in judges] == [20000 * 5 * 4] * 3
     merged = next(s for s in qlora["stages"] if s["stage"] == "merge" and s["round"] == 1)
     assert merged["disk_gb"] == round(TOTAL * 2 / GB, 2)  # the bf16 merged model
 
@@ -68,9 +69,10 @@ def test_zero3_uses_deepspeeds_estimator(mistral_plans):
     train = next(s for s in zero3["stages"] if s["stage"] == "train" and s["round"] == 1)
     assert train["parts_gb"]["zero3_model_states"] == round((18 * TOTAL / 8 + 4 * 32000 * 4096) / GB, 2)
     assert train["gpus"] == 8 and train["data_parallel"] == 8
-    # 6667 prompts / (1 x 8 x 8) = 105 steps: no save at 500 steps, the bf16 model at the end
-    assert train["counts"]["steps"] == 105 and train["counts"]["checkpoints_kept"] == 0
-    assert train["disk_gb"] == round(TOTAL * 2 / GB, 2)
+    # 20000 prompts / (1 x 8 x 8) = 313 steps; saves every 100 steps, save_total_limit 1 keeps
+    # one checkpoint of DeepSpeed's full state (16 bytes a parameter), and the bf16 model at the end
+    assert train["counts"]["steps"] == 313 and train["counts"]["checkpoints_kept"] == 1
+    assert train["disk_gb"] == round((16 * TOTAL + 2 * TOTAL) / GB, 2)
 
 
 def test_one_entry_per_stage_with_its_memory_and_disk(mistral_plans):
@@ -137,16 +139,16 @@ def test_disk_and_checkpoints():
 
 
 def test_zero3_checkpoints_without_a_limit_take_the_full_state(mistral_sizes):
-    """Every 10 steps, no save_total_limit: 10 checkpoints of DeepSpeed's full state (14 bytes a
-    parameter plus the gathered bf16 model) in a round of 105 steps; save_total_limit 2 keeps 2."""
+    """Every 10 steps, no save_total_limit: 31 checkpoints of DeepSpeed's full state (14 bytes a
+    parameter plus the gathered bf16 model) in a round of 313 steps; save_total_limit 2 keeps 2."""
     raw = yaml.safe_load((ROOT / "recipes" / "sppo-zero3.yml").read_text())
     raw.update(save_steps=10, deepspeed=str(ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"))
     raw.pop("save_total_limit", None)
     raw.pop("save_only_model", None)
     train = plan_run(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert train["counts"]["checkpoint_gb"] == round(16 * TOTAL / GB, 2)
-    assert train["counts"]["checkpoints_kept"] == 10
-    assert train["disk_gb"] == round((10 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
+    assert train["counts"]["checkpoints_kept"] == 31
+    assert train["disk_gb"] == round((31 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
     kept = plan_run({**raw, "save_total_limit": 2}, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert kept["counts"]["checkpoints_kept"] == 2
     unknown = plan_run(raw, mistral_sizes, None, PlanOptions(gpus=8))
