@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pofe.run.layout import RunLayout
-from pofe.run.ownership import PREEXISTING_NAME, claim_output_dir, pofe_wrote
+from pofe.run.ownership import PREEXISTING_NAME, OutputDirRefused, claim_output_dir, pofe_wrote
 from pofe.run.report import write_report
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
@@ -28,7 +28,7 @@ def _foreign(root: Path) -> dict[str, str]:
 
 def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
     files = _foreign(tmp_path)
-    with pytest.raises(FileExistsError, match=r"holds 4 files but no POFE run \(eval, prompts, report-old.png, "
+    with pytest.raises(OutputDirRefused, match=r"holds 4 files but no POFE run \(eval, prompts, report-old.png, "
                                               r"report.md\).*pofe.overwrite_output_dir: true"):
         claim_output_dir(RunLayout(tmp_path), overwrite=False, echo=print)
     assert {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()} == files
@@ -36,7 +36,7 @@ def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
 
 def test_a_file_as_output_dir_is_named(tmp_path):
     (tmp_path / "out").write_text("x")
-    with pytest.raises(NotADirectoryError, match=rf"output_dir {tmp_path / 'out'} is a file, not a folder"):
+    with pytest.raises(OutputDirRefused, match=rf"output_dir {tmp_path / 'out'} is a file, not a folder"):
         claim_output_dir(RunLayout(tmp_path / "out"), overwrite=False, echo=print)
 
 
@@ -97,6 +97,6 @@ def test_pofe_run_refuses_the_folder_before_writing_anything(tiny_model, tmp_pat
     raw["datasets"][0]["path"] = str(prompts)
     recipe = tmp_path / "recipe.yml"
     recipe.write_text(yaml.safe_dump(raw))
-    with pytest.raises(FileExistsError, match="no POFE run"):
+    with pytest.raises(OutputDirRefused, match="no POFE run"):
         run_rounds(recipe, echo=print)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(files)

@@ -27,6 +27,11 @@ AXOLOTL_LOG = "debug.log"
 AXOLOTL_OUTPUT_DIR = "./model-out"  # axolotl's default output_dir
 
 
+class OutputDirRefused(ValueError):
+    """The output_dir is a file, or a folder of files that is no POFE run's (a ValueError:
+    `axolotl pofe run` shows it as an error message, not a traceback)."""
+
+
 def _stamp(path: Path) -> list[int]:
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns]
@@ -42,7 +47,7 @@ def claim_output_dir(layout: RunLayout, overwrite: bool, echo: Callable[[str], N
     (unless `overwrite`: then record the files found there)."""
     root = layout.root
     if root.exists() and not root.is_dir():
-        raise NotADirectoryError(
+        raise OutputDirRefused(
             f"output_dir {root} is a file, not a folder: `axolotl pofe run` keeps a run's rounds, "
             "state and report in a folder there. Set output_dir to a new folder's path.")
     if not root.is_dir() or layout.state.exists() or layout.lock.exists() or (root / PREEXISTING_NAME).exists():
@@ -53,7 +58,7 @@ def claim_output_dir(layout: RunLayout, overwrite: bool, echo: Callable[[str], N
         return
     if not overwrite:
         shown = ", ".join(entries[:SHOWN]) + (f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else "")
-        raise FileExistsError(
+        raise OutputDirRefused(
             f"output_dir {root} holds {len(found)} files but no POFE run ({shown}): a run writes "
             "prompts/, round-<t>/, eval/ and report.md there, and would overwrite or delete files of "
             "those names. Use a new output_dir, or set pofe.overwrite_output_dir: true to write "
