@@ -28,6 +28,14 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[^\s\"']+")
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def looks_like_secret_value(value: str) -> bool:
+    """A value (a command-line word, a variable's value) that is a key: a known key prefix,
+    or `looks_like_key` without a path's '/' or '.' (a model path is long and has digits too)."""
+    if value.startswith(_KEY_PREFIXES) and len(value) >= 20:
+        return True
+    return looks_like_key(value) and not any(c in value for c in "/.")
+
+
 def names_secret(name: str) -> bool:
     """A variable or flag name with a secret's word among its parts (HF_TOKEN, --api-key;
     not --max-num-batched-tokens or --tokenizer)."""
@@ -65,7 +73,7 @@ def command_secrets(words: list[str]) -> tuple[str, ...]:
                 found.append(value)
             elif i + 1 < len(words):
                 found.append(words[i + 1])
-        elif looks_like_key(word):
+        elif looks_like_secret_value(word):
             found.append(word)
     return tuple(found)
 
@@ -88,7 +96,7 @@ def check_serve_env(env: dict[str, str]) -> None:
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"generate.serve.env: {name!r} is not an environment variable name (letters, "
                              "digits and '_', not starting with a digit).")
-        if env_reference(value) is None and (names_secret(name) or looks_like_key(value)):
+        if env_reference(value) is None and (names_secret(name) or looks_like_secret_value(value)):
             raise ValueError(
                 f"generate.serve.env.{name} holds a secret in the recipe (its value is not repeated here), "
                 f"which would be written to the run's files and logs. Export it where POFE runs (the server "

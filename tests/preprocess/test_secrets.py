@@ -150,6 +150,18 @@ def test_redact_text(text, shown):
     assert redact_text(text) == (text if shown is None else shown)
 
 
+def test_a_served_commands_secrets_are_its_keys_not_its_paths():
+    """The model path of a real run (long, digits and letters: `looks_like_key` on its own
+    would take it) stays; the flag's value and a prefixed key are the secrets."""
+    from pofe.preprocess.config.credentials import command_secrets
+
+    words = ["python", "-m", "vllm", "--model", "/tmp/pytest-of-root/pytest-52/tiny0/model", "--api-key", PASSWORD,
+             "--x", KEY, "--port", "45173"]
+    assert command_secrets(words) == (PASSWORD, KEY)
+    assert GenerateConfig(backend="openai", serve={"command": SERVE, "env": {
+        "VLLM_CACHE_ROOT": "/data/cache2024/vllm0models1234567"}}).serve.env
+
+
 def test_redact_masks_known_secrets_everywhere_in_a_structure():
     obj = {"a": [f"x {PASSWORD} y", 3, None], "b": {"c": (f"--api-key {KEY}",)}}
     assert redact(obj, (PASSWORD,)) == {"a": ["x *** y", 3, None], "b": {"c": ("--api-key ***",)}}
