@@ -17,11 +17,15 @@ from pofe.data.formats import DEFAULT_FIELDS
 from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
-from pofe.run.config import EvalConfig, RoundPrompts, check_round_prompt_count, check_round_prompt_files
+from pofe.run.config import (
+    EvalConfig, RoundPrompts, RoundPromptSource, check_round_prompt_count, check_round_prompt_files,
+)
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
 FIELD_KEYS = tuple(DEFAULT_FIELDS)
+# axolotl's fused LoRA kernels (`keep_lora_kernels_off`)
+LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
 
 class PofeConfig(BaseModel):
@@ -104,11 +108,12 @@ class PofeConfig(BaseModel):
         description="`axolotl pofe run`: generate -> judge -> train rounds; round t's "
         "trained model is round t+1's policy.",
     )
-    round_prompts: RoundPrompts | list[str] = Field(
+    round_prompts: RoundPrompts | list[RoundPromptSource] = Field(
         default="auto",
         description="Prompts per round: `split` (disjoint contiguous slices, round t gets "
         "slice t), `all` (every round sees every prompt), `auto` (split for sppo, all for rrhf), "
-        "or a list of one prompt file per round (round t trains on the t-th file).",
+        "or a list of one prompt set per round (round t trains on the t-th): a local file, or a "
+        "dataset spec as a `datasets:` entry names one ({path, name, split, data_files, ds_type, revision}).",
     )
     hub_dataset_id: str | None = Field(
         default=None,
@@ -218,6 +223,7 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("rl")
     if pofe.get("method") is None:
         return cfg
+    keep_lora_kernels_off(cfg)
     entries = cfg.get("datasets") or []
     if not pofe.get("dataset_fields") and entries:
         pofe["dataset_fields"] = [
@@ -226,6 +232,19 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
         ]
     cfg["pofe"] = pofe
     return cfg
+
+
+def keep_lora_kernels_off(cfg: dict[str, Any]) -> None:
+    """Set axolotl's LoRA kernels off for a LoRA / QLoRA recipe that states none of them.
+
+    axolotl turns them on for LoRA unless `rl` is set ("RL trainers not tested"); POFE removes
+    `rl`, and its trainers are as untested with them, so it does what axolotl does for its own.
+    A recipe that sets any of them keeps its choice (axolotl then enables no other either).
+    """
+    if cfg.get("adapter") not in ("lora", "qlora") or any(cfg.get(k) is not None for k in LORA_KERNELS):
+        return
+    for key in LORA_KERNELS:
+        cfg[key] = False
 
 
 def pofe_config(cfg: Any) -> PofeConfig:

@@ -80,6 +80,39 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
         raise click.ClickException(str(e)) from e
 
 
+@pofe.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="The plan as JSON: one entry per stage.")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+              help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).")
+@click.option("--gpu-memory", type=click.FloatRange(min=1), default=80.0, show_default=True, help="GB per GPU.")
+@click.option("--prompts", type=click.IntRange(min=1), default=None,
+              help="Prompts in the dataset where they cannot be counted offline (a hub dataset); per round "
+              "when pofe.round_prompts lists one dataset per round.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: plan a CPU run (memory is the process's resident set).")
+@click.option("--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).")
+def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str,
+         output: str | None):
+    """The plan of CONFIG's run before it starts: for each stage of each round, what loads where,
+    the estimated peak memory per GPU, the disk, the counts; warnings name the key to change.
+    Reads config.json files from disk or the hub cache only: never downloads."""
+    import json
+
+    from .run.plan_common import PlanOptions
+    from .run.plan_render import render_text
+    from .run.plan_sources import plan_recipe
+
+    try:
+        result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    if output:
+        Path(output).write_text(json.dumps(result, indent=2) + "\n")
+    click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
+
+
 @pofe.command(name="eval")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-report", is_flag=True, help="Write eval/ only (`axolotl pofe run` reports once, at its end).")

@@ -111,6 +111,10 @@ def summarise(
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,
+        # candidates scored with the start of their prompt cut off to fit judge.max_length, and
+        # their rows; a response too long on its own is an abstention (judge_abstention_reasons)
+        "judge_prompts_cut": sum(r.get("prompts_cut", 0) for r in judged),
+        "judge_rows_with_prompt_cut": sum(1 for r in judged if r.get("prompts_cut")),
         "rows_with_equal_labels": sum(1 for d in data if len(set(d[target.column])) == 1),
         "generate": generate.public_dict(),
         "judge": judge.model_dump(),

@@ -209,6 +209,12 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
             f"candidates.min_candidates={candidates.min_candidates}, judge abstentions "
             f"{summary['judge_abstentions']} {summary['judge_abstention_reasons']}); details in {summary_path}"
         )
+    if summary["judge_prompts_cut"]:
+        LOG.warning(
+            f"POFE: {summary['judge_prompts_cut']} candidates of {summary['judge_rows_with_prompt_cut']} prompts were "
+            f"judged with their prompt cut from the left to judge.max_length={plan.judge.max_length} (responses kept "
+            "whole); raise judge.max_length to score whole conversations"
+        )
     if summary["rows_with_equal_labels"]:
         LOG.warning(
             f"POFE: {summary['rows_with_equal_labels']} of {len(data)} rows in {data_path} have all-equal "

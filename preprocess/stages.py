@@ -23,7 +23,7 @@ from pofe.methods import Target
 from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator, finish_reason
-from .judges import Abstain, PairwiseJudge, ScalarJudge, apply_judge, is_pairwise
+from .judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
 from .render import render_prompt
 from .win_rates import scalar_preferences, win_rates
 
@@ -191,7 +191,7 @@ def judge_shard(
     Pairwise judges give win rates directly; scalar judges give rewards, and win rates through
     `cfg.preferences` (bradley_terry or hard) when the method's `target` is win rates. Each row
     records `judged` (verdicts asked: candidates, or unordered pairs) and one reason per
-    abstention. `columns`: per gen row, its dataset row's other columns (not the prompt), passed
+    abstention, and `prompts_cut`: candidates scored with their prompt cut to fit the judge. `columns`: per gen row, its dataset row's other columns (not the prompt), passed
     to judges that read them (`reads_columns`: TRL-style reward functions take them as kwargs).
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
@@ -228,6 +228,8 @@ def judge_shard(
                 "judged": len(sc),
                 "abstained": len(sc) - len(keep),
                 "abstain_reasons": [_cap(v.reason) for v in sc if isinstance(v, Abstain)],
+                # scored with the prompt's start cut to fit the judge (reward_model.py)
+                "prompts_cut": sum(isinstance(sc[k], PromptCut) for k in keep),
             }
             if wants_win_rates and rewards:
                 pref = scalar_preferences(

@@ -248,7 +248,7 @@ def test_one_prompt_file_per_round(tmp_path):
     assert read(layout.held_out_prompts) == ["b3", "b4"]
     assert state.data["prompt_mode"] == "files"
     assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
-    with pytest.raises(ValueError, match="lists 2 prompt files for pofe.rounds: 3"):
+    with pytest.raises(ValueError, match="lists 2 prompt sets for pofe.rounds: 3"):
         PofeConfig(rounds=3, round_prompts=files)
     # files on disk are checked once, where a recipe is loaded, not at every read of the block
     missing = {**RAW, "pofe": {**RAW["pofe"], "rounds": 2, "round_prompts": [files[0], str(tmp_path / "gone.jsonl")]}}

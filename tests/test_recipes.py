@@ -64,7 +64,10 @@ def test_rrhf_recipes_run_the_papers_pipeline_on_hh(name):
     pofe = pofe_config(cfg)
     assert cfg.datasets[0].type == "pofe.prompts"
     assert pofe.dataset_fields == [{"prompt_format": "hh"}]
-    assert pofe.generate.num_candidates == 4 and pofe.generate.strategy == "sample"
+    # the released RRHF script's sampler: diverse beam search, 4 groups, Hamming penalty 1.0
+    gen = pofe.generate
+    assert gen.num_candidates == 4 and gen.strategy == "diverse_beam" and gen.backend == "transformers"
+    assert gen.num_beam_groups == 4 and gen.diversity_penalty == 1.0
     assert pofe.generate.include_dataset_responses == ["chosen", "rejected"]
     assert pofe.judge.type == "reward_model" and pofe.judge.model.count("/") == 1  # a hub id
 
@@ -78,3 +81,67 @@ def test_iterated_rounds_keep_the_prompt_format(tmp_path):
     recipe, _ = round_recipe(raw, RunLayout(tmp_path), 2, "/m/round-1", seed=1)
     (entry,) = recipe["datasets"]
     assert entry["prompt_format"] == "hh" and entry["type"] == "pofe.prompts"
+
+
+LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+
+
+def _validated(raw: dict, caps=H100):
+    cfg = DictDefault(raw)
+    prepare_plugins(cfg)
+    return validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
+
+
+def _raw(name: str) -> dict:
+    return yaml.safe_load((RECIPES[0].parent / f"{name}.yml").read_text())
+
+
+@pytest.mark.parametrize("name", ["rrhf-qlora", "sppo-qlora"])
+def test_qlora_recipes_state_the_lora_kernels_off(name):
+    raw = _raw(name)
+    assert {k: raw[k] for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, False)
+    cfg = _validated(raw)
+    assert not any(cfg[k] for k in LORA_KERNELS)
+
+
+def test_a_lora_recipe_without_kernel_keys_keeps_them_off_and_an_explicit_one_stays():
+    """axolotl turns the kernels on for LoRA unless `rl` is set; POFE removes `rl`, so it keeps
+    them off itself, as axolotl does for its own RL trainers; a recipe's own choice stands."""
+    raw = {k: v for k, v in _raw("sppo-qlora").items() if k not in LORA_KERNELS}
+    cfg = _validated(dict(raw))
+    assert [cfg[k] for k in LORA_KERNELS] == [False] * 4
+    chosen = _validated({**raw, "lora_mlp_kernel": True})
+    assert chosen.lora_mlp_kernel is True and not any(chosen[k] for k in LORA_KERNELS[1:])
+    # without POFE (plain SFT), the same keys come back on: the behaviour POFE stops
+    sft = {k: v for k, v in raw.items() if k not in ("rl", "pofe", "plugins")}
+    sft["datasets"] = [{"path": "x.jsonl", "type": "alpaca"}]
+    assert all(_validated(sft)[k] for k in LORA_KERNELS)
+
+
+def test_the_zero3_recipes_bound_their_checkpoints_and_use_every_gpu():
+    for name in ("rrhf-zero3", "sppo-zero3"):
+        cfg = _validated(_raw(name))
+        # one full checkpoint (a ZeRO-3 7-8B one with its optimiser state is over 100 GB), and a
+        # resumable one: DeepSpeed resumes only from its own optimiser state
+        assert cfg.save_total_limit == 1 and cfg.save_only_model is False
+        from pofe.args import pofe_config
+
+        candidates = pofe_config(cfg).candidates
+        assert candidates.num_workers == 8 and candidates.worker_devices == [str(i) for i in range(8)]
+
+
+def test_recipe_facts_the_papers_fix():
+    from pofe.args import pofe_config
+    from pofe.run.config import RoundPromptSet
+
+    assert not any("flash_attention" in _raw(p.stem) for p in RECIPES)  # deprecated: attn_implementation
+    assert all(_raw(p.stem).get("attn_implementation") for p in RECIPES)
+    # QLoRA at 10x the full fine-tuning rate, for both methods
+    assert _raw("rrhf-qlora")["learning_rate"] == pytest.approx(10 * _raw("rrhf-zero3")["learning_rate"])
+    assert _raw("sppo-qlora")["learning_rate"] == pytest.approx(10 * _raw("sppo-zero3")["learning_rate"])
+    assert _validated(_raw("sppo-qlora")).merge_method == "legacy"  # 3 rounds: no NF4 round trips
+    for name in ("sppo-qlora", "sppo-zero3"):
+        pofe = pofe_config(_validated(_raw(name)))
+        assert pofe.rounds == 3 and pofe.round_prompts == [
+            RoundPromptSet(path=f"UCLA-AGI/data-mistral-7b-instruct-sppo-iter{t}", split="train") for t in (1, 2, 3)
+        ]

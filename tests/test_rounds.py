@@ -335,3 +335,8 @@ def test_a_replaced_prompt_file_is_named_at_the_next_start(tmp_path):
     prompts.write_text('{"q": "b"}\n')
     with pytest.raises(RunStateMismatch, match=rf"the prompt file {re.escape(str(prompts))} changed since"):
         check_prompt_sources(prompt_sources(cfg, pcfg), RunState.read(state.path))
+    # round_prompts as sets: a local file, and a dataset spec naming a local file
+    second = tmp_path / "r2.jsonl"
+    second.write_text('{"q": "c"}\n')
+    sets = PofeConfig(method="rrhf", rounds=2, round_prompts=[str(prompts), {"path": str(second)}])
+    assert list(prompt_sources(cfg, sets)) == [str(prompts), str(second)]

@@ -307,3 +307,19 @@ def test_sppo_rounds_publish_per_round(sppo_published):
         step = int(model["name"].removeprefix("pi_"))
         assert history[step]["eval/mean_reward"] == pytest.approx(rep["eval"]["mean_reward"][m])
     assert history[2]["eval/win_rate_vs_pi_0"] == pytest.approx(rep["eval"]["win_matrix"][2][0])
+
+
+def test_plan_is_within_a_factor_of_the_measured_eval_peak(sppo_run):
+    """`axolotl pofe plan --device cpu` on this run's recipe: the evaluation's estimated peak
+    (a process's resident set before any model, 0.8 GB, plus the tiny model and its KV cache)
+    is within a factor 1.5 of the peak resident set `axolotl pofe eval` measured for its answers
+    (headline.json's peak_memory, in GiB). On a tiny model the process dominates both."""
+    from pofe.run.plan_common import PlanOptions
+    from pofe.run.plan_sources import plan_recipe
+
+    plan = plan_recipe(sppo_run.parent / "recipe.yml", PlanOptions(device="cpu"))
+    answers = next(s for s in plan["stages"] if s["stage"] == "eval-answers")
+    measured = json.loads((sppo_run / "eval" / "headline.json").read_text())["peak_memory"]
+    assert measured["device"] == "cpu"
+    ratio = answers["cpu_memory_gb"] / (measured["answers_gib"] * 2**30 / 1e9)
+    assert 1 / 1.5 <= ratio <= 1.5, (answers, measured)

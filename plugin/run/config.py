@@ -21,23 +21,50 @@ from pofe.preprocess.config import BatchSize, JudgeConfig, MaxNewTokens, Seed, T
 RoundPrompts = Literal["auto", methods.RoundPrompts]
 
 
-def check_round_prompt_count(files: list[str], rounds: int) -> None:
-    """`pofe.round_prompts` as a list: one prompt file per round, in round order."""
+class RoundPromptSet(BaseModel):
+    """One round's prompts named as a `datasets:` entry names its data, and loaded the same way
+    (axolotl's `load_dataset_with_config`): a hub dataset id, or a local folder (with
+    `data_files`, a `save_to_disk` folder or a dataset repo's files), with its config `name`
+    and `split`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Hub dataset id, or a local file or folder.")
+    name: str | None = Field(None, description="The dataset's configuration name.")
+    split: str = Field("train", description="The split to read (slices too: train[:1000]).")
+    data_files: str | list[str] | None = Field(
+        None, description="Files to read, as axolotl reads them: within a hub repo, or (with a local folder) paths "
+        "from the working directory.",
+    )
+    ds_type: str | None = Field(None, description="The files' format (json, parquet, ...) when not plain.")
+    revision: str | None = Field(None, description="A hub dataset's branch, tag or commit.")
+
+
+# one round's prompts: a local file, or a dataset spec
+RoundPromptSource = str | RoundPromptSet
+
+
+def check_round_prompt_count(files: list[RoundPromptSource], rounds: int) -> None:
+    """`pofe.round_prompts` as a list: one prompt set per round, in round order."""
     if len(files) != rounds:
         raise ValueError(
-            f"pofe.round_prompts lists {len(files)} prompt files for pofe.rounds: {rounds}; give "
-            "one file per round (round t trains on the t-th), or a mode: auto, split, all"
+            f"pofe.round_prompts lists {len(files)} prompt sets for pofe.rounds: {rounds}; give "
+            "one per round (round t trains on the t-th), or a mode: auto, split, all"
         )
 
 
-def check_round_prompt_files(files: list[str]) -> None:
-    """Each file of `pofe.round_prompts` exists: checked on disk once, where a recipe is
-    loaded (`PofeConfig.check_files`), not each time the block is validated."""
+def check_round_prompt_files(files: list[RoundPromptSource]) -> None:
+    """Each local file of `pofe.round_prompts` exists: checked on disk once, where a recipe is
+    loaded (`PofeConfig.check_files`), not each time the block is validated. Dataset specs
+    are checked where they load (`pofe.run.prompts.load_round_prompts`)."""
     for t, path in enumerate(files, start=1):
+        if isinstance(path, RoundPromptSet):
+            continue
         if not Path(path).is_file():
             raise ValueError(
                 f"pofe.round_prompts[{t - 1}] (round {t}): no file at {path!r} (relative paths "
-                "count from the directory axolotl runs in); give a local JSON/JSONL/Parquet file"
+                "count from the directory axolotl runs in); give a local JSON/JSONL/Parquet file, or a "
+                "dataset spec ({path: <hub id or folder>, name, split, data_files})"
             )
 
 

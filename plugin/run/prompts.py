@@ -2,12 +2,18 @@
 
 SPPO uses disjoint splits (round t trains on slice t of T contiguous slices, as in the
 paper); RRHF's iterated variant (IP-n) resamples the same prompts. `auto` takes the
-method's default from `pofe.methods`.
+method's default from `pofe.methods`. A list names one prompt set per round (the SPPO
+authors draw a new one per iteration): a local file, or a dataset spec, read as the recipe's
+`datasets:` entry would read it (`load_round_prompts`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pofe.methods import method_spec
+
+from .config import RoundPromptSet, RoundPromptSource
 
 
 def split_prompts(n: int, rounds: int, mode: str) -> list[range]:
@@ -31,3 +37,48 @@ def resolve_round_prompts(method: str, mode: str) -> str:
     if mode != "auto":
         return mode
     return method_spec(method).default_round_prompts
+
+
+def round_entry(entry: Any, source: RoundPromptSource):
+    """The recipe's `datasets:` entry (its type and field keys) pointed at one round's prompts."""
+    from axolotl.utils.dict import DictDefault
+
+    if isinstance(source, RoundPromptSet):
+        where = source.model_dump()
+    else:
+        where = {"path": source, "ds_type": None, "split": None, "data_files": None, "name": None, "revision": None}
+    return DictDefault({**entry, **where})
+
+
+def load_round_prompts(entry: Any, sources: list[RoundPromptSource], use_auth_token) -> list[list[dict]]:
+    """Each round's prompt rows, loaded as a `datasets:` entry is (`pofe.data.sources.load_entry`,
+    axolotl's loader for all but local JSON files); a spec that does not load raises naming
+    the round and the spec."""
+    from datasets import DatasetDict
+
+    from pofe.data.sources import load_entry
+
+    out = []
+    for t, source in enumerate(sources, start=1):
+        what = f"pofe.round_prompts[{t - 1}] (round {t}): {_describe(source)}"
+        try:
+            rows = load_entry(round_entry(entry, source), use_auth_token)
+        except (ValueError, OSError, KeyError) as e:
+            raise ValueError(
+                f"{what} does not load ({type(e).__name__}: {e}). Check path (a hub dataset id, or a local "
+                "file or folder), name, split and data_files; a gated or private hub dataset needs "
+                "`huggingface-cli login` (or HF_TOKEN)."
+            ) from e
+        if isinstance(rows, DatasetDict):  # a save_to_disk folder of splits: axolotl returns them all
+            split = source.split if isinstance(source, RoundPromptSet) else "train"
+            if split not in rows:
+                raise ValueError(f"{what} has splits {sorted(rows)}, not {split!r}: set `split`")
+            rows = rows[split]
+        out.append(list(rows))
+    return out
+
+
+def _describe(source: RoundPromptSource) -> str:
+    if not isinstance(source, RoundPromptSet):
+        return f"file {source!r}"
+    return "dataset " + ", ".join(f"{k}={v!r}" for k, v in source.model_dump(exclude_none=True).items())

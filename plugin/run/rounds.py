@@ -40,7 +40,7 @@ from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
 from .ownership import claim_recipe_output_dir
-from .prompts import resolve_round_prompts, split_prompts
+from .prompts import load_round_prompts, resolve_round_prompts, split_prompts
 from .publish import (
     hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics,
     tracker_env, uses_wandb,
@@ -89,13 +89,11 @@ def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
 def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunner) -> None:
     """The `prompts` stage: write the per-round prompt files (and held-out prompts) once.
 
-    `pofe.round_prompts` as a list of files: round t's prompts are the t-th file, read with
-    the `datasets:` entry's settings; that entry then only supplies the held-out rows.
+    `pofe.round_prompts` as a list: round t's prompts are the t-th file or dataset spec, read
+    with the `datasets:` entry's settings; that entry then only supplies the held-out rows.
     """
 
     def work() -> dict:
-        from axolotl.utils.dict import DictDefault
-
         from ..data.sources import load_entry
 
         entry = cfg.datasets[0]
@@ -108,11 +106,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
             write_jsonl_atomic(layout.held_out_prompts, held_rows)
         if isinstance(pcfg.round_prompts, list):
             mode = "files"
-            per_round = [
-                list(load_entry(DictDefault({**entry, "path": path, "ds_type": None, "split": None,
-                                             "data_files": None, "name": None}), cfg.hf_use_auth_token))
-                for path in pcfg.round_prompts
-            ]
+            per_round = load_round_prompts(entry, pcfg.round_prompts, cfg.hf_use_auth_token)
             sizes = [[0, len(r)] for r in per_round]
         else:
             mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)

@@ -20,12 +20,14 @@ from .stages import Echo
 
 def prompt_sources(cfg, pcfg) -> dict[str, str]:
     """{path: sha256} of the local files the prompts stage reads: the `pofe.prompts` entry's
-    and each `pofe.round_prompts` file (a hub dataset is named by its revision instead)."""
+    and each local `pofe.round_prompts` set's (a hub dataset is named by its revision instead)."""
     from types import SimpleNamespace
 
     from ..data.sources import local_files_digest
 
-    paths = [str(cfg.datasets[0].path)] + (list(pcfg.round_prompts) if isinstance(pcfg.round_prompts, list) else [])
+    # a round's prompt set: a local file, or a dataset spec whose `path` may be local too
+    sets = pcfg.round_prompts if isinstance(pcfg.round_prompts, list) else []
+    paths = [str(cfg.datasets[0].path)] + [str(getattr(source, "path", source)) for source in sets]
     digests = local_files_digest([SimpleNamespace(path=p) for p in paths])
     return {p: d for p, d in zip(paths, digests) if d is not None}
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from ..config import JudgeConfig
 from .apply import apply_judge
-from .base import Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
+from .base import (
+    Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, PromptCut, ScalarJudge, Score, is_pairwise,
+)
 
 
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
@@ -66,6 +68,7 @@ __all__ = [
     "JudgeStats",
     "PairwiseJudge",
     "PairwiseVerdict",
+    "PromptCut",
     "ScalarJudge",
     "Score",
     "apply_judge",

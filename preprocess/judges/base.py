@@ -34,6 +34,11 @@ class Abstain:
     reason: str
 
 
+class PromptCut(float):
+    """A score of an input that lost the start of its prompt to the judge's length limit (the
+    response kept whole): a float everywhere, and counted per row by the judge stage."""
+
+
 Score = float | Abstain
 
 

@@ -7,16 +7,66 @@ a sentence pair (the DeBERTa-style reward models' format). Scores are
 picks one objective by index, or, with its own code (`trust_remote_code`), the field holding
 its aggregate (e.g. `score`). The weights load in `dtype` (auto: the checkpoint's) and are
 placed by `device_map` (transformers', via accelerate) or on one device.
+
+An input longer than `max_length` keeps its response whole and loses the start of its prompt
+(`left_cut`): the text nearest the response matters most to its reward, and a right cut would
+score the prompt alone. The leading BOS the template writes survives the cut (a decoder
+reward model always saw one at position 0). Such scores are `PromptCut`s, counted per row in
+the judge shards and in summary.json (`judge_prompts_cut`). A response that cannot fit even
+with no prompt left is not scored: the judge abstains (counted, `RESPONSE_TOO_LONG`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
+from pofe.logs import logger_name
+
 from ..render import Prompt, as_messages, prompt_text
-from .base import JudgeStats, Score
+from .base import JudgeStats, PromptCut, Score
+
+LOG = logging.getLogger(logger_name(__name__))
+# an abstention's reason starts with this (its kind in summary.json's judge_abstention_reasons)
+RESPONSE_TOO_LONG = "response longer than judge.max_length"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One pair's model inputs (None: the response alone exceeds max_length), the prompt tokens
+    cut from the left to fit, and the tokens the response side needs (with the template's)."""
+
+    inputs: dict | None
+    prompt_cut: int = 0
+    response_tokens: int = 0
+
+
+def left_cut(ids: list[int], response_start: int, max_length: int, keep_first: int) -> list[int] | None:
+    """`ids` within `max_length` by dropping prompt tokens from the left: the first `keep_first`
+    (BOS) and everything from `response_start` on are kept, then as much of the prompt's end as
+    fits. None when the kept parts alone exceed `max_length`."""
+    if len(ids) <= max_length:
+        return ids
+    if keep_first + len(ids) - response_start > max_length:
+        return None
+    return ids[:keep_first] + ids[len(ids) - (max_length - keep_first):]
+
+
+def _inputs(ids: list[int]) -> dict:
+    return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class RewardModelJudge:
@@ -50,6 +100,8 @@ class RewardModelJudge:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "right"
+        # only a sentence pair is truncated by the tokenizer: its prompt, from the left (encode)
+        self.tokenizer.truncation_side = "left"
         self.score_output, self.score_index = score_output, score_index
         if getattr(self.model.config, "pad_token_id", None) is None:
             # Decoder classifiers pool at the last non-pad token: they must know the pad id.
@@ -58,15 +110,41 @@ class RewardModelJudge:
         self.max_length = max_length
         self.allow_abstain = allow_abstain
         self.stats = JudgeStats()
+        self._warned = False  # the prompt-cut warning, once per judge
 
-    def encode(self, prompt: Prompt, response: str) -> dict:
-        """Token ids for one pair (no padding): the reward model's own input format."""
-        kw = dict(truncation=True, max_length=self.max_length)
-        if getattr(self.tokenizer, "chat_template", None):
-            msgs = as_messages(prompt) + [{"role": "assistant", "content": response}]
-            text = self.tokenizer.apply_chat_template(msgs, tokenize=False)
-            return self.tokenizer(text, add_special_tokens=False, **kw)
-        return self.tokenizer(prompt_text(prompt), response, **kw)
+    def encode(self, prompt: Prompt, response: str) -> Encoded:
+        """Token ids for one pair (no padding), in the reward model's own input format, cut to
+        max_length from the prompt's left (module docstring)."""
+        tok = self.tokenizer
+        if not getattr(tok, "chat_template", None):
+            return self._encode_pair(prompt_text(prompt), response)
+        msgs = as_messages(prompt)
+        text = tok.apply_chat_template(msgs + [{"role": "assistant", "content": response}], tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= self.max_length:
+            return Encoded(_inputs(ids))
+        # the response side: whatever follows the prompt's own rendering (its generation prompt)
+        head = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"]
+        keep_first = 1 if tok.bos_token_id is not None and ids[0] == tok.bos_token_id else 0
+        start = max(common_prefix(ids, head), keep_first)
+        cut = left_cut(ids, start, self.max_length, keep_first)
+        if cut is None:
+            return Encoded(None, response_tokens=len(ids) - start)
+        return Encoded(_inputs(cut), prompt_cut=len(ids) - len(cut), response_tokens=len(ids) - start)
+
+    def _encode_pair(self, prompt: str, response: str) -> Encoded:
+        """A sentence pair (no chat template): the tokenizer's own left truncation of the
+        prompt (`only_first`), its special tokens added after the cut."""
+        tok = self.tokenizer
+        full = tok(prompt, response)
+        if len(full["input_ids"]) <= self.max_length:
+            return Encoded(dict(full))
+        need = len(tok(response, add_special_tokens=False)["input_ids"]) + tok.num_special_tokens_to_add(pair=True)
+        if need >= self.max_length:  # at least one prompt token stays: `only_first` needs one
+            return Encoded(None, response_tokens=need)
+        enc = tok(prompt, response, truncation="only_first", max_length=self.max_length)
+        return Encoded(dict(enc), prompt_cut=len(full["input_ids"]) - len(enc["input_ids"]), response_tokens=need)
 
     def pick_scores(self, output) -> torch.Tensor:
         """output.<score_output>: (b,) or (b, n) -> (b,) column score_index; errors say what there is."""
@@ -89,20 +167,35 @@ class RewardModelJudge:
     @torch.no_grad()
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         flat = [(p, r) for p, rs in zip(prompts, responses, strict=True) for r in rs]
-        scores: list[float] = []
-        for start in range(0, len(flat), self.batch_size):
-            encs = [self.encode(p, r) for p, r in flat[start : start + self.batch_size]]
-            batch = self.tokenizer.pad(encs, return_tensors="pt").to(self.device)
-            scores.extend(self.pick_scores(self.model(**batch)).float().tolist())
-            self.stats.count_call(len(encs))
+        encoded = [self.encode(p, r) for p, r in flat]
+        live = [n for n, e in enumerate(encoded) if e.inputs is not None]
+        values: dict[int, float] = {}
+        for start in range(0, len(live), self.batch_size):
+            chunk = live[start : start + self.batch_size]
+            batch = self.tokenizer.pad([encoded[n].inputs for n in chunk], return_tensors="pt").to(self.device)
+            values.update(zip(chunk, self.pick_scores(self.model(**batch)).float().tolist()))
+            self.stats.count_call(len(chunk))
+        if any(e.prompt_cut for e in encoded) and not self._warned:
+            self._warned = True
+            LOG.warning(
+                f"POFE: reward-model inputs longer than judge.max_length={self.max_length} tokens are scored "
+                "with their prompt cut from the left (each response kept whole); counted in summary.json "
+                "(judge_prompts_cut). Raise judge.max_length to score whole conversations."
+            )
         out: list[list[Score]] = []
-        i = 0
+        n = 0
         for p, rs in enumerate(responses):
-            row: list[Score] = []
-            for k, v in enumerate(scores[i : i + len(rs)]):
-                # A NaN/inf score (e.g. an fp16 overflow) must not become a training target.
-                row.append(v if math.isfinite(v) else self.stats.abstain(
-                    f"non-finite score: {v}", allow=self.allow_abstain, where=f"candidate {k} (reward model)", prompt=p))
-            out.append(row)
-            i += len(rs)
+            out.append([self._verdict(encoded[n + k], values.get(n + k), p, k) for k in range(len(rs))])
+            n += len(rs)
         return out
+
+    def _verdict(self, enc: Encoded, value: float | None, p: int, k: int) -> Score:
+        where = f"candidate {k} (reward model)"
+        if enc.inputs is None:
+            return self.stats.abstain(
+                f"{RESPONSE_TOO_LONG}: {enc.response_tokens} tokens with the template's, limit {self.max_length}",
+                allow=self.allow_abstain, where=where, prompt=p)
+        # A NaN/inf score (e.g. an fp16 overflow) must not become a training target.
+        if not math.isfinite(value):
+            return self.stats.abstain(f"non-finite score: {value}", allow=self.allow_abstain, where=where, prompt=p)
+        return PromptCut(value) if enc.prompt_cut else value

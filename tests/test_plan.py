@@ -1,0 +1,246 @@
+"""`axolotl pofe plan`: the README's table comes from it, its numbers are the hand-computed ones
+for Mistral-7B, and it warns (naming the key) where a run would not fit or would misbehave."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
+from pofe.memory_estimate import GB
+from pofe.run.plan import plan_run
+from pofe.run.plan_common import PlanOptions
+from pofe.run.plan_render import BEGIN, END, readme_table
+from pofe.run.plan_sources import disk_warning, double_bos, model_sizes, plan_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+# Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o
+# 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336; embeddings and lm_head 32000 x 4096;
+# two RMSNorms a layer and a final one
+LAYER_LINEAR = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+OTHER = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096
+TOTAL = LAYER_LINEAR + OTHER
+LORA_R16 = 32 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 14336) * 3)
+
+
+@pytest.fixture(scope="module")
+def mistral_plans():
+    return plans()
+
+
+def test_mistral_counts_are_the_published_ones():
+    assert TOTAL == 7_241_732_096  # Mistral-7B's published parameter count
+    assert LORA_R16 == 41_943_040
+
+
+def test_readme_table_is_plans_output(mistral_plans):
+    """README.md's memory table is `plan`'s: regenerate with `python -m benchmarks.plan_table --write`."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index(BEGIN) + len(BEGIN):readme.index(END)].strip()
+    assert block == readme_table(mistral_plans)
+
+
+def test_qlora_training_memory_is_the_hand_computed_one(mistral_plans):
+    qlora = mistral_plans[next(iter(CASES))]
+    train = next(s for s in qlora["stages"] if s["stage"] == "train" and s["round"] == 1)
+    nf4 = LAYER_LINEAR * (0.5 + 1 / 64 + 4 / (64 * 256)) + OTHER * 2
+    tokens = 2 * 2 * 1024  # micro_batch_size 2 prompts x best_worst's 2 responses x sequence_len 1024
+    activations = tokens * (32 * 4096 + 9 * 4096 + 2 * 1024 + 4 * 14336) * 2
+    expected = {"weights": nf4, "trainable_state": LORA_R16 * 16, "activations": activations,
+                "logits": 1024 * 32000 * 4, "runtime": 0.5 * GB}
+    assert train["parts_gb"] == {k: round(v / GB, 2) for k, v in expected.items()}
+    assert train["gpu_memory_gb"] == round(sum(expected.values()) / GB, 2)
+    assert train["quantization"] == "nf4" and train["gpus"] == 1
+    # 20000 prompts split in 3 (6667, 6667, 6666); every ordered pair of K = 5 judged by PairRM
+    judges = [s for s in qlora["stages"] if s["stage"] == "judge"]
+    assert [s["counts"]["judge_calls"] for s in judges] == [6667 * 5 * 4, 6667 * 5 * 4, 6666 * 5 * 4]
+    merged = next(s for s in qlora["stages"] if s["stage"] == "merge" and s["round"] == 1)
+    assert merged["disk_gb"] == round(TOTAL * 2 / GB, 2)  # the bf16 merged model
+
+
+def test_zero3_uses_deepspeeds_estimator(mistral_plans):
+    """ZeRO-3 over 8 GPUs: DeepSpeed's 18 bytes a parameter / 8, plus 4 bytes x the largest
+    module (the embeddings, 32000 x 4096), as `estimate_zero3_model_states_mem_needs` says."""
+    zero3 = mistral_plans[list(CASES)[1]]
+    train = next(s for s in zero3["stages"] if s["stage"] == "train" and s["round"] == 1)
+    assert train["parts_gb"]["zero3_model_states"] == round((18 * TOTAL / 8 + 4 * 32000 * 4096) / GB, 2)
+    assert train["gpus"] == 8 and train["data_parallel"] == 8
+    # 6667 prompts / (1 x 8 x 8) = 105 steps: no save at 500 steps, the bf16 model at the end
+    assert train["counts"]["steps"] == 105 and train["counts"]["checkpoints_kept"] == 0
+    assert train["disk_gb"] == round(TOTAL * 2 / GB, 2)
+
+
+def test_one_entry_per_stage_with_its_memory_and_disk(mistral_plans):
+    for plan in mistral_plans.values():
+        names = [(s["stage"], s["round"]) for s in plan["stages"]]
+        per_round = ["generate", "judge", "train"] + (["merge"] if plan["gpus"] == 1 else [])
+        assert names == [(n, t) for t in (1, 2, 3) for n in per_round] + [("eval-answers", None), ("eval-judging", None)]
+        for s in plan["stages"]:
+            assert {"stage", "round", "gpu_memory_gb", "disk_gb"} <= set(s)
+            assert s["gpu_memory_gb"] is not None and s["disk_gb"] is not None
+
+
+def _recipe(**over) -> dict:
+    raw = yaml.safe_load((ROOT / "recipes" / "sppo-qlora.yml").read_text())
+    raw.update(over)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def mistral_sizes(tmp_path_factory):
+    from unittest import mock
+
+    from huggingface_hub import constants
+
+    from pofe.args import pofe_config
+
+    cache = tmp_path_factory.mktemp("hub")
+    write_hub_cache(cache)
+    raw = _recipe()
+    with mock.patch.object(constants, "HF_HUB_CACHE", str(cache)):
+        sizes, warnings = model_sizes(raw, pofe_config(raw))
+    assert warnings == [] and sizes["mistralai/Mistral-7B-Instruct-v0.2"].total == TOTAL
+    return sizes
+
+
+def test_lora_kernels_warn_unless_turned_off(mistral_sizes):
+    kernels = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+    unset = {k: None for k in kernels}
+    said = plan_run(_recipe(**unset), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
+    assert [w for w in said if "axolotl turns them on" in w and "lora_mlp_kernel: false" in w]
+    off = plan_run(_recipe(**dict.fromkeys(kernels, False)), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
+    assert not [w for w in off if "LoRA kernels" in w]
+    one = plan_run(_recipe(**{**dict.fromkeys(kernels, False), "lora_o_kernel": True}), mistral_sizes, PROMPTS,
+                   PlanOptions())["warnings"]
+    assert [w for w in one if w.startswith("LoRA kernels lora_o_kernel (set explicitly)")]
+
+
+def test_a_gpu_too_small_is_named_with_the_key(mistral_sizes):
+    """On a 16 GB GPU vLLM's 0.9 share (14.4 GB) cannot hold bf16 Mistral (14.5 GB) and a 32k
+    sequence's KV cache (4.3 GB); training (about 7 GB) fits."""
+    plan = plan_run(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=16))
+    said = [w for w in plan["warnings"] if "generate" in w]
+    assert len(said) == 3 and all("pofe.generate.vllm_kwargs.max_model_len" in w for w in said)
+    assert not [w for w in plan["warnings"] if w.startswith("train")]
+    small = plan_run(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=6))
+    assert [w for w in small["warnings"] if w.startswith("train (round 1)") and "micro_batch_size" in w]
+
+
+def test_disk_and_checkpoints():
+    plan = {"disk_gb": 120.0, "recipe": "./outputs/x"}
+    assert disk_warning(plan, 200 * GB) == []
+    (said,) = disk_warning(plan, 100 * GB)
+    assert "save_total_limit" in said and "100.0 GB free" in said
+
+
+def test_zero3_checkpoints_without_a_limit_take_the_full_state(mistral_sizes):
+    """Every 10 steps, no save_total_limit: 10 checkpoints of DeepSpeed's full state (14 bytes a
+    parameter plus the gathered bf16 model) in a round of 105 steps; save_total_limit 2 keeps 2."""
+    raw = yaml.safe_load((ROOT / "recipes" / "sppo-zero3.yml").read_text())
+    raw.update(save_steps=10, deepspeed=str(ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"))
+    raw.pop("save_total_limit", None)
+    raw.pop("save_only_model", None)
+    train = plan_run(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
+    assert train["counts"]["checkpoint_gb"] == round(16 * TOTAL / GB, 2)
+    assert train["counts"]["checkpoints_kept"] == 10
+    assert train["disk_gb"] == round((10 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
+    kept = plan_run({**raw, "save_total_limit": 2}, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
+    assert kept["counts"]["checkpoints_kept"] == 2
+    unknown = plan_run(raw, mistral_sizes, None, PlanOptions(gpus=8))
+    assert unknown["disk_gb"] is None and [w for w in unknown["warnings"] if "set save_total_limit" in w]
+
+
+def test_a_model_not_in_the_cache_is_said(tmp_path):
+    from unittest import mock
+
+    from huggingface_hub import constants
+
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"))))
+    with mock.patch.object(constants, "HF_HUB_CACHE", str(tmp_path / "empty")):
+        plan = plan_recipe(recipe, PlanOptions(), prompts=PROMPTS)
+    said = [w for w in plan["warnings"] if "not in the local cache" in w]
+    assert [w.split(":")[0] for w in said] == ["base_model", "pofe.judge.model"]
+    train = next(s for s in plan["stages"] if s["stage"] == "train")
+    assert train["gpu_memory_gb"] is None and plan["disk_gb"] is None
+
+
+def _tokenizer(folder: Path, adds_bos: bool) -> Path:
+    """A word-level tokenizer whose chat template writes <s>, adding <s> itself or not."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "Hello"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if adds_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_double_bos_is_warned(tmp_path):
+    (said,) = [double_bos(str(_tokenizer(tmp_path / "twice", adds_bos=True)))]
+    assert "two BOS" in said and "add_special_tokens" in said
+    assert double_bos(str(_tokenizer(tmp_path / "once", adds_bos=False))) is None
+
+
+def test_cli_json(tmp_path):
+    """`axolotl pofe plan --json` through the CLI on a recipe whose models are not on disk."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "none"))))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(pofe, ["plan", str(recipe), "--json", "--prompts", "30", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert json.loads(out.read_text()) == plan
+    assert [s["round"] for s in plan["stages"]][:4] == [1, 1, 1, 1] and plan["prompts"] == 30
+    text = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
+    assert "round 1 train" in text.output and "WARNING: base_model" in text.output
+
+
+@pytest.mark.parametrize("name", ["tiny-rrhf-cpu", "tiny-sppo-cpu", "tiny-sppo-verifier-cpu"])
+def test_tiny_recipes_plan_on_the_cpu(name, tiny_model):
+    """The CPU recipes on the tests' tiny Llama: every stage sized, in float32, on the CPU; the
+    training estimate (the process, 0.8 GB, plus a model of kilobytes) is within a factor 1.5
+    of the 0.85 GiB peak measured for `axolotl train` on such a model (docs: shared environment
+    notes; tests/test_rounds_e2e.py checks the evaluation's against a measured peak)."""
+    from pofe.args import pofe_config
+
+    raw = yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text())
+    raw["base_model"] = str(tiny_model)
+    sizes, warnings = model_sizes(raw, pofe_config(raw))
+    assert warnings == []
+    plan = plan_run(raw, sizes, 60, PlanOptions(device="cpu"))
+    for s in plan["stages"]:
+        assert s["gpu_memory_gb"] == 0.0 and s["device"] == "cpu", s
+        assert s["cpu_memory_gb"] is not None or not s["parts_gb"], s
+    train = next(s for s in plan["stages"] if s["stage"] == "train")
+    assert train["dtype"] == "float32" and train["disk_gb"] == round(sizes[str(tiny_model)].total * 4 / GB, 2)
+    assert 1 / 1.5 <= train["cpu_memory_gb"] / (0.85 * 2**30 / GB) <= 1.5
+    assert plan["warnings"] == []  # no LoRA, full fine-tuning; the kernels stay off
+
+
+def test_workers_sharing_a_gpu_add_up(mistral_sizes):
+    """Two candidate workers placed on GPU 0: two vLLM engines (each taking 0.9 of it) and two
+    PairRM judges there; on 2 GPUs, one each."""
+    shared = _recipe()
+    shared["pofe"] = {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "num_workers": 2,
+                                                       "worker_devices": ["0", "0"]}}
+    plan = plan_run(shared, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    generate, judge = plan["stages"][0], plan["stages"][1]
+    assert generate["gpu_memory_gb"] == 2 * 72.0 and generate["data_parallel"] == 2
+    assert abs(judge["parts_gb"]["1_more_workers_on_this_gpu"] - judge["gpu_memory_gb"] / 2) <= 0.01  # GB rounding
+    assert [w for w in plan["warnings"] if w.startswith("generate (round 1)") and "worker_devices" in w]
+    apart = {**shared, "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}}}
+    spread = plan_run(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    assert spread["stages"][0]["gpu_memory_gb"] == 72.0 and not [w for w in spread["warnings"] if "generate" in w]

@@ -1,0 +1,107 @@
+"""`pofe.round_prompts` names dataset specs as a `datasets:` entry does (path, name, split,
+data_files): a folder of data files, a `save_to_disk` folder, a dataset repo's folder loaded by
+path as a hub id is; a spec that does not load names its round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from pofe.args import PofeConfig, pofe_config
+from pofe.run.config import RoundPromptSet
+from pofe.run.layout import RunLayout, RunState
+from pofe.run.prompts import load_round_prompts
+from pofe.run.rounds import prepare_prompts
+from pofe.run.runner import StageRunner
+
+# a dataset repo's README: two configurations, each with a train and a test split
+CARD = """---
+configs:
+- config_name: iter1
+  data_files:
+  - {split: train, path: iter1/train.jsonl}
+  - {split: test, path: iter1/test.jsonl}
+- config_name: iter2
+  data_files:
+  - {split: train, path: iter2/train.jsonl}
+  - {split: test, path: iter2/test.jsonl}
+---
+"""
+
+
+def _jsonl(path, prompts):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prompt-sets")
+    repo = root / "repo"
+    for name in ("iter1", "iter2"):
+        for split in ("train", "test"):
+            _jsonl(repo / name / f"{split}.jsonl", [f"{name}-{split}-{i}" for i in range(3)])
+    (repo / "README.md").write_text(CARD)
+    files = root / "files"
+    _jsonl(files / "a.jsonl", ["a0", "a1"])
+    _jsonl(files / "b.jsonl", ["b0"])
+    saved = root / "saved"
+    DatasetDict({"train": Dataset.from_dict({"prompt": ["s0", "s1"]}),
+                 "eval": Dataset.from_dict({"prompt": ["e0", "e1", "e2", "e3"]})}).save_to_disk(str(saved))
+    return {"repo": str(repo), "files": str(files), "saved": str(saved)}
+
+
+ENTRY = {"path": "unused.jsonl", "type": "pofe.prompts"}
+
+
+def _prompts(rounds):
+    return [[r["prompt"] for r in rows] for rows in rounds]
+
+
+def test_dataset_specs_load_as_datasets_entries_do(sources):
+    specs = [
+        RoundPromptSet(path=sources["repo"], name="iter2", split="test"),  # a repo's config and split
+        RoundPromptSet(path=sources["repo"], name="iter1"),  # split: train by default
+        # a folder with data_files, which axolotl reads with datasets' json builder (paths as given)
+        RoundPromptSet(path=sources["files"], data_files=f"{sources['files']}/b.jsonl"),
+        RoundPromptSet(path=sources["saved"], split="eval"),  # a save_to_disk folder of splits
+    ]
+    got = _prompts(load_round_prompts(ENTRY, specs, False))
+    assert got == [["iter2-test-0", "iter2-test-1", "iter2-test-2"], ["iter1-train-0", "iter1-train-1", "iter1-train-2"],
+                   ["b0"], ["e0", "e1", "e2", "e3"]]
+
+
+def test_bad_specs_name_the_round_and_the_spec(sources):
+    with pytest.raises(ValueError, match=r"round_prompts\[1\] \(round 2\): dataset path='.*repo', name='iter9'.* "
+                                         r"does not load"):
+        load_round_prompts(ENTRY, [RoundPromptSet(path=sources["repo"], name="iter1"),
+                                   RoundPromptSet(path=sources["repo"], name="iter9")], False)
+    with pytest.raises(ValueError, match=r"round_prompts\[0\] \(round 1\): dataset path='.*saved', split='test' has "
+                                         r"splits \['eval', 'train'\], not 'test': set `split`"):
+        load_round_prompts(ENTRY, [RoundPromptSet(path=sources["saved"], split="test")], False)
+    with pytest.raises(ValueError, match=r"round_prompts\[0\] \(round 1\): dataset path='nobody/nothing'.* does not "
+                                         r"load .*huggingface-cli login"):
+        load_round_prompts(ENTRY, [RoundPromptSet(path="nobody/nothing")], False)
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        PofeConfig(rounds=1, round_prompts=[{"path": "x", "splitt": "train"}])
+
+
+def test_a_run_mixes_files_and_specs_one_per_round(sources, tmp_path):
+    from axolotl.utils.dict import DictDefault
+
+    base = tmp_path / "base.jsonl"
+    _jsonl(base, ["h0", "h1", "h2"])
+    pofe = {"rounds": 2, "eval": {"held_out": 1},
+            "round_prompts": [f"{sources['files']}/a.jsonl", {"path": sources["repo"], "name": "iter2"}],
+            "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
+    cfg = DictDefault({"rl": "rrhf", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
+                       "pofe": pofe})
+    layout = RunLayout(tmp_path / "run")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=lambda _: None))
+    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
+    assert read(layout.round_prompts(1)) == ["a0", "a1"]
+    assert read(layout.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
+    assert read(layout.held_out_prompts) == ["h2"]
