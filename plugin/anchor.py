@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -87,7 +88,7 @@ class AnchorLogps:
         # one decision for all ranks: a rank that computes waits for the others' rows
         if all_ranks(path.exists(), self.trainer.args.device):
             LOG.info(f"POFE: loading SPPO anchor log-probs from {path}")
-            table = torch.load(path, weights_only=True)
+            table = load_table(path)
             bad = nonfinite_rows(table, self._datasets())
             if bad:
                 raise ValueError(
@@ -191,6 +192,23 @@ def nonfinite_rows(table: torch.Tensor, datasets) -> list[int]:
 
 def _listed(rows: list[int], most: int = 20) -> str:
     return ", ".join(map(str, rows[:most])) + (f" and {len(rows) - most} more" if len(rows) > most else "")
+
+
+def load_table(path: Path) -> torch.Tensor:
+    """The cached anchor table at `path`: a (rows, K) float tensor. A file that is not one (cut
+    short, damaged, or another program's) is refused by name, with what to do; torch's own
+    error would suggest `weights_only=False`, i.e. running what the file holds."""
+    redo = ("Delete the file: the next run computes the table again from the policy (before its "
+            "first update).")
+    try:
+        table = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        raise ValueError(f"the cached SPPO anchor table {path} cannot be read ({type(e).__name__}: cut short, "
+                         f"damaged, or not a table POFE wrote). {redo}") from None
+    if not (isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point()):
+        shape = f"a tensor of shape {tuple(table.shape)}" if isinstance(table, torch.Tensor) else type(table).__name__
+        raise ValueError(f"the cached SPPO anchor table {path} holds {shape}, not a (rows, K) float table. {redo}")
+    return table
 
 
 def rows_digest(dataset, columns=("row_id", "prompt_ids", "response_ids")) -> str:

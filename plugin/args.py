@@ -120,6 +120,11 @@ class PofeConfig(BaseModel):
         description="`axolotl pofe run`: push round t's candidates to the dataset repo "
         "`<hub_dataset_id>-iter<t>` (default with hub_model_id: `<hub_model_id>-iter<t>-data`).",
     )
+    overwrite_output_dir: bool = Field(
+        default=False,
+        description="`axolotl pofe run`: write into an output_dir that holds files but no POFE run "
+        "(same-named files are overwritten; the files found there are recorded, and never deleted).",
+    )
     # off is `False`, not None: axolotl drops None values when it dumps the validated config
     eval: EvalConfig | Literal[False] = Field(
         default_factory=EvalConfig,

@@ -21,12 +21,19 @@ def dumps(row: Any) -> str:
     return json.dumps(row, ensure_ascii=False, allow_nan=False)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` all or nothing (temporary file, fsync, os.replace)."""
+def private_opener(name, flags):
+    """`open(..., opener=private_opener)`: a file it creates is readable by its owner only."""
+    return os.open(name, flags, 0o600)
+
+
+def write_atomic(path: Path, text: str, *, private: bool = False) -> None:
+    """Write `text` to `path` all or nothing (temporary file, fsync, os.replace); `private`:
+    readable by its owner only (0600), for a file that may hold config (a served policy's key)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp.unlink(missing_ok=True)  # os.open's mode applies only to a file it creates
+    with open(tmp, "w", encoding="utf-8", opener=private_opener if private else None) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -55,3 +62,15 @@ def stable_hash(obj: Any, length: int | None = None) -> str:
     """sha256 of `obj` as sorted-key JSON (non-JSON values by `str`), hex, optionally cut."""
     digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
     return digest[:length] if length else digest
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a file's bytes, hex; None when there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

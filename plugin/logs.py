@@ -9,6 +9,9 @@ axolotl's CLI the names are ordinary loggers that propagate to the root.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 
 def logger_name(module: str) -> str:
     """The logger name for a POFE module; `pofe.preprocess`, which runs without axolotl
@@ -22,3 +25,22 @@ def get_logger(module: str):
     from axolotl.utils.logging import get_logger as axolotl_logger
 
     return axolotl_logger(logger_name(module))
+
+
+class RedactingFilter(logging.Filter):
+    """Passes each record on with its message rewritten by `redact`."""
+
+    def __init__(self, redact: Callable[[str], str]):
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = self.redact(record.getMessage()), None
+        return True
+
+
+def redact_logger(name: str, redact: Callable[[str], str]) -> None:
+    """Every record of logger `name` rewritten by `redact` before any handler sees it (once)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter(redact))

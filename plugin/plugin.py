@@ -7,6 +7,7 @@ from importlib import import_module
 from axolotl.integrations.base import BasePlugin
 
 from .args import pofe_config, translate_raw_config
+from .logs import redact_logger
 from .methods import method_spec
 
 
@@ -22,6 +23,11 @@ class PofePlugin(BasePlugin):
         # Files it names are checked here, once per loaded recipe (`axolotl.cli.config.load_cfg`
         # calls this hook, so `pofe.run.recipe.load_recipe` does too).
         pofe_config(cfg).check_files()
+        # axolotl logs the whole config after this hook (console and output_dir/debug.log),
+        # masking only its own key fields: a served policy's --api-key would be shown too.
+        from pofe.preprocess.config import redact_text
+
+        redact_logger("axolotl.cli.config", redact_text)
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"

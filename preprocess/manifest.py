@@ -2,8 +2,8 @@
 
 `generate/manifest.json` holds the prompts' hash and the generate settings; a restart must
 match it, so shards built from other prompts or settings are never mixed into one dataset.
-`judge/manifest.json` holds the judge settings and the method (which decides the judge
-shards' labels). The judge's shards depend on the generate shards but not the reverse: a
+`judge/manifest.json` holds the judge settings, its code or weights (`identity.py`) and the
+method (which decides the judge shards' labels). The judge's shards depend on the generate shards but not the reverse: a
 changed judge reuses every generate shard. The previous judge's shards are parked in
 `judge-<key>/` (and moved back if that judge returns), never deleted.
 """
@@ -19,8 +19,9 @@ from typing import Sequence
 from pofe.files import stable_hash, write_atomic
 from pofe.logs import logger_name
 
-from .config import GenerateConfig, JudgeConfig
+from .config import GenerateConfig, JudgeConfig, redact
 from .config.generate import SERVE_RUNTIME_KEYS
+from .identity import judge_identity
 
 MANIFEST_VERSION = 2
 LOG = logging.getLogger(logger_name(__name__))
@@ -51,11 +52,13 @@ def generate_manifest(
 
 def judge_manifest(*, method: str, judge: JudgeConfig) -> dict:
     """Every setting the judge shards depend on (max_abstention_rate is a check over the
-    shards, not part of them: raising it reuses them)."""
+    shards, not part of them: raising it reuses them), and the judge's code or weights
+    (`identity.judge_identity`: an edited judge function judges again)."""
     return {
         "version": MANIFEST_VERSION,
         "method": method,
         "judge": judge.model_dump(exclude={"max_abstention_rate"}),
+        "judge_identity": judge_identity(judge),
     }
 
 
@@ -69,7 +72,7 @@ def check_manifest(stage_dir: Path, manifest: dict) -> None:
             f"{stage_dir} holds shards but no manifest.json (an older POFE?): delete it to start over."
         )
     if old is None:
-        write_atomic(path, _text(manifest))
+        write_atomic(path, _text(manifest), private=True)
     elif old != json.loads(_text(manifest)):
         raise ManifestMismatch(
             f"{path} was written for different inputs or settings (differs in: {', '.join(_diff(old, manifest))}). "
@@ -98,7 +101,8 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
 
 
 def _text(manifest: dict) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+    # redacted: serve.command may carry a server's --api-key (a changed key reuses the shards)
+    return json.dumps(redact(manifest), indent=2, sort_keys=True, default=str) + "\n"
 
 
 def _read(path: Path) -> dict | None:

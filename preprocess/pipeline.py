@@ -46,7 +46,7 @@ from pofe.methods import check_candidate_rules, method_spec
 
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, summarise
-from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig
+from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig, redact
 from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .judges import PairwiseJudge, ScalarJudge, make_judge
@@ -200,8 +200,9 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
     summary.update(last_run)
+    summary = redact(summary)  # summary.json is pushed to the hub with the candidates
     summary_path = out / "summary.json"
-    write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
     if not data:
         raise ValueError(
             f"none of the {len(plan.rows)} prompts gave a training row (dropped: {dict(dropped)}; "

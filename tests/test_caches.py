@@ -161,3 +161,29 @@ def test_nan_anchor_pass_is_refused_and_not_cached(tmp_path):
     with pytest.raises(RuntimeError, match=r"non-finite SPPO anchor log-probs for rows \(row_id\) 0 \(not cached\)"):
         anchor._load_or_compute("policy")
     assert not anchor._cache_path().exists()
+
+
+def test_a_damaged_anchor_table_is_refused_naming_the_file(tmp_path):
+    """Weak case of issue 20: a cut-short anchor .pt gave torch's UnpicklingError advice to
+    load it with weights_only=False (running what the file holds). Now: the file, why, and
+    what to do; a file of another shape is refused as well."""
+    import re
+
+    import pytest
+    import torch
+
+    calls = []
+    anchor = _anchor_for(tmp_path, tmp_path / "absent-model", calls)
+    path = anchor._cache_path()
+    path.parent.mkdir(parents=True)
+    torch.save(torch.tensor([[-1.0, -2.0]]), path)
+    whole = path.read_bytes()
+    for damaged, why in ((whole[: len(whole) // 2], "cannot be read"), (b"\x80\x04not a table", "cannot be read")):
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=rf"anchor table {re.escape(str(path))} {why}.*Delete the file") as e:
+            _anchor_for(tmp_path, tmp_path / "absent-model", calls)._load_or_compute("policy")
+        assert "weights_only" not in str(e.value)
+    torch.save(torch.tensor([1.0, 2.0]), path)
+    with pytest.raises(ValueError, match=r"holds a tensor of shape \(2,\), not a \(rows, K\) float table"):
+        _anchor_for(tmp_path, tmp_path / "absent-model", calls)._load_or_compute("policy")
+    assert calls == []

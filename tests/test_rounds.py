@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -163,6 +164,8 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
     layout = RunLayout(tmp_path / "run")
     train = layout.train(1)
+    # the killed start recorded what it trained with (its recipe had no resume_from_checkpoint)
+    rounds.claim_training(layout, 1, round_recipe(RAW, layout, 1, "/m/base", seed=7).recipe, None)
     for step in (2, 9, 10, 12):
         (train / f"checkpoint-{step}").mkdir(parents=True)
         if step != 12:
@@ -210,3 +213,130 @@ def test_training_without_checkpoints_starts_over(tmp_path):
     assert resume_point(layout, state, 1) is None
     recipe, _ = round_recipe(RAW, layout, 1, "/m/base", seed=7, resume_from=None)
     assert "resume_from_checkpoint" not in recipe
+
+
+def _killed_round_1(layout: RunLayout, raw: dict, steps=(6,)) -> RunState:
+    """Round 1 trained from `raw` (recorded), saved checkpoint-<step> for each of `steps`, and was
+    killed; its state file then went (`pofe-run.json` deleted): a new state, nothing done."""
+    from pofe.run import rounds
+
+    rounds.claim_training(layout, 1, round_recipe(raw, layout, 1, "/m/base", seed=7).recipe, None)
+    for step in steps:
+        (layout.train(1) / f"checkpoint-{step}").mkdir(parents=True)
+        (layout.train(1) / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    state = RunState.open(layout.state, fingerprint="b", recipe="r.yml", method="sppo")
+    state.start("round-1/preprocess")
+    state.finish("round-1/preprocess")
+    return state
+
+
+@pytest.mark.parametrize("change", ["learning_rate", "candidates", "no record"])
+def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change):
+    """Bad case 1 of issue 20: with pofe-run.json gone, a run with another learning rate (or
+    other candidates, or checkpoints nobody recorded) resumed round 1 from the old run's
+    checkpoint-6 and trained for 0 s. Now it stops before training, naming the checkpoint and
+    what differs."""
+    from pofe.run import rounds, runner
+    from pofe.run.checkpoints import RECORD_NAME
+
+    layout = RunLayout(tmp_path / "run")
+    (layout.candidates(1)).mkdir(parents=True)
+    (layout.candidates(1) / "data.jsonl").write_text('{"prompt": "a"}\n')
+    state = _killed_round_1(layout, RAW)
+    raw = {**RAW, "learning_rate": 0.5} if change == "learning_rate" else RAW
+    if change == "candidates":
+        (layout.candidates(1) / "data.jsonl").write_text('{"prompt": "b"}\n')
+    if change == "no record":
+        (layout.train(1) / RECORD_NAME).unlink()
+    ran = []
+    monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd))
+    plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
+    checkpoint = layout.train(1) / "checkpoint-6"
+    says = {"learning_rate": r"differs in: learning_rate\)", "candidates": r"differs in: <candidates data.jsonl>\)",
+            "no record": "is missing or unreadable"}[change]
+    with pytest.raises(RunStateMismatch, match=rf"round 1 would resume from {re.escape(str(checkpoint))}.*{says}.*Delete "):
+        rounds.run_round(raw, layout, plan, runner.StageRunner(state, echo=lambda _: None, stream=False))
+    assert ran == [] and not state.data["stages"].get("round-1/train")
+
+
+def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
+    """checkpoints 4 and 6 are complete by the trainer's mark (trainer_state.json), but 6's
+    weights are cut short (its safetensors header promises more bytes than the file has):
+    round 1 resumes from 4, saying which file of 6 is damaged. Then 6's optimizer.pt (a torch
+    zip) is cut short instead: the same."""
+    import torch
+    from safetensors.torch import save_file
+
+    from pofe.run.rounds import resume_point
+
+    layout = RunLayout(tmp_path / "run")
+    state = _killed_round_1(layout, RAW, steps=(4, 6))
+    damaged = layout.train(1) / "checkpoint-6"
+    for checkpoint in ("checkpoint-4", "checkpoint-6"):
+        save_file({"w": torch.ones(64)}, layout.train(1) / checkpoint / "model.safetensors")
+        torch.save({"state": torch.ones(64)}, layout.train(1) / checkpoint / "optimizer.pt")
+    said = []
+    assert resume_point(layout, state, 1, said.append) == damaged  # whole: the newest
+    weights = (damaged / "model.safetensors").read_bytes()
+    (damaged / "model.safetensors").write_bytes(weights[:-10])
+    assert resume_point(layout, state, 1, said.append) == layout.train(1) / "checkpoint-4"
+    need = len(weights)
+    assert said == [f"not resuming from {damaged}: {damaged / 'model.safetensors'} has {need - 10} bytes; its "
+                    f"header says {need}; trying the checkpoint before it"]
+    (damaged / "model.safetensors").write_bytes(weights)
+    optimizer = (damaged / "optimizer.pt").read_bytes()
+    (damaged / "optimizer.pt").write_bytes(optimizer[: len(optimizer) // 2])
+    said.clear()
+    assert resume_point(layout, state, 1, said.append) == layout.train(1) / "checkpoint-4"
+    assert said[0].startswith(f"not resuming from {damaged}: {damaged / 'optimizer.pt'} is cut short or damaged")
+
+
+def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
+    """Weak case of issue 20: round-1/merged deleted between starts while the state said
+    merged failed every later start. Now the merge stage runs again (and only it)."""
+    from pofe.run import rounds, runner
+
+    layout = RunLayout(tmp_path / "run")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    for stage in ("round-1/preprocess", "round-1/train", "round-1/merge"):
+        state.start(stage)
+        state.finish(stage)
+    ran = []
+    monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd[1]))
+    said = []
+    plan = rounds.RoundPlan(t=1, rounds=2, policy="/m/base", adapter=True, seed=7)
+    stages = runner.StageRunner(state, echo=said.append, stream=False)
+    (layout.merged(1)).mkdir(parents=True)
+    (layout.merged(1) / "config.json").write_text("{}")
+    rounds.run_round(RAW, layout, plan, stages)
+    assert ran == []  # there: nothing redone
+    (layout.merged(1) / "config.json").unlink()
+    rounds.run_round(RAW, layout, plan, stages)
+    assert ran == ["merge-lora"] and state.done("round-1/merge")
+    assert said[0] == (f"round 1: {layout.merged(1)} is missing (or has no config.json) though the state "
+                       "says merged: merging again")
+
+
+def test_a_replaced_prompt_file_is_named_at_the_next_start(tmp_path):
+    """Weak case of issue 20: the prompts stage copies the prompt file once, so a file replaced
+    between starts was silently ignored. Its sha256 is recorded at the first start."""
+    from types import SimpleNamespace
+
+    from pofe.run.unchanged import check_prompt_sources, prompt_sources
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"q": "a"}\n')
+    cfg = SimpleNamespace(datasets=[SimpleNamespace(path=str(prompts))])
+    pcfg = PofeConfig(method="rrhf")
+    state = RunState.open(tmp_path / "pofe-run.json", fingerprint="a", recipe="r.yml", method="rrhf")
+    check_prompt_sources(prompt_sources(cfg, pcfg), state)
+    assert list(state.data["prompt_sources"]) == [str(prompts)]
+    check_prompt_sources(prompt_sources(cfg, pcfg), RunState.read(state.path))  # unchanged: fine
+    prompts.write_text('{"q": "b"}\n')
+    with pytest.raises(RunStateMismatch, match=rf"the prompt file {re.escape(str(prompts))} changed since"):
+        check_prompt_sources(prompt_sources(cfg, pcfg), RunState.read(state.path))
+    # round_prompts as sets: a local file, and a dataset spec naming a local file
+    second = tmp_path / "r2.jsonl"
+    second.write_text('{"q": "c"}\n')
+    sets = PofeConfig(method="rrhf", rounds=2, round_prompts=[str(prompts), {"path": str(second)}])
+    assert list(prompt_sources(cfg, sets)) == [str(prompts), str(second)]

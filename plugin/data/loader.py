@@ -76,6 +76,8 @@ def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = Fa
 
 def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
     """Axolotl's dataset hash, extended with everything POFE's preparation reads."""
+    from pofe.preprocess.identity import judge_identity
+
     base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
     # the blocks as axolotl's cfg stores them (exclude_none), so the hash does not
     # depend on how the block was read and caches prepared before keep theirs
@@ -89,6 +91,8 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
         "chat_template": tokenizer.chat_template,
         "generate": blocks.get("generate"),
         "judge": blocks.get("judge"),
+        # the judge's code or weights: an edited judge function judges the candidates again
+        "judge_identity": judge_identity(pofe.judge) if pofe.judge else None,
         "candidates": blocks["candidates"],
         # axolotl's hash names the files; this is what they hold (edited in place)
         "data": local_files_digest(cfg.datasets),

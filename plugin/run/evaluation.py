@@ -72,6 +72,7 @@ from .headline import (
 from .judging import judge_models, mean_reward_per_model, scalar_scores
 from .layout import RunLayout, RunState
 from .memory import PeakMemory
+from .ownership import pofe_wrote
 from .recipe import load_recipe
 from .rounds import eval_models
 from .stages import Echo
@@ -348,5 +349,6 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
         write_held_out(run, held_out, answers.held_out, *verdicts, memory.record(), echo)
     else:
         for stale in ("eval.json", "samples.jsonl"):  # an earlier evaluation's, with held-out prompts
-            (run.layout.eval_dir / stale).unlink(missing_ok=True)
+            if pofe_wrote(run.layout, run.layout.eval_dir / stale):  # not one found before the run
+                (run.layout.eval_dir / stale).unlink(missing_ok=True)
     return run.layout

@@ -3,11 +3,13 @@
     <output_dir>/
       pofe-run.json              the run's state: which stages finished (written atomically)
       pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.lock`)
+      pofe-preexisting.json      pofe.overwrite_output_dir: the files found there first (`pofe.run.ownership`)
       prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
       round-<t>/recipe.yml       the derived recipe (`pofe.run.recipe.round_recipe`)
       round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
       round-<t>/prepared/        tokenised rows (and SPPO's anchor table)
-      round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/)
+      round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/;
+                                 pofe-train.json: what its checkpoints were trained with, `pofe.run.checkpoints`)
       round-<t>/merged/          LoRA/QLoRA: the adapter merged into the round's base
       round-<t>/trainer_state.json   the trainer's log history (loss curves)
       round-<t>/{preprocess,train,merge}.log

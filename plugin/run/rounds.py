@@ -35,19 +35,22 @@ import yaml
 from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 
+from .checkpoints import check_resume, record_training, resumable, training_identity
 from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
+from .ownership import claim_recipe_output_dir
 from .prompts import load_round_prompts, resolve_round_prompts, split_prompts
 from .publish import (
     hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics,
     tracker_env, uses_wandb,
 )
-from .recipe import load_recipe, recipe_fingerprint, round_recipe
+from .recipe import RoundRecipe, load_recipe, recipe_fingerprint, round_recipe
 from .report import write_report
 from .report.collect import sample_rows
 from .runner import StageRunner
 from .stages import Echo, axolotl_command
+from .unchanged import check_prompt_sources, prompt_sources, redo_lost_merge
 
 
 def check_iterable(cfg, pcfg: PofeConfig) -> None:
@@ -169,15 +172,26 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def resume_point(layout: RunLayout, state: RunState, t: int) -> Path | None:
-    """The checkpoint round t's training resumes from: an unfinished stage's last one (a
-    finished stage's forced checkpoint is gone), or the one a finished stage resumed from."""
+def resume_point(layout: RunLayout, state: RunState, t: int, echo: Echo = print) -> Path | None:
+    """The checkpoint round t's training resumes from: an unfinished stage's last whole one
+    (`checkpoints.resumable`; a finished stage's forced checkpoint is gone), or the one a
+    finished stage resumed from."""
     stage = f"round-{t}/train"
     if state.done(stage):
         resumed = state.data["stages"][stage].get("resumed_from")
         return Path(resumed) if resumed else None
-    saved = checkpoints(layout.train(t))
-    return saved[-1] if saved else None
+    return resumable(layout.train(t), echo)
+
+
+def claim_training(layout: RunLayout, t: int, recipe: dict, resume: Path | None) -> None:
+    """Before round t trains: resume only from a checkpoint its own recipe and candidates
+    wrote (`RunStateMismatch` otherwise); a fresh start records them for the checkpoints
+    it will save (`pofe.run.checkpoints`)."""
+    identity = training_identity(recipe, layout.candidates(t) / "data.jsonl")
+    if resume is not None:
+        check_resume(layout.train(t), resume, identity, t)
+    else:
+        record_training(layout.train(t), identity)
 
 
 def push_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> None:
@@ -207,15 +221,15 @@ def push_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunne
     runner.run(f"round-{t}/push", work)
 
 
-def write_round_recipe(raw: dict, layout: RunLayout, plan: RoundPlan, resume: Path | None) -> tuple[Path, bool]:
+def write_round_recipe(raw: dict, layout: RunLayout, plan: RoundPlan, resume: Path | None) -> tuple[Path, RoundRecipe]:
     """Write round t's derived recipe (only when its text changed: a restart leaves a finished
-    round's file as it ran); its path and whether its training was given a save at the end."""
+    round's file as it ran); its path and the derived recipe."""
     derived = round_recipe(raw, layout, plan.t, plan.policy, plan.seed, resume)
     text = yaml.safe_dump(derived.recipe, sort_keys=False)
     recipe = layout.recipe(plan.t)
     if not recipe.exists() or recipe.read_text() != text:
-        write_atomic(recipe, text)
-    return recipe, derived.forced_save
+        write_atomic(recipe, text, private=True)  # the recipe may carry a served policy's key
+    return recipe, derived
 
 
 def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> str:
@@ -224,8 +238,8 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
     t, state = plan.t, runner.state
     info = state.round(t)
     info.update(policy_in=plan.policy, generate_seed=plan.seed)
-    resume = resume_point(layout, state, t)
-    recipe, forced_save = write_round_recipe(raw, layout, plan, resume)
+    resume = resume_point(layout, state, t, runner.echo)
+    recipe, derived = write_round_recipe(raw, layout, plan, resume)
     round_dir = layout.round_dir(t)
     step = f"round {t}/{plan.rounds}"
 
@@ -236,7 +250,7 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
     def train() -> dict:
         launcher = ["--launcher", plan.launcher] if plan.launcher else []
         runner.command(axolotl_command("train", str(recipe), *launcher), round_dir / "train.log", env=tracker_env(raw))
-        trainer_state = collect_trainer_state(layout, t, forced_save)
+        trainer_state = collect_trainer_state(layout, t, derived.forced_save)
         return {"output_dir": str(layout.train(t)), "trainer_state": str(trainer_state) if trainer_state else None}
 
     def merge() -> dict:
@@ -245,9 +259,12 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
         return {"merged": str(layout.merged(t))}
 
     runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}")
+    if not state.done(f"round-{t}/train"):
+        claim_training(layout, t, derived.recipe, resume)
     runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
                started={"resumed_from": str(resume) if resume else None})
     if plan.adapter:
+        redo_lost_merge(layout, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
     push_round(raw, layout, plan, runner)
 
@@ -267,6 +284,7 @@ def run_rounds(
 ) -> RunLayout:
     """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
     while another runner (or a stage it started) holds the output_dir."""
+    claim_recipe_output_dir(recipe_path, echo)
     raw, cfg = load_recipe(recipe_path)
     pcfg = pofe_config(cfg)
     check_iterable(cfg, pcfg)
@@ -279,6 +297,7 @@ def run_rounds(
         )
         runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
         prepare_prompts(cfg, pcfg, layout, runner)
+        check_prompt_sources(prompt_sources(cfg, pcfg), state)
         check_rounds(pcfg.rounds, state, layout)
         policy = _local_or_hub(str(raw["base_model"]))
         state.data["base_model"] = policy

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from pofe.files import private_opener
+
 Echo = Callable[[str], None]
 
 # Seconds a stopped stage gets between SIGTERM and SIGKILL.
@@ -43,15 +45,19 @@ def axolotl_command(*args: str) -> list[str]:
 
 def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tuple[int, ...] = (),
                env: dict[str, str] | None = None) -> None:
-    """Run `cmd` under `guard`; its output goes to `log` (and the terminal when `stream`).
+    """Run `cmd` under `guard`; its output, secrets masked (`redact_text`), goes to `log` (and
+    the terminal when `stream`).
 
     `keep_fds` stay open in the stage (the run's lock: held while any stage process lives);
     `env` is added to the stage's environment.
     """
+    from pofe.preprocess.config import redact_text  # not in the guard process, which runs this module
+
     log.parent.mkdir(parents=True, exist_ok=True)
-    echo(f"$ {' '.join(cmd)}   (log: {log})")
+    shown = redact_text(" ".join(cmd))
+    echo(f"$ {shown}   (log: {log})")
     guarded = [sys.executable, "-m", __name__, *cmd]
-    with log.open("w", encoding="utf-8") as f:
+    with open(log, "w", encoding="utf-8", opener=private_opener) as f:  # it holds axolotl's dump of the recipe
         # The guard's stdin is a pipe this process never writes to: it reaches EOF exactly
         # when this process ends. Its own session keeps it out of signals sent to ours
         # (`kill -9 %1` kills the runner, and the guard then ends the stage).
@@ -61,13 +67,14 @@ def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tu
         ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
+                line = redact_text(line)  # axolotl logs the recipe (a served policy's --api-key among it)
                 f.write(line)
                 if stream:
                     sys.stdout.write(line)
         returncode = proc.returncode
     if returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise StageFailed(f"{' '.join(cmd)} exited with {returncode}; last lines of {log}:\n{tail}")
+        raise StageFailed(f"{shown} exited with {returncode}; last lines of {log}:\n{tail}")
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -22,7 +22,7 @@ from .base import (
     Temperature,
     TopP,
 )
-from .credentials import looks_like_key, read_api_key, redact_url
+from .credentials import looks_like_key, read_api_key, redact, redact_text, redact_url, resolve_env
 from .generate import GenerateConfig
 from .judge import FUNCTION_JUDGES, JUDGE_PREFERENCES, PAIRWISE_JUDGES, SCALAR_JUDGES, JudgeConfig
 from .pipeline import PipelineConfig
@@ -30,5 +30,6 @@ from .pipeline import PipelineConfig
 __all__ = [
     "BatchSize", "Backend", "FUNCTION_JUDGES", "GenerateConfig", "JUDGE_PREFERENCES", "JudgeConfig",
     "MaxNewTokens", "PAIRWISE_JUDGES", "PipelineConfig", "SCALAR_JUDGES", "STRATEGY_BACKENDS",
-    "Sampling", "Seed", "Strategy", "Temperature", "TopP", "looks_like_key", "read_api_key", "redact_url",
+    "Sampling", "Seed", "Strategy", "Temperature", "TopP", "looks_like_key", "read_api_key",
+    "redact", "redact_text", "redact_url", "resolve_env",
 ]

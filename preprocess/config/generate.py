@@ -22,7 +22,7 @@ from .base import (
     TopP,
     StrictConfig,
 )
-from .credentials import check_base_url, check_key_env
+from .credentials import check_base_url, check_key_env, check_serve_env, redact
 
 
 # What POFE fills into generate.serve.command for each stage's policy. `lora_modules` stands
@@ -61,8 +61,17 @@ class ServeConfig(StrictConfig):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE).",
+        description="Extra environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE), on top of "
+        "POFE's own, which it inherits. No secrets: `NAME: ${OTHER}` passes POFE's variable OTHER through "
+        "(read when the server starts, written nowhere); a literal value for a secret-named variable "
+        "(*_KEY, *_TOKEN, ...) or one that looks like a key is refused.",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        check_serve_env(env)
+        return env
 
     @field_validator("command")
     @classmethod
@@ -220,5 +229,6 @@ class GenerateConfig(StrictConfig):
         )
 
     def public_dict(self) -> dict:
-        """Settings to record in summary.json (no secrets: only the env var's name)."""
-        return self.model_dump()
+        """Settings to record in summary.json: no secrets (only the key's env var name, and
+        serve.command's keys masked by `redact`)."""
+        return redact(self.model_dump())

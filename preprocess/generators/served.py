@@ -30,11 +30,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..config import GenerateConfig, Sampling, read_api_key
+from pofe.files import private_opener
+
+from ..config import GenerateConfig, Sampling, read_api_key, redact_text, resolve_env
+from ..config.credentials import command_secrets, env_reference
 from ..openai_client import EndpointError, OpenAIClient, status_hint
 from .adapters import max_lora_rank, read_adapter
 from .openai import OpenAIGenerator
@@ -83,22 +87,33 @@ def render_command(template: str, values: dict[str, str], lora_args: list[str]) 
 
 
 class ServerProcess:
-    """An HTTP server started from `command` in its own session, logging to `log_path`."""
+    """An HTTP server started from `command` in its own session, logging to `log_path`.
+
+    Its output reaches the log through `_copy_redacted`, and the command through
+    `redact_text`: the command's keys (`--api-key X`) and the given `secrets` are masked
+    wherever they appear (vLLM prints its arguments when it starts)."""
 
     def __init__(self, command: list[str], log_path: Path, base_url: str, *, env: dict[str, str] | None = None,
-                 stop_timeout: float = 30.0):
+                 stop_timeout: float = 30.0, secrets: tuple[str, ...] = ()):
         self.command, self.log_path, self.base_url, self.stop_timeout = command, Path(log_path), base_url, stop_timeout
+        self.secrets = (*command_secrets(command), *secrets)
         full_env = {**os.environ, **(env or {})}
         full_env.pop("PYTHONPATH", None)  # never mix this venv's packages into the server's
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a") as log:
-            log.write(f"\n=== POFE {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {shlex.join(command)}\n")
-            log.flush()
+        with open(self.log_path, "a", opener=private_opener) as log:
+            log.write(f"\n=== POFE {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {self.shown_command}\n")
             self._log_start = log.tell()
-            launcher = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
-            self.proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=full_env, start_new_session=True)
+        launcher = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
+        self.proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        self._copier = threading.Thread(target=_copy_redacted, args=(self.proc.stdout, self.log_path, self.secrets),
+                                        daemon=True)
+        self._copier.start()
         _LIVE.add(self)
+
+    @property
+    def shown_command(self) -> str:
+        return redact_text(shlex.join(self.command), self.secrets)
 
     @property
     def pid(self) -> int:
@@ -138,6 +153,8 @@ class ServerProcess:
 
     def tail(self, lines: int = 40) -> str:
         """The last lines this start wrote to the log."""
+        if self.exit_code is not None:
+            self._copier.join(timeout=5)  # the server's last lines, copied before they are shown
         with open(self.log_path, errors="replace") as f:
             f.seek(self._log_start)
             return "".join(f.read().splitlines(keepends=True)[-lines:])
@@ -146,7 +163,7 @@ class ServerProcess:
         code = self.exit_code
         status = "running" if code is None else f"exit code {code}" + (
             f" (signal {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else "")
-        return (f"the server `{shlex.join(self.command)}` {what} ({status}); last lines of {self.log_path}:\n"
+        return (f"the server `{self.shown_command}` {what} ({status}); last lines of {self.log_path}:\n"
                 f"{self.tail()}")
 
     def stop(self) -> None:
@@ -161,6 +178,14 @@ class ServerProcess:
                 break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _copy_redacted(stream, log_path: Path, secrets: tuple[str, ...]) -> None:
+    """Append `stream`'s lines to `log_path` as they come, each with its secrets masked."""
+    with stream, open(log_path, "a", encoding="utf-8") as log:
+        for line in stream:
+            log.write(redact_text(line.decode("utf-8", errors="replace"), secrets))
+            log.flush()
 
 
 _LIVE: set[ServerProcess] = set()
@@ -219,11 +244,12 @@ class ServedGenerator:
         }, lora_args)
         base_url = f"http://{serve.host}:{port}/v1"
         log_dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pofe-serve-"))
-        self.server = ServerProcess(command, log_dir / LOG_NAME, base_url, env=serve.env,
-                                    stop_timeout=serve.stop_timeout)
+        env, api_key = resolve_env(serve.env), read_api_key(cfg.api_key_env)
+        passed = tuple(env[k] for k, v in serve.env.items() if env_reference(v))  # the ${NAME} references' values
+        self.server = ServerProcess(command, log_dir / LOG_NAME, base_url, env=env, stop_timeout=serve.stop_timeout,
+                                    secrets=(*passed, *((api_key,) if api_key else ())))
         try:
-            served = self.server.wait_ready(serve.ready_timeout, api_key=read_api_key(cfg.api_key_env),
-                                            key_env=cfg.api_key_env)
+            served = self.server.wait_ready(serve.ready_timeout, api_key=api_key, key_env=cfg.api_key_env)
             if request_name not in served:
                 raise ValueError(self.server.describe(
                     f"serves {served}, not {request_name!r}, the model POFE requests: pass "

@@ -15,6 +15,7 @@ from pathlib import Path
 from pofe.files import write_atomic
 
 from ..layout import RunLayout
+from ..ownership import pofe_wrote
 from .collect import collect
 from .markdown import fmt, render_markdown
 from .plots import make_plots
@@ -67,7 +68,8 @@ def write_report(layout: RunLayout) -> Report:
     """Collect, plot and write report.md / report.json / report-*.png in layout.root."""
     rep = collect(layout)
     for stale in layout.root.glob("report-*.png"):
-        stale.unlink()
+        if pofe_wrote(layout, stale):  # not a file that was there before the run (pofe.overwrite_output_dir)
+            stale.unlink()
     plots = make_plots(rep, layout.root)
     md_path, json_path = layout.root / REPORT_MD, layout.root / REPORT_JSON
     write_atomic(json_path, json.dumps(rep, indent=2) + "\n")

@@ -17,6 +17,7 @@ from pofe.methods import method_spec
 
 from ..headline import HEADLINE_JSON, candidate_stats, round_headline
 from ..layout import RunLayout
+from ..ownership import pofe_wrote
 from ..tournament import find_cycles
 
 
@@ -95,7 +96,8 @@ def collect(layout: RunLayout) -> dict:
     state = _read_json(layout.state)
     if state is None:
         raise ValueError(f"no run state at {layout.state}: nothing to report")
-    evaluation = _read_json(layout.eval_dir / "eval.json")
+    # not an eval.json that was there before the run (pofe.overwrite_output_dir)
+    evaluation = _read_json(layout.eval_dir / "eval.json") if pofe_wrote(layout, layout.eval_dir / "eval.json") else None
     headline = _read_json(layout.eval_dir / HEADLINE_JSON)
     rounds = [round_stats(layout, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
     report: dict[str, Any] = {
