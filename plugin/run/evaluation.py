@@ -5,8 +5,9 @@ answers the first prompts its round judged (greedy by default) and the recipe's 
 scores them, into eval/headline.json; the report sets them beside the same prompts'
 candidates (`pofe.run.headline`). A pairwise judge gives no scalar reward: the file says so.
 
-With held-out prompts (`pofe.eval.prompts` or `held_out`), models: pi_0 (the policy round 1
-started from) and pi_t (round t's trained model), read from the run's state file. Every
+With held-out prompts (`pofe.eval.prompts`, or `held_out`: by default a slice of the
+prompt pool, `pofe.run.held_out`), models: pi_0 (the policy round 1 started from) and pi_t
+(round t's trained model), read from the run's state file. Every
 model answers the same held-out prompts with the same seeds (`pofe.eval`: `num_samples`
 per prompt at `temperature`; temperature 0 = greedy), through the one generation loop
 (`pofe.preprocess.generators.hf.sample_responses`).
@@ -239,9 +240,12 @@ def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds
 # ---- held-out prompts: every iterate on the same prompts ----------------------------------------
 
 
-def held_out_set(run: EvalRun) -> HeldOut:
-    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset."""
+def held_out_set(run: EvalRun) -> HeldOut | None:
+    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset;
+    None when there are none (`held_out: 0`, or a pool too small for the default slice)."""
     ecfg = run.pcfg.eval
+    if not ecfg.has_held_out or not (ecfg.prompts or run.layout.held_out_prompts.exists()):
+        return None
     if ecfg.prompts:
         rows = _load_rows(ecfg.prompts)
         prompts = [r[ecfg.prompt_column] for r in rows]
@@ -333,7 +337,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     run = open_run(recipe_path)
     ecfg, pcfg = run.pcfg.eval, run.pcfg
     skipped, on_train = headline_plan(run)
-    held_out = held_out_set(run) if ecfg.has_held_out else None
+    held_out = held_out_set(run)
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
     memory = PeakMemory()
     answers = all_answers(run, held_out, on_train, sampling, echo)
