@@ -17,9 +17,11 @@ Then, per model:
 - the win-rate matrix W[a, b] = P(a's response beats b's) (`pofe.run.tournament`),
   averaged over prompts and over all sample pairs: scalar judges through Bradley-Terry,
   P = sigmoid(r_a - r_b); pairwise judges directly, from the judge's (both-orders)
-  preference matrix over all models' responses to the prompt. The diagonal is 1/2;
-- mean response length (tokens, including the end-of-turn token when the model stopped;
-  characters of the decoded text);
+  preference matrix over all models' responses to the prompt. The diagonal is 1/2. Each
+  entry with a bootstrap 95 % interval over prompts; each model's raw and length-controlled
+  win rate against pi_0 and against the iterate before it (`pofe.run.comparisons`);
+- mean and median response length (tokens, including the end-of-turn token when the model
+  stopped; characters of the decoded text);
 - KL to pi_0 estimated on the model's own samples: mean over samples of
   log pi_t(y|x) - log pi_0(y|x) (summed over response tokens, by `pofe.scoring`). An
   unbiased estimate of KL(pi_t || pi_0) only when sampling at temperature 1, top_p 1;
@@ -51,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
@@ -61,6 +65,7 @@ from pofe.preprocess.render import render_prompt
 from pofe.preprocess.stages import free_memory
 
 from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
+from .comparisons import compare_iterates
 from .config import EvalConfig
 from .headline import (
     HEADLINE_JSON,
@@ -114,6 +119,8 @@ def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, e
               judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
     """eval.json's numbers."""
     M = len(answers)
+    tokens = torch.tensor([[[len(s.response_ids) for s in a.samples[p]] for a in answers] for p in range(len(prompts))],
+                          dtype=torch.float64)  # (P, M, S)
     return {
         "models": [{"name": a.name, "path": a.path} for a in answers],
         "num_prompts": len(prompts),
@@ -133,6 +140,7 @@ def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, e
         "perplexity": [a.perplexity for a in answers] if references else None,
         "reference_count": references,
         "cycle_threshold": ecfg.cycle_threshold,
+        **compare_iterates(main["pref"], tokens, ecfg.seed),
     }
 
 
