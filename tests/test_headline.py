@@ -198,7 +198,7 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     assert "pairwise" in why
     assert headline_skipped(EvalConfig(train_prompts=0), JudgeConfig(type="python", function="m:f"))
     rep = {"headline": {"skipped": why}, "rounds": []}
-    assert f"No headline: {why}." in "\n".join(headline_section(rep))
+    assert f"No reward headline: {why}." in "\n".join(headline_section(rep))
     assert "No headline: `axolotl pofe eval` has not run" in "\n".join(headline_section({"headline": None}))
 
     off = yaml.safe_load(headline_run["recipe"].read_text())
