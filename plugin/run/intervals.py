@@ -49,8 +49,9 @@ def bootstrap_lc(pref: Tensor, len_diff: Tensor, draws: int = LC_DRAWS, seed: in
                  level: float = LEVEL) -> tuple[float | None, float | None]:
     """Interval of the length-controlled win rate (`fit_length_logistic`), refit on each
     resample of the prompts. pref, len_diff: (P, K), K comparisons per prompt."""
-    idx = prompt_resamples(pref.shape[0], draws, seed)
-    fits = [fit_length_logistic(pref[row], len_diff[row])["lc"] for row in idx]
+    idx = prompt_resamples(pref.shape[0], draws, seed).numpy()
+    y, d = pref.double().numpy(), len_diff.double().numpy()  # numpy: little overhead per refit
+    fits = [fit_length_logistic(y[row], d[row])["lc"] for row in idx]
     values = torch.tensor([float("nan") if x is None else x for x in fits], dtype=torch.float64)
     if torch.isnan(values).all():
         return None, None

@@ -14,66 +14,72 @@ longer answer and nothing else gives sigmoid(a) ~ 1/2 whatever the raw rate.
 The fit maximises the soft-label log-likelihood (preferences in [0, 1]: Bradley-Terry
 probabilities or a pairwise judge's ties) minus ridge/2 * b^2, by Newton's method with step
 halving: deterministic, and finite when length separates the verdicts perfectly. NaN
-preferences (abstentions) are left out. Torch only; no model code.
+preferences (abstentions) are left out. NumPy for the fit (small arrays: little overhead per
+step), torch in `pair_observations`; no model code.
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 from torch import Tensor
 
 RIDGE = 1e-3  # on the slope only: keeps it finite under perfect separation, ~no effect otherwise
 
 
-def _objective(x: Tensor, y: Tensor, theta: Tensor, ridge: float) -> Tensor:
-    z = theta[0] + theta[1] * x
-    # y log sigmoid(z) + (1 - y) log sigmoid(-z)
-    ll = y * torch.nn.functional.logsigmoid(z) + (1 - y) * torch.nn.functional.logsigmoid(-z)
-    return ll.sum() - 0.5 * ridge * theta[1] ** 2
+def _objective(x: np.ndarray, y: np.ndarray, a: float, b: float, ridge: float) -> float:
+    z = a + b * x
+    # y log sigmoid(z) + (1 - y) log sigmoid(-z), with log sigmoid(z) = -log(1 + e^-z)
+    return float(-(y * np.logaddexp(0.0, -z) + (1 - y) * np.logaddexp(0.0, z)).sum() - 0.5 * ridge * b * b)
 
 
-def fit_length_logistic(pref: Tensor, len_diff: Tensor, ridge: float = RIDGE, iters: int = 100) -> dict:
+def _sigmoid(z):
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow for large |z|
+
+
+def fit_length_logistic(pref, len_diff, ridge: float = RIDGE, iters: int = 100) -> dict:
     """Fit P(win) = sigmoid(a + b * tanh(d / s)) to preferences.
 
     Args:
-        pref: (N,) preference of A's response over B's, in [0, 1]; NaN = no verdict.
+        pref: (N,) tensor or array, preference of A's response over B's, in [0, 1]; NaN =
+            no verdict.
         len_diff: (N,) tokens of A's response minus tokens of B's.
     Returns:
         {"raw": mean preference, "lc": sigmoid(a), "a", "b", "scale": s, "n": comparisons};
         raw and lc are None without any verdict.
     """
-    y, d = pref.reshape(-1).double(), len_diff.reshape(-1).double()
-    keep = ~torch.isnan(y)
+    y = np.asarray(pref, dtype=np.float64).reshape(-1)
+    d = np.asarray(len_diff, dtype=np.float64).reshape(-1)
+    keep = ~np.isnan(y)
     y, d = y[keep], d[keep]
-    n = int(y.numel())
+    n = int(y.size)
     if n == 0:
         return {"raw": None, "lc": None, "a": None, "b": None, "scale": None, "n": 0}
-    scale = float(d.std(correction=0))
-    x = torch.tanh(d / scale) if scale > 0 else torch.zeros_like(d)
-    X = torch.stack([torch.ones_like(x), x], dim=1)  # (N, 2)
-    penalty = torch.tensor([[0.0, 0.0], [0.0, ridge]], dtype=torch.float64)
-    theta = torch.zeros(2, dtype=torch.float64)
+    scale = float(d.std())
+    x = np.tanh(d / scale) if scale > 0 else np.zeros_like(d)
+    raw = float(y.mean())
     # a raw rate of exactly 0 or 1 has no finite intercept: clamp the labels a hair inside
-    y = y.clamp(1e-9, 1 - 1e-9)
-    best = _objective(x, y, theta, ridge)
+    y = np.clip(y, 1e-9, 1 - 1e-9)
+    a = b = 0.0
+    best = _objective(x, y, a, b, ridge)
     for _ in range(iters):
-        p = torch.sigmoid(X @ theta)
-        grad = X.T @ (y - p) - penalty @ theta
-        hess = X.T @ (X * (p * (1 - p)).unsqueeze(1)) + penalty + 1e-12 * torch.eye(2, dtype=torch.float64)
-        step = torch.linalg.solve(hess, grad)
+        p = _sigmoid(a + b * x)
+        r, w = y - p, p * (1 - p)
+        ga, gb = float(r.sum()), float((r * x).sum()) - ridge * b
+        haa, hab, hbb = float(w.sum()) + 1e-12, float((w * x).sum()), float((w * x * x).sum()) + ridge + 1e-12
+        det = haa * hbb - hab * hab
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det  # Newton: H^-1 g for the 2 x 2 H
         t = 1.0
         while t > 1e-8:  # step halving: the objective never falls
-            value = _objective(x, y, theta + t * step, ridge)
+            value = _objective(x, y, a + t * da, b + t * db, ridge)
             if value >= best:
                 break
             t /= 2
         else:
             break
-        theta, best = theta + t * step, value
-        if float((t * step).abs().max()) < 1e-10:
+        a, b, best = a + t * da, b + t * db, value
+        if max(abs(t * da), abs(t * db)) < 1e-10:
             break
-    a, b = float(theta[0]), float(theta[1])
-    return {"raw": float(y.mean()), "lc": float(torch.sigmoid(theta[0])), "a": a, "b": b, "scale": scale, "n": n}
+    return {"raw": raw, "lc": float(_sigmoid(a)), "a": a, "b": b, "scale": scale, "n": n}
 
 
 def pair_observations(pref: Tensor, tokens: Tensor, a: int, b: int) -> tuple[Tensor, Tensor]:
