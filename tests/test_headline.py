@@ -174,11 +174,12 @@ def test_eval_switch_and_headline_keys():
 
     default = PofeConfig().eval
     assert (default.train_prompts, default.train_samples, default.train_temperature) == (16, 1, 0.0)
-    assert not default.has_held_out
+    assert default.has_held_out and default.held_out is None  # the default slice of the pool
+    assert not EvalConfig(held_out=0).has_held_out
     assert PofeConfig(eval=False).eval is False is PofeConfig(eval=None).eval
     assert PofeConfig.model_validate(PofeConfig().model_dump()).eval == default  # dumped and read again
     with pytest.raises(ValueError, match=r"pofe.eval.num_samples shapes the held-out evaluation"):
-        EvalConfig(num_samples=2)
+        EvalConfig(held_out=0, num_samples=2)
     with pytest.raises(ValueError, match="set train_samples: 1"):
         EvalConfig(train_samples=2)
     assert EvalConfig(train_samples=2, train_temperature=0.7).train_samples == 2
@@ -197,7 +198,7 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     assert "pairwise" in why
     assert headline_skipped(EvalConfig(train_prompts=0), JudgeConfig(type="python", function="m:f"))
     rep = {"headline": {"skipped": why}, "rounds": []}
-    assert f"No headline: {why}." in "\n".join(headline_section(rep))
+    assert f"No reward headline: {why}." in "\n".join(headline_section(rep))
     assert "No headline: `axolotl pofe eval` has not run" in "\n".join(headline_section({"headline": None}))
 
     off = yaml.safe_load(headline_run["recipe"].read_text())

@@ -132,3 +132,77 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     assert "'cand. win-rate spread': the mean over prompts of max - min win rate" in md
     rrhf = render_markdown({**rep, "method": "rrhf"}, {}).splitlines()
     assert "win-rate spread" not in next(line for line in rrhf if line.startswith("| round |"))
+
+
+def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
+    """A pairwise-judged run has no reward headline: the report's headline is each round's
+    win rate against pi_0 and against pi_{t-1}, raw and length-controlled with intervals,
+    the numbers of eval.json's `vs_pi_0` / `vs_previous`; the lengths plot is drawn."""
+    from pofe.preprocess.win_rates import bradley_terry_preferences
+    from pofe.run.comparisons import compare_iterates
+    from pofe.run.report.markdown import fmt
+
+    g = torch.Generator().manual_seed(0)
+    P, M, S = 12, 3, 2
+    tokens = torch.randint(1, 30, (P, M, S), generator=g).double()
+    pref = bradley_terry_preferences(torch.randn(P, M * S, generator=g, dtype=torch.float64))
+    comparisons = compare_iterates(pref, tokens, seed=0)
+    # raw: the mean over prompts and sample pairs, by a plain loop
+    by_hand = sum(pref[p, 2 * S + i, 0 * S + j].item() for p in range(P) for i in range(S) for j in range(S))
+    assert comparisons["vs_pi_0"][2]["raw"] == pytest.approx(by_hand / (P * S * S))
+    ev = {
+        "models": [{"name": f"pi_{i}", "path": "x"} for i in range(M)], "num_prompts": P, "prompts_source": "p.jsonl",
+        "decoding": {"num_samples": S, "temperature": 1.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
+        "judge": {"type": "python_pairwise", "function": "m:f"}, "judge2": None, "win_matrix_method": "pairwise",
+        "win_matrix": [[0.5] * M] * M, "mean_reward": None, "win_matrix_judge2": None, "mean_reward_judge2": None,
+        "mean_response_tokens": comparisons["response_tokens"]["mean"], "mean_response_chars": [1.0] * M,
+        "kl_to_base": [0.0] * M, "kl_is_unbiased": True, "perplexity": None, "reference_count": 0,
+        "cycle_threshold": 0.5, **comparisons,
+    }
+    layout = RunLayout(tmp_path)
+    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
+                                        "rounds_planned": 2}))
+    layout.eval_dir.mkdir()
+    (layout.eval_dir / "eval.json").write_text(json.dumps(ev))
+    (layout.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))
+    rep = write_report(layout)
+    md = rep.markdown_path.read_text()
+    headline = md[md.index("## Headline"):md.index("## Rounds")]
+    assert "No reward headline: the judge is pairwise." in headline
+    for t in (1, 2):
+        base, prev = ev["vs_pi_0"][t], ev["vs_previous"][t]
+        cells = [f"{fmt(v[k])} [{fmt(v[k + '_ci95'][0])}, {fmt(v[k + '_ci95'][1])}]"
+                 for v in (base, prev) for k in ("raw", "lc")]
+        assert f"| {t} | pi_{t} | " + " | ".join(cells) + " |" in headline
+    assert ev["vs_previous"][1] == ev["vs_pi_0"][1]  # pi_1's previous iterate is pi_0
+    assert rep.plots["lengths"] == "report-lengths.png" and (tmp_path / "report-lengths.png").exists()
+    assert "### Better, or only longer?" in md
+
+
+def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
+    """pi_1 gains at equal length, pi_2 falls clearly below pi_1, pi_3 slips within noise:
+    pi_1 is the model to use, pi_2 REGRESSED, pi_3 did not improve."""
+    from pofe.run.choice import choose_model
+    from pofe.run.report.markdown import choice_section
+
+    def v(lc, lo, hi):
+        return {"raw": lc + 0.1, "raw_ci95": [lo, hi], "lc": lc, "lc_ci95": [lo, hi], "length_slope": 0.0}
+
+    ev = {"models": [{"name": f"pi_{i}"} for i in range(4)],
+          "vs_pi_0": [None, v(0.70, 0.6, 0.8), v(0.55, 0.45, 0.65), v(0.50, 0.4, 0.6)],
+          "vs_previous": [None, v(0.70, 0.6, 0.8), v(0.30, 0.2, 0.4), v(0.45, 0.35, 0.55)]}
+    choice = choose_model(ev)
+    assert (choice["best"], choice["name"], choice["lc_vs_pi_0"]) == (1, "pi_1", 0.70)
+    assert [(r["model"], r["clear"]) for r in choice["regressions"]] == [("pi_2", True), ("pi_3", False)]
+    md = "\n".join(choice_section({"choice": choice}))
+    assert "**pi_1**: the highest length-controlled win rate against pi_0 on the held-out prompts " \
+           "(0.700 [0.600, 0.800]; raw 0.800)." in md and choice["clear"]
+    assert "- pi_2 REGRESSED against pi_1: length-controlled win rate 0.300 [0.200, 0.400]." in md
+    assert "- pi_3 did not improve (within noise) against pi_2" in md
+    # no iterate beats the base at equal length: the base is the model to use
+    worse = {**ev, "vs_pi_0": [None, v(0.4, 0.3, 0.5), v(0.45, 0.4, 0.5), v(0.3, 0.2, 0.4)]}
+    assert choose_model(worse)["name"] == "pi_0"
+    noisy = {**ev, "vs_pi_0": [None, v(0.55, 0.45, 0.65), v(0.5, 0.4, 0.6), v(0.3, 0.2, 0.4)]}
+    assert not choose_model(noisy)["clear"]
+    assert "not clearly better than pi_0" in "\n".join(choice_section({"choice": choose_model(noisy)}))
+    assert choose_model(None) is None and choose_model({"models": [], "win_matrix": []}) is None

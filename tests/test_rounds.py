@@ -93,9 +93,10 @@ def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
 def test_config_keys():
     cfg = PofeConfig(method="sppo", rounds=3, eval={"held_out": 5})
     assert cfg.round_prompts == "auto" and cfg.eval.num_samples == 4 and cfg.eval.temperature == 1.0
-    assert PofeConfig().rounds == 1 and PofeConfig().eval == EvalConfig()  # on: the headline only
+    assert PofeConfig().rounds == 1 and PofeConfig().eval == EvalConfig()  # on, with the default slice
+    assert EvalConfig().held_out is None and EvalConfig().has_held_out and EvalConfig(num_samples=2).num_samples == 2
     with pytest.raises(ValueError, match="held-out prompts"):
-        EvalConfig(num_samples=2)
+        EvalConfig(held_out=0, num_samples=2)
     with pytest.raises(ValueError, match="not both"):
         EvalConfig(prompts="p.jsonl", held_out=3)
     with pytest.raises(ValueError, match="greedy"):
@@ -104,6 +105,50 @@ def test_config_keys():
         PofeConfig(method="rrhf", rounds=2,
                    generate={"backend": "openai", "base_url": "http://x/v1"},
                    judge={"type": "python", "function": "m:f"})
+
+
+def test_default_held_out_size_by_hand():
+    """5 % of the pool, at least 16, at most 256, never more than a fifth of the pool."""
+    from pofe.run.held_out import default_held_out, held_out_count
+
+    by_hand = {0: 0, 4: 0, 5: 1, 14: 2, 40: 8, 80: 16, 100: 16, 320: 16, 339: 17, 1000: 50, 5120: 256,
+               100000: 256}
+    assert {n: default_held_out(n) for n in by_hand} == by_hand
+    assert held_out_count(100, None, has_own_prompts=False) == 16
+    assert held_out_count(100, 0, has_own_prompts=False) == 0  # `held_out: 0`: off
+    assert held_out_count(100, 30, has_own_prompts=False) == 30
+    assert held_out_count(100, None, has_own_prompts=True) == 0  # the recipe's own held-out file
+    with pytest.raises(ValueError, match="held_out=14 leaves none of the 14 prompts"):
+        held_out_count(14, 14, has_own_prompts=False)
+
+
+@pytest.mark.parametrize(("pool", "eval_keys", "held"), [(100, None, 16), (14, None, 2), (4, None, 0),
+                                                         (100, {"held_out": 0}, 0), (100, {"held_out": 7}, 7)])
+def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
+    """The prompts stage holds out the pool's last rows (the default slice with no eval keys):
+    no round's prompt file holds any of them; `held_out: 0` writes no held-out file."""
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.run.rounds import prepare_prompts
+    from pofe.run.runner import StageRunner
+
+    base = tmp_path / "pool.jsonl"
+    base.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(pool)))
+    pofe = {"rounds": 2, "generate": {"backend": "transformers"},
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+            **({"eval": eval_keys} if eval_keys else {})}
+    cfg = DictDefault({"rl": "sppo", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
+                       "pofe": pofe})
+    layout = RunLayout(tmp_path / "run")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    prepare_prompts(cfg, PofeConfig(method="sppo", **pofe), layout, StageRunner(state, echo=lambda _: None))
+    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
+    trained = read(layout.round_prompts(1)) + read(layout.round_prompts(2))
+    assert trained == [f"p{i}" for i in range(pool - held)]  # SPPO's split: every other row once
+    if held:
+        assert read(layout.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
+    else:
+        assert not layout.held_out_prompts.exists()
 
 
 def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):

@@ -25,9 +25,11 @@ from pofe.run.answers import sequence_logps
 pytestmark = pytest.mark.e2e
 
 NUM_PROMPTS, HELD_OUT = 14, 4
+# the SPPO run sets no eval keys: the default slice, 5 % of 14 is under 16, a fifth of 14 is 2
+DEFAULT_HELD_OUT = 2
 
 
-def write_recipe(root: Path, model: Path, method: str, **extra) -> Path:
+def write_recipe(root: Path, model: Path, method: str, eval_keys: bool = True, **extra) -> Path:
     rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=1)
     for r in rows:
         r["reference"] = r["answer"]  # held-out perplexity needs a reference response
@@ -45,7 +47,8 @@ def write_recipe(root: Path, model: Path, method: str, **extra) -> Path:
                          "max_new_tokens": 4, "seed": 0,
                          "include_dataset_responses": ["answer", "near_misses"]},
             "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-            "eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3},
+            **({"eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3}}
+               if eval_keys else {}),
             **({"eta": 10.0} if method == "sppo" else {}),
         },
         **extra,
@@ -156,7 +159,7 @@ def test_report_holds_the_run_numbers(rrhf_run):
     rep = json.loads((run / "report.json").read_text())
     md = (run / "report.md").read_text()
     assert {p.name for p in run.glob("report-*.png")} == {
-        "report-rewards.png", "report-loss.png", "report-winrate.png", "report-drift.png"}
+        "report-rewards.png", "report-loss.png", "report-winrate.png", "report-drift.png", "report-lengths.png"}
 
     for t in (1, 2):
         rows = read_jsonl(run / f"round-{t}" / "candidates" / "data.jsonl")
@@ -203,7 +206,7 @@ def sppo_published(tmp_path_factory, tiny_model):
     """Two SPPO LoRA rounds that publish: `hub_model_id` against a loopback hub (HF_ENDPOINT),
     W&B offline into the test's folder."""
     root = tmp_path_factory.mktemp("sppo_rounds")
-    recipe = write_recipe(root, tiny_model, "sppo", adapter="lora", lora_r=4, lora_alpha=8,
+    recipe = write_recipe(root, tiny_model, "sppo", eval_keys=False, adapter="lora", lora_r=4, lora_alpha=8,
                           lora_target_linear=True, hub_model_id="org/tiny-sppo",
                           wandb_project="pofe-test", wandb_mode="offline")
     cmd = [str(Path(sys.executable).parent / "axolotl"), "pofe", "run", str(recipe), "--launcher", "python", "--quiet"]
@@ -225,9 +228,14 @@ def test_sppo_rounds_train_on_disjoint_splits(sppo_run):
     r1 = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "round-1.jsonl")]
     r2 = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "round-2.jsonl")]
     held = [r["prompt"] for r in read_jsonl(sppo_run / "prompts" / "held_out.jsonl")]
-    assert len(r1) == len(r2) == (NUM_PROMPTS - HELD_OUT) // 2
+    pool = [r["prompt"] for r in read_jsonl(sppo_run.parent / "prompts.jsonl")]
+    assert held == pool[-DEFAULT_HELD_OUT:]  # no eval keys: the default slice, the pool's last rows
+    assert len(r1) == len(r2) == (NUM_PROMPTS - DEFAULT_HELD_OUT) // 2
     assert not (set(r1) & set(r2)) and not ((set(r1) | set(r2)) & set(held))
     assert [r["prompt"] for r in read_jsonl(sppo_run / "round-2" / "candidates" / "data.jsonl")] == r2
+    for t in (1, 2):  # what each round trained on: none of the held-out prompts
+        trained = {r["prompt"] for r in read_jsonl(sppo_run / f"round-{t}" / "candidates" / "data.jsonl")}
+        assert trained and not trained & set(held)
 
 
 def test_sppo_round_2_is_anchored_on_round_1(sppo_run):
@@ -276,6 +284,46 @@ def test_sppo_report_and_eval(sppo_run):
         assert r["candidates"]["mean_best_win_rate"] is not None
     md = (sppo_run / "report.md").read_text()
     assert "win-rate spread first -> last" in md
+
+
+def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
+    """No eval keys: every model on the default held-out slice (4 samples each), the 3 x 3
+    win-rate matrix with intervals, lengths, and length-controlled win rates, recomputed here
+    from samples.jsonl and the round's shards."""
+    from pofe.preprocess.win_rates import bradley_terry_preferences
+    from pofe.run.length_control import fit_length_logistic, pair_observations
+
+    rep = json.loads((sppo_run / "report.json").read_text())
+    ev, md = rep["eval"], (sppo_run / "report.md").read_text()
+    assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1", "pi_2"] and ev["num_prompts"] == DEFAULT_HELD_OUT
+    w, ci = ev["win_matrix"], ev["win_matrix_ci95"]
+    assert len(w) == len(ci) == 3 and all(len(row) == 3 for row in w + ci)
+    for a in range(3):
+        for b in range(3):
+            assert ci[a][b][0] - 1e-9 <= w[a][b] <= ci[a][b][1] + 1e-9
+    samples = read_jsonl(sppo_run / "eval" / "samples.jsonl")
+    S = 4  # pofe.eval.num_samples' default
+    assert len(samples) == 3 * DEFAULT_HELD_OUT * S
+    cell = lambda key: torch.tensor([[[s[key] for s in samples if s["prompt_index"] == p and s["model"] == n]  # noqa: E731
+                                      for n in ("pi_0", "pi_1", "pi_2")] for p in range(DEFAULT_HELD_OUT)],
+                                    dtype=torch.float64)  # (P, M, S)
+    rewards, tokens = cell("reward"), cell("tokens")
+    pref = bradley_terry_preferences(rewards.reshape(DEFAULT_HELD_OUT, 3 * S))
+    for m in (1, 2):
+        for key, other in (("vs_pi_0", 0), ("vs_previous", m - 1)):
+            got = ev[key][m]
+            assert got["raw"] == pytest.approx(w[m][other])
+            assert got["lc"] == pytest.approx(fit_length_logistic(*pair_observations(pref, tokens, m, other))["lc"])
+            assert got["lc_ci95"][0] <= got["lc"] + 1e-9 and got["lc"] - 1e-9 <= got["lc_ci95"][1]
+        mine = sorted(tokens[:, m].reshape(-1).tolist())
+        assert ev["response_tokens"]["mean"][m] == pytest.approx(sum(mine) / len(mine))
+        assert ev["response_tokens"]["median"][m] == pytest.approx((mine[len(mine) // 2 - 1] + mine[len(mine) // 2]) / 2)
+    for r in rep["rounds"]:
+        summary = json.loads((sppo_run / f"round-{r['round']}" / "candidates" / "summary.json").read_text())
+        assert r["lengths"]["candidates"]["mean"] == pytest.approx(summary["mean_candidate_tokens"])
+        assert 0 < r["lengths"]["best"]["count"] == r["lengths"]["worst"]["count"] <= summary["rows"]
+    assert "### Better, or only longer?" in md and "### Candidate lengths" in md and "length-controlled vs pi_0" in md
+    assert (sppo_run / "report-lengths.png").exists()
 
 
 def test_sppo_rounds_publish_per_round(sppo_published):

@@ -77,13 +77,13 @@ class EvalConfig(BaseModel):
     """`pofe.eval`: the report's headline, and held-out prompts with their decoding and an
     optional second judge.
 
-    On by default (`pofe.eval: false` turns it off). The headline: each round's trained model
+    On by default (`pofe.eval: false` turns it off), with a held-out slice of the prompt pool
+    by default (`held_out`, `pofe.run.held_out`). The headline: each round's trained model
     answers the first `train_prompts` of the prompts the round judged (`train_samples` each at
     `train_temperature`, greedy by default, with the candidates' `pofe.generate.max_new_tokens`)
     and the recipe's scalar judge scores them, beside the best-of-k reward of those prompts'
-    candidates. With held-out prompts (`prompts` or
-    `held_out`), every model of the run (pi_0 = the recipe's base_model, pi_t = round t's
-    output) also answers them with the same seeds; the recipe's `pofe.judge` scores them (and
+    candidates. With held-out prompts (`prompts`, or `held_out`: the default), every model of
+    the run (pi_0 = the recipe's base_model, pi_t = round t's output) also answers them with the same seeds; the recipe's `pofe.judge` scores them (and
     `judge2`, an independent judge, when set: the guard against judge exploitation).
     """
 
@@ -92,13 +92,14 @@ class EvalConfig(BaseModel):
     prompts: str | None = Field(
         None,
         description="A local JSON/JSONL/Parquet file of held-out prompts (column `prompt_column`; "
-        "optional `reference_column` for perplexity). Unset (and no `held_out`): headline only.",
+        "optional `reference_column` for perplexity). Unset: the default `held_out` slice.",
     )
-    held_out: int = Field(
-        0,
+    held_out: int | None = Field(
+        None,
         ge=0,
         description="Instead of `prompts`: hold out the LAST n rows of the recipe's pofe.prompts "
-        "dataset (never trained on, in any round) and evaluate on them.",
+        "dataset (never trained on, in any round) and evaluate on them. Unset: 5 % of the pool, "
+        "16 to 256 prompts, at most a fifth of it (`pofe.run.held_out`); 0: none.",
     )
     prompt_column: str = Field("prompt", description="Column holding the prompt.")
     reference_column: str = Field(
@@ -142,11 +143,13 @@ class EvalConfig(BaseModel):
 
     @property
     def has_held_out(self) -> bool:
-        return self.prompts is not None or self.held_out > 0
+        """Held-out prompts asked for: a file, or a slice of the pool (the default slice of a
+        pool under 5 prompts is empty: then evaluation finds no held-out file)."""
+        return self.prompts is not None or self.held_out != 0
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
-        if self.prompts is not None and self.held_out:
+        if self.prompts is not None and self.held_out:  # None (the default slice) gives way to a file
             raise ValueError("pofe.eval: set `prompts` or `held_out`, not both")
         if not self.has_held_out:
             # compared with the defaults, not `model_fields_set`: a dumped config validates again

@@ -5,8 +5,9 @@ answers the first prompts its round judged (greedy by default) and the recipe's 
 scores them, into eval/headline.json; the report sets them beside the same prompts'
 candidates (`pofe.run.headline`). A pairwise judge gives no scalar reward: the file says so.
 
-With held-out prompts (`pofe.eval.prompts` or `held_out`), models: pi_0 (the policy round 1
-started from) and pi_t (round t's trained model), read from the run's state file. Every
+With held-out prompts (`pofe.eval.prompts`, or `held_out`: by default a slice of the
+prompt pool, `pofe.run.held_out`), models: pi_0 (the policy round 1 started from) and pi_t
+(round t's trained model), read from the run's state file. Every
 model answers the same held-out prompts with the same seeds (`pofe.eval`: `num_samples`
 per prompt at `temperature`; temperature 0 = greedy), through the one generation loop
 (`pofe.preprocess.generators.hf.sample_responses`).
@@ -16,9 +17,11 @@ Then, per model:
 - the win-rate matrix W[a, b] = P(a's response beats b's) (`pofe.run.tournament`),
   averaged over prompts and over all sample pairs: scalar judges through Bradley-Terry,
   P = sigmoid(r_a - r_b); pairwise judges directly, from the judge's (both-orders)
-  preference matrix over all models' responses to the prompt. The diagonal is 1/2;
-- mean response length (tokens, including the end-of-turn token when the model stopped;
-  characters of the decoded text);
+  preference matrix over all models' responses to the prompt. The diagonal is 1/2. Each
+  entry with a bootstrap 95 % interval over prompts; each model's raw and length-controlled
+  win rate against pi_0 and against the iterate before it (`pofe.run.comparisons`);
+- mean and median response length (tokens, including the end-of-turn token when the model
+  stopped; characters of the decoded text);
 - KL to pi_0 estimated on the model's own samples: mean over samples of
   log pi_t(y|x) - log pi_0(y|x) (summed over response tokens, by `pofe.scoring`). An
   unbiased estimate of KL(pi_t || pi_0) only when sampling at temperature 1, top_p 1;
@@ -50,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
@@ -60,6 +65,7 @@ from pofe.preprocess.render import render_prompt
 from pofe.preprocess.stages import free_memory
 
 from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
+from .comparisons import compare_iterates
 from .config import EvalConfig
 from .headline import (
     HEADLINE_JSON,
@@ -114,6 +120,8 @@ def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, e
               judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
     """eval.json's numbers."""
     M = len(answers)
+    tokens = torch.tensor([[[len(s.response_ids) for s in a.samples[p]] for a in answers] for p in range(len(prompts))],
+                          dtype=torch.float64)  # (P, M, S)
     return {
         "models": [{"name": a.name, "path": a.path} for a in answers],
         "num_prompts": len(prompts),
@@ -133,6 +141,7 @@ def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, e
         "perplexity": [a.perplexity for a in answers] if references else None,
         "reference_count": references,
         "cycle_threshold": ecfg.cycle_threshold,
+        **compare_iterates(main["pref"], tokens, ecfg.seed),
     }
 
 
@@ -240,9 +249,12 @@ def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds
 # ---- held-out prompts: every iterate on the same prompts ----------------------------------------
 
 
-def held_out_set(run: EvalRun) -> HeldOut:
-    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset."""
+def held_out_set(run: EvalRun) -> HeldOut | None:
+    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset;
+    None when there are none (`held_out: 0`, or a pool too small for the default slice)."""
     ecfg = run.pcfg.eval
+    if not ecfg.has_held_out or not (ecfg.prompts or run.layout.held_out_prompts.exists()):
+        return None
     if ecfg.prompts:
         rows = _load_rows(ecfg.prompts)
         prompts = [r[ecfg.prompt_column] for r in rows]
@@ -334,7 +346,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     run = open_run(recipe_path)
     ecfg, pcfg = run.pcfg.eval, run.pcfg
     skipped, on_train = headline_plan(run)
-    held_out = held_out_set(run) if ecfg.has_held_out else None
+    held_out = held_out_set(run)
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
     memory = PeakMemory()
     answers = all_answers(run, held_out, on_train, sampling, echo)

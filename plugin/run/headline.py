@@ -73,7 +73,8 @@ def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
         return "`pofe.eval.train_prompts: 0`"
     if judge_cfg.is_pairwise:
         return (f"the judge (`{judge_cfg.type}`) is pairwise: it gives no scalar reward to set beside the "
-                "candidates' best-of-k (held-out prompts, `pofe.eval.held_out`, give win rates between iterates)")
+                "candidates' best-of-k (the held-out prompts, `pofe.eval.held_out`, give each round's win rates "
+                "against pi_0 and pi_{t-1} instead)")
     return None
 
 

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from pofe.preprocess.judges import Abstain, PairwiseJudge, ScalarJudge, apply_judge, is_pairwise
 
+from pofe.preprocess.win_rates import bradley_terry_preferences
+
 from .tournament import block_win_matrix, nan_mean, win_matrix_from_rewards
 
 
@@ -36,18 +38,18 @@ def pairwise_preferences(judge: PairwiseJudge, prompts: list, rendered: list[str
 
 def judge_models(judge: ScalarJudge | PairwiseJudge, prompts: list, rendered: list[str],
                  texts: list[list[list[str]]]) -> dict:
-    """texts[p][m][s] -> {"rewards": (P, M, S) list or None, "win_matrix": (M, M), "method"}."""
+    """texts[p][m][s] -> {"rewards": (P, M, S) list or None, "win_matrix": (M, M), "method",
+    "pref": the (P, M*S, M*S) response preferences behind the matrix (a tensor, not for JSON)}.
+    Scalar judges' preferences are Bradley-Terry's, sigmoid(r_i - r_j)."""
     P, M, S = len(texts), len(texts[0]), len(texts[0][0])
     flat = [[t for m in range(M) for t in texts[p][m]] for p in range(P)]  # (P, M*S), model-major
     if is_pairwise(judge):
-        w = block_win_matrix(pairwise_preferences(judge, prompts, rendered, flat), M, S)
-        return {"rewards": None, "win_matrix": w.tolist(), "method": "pairwise"}
+        pref = pairwise_preferences(judge, prompts, rendered, flat)
+        return {"rewards": None, "win_matrix": block_win_matrix(pref, M, S).tolist(), "method": "pairwise",
+                "pref": pref}
     scores = torch.tensor(scalar_scores(judge, prompts, rendered, flat), dtype=torch.float64).reshape(P, M, S)
-    return {
-        "rewards": scores.tolist(),
-        "win_matrix": win_matrix_from_rewards(scores).tolist(),
-        "method": "bradley_terry",
-    }
+    return {"rewards": scores.tolist(), "win_matrix": win_matrix_from_rewards(scores).tolist(),
+            "method": "bradley_terry", "pref": bradley_terry_preferences(scores.reshape(P, M * S))}
 
 
 def mean_reward_per_model(rewards: list | None, num_models: int) -> list[float | None] | None:

@@ -36,6 +36,7 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 
 from .checkpoints import check_resume, record_training, resumable, training_identity
+from .held_out import held_out_count
 from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
@@ -98,9 +99,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
 
         entry = cfg.datasets[0]
         rows = list(load_entry(entry, cfg.hf_use_auth_token))  # values as written
-        held = pcfg.eval.held_out if pcfg.eval else 0
-        if held >= len(rows):
-            raise ValueError(f"pofe.eval.held_out={held} leaves none of the {len(rows)} prompts to train on")
+        held = held_out_count(len(rows), pcfg.eval.held_out, pcfg.eval.prompts is not None) if pcfg.eval else 0
         train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
         if held:
             write_jsonl_atomic(layout.held_out_prompts, held_rows)

@@ -32,15 +32,19 @@ def block_win_matrix(pref: Tensor, num_models: int, num_samples: int) -> Tensor:
         (M, M): W[a, b] = mean over prompts and sample pairs of P(a's beats b's);
         the diagonal is exactly 1/2.
     """
+    w = torch.nanmean(per_prompt_win_matrix(pref, num_models, num_samples), dim=0)  # (M, M)
+    w.fill_diagonal_(0.5)
+    return w
+
+
+def per_prompt_win_matrix(pref: Tensor, num_models: int, num_samples: int) -> Tensor:
+    """(P, M*S, M*S) response preferences (as `block_win_matrix`) -> (P, M, M): on each
+    prompt, the mean over sample pairs of P(a's beats b's), NaN left out."""
     P, N, _ = pref.shape
     M, S = num_models, num_samples
     if N != M * S:
         raise ValueError(f"pref is {tuple(pref.shape)}, expected (P, {M * S}, {M * S})")
-    blocks = pref.reshape(P, M, S, M, S)  # (P, M, S, M, S)
-    per_prompt = torch.nanmean(blocks, dim=(2, 4))  # (P, M, M)
-    w = torch.nanmean(per_prompt, dim=0)  # (M, M)
-    w.fill_diagonal_(0.5)
-    return w
+    return torch.nanmean(pref.reshape(P, M, S, M, S), dim=(2, 4))  # (P, M, M)
 
 
 def win_matrix_from_rewards(rewards: Tensor) -> Tensor:

@@ -56,6 +56,14 @@ class Report:
             rewards = ev["mean_reward"] or [None] * len(names)
             lines.append("  held-out: " + ", ".join(
                 f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"])))
+            if ev.get("vs_pi_0"):
+                lines.append("  vs pi_0, raw / length-controlled: " + ", ".join(
+                    f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v))
+            choice = rep.get("choice")
+            if choice:
+                lines.append(f"  use {choice['name']} (best length-controlled win rate against pi_0)" + "".join(
+                    f"; {r['model']} {'REGRESSED' if r['clear'] else 'did not improve'} against {r['previous']}"
+                    for r in choice["regressions"]))
             if ev["cycles"]:
                 lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
         else:

@@ -1,7 +1,7 @@
 """The run's numbers, collected from its own files into one JSON-able dict.
 
 Sources: the state file (stages, policies), each round's candidates/summary.json and
-judge shards, each round's trainer_state.json (loss curves), and eval/headline.json and
+generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss curves), and eval/headline.json and
 eval/eval.json (`axolotl pofe eval`). A part without data is None. `sample_rows` gives the
 headline's sampled completions as plain rows (for the report's tables and for trackers).
 """
@@ -15,10 +15,12 @@ from typing import Any
 from pofe.files import read_jsonl
 from pofe.methods import method_spec
 
+from ..choice import choose_model
 from ..headline import HEADLINE_JSON, candidate_stats, round_headline
 from ..layout import RunLayout
 from ..ownership import pofe_wrote
 from ..tournament import find_cycles
+from .lengths import candidate_lengths
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
@@ -69,6 +71,7 @@ def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -
         },
         "candidates": None,
         "train": training_stats(layout.trainer_state(t), state["method"]),
+        "lengths": candidate_lengths(layout.candidates(t), state["method"]),
         "trained_on_train_prompts": None,
     }
     summary = _read_json(layout.candidates(t) / "summary.json")
@@ -120,6 +123,7 @@ def collect(layout: RunLayout) -> dict:
             "cycles": find_cycles(evaluation["win_matrix"], threshold),
             "cycles_judge2": find_cycles(second, threshold) if second else None,
         }
+    report["choice"] = choose_model(report["eval"])
     return report
 
 

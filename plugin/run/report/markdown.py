@@ -77,12 +77,49 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     md.append("")
     if "rewards" in plots:
         md += [f"![rewards per round]({plots['rewards']})", ""]
+    md += round_lengths_section(rep)
     md += ["### Loss curves", ""]
     if "loss" in plots:
         md += [f"![loss curves]({plots['loss']})", ""]
     else:
         md += ["No loss curves: no round has a trainer_state.json.", ""]
     return md
+
+
+def round_lengths_section(rep: dict) -> list[str]:
+    """### Candidate lengths: per round, all candidates and the kept best and worst."""
+    rows = []
+    for r in rep["rounds"]:
+        lengths = r.get("lengths")
+        if lengths:
+            rows.append([str(r["round"]), *[f"{fmt(lengths[k]['mean'], 2)} / {fmt(lengths[k]['median'], 1)}"
+                                            for k in ("candidates", "best", "worst")]])
+    if not rows:
+        return []
+    return ["### Candidate lengths", "",
+            "Tokens, mean / median, of the round's candidates and of each prompt's best and worst by the "
+            "judge's label (SPPO's chosen and rejected; prompts whose candidates all tie left out). Best "
+            "growing longer than worst round after round: the judge rewards length.", "",
+            table(["round", "candidates", "best (chosen)", "worst (rejected)"], rows), ""]
+
+
+def choice_section(rep: dict) -> list[str]:
+    """## Which model to use: the best iterate by the held-out comparisons, and regressions."""
+    choice = rep.get("choice")
+    if not choice:
+        return []
+    md = ["## Which model to use", ""]
+    if choice["best"] == 0:
+        md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
+    else:
+        md.append(f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
+                  f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
+                  + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0."))
+    for r in choice["regressions"]:
+        how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
+        md.append(f"- {r['model']} {how} against {r['previous']}: length-controlled win rate {fmt(r['lc'])} "
+                  f"[{fmt(r['lc_ci95'][0])}, {fmt(r['lc_ci95'][1])}].")
+    return md + [""]
 
 
 def headline_section(rep: dict) -> list[str]:
@@ -92,7 +129,13 @@ def headline_section(rep: dict) -> list[str]:
     if info is None:
         return md + ["No headline: `axolotl pofe eval` has not run (or the recipe sets `pofe.eval: false`).", ""]
     if info["skipped"]:
-        return md + [f"No headline: {info['skipped']}.", ""]
+        md += [f"No reward headline: {info['skipped']}.", ""]
+        ev = rep.get("eval")
+        if ev and ev.get("vs_pi_0") and ev["win_matrix_method"] == "pairwise":
+            md += ["Instead, each round's model pi_t against the base pi_0 and against pi_{t-1}, on the "
+                   "held-out prompts, by the pairwise judge (95 % bootstrap intervals over prompts; "
+                   "length-controlled: the win rate at equal length):", "", iterate_wins_table(ev), ""]
+        return md
     decoding, judge = info["decoding"], info["judge"]
     how = ("greedy" if decoding["temperature"] == 0.0
            else f"temperature {decoding['temperature']}, top_p {decoding['top_p']}, seed {decoding['seed']}")
@@ -160,6 +203,42 @@ def models_table(ev: dict, names: list[str]) -> str:
     return table(header, rows)
 
 
+def with_ci(x, ci) -> str:
+    """A rate with its interval: `0.620 [0.510, 0.730]`."""
+    return fmt(x) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci and None not in ci else "")
+
+
+def iterate_wins_table(ev: dict) -> str:
+    """Per round t: pi_t's raw and length-controlled win rates against pi_0 and pi_{t-1}."""
+    names = [m["name"] for m in ev["models"]]
+    rows = []
+    for m in range(1, len(names)):
+        base, prev = ev["vs_pi_0"][m], ev["vs_previous"][m]
+        rows.append([str(m), names[m], with_ci(base["raw"], base["raw_ci95"]), with_ci(base["lc"], base["lc_ci95"]),
+                     with_ci(prev["raw"], prev["raw_ci95"]), with_ci(prev["lc"], prev["lc_ci95"])])
+    return table(["round", "model", "win vs pi_0", "length-controlled vs pi_0", "win vs pi_{t-1}",
+                  "length-controlled vs pi_{t-1}"], rows)
+
+
+def length_section(ev: dict) -> list[str]:
+    """### Better, or only longer? Held-out lengths and length-controlled win rates."""
+    names = [m["name"] for m in ev["models"]]
+    if not ev.get("vs_pi_0"):
+        return []
+    md = ["### Better, or only longer?", "",
+          "Length-controlled win rate (AlpacaEval 2's method, simplified): a logistic regression of the "
+          "judge's preference for the model's answer on the length difference, P(win) = "
+          "sigmoid(a + b tanh(d / sd(d))), d in tokens; reported: sigmoid(a), the win rate at equal length. "
+          "A model that only got longer has a high raw and a ~0.5 length-controlled rate. Brackets: "
+          "bootstrap 95 % intervals over prompts.", "", iterate_wins_table(ev), ""]
+    tokens = ev["response_tokens"]
+    rows = [[n, fmt(tokens["mean"][i], 2), fmt(tokens["median"][i], 1),
+             fmt((ev["vs_pi_0"][i] or {}).get("length_slope"), 2)] for i, n in enumerate(names)]
+    md += [table(["model", "held-out mean tokens", "median tokens", "length slope b vs pi_0"], rows), "",
+           "Held-out tokens count the end-of-turn token when the model stopped; candidate lengths do not.", ""]
+    return md
+
+
 def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
     """### Win rates (and the second judge's): the matrix and its cycles."""
     md: list[str] = []
@@ -173,7 +252,12 @@ def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
         how = ("Bradley-Terry on the scalar rewards, sigmoid(r_row - r_col)"
                if ev["win_matrix_method"] == "bradley_terry" or label else "the pairwise judge, both orders")
         md.append(f"Row beats column, averaged over prompts and sample pairs ({how}).")
-        md += ["", table(["", *names], [[n, *[fmt(x) for x in row]] for n, row in zip(names, matrix)]), ""]
+        cis = ev.get("win_matrix_ci95") if not label else None
+        cells = [[with_ci(x, cis[i][j] if cis and i != j else None) for j, x in enumerate(row)]
+                 for i, row in enumerate(matrix)]
+        if cis:
+            md.append("In brackets: a bootstrap 95 % interval over prompts.")
+        md += ["", table(["", *names], [[n, *row] for n, row in zip(names, cells)]), ""]
         threshold = ev.get("cycle_threshold", 0.5)
         if cycles:
             listed = "; ".join(f"{names[a]} > {names[b]} > {names[c]} > {names[a]}" for a, b, c in cycles)
@@ -207,7 +291,9 @@ def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
                  else "Perplexity: no reference responses in the held-out prompts."))
     md.append("")
     md += win_rate_sections(ev, names)
-    for key, alt in (("winrate", "win-rate matrix"), ("drift", "length, KL and perplexity per iterate")):
+    md += length_section(ev)
+    for key, alt in (("winrate", "win-rate matrix"), ("lengths", "win rates against pi_0 and lengths per round"),
+                     ("drift", "length, KL and perplexity per iterate")):
         if key in plots:
             md += [f"![{alt}]({plots[key]})", ""]
     return md
@@ -222,6 +308,7 @@ def render_markdown(rep: dict, plots: dict[str, str]) -> str:
     md.append("")
     md += headline_section(rep)
     md += samples_section(rep)
+    md += choice_section(rep)
     md += rounds_section(rep, plots)
     md += eval_section(rep["eval"], plots)
     return "\n".join(md)

@@ -1,4 +1,5 @@
-"""report-*.png: rewards per round, loss curves, the win-rate matrix, drift per iterate.
+"""report-*.png: rewards per round, loss curves, win rates against pi_0 and lengths, the
+win-rate matrix, drift per iterate.
 
 Each plot is drawn only when the collected numbers (`collect.collect`) hold its data.
 """
@@ -40,12 +41,12 @@ def rewards_plot(rep: dict, out: Path) -> bool:
         "candidates: mean": [(r["round"], (r["candidates"] or {}).get("mean_reward")) for r in rounds],
         "candidates: best-of-k": [(r["round"], (r["candidates"] or {}).get("best_of_k_reward")) for r in rounds],
         "policy samples": [(r["round"], (r["candidates"] or {}).get("policy_sample_mean_reward")) for r in rounds],
-        "trained model, its prompts": [
+        "pi_t on its own round's prompts (trained on)": [
             (r["round"], (r["trained_on_train_prompts"] or {}).get("model_mean_reward")) for r in rounds
         ],
     }
     if ev and ev.get("mean_reward"):
-        series["held-out reward (pi_t)"] = list(enumerate(ev["mean_reward"]))
+        series["pi_t on the held-out prompts"] = list(enumerate(ev["mean_reward"]))
     series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
     if not any(series.values()):
         return False
@@ -54,7 +55,8 @@ def rewards_plot(rep: dict, out: Path) -> bool:
     for name, points in series.items():
         if points:
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
-    _style(ax, "round t (held-out: model pi_t, 0 = base)")
+    # candidates of round t come from pi_{t-1}; the trained model of round t is pi_t
+    _style(ax, "round t (models: pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
     ax.set_title("Rewards per round")
     _save(plt, fig, out)
@@ -117,6 +119,40 @@ def drift_plot(ev: dict, out: Path) -> None:
     _save(plt, fig, out)
 
 
+def lengths_plot(rep: dict, out: Path) -> bool:
+    """Each iterate's held-out win rate against pi_0, raw and length-controlled, with their
+    intervals; and mean tokens per round: candidates, best and worst, held-out answers."""
+    ev = rep["eval"] or {}
+    wins = [(m, v) for m, v in enumerate(ev.get("vs_pi_0") or []) if v]
+    per_round = [(r["round"], r["lengths"]) for r in rep["rounds"] if r.get("lengths")]
+    if not wins and not per_round:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for key, ci_key, label, dx in (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05)):
+        points = [(m + dx, v[key], v[ci_key]) for m, v in wins if v[key] is not None]
+        if points:
+            lows = [y - (ci[0] if ci[0] is not None else y) for _, y, ci in points]
+            highs = [(ci[1] if ci[1] is not None else y) - y for _, y, ci in points]
+            axes[0].errorbar([x for x, _, _ in points], [y for _, y, _ in points], yerr=[lows, highs],
+                             marker="o", capsize=3, label=label)
+    axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
+    axes[0].set_ylim(0, 1)
+    axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
+    _style(axes[0], "model pi_t")
+    for key, label in (("candidates", "candidates"), ("best", "best (chosen)"), ("worst", "worst (rejected)")):
+        points = [(t, lengths[key]["mean"]) for t, lengths in per_round if lengths[key]["mean"] is not None]
+        if points:
+            axes[1].plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"round t {label}")
+    if ev.get("response_tokens"):
+        axes[1].plot(range(len(ev["response_tokens"]["mean"])), ev["response_tokens"]["mean"], marker="s",
+                     label="held-out answers of pi_t")
+    axes[1].set_title("mean tokens")
+    _style(axes[1], "round t / model pi_t (0 = base)")
+    _save(plt, fig, out)
+    return True
+
+
 def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
     """PNG plots beside the report; returns {name: file name} for those with data."""
     plots: dict[str, str] = {}
@@ -124,6 +160,8 @@ def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
         plots["rewards"] = "report-rewards.png"
     if loss_plot(rep, out_dir / "report-loss.png"):
         plots["loss"] = "report-loss.png"
+    if lengths_plot(rep, out_dir / "report-lengths.png"):
+        plots["lengths"] = "report-lengths.png"
     if rep["eval"]:
         winrate_plot(rep["eval"], out_dir / "report-winrate.png")
         plots["winrate"] = "report-winrate.png"
