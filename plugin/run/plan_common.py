@@ -11,6 +11,7 @@ from pofe import memory_estimate as mem
 from pofe.args import PofeConfig
 from pofe.memory_estimate import GB
 
+from .held_out import held_out_count
 from .prompts import resolve_round_prompts, split_prompts
 
 # A process's resident set before any model on the CPU: Python with torch 2.13 (CPU),
@@ -61,7 +62,7 @@ def round_prompt_counts(pcfg: PofeConfig, prompts: int | None) -> list[int | Non
     with one dataset per round (`round_prompts` a list), `prompts` each."""
     if prompts is None or isinstance(pcfg.round_prompts, list):  # a list: one dataset per round
         return [prompts] * pcfg.rounds
-    held = pcfg.eval.held_out if pcfg.eval else 0
+    held = held_out_count(prompts, pcfg.eval.held_out, pcfg.eval.prompts is not None) if pcfg.eval else 0
     mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
     return [len(r) for r in split_prompts(prompts - held, pcfg.rounds, mode)]
 
