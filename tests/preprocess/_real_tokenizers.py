@@ -65,7 +65,7 @@ def _sentencepiece(model_file: Path, template: str):
     a "▁" prepended, spaces replaced; byte fallback), adding BOS."""
     import sentencepiece
     from tokenizers import normalizers
-    from transformers import LlamaTokenizer
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
@@ -76,11 +76,15 @@ def _sentencepiece(model_file: Path, template: str):
         merges += [(i, pair) for pair in pairs]
     merges = [pair for _, pair in sorted(merges, key=lambda m: m[0])]
     controls = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size()) if sp.is_control(i)]
-    tok = LlamaTokenizer(vocab=vocab, merges=merges, legacy=True, add_bos_token=True, chat_template=template,
-                         additional_special_tokens=controls or None)
-    tok.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.backend_tokenizer.pre_tokenizer = None
-    return tok
+    llama = LlamaTokenizer(vocab=vocab, merges=merges, legacy=True, add_bos_token=True,
+                           additional_special_tokens=controls or None)
+    backend = llama.backend_tokenizer
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.pre_tokenizer = None
+    # saved as a plain fast tokenizer: loading a `LlamaTokenizer` rebuilds its normaliser (no
+    # prefix space after <s>), so vLLM's process would tokenise otherwise than this one
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   chat_template=template, clean_up_tokenization_spaces=False)
 
 
 def _bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:

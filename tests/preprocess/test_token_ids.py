@@ -179,7 +179,13 @@ def check_trained_as_sampled(tok, candidates, engine_ids: list[list[list[int]]])
 @pytest.fixture(scope="module")
 def mistral_policy(tmp_path_factory):
     """A tiny model of Mistral v0.2's vocabulary (32,000) with its tokenizer and template."""
-    return save_tiny_model(tokenizer("mistral"), tmp_path_factory.mktemp("mistral") / "policy", FAVOURED["mistral"])
+    from transformers import AutoTokenizer
+
+    tok = tokenizer("mistral")
+    path = save_tiny_model(tok, tmp_path_factory.mktemp("mistral") / "policy", FAVOURED["mistral"])
+    loaded = AutoTokenizer.from_pretrained(path)  # what the engine loads: it must tokenise as `tok` does
+    assert [render_prompt(loaded, chat).ids for chat in CHATS] == [render_prompt(tok, chat).ids for chat in CHATS]
+    return path
 
 
 @pytest.mark.vllm
