@@ -22,12 +22,12 @@ CLOSE_WAIT_S = 30
 
 
 def rendered(policy, texts: list[str]) -> list:
-    """`texts` (rendered already) as the generators take them: with the policy's token ids."""
-    from transformers import AutoTokenizer
-
+    """`texts` (rendered already) as the generators take them: with the policy's token ids
+    (an adapter's: its base's tokenizer)."""
+    from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.render import Rendered, prompt_token_ids
 
-    tok = AutoTokenizer.from_pretrained(policy)
+    tok = load_tokenizer(str(policy))
     return [Rendered(t, len(ids), ids=ids) for t in texts for ids in [prompt_token_ids(tok, t)]]
 
 
