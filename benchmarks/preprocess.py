@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def raw_completions(base_url: str, model: str, prompts: list[str], n: int, sampling, batch_size: int) -> None:
-    """vLLM's server without POFE: one /completions request per batch of prompts, n samples each."""
+def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int, sampling, batch_size: int) -> None:
+    """vLLM's server without POFE: one /completions request per batch of token-id prompts, n samples each."""
     import httpx
 
     for start in range(0, len(prompts), batch_size):
@@ -113,13 +113,13 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
     judge_cfg = JudgeConfig(type="python", function=f"{__name__}:counting_reward")
     generator = make_generator(gen_cfg, policy)
     tokenizer = load_tokenizer(policy)
-    rendered = [render_prompt(tokenizer, r["prompt"]).text for r in rows]
+    rendered = [render_prompt(tokenizer, r["prompt"]) for r in rows]
 
     def direct(rep):
         if base_url is None:
             generator.generate(rendered, k, gen_cfg.sampling())
-        else:
-            raw_completions(base_url, policy, rendered, k, gen_cfg.sampling(), gen_cfg.batch_size)
+        else:  # the ids POFE sends, batched as a direct user would
+            raw_completions(base_url, policy, [r.ids for r in rendered], k, gen_cfg.sampling(), gen_cfg.batch_size)
 
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg, judge=judge_cfg,

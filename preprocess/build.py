@@ -4,7 +4,9 @@ Output rows, one per prompt, with the method's label column (`Target.column`; th
 the judge's rewards, or the candidates' win rates when `Target.from_win_rates`):
     rrhf: {"prompt": <as input>, "responses": [str], "rewards": [float]}
     sppo: {"prompt": <as input>, "responses": [str], "win_rates": [float in [0, 1]]}
-The training side takes them as they are (`pofe.data.formats.candidate_row`).
+plus "response_ids" (per response: the sampled ids less the stop token, or None for a
+dataset response) when the backend returned ids. The training side takes them as they are
+(`pofe.data.formats.candidate_row`) and scores those ids (`pofe.preprocess.token_ids`).
 """
 
 from __future__ import annotations
@@ -44,15 +46,20 @@ def build_rows(
         if len(r["responses"]) < min_candidates:
             dropped["too_few_candidates"] += 1
             continue
-        responses, labels = r["responses"], r[verdicts]
+        labels = r[verdicts]
+        idx = list(range(len(labels)))
         if keep == "best_worst":
-            best = max(range(len(labels)), key=lambda k: (labels[k], -k))
-            worst = min(range(len(labels)), key=lambda k: (labels[k], k))
+            best = max(idx, key=lambda k: (labels[k], -k))
+            worst = min(idx, key=lambda k: (labels[k], k))
             if best == worst:  # all tied: any two distinct candidates
                 best, worst = 0, len(labels) - 1
             idx = [best, worst]
-            responses, labels = [responses[k] for k in idx], [labels[k] for k in idx]
-        data.append({"prompt": r["prompt"], "responses": responses, target.column: labels})
+        row = {"prompt": r["prompt"], "responses": [r["responses"][k] for k in idx], target.column: [labels[k] for k in idx]}
+        # the sampled ids training scores (judge shards from before they were kept have none)
+        ids = r.get("response_ids") or [None] * len(r["responses"])
+        if any(ids[k] is not None for k in idx):
+            row["response_ids"] = [ids[k] for k in idx]
+        data.append(row)
     return data, dropped
 
 
@@ -105,6 +112,11 @@ def summarise(
         "mean_candidate_reward": _mean([x for rs in rewards for x in rs]),
         "mean_best_of_k_reward": _mean([max(rs) for rs in rewards]),
         "mean_candidate_tokens": _mean(tokens),
+        # policy candidates trained on their sampled ids, those the backend gave none for (trained
+        # on their text, tokenised again), and how many of the first the text would have changed
+        "candidates_with_sampled_ids": _sampled(live, True),
+        "candidates_without_sampled_ids": _sampled(live, False),
+        "candidates_retokenized_differently": sum(g.get("retokenized_differently") or 0 for g in live),
         "mean_candidate_chars": _mean(chars),
         "mean_best_win_rate": _mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "mean_win_rate_spread": _mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
@@ -120,6 +132,16 @@ def summarise(
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),
     }
+
+
+def _sampled(live: list[dict], with_ids: bool) -> int:
+    """Policy candidates with (or without) sampled ids, over the generate rows."""
+    return sum(
+        (ids is not None) == with_ids
+        for g in live
+        for ids, source in zip(g.get("candidate_ids") or [None] * len(g["candidates"]), g["sources"])
+        if source == "policy"
+    )
 
 
 def _spread(rates: list[float]) -> float:

@@ -210,6 +210,11 @@ class OpenAIClient:
 
     def completions(self, payload: dict) -> list[dict]:
         """POST /completions; the choices sorted by their index. Raises EndpointError if absent."""
+        return self.completions_with_usage(payload)[0]
+
+    def completions_with_usage(self, payload: dict) -> tuple[list[dict], dict | None]:
+        """POST /completions; the choices sorted by their index, and the body's `usage` (None
+        if absent or not an object). Raises EndpointError if the choices are absent."""
         body = self.post("completions", payload)
         choices = body.get("choices")
         if not isinstance(choices, list) or not all(isinstance(c, dict) and "text" in c for c in choices):
@@ -220,4 +225,5 @@ class OpenAIClient:
                 1,
                 NOT_OPENAI_HINT,
             )
-        return sorted(choices, key=lambda c: c.get("index", 0))
+        usage = body.get("usage")
+        return sorted(choices, key=lambda c: c.get("index", 0)), usage if isinstance(usage, dict) else None

@@ -22,9 +22,10 @@ from pofe.methods import Target
 
 from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
-from .generators import Generator, finish_reason
+from .generators import Generator, finish_reason, sampled_ids
 from .judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
-from .render import render_prompt
+from .render import as_messages, render_prompt
+from .token_ids import content_ids, end_of_turn_ids, retokenized_ids
 from .win_rates import scalar_preferences, win_rates
 
 
@@ -76,9 +77,12 @@ def generate_shard(
     """Candidates for one shard of prompts (`shard`: its file, named in errors).
 
     Returns one dict per input row: index, prompt, rendered (the prompt text the backend got),
-    candidates (deduplicated, dataset responses
-    first), sources, finish_reasons (per candidate: "stop", "length", or None for dataset
-    responses and backends that do not say), candidate_tokens, counts of truncated / empty /
+    prompt_ids (the token ids it was conditioned on: the trainer's), candidates (deduplicated,
+    dataset responses first), sources, finish_reasons (per candidate: "stop", "length", or None
+    for dataset responses and backends that do not say), candidate_ids (per candidate: the
+    sampled ids less the stop token, which training scores; None for dataset responses and
+    backends that return none), retokenized_differently (how many of them the chat template's
+    text, tokenised again, would not have given), candidate_tokens, counts of truncated / empty /
     duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
     candidates that ended at max_new_tokens (finish reason "length").
     """
@@ -87,7 +91,7 @@ def generate_shard(
         for r in rows
     ]
     live = [i for i, r in enumerate(rendered) if r.text is not None]
-    gen = generator.generate([rendered[i].text for i in live], cfg.num_candidates, sampling) if live else []
+    gen = generator.generate([rendered[i] for i in live], cfg.num_candidates, sampling) if live else []
     if len(gen) != len(live) or any(len(g) != cfg.num_candidates for g in gen):
         raise RuntimeError(
             f"backend {getattr(generator, 'name', generator)!r} returned {[len(g) for g in gen]} candidates for "
@@ -100,47 +104,63 @@ def generate_shard(
     for i, (row, r) in enumerate(zip(rows, rendered)):
         # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
         # read that (PairRM, as the SPPO scripts feed it)
-        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column], "rendered": r.text}
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column], "rendered": r.text,
+                               "prompt_ids": r.ids}
         if r.text is None:
-            rec.update(candidates=[], sources=[], finish_reasons=[], candidate_tokens=[], exact_dups=0,
-                       near_dups=0, empty=0, truncated_dropped=0, dropped=r.reason)
-            out.append(rec)
-            continue
-        cands, sources = [], []
-        for col in cfg.include_dataset_responses:
-            for text in column_texts(row, col, first_index + i):
-                cands.append(text)
-                sources.append(col)
-        cands += by_row[i]
-        sources += ["policy"] * len(by_row[i])
-        # candidate texts, sources and finish reasons, filtered together
-        cols = ([str(c) for c in cands], sources, [finish_reason(c) for c in cands])
-        n = len(cols[0])
-        if truncated == "drop":
-            cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
-        cut, n = n - len(cols[0]), len(cols[0])
-        # a policy may answer with end-of-turn at once (trained ones do): nothing to score
-        cols = _take(cols, [k for k, c in enumerate(cols[0]) if c.strip()])
-        empty = n - len(cols[0])
-        exact = near = 0
-        if cfg.dedupe:
-            kept, exact, near = dedupe(cols[0])
-            cols = _take(cols, kept)
-        cands, sources, finish = cols
-        rec.update(
-            candidates=cands,
-            sources=sources,
-            finish_reasons=finish,
-            candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
-            exact_dups=exact,
-            near_dups=near,
-            empty=empty,
-            truncated_dropped=cut,
-            truncated=r.truncated,
-            dropped=None,
-        )
+            rec.update(candidates=[], sources=[], finish_reasons=[], candidate_ids=[], retokenized_differently=0,
+                       candidate_tokens=[], exact_dups=0, near_dups=0, empty=0, truncated_dropped=0, dropped=r.reason)
+        else:
+            dataset = [(text, col) for col in cfg.include_dataset_responses
+                       for text in column_texts(row, col, first_index + i)]
+            rec.update(_row_candidates(dataset, by_row[i], tokenizer, cfg, truncated), truncated=r.truncated,
+                       dropped=None)
+            rec["retokenized_differently"] = _retokenized_differently(tokenizer, row[prompt_column], rec)
         out.append(rec)
     return out
+
+
+def _row_candidates(dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig,
+                    truncated: str) -> dict[str, Any]:
+    """One prompt's candidates (its dataset responses first, then the policy's), filtered:
+    truncated ones (if asked), empty ones, duplicates; texts, sources, finish reasons and
+    sampled ids are filtered together."""
+    ids = [None] * len(dataset) + [
+        None if sampled_ids(c) is None else content_ids(sampled_ids(c), finish_reason(c), tokenizer) for c in sampled
+    ]
+    cols = ([t for t, _ in dataset] + [str(c) for c in sampled], [s for _, s in dataset] + ["policy"] * len(sampled),
+            [None] * len(dataset) + [finish_reason(c) for c in sampled], ids)
+    n = len(cols[0])
+    if truncated == "drop":
+        cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
+    cut, n = n - len(cols[0]), len(cols[0])
+    # a policy may answer with end-of-turn at once (trained ones do): nothing to score
+    cols = _take(cols, [k for k, c in enumerate(cols[0]) if c.strip()])
+    empty = n - len(cols[0])
+    exact = near = 0
+    if cfg.dedupe:
+        kept, exact, near = dedupe(cols[0])
+        cols = _take(cols, kept)
+    cands, sources, finish, ids = cols
+    return dict(
+        candidates=cands, sources=sources, finish_reasons=finish, candidate_ids=ids,
+        candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
+        exact_dups=exact, near_dups=near, empty=empty, truncated_dropped=cut,
+    )
+
+
+def _retokenized_differently(tokenizer, prompt, rec: dict) -> int | None:
+    """How many candidates with sampled ids training would have scored as other ids had it
+    tokenised their text again (None: no chat template, so training cannot run on this
+    tokenizer anyway)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = as_messages(prompt)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    end = end_of_turn_ids(tokenizer, messages, text)
+    return sum(
+        retokenized_ids(tokenizer, messages, text, c) != ids + end
+        for c, ids in zip(rec["candidates"], rec["candidate_ids"]) if ids is not None
+    )
 
 
 def _take(cols: tuple[list, ...], kept: list[int]) -> tuple[list, ...]:
@@ -210,6 +230,7 @@ def judge_shard(
             k = len(r["candidates"])
             out_by_index[r["index"]] = {
                 "responses": r["candidates"],
+                "response_ids": _candidate_ids(r),
                 "rewards": None,
                 "win_rates": [_round(x) for x in win_rates(verdict.matrix.to(torch.float64)).tolist()],
                 "judged": k * (k - 1) // 2,
@@ -223,6 +244,7 @@ def judge_shard(
             rewards = [float(sc[k]) for k in keep]
             rec = {
                 "responses": [r["candidates"][k] for k in keep],
+                "response_ids": [_candidate_ids(r)[k] for k in keep],
                 "rewards": rewards,
                 "win_rates": None,
                 "judged": len(sc),
@@ -244,6 +266,11 @@ def judge_shard(
         rec.update(out_by_index.get(r["index"], {"responses": [], "rewards": None, "win_rates": None, "abstained": 0}))
         out.append(rec)
     return out
+
+
+def _candidate_ids(gen_row: dict) -> list[list[int] | None]:
+    """A generate row's sampled ids per candidate (shards from before they were kept have none)."""
+    return gen_row.get("candidate_ids") or [None] * len(gen_row["candidates"])
 
 
 def _cap(reason: str) -> str:

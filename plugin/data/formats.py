@@ -164,13 +164,17 @@ def candidate_row(row: Mapping[str, Any], index: int, *, target: Target, source:
     The pipeline has checked what it wrote (non-empty candidates, labels from its judge), so
     only the shapes change: the prompt becomes chat messages, each response an assistant
     message. Identical candidate texts stay as sampled: SPPO keeps all K samples, and
-    a judge's verdicts on two copies of one text may differ.
+    a judge's verdicts on two copies of one text may differ. `response_ids` (the sampled ids,
+    None for a dataset response) pass through when the pipeline kept them.
     """
-    return {
+    out = {
         "prompt": _prompt_messages(row["prompt"], "prompt", row_error(source, index)),
         "responses": [{"role": "assistant", "content": text} for text in row["responses"]],
         target.column: row[target.column],
     }
+    if row.get("response_ids") is not None:  # the ids the policy sampled: trained as they are
+        out["response_ids"] = row["response_ids"]
+    return out
 
 
 def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict], list[str]]:

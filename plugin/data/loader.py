@@ -41,7 +41,7 @@ from .tokenize import tokenize_row
 LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
-PREPARED_FORMAT_VERSION = 1
+PREPARED_FORMAT_VERSION = 2  # 2: sampled response ids trained as they are
 
 
 def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False) -> TrainDatasetMeta:

@@ -4,12 +4,16 @@ The prompt is rendered with `add_generation_prompt=True`; each response is the t
 template adds after it for one assistant turn (so the end-of-turn tokens are scored,
 and the model learns to stop). Prompt and responses are tokenised apart, so the
 collator can lay out each candidate as `prompt_ids + response_ids[j]` and score only
-response tokens.
+response tokens. A response the policy sampled (rows of the candidate pipeline carry
+`response_ids`) is scored on its sampled ids plus the template's end of turn, not its
+text tokenised again (`pofe.preprocess.token_ids` says why).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
+
+from pofe.preprocess.token_ids import end_of_turn_ids, response_text
 
 from ..layout import candidate_float_columns
 
@@ -19,17 +23,18 @@ def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
     prompt = tokenizer.apply_chat_template(
         row["prompt"], tokenize=False, add_generation_prompt=True
     )
-    responses = []
-    for message in row["responses"]:
-        full = tokenizer.apply_chat_template(row["prompt"] + [message], tokenize=False)
-        if not full.startswith(prompt):
-            raise ValueError(
-                "the chat template does not render a conversation as the generation "
-                "prompt followed by the assistant turn, so response tokens cannot be "
-                "told apart; set `chat_template:` to a template that does (e.g. chatml)"
-            )
-        responses.append(full[len(prompt) :])
-    return prompt, responses
+    return prompt, [response_text(tokenizer, row["prompt"], prompt, m["content"]) for m in row["responses"]]
+
+
+def response_token_ids(row: dict[str, Any], tokenizer, prompt: str, texts: list[str]) -> list[list[int]]:
+    """Each response's ids: its sampled ids and the template's end of turn when the row has
+    them (`response_ids`, from the candidate pipeline), else its text tokenised alone."""
+    sampled = row.get("response_ids") or [None] * len(texts)
+    end = end_of_turn_ids(tokenizer, row["prompt"], prompt) if any(ids is not None for ids in sampled) else []
+    return [
+        tokenizer(text, add_special_tokens=False)["input_ids"] if ids is None else list(ids) + end
+        for text, ids in zip(texts, sampled, strict=True)
+    ]
 
 
 def tokenize_row(
@@ -49,9 +54,7 @@ def tokenize_row(
     """
     prompt_text, response_texts = render_row(row, tokenizer)
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    response_ids = [
-        tokenizer(text, add_special_tokens=False)["input_ids"] for text in response_texts
-    ]
+    response_ids = response_token_ids(row, tokenizer, prompt_text, response_texts)
     too_long = len(prompt_ids) + max(len(r) for r in response_ids) > sequence_len
     keep = not (too_long and truncation == "drop")
     if too_long and truncation == "truncate":

@@ -157,6 +157,12 @@ class GenerateConfig(StrictConfig):
         "drop",
         description="Over-long prompts: drop the row (counted) or keep its LAST tokens.",
     )
+    openai_prompt: Literal["token_ids", "text"] = Field(
+        "token_ids",
+        description="openai: what /v1/completions gets as the prompt: the trainer's token ids (vLLM, "
+        "SGLang), or the rendered text with add_special_tokens: false (vLLM's extension). Either way "
+        "POFE checks the server's prompt token count and refuses one that added a token (a second BOS).",
+    )
     batch_size: BatchSize = 8
     request_timeout: float = Field(
         120.0, gt=0.0, le=3600.0, description="openai: seconds per try, connect to last byte."

@@ -1,7 +1,10 @@
 """Candidate generation: one small interface, three backends.
 
     generator = make_generator(cfg, policy_path)
-    candidates = generator.generate(rendered_prompts, n, cfg.sampling())   # P x n strings
+    candidates = generator.generate(rendered_prompts, n, cfg.sampling())   # P x n Completions
+
+Each backend gets every prompt as the trainer's token ids (`render.Rendered.ids`) and returns
+the ids it sampled where it can (`Completion.token_ids`), so training scores what was sampled.
 
 Backends: `transformers` (hf.py: local `model.generate`: sample, beam, diverse_beam),
 `openai` (openai.py: any OpenAI-compatible server's /v1/completions: sample; with
@@ -13,7 +16,7 @@ A new backend is one module here implementing `base.Generator`, and one branch b
 from __future__ import annotations
 
 from ..config import GenerateConfig
-from .base import Completion, Generator, finish_reason
+from .base import Completion, Generator, finish_reason, sampled_ids
 
 
 def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdir=None) -> Generator:
@@ -33,7 +36,9 @@ def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdi
         from ..openai_client import OpenAIClient
         from .openai import OpenAIGenerator
 
-        return OpenAIGenerator(OpenAIClient.from_config(cfg), model, concurrency=cfg.batch_size)
+        return OpenAIGenerator(
+            OpenAIClient.from_config(cfg), model, concurrency=cfg.batch_size, prompt_as=cfg.openai_prompt
+        )
     if cfg.backend == "vllm":
         from .vllm import VLLMGenerator
 
@@ -41,4 +46,4 @@ def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdi
     raise ValueError(f"unknown generate.backend {cfg.backend!r}")
 
 
-__all__ = ["Completion", "Generator", "finish_reason", "make_generator"]
+__all__ = ["Completion", "Generator", "finish_reason", "make_generator", "sampled_ids"]

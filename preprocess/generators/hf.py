@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import Sampling
+from ..render import Rendered, prompt_token_ids
 from .base import Completion
 from .diverse_beam import diverse_beam_search
 
@@ -88,9 +89,10 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 @torch.no_grad()
 def sample_responses(
-    model, tokenizer, prompts: list[str], n: int, sampling: Sampling, *, batch_size: int
+    model, tokenizer, prompts: list[str] | list[list[int]], n: int, sampling: Sampling, *, batch_size: int
 ) -> list[list[Sample]]:
-    """P rendered prompt strings -> P lists of n Samples, for every `sampling.strategy`.
+    """P rendered prompts (strings, tokenised as the trainer does, or token ids) -> P lists of
+    n Samples, for every `sampling.strategy`.
 
     Temperature 0 with strategy `sample` is greedy decoding (one response: n must be 1).
     Batch b is seeded with `sampling.seed + b` inside `torch.random.fork_rng`, so the same
@@ -100,17 +102,13 @@ def sample_responses(
     if sampling.strategy == "sample" and sampling.temperature == 0.0 and n != 1:
         raise ValueError(f"temperature 0 (greedy) gives one response per prompt, asked for n={n}")
     device = next(model.parameters()).device
-    add_special = not getattr(tokenizer, "chat_template", None)  # a chat template writes BOS itself
+    ids = [p if isinstance(p, list) else prompt_token_ids(tokenizer, p) for p in prompts]
     stops = stop_token_ids(model, tokenizer)
     out: list[list[Sample]] = []
-    for b, start in enumerate(range(0, len(prompts), batch_size)):
+    for b, start in enumerate(range(0, len(ids), batch_size)):
         # Left padding: every row of a decoder-only batch must end at its last prompt token.
-        enc = tokenizer(
-            prompts[start : start + batch_size],
-            return_tensors="pt",
-            padding=True,
-            padding_side="left",
-            add_special_tokens=add_special,
+        enc = tokenizer.pad(
+            {"input_ids": ids[start : start + batch_size]}, padding=True, padding_side="left", return_tensors="pt"
         ).to(device)
         with _seeded(sampling.seed + b):
             new = _generate(model, tokenizer, enc, n, sampling, stops)  # (B * n, T)
@@ -190,15 +188,16 @@ class TransformersGenerator:
         self.model = load_policy(model_path, device=device, dtype=dtype)
         self.batch_size = batch_size
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
-        """prompts: P rendered strings -> P lists of n candidates."""
+    def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """prompts: P rendered prompts (generated from their ids) -> P lists of n candidates."""
         greedy = sampling.strategy == "sample" and sampling.temperature == 0.0
         samples = sample_responses(
-            self.model, self.tokenizer, prompts, 1 if greedy else n, sampling, batch_size=self.batch_size
+            self.model, self.tokenizer, [list(p.ids) for p in prompts], 1 if greedy else n, sampling,
+            batch_size=self.batch_size,
         )
         if greedy:  # one decode, n copies (dedupe drops them later)
             samples = [[row[0]] * n for row in samples]
-        return [[Completion(s.text, s.finish_reason) for s in row] for row in samples]
+        return [[Completion(s.text, s.finish_reason, s.response_ids) for s in row] for row in samples]
 
     def close(self) -> None:
         """Drop the model (the pipeline frees its memory before the judge loads)."""

@@ -40,6 +40,7 @@ from pofe.files import private_opener
 from ..config import GenerateConfig, Sampling, read_api_key, redact_text, resolve_env
 from ..config.credentials import command_secrets, env_reference
 from ..openai_client import EndpointError, OpenAIClient, status_hint
+from ..render import Rendered
 from .adapters import max_lora_rank, read_adapter
 from .openai import OpenAIGenerator
 
@@ -258,13 +259,14 @@ class ServedGenerator:
             self.server.stop()
             raise
         client_cfg = cfg.model_copy(update={"base_url": base_url})
-        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name, concurrency=cfg.batch_size)
+        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name, concurrency=cfg.batch_size,
+                                     prompt_as=cfg.openai_prompt)
 
     @property
     def client(self) -> OpenAIClient:
         return self.inner.client  # its request counts go to summary.json
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[str]]:
+    def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[str]]:
         if self.server.exit_code is not None:
             raise ServerExited(self.server.describe("exited before this batch") + _RESUME_HINT)
         try:

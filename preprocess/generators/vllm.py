@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ..config import Sampling
 from .adapters import max_lora_rank, read_adapter
-from .base import Completion
+from ..render import Rendered
+from .base import Completion, check_prompt_seen
 
 INSTALL_HINT = (
     "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "
@@ -46,8 +47,10 @@ class VLLMGenerator:
             model_path = adapter["base_model_name_or_path"]
         self.llm = vllm.LLM(model=model_path, **llm_kwargs)
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
-        """prompts: P rendered strings -> P lists of n candidates ("stop" or "length", as vLLM says)."""
+    def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """prompts: P rendered prompts -> P lists of n candidates ("stop" or "length", as vLLM
+        says, with the ids sampled). vLLM gets each prompt's token ids (a TokensPrompt), never
+        its text: tokenising the text again would add a BOS to the one the template wrote."""
         if sampling.strategy != "sample":
             raise ValueError(f"the vllm backend supports strategy 'sample' only, got {sampling.strategy!r}")
         params = [
@@ -61,8 +64,14 @@ class VLLMGenerator:
             )
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
-        return [[Completion(c.text, c.finish_reason) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
+        token_prompts = [{"prompt_token_ids": list(p.ids)} for p in prompts]
+        outs = self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self.lora_request)
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+            check_prompt_seen(p.ids, o.prompt_token_ids, "vLLM", i)
+        return [
+            [Completion(c.text, c.finish_reason, list(c.token_ids)) for c in sorted(o.outputs, key=lambda c: c.index)]
+            for o in outs
+        ]
 
     def close(self) -> None:
         """Stop the engine: its core process holds the weights and KV cache on the GPU until

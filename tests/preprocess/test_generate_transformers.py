@@ -33,11 +33,11 @@ def gen(tiny_policy):
 def prompts(tiny_policy):
     tok = load_tokenizer(str(tiny_policy))
     raw = ["What is 1+2?", [{"role": "user", "content": "Say hi"}], "2+2="]
-    return [render_prompt(tok, p).text for p in raw]
+    return [render_prompt(tok, p) for p in raw]
 
 
 def test_rendering_uses_the_chat_template(prompts):
-    assert prompts[0] == "<|user|>What is 1+2?<|end|><|assistant|>"
+    assert prompts[0].text == "<|user|>What is 1+2?<|end|><|assistant|>"
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_generation_config_stop_tokens_end_responses(tiny_policy, prompts):
     g = TransformersGenerator(str(tiny_policy), batch_size=2)
     g.model.generation_config.eos_token_id = list(range(len(g.tokenizer)))
     sampling = GenerateConfig(num_candidates=3, max_new_tokens=8, temperature=1.0).sampling()
-    samples = sample_responses(g.model, g.tokenizer, prompts[:2], 3, sampling, batch_size=2)
+    samples = sample_responses(g.model, g.tokenizer, [p.text for p in prompts[:2]], 3, sampling, batch_size=2)
     assert [[len(s.response_ids) for s in row] for row in samples] == [[1, 1, 1], [1, 1, 1]]
     out = g.generate(prompts[:2], 3, sampling)
     assert [[c.finish_reason for c in row] for row in out] == [["stop"] * 3] * 2

@@ -20,6 +20,7 @@ from pofe.preprocess.judges import Abstain
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.judges.pairwise import PairwiseLLMJudge
 from pofe.preprocess.openai_client import EndpointError, OpenAIClient, retry_after_seconds
+from pofe.preprocess.render import Rendered
 from pofe.preprocess.win_rates import win_rates
 
 
@@ -77,6 +78,11 @@ def _client(url, **kw):
     return OpenAIClient(url, **kw)
 
 
+def _rendered(*texts):
+    """Rendered prompts whose ids are (index, length of text): what POFE sends by default."""
+    return [Rendered(t, 2, ids=[i, len(t)]) for i, t in enumerate(texts)]
+
+
 def _sampling(n=3, seed=10):
     return GenerateConfig(backend="openai", base_url="http://127.0.0.1:1/v1", num_candidates=n, seed=seed).sampling()
 
@@ -84,9 +90,9 @@ def _sampling(n=3, seed=10):
 def test_generate_ok_order_and_seeds():
     with FakeServer(completions_ok) as srv:
         gen = OpenAIGenerator(_client(srv.url), "m")
-        out = gen.generate(["p0", "p1"], 3, _sampling())
+        out = gen.generate(_rendered("p0", "p1"), 3, _sampling())
     assert out == [["cand 10-0", "cand 10-1", "cand 10-2"], ["cand 11-0", "cand 11-1", "cand 11-2"]]
-    assert {b["prompt"] for _, b in srv.requests} == {"p0", "p1"}
+    assert sorted(b["prompt"] for _, b in srv.requests) == [[0, 2], [1, 2]]  # the token ids, not the text
     assert all(p == "/v1/completions" and b["n"] == 3 for p, b in srv.requests)
 
 
@@ -99,7 +105,7 @@ def test_connection_refused_names_url_after_bounded_retries():
     gen.client.backoff = 0.01
     t = time.monotonic()
     with pytest.raises(EndpointError, match=rf"POST http://127.0.0.1:{port}/v1/completions failed after 3 tries: connection refused"):
-        gen.generate(["p"], 2, cfg.sampling())
+        gen.generate(_rendered("p"), 2, cfg.sampling())
     assert time.monotonic() - t < 10
     assert gen.client.stats.as_dict()["requests"] == 3 and gen.client.stats.retries == 2
 
@@ -125,7 +131,7 @@ def test_garbage_is_retried_then_reported():
 def test_wrong_number_of_choices_is_an_error():
     with FakeServer(lambda p, b, a: (200, json.dumps({"choices": [{"index": 0, "text": "x"}]}), 0.0)) as srv:
         with pytest.raises(EndpointError, match="asked for n=3 completions, got 1"):
-            OpenAIGenerator(_client(srv.url), "m").generate(["p"], 3, _sampling())
+            OpenAIGenerator(_client(srv.url), "m").generate(_rendered("p"), 3, _sampling())
 
 
 def test_500_then_recovers_with_counts():
@@ -134,7 +140,7 @@ def test_500_then_recovers_with_counts():
 
     with FakeServer(flaky) as srv:
         gen = OpenAIGenerator(_client(srv.url, max_retries=3), "m", concurrency=1)
-        out = gen.generate(["p"], 2, _sampling(n=2))
+        out = gen.generate(_rendered("p"), 2, _sampling(n=2))
     assert out == [["cand 10-0", "cand 10-1"]]
     assert gen.client.stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "causes": {}}
 
@@ -158,7 +164,7 @@ def test_api_key_sent_in_header_never_in_errors(monkeypatch):
         cfg = GenerateConfig(backend="openai", base_url=srv.url, api_key_env="POFE_TEST_KEY", max_retries=0)
         gen = make_generator(cfg, "policy")
         with pytest.raises(EndpointError) as e:
-            gen.generate(["p"], 2, cfg.sampling())
+            gen.generate(_rendered("p"), 2, cfg.sampling())
     assert srv.request_headers[0]["Authorization"] == "Bearer secret-123"  # as sent on the wire
     assert "secret-123" not in str(e.value) and "secret-123" not in json.dumps(cfg.public_dict())
 

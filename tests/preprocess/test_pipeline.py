@@ -672,5 +672,6 @@ def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_polic
                 generate=GenerateConfig(num_candidates=2, dedupe=False),
                 judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
                 candidates=PipelineConfig(out_dir=str(tmp_path / "c"), progress=False),
-                generator=OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "policy"),
+                # the prompt as text, so the fake server can tell the prompts apart
+                generator=OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "policy", prompt_as="text"),
             )

@@ -26,6 +26,7 @@ from pofe.preprocess.generators.served import (
     render_command,
 )
 from pofe.preprocess.pipeline import SHARD_SEED_STRIDE, run_pipeline
+from pofe.preprocess.render import Rendered
 from tests.vllm_server import VLLM_CPU_ENV, vllm_cpu_command
 
 PROMPTS = [{"prompt": f"{i}+{i + 1}="} for i in range(8)]
@@ -293,7 +294,8 @@ def test_served_pipeline_equals_direct_server_and_stops_it(reference_run, vllm_s
     for shard in _shards(reference_run):
         s = shard["index"] // SHARD_SIZE
         sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
-        (expected,) = direct.generate([shard["rendered"]], cfg.num_candidates, sampling)
+        prompt = Rendered(shard["rendered"], len(shard["prompt_ids"]), ids=shard["prompt_ids"])
+        (expected,) = direct.generate([prompt], cfg.num_candidates, sampling)
         assert shard["candidates"] == [c for c in expected if c.strip()]  # the stage drops empty ones
     summary = json.loads((reference_run / "summary.json").read_text())
     assert summary["generate_client_requests_last_run"]["requests"] == len(PROMPTS)
@@ -346,14 +348,14 @@ def test_adapter_served_as_lora_module_matches_peft(vllm_python, tiny_policy, tm
     """A PEFT adapter policy is served as a LoRA module on its base (no merge): greedy answers
     equal peft's base + adapter, and differ from the base's."""
     from tests.preprocess._lora import greedy_answers, strong_adapter
-    from tests.preprocess._vllm_inprocess_driver import PROMPTS as RENDERED
+    from tests.preprocess._vllm_inprocess_driver import PROMPTS, rendered
 
     adapter = strong_adapter(tiny_policy, tmp_path / "adapter")
-    with_adapter = greedy_answers(tiny_policy, RENDERED, adapter)
-    assert with_adapter != greedy_answers(tiny_policy, RENDERED)
+    with_adapter = greedy_answers(tiny_policy, PROMPTS, adapter)
+    assert with_adapter != greedy_answers(tiny_policy, PROMPTS)
     gen = ServedGenerator(_served(vllm_python), str(adapter), tmp_path)
     try:
-        answers = gen.generate(RENDERED, 1, Sampling(temperature=0.0, max_new_tokens=8))
+        answers = gen.generate(rendered(tiny_policy, PROMPTS), 1, Sampling(temperature=0.0, max_new_tokens=8))
     finally:
         gen.close()
     assert [a[0] for a in answers] == with_adapter

@@ -30,7 +30,7 @@ def test_openai_backend_generates_and_is_seeded(vllm_server, tiny_policy):
                          temperature=1.0, seed=5)
     gen = make_generator(cfg, str(tiny_policy))
     tok = load_tokenizer(str(tiny_policy))
-    prompts = [render_prompt(tok, p).text for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
+    prompts = [render_prompt(tok, p) for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
     a = gen.generate(prompts, 4, cfg.sampling())
     b = gen.generate(prompts, 4, cfg.sampling())
     assert [len(x) for x in a] == [4, 4, 4]
