@@ -345,3 +345,41 @@ def test_negative_ranks_and_positive_anchor_log_probs_are_refused():
     row = normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4],
                          "anchor_logps": [0.0, 1e-6]}, 0, SPPO)
     assert row["anchor_logps"] == [0.0, 1e-6]
+
+
+def test_rows_with_opposite_labels_or_a_reversed_ucla_pair_are_counted_and_warned(caplog):
+    """Row 2 repeats row 0's prompt with the order of "4" and "5" reversed; row 3 repeats it in the
+    same order (no conflict); row 1 has another prompt. In the UCLA layout, row 1's chosen has the
+    lower win rate."""
+    from datasets import Dataset
+
+    from pofe.data.label_checks import text_keys
+    from pofe.data.loader import LOG, _warn_suspicious_labels
+
+    rows = [good_rrhf(), good_rrhf(prompt="3+3="), good_rrhf(rewards=[0.2, 1.0, 0.3]), good_rrhf(rewards=[5.0, 1.0, 2.0])]
+    canonical = [normalize_row(r, n, RRHF) for n, r in enumerate(rows)]
+    part = Dataset.from_list([{**text_keys(c), "rewards": c["rewards"]} for c in canonical])
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        assert _warn_suspicious_labels(part, RRHF, "rewards") == (1, 0)
+        ucla = Dataset.from_list([{"prompt_key": str(n), "response_keys": ["c", "r"], "win_rates": w}
+                                  for n, w in enumerate([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])])
+        ucla_entry = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
+        assert _warn_suspicious_labels(ucla, ucla_entry, "win_rates") == (0, 1)
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert ("1 of 4 rows of data/c.jsonl rank two responses of a prompt in the opposite order to an earlier "
+            "row with the same prompt (rows (0, 2))") in caplog.text
+    assert "1 of 3 rows of UCLA-AGI/x have chosen_probs_win < chosen_probs_lose (rows 1)" in caplog.text
+
+
+def test_sppo_rows_with_all_equal_win_rates_are_counted_and_warned(caplog):
+    from pofe.data.loader import LOG, _warn_equal_labels
+    from pofe.methods import SPPO as SPPO_SPEC
+
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        assert _warn_equal_labels([[1.0, 1.0], [0.7, 0.3]], "s.jsonl", SPPO_SPEC) == 1
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert "1 of 2 rows of s.jsonl have all-equal win rates; SPPO learns no preference" in caplog.text
