@@ -8,6 +8,7 @@ from axolotl.integrations.base import BasePlugin
 
 from .args import pofe_config, translate_raw_config
 from .methods import method_spec
+from .paths import check_unexpanded_paths
 
 
 class PofePlugin(BasePlugin):
@@ -22,6 +23,7 @@ class PofePlugin(BasePlugin):
         # Files it names are checked here, once per loaded recipe (`axolotl.cli.config.load_cfg`
         # calls this hook, so `pofe.run.recipe.load_recipe` does too).
         pofe_config(cfg).check_files()
+        check_unexpanded_paths(cfg)
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"
