@@ -125,6 +125,9 @@ SPPO = MethodSpec(
     report_curves=("sppo/logratio", "sppo/target"),
     report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
     "(saturation: the gradient vanishes).",
+    # e.g. win rates [1, 1]: not an error (each is a target of its own), but no preference
+    equal_labels_note="SPPO learns no preference among their candidates, only to move every one by "
+    "the same target eta * (win_rate - 1/2)",
     own_keys=("eta", "sppo_loss"),
 )
 

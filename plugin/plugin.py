@@ -9,6 +9,7 @@ from axolotl.integrations.base import BasePlugin
 from .args import pofe_config, translate_raw_config
 from .logs import redact_logger
 from .methods import method_spec
+from .paths import check_unexpanded_paths
 
 
 class PofePlugin(BasePlugin):
@@ -28,6 +29,7 @@ class PofePlugin(BasePlugin):
         from pofe.preprocess.config import redact_text
 
         redact_logger("axolotl.cli.config", redact_text)
+        check_unexpanded_paths(cfg)
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"

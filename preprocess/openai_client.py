@@ -30,6 +30,11 @@ from .counts import Counts
 # misconfigured server cannot park the run for hours.
 MAX_RETRY_AFTER = 60.0
 
+# The most characters one token may decode to, generously: the longest tokens of common
+# vocabularies are runs of spaces or symbols of a few dozen characters. A completion longer than
+# max_tokens times this did not come from max_tokens tokens.
+MAX_CHARS_PER_TOKEN = 256
+
 NETWORK_HINT = (
     "Check that the server is running and reachable at this URL (base_url), "
     "or raise request_timeout / max_retries."
@@ -214,16 +219,24 @@ class OpenAIClient:
 
     def completions_with_usage(self, payload: dict) -> tuple[list[dict], dict | None]:
         """POST /completions; the choices sorted by their index, and the body's `usage` (None
-        if absent or not an object). Raises EndpointError if the choices are absent."""
+        if absent or not an object). Raises EndpointError if the choices are absent, if a text
+        is null (no completion, not an empty one), or if one is far longer than `max_tokens`
+        tokens can be (`MAX_CHARS_PER_TOKEN`)."""
         body = self.post("completions", payload)
         choices = body.get("choices")
+        cause = None
         if not isinstance(choices, list) or not all(isinstance(c, dict) and "text" in c for c in choices):
-            self.stats.add("failures", reason="bad response: no choices[].text")
-            raise EndpointError(
-                f"{self.base_url}/completions",
-                f"bad response: no choices[].text in {str(body)[:200]!r}",
-                1,
-                NOT_OPENAI_HINT,
-            )
+            cause = f"bad response: no choices[].text in {str(body)[:200]!r}"
+        elif any(not isinstance(c["text"], str) for c in choices):
+            cause = f"bad response: a choices[].text is {next(c['text'] for c in choices if not isinstance(c['text'], str))!r}, not text"
+        elif isinstance(payload.get("max_tokens"), int):
+            limit = payload["max_tokens"] * MAX_CHARS_PER_TOKEN
+            longest = max((len(c["text"]) for c in choices), default=0)
+            if longest > limit:
+                cause = (f"bad response: a completion of {longest} characters for max_tokens={payload['max_tokens']} "
+                         f"(at most {limit} at {MAX_CHARS_PER_TOKEN} characters per token)")
+        if cause is not None:
+            self.stats.add("failures", reason=cause)
+            raise EndpointError(f"{self.base_url}/completions", cause, 1, NOT_OPENAI_HINT)
         usage = body.get("usage")
         return sorted(choices, key=lambda c: c.get("index", 0)), usage if isinstance(usage, dict) else None

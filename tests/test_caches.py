@@ -187,3 +187,24 @@ def test_a_damaged_anchor_table_is_refused_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"holds a tensor of shape \(2,\), not a \(rows, K\) float table"):
         _anchor_for(tmp_path, tmp_path / "absent-model", calls)._load_or_compute("policy")
     assert calls == []
+
+
+def test_preparing_rows_warns_about_opposite_labels_and_keeps_only_training_columns(tmp_path, tiny_model, caplog):
+    """The loader's own path: the text digests ride along for the cross-row check, then go."""
+    from transformers import AutoTokenizer
+
+    from pofe.data.loader import LOG, _prepare
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "2+2=", "responses": ["4", "5"], "rewards": r} for r in ([1.0, 0.0], [0.0, 1.0])]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
+    prepare_plugins(cfg)
+    cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model))
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert len(dataset) == 2 and not {"prompt_key", "response_keys", "keep"} & set(dataset.column_names)
+    assert "1 of 2 rows of" in caplog.text and "opposite order to an earlier row with the same prompt (rows (0, 1))" in caplog.text

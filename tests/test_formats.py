@@ -313,3 +313,73 @@ def test_sppo_authors_rows_whose_conversations_disagree_or_are_not_conversations
     row = {**_ucla_row(), "chosen": "4"}
     with pytest.raises(PofeDataError, match=r"'chosen': no 'prompt' column and this is not a conversation"):
         normalize_row(row, 0, fmt)
+
+
+def test_an_unknown_role_is_refused_naming_the_message():
+    # a chat template renders "usr" as written: the row would train on a role no model knows
+    prompt = [{"role": "system", "content": "be brief"}, {"role": "usr", "content": "hi"}]
+    with pytest.raises(PofeDataError) as err:
+        normalize_row(good_rrhf(prompt=prompt), 3, RRHF)
+    assert ("dataset data/c.jsonl, row 3 (0-based), field 'prompt[1].role': unknown role 'usr'. Use one of "
+            "['system', 'user', 'assistant', 'tool']") in str(err.value)
+
+
+def test_a_tool_call_response_says_what_it_is():
+    tool_call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}
+    with pytest.raises(PofeDataError, match=r"row 0 \(0-based\), field 'responses\[1\]': the response is a tool "
+                       r"call \(tool_calls\) with no text; .*does not support tool calls as a response"):
+        normalize_row(good_rrhf(responses=["4", tool_call, "3"]), 0, RRHF)
+    # text beside a tool call is a text response, trained on as such
+    with_text = dict(tool_call, content="let me add")
+    assert normalize_row(good_rrhf(responses=["4", with_text, "3"]), 0, RRHF)["responses"][1]["content"] == "let me add"
+
+
+def test_negative_ranks_and_positive_anchor_log_probs_are_refused():
+    with pytest.raises(PofeDataError, match=r"row 2 \(0-based\), field 'ranks\[1\]': rank -3 is negative.*field_rewards"):
+        normalize_row({"prompt": "p", "responses": ["a", "b"], "ranks": [1, -3]}, 2, RRHF)
+    assert normalize_row({"prompt": "p", "responses": ["a", "b"], "ranks": [0, 1]}, 2, RRHF)["rewards"] == [0.0, -1.0]
+    with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[1\]': log-prob 0.5 is positive"):
+        normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4],
+                       "anchor_logps": [-3.5, 0.5]}, 0, SPPO)
+    # 0 (probability 1) and float32 rounding just above it pass
+    row = normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4],
+                         "anchor_logps": [0.0, 1e-6]}, 0, SPPO)
+    assert row["anchor_logps"] == [0.0, 1e-6]
+
+
+def test_rows_with_opposite_labels_or_a_reversed_ucla_pair_are_counted_and_warned(caplog):
+    """Row 2 repeats row 0's prompt with the order of "4" and "5" reversed; row 3 repeats it in the
+    same order (no conflict); row 1 has another prompt. In the UCLA layout, row 1's chosen has the
+    lower win rate."""
+    from datasets import Dataset
+
+    from pofe.data.label_checks import text_keys
+    from pofe.data.loader import LOG, _warn_suspicious_labels
+
+    rows = [good_rrhf(), good_rrhf(prompt="3+3="), good_rrhf(rewards=[0.2, 1.0, 0.3]), good_rrhf(rewards=[5.0, 1.0, 2.0])]
+    canonical = [normalize_row(r, n, RRHF) for n, r in enumerate(rows)]
+    part = Dataset.from_list([{**text_keys(c), "rewards": c["rewards"]} for c in canonical])
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        assert _warn_suspicious_labels(part, RRHF, "rewards") == (1, 0)
+        ucla = Dataset.from_list([{"prompt_key": str(n), "response_keys": ["c", "r"], "win_rates": w}
+                                  for n, w in enumerate([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])])
+        ucla_entry = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
+        assert _warn_suspicious_labels(ucla, ucla_entry, "win_rates") == (0, 1)
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert ("1 of 4 rows of data/c.jsonl rank two responses of a prompt in the opposite order to an earlier "
+            "row with the same prompt (rows (0, 2))") in caplog.text
+    assert "1 of 3 rows of UCLA-AGI/x have chosen_probs_win < chosen_probs_lose (rows 1)" in caplog.text
+
+
+def test_sppo_rows_with_all_equal_win_rates_are_counted_and_warned(caplog):
+    from pofe.data.loader import LOG, _warn_equal_labels
+    from pofe.methods import SPPO as SPPO_SPEC
+
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        assert _warn_equal_labels([[1.0, 1.0], [0.7, 0.3]], "s.jsonl", SPPO_SPEC) == 1
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert "1 of 2 rows of s.jsonl have all-equal win rates; SPPO learns no preference" in caplog.text

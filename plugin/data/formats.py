@@ -42,6 +42,12 @@ DEFAULT_FIELDS = {
     "prompt_format": "chat",
 }
 PROMPT_FORMATS = ("chat", "hh")
+# The roles a prompt message may have: chat templates render whatever role they are given, so a
+# misspelt one ("usr") would be trained on as written
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# How far above 0 a summed log-prob may be from rounding alone (each token's log-softmax is
+# <= 0 up to float32 rounding, ~1e-7, over up to thousands of tokens)
+LOGP_ROUNDING = 1e-3
 
 
 class PofeDataError(ValueError):
@@ -153,7 +159,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
         out[ANCHOR_LOGPS] = (
-            _numbers(row, anchor_col, len(responses), fail) if row.get(anchor_col) is not None else None
+            _log_probs(row, anchor_col, len(responses), fail) if row.get(anchor_col) is not None else None
         )
     return out
 
@@ -220,7 +226,12 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
     else:
         # rank 1 is the best response; a reward only needs to order them
         col = fmt.column("field_ranks")
-        labels = [-r for r in _numbers(row, col, k, fail)]
+        ranks = _numbers(row, col, k, fail)
+        for j, r in enumerate(ranks):
+            if r < 0:
+                raise fail(f"{col}[{j}]", f"rank {r:g} is negative", "Ranks are positions, 1 (or 0) = best; "
+                           "scores where higher is better go in the rewards column (field_rewards).")
+        labels = [-r for r in ranks]
     return labels, [f"{col}[{j}]" for j in range(k)]
 
 
@@ -251,6 +262,9 @@ def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
         for i, m in enumerate(value):
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                 raise fail(col, f"message {m!r} is not a {{role, content}} mapping", fix)
+            if m["role"] not in CHAT_ROLES:
+                raise fail(f"{col}[{i}].role", f"unknown role {m['role']!r}",
+                           f"Use one of {list(CHAT_ROLES)}: the chat template would render any other as written.")
             content = m["content"]
             if not isinstance(content, str):
                 raise fail(f"{col}[{i}].content", f"expected text, got {content!r:.80}",
@@ -289,6 +303,9 @@ def _response_message(value: Any, fail) -> dict[str, str]:
     if isinstance(value, Mapping):
         if value.get("role", "assistant") != "assistant":
             raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
+        if value.get("tool_calls") and not (isinstance(value.get("content"), str) and value["content"].strip()):
+            raise fail("the response is a tool call (tool_calls) with no text; POFE trains on text responses "
+                       "and does not support tool calls as a response")
         value = value.get("content")
     elif isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
         # a whole conversation (TRL's conversational preference rows, the SPPO
@@ -326,6 +343,17 @@ def _numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
         raise fail(col, f"{len(values)} values for {k} responses",
                    "Give exactly one value per response, in the same order.")
     return [_checked_number(v, f"{col}[{j}]", fail) for j, v in enumerate(values)]
+
+
+def _log_probs(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
+    """k summed log-probs, each <= 0 (a probability is at most 1) up to rounding."""
+    values = _numbers(row, col, k, fail)
+    for j, v in enumerate(values):
+        if v > LOGP_ROUNDING:
+            raise fail(f"{col}[{j}]", f"log-prob {v:g} is positive, so a probability above 1",
+                       "Anchor log-probs are sums of token log-probs (<= 0): recompute them, or remove the "
+                       "column to let the trainer compute the anchor.")
+    return values
 
 
 def _check_duplicates(responses: list[dict], labels: list[float], names: list[str],

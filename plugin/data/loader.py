@@ -35,6 +35,7 @@ from ..logs import get_logger
 from ..methods import MethodSpec, method_spec
 from .candidates import candidates_from_prompts
 from .formats import RowFormat, candidate_row, check_columns, normalize_row
+from .label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
 from .sources import load_entry, local_files_digest
 from .tokenize import tokenize_row
 
@@ -144,12 +145,13 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> Dataset:
             desc=f"POFE: tokenising {entry.path}",
         )
         _log_length_policy(part, entry.path, pofe.truncation, cfg.sequence_len)
+        _warn_suspicious_labels(part, fmt, spec.target.column)
         part = part.filter(lambda keep: keep, input_columns="keep")
         if spec.equal_labels_note:
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
     dataset = merge_datasets(parts, cfg)
-    dataset = dataset.remove_columns(["keep", "truncated"])
+    dataset = dataset.remove_columns(["keep", "truncated", "prompt_key", "response_keys"])
     if len(dataset) == 0:
         raise ValueError(
             "no rows left to train on after the length policy; raise sequence_len or "
@@ -178,7 +180,31 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
 
 
 def _prepare_row(row: dict[str, Any], index: int, *, canonical, tokenizer, **kw) -> dict:
-    return tokenize_row(canonical(row, index), tokenizer, **kw)
+    row = canonical(row, index)
+    return {**tokenize_row(row, tokenizer, **kw), **text_keys(row)}
+
+
+def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple[int, int]:
+    """Warn about (and count) rows whose labels contradict another row's for the same prompt,
+    and `pofe.sppo_ucla` rows whose chosen response has the lower win rate (`label_checks.py`).
+    Rows are the entry's, 0-based, before the length policy drops any."""
+    labels = part[column]
+    conflicts = conflicting_rows(part["prompt_key"], part["response_keys"], labels)
+    if conflicts:
+        LOG.warning(
+            f"POFE: {len(conflicts)} of {len(part)} rows of {fmt.dataset} rank two responses of a prompt in the "
+            f"opposite order to an earlier row with the same prompt (rows {shown(conflicts)}); training pulls "
+            "both ways: remove or merge the duplicates"
+        )
+    reversed_rows = reversed_ucla_rows(labels) if fmt.type == "pofe.sppo_ucla" else []
+    if reversed_rows:
+        LOG.warning(
+            f"POFE: {len(reversed_rows)} of {len(part)} rows of {fmt.dataset} have chosen_probs_win < "
+            f"chosen_probs_lose (rows {shown(reversed_rows)}): their chosen response has the lower win rate, "
+            "which the SPPO scripts never write; SPPO trains on the win rates as given. Check that the "
+            "columns are not swapped"
+        )
+    return len(conflicts), len(reversed_rows)
 
 
 def _log_length_policy(part: Dataset, path: str, truncation: str, sequence_len: int) -> None:

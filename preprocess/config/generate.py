@@ -212,6 +212,15 @@ class GenerateConfig(StrictConfig):
                     f"num_beam_groups={self.num_beam_groups} (each group returns "
                     "num_candidates / num_beam_groups beams)."
                 )
+        if self.strategy == "sample" and self.num_candidates > 1 and (self.temperature == 0 or self.top_k == 1):
+            # greedy decoding: the k samples of a prompt would be one text k times, which looks
+            # like a judge that cannot tell candidates apart
+            greedy = "temperature: 0" if self.temperature == 0 else "top_k: 1"
+            raise ValueError(
+                f"generate.{greedy} is greedy decoding: all num_candidates={self.num_candidates} samples of a "
+                "prompt would be the same text. Sample (e.g. temperature: 0.8), use strategy: beam or "
+                "diverse_beam for distinct greedy-like candidates, or set num_candidates: 1."
+            )
         check_key_env(self.api_key_env, "generate")
         check_base_url(self.base_url, "generate")
         return self

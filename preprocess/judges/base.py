@@ -9,7 +9,8 @@ were judged in both orders and combined with `symmetrize_preferences` (position 
 
     judge.preferences(prompts, responses) -> list[PairwiseVerdict]   # .matrix (K_p, K_p)
 
-A judge that cannot give a verdict (an exception in a python judge, a non-finite score, an
+A judge that cannot give a verdict (an exception in a python judge, a non-finite score or one
+beyond float32, an
 unparseable LLM reply, a failed request) returns `Abstain(reason)`, never a sentinel number
 such as -1 that could be trained on. Abstentions are counted in `judge.stats`; with
 `allow_abstain: false` the first one stops the run and names the row.
@@ -18,9 +19,11 @@ such as -1 that could be trained on. Abstentions are counted in `judge.stats`; w
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+import numpy as np
 import torch
 
 from ..counts import Counts
@@ -40,6 +43,29 @@ class PromptCut(float):
 
 
 Score = float | Abstain
+
+# The largest score a judge may give: training reads labels in float32, where a larger one is
+# inf. Rewards are only ordered (RRHF) or differenced over a temperature (Bradley-Terry), so
+# any scale below it trains; a tighter bound would refuse legitimate scales (log-likelihood
+# sums, raw counts).
+MAX_SCORE = float(np.finfo(np.float32).max)
+
+
+def as_number(value: Any, who: str, where: str, expected: str = "a number (int or float)") -> float:
+    """A judge function's result as a float; TypeError naming `who` (the judge) and `where` (the
+    candidate) for anything but a number: "0.7" or True are a judge's bug, not a verdict."""
+    if isinstance(value, (str, bytes, bool, np.bool_)) or not hasattr(value, "__float__"):
+        raise TypeError(f"{who} returned {type(value).__name__} {value!r:.40} for {where}; expected {expected}")
+    return float(value)
+
+
+def unusable_score(value: float, what: str) -> str | None:
+    """Why a number is no verdict (non-finite, or beyond float32), or None when it is one."""
+    if not math.isfinite(value):
+        return f"non-finite {what}: {value}"
+    if abs(value) > MAX_SCORE:
+        return f"overflow: {what} {value:g} is beyond float32 (training's precision, max {MAX_SCORE:.3g})"
+    return None
 
 
 class JudgeError(RuntimeError):

@@ -3,11 +3,10 @@ pairwise `module:function(prompt, response_a, response_b) -> P(a beats b)`."""
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
-from ..render import Prompt
-from .base import Abstain, JudgeStats, PairwiseVerdict, Score
+from ..render import Prompt, prompt_text
+from .base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
 from .pairwise import preferences_both_orders
 
 
@@ -15,7 +14,8 @@ class PythonJudge:
     """`module:function(prompt, response) -> float`, called once per candidate.
 
     `prompt` is the dataset's prompt as stored (a string or chat messages). Exceptions and
-    non-finite results become abstentions naming the exception.
+    non-finite results (or beyond float32) become abstentions naming
+    why; a result that is not a number ("0.7", True) is a TypeError naming the judge.
     """
 
     reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
@@ -34,7 +34,7 @@ class PythonJudge:
             for k, resp in enumerate(cands):
                 self.stats.count_call()
                 at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
-                row.append(_call(self.fn, (prompt, resp), self.stats, at, "score"))
+                row.append(_call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"prompt {p}, candidate {k}"))
             out.append(row)
         return out
 
@@ -62,7 +62,8 @@ class PythonPairwiseJudge:
         out: list[float | Abstain] = []
         for n, (prompt, a, b) in enumerate(items):
             at = dict(allow=self.allow_abstain, where=self.name, prompt=n)
-            v = _call(self.fn, (prompt, a, b), self.stats, at, "P(a beats b)")
+            where = f"prompt {prompt_text(prompt)!r:.60}, responses {a!r:.40} and {b!r:.40}"
+            v = _call(self.fn, (prompt, a, b), self.stats, at, "P(a beats b)", self.name, where)
             if not isinstance(v, Abstain) and not 0.0 <= v <= 1.0:
                 v = self.stats.abstain(f"out of range: P(a beats b) = {v}, expected [0, 1]", **at)
             out.append(v)
@@ -72,13 +73,14 @@ class PythonPairwiseJudge:
         return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)
 
 
-def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str) -> float | Abstain:
-    """fn(*args) as a float; a user function's exception or a non-finite value is an
-    abstention, counted in `stats` (or an error where `at` forbids abstaining)."""
+def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, name: str, where: str) -> float | Abstain:
+    """fn(*args) as a float; a user function's exception, a non-finite value or one beyond
+    float32 is an abstention, counted in `stats` (or an error where `at` forbids abstaining).
+    A result that is not a number is a TypeError naming the judge (`name`) and `where` (the candidate)."""
     try:
-        v = float(fn(*args))
+        out = fn(*args)
     except Exception as e:  # a user function: any failure is an abstention, counted
         return stats.abstain(f"{type(e).__name__}: {e}", **at)
-    if not math.isfinite(v):
-        return stats.abstain(f"non-finite {what}: {v}", **at)
-    return v
+    v = as_number(out, f"judge {name}", where)
+    reason = unusable_score(v, what)
+    return v if reason is None else stats.abstain(reason, **at)

@@ -17,9 +17,9 @@ contract says, and that is checked when it loads. Coroutine functions are awaite
 Combination, as TRL's `sum_then_normalize` before its normalisation (RRHF and SPPO do not
 normalise rewards): reward = sum_i w_i r_i over the functions that gave a number; None or NaN
 is no value from that function (TRL's nansum), and a candidate with no value from any function
-abstains (TRL marks it unscorable). A value of +-inf is an abstention. An exception abstains
+abstains (TRL marks it unscorable). A value of +-inf, or a sum beyond float32, is an abstention. An exception abstains
 every candidate of that call: a weighted sum silently missing a term is not what was
-configured. A result of the wrong length, or an entry that is not a number, is an error
+configured. A result of the wrong length, or an entry that is not a number (a str or a bool included), is an error
 naming the function (a bug to fix, not a verdict).
 """
 
@@ -31,7 +31,7 @@ import math
 from typing import Any, Callable
 
 from ..render import Prompt
-from .base import JudgeStats, Score, load_dotted
+from .base import JudgeStats, Score, as_number, load_dotted, unusable_score
 
 RESERVED = ("prompts", "completions")  # TRL's own arguments; a dataset column cannot reuse them
 
@@ -94,8 +94,8 @@ class RewardFuncsJudge:
                 out_rows[p].append(self.stats.abstain(failed, **at))
             elif not given:
                 out_rows[p].append(self.stats.abstain("every reward function returned None", **at))
-            elif not all(math.isfinite(v) for _, v in given):
-                out_rows[p].append(self.stats.abstain(f"non-finite reward: {[v for _, v in given]}", **at))
+            elif unusable := unusable_score(sum(w * v for w, v in given), "reward"):
+                out_rows[p].append(self.stats.abstain(unusable, **at))
             else:
                 out_rows[p].append(sum(w * v for w, v in given))
         return out_rows
@@ -178,10 +178,5 @@ def as_rewards(name: str, out: Any, where: list[tuple[int, int]]) -> list[float]
         if v is None:
             rewards.append(math.nan)
             continue
-        if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
-            raise TypeError(
-                f"reward function {name} returned {type(v).__name__} {v!r:.40} for prompt {p}, candidate {k}; "
-                "expected a number or None"
-            )
-        rewards.append(float(v))
+        rewards.append(as_number(v, f"reward function {name}", f"prompt {p}, candidate {k}", "a number or None"))
     return rewards

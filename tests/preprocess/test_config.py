@@ -66,3 +66,12 @@ def test_judge_rules(kwargs, match):
 def test_pairwise_flag():
     assert JudgeConfig(type="pairwise_llm", base_url="http://x/v1").is_pairwise
     assert not JudgeConfig(type="python", function="a:b").is_pairwise
+
+
+@pytest.mark.parametrize("greedy", [{"temperature": 0.0}, {"top_k": 1}])
+def test_greedy_sampling_with_several_candidates_is_refused(greedy):
+    # greedy decoding gives K copies of one text: refused here, not blamed on the judge later
+    with pytest.raises(ValidationError, match=f"generate.{next(iter(greedy))}.*greedy.*num_candidates=4"):
+        GenerateConfig(num_candidates=4, **greedy)
+    GenerateConfig(num_candidates=1, **greedy)  # one candidate (plus dataset responses) is fine
+    GenerateConfig(num_candidates=4, strategy="beam", **greedy)  # beams differ by construction

@@ -286,3 +286,25 @@ def test_apply_judge_checks_lengths_and_skips_empty_calls():
         apply_judge(judge, ["p", "q"], ["P"], [["a"], ["b"]])
     with pytest.raises(ValueError, match="2 prompts but 1 column dicts"):
         apply_judge(judge, ["p", "q"], ["P", "Q"], [["a"], ["b"]], columns=[{}])
+
+
+@pytest.mark.parametrize("value", ["0.7", True, None, b"1"])
+def test_python_judges_refuse_a_result_that_is_not_a_number(value):
+    # "0.7" would have become 0.7 and True 1.0 through float(): a judge's bug, named, not a verdict
+    j = PythonJudge(lambda p, r: 1.0 if r == "a" else value, name="m:f")
+    with pytest.raises(TypeError, match=rf"judge m:f returned {type(value).__name__} .* for prompt 1, candidate 0; expected a number"):
+        j.score(["p", "q"], [["a"], ["b"]])
+    pw = PythonPairwiseJudge(lambda p, a, b: value, name="m:pw")
+    with pytest.raises(TypeError, match=rf"judge m:pw returned {type(value).__name__} .* for prompt 'q', responses 'x' and 'y'"):
+        pw.preferences(["q"], [["x", "y"]])
+
+
+def test_python_judge_abstains_on_a_score_beyond_float32():
+    # 1e300 is finite in float64 but inf in float32, where training reads it; 3e38 is still a float32
+    j = PythonJudge(lambda p, r: {"big": 1e300, "neg": -1e300, "ok": 3e38}[r], name="m:f")
+    out = j.score(["p"], [["big", "neg", "ok"]])
+    assert isinstance(out[0][0], Abstain) and "beyond float32" in out[0][0].reason
+    assert isinstance(out[0][1], Abstain) and out[0][2] == 3e38
+    assert j.stats.reasons == {"overflow": 2}
+    with pytest.raises(JudgeError, match=r"prompt 0, candidate 0 \(m:f\): overflow: score 1e\+300"):
+        PythonJudge(lambda p, r: 1e300, allow_abstain=False, name="m:f").score(["p"], [["a"]])

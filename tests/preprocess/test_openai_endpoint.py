@@ -393,3 +393,19 @@ def test_pairwise_llm_judge_text_fallback_and_abstain():
         (v,) = j.preferences(["q"], [["one", "two"]])
     # (one, two) -> B: P_first = 0;  (two, one) -> abstain: single order gives P[two, one] = 1.
     assert v.matrix[1, 0].item() == 1.0 and v.abstained_pairs == 0 and j.stats.abstentions == 1
+
+
+def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the_server():
+    # a null text is no completion (it was counted as a duplicate of another); 300k characters
+    # cannot come from max_tokens=4 (at most 4 x 256 = 1024 characters)
+    for text, needle in ((None, r"a choices\[\]\.text is None, not text"),
+                         ("x" * 300_000, r"a completion of 300000 characters for max_tokens=4 \(at most 1024")):
+        reply = json.dumps({"choices": [{"index": 0, "text": "ok"}, {"index": 1, "text": text}]})
+        with FakeServer(lambda p, b, a, reply=reply: (200, reply, 0.0)) as srv:
+            c = _client(srv.url)
+            with pytest.raises(EndpointError, match=rf"POST {srv.url}/completions failed after 1 try: bad response: {needle}"):
+                c.completions({"n": 2, "max_tokens": 4})
+        assert c.stats.failures == 1
+    reply = json.dumps({"choices": [{"index": 0, "text": "y" * 1024}]})
+    with FakeServer(lambda p, b, a: (200, reply, 0.0)) as srv:
+        assert _client(srv.url).completions({"n": 1, "max_tokens": 4})[0]["text"] == "y" * 1024

@@ -175,3 +175,14 @@ def test_an_argument_no_column_fills_is_an_error_naming_the_columns():
     with pytest.raises(TypeError, match=r"exact_answer\(prompts, completions, answer, \*\*kwargs\) cannot take "
                                         r"this call \(missing a required argument: 'answer'\).* here are \['level'\]"):
         _judge(exact_answer).score(["p"], [["a"]], columns=[{"level": 1}])
+
+
+def test_a_bool_reward_is_an_error_and_a_sum_beyond_float32_abstains():
+    with pytest.raises(TypeError, match=r"reward function flag returned bool True for prompt 0, candidate 1; expected a number or None"):
+        RewardFuncsJudge([("flag", lambda prompts, completions, **kw: [1.0, True])]).score(["p"], [["a", "b"]])
+    # each term is a float32, their sum (3e38 + 3e38 = 6e38) is not: training would read inf
+    judge = RewardFuncsJudge([("a", lambda prompts, completions, **kw: [3e38, 1.0]),
+                              ("b", lambda prompts, completions, **kw: [3e38, 2.0])])
+    out = judge.score(["p"], [["x", "y"]])
+    assert out[0][1] == 3.0 and "beyond float32" in out[0][0].reason
+    assert judge.stats.reasons == {"overflow": 1}
