@@ -67,8 +67,10 @@ def test_method_registered_outside_the_package_trains(tmp_path, tiny_model):
     rows = [json.loads(line) for line in (cand_dir / "data.jsonl").read_text().splitlines()]
     assert len(rows) == 12
     for row in rows:
-        # the method's own label column, filled with the judge's rewards
-        assert set(row) == {"prompt", "responses", "scores"}
+        # the method's own label column, filled with the judge's rewards; the sampled ids ride
+        # along for training, one list per response
+        assert set(row) == {"prompt", "responses", "scores", "response_ids"}
+        assert len(row["response_ids"]) == len(row["responses"])
         assert row["scores"] == [reward(row["prompt"], r) for r in row["responses"]]
 
     run_axolotl("train", str(cfg), cwd=REPO, env={"PYTHONPATH": str(REPO)})
