@@ -54,6 +54,29 @@ def merge_rows(table: torch.Tensor, written: torch.Tensor, device: torch.device 
     return torch.where(counts > 0, values, float("nan"))
 
 
+def deepspeed_on_cpu_ranks(deepspeed) -> bool:
+    """A DeepSpeed run (`deepspeed`: its config, None otherwise) of several processes
+    without accelerator: the state `place_ranks_on_cpu` makes for it must be kept."""
+    return bool(deepspeed) and not torch.accelerator.is_available() and rank_and_world()[1] > 1
+
+
+def skip_deepspeed_shm_build(cfg) -> None:
+    """Without an accelerator, keep DeepSpeed from JIT-building its shared-memory comm op.
+
+    DeepSpeed's CPU accelerator compiles that op when its comm starts (axolotl's `load_cfg`
+    starts it for a `deepspeed:` recipe): minutes of C++ on a small machine, and a build
+    killed halfway leaves a lock in torch's extension cache that hangs every later start.
+    The op serves only `inference_all_reduce` (tensor-parallel inference), which falls back
+    to torch.distributed's all-reduce; ZeRO's collectives never use it. Marked incompatible,
+    DeepSpeed skips it (`deepspeed.comm.torch.build_shm_op`).
+    """
+    if not cfg.get("deepspeed") or torch.accelerator.is_available():
+        return
+    from deepspeed.ops import __compatible_ops__ as compatible_ops  # noqa: N811 (DeepSpeed's name)
+
+    compatible_ops["deepspeed_shm_comm"] = False
+
+
 def place_ranks_on_cpu(cfg) -> None:
     """Train with several processes on a machine without accelerator: models on the CPU, gloo.
 
@@ -64,8 +87,11 @@ def place_ranks_on_cpu(cfg) -> None:
     so it is changed in place. And axolotl's early `PartialState()` is not told `cpu`, so
     accelerate reports no distributed run and the Trainer would train each rank alone:
     the state is made again with `cpu=True` (the gloo group already exists), and
-    `ACCELERATE_USE_CPU` makes the TrainingArguments ask for it too. Nothing happens
-    where an accelerator exists or in a one-process run.
+    `ACCELERATE_USE_CPU` makes the TrainingArguments ask for it too. Under DeepSpeed
+    (ZeRO-3 on CPU ranks) the state is made with the gloo backend instead, and the
+    TrainingArguments and the Trainer keep it (`use_configured_state`; the trainer's
+    `create_accelerator_and_postprocess`). Nothing happens where an accelerator exists or
+    in a one-process run.
     """
     device_map = cfg.get("device_map")
     if (cfg.get("world_size") or 1) == 1 or torch.accelerator.is_available() or not isinstance(device_map, dict):
@@ -73,12 +99,16 @@ def place_ranks_on_cpu(cfg) -> None:
     from accelerate import PartialState  # imported only here: this module stays torch-only otherwise
 
     device_map[""] = "cpu"
-    if cfg.get("deepspeed"):
-        # accelerate 1.13 makes no DeepSpeed state without an accelerator; left as it is,
-        # DeepSpeed stops with its own error instead of training as something else
-        return
-    os.environ["ACCELERATE_USE_CPU"] = "true"
     PartialState._reset_state()
-    state = PartialState(cpu=True)
+    if cfg.get("deepspeed"):
+        # accelerate 1.13 takes the DeepSpeed branch only without `cpu=True` (state.py: `if not
+        # cpu` before `ACCELERATE_USE_DEEPSPEED`), and without a known accelerator it counts the
+        # processes only when told the backend (else `backend is None`: one process)
+        state = PartialState(backend="gloo")
+        # the Trainer's Accelerator must keep this state: made anew it would count one process
+        cfg.accelerator_config = {**(cfg.get("accelerator_config") or {}), "use_configured_state": True}
+    else:
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+        state = PartialState(cpu=True)
     LOG.info(f"POFE: no accelerator: rank {state.process_index} of {state.num_processes} trains on the CPU "
              f"({state.distributed_type.value}, {dist.get_backend()})")

@@ -30,6 +30,9 @@ class PofePlugin(BasePlugin):
 
         redact_logger("axolotl.cli.config", redact_text)
         check_unexpanded_paths(cfg)
+        from .distributed import skip_deepspeed_shm_build
+
+        skip_deepspeed_shm_build(cfg)  # before load_cfg starts DeepSpeed's comm
 
     def get_input_args(self) -> str:
         return "pofe.args.PofeArgs"

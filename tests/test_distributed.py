@@ -180,3 +180,20 @@ def test_metrics_are_means_over_every_ranks_prompts(two_ranks):
         for name, value in expected.items():
             assert train[f"rrhf/{name}"] == pytest.approx(value, rel=tol["rtol"], abs=tol["atol"]), name
             assert evaluation[f"eval_rrhf/{name}"] == pytest.approx(value, rel=tol["rtol"], abs=tol["atol"]), name
+
+
+def test_no_shm_op_build_for_deepspeed_on_cpu(monkeypatch):
+    """DeepSpeed's comm would JIT-build its shared-memory op here (minutes); after the
+    plugin's register() hook it finds the op unavailable and builds nothing."""
+    from deepspeed.comm.torch import build_shm_op
+    from deepspeed.ops import __compatible_ops__ as compatible_ops
+
+    from pofe.distributed import skip_deepspeed_shm_build
+
+    assert not torch.accelerator.is_available()
+    monkeypatch.setitem(compatible_ops, "deepspeed_shm_comm", compatible_ops["deepspeed_shm_comm"])
+    assert compatible_ops["deepspeed_shm_comm"]  # DeepSpeed's own answer on this machine: build it
+    skip_deepspeed_shm_build({"deepspeed": None})  # not a DeepSpeed run: left alone
+    assert compatible_ops["deepspeed_shm_comm"]
+    skip_deepspeed_shm_build({"deepspeed": "zero3.json"})
+    assert build_shm_op() is None

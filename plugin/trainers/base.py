@@ -8,7 +8,7 @@ from transformers import Trainer
 from axolotl.core.trainers.base import AxolotlTrainer
 
 from ..anchor import AnchorLogps
-from ..distributed import sum_over_ranks
+from ..distributed import deepspeed_on_cpu_ranks, sum_over_ranks
 from ..layout import tokenized_columns
 from ..methods import method_spec
 from ..quantization import keep_4bit_trainable
@@ -58,6 +58,15 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         # step, once accelerate/DeepSpeed/FSDP have wrapped the model, so the pass works under
         # every backend axolotl supports
         self.anchor = AnchorLogps(self) if method_spec(self.args.pofe_method).needs_anchor else None
+
+    def create_accelerator_and_postprocess(self):
+        if deepspeed_on_cpu_ranks(self.args.deepspeed):
+            # keep the DeepSpeed state `place_ranks_on_cpu` made: TrainingArguments popped
+            # `use_configured_state` from this config when it took that state, so axolotl's
+            # override would reset it, and accelerate, making it again without a backend,
+            # would count one process and give each rank the whole data set
+            self.args.accelerator_config.use_configured_state = True
+        super().create_accelerator_and_postprocess()
 
     def _set_signature_columns_if_needed(self):
         # the prepared columns are not forward() arguments but must reach the collator
