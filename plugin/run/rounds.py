@@ -25,6 +25,7 @@ report, written once.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,10 +304,13 @@ def run_rounds(
         # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
         state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
         base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
+        state.data["stopped"] = None
         for t in range(1, pcfg.rounds + 1):
             plan = RoundPlan(t=t, rounds=pcfg.rounds, policy=policy, adapter=bool(cfg.adapter),
                              seed=base_seed + (t - 1), launcher=launcher)
             policy = run_round(raw, layout, plan, runner)
+            if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, layout, pcfg, runner, t):
+                break
         state.data["final_policy"] = policy
         state.save()
 
@@ -327,6 +331,32 @@ def evaluate_rounds(recipe_path: str | Path, layout: RunLayout, pcfg, runner: St
     command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
     runner.run("eval", lambda: runner.command(command, layout.root / "eval.log"), says=says,
                inputs={"models": eval_models(runner.state, pcfg.rounds)})
+
+
+def check_stop(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRunner, t: int) -> bool:
+    """After round t (not the last): every finished iterate evaluated (the eval stage), and
+    `pofe.stop_when` asked of pi_t (`pofe.run.stop`); recorded as the stage
+    `round-<t>/stop-check`, so a restart decides as the first start did (a changed rule
+    decides again). True (and the state's `stopped` set) when the run ends here."""
+    from .stop import stop_decision
+
+    rule = pcfg.stop_when
+
+    def work() -> dict:
+        evaluate_rounds(recipe_path, layout, pcfg, runner)
+        ev_path = layout.eval_dir / "eval.json"
+        return stop_decision(json.loads(ev_path.read_text()) if ev_path.exists() else None, rule)
+
+    name = f"round-{t}/stop-check"
+    runner.run(name, work, says=f"round {t}: check pofe.stop_when on the held-out prompts",
+               inputs={"rule": rule.model_dump()})
+    decision = {k: runner.state.data["stages"][name][k] for k in ("stop", "round", "fired", "unread")}
+    for why in decision["unread"]:
+        runner.echo(f"round {t}: pofe.stop_when not checked: {why}")
+    if decision["stop"]:
+        runner.state.data["stopped"] = {"after_round": t, "rounds_planned": pcfg.rounds, **decision}
+        runner.echo(f"round {t}: STOP (pofe.stop_when): " + "; ".join(f["why"] for f in decision["fired"]))
+    return decision["stop"]
 
 
 def log_rounds(raw: dict, report: dict, layout: RunLayout, runner: StageRunner) -> None:

@@ -110,6 +110,8 @@ def collect(layout: RunLayout) -> dict:
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
         "final_policy": state.get("final_policy"),
         "starts": len(state.get("starts", [])),
+        # the run ended after this round by `pofe.stop_when` (`pofe.run.stop`); None: it did not
+        "stopped": state.get("stopped"),
         "rounds": rounds,
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
         "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,

@@ -103,12 +103,22 @@ def round_lengths_section(rep: dict) -> list[str]:
             table(["round", "candidates", "best (chosen)", "worst (rejected)"], rows), ""]
 
 
+def stopped_line(rep: dict) -> list[str]:
+    """Why the run ended early (`pofe.stop_when`), or nothing."""
+    stopped = rep.get("stopped")
+    if not stopped:
+        return []
+    return [f"**Stopped after round {stopped['after_round']} of {stopped['rounds_planned']}** (`pofe.stop_when`): "
+            + "; ".join(f["why"] for f in stopped["fired"]) + ".", ""]
+
+
 def choice_section(rep: dict) -> list[str]:
-    """## Which model to use: the best iterate by the held-out comparisons, and regressions."""
+    """## Which model to use: the best iterate by the held-out comparisons, regressions, and
+    why the run stopped early."""
     choice = rep.get("choice")
     if not choice:
-        return []
-    md = ["## Which model to use", ""]
+        return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
+    md = ["## Which model to use", "", *stopped_line(rep)]
     if choice["best"] == 0:
         md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
     else:
