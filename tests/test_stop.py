@@ -69,7 +69,8 @@ def test_stop_when_config_rules():
     with pytest.raises(ValueError, match="pairwise"):
         PofeConfig(method="sppo", rounds=3, stop_when={"held_out_reward_falls": True},
                    generate={"backend": "transformers"}, judge={"type": "python_pairwise", "function": "m:f"})
-    assert PofeConfig(method="sppo", rounds=3, stop_when={"lc_vs_previous_below": 0.5}).stop_when.lc_vs_previous_below == 0.5
+    cfg = PofeConfig(method="sppo", rounds=3, stop_when={"lc_vs_previous_below": 0.5})
+    assert cfg.stop_when.lc_vs_previous_below == 0.5
 
 
 def report_fields(M: int) -> dict:
@@ -84,10 +85,11 @@ def report_fields(M: int) -> dict:
             "response_tokens": {"mean": per_model, "median": per_model}, "cycle_threshold": 0.5}
 
 
-def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tuple[dict, dict, list[int], str]:
+def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tuple:
     """`run_rounds` on the tiny RRHF recipe at 3 rounds, each round's stages stubbed (its model a
     path) and the evaluation writing a constructed eval.json of the finished iterates: pi_1 beats
-    pi_0 at equal length (0.70), pi_2 loses to pi_1 (0.30), pi_3 beats pi_2 (0.80)."""
+    pi_0 at equal length (0.70), pi_2 loses to pi_1 (0.30), pi_3 beats pi_2 (0.80). Returns
+    (report.json, pofe-run.json, rounds trained, report.md, models evaluated each time, echoes)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
     raw = yaml.safe_load(RECIPE.read_text())
@@ -126,8 +128,8 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
 
 def test_the_runner_stops_after_the_round_that_fails(tmp_path, tiny_model, monkeypatch):
     """lc_vs_previous_below 0.5: evaluated after round 1 (0.70, go on) and round 2 (0.30: stop);
-    round 3 never trains; the report says so and names pi_3's absence: use pi_1 (best
-    length-controlled rate against pi_0, 0.70 over pi_2's 0.60)."""
+    round 3 never trains; the report says why, and to use pi_1 (the best length-controlled
+    rate against pi_0, 0.70 over pi_2's 0.60)."""
     rep, state, trained, md, evaluated, said = stubbed_run(tmp_path, tiny_model, monkeypatch,
                                                            {"lc_vs_previous_below": 0.5})
     assert trained == [1, 2] and evaluated == [1, 2]

@@ -20,7 +20,8 @@ redoes the first unfinished one (an interrupted preprocess resumes from its shar
 interrupted training from its last checkpoint). One runner per output_dir
 (`pofe.run.lock`); its stages end with it (`pofe.run.stages`).
 After the rounds: the held-out evaluation (`axolotl pofe eval`, its own process) and the
-report, written once.
+report, written once. With `pofe.stop_when`, the evaluation also runs after each round but
+the last, and a round whose model fails the rule ends the run (`check_stop`, `pofe.run.stop`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
 from .ownership import claim_recipe_output_dir
+from .provenance import stage_environment
 from .prompts import load_round_prompts, resolve_round_prompts, split_prompts
 from .publish import (
     hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics,
@@ -258,11 +260,13 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
         runner.command(merge_command(recipe, layout.train(t), round_dir), round_dir / "merge.log")
         return {"merged": str(layout.merged(t))}
 
-    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}")
+    environment = stage_environment(raw)  # what each stage's process runs with (`pofe.run.provenance`)
+    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}",
+               started={"environment": environment})
     if not state.done(f"round-{t}/train"):
         claim_training(layout, t, derived.recipe, resume)
     runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
-               started={"resumed_from": str(resume) if resume else None})
+               started={"resumed_from": str(resume) if resume else None, "environment": environment})
     if plan.adapter:
         redo_lost_merge(layout, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
