@@ -9,6 +9,7 @@ import math
 from importlib.metadata import version
 
 import pytest
+import yaml
 
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.generators.hf import Sample
@@ -90,3 +91,52 @@ def test_best_of_k_by_hand():
     assert [(r["prompt_index"], r["k"], r["response"]) for r in records] == [(0, 0, "5"), (0, 1, "4"),
                                                                               (1, 0, "x"), (1, 1, "4")]
     assert not math.isnan(records[2]["reward"]) and records[2]["reward"] == 0.0
+
+
+def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
+    """`evaluate_run` on a run of one round (pi_1 = the tiny model itself) with 2 held-out
+    prompts and no headline: round 1's K = 2 candidates per prompt from pi_0 at the recipe's
+    generate settings, each re-scored here with the demo reward; eval.json's best_of_k is
+    their best per prompt, averaged; the report shows the section and the W&B row holds it."""
+    from pofe.demo.task import reward
+    from pofe.run.evaluation import evaluate_run
+    from pofe.run.publish import round_metrics
+    from pofe.run.report import write_report
+    from tests.helpers import CPU_SETTINGS
+
+    layout = RunLayout(tmp_path / "run")
+    rows = [{"prompt": "2+3="}, {"prompt": "1+1="}]
+    layout.held_out_prompts.parent.mkdir(parents=True)
+    layout.held_out_prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    layout.state.write_text(json.dumps({
+        "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [1.0], "rounds_planned": 1,
+        "rounds": {"1": {"policy_in": str(tiny_model), "policy_out": str(tiny_model), "generate_seed": 0}}}))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 3))
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(yaml.safe_dump({
+        "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
+        "datasets": [{"path": str(tmp_path / "prompts.jsonl"), "type": "pofe.prompts"}],
+        "output_dir": str(layout.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
+        "learning_rate": 1e-3, **CPU_SETTINGS,
+        "pofe": {"generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0,
+                              "max_new_tokens": 3, "seed": 0},
+                 "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+                 "eval": {"train_prompts": 0, "num_samples": 1, "max_new_tokens": 3}},
+    }))
+    evaluate_run(recipe, echo=lambda _: None)
+    ev = json.loads((layout.eval_dir / "eval.json").read_text())
+    cands = [json.loads(line) for line in (layout.eval_dir / "candidates.jsonl").read_text().splitlines()]
+    assert [(c["round"], c["prompt_index"], c["k"]) for c in cands] == [(1, p, k) for p in (0, 1) for k in (0, 1)]
+    assert all(c["tokens"] <= 3 for c in cands)
+    for c in cands:
+        assert c["reward"] == pytest.approx(reward(rows[c["prompt_index"]]["prompt"], c["response"]))
+    (entry,) = ev["best_of_k"]
+    best = [max(c["reward"] for c in cands if c["prompt_index"] == p) for p in (0, 1)]
+    assert entry["k"] == 2 and entry["best_of_k_reward"] == pytest.approx(sum(best) / 2)
+    assert entry["trained_mean_reward"] == pytest.approx(ev["mean_reward"][1])
+    report = write_report(layout)
+    assert "### Trained model vs best-of-k, on the held-out prompts" in report.markdown_path.read_text()
+    assert "## Reproducing each round" in report.markdown_path.read_text()
+    step_1 = dict(round_metrics(report.data))[1]
+    assert step_1["eval/held_out_best_of_k_reward"] == pytest.approx(entry["best_of_k_reward"])
+    assert step_1["eval/lc_win_rate_vs_pi_0"] == pytest.approx(ev["vs_pi_0"][1]["lc"])
