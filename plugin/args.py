@@ -18,7 +18,7 @@ from pofe.layout import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.run.config import (
-    EvalConfig, RoundPrompts, RoundPromptSource, check_round_prompt_count, check_round_prompt_files,
+    EvalConfig, RoundPrompts, RoundPromptSource, StopWhen, check_round_prompt_count, check_round_prompt_files,
 )
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
@@ -131,6 +131,11 @@ class PofeConfig(BaseModel):
         description="`axolotl pofe eval`: the report's headline (each round's trained model on its "
         "own prompts) and, with held-out prompts, every iterate on them; `false` turns it off.",
     )
+    stop_when: StopWhen | None = Field(
+        default=None,
+        description="`axolotl pofe run`: end the run after the round whose model fails this rule on the "
+        "held-out prompts (unset: regressions are only flagged in the report).",
+    )
     dataset_fields: list[dict[str, str]] = Field(
         default_factory=list,
         description="Internal: the `field_*` keys of each `datasets:` entry.",
@@ -175,6 +180,8 @@ class PofeConfig(BaseModel):
             )
         if isinstance(self.round_prompts, list):
             check_round_prompt_count(self.round_prompts, self.rounds)
+        if self.stop_when is not None:
+            self._check_stop_when()
         generate = self.generate
         if self.rounds > 1 and generate is not None and generate.backend == "openai" and generate.serve is None:
             raise ValueError(
@@ -186,6 +193,15 @@ class PofeConfig(BaseModel):
                 "transformers or vllm"
             )
         return self
+
+    def _check_stop_when(self) -> None:
+        """`stop_when` reads the held-out evaluation; a falling reward needs a scalar judge."""
+        if not self.eval or not self.eval.has_held_out:
+            raise ValueError("pofe.stop_when reads the held-out evaluation, which this recipe turns off: "
+                             "drop `pofe.eval: false` / `pofe.eval.held_out: 0`, or drop pofe.stop_when")
+        if self.stop_when.held_out_reward_falls and self.judge is not None and self.judge.is_pairwise:
+            raise ValueError(f"pofe.stop_when.held_out_reward_falls needs a scalar reward, and the judge "
+                             f"(`{self.judge.type}`) is pairwise: use `lc_vs_previous_below` instead")
 
     def check_files(self) -> None:
         """Check the files the block names on disk (each `round_prompts` file).

@@ -184,6 +184,8 @@ REPORT = {
         "mean_reward": [0.125, 0.375, 0.625], "mean_reward_judge2": None,
         "kl_to_base": [0.0, 0.5, 1.25], "perplexity": None, "mean_response_tokens": [4.0, 3.5, 3.0],
         "win_matrix": [[0.5, 0.25, 0.125], [0.75, 0.5, 0.375], [0.875, 0.625, 0.5]],
+        "vs_pi_0": [None, {"lc": 0.5625}, {"lc": 0.6875}], "vs_previous": [None, {"lc": 0.5625}, {"lc": 0.4375}],
+        "best_of_k": [{"round": 1, "best_of_k_reward": 0.25}, {"round": 2, "best_of_k_reward": 0.5}],
     },
 }
 
@@ -208,11 +210,15 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
         1: {"headline/trained_reward": 0.5, "headline/best_of_k_reward": 0.75, "candidates/mean_reward": 0.25, "candidates/best_of_k_reward": 0.75,
             "candidates/policy_sample_mean_reward": 0.5, "train/first_loss": 2.0, "train/last_loss": 1.5,
             "eval/mean_reward": 0.375, "eval/kl_to_base": 0.5, "eval/mean_response_tokens": 3.5,
-            "eval/win_rate_vs_pi_0": 0.75, "eval/win_rate_vs_previous": 0.75},
+            "eval/win_rate_vs_pi_0": 0.75, "eval/win_rate_vs_previous": 0.75,
+            "eval/lc_win_rate_vs_pi_0": 0.5625, "eval/lc_win_rate_vs_previous": 0.5625,
+            "eval/held_out_best_of_k_reward": 0.25},
         2: {"candidates/mean_reward": 0.5, "candidates/best_of_k_reward": 1.0,
             "candidates/policy_sample_mean_reward": 0.625,
             "eval/mean_reward": 0.625, "eval/kl_to_base": 1.25, "eval/mean_response_tokens": 3.0,
-            "eval/win_rate_vs_pi_0": 0.875, "eval/win_rate_vs_previous": 0.625},
+            "eval/win_rate_vs_pi_0": 0.875, "eval/win_rate_vs_previous": 0.625,
+            "eval/lc_win_rate_vs_pi_0": 0.6875, "eval/lc_win_rate_vs_previous": 0.4375,
+            "eval/held_out_best_of_k_reward": 0.5},
     }
     # the sampled completions: one table at the last step, its rows as the report has them
     (table_file,) = run_dir.glob("files/media/table/samples_*.table.json")

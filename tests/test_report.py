@@ -127,7 +127,8 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     md = render_markdown(rep, {})
     header = next(line for line in md.splitlines() if line.startswith("| round |"))
     assert header.split(" | ")[3] == "cand. win-rate spread"
-    cells = [line.split(" | ") for line in md.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    rounds_table = md.split("## Rounds")[1].split("\n## ")[0]  # (the reproducibility table's rows start so too)
+    cells = [line.split(" | ") for line in rounds_table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
     assert [c[3] for c in cells] == ["0.250", "-"]
     assert "'cand. win-rate spread': the mean over prompts of max - min win rate" in md
     rrhf = render_markdown({**rep, "method": "rrhf"}, {}).splitlines()

@@ -73,6 +73,33 @@ HELD_OUT_ONLY = ("prompt_column", "reference_column", "num_samples", "temperatur
                  "cycle_threshold")
 
 
+class StopWhen(BaseModel):
+    """`pofe.stop_when`: end an iterated run after the round whose model fails a rule on the
+    held-out prompts (checked after each round, `pofe.run.stop`). Unset, a regressing round
+    is only flagged in the report (REGRESSED); stopping is opt-in."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lc_vs_previous_below: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="Stop after round t when pi_t's length-controlled win rate against pi_{t-1} on the "
+        "held-out prompts is below this (0.5: any loss at equal length).",
+    )
+    held_out_reward_falls: bool = Field(
+        False,
+        description="Stop after round t when pi_t's mean held-out reward (scalar judge) is below pi_{t-1}'s.",
+    )
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> StopWhen:
+        if self.lc_vs_previous_below is None and not self.held_out_reward_falls:
+            raise ValueError("pofe.stop_when sets no rule: give `lc_vs_previous_below: 0.5` and/or "
+                             "`held_out_reward_falls: true` (or drop the key: regressions are then only flagged)")
+        return self
+
+
 class EvalConfig(BaseModel):
     """`pofe.eval`: the report's headline, and held-out prompts with their decoding and an
     optional second judge.

@@ -14,6 +14,8 @@ per prompt at `temperature`; temperature 0 = greedy), through the one generation
 Then, per model:
 
 - mean reward under the recipe's judge (scalar judges), and under `pofe.eval.judge2`;
+- trained model vs best-of-k: each round's K candidates on the held-out prompts, sampled
+  from the policy the round started from, for evaluation only (`pofe.run.best_of_k`);
 - the win-rate matrix W[a, b] = P(a's response beats b's) (`pofe.run.tournament`),
   averaged over prompts and over all sample pairs: scalar judges through Bradley-Terry,
   P = sigmoid(r_a - r_b); pairwise judges directly, from the judge's (both-orders)
@@ -38,7 +40,8 @@ called as the judge stage calls them (`pofe.run.judging`, through
 the chat-templated text the models sampled from.
 
 Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
-(every response with its reward(s) and log-probs) and eval.json (the numbers the report shows).
+(every response with its reward(s) and log-probs), candidates.jsonl (each round's held-out
+candidates with their rewards) and eval.json (the numbers the report shows).
 Both JSON files end with `peak_memory`, each stage's peak (`pofe.run.memory`), also logged
 one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib": ..} in GiB
 (2**30 bytes). On "cuda", `torch.cuda.max_memory_allocated()` during that stage alone; on
@@ -65,6 +68,7 @@ from pofe.preprocess.render import render_prompt
 from pofe.preprocess.stages import free_memory
 
 from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
+from .best_of_k import best_of_k, held_out_candidates
 from .comparisons import compare_iterates
 from .config import EvalConfig
 from .headline import (
@@ -278,13 +282,13 @@ def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: Scalar
 
 
 def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], main: dict, second: dict | None,
-                   peak_memory: dict, echo: Echo) -> None:
-    """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with the
-    evaluation's peak memory)."""
+                   extra: dict, echo: Echo) -> None:
+    """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with `extra`:
+    the rounds' best-of-k, the evaluation's peak memory)."""
     ecfg = run.pcfg.eval
     result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
                        len(held_out.references))
-    result["peak_memory"] = peak_memory
+    result.update(extra)
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, held_out.prompts, main, second)
     write_atomic(run.layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
@@ -302,6 +306,8 @@ class Answers:
     each round's headline answers, all produced before any judge is built."""
 
     held_out: list[ModelAnswers] = field(default_factory=list)  # pi_0 first, as run.models
+    # round t: its K candidates on the held-out prompts, from pi_{t-1} (`pofe.run.best_of_k`)
+    candidates: dict[int, list[list[Sample]]] = field(default_factory=dict)
     headline: dict[int, HeadlineAnswers] = field(default_factory=dict)  # round m: its model's
 
 
@@ -312,6 +318,9 @@ def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[i
     model = load_policy(path)
     if held_out:
         answers.held_out.append(answer(model, name, path, run.tokenizer, held_out, run.pcfg.eval))
+        if m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
+            answers.candidates[m + 1] = held_out_candidates(model, run.tokenizer, held_out.rendered,
+                                                            run.pcfg.generate, m + 1, run.pcfg.eval.batch_size)
     if on_train.get(m):
         answers.headline[m] = headline_answers(run, model, on_train[m], sampling)
 
@@ -355,12 +364,17 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
     rounds = {str(m): headline_round(run, m, judge, a) for m, a in answers.headline.items()}
     verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
+    if held_out:
+        trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
+        rounds_bok, records = best_of_k(judge, held_out.prompts, held_out.rendered, answers.candidates, trained)
+        write_atomic(run.layout.eval_dir / "candidates.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:
-        write_held_out(run, held_out, answers.held_out, *verdicts, memory.record(), echo)
+        write_held_out(run, held_out, answers.held_out, *verdicts,
+                       {"best_of_k": rounds_bok or None, "peak_memory": memory.record()}, echo)
     else:
-        for stale in ("eval.json", "samples.jsonl"):  # an earlier evaluation's, with held-out prompts
+        for stale in ("eval.json", "samples.jsonl", "candidates.jsonl"):  # an earlier held-out evaluation's
             if pofe_wrote(run.layout, run.layout.eval_dir / stale):  # not one found before the run
                 (run.layout.eval_dir / stale).unlink(missing_ok=True)
     return run.layout

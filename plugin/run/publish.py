@@ -128,8 +128,12 @@ def round_metrics(report: dict) -> list[tuple[int, dict[str, float]]]:
             if m > 0:  # against the starting policy and against the previous iterate
                 row["eval/win_rate_vs_pi_0"] = win[m][0]
                 row["eval/win_rate_vs_previous"] = win[m][m - 1]
+                for key in ("vs_pi_0", "vs_previous"):  # length-controlled (`pofe.run.comparisons`)
+                    row[f"eval/lc_win_rate_{key}"] = ((ev.get(key) or [None] * (m + 1))[m] or {}).get("lc")
                 if win2:
                     row["eval/win_rate_vs_pi_0_judge2"] = win2[m][0]
+        for b in ev.get("best_of_k") or []:  # round t's held-out candidates (`pofe.run.best_of_k`)
+            by_step.setdefault(b["round"], {})["eval/held_out_best_of_k_reward"] = b["best_of_k_reward"]
     out = []
     for step in sorted(by_step):
         kept = {k: v for k, v in ((k, _number(v)) for k, v in by_step[step].items()) if v is not None}

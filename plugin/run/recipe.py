@@ -18,9 +18,10 @@ from .layout import RunLayout
 from .publish import hub_model_repo, tracker_keys
 
 # Keys of the pofe block that may change between starts of one run without invalidating
-# finished stages (rounds may grow when prompts are not split; eval settings only affect eval;
+# finished stages (rounds may grow when prompts are not split; eval settings only affect eval,
+# stop_when only which rounds run;
 # overwrite_output_dir only lets the first start into a folder that is not yet a run).
-FREE_POFE_KEYS = ("rounds", "eval", "overwrite_output_dir")
+FREE_POFE_KEYS = ("rounds", "eval", "stop_when", "overwrite_output_dir")
 
 
 class RoundRecipe(NamedTuple):
@@ -55,7 +56,7 @@ def round_recipe(
     keep = {k: v for k, v in entry.items() if k in ("type", "prompt_format") or k.startswith("field_")}
     recipe["datasets"] = [{"path": str(layout.round_prompts(t)), "ds_type": "json", **keep}]
     pofe = recipe.setdefault("pofe", {})
-    for key in ("rounds", "round_prompts", "eval", "hub_dataset_id", "overwrite_output_dir"):
+    for key in ("rounds", "round_prompts", "eval", "stop_when", "hub_dataset_id", "overwrite_output_dir"):
         pofe.pop(key, None)
     recipe.update(tracker_keys(raw, t))
     model_repo = hub_model_repo(raw, t)

@@ -20,11 +20,13 @@ redoes the first unfinished one (an interrupted preprocess resumes from its shar
 interrupted training from its last checkpoint). One runner per output_dir
 (`pofe.run.lock`); its stages end with it (`pofe.run.stages`).
 After the rounds: the held-out evaluation (`axolotl pofe eval`, its own process) and the
-report, written once.
+report, written once. With `pofe.stop_when`, the evaluation also runs after each round but
+the last, and a round whose model fails the rule ends the run (`check_stop`, `pofe.run.stop`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
 from .ownership import claim_recipe_output_dir
+from .provenance import stage_environment
 from .prompts import load_round_prompts, resolve_round_prompts, split_prompts
 from .publish import (
     hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics,
@@ -257,11 +260,13 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
         runner.command(merge_command(recipe, layout.train(t), round_dir), round_dir / "merge.log")
         return {"merged": str(layout.merged(t))}
 
-    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}")
+    environment = stage_environment(raw)  # what each stage's process runs with (`pofe.run.provenance`)
+    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}",
+               started={"environment": environment})
     if not state.done(f"round-{t}/train"):
         claim_training(layout, t, derived.recipe, resume)
     runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
-               started={"resumed_from": str(resume) if resume else None})
+               started={"resumed_from": str(resume) if resume else None, "environment": environment})
     if plan.adapter:
         redo_lost_merge(layout, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
@@ -303,10 +308,13 @@ def run_rounds(
         # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
         state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
         base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
+        state.data["stopped"] = None
         for t in range(1, pcfg.rounds + 1):
             plan = RoundPlan(t=t, rounds=pcfg.rounds, policy=policy, adapter=bool(cfg.adapter),
                              seed=base_seed + (t - 1), launcher=launcher)
             policy = run_round(raw, layout, plan, runner)
+            if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, layout, pcfg, runner, t):
+                break
         state.data["final_policy"] = policy
         state.save()
 
@@ -327,6 +335,32 @@ def evaluate_rounds(recipe_path: str | Path, layout: RunLayout, pcfg, runner: St
     command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
     runner.run("eval", lambda: runner.command(command, layout.root / "eval.log"), says=says,
                inputs={"models": eval_models(runner.state, pcfg.rounds)})
+
+
+def check_stop(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRunner, t: int) -> bool:
+    """After round t (not the last): every finished iterate evaluated (the eval stage), and
+    `pofe.stop_when` asked of pi_t (`pofe.run.stop`); recorded as the stage
+    `round-<t>/stop-check`, so a restart decides as the first start did (a changed rule
+    decides again). True (and the state's `stopped` set) when the run ends here."""
+    from .stop import stop_decision
+
+    rule = pcfg.stop_when
+
+    def work() -> dict:
+        evaluate_rounds(recipe_path, layout, pcfg, runner)
+        ev_path = layout.eval_dir / "eval.json"
+        return stop_decision(json.loads(ev_path.read_text()) if ev_path.exists() else None, rule)
+
+    name = f"round-{t}/stop-check"
+    runner.run(name, work, says=f"round {t}: check pofe.stop_when on the held-out prompts",
+               inputs={"rule": rule.model_dump()})
+    decision = {k: runner.state.data["stages"][name][k] for k in ("stop", "round", "fired", "unread")}
+    for why in decision["unread"]:
+        runner.echo(f"round {t}: pofe.stop_when not checked: {why}")
+    if decision["stop"]:
+        runner.state.data["stopped"] = {"after_round": t, "rounds_planned": pcfg.rounds, **decision}
+        runner.echo(f"round {t}: STOP (pofe.stop_when): " + "; ".join(f["why"] for f in decision["fired"]))
+    return decision["stop"]
 
 
 def log_rounds(raw: dict, report: dict, layout: RunLayout, runner: StageRunner) -> None:

@@ -38,6 +38,9 @@ class Report:
         rep = self.data
         lines = [f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
                  f"{rep['final_policy']}"]
+        if rep.get("stopped"):
+            lines.append(f"  STOPPED after round {rep['stopped']['after_round']} (pofe.stop_when): "
+                         + "; ".join(f["why"] for f in rep["stopped"]["fired"]))
         for r in rep["rounds"]:
             cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
             trained = (f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "

@@ -1,7 +1,8 @@
 """The run's numbers, collected from its own files into one JSON-able dict.
 
 Sources: the state file (stages, policies), each round's candidates/summary.json and
-generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss curves), and eval/headline.json and
+generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss curves),
+each round's reproducibility record (`pofe.run.provenance`), and eval/headline.json and
 eval/eval.json (`axolotl pofe eval`). A part without data is None. `sample_rows` gives the
 headline's sampled completions as plain rows (for the report's tables and for trackers).
 """
@@ -19,6 +20,7 @@ from ..choice import choose_model
 from ..headline import HEADLINE_JSON, candidate_stats, round_headline
 from ..layout import RunLayout
 from ..ownership import pofe_wrote
+from ..provenance import round_record
 from ..tournament import find_cycles
 from .lengths import candidate_lengths
 
@@ -73,6 +75,7 @@ def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -
         "train": training_stats(layout.trainer_state(t), state["method"]),
         "lengths": candidate_lengths(layout.candidates(t), state["method"]),
         "trained_on_train_prompts": None,
+        "reproduce": round_record(layout, state, t),
     }
     summary = _read_json(layout.candidates(t) / "summary.json")
     if summary is not None:
@@ -110,6 +113,8 @@ def collect(layout: RunLayout) -> dict:
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
         "final_policy": state.get("final_policy"),
         "starts": len(state.get("starts", [])),
+        # the run ended after this round by `pofe.stop_when` (`pofe.run.stop`); None: it did not
+        "stopped": state.get("stopped"),
         "rounds": rounds,
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
         "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -103,12 +104,22 @@ def round_lengths_section(rep: dict) -> list[str]:
             table(["round", "candidates", "best (chosen)", "worst (rejected)"], rows), ""]
 
 
+def stopped_line(rep: dict) -> list[str]:
+    """Why the run ended early (`pofe.stop_when`), or nothing."""
+    stopped = rep.get("stopped")
+    if not stopped:
+        return []
+    return [f"**Stopped after round {stopped['after_round']} of {stopped['rounds_planned']}** (`pofe.stop_when`): "
+            + "; ".join(f["why"] for f in stopped["fired"]) + ".", ""]
+
+
 def choice_section(rep: dict) -> list[str]:
-    """## Which model to use: the best iterate by the held-out comparisons, and regressions."""
+    """## Which model to use: the best iterate by the held-out comparisons, regressions, and
+    why the run stopped early."""
     choice = rep.get("choice")
     if not choice:
-        return []
-    md = ["## Which model to use", ""]
+        return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
+    md = ["## Which model to use", "", *stopped_line(rep)]
     if choice["best"] == 0:
         md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
     else:
@@ -239,6 +250,22 @@ def length_section(ev: dict) -> list[str]:
     return md
 
 
+def best_of_k_section(ev: dict) -> list[str]:
+    """### Trained model vs best-of-k, on the held-out prompts."""
+    if not ev.get("best_of_k"):
+        return []
+    rows = [[str(b["round"]), f"pi_{b['round'] - 1}", str(b["k"]), fmt(b["mean_candidate_reward"]),
+             fmt(b["best_of_k_reward"]), f"pi_{b['round']}", fmt(b["trained_mean_reward"]),
+             fmt(b["trained_minus_best_of_k"])] for b in ev["best_of_k"]]
+    return ["### Trained model vs best-of-k, on the held-out prompts", "",
+            "Round t's K candidates for each held-out prompt, sampled from the policy the round started from "
+            "with the round's decoding and seed, for evaluation only (no round trains on these prompts); "
+            "best-of-k: the mean over prompts of the best candidate's reward. The trained model's reward is at "
+            "the held-out decoding above.", "",
+            table(["round", "candidates from", "k", "candidates' mean reward", "best-of-k", "trained model",
+                   "its mean reward", "trained - best-of-k"], rows), ""]
+
+
 def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
     """### Win rates (and the second judge's): the matrix and its cycles."""
     md: list[str] = []
@@ -290,6 +317,7 @@ def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
                  f"({ev['reference_count']} prompts have one)." if ev.get("perplexity")
                  else "Perplexity: no reference responses in the held-out prompts."))
     md.append("")
+    md += best_of_k_section(ev)
     md += win_rate_sections(ev, names)
     md += length_section(ev)
     for key, alt in (("winrate", "win-rate matrix"), ("lengths", "win rates against pi_0 and lengths per round"),
@@ -297,6 +325,41 @@ def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
         if key in plots:
             md += [f"![{alt}]({plots[key]})", ""]
     return md
+
+
+def versions_cell(env: dict | None) -> str:
+    """A stage's environment in one cell: POFE (revision) and each package's version."""
+    if not env:
+        return "-"
+    pofe = env["pofe"]
+    rev = ""
+    if pofe["git_revision"]:
+        rev = f" @ {pofe['git_revision'][:12]}" + (" (modified)" if pofe["git_dirty"] else "")
+    cell = f"pofe {pofe['version']}{rev}; " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v)
+    served = (env.get("served") or {}).get("packages")
+    return cell + ("; served: " + ", ".join(f"{k} {v}" for k, v in served.items() if v) if served else "")
+
+
+def reproduce_section(rep: dict) -> list[str]:
+    """## Reproducing each round: seeds, digests, judge identity, each stage's environment."""
+    rows = []
+    for r in rep["rounds"]:
+        rec = r.get("reproduce") or {}
+        digests, seeds, env = rec.get("sha256") or {}, rec.get("seeds") or {}, rec.get("environment") or {}
+        short = lambda d: f"`{d[:12]}`" if d else "-"  # noqa: E731
+        rows.append([str(r["round"]), f"generate {fmt(seeds.get('generate'))}, train {fmt(seeds.get('train'))}",
+                     short(rec.get("recipe_sha256")), short(digests.get("prompts")), short(digests.get("candidates")),
+                     short(digests.get("trained_on")), text_cell(json.dumps(rec.get("judge_identity"))),
+                     text_cell(versions_cell(env.get("preprocess")), 400),
+                     text_cell(versions_cell(env.get("train")), 400)])
+    if not rows:
+        return []
+    return ["## Reproducing each round", "",
+            "report.json `rounds[].reproduce` holds each round's resolved recipe (secrets masked), its seeds, the "
+            "full SHA-256 digests (shown cut to 12) of its recipe, prompts, candidates (generate shards) and "
+            "trained-on rows (data.jsonl), the judge's identity, and each stage's environment as it started.", "",
+            table(["round", "seeds", "recipe", "prompts", "candidates", "trained on", "judge", "preprocess env",
+                   "train env"], rows), ""]
 
 
 def render_markdown(rep: dict, plots: dict[str, str]) -> str:
@@ -311,4 +374,5 @@ def render_markdown(rep: dict, plots: dict[str, str]) -> str:
     md += choice_section(rep)
     md += rounds_section(rep, plots)
     md += eval_section(rep["eval"], plots)
+    md += reproduce_section(rep)
     return "\n".join(md)

