@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,15 @@ def _uses_module_fixture(item) -> bool:
     return any(d[-1].scope != "function" and d[-1].baseid.endswith(".py") for d in defs if d)
 
 
+def _group(item, vllm_files) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+    if item.path in vllm_files and (VLLM_FIXTURES & set(item.fixturenames) or _uses_module_fixture(item)):
+        return "vllm"
+    return item.nodeid.split("::")[0] if _uses_module_fixture(item) else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Group tests that share an expensive set-up onto one worker, and send the slow ones first.
@@ -78,15 +88,43 @@ def pytest_collection_modifyitems(config, items):
     units in this order (with --no-loadscope-reorder), so the cheap tests fill the end and both
     workers finish together. Without xdist the order changes only, which no test depends on."""
     vllm_files = {item.path for item in items if VLLM_FIXTURES & set(item.fixturenames)}
-    rank = {}
+    groups, rank = {}, {}
     for index, item in enumerate(items):
-        group = None
-        if item.path in vllm_files and (VLLM_FIXTURES & set(item.fixturenames) or _uses_module_fixture(item)):
-            group = "vllm"
-        elif _uses_module_fixture(item):
-            group = item.nodeid.split("::")[0]
-        if group and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
+        group = groups[item.nodeid] = _group(item, vllm_files)
         slow = group is not None or item.get_closest_marker("e2e") is not None
         rank[item.nodeid] = (0 if group == "vllm" else 1 if slow else 2, index)
     items.sort(key=lambda item: rank[item.nodeid])
+    groups_file = getattr(config, "workerinput", {}).get("pofe_groups_file")
+    if groups_file:  # for the controller's scheduler (GroupScheduling below)
+        tmp = Path(f"{groups_file}.{config.workerinput['workerid']}")
+        tmp.write_text(json.dumps({k: v for k, v in groups.items() if v}))
+        tmp.replace(groups_file)
+
+
+# xdist 3.8 marks a test's group by appending "@group" to `item._nodeid`, which pytest 9.2's
+# nodes no longer read (nodeid comes from `_id`): every test would be scheduled on its own.
+# So the workers write the groups they computed to a file and the controller's scheduler reads
+# it once all workers have collected (they collect the same tests, so either file will do).
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["pofe_groups_file"] = str(Path(node.config._tmp_path_factory.getbasetemp()) / "xdist-groups.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """loadgroup's scheduling: one work unit per group, each ungrouped test its own."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                path = Path(config._tmp_path_factory.getbasetemp()) / "xdist-groups.json"
+                self.groups = json.loads(path.read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
