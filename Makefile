@@ -24,8 +24,9 @@ export WANDB_MODE := disabled
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Two pytest-xdist workers: much of the suite waits on single-threaded start-up (`axolotl`
 # subprocesses, vLLM servers), so a second worker on two cores overlaps one test's waiting
-# with another's work. Each torch gets one thread: two workers with a thread per core each would contend (see
-# one_torch_thread in tests/conftest.py). Groups and order: pytest_collection_modifyitems there.
+# with another's work. Each torch gets one thread: two workers with a thread per core each
+# would contend (see one_torch_thread in tests/conftest.py). Groups and order:
+# pytest_collection_modifyitems there.
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test test-main test-newest: export OMP_NUM_THREADS := 1
