@@ -230,7 +230,7 @@ def _rank_worker(rank, store, out):
     from pofe.trainers.base import KResponseTrainer
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=600))
     try:
         rows = slice(0, 2) if rank == 0 else slice(2, 5)
         pairs = best_worst_metrics(*(t[rows] for t in _pair_batch()))

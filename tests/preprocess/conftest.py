@@ -39,7 +39,7 @@ def tiny_reward_model(tmp_path_factory) -> Path:
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_READY_TIMEOUT_S = 300  # ~30-60 s on 2 cores; bounded so a broken server fails the run
+VLLM_READY_TIMEOUT_S = 600  # ~30-60 s on 2 cores (more beside a second xdist worker); bounded so a broken server fails the run
 
 
 def _vllm_python() -> Path:

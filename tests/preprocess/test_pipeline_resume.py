@@ -32,7 +32,7 @@ def _start(out: Path, policy: Path, method: str) -> subprocess.Popen:
 
 def _run_to_end(out: Path, policy: Path, method: str) -> None:
     p = _start(out, policy, method)
-    stdout, stderr = p.communicate(timeout=300)
+    stdout, stderr = p.communicate(timeout=600)
     assert p.returncode == 0 and "DONE" in stdout, stderr[-3000:]
 
 

@@ -75,7 +75,7 @@ def test_two_workers_write_the_one_process_file_and_resume_after_a_killed_worker
         assert victim is not None, "worker 1's process was not found"
         victim.send_signal(signal.SIGKILL)
         with pytest.raises(WorkerFailed) as failed:
-            running.result(timeout=300)
+            running.result(timeout=600)
     message = str(failed.value)
     assert "candidate worker 1 of 2 (CPU, shards [1, 3, 5]) was killed by SIGKILL" in message
     assert f"its log: {out / 'workers' / 'worker-1.log'}" in message

@@ -90,7 +90,7 @@ def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run(
         [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
-        env=env, capture_output=True, text=True, timeout=400,
+        env=env, capture_output=True, text=True, timeout=900,
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(out.read_text())
