@@ -21,7 +21,6 @@ Writes benchmarks/results/anchor-pass-<device>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.anchor_ranks import stand_in_trainer
-from benchmarks.judges import interleaved, timed
+from benchmarks.judges import interleaved, timed, write_result
 
 
 def varied_rows(rows: int, k: int, seed: int = 0):
@@ -96,9 +95,7 @@ def main(argv=None) -> int:
     print(f"  anchor (sorted) / one epoch's forwards {out['anchor_sorted_over_epoch_forward']:.2f}x; "
           f"sorting saves {out['anchor_unsorted_over_sorted']:.2f}x; max |table difference| "
           f"{out['max_abs_table_difference']:.2e}")
-    path = Path(args.out or f"benchmarks/results/anchor-pass-{args.device}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    write_result(Path(args.out or f"benchmarks/results/anchor-pass-{args.device}.json"), out)
     return 0
 
 

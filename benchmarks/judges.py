@@ -204,10 +204,13 @@ def main(argv=None) -> int:
         for variant, rate in r["per_second"].items():
             vs = "" if variant == "pofe" else f"   pofe {r['speed_pofe_over'][variant]:.2f}x"
             print(f"  {variant:22s} {rate:9.1f} {unit}/s{vs}")
-    out = Path(args.out or f"benchmarks/results/judges-{args.device}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_result(Path(args.out or f"benchmarks/results/judges-{args.device}.json"), result)
     return 0
+
+
+def write_result(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
