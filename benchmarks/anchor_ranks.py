@@ -23,7 +23,9 @@ import torch
 import torch.multiprocessing as mp
 
 
-def stand_in_trainer(rows: int, model_path: str, prepared: str):
+def stand_in_trainer(rows: int, model_path: str, prepared: str, data=None):
+    """What `AnchorLogps` reads of a trainer; `data` (tokenised rows) defaults to `rows` rows of
+    a 24-token prompt and 4 responses of 32."""
     from axolotl.utils.dict import DictDefault
     from datasets import Dataset
 
@@ -33,7 +35,7 @@ def stand_in_trainer(rows: int, model_path: str, prepared: str):
 
     g = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(4, 30, (n,), generator=g).tolist()  # noqa: E731
-    data = Dataset.from_dict({
+    data = data if data is not None else Dataset.from_dict({
         "row_id": list(range(rows)), "prompt_ids": [ids(24) for _ in range(rows)],
         "response_ids": [[ids(32) for _ in range(4)] for _ in range(rows)], "win_rates": [[0.5] * 4] * rows,
     })

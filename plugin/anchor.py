@@ -29,6 +29,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
 from tqdm.auto import tqdm
 
+from .batching import length_sorted_batches
 from .distributed import all_ranks, merge_rows, rank_and_world
 from .logs import get_logger
 
@@ -123,12 +124,15 @@ class AnchorLogps:
         return table
 
     @torch.no_grad()
-    def compute(self, model) -> torch.Tensor:
+    def compute(self, model, sort_by_length: bool = True) -> torch.Tensor:
         """One no-grad pass over every row of the train and eval sets (eval mode).
 
-        Batch b of a dataset is scored by rank b % world_size. Every rank makes the same
-        number of forward calls (ZeRO-3 and FSDP gather each layer's weights from all
-        ranks in each one): a rank short of a batch scores batch 0 again and drops it.
+        Rows are batched longest first (`length_sorted_batches`; `sort_by_length=False`: in
+        dataset order): the table is indexed by row_id, so the order is free, and batches of
+        like lengths carry less padding. Batch b of a dataset is scored by rank b % world_size.
+        Every rank makes the same number of forward calls (ZeRO-3 and FSDP gather each layer's
+        weights from all ranks in each one): a rank short of a batch scores batch 0 again and
+        drops it.
         """
         trainer = self.trainer
         args = trainer.args
@@ -148,11 +152,12 @@ class AnchorLogps:
         model.eval()
         try:
             for dataset, n_rounds in zip(datasets, rounds):
+                order = row_order(dataset, batch_size) if sort_by_length else list(range(len(dataset)))
                 for i in range(n_rounds):
                     start = (i * world + rank) * batch_size
                     keep = start < len(dataset)
                     start = start if keep else 0
-                    rows = dataset.select(range(start, min(start + batch_size, len(dataset))))
+                    rows = dataset.select(order[start : start + batch_size])
                     batch = trainer.data_collator(list(rows))
                     batch = {k: v.to(args.device) for k, v in batch.items()}
                     logp, _ = trainer.score_candidates(model, batch)  # (B, K)
@@ -170,6 +175,27 @@ class AnchorLogps:
             f"{time.perf_counter() - started:.1f} s on {world} process(es)"
         )
         return table
+
+
+def row_tokens(dataset) -> list[int]:
+    """Tokens in each row of `dataset` (its prompt and all its responses), read from arrow
+    without building Python lists of the ids."""
+    out: list[int] = []
+    arrow = dataset.select_columns(["prompt_ids", "response_ids"]).with_format("arrow")
+    for batch in arrow.iter(batch_size=4096):
+        responses = batch["response_ids"].combine_chunks()
+        per_response = pa.compute.list_value_length(pa.compute.list_flatten(responses)).to_numpy(zero_copy_only=False)
+        row_of = pa.compute.list_parent_indices(responses).to_numpy(zero_copy_only=False)
+        tokens = torch.zeros(len(batch), dtype=torch.long).index_add_(
+            0, torch.from_numpy(row_of.astype("int64")), torch.from_numpy(per_response.astype("int64")))
+        prompts = pa.compute.list_value_length(batch["prompt_ids"]).to_numpy(zero_copy_only=False)
+        out.extend((tokens + torch.from_numpy(prompts.astype("int64"))).tolist())
+    return out
+
+
+def row_order(dataset, batch_size: int) -> list[int]:
+    """`dataset`'s row positions, longest row first, in batches of `batch_size` one after another."""
+    return [n for batch in length_sorted_batches(row_tokens(dataset), batch_size) for n in batch]
 
 
 def nonfinite_rows(table: torch.Tensor, datasets) -> list[int]:

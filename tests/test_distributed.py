@@ -151,9 +151,10 @@ def test_two_ranks_hold_the_one_process_anchor_table(two_ranks, tiny64_model, tm
     calls = []
     one = AnchorLogps(_anchor_trainer(tiny64_model, tmp_path, True, calls)).compute(model)
     assert one.shape == (8, 3) and one[:, :2].isfinite().all()
-    # batches of rows [0, 1] [2, 3] [4] and [5, 6] [7]: the lone rows 4 and 7 have two
-    # candidates, so their batches are two wide and their third slot is never written
-    assert one[:, 2].isnan().tolist() == [False] * 4 + [True, False, False, True]
+    # longest rows first (prompt + responses: train 8, 13, 10, 12, 9 tokens, eval 8, 13, 10):
+    # batches [1, 3] [2, 4] [0] and [6, 7] [5]; rows 0, 2, 4 and 5 have two candidates and
+    # share no batch with a three-candidate row, so their third slot is never written
+    assert one[:, 2].isnan().tolist() == [True, False, True, False, True, True, False, False]
     # float32 sums over width 64 x a batch's tokens (2 rows of <= 5 + 4 + 3 + 2 tokens),
     # batched otherwise on two ranks; unwritten slots NaN in both
     n = 64 * 2 * 14

@@ -46,15 +46,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from pofe.batching import length_sorted_batches
+
 from ..render import Prompt, prompt_text
 from ..win_rates import symmetrize_preferences
 from .base import JudgeStats, PairwiseVerdict
+from .pairrm_inputs import CAND1_PREFIX, CAND2_PREFIX, PREFIX_TOKENS, SOURCE_PREFIX, encode_pair, encode_prompts
 
-SOURCE_PREFIX = "<|source|>"
-CAND1_PREFIX = "<|candidate1|>"
-CAND2_PREFIX = "<|candidate2|>"
-CAND_PREFIX = "<|candidate|>"
-PREFIX_TOKENS = (SOURCE_PREFIX, CAND1_PREFIX, CAND2_PREFIX, CAND_PREFIX)  # llm-blender's add_tokens order
 
 PreferenceMode = Literal["authors", "both_orders"]
 
@@ -227,23 +225,6 @@ def _precompiled_charsmap(model_proto: bytes) -> bytes:
     return next((v for f, v in fields(spec) if f == 2), b"")
 
 
-def encode_pair(tokenizer, settings: PairRMSettings, prefix_ids: dict[str, int], source: str, a: str, b: str) -> list[int]:
-    """Token ids of one (source, a, b) sequence in PairRM's layout (see module docstring)."""
-    sep = tokenizer.sep_token
-    # llm-blender turns the separator inside texts into a space: it would split the parts.
-    def encode(text: str, max_length: int) -> list[int]:
-        return tokenizer(text.replace(sep, " "), truncation=True, max_length=max_length)["input_ids"]
-
-    src = encode(SOURCE_PREFIX + source, settings.source_maxlength)
-    budget = settings.candidate_maxlength + (settings.source_maxlength - len(src)) // 2
-
-    def cand(text: str, prefix: str) -> list[int]:
-        ids = encode(CAND_PREFIX + text, budget)
-        return [prefix_ids[prefix] if t == prefix_ids[CAND_PREFIX] else t for t in ids]
-
-    return src + cand(a, CAND1_PREFIX) + cand(b, CAND2_PREFIX)
-
-
 def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, object]:
     """Model and tokenizer from a local directory or hub id in either layout (module docstring).
     `max_length` caps the whole input (see `PairRMSettings.capped`)."""
@@ -332,31 +313,36 @@ class PairRMJudge:
         model, tokenizer = load_pairrm(path, max_length)
         return cls(model, tokenizer, batch_size=batch_size, device=device, mode=mode)
 
-    @torch.no_grad()
     def pair_logits(self, items: list[tuple[Prompt, str, str]]) -> torch.Tensor:
-        """items: N (prompt, a, b) -> (N,) logits of 'a beats b'. Batches are right-padded;
-        padding never changes a pair's logit (attention mask)."""
-        out = []
+        """items: N (prompt, a, b) -> (N,) logits of 'a beats b'."""
+        m = self.model
+        return self.forward_sequences([encode_pair(self.tokenizer, m.settings, m.prefix_ids, prompt_text(p), a, b)
+                                       for p, a, b in items])
+
+    @torch.no_grad()
+    def forward_sequences(self, seqs: list[list[int]]) -> torch.Tensor:
+        """N encoded pairs -> (N,) logits, in their order. Batches are length-sorted and
+        right-padded: padding never changes a pair's logit (attention mask), so sorting only
+        cuts the padded positions the encoder runs over."""
+        out = torch.zeros(len(seqs))
         pad = self.tokenizer.pad_token_id
-        for start in range(0, len(items), self.batch_size):
-            seqs = [
-                encode_pair(self.tokenizer, self.model.settings, self.model.prefix_ids, prompt_text(p), a, b)
-                for p, a, b in items[start : start + self.batch_size]
-            ]
-            t = max(len(s) for s in seqs)
-            ids = torch.tensor([s + [pad] * (t - len(s)) for s in seqs], device=self.device)  # (b, T)
-            mask = torch.tensor([[1] * len(s) + [0] * (t - len(s)) for s in seqs], device=self.device)
-            out.append(self.model(ids, mask).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+        for batch in length_sorted_batches([len(s) for s in seqs], self.batch_size):
+            t = max(len(seqs[n]) for n in batch)
+            ids = torch.tensor([seqs[n] + [pad] * (t - len(seqs[n])) for n in batch], device=self.device)  # (b, T)
+            mask = torch.tensor([[1] * len(seqs[n]) + [0] * (t - len(seqs[n])) for n in batch], device=self.device)
+            out[batch] = self.model(ids, mask).float().cpu()
+        return out
 
     def logit_matrices(self, prompts: list[Prompt], responses: list[list[str]]) -> list[torch.Tensor]:
         """One (K_p, K_p) matrix C per prompt, C[i, j] = logit that y_i (candidate 1) beats y_j;
-        every ordered pair i != j in one batched pass, diagonal 0 (llm-blender's `_full_predict`)."""
-        jobs = [(p, i, j) for p, c in enumerate(responses) for i in range(len(c)) for j in range(len(c)) if i != j]
-        logits = self.pair_logits([(prompts[p], responses[p][i], responses[p][j]) for p, i, j in jobs])
+        every ordered pair i != j of every prompt in one batched pass, diagonal 0 (llm-blender's
+        `_full_predict`)."""
+        m = self.model
+        jobs = encode_prompts(self.tokenizer, m.settings, m.prefix_ids, [prompt_text(p) for p in prompts], responses)
+        logits = self.forward_sequences([ids for _, _, _, ids in jobs])
         self.stats.count_call(len(jobs))
         mats = [torch.zeros(len(c), len(c)) for c in responses]
-        for (p, i, j), v in zip(jobs, logits.tolist(), strict=True):
+        for (p, i, j, _), v in zip(jobs, logits.tolist(), strict=True):
             mats[p][i, j] = v
         return mats
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pofe.batching import length_sorted_batches
 from pofe.logs import logger_name
 
 from ..render import Prompt, as_messages, prompt_text
@@ -133,6 +134,22 @@ class RewardModelJudge:
             return Encoded(None, response_tokens=len(ids) - start)
         return Encoded(_inputs(cut), prompt_cut=len(ids) - len(cut), response_tokens=len(ids) - start)
 
+    def encode_all(self, pairs: list[tuple[Prompt, str]]) -> list[Encoded]:
+        """`encode` of every (prompt, response), the tokenizer called once for all of them (a
+        call per pair costs more than the tokenising); only inputs over max_length take
+        `encode`'s own path, which cuts them."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            texts = [tok.apply_chat_template(as_messages(p) + [{"role": "assistant", "content": r}], tokenize=False)
+                     for p, r in pairs]
+            ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+            whole = [Encoded(_inputs(i)) for i in ids]
+        else:
+            enc = tok([prompt_text(p) for p, _ in pairs], [r for _, r in pairs]) if pairs else {"input_ids": []}
+            whole = [Encoded({k: v[n] for k, v in enc.items()}) for n in range(len(enc["input_ids"]))]
+        return [e if len(e.inputs["input_ids"]) <= self.max_length else self.encode(*pair)
+                for e, pair in zip(whole, pairs, strict=True)]
+
     def _encode_pair(self, prompt: str, response: str) -> Encoded:
         """A sentence pair (no chat template): the tokenizer's own left truncation of the
         prompt (`only_first`), its special tokens added after the cut."""
@@ -167,11 +184,12 @@ class RewardModelJudge:
     @torch.no_grad()
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         flat = [(p, r) for p, rs in zip(prompts, responses, strict=True) for r in rs]
-        encoded = [self.encode(p, r) for p, r in flat]
+        encoded = self.encode_all(flat)
         live = [n for n, e in enumerate(encoded) if e.inputs is not None]
         values: dict[int, float] = {}
-        for start in range(0, len(live), self.batch_size):
-            chunk = live[start : start + self.batch_size]
+        # length-sorted: padding is masked, so a score depends on its batch only through rounding
+        for sorted_batch in length_sorted_batches([len(encoded[n].inputs["input_ids"]) for n in live], self.batch_size):
+            chunk = [live[m] for m in sorted_batch]
             batch = self.tokenizer.pad([encoded[n].inputs for n in chunk], return_tensors="pt").to(self.device)
             values.update(zip(chunk, self.pick_scores(self.model(**batch)).float().tolist()))
             self.stats.count_call(len(chunk))

@@ -168,16 +168,19 @@ def spm_digest(ranker_dir: Path) -> str:
     return hashlib.sha256((Path(model_name) / "spm.model").read_bytes()).hexdigest()
 
 
-def build_checkpoint(root: Path) -> Path:
-    """Write root/deberta-v3-tiny and root/pairrm (see the module docstring); return root/pairrm."""
+def build_checkpoint(root: Path, encoder: dict | None = None, ranker_config: dict | None = None) -> Path:
+    """Write root/deberta-v3-tiny and root/pairrm (see the module docstring); return root/pairrm.
+    `encoder` and `ranker_config` override fields of ENCODER and RANKER_CONFIG (benchmarks/
+    judges.py sizes the model up); the fixture is made with neither."""
     from safetensors.torch import save_file
     from transformers import DebertaV2Config
 
+    encoder_cfg, ranker_cfg = {**ENCODER, **(encoder or {})}, {**RANKER_CONFIG, **(ranker_config or {})}
     base, ranker = root / "deberta-v3-tiny", root / "pairrm"
     base.mkdir(parents=True, exist_ok=True)
     ranker.mkdir(parents=True, exist_ok=True)
-    config = DebertaV2Config(**{k: v for k, v in ENCODER.items() if k != "model_type"})
-    (base / "config.json").write_text(json.dumps(ENCODER, indent=2))
+    config = DebertaV2Config(**{k: v for k, v in encoder_cfg.items() if k != "model_type"})
+    (base / "config.json").write_text(json.dumps(encoder_cfg, indent=2))
     (base / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG))
     train_spm(base / "spm.model")
     encoder = encoder_state(config)
@@ -186,9 +189,9 @@ def build_checkpoint(root: Path) -> Path:
     state = {f"pretrained_model.{k}": v for k, v in encoder.items()}
     emb = "pretrained_model.embeddings.word_embeddings.weight"
     state[emb] = state[emb][: TOKENIZER_LEN + N_PREFIX_TOKENS].clone()
-    state.update(head_state(ENCODER["hidden_size"], RANKER_CONFIG["n_tasks"]))
+    state.update(head_state(encoder_cfg["hidden_size"], ranker_cfg["n_tasks"]))
     torch.save(state, ranker / "pytorch_model.bin")
-    (ranker / "config.json").write_text(json.dumps({**RANKER_CONFIG, "model_name": str(base)}, indent=2))
+    (ranker / "config.json").write_text(json.dumps({**ranker_cfg, "model_name": str(base)}, indent=2))
     return ranker
 
 

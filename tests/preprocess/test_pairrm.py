@@ -32,6 +32,9 @@ from pofe.preprocess.judges.pairrm import (
     preferences_from_logits,
 )
 
+from pofe.preprocess.judges.pairrm_inputs import encode_prompts
+from tests.helpers import assert_float_close
+
 from . import make_pairrm_reference as reference
 
 REFERENCE = json.loads((reference.FIXTURES / "reference.json").read_text())
@@ -132,6 +135,33 @@ def test_matches_llm_blender(published_dir, lengths):
         s = torch.tensor(ref["rank_scores"], dtype=torch.float64)
         (verdict,) = judge.preferences([case["source"]], [cands])
         assert torch.allclose(verdict.matrix, torch.sigmoid(s[:, None] - s[None, :]), atol=1e-4)
+
+
+def test_batched_encoding_equals_one_pair_at_a_time(published_dir):
+    """encode_prompts tokenises each candidate once per prompt (one call per candidate budget):
+    its ids are encode_pair's for every ordered pair, on llm-blender's spm tokenizer, with
+    sources of different lengths (so different candidate budgets) and cut candidates."""
+    judge = PairRMJudge.from_pretrained(str(published_dir), max_length=32)
+    tok, m = judge.tokenizer, judge.model
+    sources = [case["source"] for case in REFERENCE["cases"]]
+    cands = [case["candidates"] for case in REFERENCE["cases"]]
+    expected = [(p, i, j, encode_pair(tok, m.settings, m.prefix_ids, sources[p], c[i], c[j]))
+                for p, c in enumerate(cands) for i in range(len(c)) for j in range(len(c)) if i != j]
+    assert encode_prompts(tok, m.settings, m.prefix_ids, sources, cands) == expected
+    assert len({len(ids) for *_, ids in expected}) > 3  # lengths vary, so sorted batches differ from arrival order
+    assert encode_prompts(tok, m.settings, m.prefix_ids, [], []) == []
+
+
+def test_length_sorted_batches_give_each_pair_its_own_logit(published_dir):
+    """Pairs of many lengths in length-sorted batches of 3: each logit is the pair's alone
+    (batch of 1), in the caller's order, up to float32 rounding (padding is masked)."""
+    case = REFERENCE["cases"][3]
+    items = [(case["source"], a, b) for a in case["candidates"] for b in case["candidates"] if a != b]
+    alone = PairRMJudge.from_pretrained(str(published_dir), batch_size=1).pair_logits(items)
+    batched = PairRMJudge.from_pretrained(str(published_dir), batch_size=3).pair_logits(items)
+    assert alone.shape == (12,) and alone.unique().numel() == 12
+    # float32 sums over the width 32 and the longest pair (<= 48 tokens)
+    assert_float_close(batched, alone, n_terms=32 * 48)
 
 
 def test_one_sep_per_segment(published_dir):

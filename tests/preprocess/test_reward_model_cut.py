@@ -14,6 +14,7 @@ from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.judges import Abstain, PromptCut
 from pofe.preprocess.judges.reward_model import RESPONSE_TOO_LONG, RewardModelJudge, left_cut
 from pofe.preprocess.pipeline import run_pipeline
+from tests.helpers import assert_float_close
 
 MAX = 32
 # one token per character; `<s>`, `<|user|>`, `<|end|>`, `<|assistant|>` one token each
@@ -103,16 +104,45 @@ def test_pipeline_counts_cut_and_dropped_candidates(bos_reward_model, tiny_polic
     assert "4 candidates of 2 prompts were judged with their prompt cut" in caplog.text
 
 
-def test_sentence_pair_input_cuts_the_prompt_from_the_left(tiny_reward_model, tmp_path):
-    """No chat template: the pair's first text (the prompt) is cut from its left by the tokenizer."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    path = tmp_path / "rm-pair"
+@pytest.fixture(scope="module")
+def pair_reward_model(tiny_reward_model, tmp_path_factory):
+    """The tiny reward model without a chat template: it reads (prompt, response) sentence pairs."""
+    path = tmp_path_factory.mktemp("rm-pair") / "rm"
     shutil.copytree(tiny_reward_model, path)
     (path / "chat_template.jinja").unlink(missing_ok=True)
     config = json.loads((path / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("model", ["bos_reward_model", "pair_reward_model"])
+def test_batched_encoding_and_sorted_batches_match_one_pair_at_a_time(model, request):
+    """`encode_all` (one tokenizer call) gives `encode`'s inputs for every pair, cut or not;
+    `score` in length-sorted batches of 3 gives each candidate its score alone (batch of 1), in
+    order, up to float32 rounding, and the same kinds (PromptCut, Abstain, float)."""
+    path = str(request.getfixturevalue(model))
+    prompts = [LONG_PROMPT, SHORT_PROMPT, "what is 7+8?"]
+    responses = [["hello", "x" * 40, "hi"], ["4", "four, i think", "5"], ["15", "fifteen"]]
+    judge = RewardModelJudge(path, batch_size=3, max_length=MAX)
+    flat = [(p, r) for p, rs in zip(prompts, responses) for r in rs]
+    encoded = judge.encode_all(flat)
+    assert encoded == [judge.encode(p, r) for p, r in flat]
+    assert sum(e.prompt_cut > 0 for e in encoded) == 2 and sum(e.inputs is None for e in encoded) == 1
+    assert len({len(e.inputs["input_ids"]) for e in encoded if e.inputs}) > 3  # sorting reorders them
+    batched = [s for row in judge.score(prompts, responses) for s in row]
+    alone = [s for row in RewardModelJudge(path, batch_size=1, max_length=MAX).score(prompts, responses) for s in row]
+    assert [type(s) for s in batched] == [type(s) for s in alone]
+    values = [(float(b), float(a)) for b, a in zip(batched, alone) if not isinstance(a, Abstain)]
+    # float32 sums over the width 64 and at most MAX tokens
+    assert_float_close(torch.tensor([b for b, _ in values]), torch.tensor([a for _, a in values]), n_terms=64 * MAX)
+
+
+def test_sentence_pair_input_cuts_the_prompt_from_the_left(pair_reward_model):
+    """No chat template: the pair's first text (the prompt) is cut from its left by the tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = pair_reward_model
     judge = RewardModelJudge(str(path), max_length=MAX)
     assert not judge.tokenizer.chat_template
     ((cut, dropped),) = judge.score([LONG_PROMPT], [["hello", "x" * 40]])
