@@ -104,7 +104,9 @@ def generate_shard(
     for i, (row, r) in enumerate(zip(rows, rendered)):
         # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
         # read that (PairRM, as the SPPO scripts feed it)
-        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column], "rendered": r.text,
+        # a prompt cut to fit max_prompt_tokens is the turns kept (`render_prompt`), so its rows train on them
+        prompt = row[prompt_column] if r.messages is None else r.messages
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": prompt, "rendered": r.text,
                                "prompt_ids": r.ids}
         if r.text is None:
             rec.update(candidates=[], sources=[], finish_reasons=[], candidate_ids=[], retokenized_differently=0,
