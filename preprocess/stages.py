@@ -238,6 +238,9 @@ def judge_shard(
                 "judged": k * (k - 1) // 2,
                 "abstained": verdict.abstained_pairs,
                 "abstain_reasons": [_cap(x) for x in verdict.abstain_reasons],
+                # pairs whose two orders' P(a beats b) do not sum to about 1 (pairwise.ORDER_SUM_TOLERANCE)
+                "orders_off": verdict.orders_off,
+                "worst_order_sum": verdict.worst_order_sum,
             }
     else:
         wants_win_rates = target.from_win_rates

@@ -308,3 +308,23 @@ def test_python_judge_abstains_on_a_score_beyond_float32():
     assert j.stats.reasons == {"overflow": 2}
     with pytest.raises(JudgeError, match=r"prompt 0, candidate 0 \(m:f\): overflow: score 1e\+300"):
         PythonJudge(lambda p, r: 1e300, allow_abstain=False, name="m:f").score(["p"], [["a"]])
+
+
+def test_pairwise_order_sums_far_from_one_are_counted_with_the_worst_pair():
+    """P(a beats b) = 0.75 whichever is shown first: every pair sums to 1.5, 0.5 off 1 (beyond the
+    0.25 tolerance); averaging the orders hid it. 0.6 both ways sums to 1.2: within tolerance,
+    counted neither. A consistent judge (P(a,b) = 1 - P(b,a)) sums to 1 exactly."""
+    from pofe.preprocess.build import _worst_order_sum, order_sum_warning
+
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 0.75).preferences(["q"], [["x", "y", "z"]])
+    assert (v.orders_off, v.worst_order_sum) == (3, 1.5)
+    assert torch.allclose(v.matrix, torch.full((3, 3), 0.5, dtype=torch.float64))
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 0.6).preferences(["q"], [["x", "y"]])
+    assert (v.orders_off, v.worst_order_sum) == (0, pytest.approx(1.2))
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 1.0 if a < b else 0.0).preferences(["q"], [["x", "y"]])
+    assert (v.orders_off, v.worst_order_sum) == (0, 1.0)
+    judged = [{"index": 4, "worst_order_sum": 1.2}, {"index": 9, "worst_order_sum": 0.1}, {"index": 5}]
+    summary = {"judge_pairs_order_sum_off": 2, "judge_worst_order_sum": _worst_order_sum(judged)}
+    assert summary["judge_worst_order_sum"] == {"sum": 0.1, "row": 9}
+    assert "2 pairs judged by python_pairwise have" in order_sum_warning(summary, "python_pairwise", "s.json")
+    assert "(worst 0.1, prompt row 9)" in order_sum_warning(summary, "python_pairwise", "s.json")
