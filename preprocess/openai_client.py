@@ -153,7 +153,8 @@ class OpenAIClient:
             cfg.base_url,
             api_key=read_api_key(cfg.api_key_env),
             key_env=cfg.api_key_env,
-            timeout=cfg.request_timeout,
+            # judge.timeout, where set, bounds an llm judge's try as it bounds a python judge's call
+            timeout=getattr(cfg, "timeout", None) or cfg.request_timeout,
             max_retries=cfg.max_retries,
         )
 

@@ -168,6 +168,16 @@ class JudgeConfig(StrictConfig):
         "a pairwise judge) abstained; a run where every verdict abstained always stops.",
     )
     request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per try, connect to last byte.")
+    timeout: float | None = Field(
+        None, gt=0.0, le=86400.0,
+        description="python judges: seconds per call (the function runs in a worker process, stopped when "
+        "time is up; the stage stops naming the judge and row); llm judges: seconds per try, in place of "
+        "request_timeout. None: no limit (python) / request_timeout (llm).",
+    )
+    stage_timeout: float | None = Field(
+        None, gt=0.0, le=7 * 86400.0,
+        description="python judges: seconds for all of one judge stage's calls; None: no limit.",
+    )
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 

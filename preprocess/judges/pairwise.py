@@ -91,7 +91,7 @@ def preferences_both_orders(
         if e.prompt is None:
             raise
         p, i, j = jobs[e.prompt]
-        raise JudgeError(e.reason, f"candidates {i} and {j}, {e.where}", prompt=p) from e
+        raise type(e)(e.reason, f"candidates {i} and {j}, {e.where}", prompt=p) from e  # a JudgeTimeout stays one
     stats.count_call(len(items))
     mats = [torch.full((len(c), len(c)), float("nan"), dtype=torch.float64) for c in responses]
     missing: dict[tuple[int, int, int], str] = {}
