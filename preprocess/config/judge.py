@@ -181,10 +181,20 @@ class JudgeConfig(StrictConfig):
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 
+    def _check_timeouts(self) -> None:
+        """judge.timeout / stage_timeout only where they bound something (timed.py, openai_client.py)."""
+        function = self.type in ("python", "python_pairwise") and not self.reward_funcs
+        for key, applies in (("timeout", function or self.type in ("llm", "pairwise_llm")), ("stage_timeout", function)):
+            if getattr(self, key) is not None and not applies:
+                raise ValueError(f"judge.{key} applies to python judges given by judge.function"
+                                 f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}"
+                                 f"{' with reward_funcs' if self.reward_funcs else ''}; remove it.")
+
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
         self._check_functions()
         self._check_reward_model_keys()
+        self._check_timeouts()
         allowed = JUDGE_PREFERENCES[self.type]
         if self.preferences is None:
             self.preferences = allowed[0]

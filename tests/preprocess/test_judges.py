@@ -369,3 +369,9 @@ def test_judge_timeout_bounds_an_llm_judges_try_in_place_of_request_timeout():
     url = "http://127.0.0.1:9/v1"
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url)).timeout == 120.0
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url, timeout=3.0)).timeout == 3.0
+    # where it would bound nothing it is refused, not ignored
+    with pytest.raises(ValueError, match=r"judge.stage_timeout applies to python judges given by judge.function, "
+                       r"not to judge.type: llm"):
+        JudgeConfig(type="llm", base_url=url, stage_timeout=3.0)
+    with pytest.raises(ValueError, match=r"judge.timeout applies .* not to judge.type: reward_model"):
+        JudgeConfig(type="reward_model", model="m", timeout=3.0)
