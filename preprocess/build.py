@@ -19,6 +19,7 @@ from pofe.methods import Target, method_spec
 
 from .abstentions import AbstentionTally
 from .config import GenerateConfig, JudgeConfig, PipelineConfig
+from .judges.pairwise import ORDER_SUM_TOLERANCE
 from .win_rates import win_rate_spread
 
 
@@ -128,10 +129,32 @@ def summarise(
         "judge_prompts_cut": sum(r.get("prompts_cut", 0) for r in judged),
         "judge_rows_with_prompt_cut": sum(1 for r in judged if r.get("prompts_cut")),
         "rows_with_equal_labels": sum(1 for d in data if len(set(d[target.column])) == 1),
+        # pairwise judges: pairs whose two orders' P(a beats b) sum further than
+        # judges.pairwise.ORDER_SUM_TOLERANCE from 1, and the worst sum with its row
+        "judge_pairs_order_sum_off": sum(r.get("orders_off") or 0 for r in judged),
+        "judge_worst_order_sum": _worst_order_sum(judged),
         "generate": generate.public_dict(),
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),
     }
+
+
+def order_sum_warning(summary: dict, judge_type: str, where) -> str:
+    """The warning for a summary's pairs whose two orders do not sum to about 1."""
+    worst = summary["judge_worst_order_sum"]
+    return (f"POFE: {summary['judge_pairs_order_sum_off']} pairs judged by {judge_type} have P(a beats b) + P(b beats a) "
+            f"further than {ORDER_SUM_TOLERANCE} from 1 (worst {worst['sum']:g}, prompt row {worst['row']}); both "
+            "orders are averaged, which cancels a position bias, but a judge this far off reads the order more than "
+            f"the texts; counts in {where}")
+
+
+def _worst_order_sum(judged: list[dict]) -> dict | None:
+    """The pair sum P(a, b) + P(b, a) furthest from 1 over the judged rows, and its row."""
+    sums = [(r["worst_order_sum"], r["index"]) for r in judged if r.get("worst_order_sum") is not None]
+    if not sums:
+        return None
+    value, row = max(sums, key=lambda s: abs(s[0] - 1.0))
+    return {"sum": value, "row": row}
 
 
 def _sampled(live: list[dict], with_ids: bool) -> int:

@@ -57,7 +57,8 @@ def judge_manifest(*, method: str, judge: JudgeConfig) -> dict:
     return {
         "version": MANIFEST_VERSION,
         "method": method,
-        "judge": judge.model_dump(exclude={"max_abstention_rate"}),
+        # how long a call may take changes no verdict that is written
+        "judge": judge.model_dump(exclude={"max_abstention_rate", "timeout", "stage_timeout"}),
         "judge_identity": judge_identity(judge),
     }
 

@@ -153,7 +153,8 @@ class OpenAIClient:
             cfg.base_url,
             api_key=read_api_key(cfg.api_key_env),
             key_env=cfg.api_key_env,
-            timeout=cfg.request_timeout,
+            # judge.timeout, where set, bounds an llm judge's try as it bounds a python judge's call
+            timeout=getattr(cfg, "timeout", None) or cfg.request_timeout,
             max_retries=cfg.max_retries,
         )
 
@@ -213,6 +214,23 @@ class OpenAIClient:
         self.stats.add("failures", reason=cause)
         raise EndpointError(url, cause, tries, hint)
 
+    def check_lengths(self, route: str, payload: dict, texts: list[str], *, raise_: bool = True) -> str | None:
+        """Why texts returned for `payload` are far longer than its `max_tokens` tokens can be
+        (`MAX_CHARS_PER_TOKEN`), or None; raised as an EndpointError naming the server's `route`
+        unless `raise_` is false (a server ignoring max_tokens would fill the shards)."""
+        if not isinstance(payload.get("max_tokens"), int):
+            return None
+        limit = payload["max_tokens"] * MAX_CHARS_PER_TOKEN
+        longest = max((len(t) for t in texts), default=0)
+        if longest <= limit:
+            return None
+        cause = (f"bad response: a reply of {longest} characters for max_tokens={payload['max_tokens']} "
+                 f"(at most {limit} at {MAX_CHARS_PER_TOKEN} characters per token)")
+        if raise_:
+            self.stats.add("failures", reason=cause)
+            raise EndpointError(f"{self.base_url}/{route}", cause, 1, NOT_OPENAI_HINT)
+        return cause
+
     def completions(self, payload: dict) -> list[dict]:
         """POST /completions; the choices sorted by their index. Raises EndpointError if absent."""
         return self.completions_with_usage(payload)[0]
@@ -229,12 +247,8 @@ class OpenAIClient:
             cause = f"bad response: no choices[].text in {str(body)[:200]!r}"
         elif any(not isinstance(c["text"], str) for c in choices):
             cause = f"bad response: a choices[].text is {next(c['text'] for c in choices if not isinstance(c['text'], str))!r}, not text"
-        elif isinstance(payload.get("max_tokens"), int):
-            limit = payload["max_tokens"] * MAX_CHARS_PER_TOKEN
-            longest = max((len(c["text"]) for c in choices), default=0)
-            if longest > limit:
-                cause = (f"bad response: a completion of {longest} characters for max_tokens={payload['max_tokens']} "
-                         f"(at most {limit} at {MAX_CHARS_PER_TOKEN} characters per token)")
+        else:
+            cause = self.check_lengths("completions", payload, [c["text"] for c in choices], raise_=False)
         if cause is not None:
             self.stats.add("failures", reason=cause)
             raise EndpointError(f"{self.base_url}/completions", cause, 1, NOT_OPENAI_HINT)

@@ -45,7 +45,7 @@ from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
 
 from .abstentions import AbstentionTally, check_abstentions
-from .build import build_rows, summarise
+from .build import build_rows, order_sum_warning, summarise
 from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig, redact
 from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
@@ -215,6 +215,8 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
             f"judged with their prompt cut from the left to judge.max_length={plan.judge.max_length} (responses kept "
             "whole); raise judge.max_length to score whole conversations"
         )
+    if summary["judge_pairs_order_sum_off"]:
+        LOG.warning(order_sum_warning(summary, plan.judge.type, summary_path))
     if summary["rows_with_equal_labels"]:
         LOG.warning(
             f"POFE: {summary['rows_with_equal_labels']} of {len(data)} rows in {data_path} have all-equal "

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pofe.data.length_policy import fit_turns
+
 Prompt = str | list[dict[str, Any]]
 
 
@@ -26,6 +28,8 @@ class Rendered:
     truncated: bool = False
     reason: str | None = None
     ids: list[int] | None = None
+    # the turns kept when the prompt's oldest were cut to fit max_prompt_tokens
+    messages: list[dict[str, Any]] | None = None
 
 
 def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
@@ -56,23 +60,37 @@ def render_prompt(
     max_prompt_tokens: int | None = None,
     overflow: str = "drop",
 ) -> Rendered:
-    """Render one prompt; enforce `max_prompt_tokens` by dropping or keeping the last tokens.
+    """Render one prompt; enforce `max_prompt_tokens` by dropping it or cutting its oldest turns.
 
-    Truncation keeps the END of the prompt: the generation prompt (assistant header) and the
-    latest user turn are what the model must see to answer.
+    Truncation cuts whole turns from the left (`pofe.data.length_policy.fit_turns`: system
+    messages stay, the kept part starts at a user turn), so the latest user turn and the
+    generation prompt are what the model sees, under their role tokens; `messages` then holds the
+    turns kept, which the candidates' rows carry so training conditions on the same prompt. A
+    prompt whose last user turn alone is too long (or a raw prompt, without a chat template) is
+    dropped: cutting into its text would leave a question without its start or role token.
     """
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
-    else:
-        text = prompt_text(prompt) if not isinstance(prompt, str) else prompt
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    text = _text(tokenizer, prompt)
     ids = prompt_token_ids(tokenizer, text)
     n = len(ids)
     if max_prompt_tokens is None or n <= max_prompt_tokens:
         return Rendered(text, n, ids=ids)
-    if overflow == "drop":
-        return Rendered(None, n, reason=f"prompt has {n} tokens > max_prompt_tokens={max_prompt_tokens}")
-    kept = ids[n - max_prompt_tokens :]
-    return Rendered(tokenizer.decode(kept, skip_special_tokens=False), max_prompt_tokens, truncated=True, ids=kept)
+    kept = None
+    if overflow == "truncate" and templated:
+        kept, _ = fit_turns(as_messages(prompt), lambda m: len(prompt_token_ids(tokenizer, _text(tokenizer, m))),
+                            max_prompt_tokens)
+    if kept is None:
+        why = "" if overflow == "drop" else " (its last user turn alone does not fit)"
+        return Rendered(None, n, reason=f"prompt has {n} tokens > max_prompt_tokens={max_prompt_tokens}{why}")
+    text = _text(tokenizer, kept)
+    ids = prompt_token_ids(tokenizer, text)
+    return Rendered(text, len(ids), truncated=True, ids=ids, messages=kept)
+
+
+def _text(tokenizer, prompt: Prompt) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
+    return prompt_text(prompt) if not isinstance(prompt, str) else prompt
 
 
 def prompt_token_ids(tokenizer, text: str) -> list[int]:

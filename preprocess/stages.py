@@ -104,7 +104,9 @@ def generate_shard(
     for i, (row, r) in enumerate(zip(rows, rendered)):
         # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
         # read that (PairRM, as the SPPO scripts feed it)
-        rec: dict[str, Any] = {"index": first_index + i, "prompt": row[prompt_column], "rendered": r.text,
+        # a prompt cut to fit max_prompt_tokens is the turns kept (`render_prompt`), so its rows train on them
+        prompt = row[prompt_column] if r.messages is None else r.messages
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": prompt, "rendered": r.text,
                                "prompt_ids": r.ids}
         if r.text is None:
             rec.update(candidates=[], sources=[], finish_reasons=[], candidate_ids=[], retokenized_differently=0,
@@ -236,6 +238,9 @@ def judge_shard(
                 "judged": k * (k - 1) // 2,
                 "abstained": verdict.abstained_pairs,
                 "abstain_reasons": [_cap(x) for x in verdict.abstain_reasons],
+                # pairs whose two orders' P(a beats b) do not sum to about 1 (pairwise.ORDER_SUM_TOLERANCE)
+                "orders_off": verdict.orders_off,
+                "worst_order_sum": verdict.worst_order_sum,
             }
     else:
         wants_win_rates = target.from_win_rates

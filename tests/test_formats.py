@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pofe.data.formats import PofeDataError, RowFormat, check_columns, normalize_row
+from pofe.data.formats import PofeDataError, RowFormat, check_columns, normalize_row, prompt_row
 
 RRHF = RowFormat(dataset="data/c.jsonl", type="pofe.rrhf", method="rrhf", fields={})
 SPPO = RowFormat(dataset="data/s.jsonl", type="pofe.sppo", method="sppo", fields={})
@@ -322,6 +322,17 @@ def test_an_unknown_role_is_refused_naming_the_message():
         normalize_row(good_rrhf(prompt=prompt), 3, RRHF)
     assert ("dataset data/c.jsonl, row 3 (0-based), field 'prompt[1].role': unknown role 'usr'. Use one of "
             "['system', 'user', 'assistant', 'tool']") in str(err.value)
+
+
+def test_prompts_entry_refuses_an_unknown_role_before_generation():
+    """A `pofe.prompts` row reached the generator unchecked: role `usr` was rendered as written
+    and sampled from, and refused only when training read the candidates' rows."""
+    fmt = RowFormat(dataset="data/p.jsonl", type="pofe.prompts", method="rrhf", fields={"field_prompt": "question"})
+    good = {"question": [{"role": "user", "content": "hi"}], "id": 7}
+    assert prompt_row(good, 0, fmt, []) == good
+    with pytest.raises(PofeDataError) as err:
+        prompt_row({"question": [{"role": "usr", "content": "hi"}]}, 2, fmt, [])
+    assert "dataset data/p.jsonl, row 2 (0-based), field 'question[0].role': unknown role 'usr'" in str(err.value)
 
 
 def test_a_tool_call_response_says_what_it_is():

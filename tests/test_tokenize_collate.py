@@ -38,14 +38,48 @@ def test_tokenize_ids_match_the_rendered_text(tok):
     assert (out["truncated"], out["keep"], out["rewards"]) == (False, True, [1.0, 0.0])
 
 
-def test_truncate_keeps_prompt_end_then_cuts_responses(tok):
-    # char-level tokens: prompt <|user|> + 40 x + <|end|> + <|assistant|> = 43; responses 11, 4
-    long = row(prompt="x" * 40, responses=("abcdefghij", "abc"))
-    out = tokenize_row(long, tok, sequence_len=24, max_prompt_len=16, truncation="truncate")
-    assert len(out["prompt_ids"]) == 16
-    assert tok.decode(out["prompt_ids"]).endswith("x<|end|><|assistant|>")
-    assert [len(r) for r in out["response_ids"]] == [8, 4]  # room = 24 - 16
-    assert out["truncated"] and out["keep"]
+def test_truncate_cuts_whole_turns_then_responses_without_end_of_turn(tok):
+    """char-level tokens. Prompt: <|system|>s<|end|> (3) + 3 turns <|user|>x*20<|end|> (22 each,
+    the middle one an assistant's) + <|assistant|> (1) = 70 > max_prompt_len 30, so the two oldest
+    non-system turns go: 3 + 22 + 1 = 26. Room 40 - 26 = 14: "a"*20 + <|end|> (21) keeps 14 content
+    ids and loses <|end|>; "abc<|end|>" (4) is whole."""
+    turns = [{"role": "system", "content": "s"}] + [
+        {"role": role, "content": c * 20} for role, c in (("user", "x"), ("assistant", "y"), ("user", "z"))]
+    long = {**row(responses=("a" * 20, "abc")), "prompt": turns}
+    out = tokenize_row(long, tok, sequence_len=40, max_prompt_len=30, truncation="truncate")
+    assert tok.decode(out["prompt_ids"]) == "<|system|>s<|end|><|user|>" + "z" * 20 + "<|end|><|assistant|>"
+    assert [tok.decode(r) for r in out["response_ids"]] == ["a" * 14, "abc<|end|>"]
+    assert (out["turns_cut"], out["responses_cut"], out["drop_reason"], out["keep"]) == (2, 1, None, True)
+
+
+def test_truncation_never_makes_identical_candidates_or_cuts_a_turn(tok):
+    """Bad case 3 of issue 20: a one-turn prompt longer than sequence_len with responses
+    "2"*50+"3" and "2"*50+"4" (rewards 1, 0) became '2'*32 twice, labelled 1 and 0, after a prompt
+    cut mid-text without its role token. Now a prompt whose last user turn cannot fit is dropped;
+    and cut responses that collide drop their row, named by why."""
+    case = row(prompt="1" * 80, responses=("2" * 50 + "3", "2" * 50 + "4"))
+    out = tokenize_row(case, tok, sequence_len=64, max_prompt_len=32, truncation="truncate")
+    assert (out["keep"], out["drop_reason"]) == (False, "prompt_too_long")
+    # the same responses after a prompt that fits (8 ids): room 48 - 8 = 40 cuts both to '2'*40
+    fits = row(prompt="1" * 5, responses=("2" * 50 + "3", "2" * 50 + "4"))
+    out = tokenize_row(fits, tok, sequence_len=48, max_prompt_len=32, truncation="truncate")
+    assert (out["keep"], out["drop_reason"], out["responses_cut"]) == (False, "cut_conflicting_labels", 2)
+    tied = {**fits, "rewards": [0.5, 0.5]}
+    out = tokenize_row(tied, tok, sequence_len=48, max_prompt_len=32, truncation="truncate")
+    assert (out["keep"], out["drop_reason"]) == (False, "cut_identical")
+
+
+def test_truncating_sampled_ids_drops_their_end_of_turn_and_given_anchors(tok):
+    """A row with sampled ids (`response_ids`) is cut the same way: content ids first, no end of
+    turn. Its given anchor log-probs were for the whole responses, so they are cleared."""
+    sampled = [tok("a" * 20, add_special_tokens=False)["input_ids"], tok("b", add_special_tokens=False)["input_ids"]]
+    case = {**row(responses=("a" * 20, "b")), "response_ids": sampled, "anchor_logps": [-3.0, -1.0]}
+    out = tokenize_row(case, tok, sequence_len=20, max_prompt_len=10, truncation="truncate")
+    # prompt "<|user|>12+7=<|end|><|assistant|>" = 8 ids; room 12
+    assert [tok.decode(r) for r in out["response_ids"]] == ["a" * 12, "b<|end|>"]
+    assert out["anchor_logps"] is None and out["keep"]
+    whole = tokenize_row(case, tok, sequence_len=64, max_prompt_len=32, truncation="truncate")
+    assert whole["anchor_logps"] == [-3.0, -1.0]
 
 
 def test_drop_marks_the_row(tok):

@@ -134,10 +134,13 @@ def row_error(dataset: str, index: int):
 def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_columns: list[str]) -> dict[str, Any]:
     """A `pofe.prompts` row as the pipeline reads it: with `prompt_format: hh`, its prompt
     as chat messages and each of `response_columns` (`generate.include_dataset_responses`)
-    as the response text; otherwise as it is."""
-    if fmt.prompt_format != "hh":
-        return dict(row)
-    return hh_row(row, fmt.column("field_prompt"), response_columns, row_error(fmt.dataset, index))
+    as the response text; otherwise as it is, its prompt checked as training checks it (an
+    unknown role, an empty message) before any candidate is generated for it."""
+    fail = row_error(fmt.dataset, index)
+    if fmt.prompt_format == "hh":
+        return hh_row(row, fmt.column("field_prompt"), response_columns, fail)
+    _prompt_messages(row.get(fmt.column("field_prompt")), fmt.column("field_prompt"), fail)
+    return dict(row)
 
 
 def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:

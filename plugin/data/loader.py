@@ -30,19 +30,23 @@ from axolotl.utils.data.shared import (
 from axolotl.utils.dict import DictDefault
 
 from ..args import PofeConfig
+from ..files import write_atomic
 from ..layout import ANCHOR_LOGPS
 from ..logs import get_logger
 from ..methods import MethodSpec, method_spec
 from .candidates import candidates_from_prompts
 from .formats import RowFormat, candidate_row, check_columns, normalize_row
 from .label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
+from .length_policy import entry_summary, summary_message
 from .sources import load_entry, local_files_digest
 from .tokenize import tokenize_row
 
 LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
-PREPARED_FORMAT_VERSION = 2  # 2: sampled response ids trained as they are
+PREPARED_FORMAT_VERSION = 3  # 2: sampled response ids trained as they are; 3: whole turns cut
+# the length policy's record of each tokenised row (`tokenize.tokenize_row`)
+POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
 
 def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False) -> TrainDatasetMeta:
@@ -106,12 +110,15 @@ def _load_or_prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, dataset_hash
     dataset = load_preprocessed_dataset(cfg, dataset_hash)
     if dataset is not None:
         return dataset
-    dataset = _prepare(cfg, pofe, tokenizer)
+    prepared = Path(cfg.dataset_prepared_path or "last_run_prepared")
+    dataset = _prepare(cfg, pofe, tokenizer, prepared / f"length-policy-{dataset_hash}.json")
     save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
     return dataset
 
 
-def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> Dataset:
+def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | None = None) -> Dataset:
+    """The tokenised rows of every entry; `policy_path`: where the length policy's per-row
+    record goes when it touched any row (`length_policy.entry_summary`)."""
     max_prompt_len = pofe.max_prompt_len or cfg.sequence_len // 2
     if max_prompt_len >= cfg.sequence_len:
         raise ValueError(
@@ -119,7 +126,7 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> Dataset:
             f"sequence_len ({cfg.sequence_len}); lower it"
         )
     spec = method_spec(pofe.method)
-    parts = []
+    parts, policy = [], []
     for i, entry in enumerate(cfg.datasets):
         fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields) else {}
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
@@ -144,14 +151,20 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> Dataset:
             },
             desc=f"POFE: tokenising {entry.path}",
         )
-        _log_length_policy(part, entry.path, pofe.truncation, cfg.sequence_len)
+        policy.append(entry_summary(entry.path, part.select_columns(POLICY_COLUMNS).to_dict()))
+        if policy[-1]["rows_over_sequence_len"]:
+            where = f"; per row in {policy_path}" if policy_path else ""
+            LOG.warning(summary_message(policy[-1], cfg.sequence_len, pofe.truncation) + where)
         _warn_suspicious_labels(part, fmt, spec.target.column)
         part = part.filter(lambda keep: keep, input_columns="keep")
         if spec.equal_labels_note:
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
     dataset = merge_datasets(parts, cfg)
-    dataset = dataset.remove_columns(["keep", "truncated", "prompt_key", "response_keys"])
+    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, "prompt_key", "response_keys"])
+    if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
+        write_atomic(policy_path, json.dumps({"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len,
+                                              "truncation": pofe.truncation, "datasets": policy}, indent=2) + "\n")
     if len(dataset) == 0:
         raise ValueError(
             "no rows left to train on after the length policy; raise sequence_len or "
@@ -205,16 +218,6 @@ def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple
             "columns are not swapped"
         )
     return len(conflicts), len(reversed_rows)
-
-
-def _log_length_policy(part: Dataset, path: str, truncation: str, sequence_len: int) -> None:
-    over = sum(part["truncated"])
-    if over:
-        verb = "truncated" if truncation == "truncate" else "dropped"
-        LOG.warning(
-            f"POFE: {verb} {over} of {len(part)} rows of {path} longer than "
-            f"sequence_len={sequence_len} (pofe.truncation: {truncation})"
-        )
 
 
 def _warn_equal_labels(labels: list[list[float]], path: str, spec: MethodSpec) -> int:

@@ -6,16 +6,20 @@ and the model learns to stop). Prompt and responses are tokenised apart, so the
 collator can lay out each candidate as `prompt_ids + response_ids[j]` and score only
 response tokens. A response the policy sampled (rows of the candidate pipeline carry
 `response_ids`) is scored on its sampled ids plus the template's end of turn, not its
-text tokenised again (`pofe.preprocess.token_ids` says why).
+text tokenised again (`pofe.preprocess.token_ids` says why). Rows longer than `sequence_len`
+follow `pofe.truncation` (`length_policy.py`).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
 from pofe.preprocess.token_ids import end_of_turn_ids, response_text
 
-from ..layout import candidate_float_columns
+from ..layout import ANCHOR_LOGPS, candidate_float_columns
+from ..methods import label_columns
+from .length_policy import PROMPT_TOO_LONG, TOO_LONG, cut_collision, cut_response, fit_turns
 
 
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
@@ -45,29 +49,60 @@ def tokenize_row(
     max_prompt_len: int,
     truncation: Literal["truncate", "drop"],
 ) -> dict[str, Any]:
-    """Tokenise one canonical row; returns ids plus `truncated` / `keep` flags.
+    """Tokenise one canonical row; returns ids, the length policy's record (`truncated`, `keep`,
+    `drop_reason`, `turns_cut`, `responses_cut`) and the row's float columns.
 
-    Policy when `len(prompt) + max_j len(response_j) > sequence_len`:
-    `truncate` keeps the last `max_prompt_len` prompt tokens (the question usually
-    sits at the end of a long prompt), then cuts each response to the room left;
-    `drop` marks the row `keep=False` (the caller filters and counts).
+    Policy when `len(prompt) + max_j len(response_j) > sequence_len` (`length_policy.py` says
+    why each cut is made so): `truncate` cuts the prompt's oldest whole turns until it fits
+    `max_prompt_len` (dropping the row when its last user turn alone does not), then cuts each
+    response to the room left, without its end of turn, and drops the row when two cut responses
+    became identical; `drop` drops the row. The caller filters rows with `keep=False` and counts
+    them by `drop_reason`. Given anchor log-probs of a cut row are for the uncut row, so they are
+    cleared (the trainer then computes the anchor for every row).
     """
-    prompt_text, response_texts = render_row(row, tokenizer)
-    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    response_ids = response_token_ids(row, tokenizer, prompt_text, response_texts)
+    messages = row["prompt"]
+    prompt_ids, response_ids, prompt_text = _encode(row, messages, tokenizer)
     too_long = len(prompt_ids) + max(len(r) for r in response_ids) > sequence_len
-    keep = not (too_long and truncation == "drop")
-    if too_long and truncation == "truncate":
-        prompt_ids = prompt_ids[-max_prompt_len:]
-        room = sequence_len - len(prompt_ids)
-        response_ids = [r[:room] for r in response_ids]
-    out = {
-        "prompt_ids": prompt_ids,
-        "response_ids": response_ids,
-        "truncated": too_long,
-        "keep": keep,
-    }
+    out = {"truncated": too_long, "drop_reason": None, "turns_cut": 0, "responses_cut": 0}
+    if too_long and truncation == "drop":
+        out["drop_reason"] = TOO_LONG
+    elif too_long:
+        if len(prompt_ids) > max_prompt_len:
+            messages, out["turns_cut"] = fit_turns(messages, partial(_prompt_len, tokenizer), max_prompt_len)
+            if messages is None:
+                out["drop_reason"] = PROMPT_TOO_LONG
+            else:
+                prompt_ids, response_ids, prompt_text = _encode(row, messages, tokenizer)
+        if messages is not None:
+            response_ids, out["responses_cut"], out["drop_reason"] = _cut_responses(
+                row, messages, tokenizer, prompt_text, response_ids, sequence_len - len(prompt_ids))
+    out.update(prompt_ids=prompt_ids, response_ids=response_ids, keep=out["drop_reason"] is None)
     for key in candidate_float_columns():
         if key in row:
             out[key] = row[key]
+    if too_long and out.get(ANCHOR_LOGPS) is not None:
+        out[ANCHOR_LOGPS] = None
     return out
+
+
+def _encode(row: dict[str, Any], messages: list[dict[str, Any]], tokenizer) -> tuple[list[int], list[list[int]], str]:
+    """The ids of the prompt `messages` and of each response after them, and the prompt text."""
+    row = {**row, "prompt": messages}
+    prompt_text, texts = render_row(row, tokenizer)
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    return prompt_ids, response_token_ids(row, tokenizer, prompt_text, texts), prompt_text
+
+
+def _prompt_len(tokenizer, messages: list[dict[str, Any]]) -> int:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _cut_responses(row, messages, tokenizer, prompt_text: str, response_ids: list[list[int]], room: int):
+    """Responses cut to `room` ids (`cut_response`), how many were cut, and the drop reason of
+    a row whose cut responses collide (`cut_collision`)."""
+    end = end_of_turn_ids(tokenizer, messages, prompt_text)
+    cut = [r if len(r) <= room else cut_response(r, end, room) for r in response_ids]
+    n = sum(len(r) > room for r in response_ids)
+    labels = [row[c] for c in label_columns() if row.get(c) is not None]
+    return cut, n, cut_collision(response_ids, cut, labels) if n else None

@@ -155,7 +155,8 @@ class GenerateConfig(StrictConfig):
     )
     prompt_overflow: Literal["truncate", "drop"] = Field(
         "drop",
-        description="Over-long prompts: drop the row (counted) or keep its LAST tokens.",
+        description="Over-long prompts: drop the row (counted), or cut their oldest whole turns (system kept; "
+        "dropped when the last user turn alone is too long). The rows carry the turns kept.",
     )
     openai_prompt: Literal["token_ids", "text"] = Field(
         "token_ids",

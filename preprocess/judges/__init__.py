@@ -30,12 +30,14 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         from .base import load_function
         from .python import PythonJudge
 
-        return PythonJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function)
+        return PythonJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function,
+                           timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
     if cfg.type == "python_pairwise":
         from .base import load_function
         from .python import PythonPairwiseJudge
 
-        return PythonPairwiseJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function)
+        return PythonPairwiseJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function,
+                                   timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
     if cfg.type == "reward_model":
         from .reward_model import RewardModelJudge
 

@@ -111,11 +111,16 @@ class JudgeStats(Counts):
 class PairwiseVerdict:
     """matrix: (K, K) float64, P[i, j] = P(y_i beats y_j), P + P.T = 1, diagonal 1/2.
     abstained_pairs: unordered pairs for which neither order gave a verdict;
-    abstain_reasons: one reason per abstained pair."""
+    abstain_reasons: one reason per abstained pair;
+    orders_off: unordered pairs judged in both orders whose P(a, b) + P(b, a) is further than
+        `ORDER_SUM_TOLERANCE` from 1; worst_order_sum: the sum furthest from 1 (None: no pair
+        judged in both orders)."""
 
     matrix: torch.Tensor
     abstained_pairs: int = 0
     abstain_reasons: tuple[str, ...] = ()
+    orders_off: int = 0
+    worst_order_sum: float | None = None
 
 
 class ScalarJudge(Protocol):

@@ -56,19 +56,20 @@ class ChatJudge:
 
     def chat(self, content: str, **extra) -> dict:
         """The first choice of a one-turn chat request; UnreadableReply if there is none."""
-        body = self.client.post(
-            "chat/completions",
-            {
-                "model": self.model,
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": self.cfg.max_new_tokens,
-                "temperature": 0.0,
-                **extra,
-            },
-        )
+        payload = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": self.cfg.max_new_tokens,
+            "temperature": 0.0,
+            **extra,
+        }
+        body = self.client.post("chat/completions", payload)
         choices = body.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise UnreadableReply(f"bad response: no choices in {str(body)[:80]!r}")
+        reply = (choices[0].get("message") or {}).get("content")
+        # a reply far beyond max_tokens is a server ignoring it: an error naming the server, as for completions
+        self.client.check_lengths("chat/completions", payload, [reply] if isinstance(reply, str) else [])
         return choices[0]
 
     def map(self, fn, items: list) -> list:

@@ -39,6 +39,13 @@ DEFAULT_PAIRWISE = (
 _VERDICT = re.compile(r"(?<![A-Za-z])([AB])(?![A-Za-z])")
 
 
+# |P(a, b) + P(b, a) - 1| beyond this is counted and warned about, never refused: position-biased
+# LLM judges give sums off 1 routinely (hard A/A verdicts sum to 2), and both orders are averaged
+# to cancel that bias; a judge far off 1 on many pairs is mostly reading the position, not the text.
+# Values outside [0, 1] are impossible and abstain where the judge returns them.
+ORDER_SUM_TOLERANCE = 0.25
+
+
 def combine_orders(first_wins: torch.Tensor) -> PairwiseVerdict:
     """Both-order combination with abstentions.
 
@@ -56,7 +63,11 @@ def combine_orders(first_wins: torch.Tensor) -> PairwiseVerdict:
     both_missing = nan & nan.T
     fw[both_missing] = 0.5
     fw[~off] = 0.5
-    return PairwiseVerdict(symmetrize_preferences(fw), int(both_missing.sum()) // 2)
+    both = torch.triu(~nan & ~nan.T & off, diagonal=1)
+    sums = (first_wins.to(torch.float64) + first_wins.to(torch.float64).T)[both]  # (pairs judged both ways,)
+    worst = sums[(sums - 1.0).abs().argmax()].item() if sums.numel() else None
+    return PairwiseVerdict(symmetrize_preferences(fw), int(both_missing.sum()) // 2,
+                           orders_off=int(((sums - 1.0).abs() > ORDER_SUM_TOLERANCE).sum()), worst_order_sum=worst)
 
 
 def ordered_pairs(k: int) -> list[tuple[int, int]]:
@@ -80,7 +91,7 @@ def preferences_both_orders(
         if e.prompt is None:
             raise
         p, i, j = jobs[e.prompt]
-        raise JudgeError(e.reason, f"candidates {i} and {j}, {e.where}", prompt=p) from e
+        raise type(e)(e.reason, f"candidates {i} and {j}, {e.where}", prompt=p) from e  # a JudgeTimeout stays one
     stats.count_call(len(items))
     mats = [torch.full((len(c), len(c)), float("nan"), dtype=torch.float64) for c in responses]
     missing: dict[tuple[int, int, int], str] = {}

@@ -8,6 +8,14 @@ from typing import Callable
 from ..render import Prompt, prompt_text
 from .base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
 from .pairwise import preferences_both_orders
+from .timed import JudgeTimeout, RemoteError, TimedCalls
+
+
+def _timed(fn: Callable, name: str, timeout: float | None, stage_timeout: float | None) -> Callable:
+    """`fn`, run in a worker process that can be stopped when a time limit is set (`timed.py`)."""
+    if timeout is None and stage_timeout is None:
+        return fn
+    return TimedCalls(fn, name=name, timeout=timeout, stage_timeout=stage_timeout)
 
 
 class PythonJudge:
@@ -21,8 +29,9 @@ class PythonJudge:
     reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
     reads_columns = False
 
-    def __init__(self, fn: Callable[[Prompt, str], float], *, allow_abstain: bool = True, name: str = "python"):
-        self.fn = fn
+    def __init__(self, fn: Callable[[Prompt, str], float], *, allow_abstain: bool = True, name: str = "python",
+                 timeout: float | None = None, stage_timeout: float | None = None):
+        self.fn = _timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain
         self.name = name
         self.stats = JudgeStats()
@@ -51,9 +60,10 @@ class PythonPairwiseJudge:
     reads_columns = False
 
     def __init__(
-        self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise"
+        self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise",
+        timeout: float | None = None, stage_timeout: float | None = None,
     ):
-        self.fn = fn
+        self.fn = _timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain
         self.name = name
         self.stats = JudgeStats()
@@ -78,7 +88,11 @@ def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, nam
     float32 is an abstention, counted in `stats` (or an error where `at` forbids abstaining).
     A result that is not a number is a TypeError naming the judge (`name`) and `where` (the candidate)."""
     try:
-        out = fn(*args)
+        out = fn(args, where=at["where"], prompt=at["prompt"]) if isinstance(fn, TimedCalls) else fn(*args)
+    except JudgeTimeout:
+        raise
+    except RemoteError as e:  # raised in the worker: str(e) is "Type: message"
+        return stats.abstain(str(e), **at)
     except Exception as e:  # a user function: any failure is an abstention, counted
         return stats.abstain(f"{type(e).__name__}: {e}", **at)
     v = as_number(out, f"judge {name}", where)

@@ -98,9 +98,15 @@ def test_prompt_overflow_drop_and_truncate(tiny_policy):
     long = "x" * 50
     dropped = render_prompt(tok, long, max_prompt_tokens=10, overflow="drop")
     assert dropped.text is None and "max_prompt_tokens=10" in dropped.reason
-    cut = render_prompt(tok, long, max_prompt_tokens=10, overflow="truncate")
-    assert cut.truncated and cut.text.endswith("<|assistant|>")
-    assert len(tok(cut.text, add_special_tokens=False)["input_ids"]) == 10
+    # one turn too long: dropped, not cut mid-text without its role token (bad case 3 of issue 20)
+    one_turn = render_prompt(tok, long, max_prompt_tokens=10, overflow="truncate")
+    assert one_turn.text is None and "its last user turn alone does not fit" in one_turn.reason
+    # <|system|>s<|end|> 3 + <|user|>x*50<|end|> 52 + <|user|>xy<|end|> 4 + <|assistant|> 1: the oldest
+    # user turn goes, the system message stays, and the turns kept are what the rows carry
+    turns = [{"role": "system", "content": "s"}, {"role": "user", "content": long}, {"role": "user", "content": "xy"}]
+    cut = render_prompt(tok, turns, max_prompt_tokens=10, overflow="truncate")
+    assert cut.text == "<|system|>s<|end|><|user|>xy<|end|><|assistant|>"
+    assert (cut.truncated, cut.num_tokens, cut.messages, cut.ids) == (True, 8, [turns[0], turns[2]], tok(cut.text)["input_ids"])
 
 
 def test_generation_config_stop_tokens_end_responses(tiny_policy, prompts):

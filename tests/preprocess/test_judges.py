@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -308,3 +309,69 @@ def test_python_judge_abstains_on_a_score_beyond_float32():
     assert j.stats.reasons == {"overflow": 2}
     with pytest.raises(JudgeError, match=r"prompt 0, candidate 0 \(m:f\): overflow: score 1e\+300"):
         PythonJudge(lambda p, r: 1e300, allow_abstain=False, name="m:f").score(["p"], [["a"]])
+
+
+def test_pairwise_order_sums_far_from_one_are_counted_with_the_worst_pair():
+    """P(a beats b) = 0.75 whichever is shown first: every pair sums to 1.5, 0.5 off 1 (beyond the
+    0.25 tolerance); averaging the orders hid it. 0.6 both ways sums to 1.2: within tolerance,
+    counted neither. A consistent judge (P(a,b) = 1 - P(b,a)) sums to 1 exactly."""
+    from pofe.preprocess.build import _worst_order_sum, order_sum_warning
+
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 0.75).preferences(["q"], [["x", "y", "z"]])
+    assert (v.orders_off, v.worst_order_sum) == (3, 1.5)
+    assert torch.allclose(v.matrix, torch.full((3, 3), 0.5, dtype=torch.float64))
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 0.6).preferences(["q"], [["x", "y"]])
+    assert (v.orders_off, v.worst_order_sum) == (0, pytest.approx(1.2))
+    (v,) = PythonPairwiseJudge(lambda p, a, b: 1.0 if a < b else 0.0).preferences(["q"], [["x", "y"]])
+    assert (v.orders_off, v.worst_order_sum) == (0, 1.0)
+    judged = [{"index": 4, "worst_order_sum": 1.2}, {"index": 9, "worst_order_sum": 0.1}, {"index": 5}]
+    summary = {"judge_pairs_order_sum_off": 2, "judge_worst_order_sum": _worst_order_sum(judged)}
+    assert summary["judge_worst_order_sum"] == {"sum": 0.1, "row": 9}
+    assert "2 pairs judged by python_pairwise have" in order_sum_warning(summary, "python_pairwise", "s.json")
+    assert "(worst 0.1, prompt row 9)" in order_sum_warning(summary, "python_pairwise", "s.json")
+
+
+def _sleeps_forever(prompt, response):
+    if response == "hang":
+        time.sleep(3600)
+    if response == "boom":
+        raise ValueError("boom")
+    return float(len(response))
+
+
+def test_judge_timeout_stops_a_python_judge_that_never_returns():
+    """A thread cannot be killed, so a hung judge function hung the stage for good. With
+    judge.timeout the call runs in a worker process that is stopped, and the error names the judge,
+    the dataset row and the key; the worker's own results and exceptions come back as before."""
+    from pofe.preprocess.judges import apply_judge
+    from pofe.preprocess.judges.timed import JudgeTimeout
+
+    cfg = JudgeConfig(type="python", function=f"{__name__}:_sleeps_forever", timeout=0.5)
+    judge = make_judge(cfg)
+    (scores,) = judge.score(["q"], [["ab", "boom"]])
+    assert scores[0] == 2.0 and isinstance(scores[1], Abstain) and scores[1].reason == "ValueError: boom"
+    start = time.monotonic()
+    with pytest.raises(JudgeTimeout, match=rf"judge timed out on dataset row 7, candidate 1 "
+                       rf"\({__name__}:_sleeps_forever\): python judge {__name__}:_sleeps_forever did not return "
+                       r"within judge.timeout=0.5 s"):
+        apply_judge(judge, ["p", "q"], [None, None], [["a"], ["ab", "hang"]], rows=[3, 7])
+    assert time.monotonic() - start < 30
+    # a new worker after the stopped one
+    assert judge.score(["q"], [["abc"]]) == [[3.0]]
+    staged = make_judge(cfg.model_copy(update={"timeout": None, "stage_timeout": 0.5}))
+    with pytest.raises(JudgeTimeout, match=r"within judge.stage_timeout=0.5 s"):
+        staged.score(["q"], [["hang"]])
+
+
+def test_judge_timeout_bounds_an_llm_judges_try_in_place_of_request_timeout():
+    from pofe.preprocess.openai_client import OpenAIClient
+
+    url = "http://127.0.0.1:9/v1"
+    assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url)).timeout == 120.0
+    assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url, timeout=3.0)).timeout == 3.0
+    # where it would bound nothing it is refused, not ignored
+    with pytest.raises(ValueError, match=r"judge.stage_timeout applies to python judges given by judge.function, "
+                       r"not to judge.type: llm"):
+        JudgeConfig(type="llm", base_url=url, stage_timeout=3.0)
+    with pytest.raises(ValueError, match=r"judge.timeout applies .* not to judge.type: reward_model"):
+        JudgeConfig(type="reward_model", model="m", timeout=3.0)

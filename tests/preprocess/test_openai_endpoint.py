@@ -399,7 +399,7 @@ def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the
     # a null text is no completion (it was counted as a duplicate of another); 300k characters
     # cannot come from max_tokens=4 (at most 4 x 256 = 1024 characters)
     for text, needle in ((None, r"a choices\[\]\.text is None, not text"),
-                         ("x" * 300_000, r"a completion of 300000 characters for max_tokens=4 \(at most 1024")):
+                         ("x" * 300_000, r"a reply of 300000 characters for max_tokens=4 \(at most 1024")):
         reply = json.dumps({"choices": [{"index": 0, "text": "ok"}, {"index": 1, "text": text}]})
         with FakeServer(lambda p, b, a, reply=reply: (200, reply, 0.0)) as srv:
             c = _client(srv.url)
@@ -409,3 +409,17 @@ def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the
     reply = json.dumps({"choices": [{"index": 0, "text": "y" * 1024}]})
     with FakeServer(lambda p, b, a: (200, reply, 0.0)) as srv:
         assert _client(srv.url).completions({"n": 1, "max_tokens": 4})[0]["text"] == "y" * 1024
+
+
+def test_an_llm_judge_reply_too_long_for_max_tokens_is_an_error_naming_the_server():
+    """The chat route had no cap: 300k characters for max_new_tokens 4 were parsed for a score.
+    The same check as for completions (4 x 256 = 1024 characters at most)."""
+    for content, ok in (("7" + " " * 1023, True), ("7" + "x" * 299_999, False)):
+        with FakeServer(lambda p, b, a, content=content: (200, _chat(content), 0.0)) as srv:
+            judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, max_new_tokens=4))
+            if ok:
+                assert judge.score(["q"], [["a"]]) == [[7.0]]
+                continue
+            with pytest.raises(EndpointError, match=rf"POST {srv.url}/chat/completions failed after 1 try: bad "
+                               r"response: a reply of 300000 characters for max_tokens=4 \(at most 1024"):
+                judge.score(["q"], [["a"]])

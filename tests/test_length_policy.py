@@ -1,0 +1,65 @@
+"""The length policy's cuts (`pofe.data.length_policy`) and the per-row record the loader writes."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from axolotl.cli.config import prepare_plugins
+from axolotl.utils.config import validate_config
+from axolotl.utils.dict import DictDefault
+
+from pofe.args import pofe_config
+from pofe.data.length_policy import cut_collision, cut_response, fit_turns
+from tests.helpers import recipe
+
+CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
+
+
+def test_fit_turns_keeps_system_and_starts_at_a_user_turn():
+    """Each message counts its content's length here; the prompt may hold 7. Cutting u1 alone would
+    start at an assistant turn, so u1 and a1 go together; a last turn over the limit drops the row."""
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1u1"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2u2u2"}]
+    length = lambda m: sum(len(x["content"]) for x in m)  # noqa: E731
+    assert fit_turns(msgs, length, 7) == ([msgs[0], msgs[3]], 2)
+    assert fit_turns(msgs, length, 6) == (None, 0)
+
+
+def test_cut_response_removes_a_partial_end_of_turn():
+    """Content [1, 2, 3], end of turn [8, 9]: room 4 would keep [1, 2, 3, 8], a response whose
+    end token passes for finished; the cut keeps the content only."""
+    assert cut_response([1, 2, 3, 8, 9], [8, 9], 4) == [1, 2, 3]
+    assert cut_response([1, 2, 3, 8, 9], [8, 9], 2) == [1, 2]
+    # identical before the cut: not a collision made by it
+    assert cut_collision([[1, 2], [1, 2]], [[1], [1]], [[1.0, 0.0]]) is None
+
+
+def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, caplog):
+    """Bad case 3 of issue 20 through the loader: the over-long row is dropped and named, per row,
+    in the prepared-data record beside the prepared dataset; the other rows train."""
+    from transformers import AutoTokenizer
+
+    from pofe.data.loader import LOG, _prepare
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]},
+            {"prompt": "1" * 80, "responses": ["2" * 50 + "3", "2" * 50 + "4"], "rewards": [1.0, 0.0]},
+            {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1.0, 0.0]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
+    prepare_plugins(cfg)
+    cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+    record = tmp_path / "length-policy.json"
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model), record)
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert len(dataset) == 2 and "drop_reason" not in dataset.column_names
+    (entry,) = json.loads(record.read_text())["datasets"]
+    assert entry["rows_dropped"] == {"prompt_too_long": 1}
+    assert entry["per_row"] == [{"row": 1, "dropped": "prompt_too_long", "turns_cut": 0, "responses_cut": 0}]
+    assert "1 of 3 rows of" in caplog.text and "dropped 1 (prompt_too_long 1)" in caplog.text
+    assert str(record) in caplog.text
