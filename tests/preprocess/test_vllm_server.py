@@ -103,6 +103,19 @@ def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
     assert res["a"] == res["b"]  # per-prompt seeds
 
 
+def test_inprocess_vllm_keeps_later_shards_in_the_engine(vllm_python, tiny_policy, tmp_path):
+    """generate_stream with 3 prompts in flight over 3 shards of 2 (at most 24, 8 and 24 new
+    tokens): shards 0 and 1 start together, shard 1 comes out first while shard 0 is still in
+    the engine, shard 2 flows in as shard 1 leaves and ends last; every shard is whole and equal
+    to the shard generated alone (per-prompt seeds: what else ran does not matter)."""
+    res = _run_inprocess(vllm_python, tiny_policy, tmp_path, "stream")
+    assert res["streamed"] == res["alone"]
+    assert all(len(shard) == 2 and all(len(row) == 3 for row in shard) for shard in res["streamed"])
+    assert res["order"] == [1, 0, 2]
+    # the engine still held prompts of other shards when shards 1 and 0 came out
+    assert res["held"][0] > 0 and res["held"][1] > 0 and res["held"][2] == 0, res["held"]
+
+
 def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_path):
     """On-policy round 1 with lora_model_dir: vLLM serves the adapter as a LoRA request, and
     its greedy answers are those of peft's base + adapter (a strong random adapter, whose
