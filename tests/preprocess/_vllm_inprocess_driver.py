@@ -21,6 +21,19 @@ CHATS = [
 CLOSE_WAIT_S = 30
 
 
+def pofe_shim(root, repo):
+    """A `pofe` package under `root` laid out as pyproject maps the folders of `repo` (plugin/
+    -> pofe, preprocess/ -> pofe.preprocess), without installing it; `root` goes on PYTHONPATH."""
+    from pathlib import Path
+
+    shim = Path(root) / "pofe"
+    shim.mkdir(parents=True)
+    for entry in (Path(repo) / "plugin").iterdir():
+        (shim / entry.name).symlink_to(entry)
+    (shim / "preprocess").symlink_to(Path(repo) / "preprocess", target_is_directory=True)
+    return Path(root)
+
+
 def rendered(policy, texts: list[str]) -> list:
     """`texts` (rendered already) as the generators take them: with the policy's token ids
     (an adapter's: its base's tokenizer)."""

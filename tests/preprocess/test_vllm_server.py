@@ -79,15 +79,11 @@ def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
     import subprocess
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
-    # the package as pyproject maps it (plugin/ -> pofe, preprocess/ -> pofe.preprocess), no install
-    shim = tmp_path / "shim" / "pofe"
-    shim.mkdir(parents=True)
-    for entry in (repo / "plugin").iterdir():
-        (shim / entry.name).symlink_to(entry)
-    (shim / "preprocess").symlink_to(repo / "preprocess", target_is_directory=True)
+    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+
+    shim = pofe_shim(tmp_path / "shim", Path(__file__).resolve().parents[2])
     out = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run(
         [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
         env=env, capture_output=True, text=True, timeout=400,
