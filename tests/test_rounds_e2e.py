@@ -324,6 +324,50 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
         assert 0 < r["lengths"]["best"]["count"] == r["lengths"]["worst"]["count"] <= summary["rows"]
     assert "### Better, or only longer?" in md and "### Candidate lengths" in md and "length-controlled vs pi_0" in md
     assert (sppo_run / "report-lengths.png").exists()
+    check_held_out_best_of_k(sppo_run, ev, samples, md)
+    check_reproduce(sppo_run, rep, md)
+
+
+def check_reproduce(run: Path, rep: dict, md: str) -> None:
+    """Each round's record: its recipe as run, seeds, digests of its files recomputed here, the
+    judge's identity as the judge stage recorded it, and the versions its stages ran with."""
+    import hashlib
+    from importlib.metadata import version
+
+    sha = lambda paths: hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()  # noqa: E731
+    for r in rep["rounds"]:
+        t, rec = r["round"], r["reproduce"]
+        rnd, cands = run / f"round-{t}", run / f"round-{t}" / "candidates"
+        assert rec["recipe"] == yaml.safe_load((rnd / "recipe.yml").read_text())
+        assert rec["seeds"] == {"generate": t - 1, "train": 0}
+        assert rec["sha256"] == {"prompts": sha([run / "prompts" / f"round-{t}.jsonl"]),
+                                 "candidates": sha(sorted((cands / "generate").glob("shard-*.jsonl"))),
+                                 "trained_on": sha([cands / "data.jsonl"])}
+        manifest = json.loads((cands / "judge" / "manifest.json").read_text())
+        assert rec["judge_identity"] == manifest["judge_identity"] and rec["judge_identity"]
+        for stage in ("preprocess", "train"):
+            env = rec["environment"][stage]
+            assert env["packages"]["torch"] == version("torch") and env["packages"]["trl"] == version("trl")
+            assert env["pofe"]["version"] == __import__("pofe").__version__
+    assert "## Reproducing each round" in md
+
+
+def check_held_out_best_of_k(run: Path, ev: dict, samples: list[dict], md: str) -> None:
+    """Round t's K = 3 candidates on the held-out prompts (from pi_{t-1}, at the recipe's
+    max_new_tokens 4), each re-scored here with the demo reward; best-of-k = the mean over the
+    prompts of the best, beside pi_t's held-out mean reward."""
+    cands = read_jsonl(run / "eval" / "candidates.jsonl")
+    assert len(cands) == 2 * DEFAULT_HELD_OUT * 3 and all(c["tokens"] <= 4 for c in cands)
+    prompt = {s["prompt_index"]: s["prompt"] for s in samples}
+    for c in cands:
+        assert c["reward"] == pytest.approx(reward(prompt[c["prompt_index"]], c["response"]))
+    assert [b["round"] for b in ev["best_of_k"]] == [1, 2] and {b["k"] for b in ev["best_of_k"]} == {3}
+    for b in ev["best_of_k"]:
+        best = [max(c["reward"] for c in cands if c["round"] == b["round"] and c["prompt_index"] == p)
+                for p in range(DEFAULT_HELD_OUT)]
+        assert b["best_of_k_reward"] == pytest.approx(sum(best) / len(best))
+        assert b["trained_mean_reward"] == pytest.approx(ev["mean_reward"][b["round"]])
+    assert "### Trained model vs best-of-k, on the held-out prompts" in md
 
 
 def test_sppo_rounds_publish_per_round(sppo_published):
@@ -355,6 +399,11 @@ def test_sppo_rounds_publish_per_round(sppo_published):
         step = int(model["name"].removeprefix("pi_"))
         assert history[step]["eval/mean_reward"] == pytest.approx(rep["eval"]["mean_reward"][m])
     assert history[2]["eval/win_rate_vs_pi_0"] == pytest.approx(rep["eval"]["win_matrix"][2][0])
+    for t in (1, 2):
+        assert history[t]["eval/lc_win_rate_vs_pi_0"] == pytest.approx(rep["eval"]["vs_pi_0"][t]["lc"])
+        assert history[t]["eval/lc_win_rate_vs_previous"] == pytest.approx(rep["eval"]["vs_previous"][t]["lc"])
+        assert history[t]["eval/held_out_best_of_k_reward"] == pytest.approx(
+            rep["eval"]["best_of_k"][t - 1]["best_of_k_reward"])
 
 
 def test_plan_is_within_a_factor_of_the_measured_eval_peak(sppo_run):
