@@ -20,6 +20,9 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export AXOLOTL_DO_NOT_TRACK := 1
 export WANDB_MODE := disabled
+# CI's link to PyPI has cut a 285 MB wheel (triton) short six times running (pip's default
+# resume limit is 5); each retry resumes where the last stopped
+export PIP_RESUME_RETRIES := 30
 # `axolotl train` runs `accelerate` by name
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Two pytest-xdist workers: much of the suite waits on single-threaded start-up (`axolotl`
