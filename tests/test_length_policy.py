@@ -12,6 +12,9 @@ from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
 from pofe.data.length_policy import cut_collision, cut_response, fit_turns
+from pofe.run.layout import RunLayout
+from pofe.run.report.collect import collect
+from pofe.run.report.markdown import render_markdown
 from tests.helpers import recipe
 
 CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
@@ -38,7 +41,8 @@ def test_cut_response_removes_a_partial_end_of_turn():
 
 def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, caplog):
     """Bad case 3 of issue 20 through the loader: the over-long row is dropped and named, per row,
-    in the prepared-data record beside the prepared dataset; the other rows train."""
+    in the prepared-data record beside the prepared dataset; the other rows train. A run's report
+    shows the round's counts and where the record is."""
     from transformers import AutoTokenizer
 
     from pofe.data.loader import LOG, _prepare
@@ -51,7 +55,8 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
     prepare_plugins(cfg)
     cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
-    record = tmp_path / "length-policy.json"
+    layout = RunLayout(tmp_path / "run")
+    record = layout.prepared(1) / "length-policy-0123.json"
     LOG.logger.addHandler(caplog.handler)
     try:
         dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model), record)
@@ -63,3 +68,13 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     assert entry["per_row"] == [{"row": 1, "dropped": "prompt_too_long", "turns_cut": 0, "responses_cut": 0}]
     assert "1 of 3 rows of" in caplog.text and "dropped 1 (prompt_too_long 1)" in caplog.text
     assert str(record) in caplog.text
+
+    layout.state.write_text(json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0],
+                                        "rounds_planned": 1}))
+    (cut,) = [r["truncation"] for r in collect(layout)["rounds"]]
+    assert cut == {"record": str(record), "sequence_len": cfg.sequence_len, "truncation": "truncate", "rows": 3,
+                   "rows_over_sequence_len": 1, "rows_with_turns_cut": 0, "rows_with_responses_cut": 0,
+                   "rows_dropped": {"prompt_too_long": 1}}
+    md = render_markdown(collect(layout), {})
+    assert (f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
+            in md.split("### Length policy")[1])

@@ -17,7 +17,8 @@ from pofe.files import write_atomic
 from ..layout import RunLayout
 from ..ownership import pofe_wrote
 from .collect import collect
-from .markdown import fmt, render_markdown
+from .cells import fmt
+from .markdown import render_markdown
 from .plots import make_plots
 
 REPORT_MD = "report.md"

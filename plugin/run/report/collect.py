@@ -1,10 +1,11 @@
 """The run's numbers, collected from its own files into one JSON-able dict.
 
 Sources: the state file (stages, policies), each round's candidates/summary.json and
-generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss curves),
-each round's reproducibility record (`pofe.run.provenance`), and eval/headline.json and
-eval/eval.json (`axolotl pofe eval`). A part without data is None. `sample_rows` gives the
-headline's sampled completions as plain rows (for the report's tables and for trackers).
+generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss
+curves) and length-policy record (`truncation`), each round's reproducibility record
+(`pofe.run.provenance`), and eval/headline.json and eval/eval.json (`axolotl pofe eval`). A
+part without data is None. `sample_rows` gives the headline's sampled completions as plain
+rows (for the report's tables and for trackers).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..ownership import pofe_wrote
 from ..provenance import round_record
 from ..tournament import find_cycles
 from .lengths import candidate_lengths
+from .truncation import round_truncation
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
@@ -74,6 +76,7 @@ def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -
         "candidates": None,
         "train": training_stats(layout.trainer_state(t), state["method"]),
         "lengths": candidate_lengths(layout.candidates(t), state["method"]),
+        "truncation": round_truncation(layout.prepared(t)),
         "trained_on_train_prompts": None,
         "reproduce": round_record(layout, state, t),
     }

@@ -3,42 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
-import re
 
 from pofe.methods import method_spec
 from pofe.preprocess.render import prompt_text
 
+from .cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_cell
 from .collect import sample_rows
-
-# sampled completions shown per round (report.json keeps them all), and characters per cell
-SAMPLES_SHOWN, CELL_CHARS = 4, 200
-# what starts inline Markdown (emphasis, code, a link or image, HTML, strikethrough) or ends a
-# table cell; block syntax (#, +, -, 1.) cannot start inside a cell
-MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
-
-
-def fmt(x, digits: int = 3) -> str:
-    """A number for a table cell: `digits` decimals for floats, `-` for missing or NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def text_cell(text: str, limit: int = CELL_CHARS) -> str:
-    """Free text (a prompt, a completion) as one table cell that shows it literally: cut to
-    `limit` characters, Markdown and HTML escaped, line breaks as <br>."""
-    if not text:
-        return "*(empty)*"  # a real text's asterisks are escaped, so this cannot be one
-    cut = text if len(text) <= limit else text[: limit - 1] + "…"
-    escaped = MARKDOWN_SPECIAL.sub(r"\\\1", cut.replace("&", "&amp;"))
-    return "<br>".join(escaped.splitlines())
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+from .truncation import truncation_section
 
 
 def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
@@ -79,6 +50,7 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     if "rewards" in plots:
         md += [f"![rewards per round]({plots['rewards']})", ""]
     md += round_lengths_section(rep)
+    md += truncation_section(rep)
     md += ["### Loss curves", ""]
     if "loss" in plots:
         md += [f"![loss curves]({plots['loss']})", ""]
