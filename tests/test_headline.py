@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -365,3 +366,57 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     assert 0 < recorded[0]["answers_gib"] and 0 < recorded[0]["judging_gib"]
     if expected_device == "cpu":  # the process's peak so far: judging's is never below the answers'
         assert recorded[0]["answers_gib"] <= recorded[0]["judging_gib"]
+
+
+def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, monkeypatch):
+    """`pofe.stop_when` evaluates every iterate after every round: the answers of a model whose
+    weights, prompts and decoding are unchanged come from eval/answers/, not from the model. A
+    second evaluation loads only pi_0 (its pass over every model's samples, the KL); after
+    pi_2's weights are written anew (a round trained again) it loads pi_2 and pi_0, and only
+    pi_2's log-probs move. The second evaluation's eval.json, samples.jsonl and headline.json
+    equal the first's, made with no store. (4 headline prompts a round, to keep it quick.)"""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pofe.run import evaluation
+
+    layout, recipe, _ = _held_out_run(headline_run, tmp_path)
+    recipe["pofe"]["eval"]["train_prompts"] = 4
+    (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
+    pi_0, pi_1, pi_2 = recipe["base_model"], headline_run["models"][1], str(tmp_path / "pi_2")
+    shutil.copytree(headline_run["models"][2], pi_2)
+    state = json.loads(layout.state.read_text())
+    state["rounds"]["2"]["policy_out"] = pi_2
+    layout.state.write_text(json.dumps(state))
+    store = layout.eval_dir / "answers"
+    shutil.rmtree(store, ignore_errors=True)  # the copied run's stored headline answers
+    loaded, echoed, load_policy = [], [], evaluation.load_policy
+
+    def recording_load_policy(path, **kwargs):
+        loaded.append(path)
+        return load_policy(path, **kwargs)
+
+    def evaluate() -> dict:
+        loaded.clear()
+        evaluation.evaluate_run(tmp_path / "eval.yml", echo=echoed.append)
+        out = {name: json.loads((layout.eval_dir / name).read_text()) for name in ("eval.json", "headline.json")}
+        for record in out.values():
+            record.pop("peak_memory")
+        return {**out, "samples": _jsonl(layout.eval_dir / "samples.jsonl")}
+
+    monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
+    first = evaluate()
+    assert loaded == [pi_0, pi_1, pi_2, pi_0]
+    assert evaluate() == first and loaded == [pi_0]
+    assert f"eval: pi_1: every answer read from {store}: weights, prompts and decoding unchanged" in echoed
+
+    weights = Path(pi_2) / "model.safetensors"
+    torch.manual_seed(0)
+    state_dict = {k: v + 0.5 * torch.randn_like(v) for k, v in load_file(weights).items()}
+    save_file(state_dict, weights, metadata={"format": "pt"})
+    retrained = evaluate()
+    assert loaded == [pi_2, pi_0]
+    # pi_2's answers are its new weights' (their log-probs moved); pi_0's and pi_1's are kept
+    kl, kl_before = retrained["eval.json"]["kl_to_base"], first["eval.json"]["kl_to_base"]
+    assert kl[:2] == kl_before[:2] and kl[2] != kl_before[2]

@@ -37,7 +37,9 @@ the KL), one model in memory at a time, each loaded once, used and freed before 
 then the judges, each built once after the last policy is freed, judge everything. They are
 called as the judge stage calls them (`pofe.run.judging`, through
 `pofe.preprocess.judges.apply_judge`): a judge that reads the rendered prompt (PairRM) gets
-the chat-templated text the models sampled from.
+the chat-templated text the models sampled from. A model's answers are stored in
+eval/answers/ and read back, not sampled again, while its weights, the prompts and the
+decoding are unchanged (`pofe.run.answer_store`).
 
 Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
 (every response with its reward(s) and log-probs), candidates.jsonl (each round's held-out
@@ -52,25 +54,33 @@ one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib":
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
-from pofe.preprocess.config import JudgeConfig, Sampling
+from pofe.preprocess.config import Sampling
 from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.render import render_prompt
 from pofe.preprocess.stages import free_memory
 
-from .answers import HeldOut, ModelAnswers, answer, reference_pairs, score_under_base
-from .best_of_k import best_of_k, held_out_candidates
-from .comparisons import compare_iterates
+from .answer_store import (
+    AnswerStore,
+    LazyPolicy,
+    answers_from_json,
+    answers_to_json,
+    model_identity,
+    samples_from_json,
+    samples_to_json,
+)
+from .answers import HeldOut, ModelAnswers, answer, held_out_sampling, reference_pairs, score_under_base
+from .best_of_k import best_of_k, held_out_candidates, round_sampling
 from .config import EvalConfig
+from .eval_records import sample_records, summarise
 from .headline import (
     HEADLINE_JSON,
     headline_prompts,
@@ -86,7 +96,6 @@ from .ownership import pofe_wrote
 from .recipe import load_recipe
 from .rounds import eval_models
 from .stages import Echo
-from .tournament import nan_mean
 
 
 def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
@@ -102,7 +111,7 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
     return [render_prompt(tokenizer, p).text for p in prompts]
 
 
-# ---- held-out rows, eval.json and samples.jsonl ------------------------------------------------
+# ---- held-out rows ------------------------------------------------
 
 
 def _load_rows(path: str | Path) -> list[dict]:
@@ -118,53 +127,6 @@ def dataset_prompts(rows: list[dict], column: str, fields: dict, source: str, me
     with `prompt_format: hh`, an HH transcript becomes chat messages."""
     fmt = RowFormat(dataset=source, type="pofe.prompts", method=method, fields={**fields, "field_prompt": column})
     return [prompt_row(r, i, fmt, [])[column] for i, r in enumerate(rows)]
-
-
-def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, ecfg: EvalConfig,
-              judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
-    """eval.json's numbers."""
-    M = len(answers)
-    tokens = torch.tensor([[[len(s.response_ids) for s in a.samples[p]] for a in answers] for p in range(len(prompts))],
-                          dtype=torch.float64)  # (P, M, S)
-    return {
-        "models": [{"name": a.name, "path": a.path} for a in answers],
-        "num_prompts": len(prompts),
-        "prompts_source": prompts_source,
-        "decoding": ecfg.model_dump(include={"num_samples", "temperature", "top_p", "max_new_tokens", "seed"}),
-        "judge": judge_cfg.model_dump(),
-        "judge2": ecfg.judge2.model_dump() if ecfg.judge2 else None,
-        "win_matrix_method": main["method"],
-        "win_matrix": main["win_matrix"],
-        "mean_reward": mean_reward_per_model(main["rewards"], M),
-        "win_matrix_judge2": second["win_matrix"] if second else None,
-        "mean_reward_judge2": mean_reward_per_model(second["rewards"], M) if second else None,
-        "mean_response_tokens": [nan_mean([len(s.response_ids) for s in a.flat]) for a in answers],
-        "mean_response_chars": [nan_mean([len(s.text) for s in a.flat]) for a in answers],
-        "kl_to_base": [nan_mean([lp - base for lp, base in zip(a.logps, a.base_logps)]) for a in answers],
-        "kl_is_unbiased": ecfg.temperature == 1.0 and ecfg.top_p == 1.0,
-        "perplexity": [a.perplexity for a in answers] if references else None,
-        "reference_count": references,
-        "cycle_threshold": ecfg.cycle_threshold,
-        **compare_iterates(main["pref"], tokens, ecfg.seed),
-    }
-
-
-def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, second: dict | None) -> list[dict]:
-    """samples.jsonl: every response with its reward(s) and log-probs."""
-    records = []
-    for m, a in enumerate(answers):
-        flat_index = 0
-        for p, row in enumerate(a.samples):
-            for s, smp in enumerate(row):
-                records.append({
-                    "model": a.name, "prompt_index": p, "sample": s, "prompt": prompts[p],
-                    "response": smp.text, "tokens": len(smp.response_ids),
-                    "reward": main["rewards"][p][m][s] if main["rewards"] else None,
-                    "reward2": second["rewards"][p][m][s] if second and second["rewards"] else None,
-                    "logp": a.logps[flat_index], "logp_base": a.base_logps[flat_index],
-                })
-                flat_index += 1
-    return records
 
 
 @dataclass(frozen=True)
@@ -312,28 +274,45 @@ class Answers:
 
 
 def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[int, list[dict]],
-                sampling: Sampling, answers: Answers) -> None:
-    """Model m loaded and its answers added to `answers`; the model is dropped on return."""
+                sampling: Sampling, answers: Answers, store: AnswerStore) -> bool:
+    """Model m's answers added to `answers`, each part from `store` when stored under its key,
+    else from the model (loaded only then, and dropped on return); True if it was loaded."""
     name, path = run.models[m]
-    model = load_policy(path)
+    ecfg = run.pcfg.eval
+    model = LazyPolicy(path, load_policy)
+    base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size}
     if held_out:
-        answers.held_out.append(answer(model, name, path, run.tokenizer, held_out, run.pcfg.eval))
+        key = {**base, "prompts": held_out.rendered, "references": held_out.references,
+               "sampling": asdict(held_out_sampling(ecfg)), "num_samples": ecfg.num_samples}
+        value = store.part(name, "held_out", key, lambda: answers_to_json(
+            answer(model(), name, path, run.tokenizer, held_out, ecfg)))
+        answers.held_out.append(answers_from_json(name, path, value))
         if m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
-            answers.candidates[m + 1] = held_out_candidates(model, run.tokenizer, held_out.rendered,
-                                                            run.pcfg.generate, m + 1, run.pcfg.eval.batch_size)
+            gen = run.pcfg.generate
+            key = {**base, "prompts": held_out.rendered, "k": gen.num_candidates,
+                   "sampling": asdict(round_sampling(gen, m + 1))}
+            answers.candidates[m + 1] = samples_from_json(store.part(name, "candidates", key, lambda: samples_to_json(
+                held_out_candidates(model(), run.tokenizer, held_out.rendered, gen, m + 1, ecfg.batch_size))))
     if on_train.get(m):
-        answers.headline[m] = headline_answers(run, model, on_train[m], sampling)
+        key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
+        samples = store.part(name, "headline", key, lambda: samples_to_json(
+            headline_answers(run, model(), on_train[m], sampling).samples))
+        rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
+        answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
+    return model.loaded
 
 
 def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling,
                 echo: Echo) -> Answers:
-    """Each model's answers, each model loaded, used and freed before the next loads; then
-    (with held-out prompts) pi_0 loaded again to score every model's samples (the KL)."""
-    answers = Answers()
+    """Each model's answers, each model loaded (unless every part is stored,
+    `pofe.run.answer_store`), used and freed before the next loads; then (with held-out
+    prompts) pi_0 loaded again to score every model's samples (the KL)."""
+    answers, store = Answers(), AnswerStore(run.layout.eval_dir / "answers")
     for m, (name, path) in enumerate(run.models):
         if held_out or on_train.get(m):
             echo(f"eval: {name} ({path})")
-            answer_with(run, m, held_out, on_train, sampling, answers)
+            if not answer_with(run, m, held_out, on_train, sampling, answers, store):
+                echo(f"eval: {name}: every answer read from {store.folder}: weights, prompts and decoding unchanged")
             free_memory()
     if held_out:
         score_under_base(load_policy(run.models[0][1]), answers.held_out, run.pcfg.eval.batch_size)

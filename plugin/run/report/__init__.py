@@ -16,8 +16,8 @@ from pofe.files import write_atomic
 
 from ..layout import RunLayout
 from ..ownership import pofe_wrote
-from .collect import collect
 from .cells import fmt
+from .collect import collect
 from .markdown import render_markdown
 from .plots import make_plots
 
