@@ -37,6 +37,42 @@ def test_prepared_dataset_follows_the_data_file_content(tmp_path, tiny_model):
     assert prepared_dataset_hash(cfg, pofe_config(cfg), tokenizer) == before
 
 
+def test_a_small_prepared_dataset_is_saved_in_process_and_loaded_back(tmp_path, tiny_model, monkeypatch):
+    """Under 512 rows POFE saves the prepared rows itself (axolotl's helper would spawn a pool
+    of one process to do it); axolotl's `load_preprocessed_dataset` finds them at its own path,
+    so the second load prepares nothing, and the rows are the ones prepared. No process starts."""
+    import multiprocess  # datasets' pools (dill's multiprocessing)
+
+    from transformers import AutoTokenizer
+
+    from axolotl.utils.data.shared import get_prepared_dataset_path
+
+    from pofe.data import loader
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"{i}+1=", "responses": [str(i + 1), "0"], "rewards": [1.0, 0.0]} for i in range(6)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
+    prepare_plugins(cfg)
+    cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+    pcfg, tokenizer = pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model)
+    dataset_hash = prepared_dataset_hash(cfg, pcfg, tokenizer)
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started to save 6 rows")
+
+    monkeypatch.setattr(multiprocess.context.SpawnContext, "Pool", no_process)
+    prepared = loader._load_or_prepare(cfg, pcfg, tokenizer, dataset_hash)
+    assert (get_prepared_dataset_path(cfg, dataset_hash) / "dataset_info.json").exists()
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("prepared again")
+
+    monkeypatch.setattr(loader, "_prepare", not_again)
+    assert loader._load_or_prepare(cfg, pcfg, tokenizer, dataset_hash).to_list() == prepared.to_list()
+    assert len(prepared) == 6
+
+
 def test_local_files_digest_covers_folders_and_skips_hub_names(tmp_path):
     from pofe.data.sources import local_files_digest
 

@@ -23,6 +23,7 @@ from axolotl.utils.data.lock import FileLockLoader
 from axolotl.utils.data.shared import (
     create_train_validation_split,
     generate_dataset_hash_from_config,
+    get_prepared_dataset_path,
     load_preprocessed_dataset,
     merge_datasets,
     save_preprocessed_dataset,
@@ -112,8 +113,21 @@ def _load_or_prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, dataset_hash
         return dataset
     prepared = Path(cfg.dataset_prepared_path or "last_run_prepared")
     dataset = _prepare(cfg, pofe, tokenizer, prepared / f"length-policy-{dataset_hash}.json")
-    save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
+    _save_prepared(cfg, dataset, dataset_hash)
     return dataset
+
+
+def _save_prepared(cfg: DictDefault, dataset: Dataset, dataset_hash: str) -> None:
+    """axolotl's `save_preprocessed_dataset`, in this process where axolotl would use one
+    worker (under 2 x 256 rows, its rows per worker): `save_to_disk(num_proc=1)` runs in a
+    spawned pool of one, a fresh interpreter per save (3.3 s to save 8 rows, against 0.0 s
+    in process, on a loaded 2-core machine)."""
+    if len(dataset) >= 2 * 256 or cfg.push_dataset_to_hub:
+        save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
+        return
+    path = get_prepared_dataset_path(cfg, dataset_hash)
+    path.mkdir(parents=True, exist_ok=True)
+    dataset.save_to_disk(str(path), max_shard_size=None, num_shards=cfg.num_dataset_shards_to_save)
 
 
 def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | None = None) -> Dataset:
