@@ -241,11 +241,15 @@ def rows_digest(dataset, columns=("row_id", "prompt_ids", "response_ids")) -> st
     """sha256 of the token columns of `dataset`, in row order.
 
     The same rows give the same digest however the dataset was made (prepared in this
-    run, or loaded from disk after a restart: `datasets` fingerprints differ there).
+    run, or loaded from disk after a restart: `datasets` fingerprints differ there). The
+    schema's metadata is left out: `datasets` writes the fingerprint into it (a freshly
+    mapped or flattened dataset's, none for one loaded from disk), and a resumed run would
+    then miss the anchor table cached at step 0; so are the chunk boundaries.
     """
     digest = hashlib.sha256()
     arrow = dataset.select_columns(list(columns)).with_format("arrow")
-    for batch in arrow.iter(batch_size=4096):  # pa.Table slices, serialised as they hold
+    for batch in arrow.iter(batch_size=4096):  # pa.Table slices, serialised by content only
+        batch = batch.replace_schema_metadata(None).combine_chunks()
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_table(batch)

@@ -138,7 +138,8 @@ def test_anchor_table_follows_the_weights_at_the_same_path(tmp_path):
 def test_rows_digest_follows_content_not_fingerprint(tmp_path):
     """A dataset prepared in the run and the same rows loaded from disk after a restart
     have different `datasets` fingerprints; the anchor cache must find the same table."""
-    from datasets import load_from_disk
+    import pyarrow as pa
+    from datasets import Dataset, load_from_disk
 
     from pofe.anchor import rows_digest
 
@@ -147,6 +148,14 @@ def test_rows_digest_follows_content_not_fingerprint(tmp_path):
     reloaded = load_from_disk(tmp_path / "saved")
     assert reloaded._fingerprint != rows._fingerprint
     assert rows_digest(reloaded) == rows_digest(rows)
+    # flattening (as a `map` does) writes the new fingerprint into the schema's metadata: a
+    # run that prepared its data in-process cached its anchor table under another key than
+    # its resumed start, which loads the data from disk, looked up
+    flat = reloaded.flatten_indices()
+    assert b"fingerprint" in flat.data.table.schema.metadata[b"huggingface"]
+    assert rows_digest(flat) == rows_digest(rows)
+    rechunked = Dataset(pa.concat_tables([flat.data.table] * 2)).select([1])  # two chunks, the second row
+    assert rows_digest(rechunked) == rows_digest(rows)
     assert rows_digest(_token_rows(((5, 6), (8,)))) != rows_digest(rows)  # one token differs
     # a selection holds only the rows it selects
     two = _token_rows().add_item({"row_id": 1, "prompt_ids": [3], "response_ids": [[4]], "win_rates": [0.5]})

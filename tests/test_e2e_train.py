@@ -250,9 +250,8 @@ def test_nan_anchor_table_stops_training_naming_the_file(tmp_path, tiny_model, s
     """Bad case 5 of issue 20: a cached anchor table of NaN trained a NaN model (loss 0,
     grad_norm nan) and `axolotl train` exited 0. Now it exits non-zero naming the file."""
     cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", max_steps=1)
-    # prepared first: a run that prepares its data in-process caches its anchor table under
-    # another key than later runs that load the prepared data (left as found; see the commit)
-    run_axolotl("preprocess", str(cfg))
+    # the first run prepares its data in-process; the second loads it from disk and must
+    # find the table the first cached (`rows_digest` ignores the dataset's fingerprint)
     run_axolotl("train", str(cfg))
     (table,) = (tmp_path / "prepared").glob("pofe-anchor-*.pt")
     torch.save(torch.full_like(torch.load(table, weights_only=True), float("nan")), table)

@@ -15,11 +15,18 @@ trainers step through the DeepSpeed engine, and the model saved with
 `stage3_gather_16bit_weights_on_model_save` is the one-process model, loadable by the next
 round's generation. SPPO's anchor pass runs there at an eval batch of 3: 11 batches over
 2 ranks, so the second rank scores one batch twice to keep the gathers paired.
+
+Those ZeRO-3 runs save at every step, and one killed after its first save resumes: a fresh
+folder holding only what the kill would have left (checkpoint-1 and the prepared data)
+trains steps 2 and 3 again with `resume_from_checkpoint` and must log what the
+uninterrupted run logged and save its weights.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,21 +39,26 @@ STEPS = 3
 LR = 3e-3  # tests.helpers.recipe's learning_rate
 ROWS = 32  # rows of the conftest datasets
 ZERO3 = Path(__file__).parents[1] / "recipes" / "deepspeed" / "zero3_bf16.json"
+RESUME_AT = 1  # the killed ZeRO-3 run's last checkpoint: steps 2 and 3 test the restored state
 # float32 sums behind a logged loss or gradient: width 64 x the global batch's tokens
 # (4 prompts x 4 responses, up to 64 tokens each); Adam's few steps carry them along
 N_TERMS = 64 * 4 * 4 * 64
 pytestmark = pytest.mark.e2e
 
 
-def train(tmp_path: Path, model: Path, method: str, data: Path, processes: int, zero3: bool = False):
+def train(tmp_path: Path, model: Path, method: str, data: Path, processes: int, zero3: bool = False,
+          resume: Path | None = None):
     """Run `axolotl train` on `processes` CPU processes at a global batch of 4: its step logs,
-    stdout and output_dir."""
-    tmp_path.mkdir()
+    stdout and output_dir. ZeRO-3 runs save at every step; `resume`: the checkpoint (in
+    tmp_path/out) to resume from."""
+    tmp_path.mkdir(exist_ok=resume is not None)
     pofe = {"logit_chunk_size": 16, "eta": 10.0} if method == "sppo" else {"logit_chunk_size": 16}
     extra = {"deepspeed": str(ZERO3), "eval_batch_size": 3} if zero3 else {}
+    if resume is not None:
+        extra["resume_from_checkpoint"] = str(resume)
     cfg = recipe(
         tmp_path, model, method, data, f"pofe.{method}", micro_batch_size=4 // processes, max_steps=STEPS,
-        save_strategy="steps", save_steps=STEPS, learning_rate=LR, pofe=pofe, **extra,
+        save_strategy="steps", save_steps=1 if zero3 else STEPS, learning_rate=LR, pofe=pofe, **extra,
     )
     bin_dir = Path(sys.executable).parent
     launcher = ["--launcher", "python"] if processes == 1 else [
@@ -63,18 +75,33 @@ def train(tmp_path: Path, model: Path, method: str, data: Path, processes: int, 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny64_model, rrhf_jsonl, sppo_jsonl):
-    """`runs(method, kind)`: one run per method and kind ("one", "gloo", "zero3"), made once
+    """`runs(method, kind)`: one run per method and kind ("one", "gloo", "zero3", and
+    "zero3-resumed": the zero3 run killed after checkpoint-RESUME_AT and resumed), made once
     for the module; the one-process runs serve both comparisons."""
     done = {}
 
     def run(method: str, kind: str):
         if (method, kind) not in done:
             data = {"rrhf": rrhf_jsonl, "sppo": sppo_jsonl}[method]
-            done[method, kind] = train(tmp_path_factory.mktemp(method) / kind, tiny64_model, method, data,
-                                       processes=1 if kind == "one" else 2, zero3=kind == "zero3")
+            killed = run(method, "zero3")[2].parent if kind == "zero3-resumed" else None
+            root = tmp_path_factory.mktemp(method) / kind
+            resume = killed_after_save(killed, root) if killed else None
+            done[method, kind] = train(root, tiny64_model, method, data, processes=1 if kind == "one" else 2,
+                                       zero3=kind.startswith("zero3"), resume=resume)
         return done[method, kind]
 
     return run
+
+
+def killed_after_save(run_dir: Path, dest: Path) -> Path:
+    """Lay out in `dest` what `run_dir`'s run, killed right after saving checkpoint-RESUME_AT,
+    would have left: that checkpoint and the prepared data (with SPPO's anchor table, cached
+    in step 1, before the save); not the later checkpoints nor the final model. Returns the
+    checkpoint's copy."""
+    checkpoint = dest / "out" / f"checkpoint-{RESUME_AT}"
+    shutil.copytree(run_dir / "out" / checkpoint.name, checkpoint)
+    shutil.copytree(run_dir / "prepared", dest / "prepared")
+    return checkpoint
 
 
 def stat_keys(method: str) -> tuple[str, ...]:
@@ -112,6 +139,37 @@ def test_zero3_two_processes_match_one(runs, method):
 
 
 @pytest.mark.parametrize("method", ["rrhf", "sppo"])
+def test_zero3_resumes_from_checkpoint(runs, method):
+    """The killed ZeRO-3 run, started again with `resume_from_checkpoint`, logs steps 2 and 3
+    as the uninterrupted run did and ends with its weights. Step 2 is scored on the restored
+    weight partitions and the data set's second global batch; step 3 on weights updated with
+    the restored Adam moments. SPPO's anchor table is the cached step-0 one, not one
+    recomputed from the partly trained policy."""
+    import torch
+    from safetensors.torch import load_file
+
+    resumed, log, out = runs(method, "zero3-resumed")
+    whole, _, whole_out = runs(method, "zero3")
+    checkpoint = out / f"checkpoint-{RESUME_AT}"
+    # what the checkpoint holds: one rank's partitions each, the state the kill left
+    assert sorted(p.name for p in (checkpoint / f"global_step{RESUME_AT}").glob("*_states.pt")) == [
+        f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+    killed_log = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in killed_log if "loss" in h] == [RESUME_AT]  # the later steps are the restart's
+    for a, b in zip(resumed[RESUME_AT:], whole[RESUME_AT:], strict=True):
+        for key in stat_keys(method):
+            assert_float_close(torch.tensor(a[key]), torch.tensor(b[key]), N_TERMS,
+                               msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}")
+    if method == "sppo":
+        assert "loading SPPO anchor log-probs from" in log and "computed SPPO anchor" not in log
+    expected = load_file(whole_out / "model.safetensors")
+    saved = load_file(out / "model.safetensors")
+    assert saved.keys() == expected.keys()
+    for name, weight in expected.items():
+        assert_adam_weights_close(saved[name], weight, name)
+
+
+@pytest.mark.parametrize("method", ["rrhf", "sppo"])
 def test_two_processes_match_one(runs, method):
     two, log, _ = runs(method, "gloo")
     one, _, _ = runs(method, "one")
@@ -140,3 +198,59 @@ def assert_adam_weights_close(actual, expected, name: str) -> None:
     off = ~torch.isclose(actual, expected, **tol)
     assert off.sum().item() <= max(1, expected.numel() // 1000), f"{name}: {off.sum().item()} entries differ"
     assert (actual - expected).abs().max().item() <= 2 * LR * STEPS, name
+
+
+def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, monkeypatch):
+    """`axolotl pofe run`'s train stage killed after the ZeRO-3 run's three saves resumes
+    from the newest checkpoint DeepSpeed can load (`pofe.run.checkpoints`): a checkpoint's
+    global_step<N>/ partitions, `latest` and zero_to_fp32.py pass the wholeness check, the
+    recorded recipe (with its `deepspeed` JSON) the identity check. checkpoint-3 has rank 1's
+    optimizer partition cut short and checkpoint-2 has lost its global_step2/ (partial
+    copies): both are passed over, each named with what is wrong (as is a rank's missing
+    partition). A checkpoint as save_only_model saves it (the runner's forced save), without DeepSpeed's state, is not
+    resumed either."""
+    import yaml
+
+    from pofe.run import rounds, runner
+    from pofe.run.checkpoints import deepspeed_problem, resumable
+    from pofe.run.layout import RunLayout, RunState
+    from pofe.run.recipe import round_recipe
+
+    _, _, out = runs("sppo", "zero3")
+    layout = RunLayout(tmp_path / "run")
+    raw = {"base_model": "/m/base", "rl": "sppo", "deepspeed": str(ZERO3), "save_strategy": "steps", "save_steps": 1,
+           "output_dir": str(layout.root), "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}],
+           "pofe": {"generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "m:f"}}}
+    train = layout.train(1)
+    rounds.claim_training(layout, 1, round_recipe(raw, layout, 1, "/m/base", seed=7).recipe, None)  # the killed start
+    for step in (1, 2, 3):
+        shutil.copytree(out / f"checkpoint-{step}", train / f"checkpoint-{step}")
+    assert {p.name for p in (train / "checkpoint-3").iterdir()} >= {"global_step3", "latest", "zero_to_fp32.py"}
+    assert resumable(train, print, deepspeed=True) == train / "checkpoint-3"  # as saved: whole
+    cut = train / "checkpoint-3" / "global_step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    cut.write_bytes(cut.read_bytes()[:1000])
+    shutil.rmtree(train / "checkpoint-2" / "global_step2")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    state.start("round-1/preprocess")
+    state.finish("round-1/preprocess")
+    state.start("round-1/train")  # killed here
+    ran = []
+    monkeypatch.setattr(runner, "run_logged",
+                        lambda cmd, *a, **k: ran.append(yaml.safe_load(Path(cmd[2]).read_text())["resume_from_checkpoint"]))
+    said = []
+    plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
+    rounds.run_round(raw, layout, plan, runner.StageRunner(state, echo=said.append, stream=False))
+    assert ran == [str(train / "checkpoint-1")]
+    assert said[0].startswith(f"not resuming from {train / 'checkpoint-3'}: {cut} is cut short or damaged")
+    assert said[1] == (f"not resuming from {train / 'checkpoint-2'}: {train / 'checkpoint-2' / 'latest'} names "
+                       f"global_step2, which {train / 'checkpoint-2'} lacks; trying the checkpoint before it")
+    assert said[2] == f"round 1/1: train, resuming from {train / 'checkpoint-1'}"
+    (train / "checkpoint-3" / "global_step3" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
+    assert deepspeed_problem(train / "checkpoint-3") == (
+        f"{train / 'checkpoint-3' / 'global_step3'} lacks the model partition of rank(s) [1] of 2")
+    shutil.rmtree(train / "checkpoint-1" / "global_step1")
+    (train / "checkpoint-1" / "latest").unlink()
+    assert resumable(train, said.append, deepspeed=True) is None
+    assert said[-1] == (f"not resuming from {train / 'checkpoint-1'}: {train / 'checkpoint-1'} holds no DeepSpeed "
+                        "state (no `latest` file naming its global_step folder; saved with save_only_model?); "
+                        "trying the checkpoint before it")

@@ -11,12 +11,14 @@ differ, not a fresh start: the checkpoints are another recipe's work, which POFE
 delete on its own.
 
 A checkpoint whose weights or optimizer files are cut short (a full disk, a partial copy)
-is passed over with a message naming the file, for the one before it (`resumable`).
+is passed over with a message naming the file, for the one before it (`resumable`). Under
+DeepSpeed so is one whose own state DeepSpeed could not load (`deepspeed_problem`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 from collections.abc import Callable
@@ -30,6 +32,9 @@ from .layout import RunStateMismatch, checkpoints
 RECORD_NAME = "pofe-train.json"
 RECORD_VERSION = 1
 DATA_KEY = "<candidates data.jsonl>"
+# a rank's partition in DeepSpeed's global_step<N>/: `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`
+# (stage 3 also `zero_pp_rank_<r>_mp_rank_00_model_states.pt`; DeepSpeed still reads `..._00optim_states.pt`)
+PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_?(model|optim)_states\.pt")
 
 
 def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -116,11 +121,43 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     return None
 
 
-def resumable(train_dir: Path, echo: Callable[[str], None]) -> Path | None:
-    """The newest complete checkpoint whose files are whole; each newer one passed over is
-    named, with its damaged file."""
+def deepspeed_problem(checkpoint: Path) -> str | None:
+    """Why DeepSpeed could not resume from `checkpoint`, or None.
+
+    transformers resumes a DeepSpeed run only through the engine's `load_checkpoint`, which
+    reads the folder that `latest` names, every rank its own partition of the optimizer (and,
+    under ZeRO-3, of the weights): it fails, after the model has loaded, when one is missing
+    (a partial copy). A checkpoint without that folder, saved with `save_only_model` (as
+    the runner's forced save is), holds no DeepSpeed state at all: transformers stops with
+    "Can't find a valid checkpoint". The ranks' files are all written when trainer_state.json
+    is (DeepSpeed waits for every rank before returning), so a kill leaves none of this.
+    """
+    latest = checkpoint / "latest"
+    if not latest.is_file():
+        return (f"{checkpoint} holds no DeepSpeed state (no `latest` file naming its global_step folder; "
+                "saved with save_only_model?)")
+    tag = checkpoint / latest.read_text().strip()
+    if not tag.is_dir():
+        return f"{latest} names {tag.name}, which {checkpoint} lacks"
+    ranks: dict[str, set[int]] = {"model": set(), "optim": set()}
+    for path in tag.iterdir():
+        if m := PARTITION.fullmatch(path.name):
+            ranks[m.group(2)].add(int(m.group(1)))
+    if not ranks["optim"]:
+        return f"{tag} holds no optimizer partition (*_optim_states.pt)"
+    world = set(range(max(ranks["optim"] | ranks["model"]) + 1))
+    for kind, found in ranks.items():
+        # stage 1-2 keep the weights whole (mp_rank_00_model_states.pt): no per-rank model files
+        if (found or kind == "optim") and found != world:
+            return f"{tag} lacks the {kind} partition of rank(s) {sorted(world - found)} of {len(world)}"
+    return None
+
+
+def resumable(train_dir: Path, echo: Callable[[str], None], deepspeed: bool = False) -> Path | None:
+    """The newest complete checkpoint whose files are whole (and, for a `deepspeed` recipe,
+    whose DeepSpeed state is); each newer one passed over is named, with what is wrong."""
     for checkpoint in reversed(checkpoints(train_dir)):
-        problem = checkpoint_problem(checkpoint)
+        problem = checkpoint_problem(checkpoint) or (deepspeed_problem(checkpoint) if deepspeed else None)
         if problem is None:
             return checkpoint
         echo(f"not resuming from {checkpoint}: {problem}; trying the checkpoint before it")

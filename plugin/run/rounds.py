@@ -174,15 +174,16 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def resume_point(layout: RunLayout, state: RunState, t: int, echo: Echo = print) -> Path | None:
+def resume_point(layout: RunLayout, state: RunState, t: int, echo: Echo = print,
+                 deepspeed: bool = False) -> Path | None:
     """The checkpoint round t's training resumes from: an unfinished stage's last whole one
-    (`checkpoints.resumable`; a finished stage's forced checkpoint is gone), or the one a
-    finished stage resumed from."""
+    (`checkpoints.resumable`, with its DeepSpeed state for a `deepspeed` recipe; a finished
+    stage's forced checkpoint is gone), or the one a finished stage resumed from."""
     stage = f"round-{t}/train"
     if state.done(stage):
         resumed = state.data["stages"][stage].get("resumed_from")
         return Path(resumed) if resumed else None
-    return resumable(layout.train(t), echo)
+    return resumable(layout.train(t), echo, deepspeed)
 
 
 def claim_training(layout: RunLayout, t: int, recipe: dict, resume: Path | None) -> None:
@@ -240,7 +241,7 @@ def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner
     t, state = plan.t, runner.state
     info = state.round(t)
     info.update(policy_in=plan.policy, generate_seed=plan.seed)
-    resume = resume_point(layout, state, t, runner.echo)
+    resume = resume_point(layout, state, t, runner.echo, deepspeed=bool(raw.get("deepspeed")))
     recipe, derived = write_round_recipe(raw, layout, plan, resume)
     round_dir = layout.round_dir(t)
     step = f"round {t}/{plan.rounds}"
