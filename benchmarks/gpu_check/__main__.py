@@ -67,15 +67,15 @@ def main(argv=None) -> int:
         rows += speed.checks(bench)
         report["speed"] = bench
 
-    if runs is not None:
+    if runs is not None:  # the plan of each run's recipe, with vLLM generation as the generate stage ran it
         gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if cuda else 0.0
-        estimate = plan.estimates(Path(runs["sppo-kernels-off"]["recipe"]), generate.settings(max_tokens),
-                                  generate.PROMPTS, gpu_gb, "cuda" if cuda else "cpu")
-        report["plan"] = estimate
-        if vllm is not None and "generate" in estimate:
-            rows.append(plan.check("generate (vLLM)", estimate["generate"], vllm.get("device_used_gib"), cuda))
+        report["plan"] = {name: plan.estimates(Path(r["recipe"]), generate.settings(max_tokens), generate.PROMPTS,
+                                               gpu_gb, "cuda" if cuda else "cpu") for name, r in runs.items()}
+        if vllm is not None and "seen" in vllm:  # vLLM ran
+            rows.append(plan.check("generate (vLLM)", report["plan"]["sppo-kernels-off"]["generate"],
+                                   vllm.get("device_used_gib"), cuda))
         for name, r in runs.items():
-            rows.append(plan.check(f"train {name}", estimate["train"], r.get("peak_gpu_gib"), cuda))
+            rows.append(plan.check(f"train {name}", report["plan"][name]["train"], r.get("peak_gpu_gib"), cuda))
     for stage in sorted(skip):
         rows.append(row(f"stage {stage}", "skipped: --skip"))
 

@@ -35,7 +35,7 @@ def prompt_ids(tokenizer) -> list[list[int]]:
     from pofe.demo.task import make_rrhf_rows
     from pofe.preprocess.render import render_prompt
 
-    rows = make_rrhf_rows(PROMPTS, k=1, seed=1)
+    rows = make_rrhf_rows(PROMPTS, k=2, seed=1)
     return [list(render_prompt(tokenizer, [{"role": "user", "content": f"What is {r['prompt']}"}]).ids) for r in rows]
 
 

@@ -10,7 +10,8 @@ unshared tokens, as in the tests. bf16 (the GPU): that bound exceeds 1 at this w
 proves nothing; instead each layout is compared with the unshared layout run in float32, and
 prefix sharing passes when its largest deviation (values, and every gradient relative to its
 tensor's largest entry) is at most 2x the unshared bf16 layout's own: sharing adds no error
-beyond bf16's. FlexAttention and flash-attention-2 have no CPU backward: `needs GPU` there.
+beyond bf16's. The float32 reference runs sdpa (flash-attn takes no float32): the exact
+attention, whichever kernel computes it. FlexAttention and flash-attention-2 have no CPU backward: `needs GPU` there.
 """
 
 from __future__ import annotations
@@ -61,29 +62,28 @@ def within_float_tolerance(a, b, n_terms: int) -> bool:
         torch.allclose(x, y, **float_tolerance(torch.float32, n_terms, y.abs().max().item())) for x, y in pairs)
 
 
-def check_backend(model_dir, tokenizer, attn: str, cuda: bool) -> list[dict]:
-    """The rows for one backend: each shared layout against the unshared one."""
+def load(model_dir, attn: str, dtype, device: str):
     from transformers import LlamaForCausalLM
 
-    from pofe.collator import KResponseCollator
+    return LlamaForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=dtype,
+                                            device_map={"": device}).train()
 
+
+def check_backend(model_dir, feats, batches, attn: str, reference) -> list[dict]:
+    """The rows for one backend: each shared layout against the unshared one. `reference`: the
+    unshared layout in float32 (GPU), or None (CPU, float32 throughout)."""
     from .report import row
 
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    feats = features(vocab=len(tokenizer))
-    unshared = KResponseCollator(tokenizer)(feats)
-    shared = KResponseCollator(tokenizer, prefix_sharing=True)(feats)
-    to = lambda b: {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}  # noqa: E731
-    model = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=dtype).to(device).train()
-    base = value_and_grads(model, to(unshared), None)
+    cuda = reference is not None
+    unshared, shared = batches
+    model = load(model_dir, attn, torch.bfloat16 if cuda else torch.float32, "cuda" if cuda else "cpu")
+    base = value_and_grads(model, unshared, None)
     layouts = ("packed", "cache") if attn == "sdpa" else ("cache",)
-    runs = {layout: value_and_grads(model, to(shared), layout) for layout in layouts}
+    runs = {layout: value_and_grads(model, shared, layout) for layout in layouts}
+    width = model.config.hidden_size
     del model
     rows = []
     if cuda:  # bf16: against the unshared layout in float32
-        ref_model = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=torch.float32)
-        reference = value_and_grads(ref_model.to(device).train(), to(unshared), None)
-        del ref_model
         own = deviation(base, reference)
         for layout, got in runs.items():
             dev = deviation(got, reference)
@@ -92,7 +92,6 @@ def check_backend(model_dir, tokenizer, attn: str, cuda: bool) -> list[dict]:
                             deviation=dev, unshared_deviation=own))
         torch.cuda.empty_cache()
         return rows
-    width = LlamaForCausalLM.config_class.from_pretrained(model_dir).hidden_size
     n = width * sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
     for layout, got in runs.items():
         ok = within_float_tolerance(got, base, n)
@@ -117,8 +116,20 @@ def available(attn: str, cuda: bool) -> str | None:
 def checks(model_dir, tokenizer, cuda: bool) -> list[dict]:
     from .report import row
 
+    from pofe.collator import KResponseCollator
+
+    device = "cuda" if cuda else "cpu"
+    feats = features(vocab=len(tokenizer))
+    to = lambda b: {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}  # noqa: E731
+    batches = (to(KResponseCollator(tokenizer)(feats)), to(KResponseCollator(tokenizer, prefix_sharing=True)(feats)))
+    reference = None
+    if cuda:  # the unshared layout in float32 (sdpa: flash-attn takes no float32), once for every backend
+        model = load(model_dir, "sdpa", torch.float32, device)
+        reference = value_and_grads(model, batches[0], None)
+        del model
     rows = []
     for attn in BACKENDS:
         why = available(attn, cuda)
-        rows += [row(f"prefix sharing {attn}", why)] if why else check_backend(model_dir, tokenizer, attn, cuda)
+        rows += [row(f"prefix sharing {attn}", why)] if why else check_backend(model_dir, feats, batches, attn,
+                                                                                 reference)
     return rows
