@@ -8,6 +8,6 @@ Stages, each a module: `model` (a random ~1B Llama and a tokenizer that writes a
 SPPO and RRHF through `axolotl train`, axolotl's LoRA kernels on and off), `prefix` (prefix
 sharing against the unshared layout on each attention backend), `speed` (the CPU benchmark's
 ratios and tokens/s) and `plan` (each stage's peak memory beside `axolotl pofe plan`'s
-estimate). `report` prints the table and writes the JSON. A check is `pass`, `FAIL`,
-`needs GPU` (it needs CUDA and runs on the GPU) or `skipped: <why>`; only `pass` is a pass.
+estimate). `report` prints the table and writes the JSON. A row is `pass`, `FAIL`, `measured`
+(speed), `needs GPU` (it needs CUDA and runs on the GPU) or `skipped: <why>`; only `pass` passes.
 """

@@ -6,9 +6,28 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from pathlib import Path
 
 STAGES = ("generate", "train", "prefix", "speed")
+
+
+def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, cuda: bool) -> dict:
+    """The plan of each run's recipe, with vLLM generation as the generate stage ran it; its
+    memory rows appended to `rows`."""
+    import torch
+
+    from . import generate, plan
+
+    gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if cuda else 0.0
+    plans = {name: plan.estimates(Path(r["recipe"]), generate.settings(max_tokens), generate.PROMPTS, gpu_gb,
+                                  "cuda" if cuda else "cpu") for name, r in runs.items()}
+    if vllm is not None and "seen" in vllm:  # vLLM ran
+        rows.append(plan.check("generate (vLLM)", plans["sppo-kernels-off"]["generate"], vllm.get("device_used_gib"),
+                               cuda))
+    for name, r in runs.items():
+        rows.append(plan.check(f"train {name}", plans[name]["train"], r.get("peak_gpu_gib"), cuda))
+    return plans
 
 
 def main(argv=None) -> int:
@@ -21,7 +40,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from . import generate, plan, prefix, speed, train
+    from . import generate, prefix, speed, train
     from .model import bos_behaviour, build_model, build_tokenizer
     from .report import row, table, write
 
@@ -44,12 +63,19 @@ def main(argv=None) -> int:
     seconds["model"] = time.time() - start
 
     def timed(name, fn, *a):
-        t0 = time.time()
+        """Run stage `name` unless skipped; an exception is that stage's FAIL row, and the next
+        stages still run (one lost stage must not cost the GPU's whole budget)."""
         if name in skip:
             return None
-        value = fn(*a)
-        seconds[name] = time.time() - t0
-        return value
+        t0 = time.time()
+        try:
+            return fn(*a)
+        except Exception as err:  # noqa: BLE001 - reported as the stage's row, with its traceback in the JSON
+            rows.append(row(f"stage {name}", "FAIL", f"{type(err).__name__}: {err}"[:300],
+                            traceback=traceback.format_exc()))
+            return None
+        finally:
+            seconds[name] = time.time() - t0
 
     max_tokens = 128 if cuda else 8
     vllm = timed("generate", generate.run, args.work, model, tokenizer, max_tokens, cuda)
@@ -60,22 +86,14 @@ def main(argv=None) -> int:
     if runs is not None:
         rows += train.checks(runs)
         report["train"] = runs
-    if "prefix" not in skip:
-        rows += timed("prefix", prefix.checks, model, tokenizer, cuda)
+    rows += timed("prefix", prefix.checks, model, tokenizer, cuda) or []
     bench = timed("speed", speed.run, args.work, cuda)
     if bench is not None:
         rows += speed.checks(bench)
         report["speed"] = bench
 
-    if runs is not None:  # the plan of each run's recipe, with vLLM generation as the generate stage ran it
-        gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if cuda else 0.0
-        report["plan"] = {name: plan.estimates(Path(r["recipe"]), generate.settings(max_tokens), generate.PROMPTS,
-                                               gpu_gb, "cuda" if cuda else "cpu") for name, r in runs.items()}
-        if vllm is not None and "seen" in vllm:  # vLLM ran
-            rows.append(plan.check("generate (vLLM)", report["plan"]["sppo-kernels-off"]["generate"],
-                                   vllm.get("device_used_gib"), cuda))
-        for name, r in runs.items():
-            rows.append(plan.check(f"train {name}", report["plan"][name]["train"], r.get("peak_gpu_gib"), cuda))
+    if runs is not None:
+        report["plan"] = timed("plan", plan_rows, rows, runs, vllm, max_tokens, cuda)
     for stage in sorted(skip):
         rows.append(row(f"stage {stage}", "skipped: --skip"))
 

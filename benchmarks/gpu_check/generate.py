@@ -19,6 +19,7 @@ from pathlib import Path
 PROMPTS, K = 64, 5
 UTILIZATION = 0.3  # vLLM's share of the GPU (the plan is given the same): 42 GB of an H200
 MAX_MODEL_LEN = 1024
+TIMEOUT_S = 300  # start, CUDA graphs and 64 x 5 samples: about 1.5 minutes on an H200
 
 
 def vllm_python() -> str | None:
@@ -55,8 +56,12 @@ def run(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> dict:
                "gpu_memory_utilization": UTILIZATION, "max_model_len": MAX_MODEL_LEN}
     (out / "vllm-request.json").write_text(json.dumps(request))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run([py, str(Path(__file__).with_name("vllm_driver.py")), str(out / "vllm-request.json"),
-                           str(out / "vllm-result.json")], env=env, capture_output=True, text=True)
+    timeout = TIMEOUT_S if cuda else 3 * TIMEOUT_S  # on the CPU, only a hang guard
+    try:
+        proc = subprocess.run([py, str(Path(__file__).with_name("vllm_driver.py")), str(out / "vllm-request.json"),
+                               str(out / "vllm-result.json")], env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"vLLM did not finish in {timeout} s"}
     (out / "vllm.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         return {"error": f"vLLM exited {proc.returncode}: {proc.stderr[-1500:]}"}

@@ -130,6 +130,11 @@ def checks(model_dir, tokenizer, cuda: bool) -> list[dict]:
     rows = []
     for attn in BACKENDS:
         why = available(attn, cuda)
-        rows += [row(f"prefix sharing {attn}", why)] if why else check_backend(model_dir, feats, batches, attn,
-                                                                                 reference)
+        if why:
+            rows.append(row(f"prefix sharing {attn}", why))
+            continue
+        try:
+            rows += check_backend(model_dir, feats, batches, attn, reference)
+        except Exception as err:  # noqa: BLE001 - one backend's failure is its row; the others still run
+            rows.append(row(f"prefix sharing {attn}", "FAIL", f"{type(err).__name__}: {err}"[:300]))
     return rows

@@ -20,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,7 @@ from pofe.args import LORA_KERNELS
 EPS = {"bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
 KERNEL_RTOL = 4 * EPS["bfloat16"]
 REPACK_WARNING = "repacked for bitsandbytes"
+TIMEOUT_S = 360  # all runs together: the check's 8 minutes leave them about 3 (a timed-out run FAILs)
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
        "TOKENIZERS_PARALLELISM": "false"}
 
@@ -96,8 +98,7 @@ def result(path: Path, rc: int) -> dict:
     first, length = steps[0], mean_response_tokens(path)
     out.update(losses=[h["loss"] for h in steps], logps_chosen=[h["logps/chosen"] for h in steps],
                repack_warning=REPACK_WARNING in log, dtype=dtype, response_tokens=length,
-               peak_gpu_gib=max((h.get("memory/max_allocated (GiB)", 0.0) for h in steps), default=None) or None,
-               seconds=json.loads(state.read_text())["log_history"][-1].get("train_runtime"))
+               peak_gpu_gib=max((h.get("memory/max_allocated (GiB)", 0.0) for h in steps), default=None) or None)
     if cfg["rl"] == "sppo":
         per_token = abs(first["logps/chosen"]) / length
         out["step1_logratio"] = first["sppo/logratio"]
@@ -117,7 +118,18 @@ def run_all(out: Path, model: Path, steps: int, cuda: bool) -> dict:
     runs = {(m, k): recipe(out, model, m, k, steps, cuda) for m in ("sppo", "rrhf") for k in (False, True)
             if cuda or not k}
     procs = {key: launch(path) for key, path in runs.items()}
-    return {f"{m}-kernels-{'on' if k else 'off'}": result(runs[m, k], procs[m, k].wait()) for m, k in runs}
+    deadline = time.monotonic() + (TIMEOUT_S if cuda else 3 * TIMEOUT_S)  # on the CPU, only a hang guard
+    return {f"{m}-kernels-{'on' if k else 'off'}": result(runs[m, k], wait(procs[m, k], deadline)) for m, k in runs}
+
+
+def wait(proc: subprocess.Popen, deadline: float) -> int:
+    """The run's exit status; killed (status -9) once the stage's deadline has passed."""
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9
 
 
 def checks(results: dict) -> list[dict]:
@@ -133,7 +145,8 @@ def checks(results: dict) -> list[dict]:
                 rows.append(row(f"train {name}", "needs GPU", "axolotl's LoRA kernels are Triton (CUDA)"))
                 continue
             if r["returncode"] != 0:
-                rows.append(row(f"train {name}", "FAIL", f"axolotl train exited {r['returncode']}, see {r['log']}"))
+                why = "was killed at the stage's time limit" if r["returncode"] == -9 else f"exited {r['returncode']}"
+                rows.append(row(f"train {name}", "FAIL", f"axolotl train {why}, see {r['log']}"))
                 continue
             finite = all(map(math.isfinite, r["losses"]))
             ok = finite and not r["repack_warning"] and len(r["losses"]) > 0
