@@ -88,3 +88,35 @@ def test_the_train_checks_can_fail():
     assert status(bad)["train sppo-kernels-off"] == "FAIL"
     repacked = {"rrhf-kernels-off": {**_run([1.0], [-50.0]), "repack_warning": True}}
     assert status(repacked)["train rrhf-kernels-off"] == "FAIL"
+
+
+@pytest.mark.parametrize("method", ["sppo", "rrhf"])
+@pytest.mark.parametrize("kernels", [False, True])
+def test_the_gpu_recipes_validate_with_the_kernels_as_set(tmp_path, tiny_model, method, kernels):
+    """The GPU's runs never execute here: their recipes pass axolotl's validation on an H100's
+    capabilities with QLoRA, bf16 and each LoRA kernel exactly as the check sets it."""
+    import yaml
+
+    from pofe.args import LORA_KERNELS
+    from tests.test_recipes import H100, _validated
+
+    cfg = _validated(yaml.safe_load(train.recipe(tmp_path, tiny_model, method, kernels, 20, cuda=True).read_text()),
+                     H100)
+    assert {k: bool(cfg[k]) for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, kernels)
+    assert cfg.adapter == "qlora" and cfg.load_in_4bit and cfg.bf16 and cfg.max_steps == 20
+    assert cfg.attn_implementation == "sdpa" and cfg.gradient_checkpointing
+
+
+def test_the_vllm_check_fails_on_a_prompt_tokenised_again():
+    """One prompt seen with a second BOS (what a text prompt gets) fails the identity check;
+    all seen as sent, with one BOS and K samples each, passes."""
+    from benchmarks.gpu_check import generate
+
+    bos, n = 1, generate.PROMPTS
+    sent = [[bos, 733, 10 + i, 28793] for i in range(n)]
+    res = {"sent": sent, "seen": [list(s) for s in sent], "samples": [[[5, 2]] * generate.K] * n,
+           "text_seen": [[bos, *s] for s in sent], "seconds": 2.0, "device_used_gib": None}
+    assert [r["status"] for r in generate.checks(res, bos)] == ["pass", "pass"]
+    res["seen"][7] = [bos, *sent[7]]
+    first = generate.checks(res, bos)[0]
+    assert first["status"] == "FAIL" and "63/64 prompts seen as sent" in first["detail"]
