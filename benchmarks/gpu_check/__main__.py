@@ -24,9 +24,9 @@ def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, 
                                   "cuda" if cuda else "cpu") for name, r in runs.items()}
     if vllm is not None and "seen" in vllm:  # vLLM ran
         rows.append(plan.check("generate (vLLM)", plans["sppo-kernels-off"]["generate"], vllm.get("device_used_gib"),
-                               cuda))
+                               cuda, allocator=False))
     for name, r in runs.items():
-        rows.append(plan.check(f"train {name}", plans[name]["train"], r.get("peak_gpu_gib"), cuda))
+        rows.append(plan.check(f"train {name}", plans[name]["train"], r.get("peak_gpu_gib"), cuda, allocator=True))
     return plans
 
 

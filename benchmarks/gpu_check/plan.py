@@ -4,8 +4,10 @@ The plan is `pofe.run.plan.plan_run` on the check's own QLoRA recipe, given a ge
 (vLLM, K = 5, the check's `gpu_memory_utilization` and `max_model_len`) and a judge that loads
 nothing, for the check's 64 prompts on this GPU. A stage passes when its measured peak is within
 a factor 1.5 of the estimate (the factor tests/test_plan.py holds the CPU recipes to). Measured:
-training, axolotl's `memory/max_allocated (GiB)` (the torch allocator's peak); generation, the
-device memory in use while vLLM ran (it reserves its `gpu_memory_utilization` share at start).
+training, axolotl's `memory/max_allocated (GiB)` (the torch allocator's peak), against the
+estimate less its `runtime` part (the CUDA context, which the allocator does not count);
+generation, the device memory in use while vLLM ran (it reserves its `gpu_memory_utilization`
+share at start, context included), against the whole estimate.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: f
     return {s["stage"]: s for s in plan["stages"] if s["round"] == 1 and s["stage"] in ("generate", "train")}
 
 
-def check(name: str, stage: dict, measured_gib: float | None, cuda: bool) -> dict:
+def check(name: str, stage: dict, measured_gib: float | None, cuda: bool, allocator: bool) -> dict:
+    """`allocator`: the measured figure is torch's allocator peak, which leaves out the context."""
     from .report import row
 
     key = "gpu_memory_gb" if cuda else "cpu_memory_gb"
     estimate = stage.get(key)
+    if estimate and allocator and cuda:
+        key += " less runtime"
+        estimate = round(estimate - (stage["parts_gb"].get("runtime") or 0.0), 2)
     values = {"estimate_gb": estimate, "measured_gb": None if measured_gib is None else measured_gib * GIB / 1e9}
     where = f"plan estimates {estimate} GB ({key})"
     if not cuda:
