@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -117,6 +118,8 @@ def run_all(out: Path, model: Path, steps: int, cuda: bool) -> dict:
     Kernels-on runs need CUDA (Triton): on the CPU they are recorded as not run."""
     runs = {(m, k): recipe(out, model, m, k, steps, cuda) for m in ("sppo", "rrhf") for k in (False, True)
             if cuda or not k}
+    for path in runs.values():  # a checkpoint left by an earlier check must not stand in for this run's
+        shutil.rmtree(yaml.safe_load(path.read_text())["output_dir"], ignore_errors=True)
     procs = {key: launch(path) for key, path in runs.items()}
     deadline = time.monotonic() + (TIMEOUT_S if cuda else 3 * TIMEOUT_S)  # on the CPU, only a hang guard
     return {f"{m}-kernels-{'on' if k else 'off'}": result(runs[m, k], wait(procs[m, k], deadline)) for m, k in runs}
