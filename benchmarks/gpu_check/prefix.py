@@ -1,0 +1,140 @@
+"""Prefix sharing equals the unshared layout on sdpa, flash-attention-2 and FlexAttention.
+
+The RRHF scores of a batch of k-response rows (`pofe.scoring.score_candidates`) and the
+gradients of a weighted sum of them, once unshared (k full rows per prompt) and once shared
+(the prompt's KV cache on every backend; packed rows with a block mask too on sdpa, the only
+one of the three that takes a 4D mask), as tests/test_prefix_sharing.py checks on the CPU.
+
+Tolerance. float32 (the CPU): `tests.helpers.float_tolerance`, rtol = 4 eps sqrt(n), n = width x
+unshared tokens, as in the tests. bf16 (the GPU): that bound exceeds 1 at this width, so it
+proves nothing; instead each layout is compared with the unshared layout run in float32, and
+prefix sharing passes when its largest deviation (values, and every gradient relative to its
+tensor's largest entry) is at most 2x the unshared bf16 layout's own: sharing adds no error
+beyond bf16's. The float32 reference runs sdpa (flash-attn takes no float32): the exact
+attention, whichever kernel computes it. FlexAttention and flash-attention-2 have no CPU backward: `needs GPU` there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("sdpa", "flash_attention_2", "flex_attention")
+BF16_FACTOR = 2.0
+
+
+def features(seed: int = 0, prompts: int = 4, k: int = 4, prompt_len: int = 48, response_len: int = 24,
+             vocab: int = 32000) -> list[dict]:
+    """Random rows of varied lengths (ids above the special tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(10, vocab, (n,), generator=g).tolist()  # noqa: E731
+    lengths = lambda n: int(torch.randint(n // 2, n + 1, (1,), generator=g))  # noqa: E731
+    return [{"prompt_ids": rand(lengths(prompt_len)),
+             "response_ids": [rand(lengths(response_len)) for _ in range(k)],
+             "rewards": torch.randn(k, generator=g).tolist()} for _ in range(prompts)]
+
+
+def value_and_grads(model, batch, layout: str | None):
+    """Scores of `batch` and the gradients of sum(weights * scores) w.r.t. every parameter."""
+    from pofe.scoring import score_candidates
+
+    model.zero_grad(set_to_none=True)
+    kwargs = {} if layout is None else {"prefix_layout": layout}
+    value = score_candidates(model, batch, chunk_size=64, **kwargs)[0]
+    weights = torch.linspace(0.5, 1.5, value.numel(), device=value.device).view_as(value)
+    (weights * value).float().sum().backward()
+    return value.detach().float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def deviation(a, b) -> float:
+    """Largest |a - b| of the values and of each gradient, relative to b's largest entry."""
+    (va, ga), (vb, gb) = a, b
+    gaps = [((va - vb).abs().max() / vb.abs().max().clamp_min(1e-30)).item()]
+    gaps += [((ga[n] - gb[n]).abs().max() / gb[n].abs().max().clamp_min(1e-30)).item() for n in gb]
+    return max(gaps)
+
+
+def within_float_tolerance(a, b, n_terms: int) -> bool:
+    from tests.helpers import float_tolerance
+
+    (va, ga), (vb, gb) = a, b
+    pairs = [(va, vb)] + [(ga[n], gb[n]) for n in gb]
+    return ga.keys() == gb.keys() and all(
+        torch.allclose(x, y, **float_tolerance(torch.float32, n_terms, y.abs().max().item())) for x, y in pairs)
+
+
+def load(model_dir, attn: str, dtype, device: str):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=dtype,
+                                            device_map={"": device}).train()
+
+
+def check_backend(model_dir, feats, batches, attn: str, reference) -> list[dict]:
+    """The rows for one backend: each shared layout against the unshared one. `reference`: the
+    unshared layout in float32 (GPU), or None (CPU, float32 throughout)."""
+    from .report import row
+
+    cuda = reference is not None
+    unshared, shared = batches
+    model = load(model_dir, attn, torch.bfloat16 if cuda else torch.float32, "cuda" if cuda else "cpu")
+    base = value_and_grads(model, unshared, None)
+    layouts = ("packed", "cache") if attn == "sdpa" else ("cache",)
+    runs = {layout: value_and_grads(model, shared, layout) for layout in layouts}
+    width = model.config.hidden_size
+    del model
+    rows = []
+    if cuda:  # bf16: against the unshared layout in float32
+        own = deviation(base, reference)
+        for layout, got in runs.items():
+            dev = deviation(got, reference)
+            rows.append(row(f"prefix sharing {attn} {layout}", "pass" if dev <= BF16_FACTOR * own else "FAIL",
+                            f"bf16 deviation from float32 {dev:.2e}, unshared bf16's own {own:.2e} (<= {BF16_FACTOR}x)",
+                            deviation=dev, unshared_deviation=own))
+        torch.cuda.empty_cache()
+        return rows
+    n = width * sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
+    for layout, got in runs.items():
+        ok = within_float_tolerance(got, base, n)
+        rows.append(row(f"prefix sharing {attn} {layout}", "pass" if ok else "FAIL",
+                        f"float32, largest relative gap {deviation(got, base):.2e} (rtol 4 eps sqrt({n}))",
+                        deviation=deviation(got, base)))
+    return rows
+
+
+def available(attn: str, cuda: bool) -> str | None:
+    """Why `attn` cannot run here, or None."""
+    if attn != "sdpa" and not cuda:
+        return "needs GPU"  # flash-attn is CUDA only; FlexAttention has no backward on the CPU
+    if attn == "flash_attention_2":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            return "skipped: flash_attn not installed (pip install flash-attn)"
+    return None
+
+
+def checks(model_dir, tokenizer, cuda: bool) -> list[dict]:
+    from .report import row
+
+    from pofe.collator import KResponseCollator
+
+    device = "cuda" if cuda else "cpu"
+    feats = features(vocab=len(tokenizer))
+    to = lambda b: {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}  # noqa: E731
+    batches = (to(KResponseCollator(tokenizer)(feats)), to(KResponseCollator(tokenizer, prefix_sharing=True)(feats)))
+    reference = None
+    if cuda:  # the unshared layout in float32 (sdpa: flash-attn takes no float32), once for every backend
+        model = load(model_dir, "sdpa", torch.float32, device)
+        reference = value_and_grads(model, batches[0], None)
+        del model
+    rows = []
+    for attn in BACKENDS:
+        why = available(attn, cuda)
+        if why:
+            rows.append(row(f"prefix sharing {attn}", why))
+            continue
+        try:
+            rows += check_backend(model_dir, feats, batches, attn, reference)
+        except Exception as err:  # noqa: BLE001 - one backend's failure is its row; the others still run
+            rows.append(row(f"prefix sharing {attn}", "FAIL", f"{type(err).__name__}: {err}"[:300]))
+    return rows
