@@ -3,6 +3,8 @@
     python -m benchmarks.preprocess                  # tiny local Llama, transformers backend
     python -m benchmarks.preprocess --backend vllm   # the same through vLLM's server (.venv-vllm)
     python -m benchmarks.preprocess --quick
+    python -m benchmarks.preprocess --workload long_tail --backend vllm            # server, tails
+    python -m benchmarks.preprocess --workload long_tail --backend vllm_inprocess  # vllm.LLM, tails
 
 Both variants use the same engine, the same rendered prompts and the same seed,
 interleaved repetition by repetition (medians); `pofe` is
@@ -13,6 +15,13 @@ OpenAI-compatible server (started on loopback) called without POFE: one `/v1/com
 request per `batch_size` prompts with `n` samples, as vLLM's docs call it, where POFE's
 `openai` backend sends one request per prompt, 8 at a time. Judge calls per prompt are
 counted by a python judge that counts its own calls.
+
+`--workload long_tail` (benchmarks/long_tail.py): per-prompt output lengths from a Pareto
+draw (some prompts over 10x the median), several shards, where a stage that drains the
+engine at each shard's end pays for every shard's tail. `direct` there is vLLM with every
+prompt at once: the server with all requests in flight (`vllm`), or one `LLM.generate` over
+all prompts (`vllm_inprocess`, run inside the vLLM venv, which also times `per_shard`: one
+generate call per shard, POFE's stage before it streamed shards through one engine).
 """
 
 from __future__ import annotations
@@ -54,7 +63,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "vllm_inprocess"])
+    parser.add_argument("--workload", default="equal", choices=["equal", "long_tail"])
     parser.add_argument("--out", default=None, help="default benchmarks/results/preprocess-<backend>-cpu.json")
     args = parser.parse_args(argv)
     out_path = Path(args.out or f"benchmarks/results/preprocess-{args.backend}-cpu.json")
@@ -66,6 +76,11 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="pofe-bench-"))
     policy = str(build_tiny_model(work / "model"))
+    if args.workload == "long_tail":
+        out = long_tail(args.backend, policy, work, n_prompts, 4, reps)
+        print(json.dumps(out["long_tail"], indent=2))
+        _merge(out_path, out)
+        return 0
     with contextlib.ExitStack() as stack:
         base_url = None
         if args.backend == "vllm":
@@ -80,9 +95,94 @@ def main(argv=None) -> int:
     print(f"  pofe stage      {med['pofe']:.2f} s   overhead {out['overhead_pofe_over_direct']:.3f}x")
     print(f"  python judge calls per prompt: {out['judge_calls_per_prompt']:.2f} "
           f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(out, indent=2))
+    _merge(out_path, out)
     return 0
+
+
+def _merge(path: Path, out: dict) -> None:
+    """Write `out` into the backend's JSON file, keeping the other workload's figures there."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    keep = {"long_tail": old["long_tail"]} if "long_tail" in old and "long_tail" not in out else {}
+    if "long_tail" in out:  # the equal workload's keys stay where they were
+        keep = {k: v for k, v in old.items() if k != "long_tail"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**keep, **out}, indent=2))
+
+
+def long_tail(backend: str, policy: str, work: Path, n_prompts: int, k: int, reps: int) -> dict:
+    """The long_tail workload's medians on `backend` (vllm: the server; vllm_inprocess: vllm.LLM)."""
+    from benchmarks.long_tail import length_stats
+
+    shard = max(1, n_prompts // 4)  # four shards: four tails for a stage that drains per shard
+    if backend == "vllm_inprocess":
+        times = _inprocess_times(policy, work, n_prompts, k, shard, reps)
+    elif backend == "vllm":
+        from tests.vllm_server import vllm_server
+
+        with vllm_server(vllm_python(), policy, work / "vllm-server.log", args=["--max-num-seqs", "256"]) as url:
+            times = _served_tail_times(url, policy, work, n_prompts, k, shard, reps)
+    else:
+        raise SystemExit("--workload long_tail runs on --backend vllm or vllm_inprocess")
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"long_tail": {
+        "prompts": n_prompts, "k": k, "shard_size": shard, "reps": reps, **length_stats(n_prompts, shard, 0),
+        "seconds_median": med, "seconds_all": times, "overhead_pofe_over_direct": med["pofe"] / med["direct"],
+        **({"per_shard_over_direct": med["per_shard"] / med["direct"]} if "per_shard" in med else {}),
+    }, "backend": backend}
+
+
+def _inprocess_times(policy: str, work: Path, n_prompts: int, k: int, shard: int, reps: int) -> dict:
+    """benchmarks.long_tail run inside the vLLM venv (pofe laid out on PYTHONPATH, as the tests do)."""
+    import os
+    import subprocess
+
+    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+
+    shim = pofe_shim(work / "shim", REPO)
+    out = work / "tail.json"
+    env = {**os.environ, "PYTHONPATH": f"{shim}:{REPO}", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run([str(vllm_python()), "-m", "benchmarks.long_tail", policy, str(out), str(n_prompts), str(k),
+                    str(shard), str(reps)], env=env, cwd=work, check=True)
+    return json.loads(out.read_text())
+
+
+def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int, shard: int, reps: int) -> dict:
+    """POFE's stage (its window the server's max_num_seqs) against every prompt in flight at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
+    from pofe.demo.task import make_prompts
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+    from pofe.preprocess.generators.hf import load_tokenizer
+    from pofe.preprocess.openai_client import OpenAIClient
+    from pofe.preprocess.pipeline import run_pipeline
+    from pofe.preprocess.render import render_prompt
+
+    rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
+    cfg = GenerateConfig(backend="openai", base_url=url, model=policy, num_candidates=k, temperature=1.0,
+                         max_new_tokens=CAP, in_flight=256)
+    gen = openai_generator(OpenAIClient(url, timeout=600), policy, cfg.in_flight)
+    ids = [render_prompt(load_tokenizer(policy), r["prompt"]).ids for r in rows]
+    seeds = pofe_seeds(n_prompts, shard, cfg.seed)
+
+    def one(j):
+        httpx.post(f"{url}/completions", timeout=600, json={
+            "model": policy, "prompt": ids[j], "n": k, "max_tokens": tail_tokens(seeds[j]), "ignore_eos": True,
+            "temperature": 1.0, "top_p": 1.0, "seed": seeds[j]}).raise_for_status()
+
+    def direct(rep):
+        with ThreadPoolExecutor(max_workers=n_prompts) as pool:
+            list(pool.map(one, range(n_prompts)))
+
+    def pofe(rep):
+        run_pipeline(rows, policy_path=policy, method="rrhf", generate=cfg, generator=gen, stop_after="generate",
+                     judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+                     candidates=PipelineConfig(out_dir=str(work / f"tail-{rep}"), shard_size=shard, progress=False))
+
+    return interleave({"direct": direct, "pofe": pofe}, reps)
 
 
 def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int, sampling, batch_size: int) -> None:

@@ -45,7 +45,8 @@ def generate_manifest(
         "prompts_sha256": digest.hexdigest(),
         "num_prompts": len(rows),
         "prompt_column": prompt_column,
-        "generate": generate.model_dump(exclude={"serve": set(SERVE_RUNTIME_KEYS)}),
+        # in_flight: how many prompts share the engine, which the samples do not depend on
+        "generate": generate.model_dump(exclude={"serve": set(SERVE_RUNTIME_KEYS), "in_flight": True}),
         "shard_size": shard_size,
     }
 

@@ -47,8 +47,10 @@ NOT_OPENAI_HINT = (
 class EndpointError(RuntimeError):
     """A request that failed for good (after retries, or at once for most 4xx)."""
 
-    def __init__(self, url: str, cause: str, tries: int, hint: str = NETWORK_HINT):
-        self.url, self.cause, self.tries = url, cause, tries
+    def __init__(self, url: str, cause: str, tries: int, hint: str = NETWORK_HINT, *, transient: bool = False):
+        # transient: every try failed in a way a retry may fix (the server unreachable, timing out or
+        # failing): another replica of it may answer (replicas.py)
+        self.url, self.cause, self.tries, self.hint, self.transient = url, cause, tries, hint, transient
         super().__init__(f"POST {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. {hint}")
 
 
@@ -212,7 +214,7 @@ class OpenAIClient:
                 continue
             return body
         self.stats.add("failures", reason=cause)
-        raise EndpointError(url, cause, tries, hint)
+        raise EndpointError(url, cause, tries, hint, transient=True)
 
     def check_lengths(self, route: str, payload: dict, texts: list[str], *, raise_: bool = True) -> str | None:
         """Why texts returned for `payload` are far longer than its `max_tokens` tokens can be

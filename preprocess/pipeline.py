@@ -29,7 +29,6 @@ candidates exactly as the rewards do.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -47,16 +46,15 @@ from pofe.methods import check_candidate_rules, method_spec
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, order_sum_warning, summarise
 from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig, redact
-from .generators import Generator, make_generator
-from .generators.hf import load_tokenizer
+from .generate_stage import SHARD_SEED_STRIDE, generate_missing
+from .generators import Generator
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
 from .parallel import check_parallel, run_workers, worker_devices
 from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
-from .stages import StagePlan, close_generator, column_texts, free_memory, generate_shard, judge_shard
+from .stages import StagePlan, close_generator, column_texts, free_memory, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
-SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 
 
 @dataclass(frozen=True)
@@ -286,27 +284,8 @@ def _generate_stage(
         shards[s] = _reuse(gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=planned), redone)
     todo = [s for s in mine if shards[s] is None]
     total = _prompts_in(mine, size, len(rows))
-    passed = generator
     with _bar(plan.candidates.progress, total, "generate", done=total - _prompts_in(todo, size, len(rows))) as bar:
-        try:
-            for s in todo:
-                shard_rows = rows[s * size : (s + 1) * size]
-                if generator is None:  # loaded only when a shard is missing
-                    generator = make_generator(cfg, plan.policy_path, tokenizer, workdir=workdir)
-                if tokenizer is None:
-                    tokenizer = load_tokenizer(plan.policy_path)
-                sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
-                out_rows = generate_shard(
-                    shard_rows, s * size, generator, tokenizer, cfg, sampling, plan.prompt_column,
-                    plan.candidates.truncated, shard=shard_path(gen_dir, s),
-                )
-                write_jsonl_atomic(shard_path(gen_dir, s), out_rows)
-                shards[s] = read_shard(shard_path(gen_dir, s))
-                bar.update(len(shard_rows))
-        except BaseException:
-            if generator is not None and generator is not passed:
-                close_generator(generator)  # a served policy's server stops with its failed stage too
-            raise
+        generator = generate_missing(plan, todo, shards, generator, tokenizer, workdir, bar)
     return shards, generator
 
 

@@ -24,7 +24,7 @@ from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
 from .dedupe import dedupe
 from .generators import Generator, finish_reason, sampled_ids
 from .judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
-from .render import as_messages, render_prompt
+from .render import Rendered, as_messages, render_prompt
 from .token_ids import content_ids, end_of_turn_ids, retokenized_ids
 from .win_rates import scalar_preferences, win_rates
 
@@ -86,12 +86,28 @@ def generate_shard(
     duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
     candidates that ended at max_new_tokens (finish reason "length").
     """
-    rendered = [
+    rendered = render_shard(rows, tokenizer, cfg, prompt_column)
+    live = [r for r in rendered if r.text is not None]
+    gen = generator.generate(live, cfg.num_candidates, sampling) if live else []
+    return shard_rows(rows, first_index, rendered, gen, generator, tokenizer, cfg, prompt_column, truncated, shard)
+
+
+def render_shard(rows: list[dict], tokenizer, cfg: GenerateConfig, prompt_column: str = "prompt") -> list[Rendered]:
+    """Each row's prompt rendered with the policy's chat template (`text` None: dropped, too
+    long); the backend samples the live ones (`text` not None), in this order."""
+    return [
         render_prompt(tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow)
         for r in rows
     ]
+
+
+def shard_rows(
+    rows: list[dict], first_index: int, rendered: list[Rendered], gen: list[list], generator: Generator, tokenizer,
+    cfg: GenerateConfig, prompt_column: str = "prompt", truncated: str = "drop", shard: Path | str | None = None,
+) -> list[dict]:
+    """A shard's rows (as `generate_shard` returns them) from its rendered prompts and `gen`,
+    the backend's candidates for the live ones, in order."""
     live = [i for i, r in enumerate(rendered) if r.text is not None]
-    gen = generator.generate([rendered[i] for i in live], cfg.num_candidates, sampling) if live else []
     if len(gen) != len(live) or any(len(g) != cfg.num_candidates for g in gen):
         raise RuntimeError(
             f"backend {getattr(generator, 'name', generator)!r} returned {[len(g) for g in gen]} candidates for "

@@ -69,7 +69,8 @@ def generate_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, 
               "sampled": None if prompts is None else prompts * g.num_candidates}
     vllm = _served_vllm(pcfg) if options.device == "cuda" else None
     if g.backend == "openai" and vllm is None:
-        return stage("generate", t, g.base_url or "", dtype="-", parts={}, options=options, device="remote",
+        servers = [g.base_url] if isinstance(g.base_url, str) else g.base_url or []
+        return stage("generate", t, ", ".join(servers), dtype="-", parts={}, options=options, device="remote",
                      counts=counts, note="an OpenAI-compatible server elsewhere"), warnings
     if vllm is not None:
         kwargs, tp = vllm

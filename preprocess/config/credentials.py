@@ -154,7 +154,19 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=MASK if parts.query else ""))
 
 
-def check_base_url(url: str | None, block: str) -> None:
+def check_base_url(url: str | list[str] | None, block: str) -> None:
+    # A list: several servers of one model (replicas.py), each checked; none twice (a server
+    # listed twice would get twice the share of the window, which is never what was meant).
+    if isinstance(url, list):
+        if not url:
+            raise ValueError(f"{block}.base_url is an empty list: give one server root (.../v1) or several.")
+        twice = sorted({u for u in url if url.count(u) > 1})
+        if twice:
+            raise ValueError(f"{block}.base_url lists {[redact_url(u) for u in twice]} more than once: list each "
+                             "server once.")
+        for u in url:
+            check_base_url(u, block)
+        return
     # Credentials in the URL would be written wherever the URL is (errors, logs, manifest,
     # summary, config dump): refuse them; the key goes in an environment variable. A query
     # string (`?api_key=...`) is refused too: requests append their route to base_url, after it.

@@ -114,8 +114,10 @@ class GenerateConfig(StrictConfig):
         description="Model path or served model name (with serve: the path served, a full model or a "
         "PEFT adapter). Defaults to the policy (base_model) path.",
     )
-    base_url: str | None = Field(
-        None, description="openai backend: server root, e.g. http://127.0.0.1:8000/v1."
+    base_url: str | list[str] | None = Field(
+        None, description="openai backend: server root, e.g. http://127.0.0.1:8000/v1; or a list of "
+        "servers (replicas serving the same model): requests are spread over them, and those of a "
+        "server that fails are sent to the others.",
     )
     serve: ServeConfig | None = Field(
         None,
@@ -165,6 +167,13 @@ class GenerateConfig(StrictConfig):
         "POFE checks the server's prompt token count and refuses one that added a token (a second BOS).",
     )
     batch_size: BatchSize = 8
+    in_flight: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="vllm / openai: prompts in flight for the whole stage, across shard boundaries (each "
+        "with num_candidates samples); finished shards are written as they complete. None: vllm, the "
+        "engine's max_num_seqs; openai with serve, the command's --max-num-seqs (else vLLM's default, "
+        "256); openai with base_url, batch_size per server.",
+    )
     request_timeout: float = Field(
         120.0, gt=0.0, le=3600.0, description="openai: seconds per try, connect to last byte."
     )
@@ -179,6 +188,12 @@ class GenerateConfig(StrictConfig):
         "pofe.candidates.num_workers, each worker takes a group of tensor x pipeline GPUs); "
         "data_parallel_size is refused: set pofe.candidates.num_workers (one engine per worker).",
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, url: str | list[str] | None) -> str | list[str] | None:
+        check_base_url(url, "generate")  # before the backend's checks: an empty list is not "no server"
+        return url
 
     @model_validator(mode="after")
     def _check(self) -> GenerateConfig:
@@ -223,7 +238,6 @@ class GenerateConfig(StrictConfig):
                 "diverse_beam for distinct greedy-like candidates, or set num_candidates: 1."
             )
         check_key_env(self.api_key_env, "generate")
-        check_base_url(self.base_url, "generate")
         return self
 
     def for_method(self, method: str) -> GenerateConfig:

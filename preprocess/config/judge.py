@@ -6,7 +6,7 @@ import math
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import StrictConfig
 from .credentials import check_base_url, check_key_env
@@ -115,7 +115,9 @@ class JudgeConfig(StrictConfig):
     model: str | None = Field(
         None, description="reward_model / pairrm: local path or hub id; llm judges: served model name."
     )
-    base_url: str | None = Field(None, description="llm judges: OpenAI-compatible server root (.../v1).")
+    base_url: str | list[str] | None = Field(
+        None, description="llm judges: OpenAI-compatible server root (.../v1), or a list of servers of one model "
+        "(requests spread over them; a failed server's are sent to the others).")
     api_key_env: str | None = Field(None, description="Name of the env var holding the API key.")
     rubric: str | None = Field(
         None,
@@ -190,6 +192,12 @@ class JudgeConfig(StrictConfig):
                                  f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}"
                                  f"{' with reward_funcs' if self.reward_funcs else ''}; remove it.")
 
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, url: str | list[str] | None) -> str | list[str] | None:
+        check_base_url(url, "judge")  # before the type's checks: an empty list is not "no server"
+        return url
+
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
         self._check_functions()
@@ -219,7 +227,6 @@ class JudgeConfig(StrictConfig):
         if not lo < hi:
             raise ValueError(f"judge.score_range must be (low, high) with low < high, got {self.score_range}.")
         check_key_env(self.api_key_env, "judge")
-        check_base_url(self.base_url, "judge")
         return self
 
     def _check_functions(self) -> None:

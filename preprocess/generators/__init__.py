@@ -33,16 +33,17 @@ def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdi
 
         return TransformersGenerator(model, batch_size=cfg.batch_size, tokenizer=tokenizer)
     if cfg.backend == "openai":
-        from ..openai_client import OpenAIClient
+        from ..replicas import base_urls, client_for
         from .openai import OpenAIGenerator
 
-        return OpenAIGenerator(
-            OpenAIClient.from_config(cfg), model, concurrency=cfg.batch_size, prompt_as=cfg.openai_prompt
-        )
+        # the stage's window: as set, else batch_size per server (a server's capacity is not
+        # discoverable through the OpenAI API)
+        window = cfg.in_flight or cfg.batch_size * len(base_urls(cfg.base_url))
+        return OpenAIGenerator(client_for(cfg), model, concurrency=window, prompt_as=cfg.openai_prompt)
     if cfg.backend == "vllm":
         from .vllm import VLLMGenerator
 
-        return VLLMGenerator(model, seed=cfg.seed, **cfg.vllm_kwargs)
+        return VLLMGenerator(model, in_flight=cfg.in_flight, seed=cfg.seed, **cfg.vllm_kwargs)
     raise ValueError(f"unknown generate.backend {cfg.backend!r}")
 
 

@@ -13,49 +13,71 @@ asks for the sampled ids, which training then scores instead of re-tokenising th
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ..config import Sampling
 from ..openai_client import EndpointError, OpenAIClient
 from ..render import Rendered
 from .base import Completion, check_prompt_seen
+from .stream import Finished, ShardJob, one_job, run_window
 
 
 class OpenAIGenerator:
-    """Reproducibility: prompt i of a call is sent with `seed = sampling.seed + i` (servers that
-    honour `seed`, such as vLLM, then return the same samples)."""
+    """Reproducibility: prompt i of a call (of a job) is sent with `seed = sampling.seed + i`
+    (servers that honour `seed`, such as vLLM, then return the same samples, whatever else
+    they run at the time)."""
 
     name = "openai"
 
     def __init__(self, client: OpenAIClient, model: str, *, concurrency: int = 8, prompt_as: str = "token_ids"):
         self.client = client
         self.model = model
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # requests in flight for the whole stage (one per prompt)
         self.prompt_as = prompt_as
 
     def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[str]]:
         """prompts: P rendered prompts -> P lists of n candidates (order preserved)."""
-        if sampling.strategy != "sample":
-            raise ValueError(
-                f"the openai backend supports strategy 'sample' only, got {sampling.strategy!r}"
+        return one_job(self.generate_stream, prompts, n, sampling)
+
+    def generate_stream(self, jobs: Iterable[ShardJob], n: int) -> Iterator[tuple[int, list[list[str]]]]:
+        """Each job's candidates as soon as its last prompt's request answered, `concurrency`
+        requests in flight across shard boundaries (the next shard's flow while the last of one
+        finish)."""
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            running: set[Future] = set()
+
+            def submit(job: ShardJob, i: int) -> None:
+                if job.sampling.strategy != "sample":
+                    raise ValueError(
+                        f"the openai backend supports strategy 'sample' only, got {job.sampling.strategy!r}"
+                    )
+                running.add(pool.submit(lambda: (job.key, i, self._one(job.prompts[i], i, n, job.sampling))))
+
+            def wait_some() -> list[Finished]:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                running.difference_update(done)
+                return [f.result() for f in done]  # the first failure stops the stage
+
+            try:
+                yield from run_window(jobs, self.concurrency, submit, wait_some)
+            finally:
+                for f in running:  # stopped early: requests not yet sent are not sent
+                    f.cancel()
+
+    def _one(self, prompt: Rendered, i: int, n: int, sampling: Sampling) -> list[str]:
+        choices, usage = self._request(self._payload(prompt, n, sampling, sampling.seed + i))
+        if len(choices) != n:
+            raise EndpointError(
+                f"{self.client.base_url}/completions",
+                f"asked for n={n} completions, got {len(choices)}",
+                1,
+                "The server must honour the completions API's `n` (vLLM does); check base_url.",
             )
-
-        def one(i: int) -> list[str]:
-            choices, usage = self._request(self._payload(prompts[i], n, sampling, sampling.seed + i))
-            if len(choices) != n:
-                raise EndpointError(
-                    f"{self.client.base_url}/completions",
-                    f"asked for n={n} completions, got {len(choices)}",
-                    1,
-                    "The server must honour the completions API's `n` (vLLM does); check base_url.",
-                )
-            self._check_prompt(prompts[i].ids, choices, usage, i)
-            # finish_reason: "stop" or "length", the completions API's values (unknown if absent)
-            return [Completion(c["text"], c["finish_reason"], c.get("token_ids")) if c.get("finish_reason")
-                    else c["text"] for c in choices]
-
-        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            return list(pool.map(one, range(len(prompts))))
+        self._check_prompt(prompt.ids, choices, usage, i)
+        # finish_reason: "stop" or "length", the completions API's values (unknown if absent)
+        return [Completion(c["text"], c["finish_reason"], c.get("token_ids")) if c.get("finish_reason")
+                else c["text"] for c in choices]
 
     def _payload(self, prompt: Rendered, n: int, sampling: Sampling, seed: int) -> dict:
         payload = {

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from ..openai_client import EndpointError, OpenAIClient, status_hint
 from ..render import Rendered
 from .adapters import max_lora_rank, read_adapter
 from .openai import OpenAIGenerator
+from .stream import ShardJob, one_job
 
 LOG_NAME = "server.log"
 
@@ -73,6 +75,23 @@ def lora_arguments(name: str, adapter_path: str, rank: int) -> list[str]:
     args = ["--enable-lora", "--lora-modules", json.dumps({"name": name, "path": str(adapter_path)})]
     rank = max_lora_rank(rank, adapter_path)
     return args if rank is None else [*args, "--max-lora-rank", str(rank)]
+
+
+# vLLM's max_num_seqs when the command does not set it (its LLM class's and CPU server's default)
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+
+
+def served_capacity(command: list[str]) -> int:
+    """Prompts to keep in flight on a served policy: the command's `--max-num-seqs` (vLLM's
+    sequences per batch), else vLLM's default. One per sequence slot, not slots / n: a prompt
+    whose n samples end at different lengths holds fewer slots than n near its end, and the
+    server queues what it cannot run yet, at no cost."""
+    for k, word in enumerate(command):
+        value = word.partition("=")[2] if word.startswith("--max-num-seqs=") else (
+            command[k + 1] if word == "--max-num-seqs" and k + 1 < len(command) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return VLLM_DEFAULT_MAX_NUM_SEQS
 
 
 def render_command(template: str, values: dict[str, str], lora_args: list[str]) -> list[str]:
@@ -259,18 +278,23 @@ class ServedGenerator:
             self.server.stop()
             raise
         client_cfg = cfg.model_copy(update={"base_url": base_url})
-        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name, concurrency=cfg.batch_size,
-                                     prompt_as=cfg.openai_prompt)
+        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name,
+                                     concurrency=cfg.in_flight or served_capacity(command), prompt_as=cfg.openai_prompt)
 
     @property
     def client(self) -> OpenAIClient:
         return self.inner.client  # its request counts go to summary.json
 
     def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[str]]:
+        return one_job(self.generate_stream, prompts, n, sampling)
+
+    def generate_stream(self, jobs: Iterable[ShardJob], n: int) -> Iterator[tuple[int, list[list[str]]]]:
+        """The inner backend's stream (one window for the stage); a server that exited is
+        named with its log's last lines."""
         if self.server.exit_code is not None:
             raise ServerExited(self.server.describe("exited before this batch") + _RESUME_HINT)
         try:
-            return self.inner.generate(prompts, n, sampling)
+            yield from self.inner.generate_stream(jobs, n)
         except EndpointError as e:
             if self.server.exit_code is None:
                 raise

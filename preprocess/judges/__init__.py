@@ -47,12 +47,12 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             score_output=cfg.score_output, score_index=cfg.score_index,
         )
     if cfg.type in ("llm", "pairwise_llm"):
-        from ..openai_client import OpenAIClient
+        from ..replicas import client_for
         from .llm import LLMRubricJudge
         from .pairwise import PairwiseLLMJudge
 
         cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
-        return cls(OpenAIClient.from_config(cfg), cfg)
+        return cls(client_for(cfg), cfg)
     if cfg.type == "pairrm":
         from .pairrm import PairRMJudge
 

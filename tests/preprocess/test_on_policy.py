@@ -3,9 +3,6 @@ SPPO's anchor is computed from."""
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 import torch
 from axolotl.utils.dict import DictDefault
@@ -76,30 +73,3 @@ def test_sampling_policy_scores_as_the_anchor(tiny_policy, adapter):
     with anchor.disable_adapter():
         assert abs(sampled - _logps(anchor, prompt_ids, response_ids)) > 1e-3
 
-
-def test_vllm_backend_puts_the_adapter_on_its_base(tiny_policy, adapter, monkeypatch):
-    """vllm.LLM gets the base with enable_lora, and every request the adapter (vLLM itself is
-    not in this venv: a stand-in records the calls)."""
-    calls = {}
-
-    class LLM:
-        def __init__(self, **kw):
-            calls["llm"] = kw
-
-        def generate(self, prompts, params, use_tqdm, lora_request):
-            calls["lora_request"] = lora_request
-            return []
-
-    class LoRARequest:
-        def __init__(self, name, id_, path):
-            self.args = (name, id_, path)
-
-    vllm = types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw)
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
-    monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(LoRARequest=LoRARequest))
-    cfg = GenerateConfig(backend="vllm", num_candidates=2)
-    generator = make_generator(cfg, str(adapter))
-    generator.generate([], 2, cfg.sampling())
-    assert calls["llm"]["model"] == str(tiny_policy) and calls["llm"]["enable_lora"] is True
-    assert calls["lora_request"].args == ("policy", 1, str(adapter))

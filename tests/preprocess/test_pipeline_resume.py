@@ -55,17 +55,25 @@ def test_kill_and_resume_matches_uninterrupted(tiny_policy, tmp_path, method):
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     _run_to_end(ref, tiny_policy, method)
 
-    # Kill 1: during generation (2 of 6 shards written).
+    # Kill 1: during generation (shard 1 written; the generator streams 3 prompts in flight
+    # across shards, so later shards were in flight and are lost with the kill).
+    requested = Path(f"{resumed}.requested")  # the shards each run handed the generator
     p = _start(resumed, tiny_policy, method)
     _kill_when(p, resumed / "generate" / "shard-00001.jsonl")
     assert not (resumed / "generate" / "shard-00005.jsonl").exists(), "kill landed after the generate stage"
-    # Kill 2: during judging.
+    written = {int(f.stem.split("-")[1]) for f in (resumed / "generate").glob("shard-*.jsonl")}
+    first_run = [int(x) for x in requested.read_text().split()]
+    assert set(first_run) - written, "no shard was in flight past the written ones: nothing streamed"
+    # Kill 2: during judging. This run asked for exactly the shards missing when it started.
     p = _start(resumed, tiny_policy, method)
     _kill_when(p, resumed / "judge" / "shard-00002.jsonl")
     assert not (resumed / "judge" / "shard-00005.jsonl").exists(), "kill landed after the judge stage"
     assert not (resumed / "data.jsonl").exists()
-    # Finish.
+    second_run = [int(x) for x in requested.read_text().split()][len(first_run):]
+    assert sorted(second_run) == sorted(set(range(6)) - written)
+    # Finish (generation complete: nothing asked of the generator).
     _run_to_end(resumed, tiny_policy, method)
+    assert len(requested.read_text().split()) == len(first_run) + len(second_run)
 
     assert (resumed / "data.jsonl").read_bytes() == (ref / "data.jsonl").read_bytes()
     lines = (ref / "data.jsonl").read_text().splitlines()

@@ -41,8 +41,11 @@ JUDGE = JudgeConfig(type="python", function="tests.preprocess.test_served:length
 
 
 def _served(vllm_python, **kw) -> GenerateConfig:
-    settings = dict(num_candidates=3, max_new_tokens=8, temperature=1.0, seed=3, dedupe=False,
-                    batch_size=1)  # one request at a time: the server batches nothing across prompts
+    # in_flight 1: one request at a time (a served window is otherwise the server's max_num_seqs,
+    # all 8 prompts here). The server then batches nothing across prompts, so what it batched cannot
+    # change the samples, and a kill once shard 1 is written (within the watcher's 10 ms poll) lands
+    # while shard 2's request runs (60-300 ms on 2 busy cores), not after the last answer.
+    settings = dict(num_candidates=3, max_new_tokens=8, temperature=1.0, seed=3, dedupe=False, in_flight=1)
     return GenerateConfig(backend="openai", serve={"command": vllm_cpu_command(vllm_python), "env": VLLM_CPU_ENV,
                                                    "ready_timeout": 300, "stop_timeout": 20}, **{**settings, **kw})
 

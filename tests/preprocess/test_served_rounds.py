@@ -40,7 +40,7 @@ def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
     recipe = write_recipe(tmp_path, tiny_model, "rrhf")
     raw = yaml.safe_load(recipe.read_text())
     # one request at a time: what vLLM batches together changes its float sums, so the samples
-    raw["pofe"]["generate"].update(backend="openai", serve=_serve_block(vllm_python), batch_size=1)
+    raw["pofe"]["generate"].update(backend="openai", serve=_serve_block(vllm_python), in_flight=1)
     recipe.write_text(yaml.safe_dump(raw))
     run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet")
 

@@ -79,15 +79,11 @@ def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
     import subprocess
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
-    # the package as pyproject maps it (plugin/ -> pofe, preprocess/ -> pofe.preprocess), no install
-    shim = tmp_path / "shim" / "pofe"
-    shim.mkdir(parents=True)
-    for entry in (repo / "plugin").iterdir():
-        (shim / entry.name).symlink_to(entry)
-    (shim / "preprocess").symlink_to(repo / "preprocess", target_is_directory=True)
+    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+
+    shim = pofe_shim(tmp_path / "shim", Path(__file__).resolve().parents[2])
     out = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(shim.parent), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run(
         [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
         env=env, capture_output=True, text=True, timeout=900,
@@ -101,6 +97,19 @@ def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
     res = _run_inprocess(vllm_python, tiny_policy, tmp_path)
     assert [len(c) for c in res["a"]] == [3, 3]
     assert res["a"] == res["b"]  # per-prompt seeds
+
+
+def test_inprocess_vllm_keeps_later_shards_in_the_engine(vllm_python, tiny_policy, tmp_path):
+    """generate_stream with 3 prompts in flight over 3 shards of 2 (at most 24, 8 and 24 new
+    tokens): shards 0 and 1 start together, shard 1 comes out first while shard 0 is still in
+    the engine, shard 2 flows in as shard 1 leaves and ends last; every shard is whole and equal
+    to the shard generated alone (per-prompt seeds: what else ran does not matter)."""
+    res = _run_inprocess(vllm_python, tiny_policy, tmp_path, "stream")
+    assert res["streamed"] == res["alone"]
+    assert all(len(shard) == 2 and all(len(row) == 3 for row in shard) for shard in res["streamed"])
+    assert res["order"] == [1, 0, 2]
+    # the engine still held prompts of other shards when shards 1 and 0 came out
+    assert res["held"][0] > 0 and res["held"][1] > 0 and res["held"][2] == 0, res["held"]
 
 
 def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_path):

@@ -1,0 +1,60 @@
+"""The generate stage: the missing shards' prompts to the backend as one stream, each shard
+written atomically the moment its last prompt finishes (generators/stream.py).
+
+Shards are rendered lazily, as the backend's window takes them; a shard that finishes is
+written (pofe.files) and read back before the next is counted done, so a kill at any point
+leaves only whole shards, and a resume renders and requests only the missing ones. Seeds are
+per shard (`seed + shard * SHARD_SEED_STRIDE`) and per prompt within it, so what a shard holds
+does not depend on which other shards were in the engine with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pofe.files import write_jsonl_atomic
+
+from .generators import Generator, make_generator
+from .generators.hf import load_tokenizer
+from .generators.stream import ShardJob, stream_shards
+from .shards import read_shard, shard_path
+from .stages import StagePlan, close_generator, render_shard, shard_rows
+
+SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
+
+
+def generate_missing(plan: StagePlan, todo: list[int], shards: list, generator: Generator | None, tokenizer,
+                     workdir: Path, bar) -> Generator | None:
+    """Generate shards `todo` into `shards` (each as read back from its file), updating `bar`
+    per shard; the generator used (built here when None and a shard is missing, and then
+    closed if the stage fails)."""
+    if not todo:
+        return generator
+    cfg, size = plan.generate, plan.candidates.shard_size
+    passed = generator
+    try:
+        if generator is None:
+            generator = make_generator(cfg, plan.policy_path, tokenizer, workdir=workdir)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(plan.policy_path)
+        rendered: dict[int, list] = {}
+
+        def jobs():
+            for s in todo:
+                rendered[s] = render_shard(plan.rows[s * size:(s + 1) * size], tokenizer, cfg, plan.prompt_column)
+                sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
+                yield ShardJob(s, [r for r in rendered[s] if r.text is not None], sampling)
+
+        for s, gen in stream_shards(generator, jobs(), cfg.num_candidates):
+            path = shard_path(plan.gen_dir, s)
+            out_rows = shard_rows(plan.rows[s * size:(s + 1) * size], s * size, rendered.pop(s), gen, generator,
+                                  tokenizer, cfg, plan.prompt_column, plan.candidates.truncated, shard=path)
+            write_jsonl_atomic(path, out_rows)
+            shards[s] = read_shard(path)
+            bar.update(len(out_rows))
+    except BaseException:
+        if generator is not None and generator is not passed:
+            close_generator(generator)  # a served policy's server stops with its failed stage too
+        raise
+    return generator

@@ -1,0 +1,154 @@
+"""The stage-wide in-flight window (generators/stream.py) and several servers behind one
+client (replicas.py), without a model: scripted engines and fake HTTP servers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.generators import make_generator
+from pofe.preprocess.generators.openai import OpenAIGenerator
+from pofe.preprocess.generators.served import VLLM_DEFAULT_MAX_NUM_SEQS, served_capacity
+from pofe.preprocess.generators.stream import ShardJob, run_window
+from pofe.preprocess.openai_client import EndpointError
+from pofe.preprocess.render import Rendered
+from pofe.preprocess.replicas import ReplicaClient, client_for
+from tests.preprocess.test_openai_endpoint import FakeServer, _client, completions_ok
+
+
+def _jobs(sizes, seed=0):
+    sampling = GenerateConfig(num_candidates=2, seed=seed).sampling()
+    return [ShardJob(s, [Rendered(f"p{s}.{i}", 2, ids=[s, i]) for i in range(k)], sampling)
+            for s, k in enumerate(sizes)]
+
+
+class ScriptedEngine:
+    """An engine whose prompt (shard, i) takes `steps[shard][i]` steps; one step per wait()."""
+
+    def __init__(self, steps):
+        self.steps, self.clock, self.running, self.log = steps, 0, {}, []
+
+    def submit(self, job, i):
+        self.running[(job.key, i)] = self.clock + self.steps[job.key][i]
+        self.log.append(("submit", job.key, i, self.clock))
+
+    def wait(self):
+        self.clock += 1
+        done = sorted(k for k, t in self.running.items() if t <= self.clock)
+        for k in done:
+            del self.running[k]
+        return [(s, i, [f"c{s}.{i}"]) for s, i in done]
+
+
+def test_window_tops_up_from_later_shards_and_yields_each_shard_when_its_last_prompt_ends():
+    # shard 0 has a long tail (prompt 1: 10 steps); window 3: shards 0 and 1 enter at once
+    # (2 < 3 prompts after shard 0), shard 2 when shard 1 ends at step 2 (1 left in flight),
+    # all while 0.1 still runs
+    engine = ScriptedEngine({0: [1, 10], 1: [2, 2], 2: [1]})
+    out = list(run_window(_jobs([2, 2, 1]), 3, engine.submit, engine.wait))
+    assert [k for k, _ in out] == [1, 2, 0]
+    assert dict(out) == {0: [["c0.0"], ["c0.1"]], 1: [["c1.0"], ["c1.1"]], 2: [["c2.0"]]}
+    submitted_at = {(s, i): t for _, s, i, t in engine.log}
+    assert submitted_at == {(0, 0): 0, (0, 1): 0, (1, 0): 0, (1, 1): 0, (2, 0): 2}
+    assert engine.clock == 10  # the tail alone sets the end: nothing waited for shard 0 to drain
+
+
+def test_window_of_one_shard_at_a_time_and_empty_shards():
+    engine = ScriptedEngine({0: [3], 2: [1]})
+    jobs = _jobs([1, 0, 1])
+    out = list(run_window(jobs, 1, engine.submit, engine.wait))
+    assert out == [(0, [["c0.0"]]), (1, []), (2, [["c2.0"]])]
+    assert [t for *_, t in engine.log] == [0, 3]  # window 1: shard 2 only after shard 0
+    with pytest.raises(ValueError, match="at least 1 prompt"):
+        list(run_window(jobs, 0, engine.submit, engine.wait))
+
+
+def test_openai_stream_keeps_the_window_full_across_shards():
+    """Shard 0's prompt 0 is slow: with a window of 3, shard 1's requests are sent while it
+    runs, and shard 1 comes out first; the candidates are those of each shard alone."""
+    started = []
+
+    def slow_first(path, body, attempt):
+        started.append(tuple(body["prompt"]))
+        status, text, _ = completions_ok(path, body, attempt)
+        return status, text, 0.6 if body["prompt"] == [0, 0] else 0.05
+
+    with FakeServer(slow_first) as srv:
+        gen = OpenAIGenerator(_client(srv.url), "m", concurrency=3)
+        jobs = _jobs([2, 2], seed=7)
+        out = list(gen.generate_stream(jobs, 2))
+        alone = [gen.generate(j.prompts, 2, j.sampling) for j in jobs]
+    assert [k for k, _ in out] == [1, 0]
+    assert dict(out) == {0: alone[0], 1: alone[1]}
+    assert set(started[:4]) == {(0, 0), (0, 1), (1, 0), (1, 1)}  # all four sent before 0.0 answered
+
+
+def test_base_url_lists_are_checked():
+    cfg = GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"])
+    assert cfg.base_url == ["http://a:1/v1", "http://b:2/v1"]
+    with pytest.raises(ValueError, match="empty list"):
+        GenerateConfig(backend="openai", base_url=[])
+    with pytest.raises(ValueError, match="more than once"):
+        GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://a:1/v1"])
+    with pytest.raises(ValueError, match="credentials"):
+        JudgeConfig(type="llm", base_url=["http://a:1/v1", "http://u:p@b:2/v1"], rubric="{response}")
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        GenerateConfig(in_flight=0)
+
+
+def test_served_capacity_reads_max_num_seqs():
+    assert served_capacity(["vllm", "serve", "m", "--max-num-seqs", "48"]) == 48
+    assert served_capacity(["vllm", "serve", "m", "--max-num-seqs=12"]) == 12
+    assert served_capacity(["vllm", "serve", "m"]) == VLLM_DEFAULT_MAX_NUM_SEQS
+
+
+def test_window_defaults_to_batch_size_per_server():
+    cfg = GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"], batch_size=5)
+    gen = make_generator(cfg, "m")
+    assert gen.concurrency == 10 and isinstance(gen.client, ReplicaClient)
+    assert make_generator(cfg.model_copy(update={"in_flight": 64}), "m").concurrency == 64
+
+
+def test_a_dead_server_s_requests_go_to_the_others_and_samples_do_not_change():
+    """Two servers, one of which is gone: every prompt is answered by the live one, with the
+    candidates one live server alone gives (the seed travels with the request)."""
+    with FakeServer(completions_ok) as gone:
+        dead_url = gone.url  # closed on leaving: connections are refused
+    with FakeServer(completions_ok) as live:
+        client = ReplicaClient([_client(dead_url, max_retries=1), _client(live.url)])
+        jobs = _jobs([3, 2], seed=11)
+        both = dict(OpenAIGenerator(client, "m", concurrency=4).generate_stream(jobs, 2))
+        one = dict(OpenAIGenerator(_client(live.url), "m", concurrency=4).generate_stream(jobs, 2))
+    assert both == one and sorted(both) == [0, 1]
+    assert client.dead == {0}
+    assert client.stats.failures >= 1 and client.stats.retries >= 1  # the dead one's, counted for the stage
+
+
+def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
+    seen = {0: 0, 1: 0}
+    lock = threading.Lock()
+
+    def counting(k):
+        def behaviour(path, body, attempt):
+            with lock:
+                seen[k] += 1
+            time.sleep(0.05)
+            return completions_ok(path, body, attempt)
+        return behaviour
+
+    with FakeServer(counting(0)) as a, FakeServer(counting(1)) as b:
+        client = client_for(GenerateConfig(backend="openai", base_url=[a.url, b.url], max_retries=0))
+        list(OpenAIGenerator(client, "m", concurrency=4).generate_stream(_jobs([4, 4]), 2))
+    assert seen[0] + seen[1] == 8 and min(seen.values()) >= 3, seen
+
+    bad = FakeServer(lambda path, body, attempt: (400, json.dumps({"error": "bad"}), 0.0))
+    with bad, FakeServer(completions_ok) as ok:
+        client = ReplicaClient([_client(bad.url), _client(ok.url)])
+        client.busy = [0, 1]  # the bad one is picked first
+        with pytest.raises(EndpointError, match="HTTP 400"):
+            client.completions({"n": 1})
+    assert client.dead == set()
