@@ -2,7 +2,8 @@
 
 Replicas on other nodes (or the ranks of a data-parallel deployment, each with its own URL)
 share the stage's in-flight window: each request goes to the live server with the fewest
-requests in flight. A request that fails on a server in a way a retry could fix, after that
+requests in flight, ties taken in turn (so requests sent one at a time still use every server,
+and a server that died between requests is found). A request that fails on a server in a way a retry could fix, after that
 server's own retries (unreachable, timing out, HTTP 5xx: `EndpointError.transient`), marks the
 server dead for the rest of the stage and is sent to another; only when none is left does the
 stage stop. Any other failure (a 4xx: the request itself is wrong) stops it at once, as with
@@ -52,6 +53,7 @@ class ReplicaClient(OpenAIClient):
             c.stats = self.stats  # one count of requests, retries and failures for the stage
         self.busy = [0] * len(clients)
         self.dead: set[int] = set()
+        self._next = 0  # where the next tie-break starts: the server after the last one picked
         self._lock = threading.Lock()
 
     def _pick(self) -> int | None:
@@ -59,8 +61,10 @@ class ReplicaClient(OpenAIClient):
             live = [k for k in range(len(self.clients)) if k not in self.dead]
             if not live:
                 return None
-            k = min(live, key=lambda j: self.busy[j])
+            n = len(self.clients)
+            k = min(live, key=lambda j: (self.busy[j], (j - self._next) % n))
             self.busy[k] += 1
+            self._next = (k + 1) % n
             return k
 
     def post(self, route: str, payload: dict) -> dict:

@@ -145,6 +145,13 @@ def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
         list(OpenAIGenerator(client, "m", concurrency=4).generate_stream(_jobs([4, 4]), 2))
     assert seen[0] + seen[1] == 8 and min(seen.values()) >= 3, seen
 
+    # one request at a time (every server idle at each pick): ties go round, 4 and 4, not 8 and 0
+    seen.update({0: 0, 1: 0})
+    with FakeServer(counting(0)) as a, FakeServer(counting(1)) as b:
+        client = client_for(GenerateConfig(backend="openai", base_url=[a.url, b.url], max_retries=0))
+        list(OpenAIGenerator(client, "m", concurrency=1).generate_stream(_jobs([4, 4]), 2))
+    assert seen == {0: 4, 1: 4}
+
     bad = FakeServer(lambda path, body, attempt: (400, json.dumps({"error": "bad"}), 0.0))
     with bad, FakeServer(completions_ok) as ok:
         client = ReplicaClient([_client(bad.url), _client(ok.url)])

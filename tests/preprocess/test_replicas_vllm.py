@@ -68,8 +68,10 @@ def test_two_servers_give_one_server_s_data(vllm_server, second_server, tiny_pol
 
 def test_a_server_killed_mid_stage_loses_nothing(vllm_server, second_server, tiny_policy, one_server_data, tmp_path,
                                                  monkeypatch):
-    """The second server is SIGKILLed when the first shard is written, with the window's other
-    prompts in flight on both: every prompt is still answered, and data.jsonl is unchanged."""
+    """The second server is SIGKILLed when the first shard is written: every prompt is still
+    answered, and data.jsonl is unchanged. At least two shards' requests are sent after the kill
+    (a window of 4 holds two of the four shards), and ties between idle servers go in turn, so
+    the dead server is picked and found whatever was still in flight when it died."""
     base, model = vllm_server
     write, writes = generate_stage.write_jsonl_atomic, []
 
