@@ -336,7 +336,7 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     its peak memory, and both eval files record them under `peak_memory`."""
     import weakref
 
-    from pofe.run import evaluation
+    from pofe.run import eval_sampler, evaluation
 
     layout, _, _ = _held_out_run(headline_run, tmp_path)
     loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
@@ -350,7 +350,8 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
         at_build.append((cfg.type, len(loaded), [ref() is None for ref in loaded]))
         return make_judge(cfg)
 
-    monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
+    monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)  # the KL pass's pi_0
+    monkeypatch.setattr(eval_sampler, "load_policy", recording_load_policy)  # each model's
     monkeypatch.setattr(evaluation, "make_judge", checking_make_judge)
     echoed = []
     evaluation.evaluate_run(tmp_path / "eval.yml", echo=echoed.append)
@@ -379,7 +380,7 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
 
     from safetensors.torch import load_file, save_file
 
-    from pofe.run import evaluation
+    from pofe.run import eval_sampler, evaluation
 
     layout, recipe, _ = _held_out_run(headline_run, tmp_path)
     recipe["pofe"]["eval"]["train_prompts"] = 4
@@ -406,6 +407,7 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
         return {**out, "samples": _jsonl(layout.eval_dir / "samples.jsonl")}
 
     monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
+    monkeypatch.setattr(eval_sampler, "load_policy", recording_load_policy)
     first = evaluate()
     assert loaded == [pi_0, pi_1, pi_2, pi_0]
     assert evaluate() == first and loaded == [pi_0]

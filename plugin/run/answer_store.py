@@ -54,22 +54,6 @@ def answers_from_json(name: str, path: str, value: dict) -> ModelAnswers:
                         perplexity=value["perplexity"])
 
 
-class LazyPolicy:
-    """A model loaded on its first call, by `load(path)`; `loaded` tells whether it was."""
-
-    def __init__(self, path: str, load: Callable[[str], Any]):
-        self.path, self.load, self.model = path, load, None
-
-    @property
-    def loaded(self) -> bool:
-        return self.model is not None
-
-    def __call__(self):
-        if self.model is None:
-            self.model = self.load(self.path)
-        return self.model
-
-
 class AnswerStore:
     """Each model's stored parts, read once per evaluation and written as parts are added."""
 

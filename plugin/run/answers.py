@@ -1,7 +1,7 @@
 """Evaluation's answers: what a loaded policy gives the held-out part (`pofe.run.evaluation`).
 
-Each model's samples on the held-out prompts (the same seeds for every model, through the one
-generation loop, `pofe.preprocess.generators.hf.sample_responses`), their summed log-probs
+Each model's samples on the held-out prompts (the same seeds for every model, from the
+sampler `pofe.run.eval_sampler` chose: the rounds' vLLM engine, or `model.generate`), their summed log-probs
 under the model (`pofe.scoring.response_logps`), its perplexity of the reference responses,
 and pi_0's log-probs of every model's samples (the KL estimate). Each function takes a model
 its caller loaded; evaluation loads one at a time and frees it before the next, and builds
@@ -17,7 +17,7 @@ import torch
 
 from pofe.layout import IGNORE_INDEX
 from pofe.preprocess.config import Sampling
-from pofe.preprocess.generators.hf import Sample, sample_responses
+from pofe.preprocess.generators.hf import Sample
 from pofe.scoring import response_logps
 
 from .config import EvalConfig
@@ -105,11 +105,10 @@ def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
     return math.exp(nll / sum(len(r) for _, r in pairs))
 
 
-def answer(model, name: str, path: str, tokenizer, held_out: HeldOut, ecfg: EvalConfig) -> ModelAnswers:
-    """One model's held-out samples (the same seeds for every model) with their log-probs,
-    and its reference perplexity."""
-    samples = sample_responses(model, tokenizer, held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg),
-                               batch_size=ecfg.batch_size)
+def answer(model, name: str, path: str, samples: list[list[Sample]], held_out: HeldOut,
+           ecfg: EvalConfig) -> ModelAnswers:
+    """One model's held-out samples (sampled with the same seeds for every model,
+    `pofe.run.eval_sampler`) with their log-probs under `model`, and its reference perplexity."""
     flat = [s for row in samples for s in row]
     logps = sequence_logps(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], ecfg.batch_size)
     return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, held_out.references, ecfg.batch_size))

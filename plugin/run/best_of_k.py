@@ -8,8 +8,9 @@ round's decoding (`pofe.generate`'s temperature, top_p, max_new_tokens; the roun
 `generate.seed + t - 1`), for evaluation only (never trained on). The recipe's scalar judge
 scores them; per round: their mean, their best-of-k (mean over prompts of the best reward),
 beside pi_t's mean held-out reward (at `pofe.eval`'s decoding). Only the policy's own samples
-count (not `include_dataset_responses`), and they come from the transformers backend
-whatever the rounds generated with. A pairwise judge gives no scalar reward: no entry.
+count (not `include_dataset_responses`); they come from the rounds' vLLM engine when
+evaluation samples there (`pofe.eval.backend`), else from the transformers backend. A
+pairwise judge gives no scalar reward: no entry.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pofe.preprocess.config import GenerateConfig, Sampling
-from pofe.preprocess.generators.hf import Sample, sample_responses
+from pofe.preprocess.generators.hf import Sample
 
 from .judging import scalar_scores
 from .tournament import nan_mean
@@ -29,11 +30,10 @@ def round_sampling(generate: GenerateConfig, t: int) -> Sampling:
     return replace(sampling, seed=sampling.seed + (t - 1))
 
 
-def held_out_candidates(model, tokenizer, rendered: list[str], generate: GenerateConfig, t: int,
-                        batch_size: int) -> list[list[Sample]]:
-    """Round t's K candidates on the held-out prompts from `model` (pi_{t-1}): [prompt][k]."""
-    return sample_responses(model, tokenizer, rendered, generate.num_candidates, round_sampling(generate, t),
-                            batch_size=batch_size)
+def held_out_candidates(sampler, rendered: list[str], generate: GenerateConfig, t: int) -> list[list[Sample]]:
+    """Round t's K candidates on the held-out prompts from `sampler` (pi_{t-1}'s,
+    `pofe.run.eval_sampler`): [prompt][k]."""
+    return sampler.sample(rendered, generate.num_candidates, round_sampling(generate, t))
 
 
 def best_of_k(judge, prompts: list, rendered: list[str], candidates: dict[int, list[list[Sample]]],

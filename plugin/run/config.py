@@ -146,6 +146,12 @@ class EvalConfig(BaseModel):
     )
     batch_size: BatchSize = Field(16, description="Prompts per generate/score batch.")
     seed: Seed = Field(0, description="Sampling seed (the same for every model).")
+    backend: Literal["auto", "transformers"] = Field(
+        "auto",
+        description="What samples every answer: auto = the rounds' engine when it can load each model of the "
+        "run (`pofe.generate.backend: vllm`, or `pofe.generate.serve`), else `model.generate`; transformers = "
+        "always `model.generate`. Log-probs always come from the transformers model.",
+    )
     train_prompts: int = Field(
         16,
         ge=0,

@@ -9,8 +9,8 @@ With held-out prompts (`pofe.eval.prompts`, or `held_out`: by default a slice of
 prompt pool, `pofe.run.held_out`), models: pi_0 (the policy round 1 started from) and pi_t
 (round t's trained model), read from the run's state file. Every
 model answers the same held-out prompts with the same seeds (`pofe.eval`: `num_samples`
-per prompt at `temperature`; temperature 0 = greedy), through the one generation loop
-(`pofe.preprocess.generators.hf.sample_responses`).
+per prompt at `temperature`; temperature 0 = greedy), sampled on the rounds' vLLM engine
+when the recipe generates with one, else by `model.generate` (`pofe.run.eval_sampler`).
 Then, per model:
 
 - mean reward under the recipe's judge (scalar judges), and under `pofe.eval.judge2`;
@@ -63,14 +63,13 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
 from pofe.preprocess.config import Sampling
-from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
+from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.render import render_prompt
 from pofe.preprocess.stages import free_memory
 
 from .answer_store import (
     AnswerStore,
-    LazyPolicy,
     answers_from_json,
     answers_to_json,
     model_identity,
@@ -81,6 +80,7 @@ from .answers import HeldOut, ModelAnswers, answer, held_out_sampling, reference
 from .best_of_k import best_of_k, held_out_candidates, round_sampling
 from .config import EvalConfig
 from .eval_records import sample_records, summarise
+from .eval_sampler import eval_sampler
 from .headline import (
     HEADLINE_JSON,
     headline_prompts,
@@ -174,14 +174,11 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     return skipped, on_train
 
 
-def headline_answers(run: EvalRun, model, prompts: list[dict], sampling: Sampling) -> HeadlineAnswers:
+def headline_answers(run: EvalRun, sampler, prompts: list[dict], sampling: Sampling) -> HeadlineAnswers:
     """A round's model's answers to the round's headline prompts (rendered as the pipeline
-    rendered them for the round's candidates)."""
-    ecfg = run.pcfg.eval
+    rendered them for the round's candidates), from its `pofe.run.eval_sampler`."""
     rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
-    samples = sample_responses(model, run.tokenizer, rendered, ecfg.train_samples, sampling,
-                               batch_size=ecfg.batch_size)
-    return HeadlineAnswers(prompts, rendered, samples)
+    return HeadlineAnswers(prompts, rendered, sampler.sample(rendered, run.pcfg.eval.train_samples, sampling))
 
 
 def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
@@ -276,30 +273,40 @@ class Answers:
 def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[int, list[dict]],
                 sampling: Sampling, answers: Answers, store: AnswerStore) -> bool:
     """Model m's answers added to `answers`, each part from `store` when stored under its key,
-    else from the model (loaded only then, and dropped on return); True if it was loaded."""
+    else from the model's sampler (started only then, and stopped on return); True if it was.
+    The held-out part comes last: its log-probs need the transformers model, which loads only
+    once the engine has stopped (`pofe.run.eval_sampler`)."""
     name, path = run.models[m]
     ecfg = run.pcfg.eval
-    model = LazyPolicy(path, load_policy)
-    base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size}
-    if held_out:
-        key = {**base, "prompts": held_out.rendered, "references": held_out.references,
-               "sampling": asdict(held_out_sampling(ecfg)), "num_samples": ecfg.num_samples}
-        value = store.part(name, "held_out", key, lambda: answers_to_json(
-            answer(model(), name, path, run.tokenizer, held_out, ecfg)))
-        answers.held_out.append(answers_from_json(name, path, value))
-        if m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
+    sampler = eval_sampler(run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size,
+                           run.layout.eval_dir / "engine" / name)
+    base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size,
+            "sampler": sampler.identity}
+    try:
+        if on_train.get(m):
+            key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
+            samples = store.part(name, "headline", key, lambda: samples_to_json(
+                headline_answers(run, sampler, on_train[m], sampling).samples))
+            rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
+            answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
+        if held_out and m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
             gen = run.pcfg.generate
             key = {**base, "prompts": held_out.rendered, "k": gen.num_candidates,
                    "sampling": asdict(round_sampling(gen, m + 1))}
             answers.candidates[m + 1] = samples_from_json(store.part(name, "candidates", key, lambda: samples_to_json(
-                held_out_candidates(model(), run.tokenizer, held_out.rendered, gen, m + 1, ecfg.batch_size))))
-    if on_train.get(m):
-        key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
-        samples = store.part(name, "headline", key, lambda: samples_to_json(
-            headline_answers(run, model(), on_train[m], sampling).samples))
-        rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
-        answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
-    return model.loaded
+                held_out_candidates(sampler, held_out.rendered, gen, m + 1))))
+        if held_out:
+            key = {**base, "prompts": held_out.rendered, "references": held_out.references,
+                   "sampling": asdict(held_out_sampling(ecfg)), "num_samples": ecfg.num_samples}
+
+            def held_out_answers() -> dict:
+                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg))
+                return answers_to_json(answer(sampler.scorer(), name, path, samples, held_out, ecfg))
+
+            answers.held_out.append(answers_from_json(name, path, store.part(name, "held_out", key, held_out_answers)))
+    finally:
+        sampler.release()
+    return sampler.loaded
 
 
 def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling,

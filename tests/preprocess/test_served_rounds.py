@@ -1,5 +1,6 @@
 """`axolotl pofe run`, two RRHF rounds, generating through generate.serve: each round starts
-a vLLM (CPU) server for its own policy from .venv-vllm, and stops it."""
+a vLLM (CPU) server for its own policy from .venv-vllm, and stops it; so does evaluation,
+one server per model of the run (`pofe.eval.backend: auto`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from tests.helpers import run_axolotl
-from tests.test_rounds_e2e import read_jsonl, write_recipe
+from tests.test_rounds_e2e import read_jsonl, state, write_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -65,3 +66,44 @@ def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
         return [r["candidates"] for p in sorted((d / "generate").glob("shard-*.jsonl")) for r in read_jsonl(p)]
 
     assert shards(again) == shards(run / "round-2" / "candidates")
+    _check_eval_answers_came_from_vllm(run, vllm_python, tmp_path)
+
+
+def _check_eval_answers_came_from_vllm(run: Path, vllm_python: Path, tmp_path: Path) -> None:
+    """Each model answered the held-out prompts on a server of its own; pi_1's answers are
+    those a vLLM server of pi_1 gives for the prompt's chat-templated ids with the seed
+    `pofe.eval.seed + i`, asked here directly (token ids and text), and their log-probs in
+    samples.jsonl are pi_1's (transformers) of those ids."""
+    import httpx
+    from transformers import AutoTokenizer
+
+    from pofe.preprocess.generators.hf import load_policy
+    from pofe.run.answers import sequence_logps
+    from tests.vllm_server import vllm_server
+
+    st = state(run)
+    paths = {"pi_0": st.get("pi_0", st["base_model"]), **{f"pi_{t}": r["policy_out"] for t, r in st["rounds"].items()}}
+    assert len(paths) == 3
+    for name, path in paths.items():
+        log = (run / "eval" / "engine" / name / "server.log").read_text()
+        assert log.count("=== POFE") == 1 and f"--model {path} " in log, name
+
+    ecfg = yaml.safe_load((run.parent / "recipe.yml").read_text())["pofe"]["eval"]
+    records = [r for r in read_jsonl(run / "eval" / "samples.jsonl") if r["model"] == "pi_1"]
+    prompts = [r["prompt"] for r in records if r["sample"] == 0]
+    assert len(prompts) == ecfg["held_out"] and len(records) == ecfg["held_out"] * ecfg["num_samples"]
+    tok = AutoTokenizer.from_pretrained(paths["pi_1"])
+    ids = [tok.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else p,
+                                   add_generation_prompt=True)["input_ids"] for p in prompts]
+    with vllm_server(vllm_python, paths["pi_1"], tmp_path / "direct.log") as base:
+        direct = [httpx.post(f"{base}/completions", timeout=60, json={
+            "model": paths["pi_1"], "prompt": prompt_ids, "n": ecfg["num_samples"], "max_tokens": ecfg["max_new_tokens"],
+            "temperature": 1.0, "top_p": 1.0, "seed": i, "return_token_ids": True}).json()["choices"]
+            for i, prompt_ids in enumerate(ids)]
+    direct = [sorted(choices, key=lambda c: c["index"]) for choices in direct]
+    assert [r["response"] for r in records] == [c["text"] for choices in direct for c in choices]
+    assert [r["tokens"] for r in records] == [len(c["token_ids"]) for choices in direct for c in choices]
+    pairs = [(prompt_ids, c["token_ids"]) for prompt_ids, choices in zip(ids, direct) for c in choices]
+    logps = sequence_logps(load_policy(paths["pi_1"]), [p for p, _ in pairs], [r for _, r in pairs])
+    atol = 1e-4 * max(1, max(len(r) for _, r in pairs))  # float32 sums over a few tokens, two runs of one model
+    assert [r["logp"] for r in records] == pytest.approx(logps, abs=atol)
