@@ -9,6 +9,8 @@ recipe that names its own held-out prompts (`pofe.eval.prompts`) holds out none 
 
 from __future__ import annotations
 
+import json
+
 SHARE, AT_LEAST, AT_MOST, MAX_FRACTION_OF_SMALL = 0.05, 16, 256, 5
 
 
@@ -29,3 +31,17 @@ def held_out_count(pool: int, held_out: int | None, has_own_prompts: bool) -> in
         raise ValueError(f"pofe.eval.held_out={n} leaves none of the {pool} prompts to train on: "
                          "hold out fewer (or set `held_out: 0`)")
     return n
+
+
+def without_held_out(per_round: list[list[dict]], held_rows: list[dict], column: str) -> tuple[list[list[dict]], list[int]]:
+    """Each round's rows less those whose prompt (`column`, compared as written) is a held-out
+    prompt, and how many each round lost. A round set drawn from the same pool as the
+    `datasets:` entry (the SPPO recipes read one hub set for both) would otherwise train on
+    the prompts every model is judged on."""
+    held = {_prompt_key(row, column) for row in held_rows}
+    kept = [[row for row in rows if _prompt_key(row, column) not in held] for rows in per_round]
+    return kept, [len(rows) - len(k) for rows, k in zip(per_round, kept)]
+
+
+def _prompt_key(row: dict, column: str) -> str:
+    return json.dumps(row.get(column), sort_keys=True, ensure_ascii=False)

@@ -38,7 +38,7 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 
 from .checkpoints import check_resume, record_training, resumable, training_identity
-from .held_out import held_out_count
+from .held_out import held_out_count, without_held_out
 from .layout import RunLayout, RunState, RunStateMismatch, checkpoints
 from .lock import RunLock
 from .merge import merge_command
@@ -94,7 +94,8 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
     """The `prompts` stage: write the per-round prompt files (and held-out prompts) once.
 
     `pofe.round_prompts` as a list: round t's prompts are the t-th file or dataset spec, read
-    with the `datasets:` entry's settings; that entry then only supplies the held-out rows.
+    with the `datasets:` entry's settings; that entry then only supplies the held-out rows,
+    and a round's set loses any of them it holds (`without_held_out`, counted).
     """
 
     def work() -> dict:
@@ -109,19 +110,24 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
         if isinstance(pcfg.round_prompts, list):
             mode = "files"
             per_round = load_round_prompts(entry, pcfg.round_prompts, cfg.hf_use_auth_token)
-            sizes = [[0, len(r)] for r in per_round]
         else:
             mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
             splits = split_prompts(len(train_rows), pcfg.rounds, mode)
             per_round = [[train_rows[i] for i in indices] for indices in splits]
             sizes = [[r.start, r.stop] for r in splits]
+        per_round, removed = without_held_out(per_round, held_rows, entry.get("field_prompt") or "prompt")
+        if mode == "files":
+            sizes = [[0, len(r)] for r in per_round]
         for t, round_rows in enumerate(per_round, start=1):
             write_jsonl_atomic(layout.round_prompts(t), round_rows)
         runner.state.data["prompt_mode"] = mode
         runner.state.data["rounds_planned"] = pcfg.rounds
-        trained = sum(len(r) for r in per_round) if mode == "files" else len(train_rows)
+        trained = len(per_round[0]) if mode == "all" else sum(len(r) for r in per_round)
         runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
-        return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes}
+        if any(removed):
+            runner.echo(f"prompts: removed held-out prompts from the rounds' sets (per round: {removed})")
+        return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes,
+                "held_out_removed": removed}
 
     runner.run("prompts", work)
 
