@@ -107,6 +107,21 @@ def test_config_keys():
                    judge={"type": "python", "function": "m:f"})
 
 
+def test_held_out_answers_get_the_candidates_token_budget():
+    """Unset, the held-out cap is the candidates' (a 64-token cap under 2048-token candidates, as
+    the SPPO recipes had, cut every model's answers at one length); a set cap wins; no generate
+    block: 64."""
+    from pofe.run.answers import held_out_sampling
+
+    blocks = {"generate": {"backend": "transformers", "max_new_tokens": 2048},
+              "judge": {"type": "python", "function": "m:f"}}
+    cfg = PofeConfig(method="sppo", rounds=2, **blocks)
+    assert held_out_sampling(cfg.eval, cfg.generate).max_new_tokens == 2048
+    cfg = PofeConfig(method="sppo", rounds=2, eval={"max_new_tokens": 32}, **blocks)
+    assert held_out_sampling(cfg.eval, cfg.generate).max_new_tokens == 32
+    assert held_out_sampling(EvalConfig(), None).max_new_tokens == 64
+
+
 def test_default_held_out_size_by_hand():
     """5 % of the pool, at least 16, at most 256, never more than a fifth of the pool."""
     from pofe.run.held_out import default_held_out, held_out_count

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pofe.layout import IGNORE_INDEX
-from pofe.preprocess.config import Sampling
+from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators.hf import Sample
 from pofe.scoring import response_logps
 
@@ -68,8 +68,9 @@ class ModelAnswers:
         return [s for row in self.samples for s in row]
 
 
-def held_out_sampling(ecfg: EvalConfig) -> Sampling:
-    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.max_new_tokens, seed=ecfg.seed)
+def held_out_sampling(ecfg: EvalConfig, generate: GenerateConfig | None) -> Sampling:
+    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.held_out_tokens(generate),
+                    seed=ecfg.seed)
 
 
 @dataclass(frozen=True)

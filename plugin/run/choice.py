@@ -2,9 +2,10 @@
 
 The best model is the one with the highest length-controlled win rate against pi_0 on the
 held-out prompts (pi_0 itself counts 1/2; the first of equals), so that a round that only
-made answers longer does not win; "clearly" better when its whole 95 % interval is above 1/2. A round regresses when its model's length-controlled win
-rate against the iterate before it is below 1/2: "clearly" when the whole 95 % interval
-is, otherwise within noise. The report warns about each; nothing stops the run.
+made answers longer does not win; "clearly" better when its whole 95 % interval is above
+1/2. A round regresses when its model's length-controlled win rate against the iterate
+before it is below 1/2: "clearly" when the whole 95 % interval is, otherwise within noise.
+The report warns about each; only `pofe.stop_when` (`pofe.run.stop`) ends a run on one.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pofe import methods
-from pofe.preprocess.config import BatchSize, JudgeConfig, MaxNewTokens, Seed, Temperature, TopP
+from pofe.preprocess.config import BatchSize, GenerateConfig, JudgeConfig, MaxNewTokens, Seed, Temperature, TopP
 
 # `auto` takes the method's default (`MethodSpec.default_round_prompts`)
 RoundPrompts = Literal["auto", methods.RoundPrompts]
@@ -139,10 +139,11 @@ class EvalConfig(BaseModel):
         "unbiased only at temperature 1 and top_p 1 (samples from pi_t itself).",
     )
     top_p: TopP = 1.0
-    max_new_tokens: MaxNewTokens = Field(
-        64,
-        description="Held-out tokens per response (the headline answers with the candidates' budget, "
-        "pofe.generate.max_new_tokens, so that their rewards compare).",
+    max_new_tokens: MaxNewTokens | None = Field(
+        None,
+        description="Held-out tokens per response. Unset: the candidates' pofe.generate.max_new_tokens "
+        "(64 without a generate block), so that a held-out answer can be as long as a candidate; "
+        "the headline always answers with the candidates' budget.",
     )
     batch_size: BatchSize = Field(16, description="Prompts per generate/score batch.")
     seed: Seed = Field(0, description="Sampling seed (the same for every model).")
@@ -173,6 +174,13 @@ class EvalConfig(BaseModel):
         lt=1.0,
         description="Model a 'beats' b when win[a, b] > this; the report flags 3-cycles.",
     )
+
+    def held_out_tokens(self, generate: GenerateConfig | None) -> int:
+        """`max_new_tokens`, else the candidates' budget, else 64: a cap below the candidates'
+        would cut every model's answers at one length and hide what the rounds did to length."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return generate.max_new_tokens if generate is not None else 64
 
     @property
     def has_held_out(self) -> bool:

@@ -297,10 +297,10 @@ def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[i
                 held_out_candidates(sampler, held_out.rendered, gen, m + 1))))
         if held_out:
             key = {**base, "prompts": held_out.rendered, "references": held_out.references,
-                   "sampling": asdict(held_out_sampling(ecfg)), "num_samples": ecfg.num_samples}
+                   "sampling": asdict(held_out_sampling(ecfg, run.pcfg.generate)), "num_samples": ecfg.num_samples}
 
             def held_out_answers() -> dict:
-                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg))
+                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, run.pcfg.generate))
                 return answers_to_json(answer(sampler.scorer(), name, path, samples, held_out, ecfg))
 
             answers.held_out.append(answers_from_json(name, path, store.part(name, "held_out", key, held_out_answers)))
@@ -342,7 +342,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     ecfg, pcfg = run.pcfg.eval, run.pcfg
     skipped, on_train = headline_plan(run)
     held_out = held_out_set(run)
-    sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.max_new_tokens)
+    sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.held_out_tokens(None))
     memory = PeakMemory()
     answers = all_answers(run, held_out, on_train, sampling, echo)
     memory.part("answers", echo)
