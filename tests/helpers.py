@@ -132,6 +132,18 @@ def float_tolerance(dtype, n_terms: int, magnitude: float = 1.0, c: float = 4.0)
     return {"rtol": rtol, "atol": rtol * float(magnitude)}
 
 
+def approx_float(expected: float, n_terms: int, scale: float = 1.0):
+    """`pytest.approx` for a float32 scalar computed two ways (batched and padded vs alone, a
+    judge vs a hand-written forward): `float_tolerance(float32, n_terms, scale)`. `scale` is
+    the size of the terms summed last: 1 for a score read off layer-normed hidden states
+    (O(1) entries), |expected| for a sum of log-probs."""
+    import pytest
+    import torch
+
+    tol = float_tolerance(torch.float32, n_terms, scale)
+    return pytest.approx(expected, rel=tol["rtol"], abs=tol["atol"])
+
+
 def assert_float_close(actual, expected, n_terms: int, msg=None, **kwargs) -> None:
     """`torch.testing.assert_close` at `float_tolerance(expected.dtype, n_terms, max|expected|)`;
     non-finite entries (NaN for an unwritten slot) must match."""

@@ -62,7 +62,7 @@ def test_prefix_sharing_equals_unshared_under_sdpa(tiny_check):
     _, rows, _ = tiny_check
     for layout in ("packed", "cache"):
         r = rows[f"prefix sharing sdpa {layout}"]
-        assert r["status"] == "pass" and r["deviation"] < 1e-5, r  # float32 rounding, not bf16's
+        assert r["status"] == "pass", r  # within float32 rounding of its sums (rtol 4 eps sqrt(n)), not bf16's
 
 
 def test_speed_reports_tokens_per_second(tiny_check):

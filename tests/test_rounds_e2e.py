@@ -256,8 +256,8 @@ def test_sppo_round_2_is_anchored_on_round_1(sppo_run):
     base = AutoModelForCausalLM.from_pretrained(state(sppo_run)["base_model"], dtype=torch.float32)
     ref = PeftModel.from_pretrained(base, sppo_run / "round-1" / "train").merge_and_unload()
     ids = torch.tensor([[1, 10, 20, 30, 40]])
-    with torch.no_grad():
-        assert torch.allclose(model(ids).logits, ref(ids).logits, atol=1e-5)
+    with torch.no_grad():  # float32 sums over the MLP's width, the widest reduction
+        assert_float_close(model(ids).logits, ref(ids).logits, n_terms=model.config.intermediate_size)
 
     prepared = sppo_run / "round-2" / "prepared"
     (table_path,) = prepared.glob("pofe-anchor-*.pt")

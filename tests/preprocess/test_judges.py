@@ -15,6 +15,7 @@ from pofe.preprocess.judges.llm import parse_score
 from pofe.preprocess.judges.pairwise import combine_orders, parse_verdict, preferences_both_orders, verdict_from_logprobs
 from pofe.preprocess.judges.python import PythonJudge, PythonPairwiseJudge
 from pofe.preprocess.win_rates import win_rates
+from tests.helpers import approx_float
 
 
 def test_python_judge_scores_and_abstains():
@@ -70,7 +71,7 @@ def test_reward_model_batched_equals_independent_forward(tiny_reward_model):
             with torch.no_grad():
                 hidden = model.model(input_ids=ids).last_hidden_state  # (1, T, H)
                 ref = model.score(hidden[:, -1]).item()  # (1, 1): last token's score
-            assert s == pytest.approx(ref, abs=1e-5)
+            assert s == approx_float(ref, 64 * 64)  # float32 sums over width 64 x < 64 tokens
 
 
 def test_combine_orders_hand_matrix():

@@ -14,7 +14,7 @@ from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
 from pofe.preprocess.judges import Abstain, PromptCut
 from pofe.preprocess.judges.reward_model import RESPONSE_TOO_LONG, RewardModelJudge, left_cut
 from pofe.preprocess.pipeline import run_pipeline
-from tests.helpers import assert_float_close
+from tests.helpers import approx_float, assert_float_close
 
 MAX = 32
 # one token per character; `<s>`, `<|user|>`, `<|end|>`, `<|assistant|>` one token each
@@ -64,7 +64,7 @@ def test_long_prompt_is_cut_from_the_left_and_scored_as_the_cut_input(bos_reward
     # full input: <s><|user|> + 53 + <|end|><|assistant|> + hello<|end|> = 63 tokens; kept: <s> and
     # the last 31: hello<|end|> (6), <|end|><|assistant|> (2) and the prompt's last 23 characters
     kept = "<s>" + LONG_PROMPT[-23:] + "<|end|><|assistant|>hello<|end|>"
-    assert float(cut) == pytest.approx(_reference_score(bos_reward_model, kept), abs=1e-5)
+    assert float(cut) == approx_float(_reference_score(bos_reward_model, kept), 64 * MAX)  # width x tokens
     # 40 characters + <|end|> = 41 tokens cannot fit in 32 beside BOS: abstained
     assert isinstance(dropped, Abstain) and dropped.reason.startswith(RESPONSE_TOO_LONG)
     assert "41 tokens" in dropped.reason
@@ -76,7 +76,7 @@ def test_short_input_is_scored_whole(bos_reward_model):
     ((score,),) = judge.score([SHORT_PROMPT], [["4"]])
     assert type(score) is float
     whole = "<s><|user|>2+2=<|end|><|assistant|>4<|end|>"
-    assert score == pytest.approx(_reference_score(bos_reward_model, whole), abs=1e-5)
+    assert score == approx_float(_reference_score(bos_reward_model, whole), 64 * MAX)
 
 
 class FixedGenerator:
@@ -153,5 +153,5 @@ def test_sentence_pair_input_cuts_the_prompt_from_the_left(pair_reward_model):
     assert ids.shape[1] == MAX
     with torch.no_grad():
         ref = model.score(model.model(input_ids=ids).last_hidden_state[:, -1]).item()
-    assert isinstance(cut, PromptCut) and float(cut) == pytest.approx(ref, abs=1e-5)
+    assert isinstance(cut, PromptCut) and float(cut) == approx_float(ref, 64 * MAX)
     assert isinstance(dropped, Abstain) and dropped.reason.startswith(RESPONSE_TOO_LONG)

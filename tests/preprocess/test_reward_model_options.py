@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges import make_judge
 from pofe.preprocess.judges.reward_model import RewardModelJudge
+from tests.helpers import approx_float
 
 MODELING = Path(__file__).parent / "fixtures" / "multi_rm" / "modeling_multi_rm.py"
 PROMPTS = ["What is 2+2?", [{"role": "user", "content": "Hi there"}]]
@@ -121,8 +122,9 @@ def test_multi_objective_scores_by_field_and_index(multi_rm):
             ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
             with torch.no_grad():
                 rewards = model.heads(model.embed(ids).mean(1))[0]  # (O,): mean over the (unpadded) tokens
-            assert o == pytest.approx(rewards[2].item(), abs=1e-5)
-            assert a == pytest.approx((rewards * model.gate).sum().item(), abs=1e-5)
+            # float32 sums: the mean over <= 64 tokens of 8-wide embeddings, the 8-wide heads
+            assert o == approx_float(rewards[2].item(), 8 * 64)
+            assert a == approx_float((rewards * model.gate).sum().item(), 8 * 64 * 3)
     assert len({round(x, 4) for r in objective for x in r}) == 5  # the five responses score apart
 
 
