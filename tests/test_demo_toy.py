@@ -206,6 +206,8 @@ def test_greedy_reward_rises_after_sft(tiny_dir: Path, tmp_path: Path) -> None:
     # 1e-3 full batch: 3e-3 oscillates on this model (measured on 60 prompts).
     trained = _sft(tiny_dir, prompts, tmp_path / "sft", steps=40, lr=1e-3)
     after = greedy_reward(trained, prompts, batch_size=7)  # uneven batches exercise padding
+    # margin: over model and prompt seeds 0-4 (one torch thread), exact match and mean reward
+    # went from 0.0 to 0.96-1.0 each
     assert after["exact_match"] > before["exact_match"]
     assert after["mean_reward"] > before["mean_reward"]
     assert len(after["samples"]) == 24
