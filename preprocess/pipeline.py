@@ -34,6 +34,7 @@ import logging
 import math
 import time
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,7 +52,9 @@ from .generators import Generator
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
 from .parallel import check_parallel, run_workers, worker_devices
-from .shards import check_generate_shard, check_judge_shard, clean_tmp, read_shard, read_verified, shard_path
+from .shards import (
+    check_generate_shard, check_judge_shard, clean_tmp, judged_in_turn, read_shard, read_verified, shard_path,
+)
 from .stages import StagePlan, close_generator, column_texts, free_memory, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
@@ -312,12 +315,19 @@ def _judge_stage(
     check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit=unit)
     tally = AbstentionTally().plus([r for shard in shards if shard is not None for r in shard])
     total = sum(len(generated[s]) for s in mine)
-    with _bar(plan.candidates.progress, total, "judge", done=total - sum(len(generated[s]) for s in todo)) as bar:
-        for s in todo:
-            # each row's other dataset columns: TRL-style reward functions take them as kwargs
-            rows = [plan.rows[r["index"]] for r in generated[s]]
-            columns = [{c: v for c, v in r.items() if c != plan.prompt_column} for r in rows]
-            out_rows = judge_shard(generated[s], judge_impl, plan.target, cfg, columns)
+
+    def judge_one(s: int) -> list[dict]:
+        # each row's other dataset columns: TRL-style reward functions take them as kwargs
+        rows = [plan.rows[r["index"]] for r in generated[s]]
+        columns = [{c: v for c, v in r.items() if c != plan.prompt_column} for r in rows]
+        return judge_shard(generated[s], judge_impl, plan.target, cfg, columns)
+
+    side_by_side = 2 if getattr(judge_impl, "overlaps_shards", False) else 1
+    done = total - sum(len(generated[s]) for s in todo)
+    # closing: a stop below cancels the shards not yet started now, not when the traceback goes
+    with _bar(plan.candidates.progress, total, "judge", done=done) as bar, \
+            closing(judged_in_turn(todo, judge_one, side_by_side)) as judged:
+        for s, out_rows in judged:
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
             write_jsonl_atomic(shard_path(judge_dir, s), out_rows)

@@ -8,8 +8,11 @@ line boundary, emptied, edited) is caught on resume by the checks below and redo
 
 from __future__ import annotations
 
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 from pofe.files import read_jsonl
 
@@ -78,3 +81,23 @@ def clean_tmp(stage_dir: Path) -> int:
             p.unlink(missing_ok=True)
             n += 1
     return n
+
+
+def judged_in_turn(todo: list[int], work: Callable[[int], T], side_by_side: int = 1) -> Iterator[tuple[int, T]]:
+    """(s, work(s)) for each shard s of `todo`: one at a time in order, or `side_by_side` at
+    once, each as it finishes (a judge whose requests wait on a server keeps its window full
+    across shard boundaries). Stopping early (an error, or the caller's) cancels the shards
+    not started and waits for the running ones."""
+    if side_by_side <= 1:
+        for s in todo:
+            yield s, work(s)
+        return
+    pool = ThreadPoolExecutor(max_workers=side_by_side, thread_name_prefix="pofe-judge-shard")
+    try:
+        running = {pool.submit(work, s): s for s in todo}
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=running.get):
+                yield running.pop(future), future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -14,6 +14,7 @@ is back. Replies that arrive but cannot be read are abstentions (counted).
 from __future__ import annotations
 
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import JudgeConfig
@@ -47,13 +48,20 @@ class UnreadableReply(Exception):
 
 
 class ChatJudge:
-    """One chat request per verdict, `cfg.batch_size` requests in flight, greedy replies."""
+    """One chat request per verdict, greedy replies, `cfg.batch_size` requests per server in
+    flight: one window for the judge's life, shared by every call."""
+
+    # the judge stage judges two shards at once for such a judge (`pofe.preprocess.shards.
+    # judged_in_turn`): the next shard's requests fill the window while a shard's last ones run
+    overlaps_shards = True
 
     def __init__(self, client: OpenAIClient, cfg: JudgeConfig):
         self.client = client
         self.cfg = cfg
         self.model = cfg.model or "default"
         self.stats = JudgeStats()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def chat(self, content: str, **extra) -> dict:
         """The first choice of a one-turn chat request; UnreadableReply if there is none."""
@@ -74,11 +82,14 @@ class ChatJudge:
         return choices[0]
 
     def map(self, fn, items: list) -> list:
-        """fn over items on a thread pool, results in order."""
-        # batch_size requests per server in flight (replicas.py spreads them)
-        window = self.cfg.batch_size * len(base_urls(self.cfg.base_url))
-        with ThreadPoolExecutor(max_workers=max(1, min(window, len(items)))) as pool:
-            return list(pool.map(fn, items))
+        """fn over items in the judge's request window, results in order. Calls from several
+        threads queue into the one window, so it never holds more than its size."""
+        with self._pool_lock:
+            if self._pool is None:
+                # batch_size requests per server in flight (replicas.py spreads them)
+                window = self.cfg.batch_size * len(base_urls(self.cfg.base_url))
+                self._pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="pofe-llm-judge")
+        return list(self._pool.map(fn, items))
 
 
 class LLMRubricJudge(ChatJudge):

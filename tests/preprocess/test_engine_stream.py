@@ -14,10 +14,12 @@ from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.openai import OpenAIGenerator
 from pofe.preprocess.generators.served import VLLM_DEFAULT_MAX_NUM_SEQS, served_capacity
 from pofe.preprocess.generators.stream import ShardJob, run_window
+from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.openai_client import EndpointError
 from pofe.preprocess.render import Rendered
 from pofe.preprocess.replicas import ReplicaClient, client_for
-from tests.preprocess.test_openai_endpoint import FakeServer, _client, completions_ok
+from pofe.preprocess.shards import judged_in_turn
+from tests.preprocess.test_openai_endpoint import FakeServer, _chat, _client, completions_ok
 
 
 def _jobs(sizes, seed=0):
@@ -159,3 +161,53 @@ def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
         with pytest.raises(EndpointError, match="HTTP 400"):
             client.completions({"n": 1})
     assert client.dead == set()
+
+
+def test_judged_in_turn_yields_shards_as_they_finish_and_cancels_the_rest_on_close():
+    """Side by side, a shard held back does not hold back the next; closing early cancels the
+    shards not started (they would otherwise go on judging after an error)."""
+    release, started = threading.Event(), []
+
+    def work(s):
+        started.append(s)
+        if s != 1:
+            assert release.wait(30)
+        return 10 * s
+
+    assert list(judged_in_turn([0, 1, 2], lambda s: 10 * s)) == [(0, 0), (1, 10), (2, 20)]
+    shards = judged_in_turn([0, 1, 2, 3, 4, 5], work, side_by_side=2)
+    assert next(shards) == (1, 10)  # shard 0 waits: shard 1 (on the second worker) comes out first
+    threading.Timer(0.2, release.set).start()  # lets 0 and 2 finish once close() has cancelled 3-5
+    shards.close()
+    assert sorted(started) == [0, 1, 2]
+
+
+def test_llm_judge_window_stays_full_across_shards():
+    """Two shards judged side by side share the judge's one window of 3 requests: shard 1's
+    requests go out while shard 0's slow candidate runs, shard 1 is judged first, no more than 3
+    requests are ever in flight, and each shard scores as it does alone."""
+    lock, live, peak, log = threading.Lock(), [0], [0], []
+
+    def serve(path, body, attempt):
+        text = body["messages"][0]["content"]
+        response = text.split("[Response]\n")[1].split("\n")[0]
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            log.append(("start", response, time.monotonic()))
+        time.sleep(1.0 if response == "slow" else 0.02)
+        with lock:
+            live[0] -= 1
+            log.append(("end", response, time.monotonic()))
+        return 200, _chat(f"Score: {len(response)}"), 0.0
+
+    shards = {0: (["q0"], [["slow", "ab", "abc"]]), 1: (["q1"], [["a", "abcd", "abcde", "ab", "abc", "abcdef"]])}
+    with FakeServer(serve) as srv:
+        judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, batch_size=3))
+        assert judge.overlaps_shards
+        out = list(judged_in_turn([0, 1], lambda s: judge.score(*shards[s]), side_by_side=2))
+    assert [s for s, _ in out] == [1, 0]
+    assert dict(out) == {0: [[4.0, 2.0, 3.0]], 1: [[1.0, 4.0, 5.0, 2.0, 3.0, 6.0]]}
+    assert peak[0] <= 3
+    slow_end = next(t for kind, r, t in log if kind == "end" and r == "slow")
+    assert all(t < slow_end for kind, r, t in log if kind == "end" and r in ("a", "abcd", "abcde", "abcdef"))
