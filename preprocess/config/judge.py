@@ -172,25 +172,26 @@ class JudgeConfig(StrictConfig):
     request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per try, connect to last byte.")
     timeout: float | None = Field(
         None, gt=0.0, le=86400.0,
-        description="python judges: seconds per call (the function runs in a worker process, stopped when "
-        "time is up; the stage stops naming the judge and row); llm judges: seconds per try, in place of "
-        "request_timeout. None: no limit (python) / request_timeout (llm).",
+        description="python judges (`function` or `reward_funcs`): seconds per call (the function runs in a "
+        "worker process, stopped when time is up; the stage stops naming the judge and row); llm judges: seconds "
+        "per try, in place of request_timeout. None: no limit (python) / request_timeout (llm).",
     )
     stage_timeout: float | None = Field(
         None, gt=0.0, le=7 * 86400.0,
-        description="python judges: seconds for all of one judge stage's calls; None: no limit.",
+        description="python judges: seconds for all of one judge stage's calls (with `reward_funcs`, each "
+        "function's); None: no limit.",
     )
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 
     def _check_timeouts(self) -> None:
         """judge.timeout / stage_timeout only where they bound something (timed.py, openai_client.py)."""
-        function = self.type in ("python", "python_pairwise") and not self.reward_funcs
-        for key, applies in (("timeout", function or self.type in ("llm", "pairwise_llm")), ("stage_timeout", function)):
+        python = self.type in ("python", "python_pairwise")
+        for key, applies in (("timeout", python or self.type in ("llm", "pairwise_llm")), ("stage_timeout", python)):
             if getattr(self, key) is not None and not applies:
-                raise ValueError(f"judge.{key} applies to python judges given by judge.function"
-                                 f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}"
-                                 f"{' with reward_funcs' if self.reward_funcs else ''}; remove it.")
+                raise ValueError(f"judge.{key} applies to python judges (judge.function or judge.reward_funcs)"
+                                 f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}; "
+                                 "remove it.")
 
     @field_validator("base_url")
     @classmethod

@@ -25,7 +25,8 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     if cfg.type == "python" and cfg.reward_funcs:
         from .reward_funcs import RewardFuncsJudge
 
-        return RewardFuncsJudge.from_paths(cfg.reward_funcs, cfg.reward_weights, allow_abstain=cfg.allow_abstain)
+        return RewardFuncsJudge.from_paths(cfg.reward_funcs, cfg.reward_weights, allow_abstain=cfg.allow_abstain,
+                                           timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
     if cfg.type == "python":
         from .base import load_function
         from .python import PythonJudge

@@ -8,14 +8,7 @@ from typing import Callable
 from ..render import Prompt, prompt_text
 from .base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
 from .pairwise import preferences_both_orders
-from .timed import JudgeTimeout, RemoteError, TimedCalls
-
-
-def _timed(fn: Callable, name: str, timeout: float | None, stage_timeout: float | None) -> Callable:
-    """`fn`, run in a worker process that can be stopped when a time limit is set (`timed.py`)."""
-    if timeout is None and stage_timeout is None:
-        return fn
-    return TimedCalls(fn, name=name, timeout=timeout, stage_timeout=stage_timeout)
+from .timed import JudgeTimeout, RemoteError, TimedCalls, timed
 
 
 class PythonJudge:
@@ -31,7 +24,7 @@ class PythonJudge:
 
     def __init__(self, fn: Callable[[Prompt, str], float], *, allow_abstain: bool = True, name: str = "python",
                  timeout: float | None = None, stage_timeout: float | None = None):
-        self.fn = _timed(fn, name, timeout, stage_timeout)
+        self.fn = timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain
         self.name = name
         self.stats = JudgeStats()
@@ -63,7 +56,7 @@ class PythonPairwiseJudge:
         self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise",
         timeout: float | None = None, stage_timeout: float | None = None,
     ):
-        self.fn = _timed(fn, name, timeout, stage_timeout)
+        self.fn = timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain
         self.name = name
         self.stats = JudgeStats()

@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from functools import partial
 from typing import Any, Callable
 
 from ..render import Prompt
 from .base import JudgeStats, Score, as_number, load_dotted, unusable_score
+from .timed import JudgeTimeout, RemoteError, TimedCalls, timed
 
 RESERVED = ("prompts", "completions")  # TRL's own arguments; a dataset column cannot reuse them
 
@@ -44,21 +46,25 @@ class RewardFuncsJudge:
 
     def __init__(
         self, funcs: list[tuple[str, Callable[..., Any]]], weights: list[float] | None = None, *,
-        allow_abstain: bool = True,
+        allow_abstain: bool = True, timeout: float | None = None, stage_timeout: float | None = None,
     ):
         if weights is not None and len(weights) != len(funcs):
             raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions")
         for name, fn in funcs:
             check_signature(name, fn)
         self.funcs = funcs
+        # judge.timeout / stage_timeout: each function's calls in a worker process (timed.py)
+        self.calls = [timed(partial(_run, fn), name, timeout, stage_timeout) for name, fn in funcs]
         self.weights = list(weights) if weights is not None else [1.0] * len(funcs)
         self.allow_abstain = allow_abstain
         self.name = ", ".join(name for name, _ in funcs)
         self.stats = JudgeStats()
 
     @classmethod
-    def from_paths(cls, paths: list[str], weights: list[float] | None, *, allow_abstain: bool) -> RewardFuncsJudge:
-        return cls([(p, load_dotted(p, "judge.reward_funcs")) for p in paths], weights, allow_abstain=allow_abstain)
+    def from_paths(cls, paths: list[str], weights: list[float] | None, *, allow_abstain: bool,
+                   timeout: float | None = None, stage_timeout: float | None = None) -> RewardFuncsJudge:
+        return cls([(p, load_dotted(p, "judge.reward_funcs")) for p in paths], weights, allow_abstain=allow_abstain,
+                   timeout=timeout, stage_timeout=stage_timeout)
 
     def score(
         self, prompts: list[Prompt], responses: list[list[str]], columns: list[dict] | None = None
@@ -76,10 +82,15 @@ class RewardFuncsJudge:
         )
         values = [[math.nan] * len(self.funcs) for _ in range(n)]  # (N, F); NaN: no value
         failed: str | None = None
-        for i, (name, fn) in enumerate(self.funcs):
+        for i, ((name, fn), run) in enumerate(zip(self.funcs, self.calls)):
             check_arguments(name, fn, call)
             try:
-                out = asyncio.run(fn(**call)) if inspect.iscoroutinefunction(fn) else fn(**call)
+                out = run((call,), where=name, prompt=None) if isinstance(run, TimedCalls) else run(call)
+            except JudgeTimeout:
+                raise
+            except RemoteError as e:  # raised in the worker: str(e) is "Type: message"
+                failed = failed or f"{name} raised {e}"
+                continue
             except Exception as e:  # a user function: its failure is every candidate's abstention
                 failed = failed or f"{name} raised {type(e).__name__}: {e}"
                 continue
@@ -99,6 +110,11 @@ class RewardFuncsJudge:
             else:
                 out_rows[p].append(sum(w * v for w, v in given))
         return out_rows
+
+
+def _run(fn: Callable[..., Any], call: dict[str, list]) -> Any:
+    """TRL's call of a reward function (a coroutine function runs to its end)."""
+    return asyncio.run(fn(**call)) if inspect.iscoroutinefunction(fn) else fn(**call)
 
 
 def check_signature(name: str, fn: Callable[..., Any]) -> None:

@@ -37,6 +37,13 @@ class RemoteError(Exception):
     """The judge function raised in the worker: `str(self)` is "Type: message"."""
 
 
+def timed(fn: Callable, name: str, timeout: float | None, stage_timeout: float | None) -> Callable:
+    """`fn`, run in a worker process that can be stopped when a time limit is set."""
+    if timeout is None and stage_timeout is None:
+        return fn
+    return TimedCalls(fn, name=name, timeout=timeout, stage_timeout=stage_timeout)
+
+
 class TimedCalls:
     """`fn(*args)` in a worker process, within `timeout` seconds a call and `stage_timeout` in all."""
 

@@ -371,7 +371,8 @@ def test_judge_timeout_bounds_an_llm_judges_try_in_place_of_request_timeout():
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url)).timeout == 120.0
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url, timeout=3.0)).timeout == 3.0
     # where it would bound nothing it is refused, not ignored
-    with pytest.raises(ValueError, match=r"judge.stage_timeout applies to python judges given by judge.function, "
+    with pytest.raises(ValueError, match=r"judge.stage_timeout applies to python judges \(judge.function or "
+                       r"judge.reward_funcs\), "
                        r"not to judge.type: llm"):
         JudgeConfig(type="llm", base_url=url, stage_timeout=3.0)
     with pytest.raises(ValueError, match=r"judge.timeout applies .* not to judge.type: reward_model"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -111,6 +112,36 @@ def test_none_inf_and_exceptions_become_abstentions():
     assert all(isinstance(v, Abstain) and "mod.boom raised KeyError" in v.reason for v in out[0])
     with pytest.raises(JudgeError, match=r"prompt 0, candidate 0 \(g, mod.boom\): mod.boom raised KeyError"):
         RewardFuncsJudge([("g", g), ("mod.boom", boom)], allow_abstain=False).score(["p"], [["a", "b", "c", "d"]])
+
+
+def hangs_on_hang(prompts, completions, **kwargs):
+    """Never returns when a completion is "hang"; raises on "boom"; else the length."""
+    if "hang" in completions:
+        time.sleep(3600)
+    if "boom" in completions:
+        raise ValueError("boom")
+    return [float(len(c)) for c in completions]
+
+
+def test_judge_timeout_stops_a_reward_function_that_never_returns():
+    """judge.timeout and stage_timeout bound reward_funcs as they bound judge.function: the call
+    runs in a worker process that is stopped, the error names the function and the key, and the
+    worker's results and exceptions come back as before."""
+    from pofe.preprocess.judges.timed import JudgeTimeout
+
+    cfg = JudgeConfig(type="python", reward_funcs=[f"{__name__}.hangs_on_hang"], timeout=0.5)
+    judge = make_judge(cfg)
+    assert judge.score(["q"], [["ab", "abc"]]) == [[2.0, 3.0]]
+    (scores,) = judge.score(["q"], [["boom"]])
+    assert isinstance(scores[0], Abstain) and scores[0].reason == f"{__name__}.hangs_on_hang raised ValueError: boom"
+    start = time.monotonic()
+    with pytest.raises(JudgeTimeout, match=rf"{__name__}.hangs_on_hang did not return within judge.timeout=0.5 s"):
+        judge.score(["q"], [["a", "hang"]])
+    assert time.monotonic() - start < 30
+    assert judge.score(["q"], [["abcd"]]) == [[4.0]]  # a new worker after the stopped one
+    staged = make_judge(cfg.model_copy(update={"timeout": None, "stage_timeout": 0.5}))
+    with pytest.raises(JudgeTimeout, match=r"within judge.stage_timeout=0.5 s"):
+        staged.score(["q"], [["hang"]])
 
 
 def test_columns_are_repeated_per_candidate_and_async_functions_awaited():
