@@ -7,7 +7,7 @@ import json
 import yaml
 
 from axolotl.cli.config import prepare_plugins
-from axolotl.utils.config import validate_config
+from axolotl.utils.config import normalize_config, validate_config
 from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
@@ -78,3 +78,31 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     md = render_markdown(collect(layout), {})
     assert (f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
             in md.split("### Length policy")[1])
+
+
+def test_candidates_summary_records_the_length_policy_per_row(tmp_path, tiny_model):
+    """Candidates generated from prompts: the rows the length policy touched are named in the
+    candidates' summary.json (which travels with them to the hub) as well, rows of data.jsonl.
+    SPPO keeps all K samples, so data.jsonl holds one row per prompt, in order."""
+    from transformers import AutoTokenizer
+
+    from pofe.data.loader import _prepare
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("1+1=", "1" * 80, "2+2=")))
+    pofe = {"generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 3,
+                         "seed": 0},
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
+    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "sppo", data, "pofe.prompts", pofe=pofe).read_text()))
+    prepare_plugins(cfg)
+    cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+    normalize_config(cfg)  # axolotl's tokenizer loader reads what it fills (tokenizer_config)
+    dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model))
+    assert len(dataset) == 2
+    (summary_path,) = (tmp_path / "prepared").glob("pofe-candidates-*/summary.json")
+    policy = json.loads(summary_path.read_text())["length_policy"]
+    assert policy["sequence_len"] == 64 and policy["truncation"] == "truncate"
+    assert policy["rows"] == 3 and policy["rows_dropped"] == {"prompt_too_long": 1}
+    assert policy["per_row"] == [{"row": 1, "dropped": "prompt_too_long", "turns_cut": 0, "responses_cut": 0}]
+    assert summary_path.stat().st_mode & 0o777 == 0o600
+

@@ -169,6 +169,8 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
         if policy[-1]["rows_over_sequence_len"]:
             where = f"; per row in {policy_path}" if policy_path else ""
             LOG.warning(summary_message(policy[-1], cfg.sequence_len, pofe.truncation) + where)
+            if entry.type == "pofe.prompts":
+                _record_in_summary(Path(source).parent / "summary.json", policy[-1], cfg.sequence_len, pofe.truncation)
         _warn_suspicious_labels(part, fmt, spec.target.column)
         part = part.filter(lambda keep: keep, input_columns="keep")
         if spec.equal_labels_note:
@@ -187,6 +189,17 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
     if spec.needs_anchor:
         dataset = _settle_anchor_column(dataset)
     return dataset
+
+
+def _record_in_summary(summary_path: Path, entry: dict, sequence_len: int, truncation: str) -> None:
+    """The length policy's counts and per-row record (rows of data.jsonl) in the candidates'
+    summary.json as well, which travels with them (the hub's dataset repo), under `length_policy`."""
+    if not summary_path.exists():
+        return
+    summary = json.loads(summary_path.read_text())
+    summary["length_policy"] = {"sequence_len": sequence_len, "truncation": truncation,
+                                **{k: v for k, v in entry.items() if k != "dataset"}}
+    write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
 
 
 def _settle_anchor_column(dataset: Dataset) -> Dataset:
