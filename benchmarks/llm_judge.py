@@ -5,7 +5,7 @@
 
 A served judge model answers each chat request after a latency that grows with the reply it
 writes; real replies vary (a verdict, or a rationale first), so latencies are long-tailed. A
-loopback server stands in for it: each request sleeps a Pareto-distributed time (alpha 1.5,
+loopback server stands in for it (the tests' scripted `FakeServer`): each request sleeps a Pareto-distributed time (alpha 1.5,
 median ~25 ms, about one request in 30 over 10x the median), drawn from a seed of the
 candidate's text, so every variant meets the same latencies, then answers "Score: n". What is
 measured is scheduling only: how long the judge stage keeps its window of `batch_size`
@@ -28,15 +28,14 @@ import hashlib
 import json
 import random
 import statistics
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.openai_client import OpenAIClient
 from pofe.preprocess.shards import judged_in_turn
+from tests.preprocess.test_openai_endpoint import FakeServer
 
 from .judges import interleaved, write_result
 
@@ -49,38 +48,11 @@ def latency(text: str) -> float:
     return SCALE_S * random.Random(seed).paretovariate(ALPHA)
 
 
-class SlowJudgeServer:
-    """A chat-completions server on loopback that sleeps `latency(content)` per request."""
-
-    def __init__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                content = body["messages"][0]["content"]
-                time.sleep(latency(content))
-                reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"Score: {len(content) % 10 + 1}"}}]}
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def slow_judge(path: str, body: dict, attempt: int) -> tuple[int, str, float]:
+    """The stand-in server's answer to a chat request: "Score: n" after `latency(content)`."""
+    content = body["messages"][0]["content"]
+    reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"Score: {len(content) % 10 + 1}"}}]}
+    return 200, json.dumps(reply), latency(content)
 
 
 def shards(n_shards: int, n_prompts: int, k: int) -> list[tuple[list[str], list[list[str]]]]:
@@ -98,7 +70,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     reps, n_shards, n_prompts, k = args.reps or (2 if args.quick else 3), 4 if args.quick else 8, 16, 4
     work = shards(n_shards, n_prompts, k)
-    with SlowJudgeServer() as srv:
+    with FakeServer(slow_judge) as srv:
         cfg = JudgeConfig(type="llm", base_url=srv.url, batch_size=args.window)
 
         def judge() -> LLMRubricJudge:
