@@ -65,11 +65,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "vllm_inprocess"])
     parser.add_argument("--workload", default="equal", choices=["equal", "long_tail"])
+    parser.add_argument("--prompts", type=int, default=None, help="default 64 (--quick: 16)")
     parser.add_argument("--out", default=None, help="default benchmarks/results/preprocess-<backend>-cpu.json")
     args = parser.parse_args(argv)
     out_path = Path(args.out or f"benchmarks/results/preprocess-{args.backend}-cpu.json")
     reps = args.reps or (2 if args.quick else 5)
     n_prompts, k = (16, 4) if args.quick else (64, 8)
+    n_prompts = args.prompts or n_prompts
     torch.set_num_threads(1)
 
     from pofe.demo.tiny import build_tiny_model
