@@ -71,8 +71,9 @@ def test_sampling_policy_scores_as_the_anchor(tiny_policy, adapter):
     anchor = PeftModel.from_pretrained(base, adapter).eval()
     sampled = _logps(generator.model, prompt_ids, response_ids)
     anchored = _logps(anchor, prompt_ids, response_ids)
-    # float32 sums over the width (128 in the MLP) x the sequence's tokens, in the log-prob's size
-    assert sampled == approx_float(anchored, 128 * (len(prompt_ids) + len(response_ids)), abs(anchored))
+    # float32 sums over the MLP's width x the sequence's tokens, in the log-prob's size
+    width = anchor.config.intermediate_size
+    assert sampled == approx_float(anchored, width * (len(prompt_ids) + len(response_ids)), abs(anchored))
     with anchor.disable_adapter():
         assert abs(sampled - _logps(anchor, prompt_ids, response_ids)) > 1e-3
 
