@@ -80,4 +80,6 @@ def test_method_registered_outside_the_package_trains(tmp_path, tiny_model):
     for h in steps:
         assert h["listwise/loss"] == pytest.approx(h["loss"], rel=1e-4)
     before, after = listnet(tiny_model, rows), listnet(tmp_path / "out", rows)
-    assert after < before - 0.05, (before, after)
+    # margin: over data, generation and training seeds 0-4 (one torch thread) ListNet fell by
+    # 0.045-0.059 from about 1.61 (seed 0, this test's: 0.059); 0.05 would have failed seed 4
+    assert after < before - 0.02, (before, after)
