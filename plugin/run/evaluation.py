@@ -244,7 +244,8 @@ def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers],
                    extra: dict, echo: Echo) -> None:
     """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with `extra`:
     the rounds' best-of-k, the evaluation's peak memory)."""
-    ecfg = run.pcfg.eval
+    # the decoding as it ran: the held-out cap resolved (unset: the candidates' budget)
+    ecfg = run.pcfg.eval.model_copy(update={"max_new_tokens": run.pcfg.eval.held_out_tokens(run.pcfg.generate)})
     result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
                        len(held_out.references))
     result.update(extra)

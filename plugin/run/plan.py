@@ -35,11 +35,11 @@ def lora_kernels_on(raw: dict) -> list[str]:
 def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict]:
     """`axolotl pofe eval`: every model answers (one at a time, freed before the judges), then the judges."""
     ev, rounds = pcfg.eval, pcfg.rounds
-    held = ev.held_out or (1 if ev.prompts else 0)
     size = sizes.get(str(raw["base_model"]))
     dtype = "float32" if options.device == "cpu" else "bfloat16"
-    sequences = max(ev.batch_size * ev.num_samples if held else 0, ev.batch_size * ev.train_samples)
-    tokens = int(raw.get("sequence_len", 2048)) + max(ev.max_new_tokens, pcfg.generate.max_new_tokens)
+    # the default held-out slice (held_out unset) answers num_samples per prompt, as a set one does
+    sequences = max(ev.batch_size * ev.num_samples if ev.has_held_out else 0, ev.batch_size * ev.train_samples)
+    tokens = int(raw.get("sequence_len", 2048)) + max(ev.held_out_tokens(pcfg.generate), pcfg.generate.max_new_tokens)
     if size is None:
         parts = dict.fromkeys(("weights", "kv_cache", "runtime"))
     else:
