@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, run_axolotl
+from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, assert_float_close, run_axolotl
 from tests.hub_server import HubServer
 from tests.test_publish import read_wandb_history
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl

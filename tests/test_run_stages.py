@@ -63,13 +63,16 @@ def stage_pids(pids_file: Path) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_killing_the_runner_ends_the_stage_and_its_worker(tmp_path, sig):
     pids_file = tmp_path / "pids"
-    runner = subprocess.Popen([sys.executable, "-c", RUNNER, STAGE, str(pids_file), str(tmp_path / "stage.log")])
+    # SIGINT as a terminal sends it: a suite started in the background of a shell without job
+    # control inherits SIGINT ignored, which a runner started from it would keep (and never end)
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, STAGE, str(pids_file), str(tmp_path / "stage.log")],
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = []
     try:
         pids = stage_pids(pids_file)
         assert all(running(p) for p in pids)
         runner.send_signal(sig)
-        runner.wait()
+        runner.wait(timeout=60)
         for pid in pids:
             wait_for(lambda: not running(pid), f"PID {pid} ended after the runner got {sig.name}")
     finally:
