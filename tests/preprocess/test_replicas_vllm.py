@@ -41,9 +41,9 @@ def second_server(vllm_python, tiny_policy, tmp_path_factory):
         server.stop()
 
 
-def _run(urls, model, policy, out_dir, generator=None):
+def _run(urls, model, policy, out_dir, generator=None, in_flight=4):
     cfg = GenerateConfig(backend="openai", base_url=urls, model=model, num_candidates=2, max_new_tokens=8,
-                         temperature=1.0, seed=3, in_flight=4, max_retries=1, request_timeout=60)
+                         temperature=1.0, seed=3, in_flight=in_flight, max_retries=1, request_timeout=60)
     gen = generator or make_generator(cfg, policy)
     res = run_pipeline(PROMPTS, method="rrhf", generate=cfg, judge=JudgeConfig(type="python",
                        function="pofe.demo.task:reward"), candidates=PipelineConfig(out_dir=str(out_dir), shard_size=2,
@@ -69,9 +69,11 @@ def test_two_servers_give_one_server_s_data(vllm_server, second_server, tiny_pol
 def test_a_server_killed_mid_stage_loses_nothing(vllm_server, second_server, tiny_policy, one_server_data, tmp_path,
                                                  monkeypatch):
     """The second server is SIGKILLed when the first shard is written: every prompt is still
-    answered, and data.jsonl is unchanged. At least two shards' requests are sent after the kill
-    (a window of 4 holds two of the four shards), and ties between idle servers go in turn, so
-    the dead server is picked and found whatever was still in flight when it died."""
+    answered, and data.jsonl is unchanged. With a window of 1 (a whole shard is handed over at a
+    time), the next shard is handed over only after that write: all 6 later prompts are sent
+    after the kill, each shard's two to two idle servers, one each, so the dead server is picked
+    and found. (A window of 4 failed here once under load: every later request had been sent,
+    and answered, before the write that kills.)"""
     base, model = vllm_server
     write, writes = generate_stage.write_jsonl_atomic, []
 
@@ -83,7 +85,7 @@ def test_a_server_killed_mid_stage_loses_nothing(vllm_server, second_server, tin
             second_server.proc.wait(30)
 
     monkeypatch.setattr(generate_stage, "write_jsonl_atomic", write_then_kill)
-    data, gen = _run([base, second_server.base_url], model, str(tiny_policy), tmp_path)
+    data, gen = _run([base, second_server.base_url], model, str(tiny_policy), tmp_path, in_flight=1)
     assert second_server.exit_code == -signal.SIGKILL
     assert len(writes) == 4
     assert data == one_server_data
