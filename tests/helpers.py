@@ -153,3 +153,27 @@ def assert_float_close(actual, expected, n_terms: int, msg=None, **kwargs) -> No
     magnitude = finite.abs().max().item() if finite.numel() else 0.0
     tol = float_tolerance(expected.dtype, n_terms, magnitude)
     torch.testing.assert_close(actual, expected, **tol, equal_nan=True, msg=msg, **kwargs)
+
+
+def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
+    """An iterated run's prompts stage (`prepare_prompts`) on the `pofe.prompts` file `pool`
+    with the `pofe:` block `pofe`, in tmp_path/run: (layout, state, the lines it echoed)."""
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.args import pofe_config
+    from pofe.run.layout import RunLayout, RunState
+    from pofe.run.rounds import prepare_prompts
+    from pofe.run.runner import StageRunner
+
+    cfg = DictDefault({"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})],
+                       "pofe": pofe})
+    layout = RunLayout(tmp_path / "run")
+    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method=method)
+    said: list[str] = []
+    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=said.append))
+    return layout, state, said
+
+
+def prompts_in(path: Path) -> list:
+    """The `prompt` of each row of a JSONL prompt file."""
+    return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]

@@ -14,15 +14,16 @@ import yaml
 from huggingface_hub import HfApi
 
 from pofe import PofePlugin
-from pofe.args import PofeConfig, pofe_config
+from pofe.args import PofeConfig
 from pofe.run.layout import RunLayout, RunState
 from pofe.run.publish import (
     hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
 )
 from pofe.run.recipe import load_recipe, round_recipe
 from pofe.run.report.collect import sample_rows
-from pofe.run.rounds import RoundPlan, prepare_prompts, push_round
+from pofe.run.rounds import RoundPlan, push_round
 from pofe.run.runner import StageRunner
+from tests.helpers import prompts_in, prompts_stage
 from tests.hub_server import HubServer
 
 RAW = {
@@ -232,8 +233,6 @@ def test_one_prompt_file_per_round(tmp_path):
     """`pofe.round_prompts: [f1, f2]`: round t trains on file t; the datasets entry gives only
     the held-out rows (its last eval.held_out); wrong counts and missing files name the round,
     the missing files when the recipe is loaded."""
-    from axolotl.utils.dict import DictDefault
-
     files = []
     for t in (1, 2):
         path = tmp_path / f"iter{t}.jsonl"
@@ -242,16 +241,10 @@ def test_one_prompt_file_per_round(tmp_path):
     base = tmp_path / "base.jsonl"
     base.write_text("".join(json.dumps({"prompt": f"b{i}"}) + "\n" for i in range(5)))
     pofe = {**RAW["pofe"], "rounds": 2, "round_prompts": files, "eval": {"held_out": 2}}
-    cfg = DictDefault({"rl": "rrhf", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
-                       "pofe": pofe})
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
-    said = []
-    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=said.append))
-    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
-    assert read(layout.round_prompts(1)) == ["r1-0", "r1-1"]
-    assert read(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
-    assert read(layout.held_out_prompts) == ["b3", "b4"]
+    layout, state, said = prompts_stage(tmp_path, "rrhf", base, pofe)
+    assert prompts_in(layout.round_prompts(1)) == ["r1-0", "r1-1"]
+    assert prompts_in(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
+    assert prompts_in(layout.held_out_prompts) == ["b3", "b4"]
     assert state.data["prompt_mode"] == "files"
     assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt sets for pofe.rounds: 3"):

@@ -9,12 +9,10 @@ import json
 import pytest
 from datasets import Dataset, DatasetDict
 
-from pofe.args import PofeConfig, pofe_config
+from pofe.args import PofeConfig
 from pofe.run.config import RoundPromptSet
-from pofe.run.layout import RunLayout, RunState
 from pofe.run.prompts import load_round_prompts
-from pofe.run.rounds import prepare_prompts
-from pofe.run.runner import StageRunner
+from tests.helpers import prompts_in, prompts_stage
 
 # a dataset repo's README: two configurations, each with a train and a test split
 CARD = """---
@@ -89,43 +87,28 @@ def test_bad_specs_name_the_round_and_the_spec(sources):
 
 
 def test_a_run_mixes_files_and_specs_one_per_round(sources, tmp_path):
-    from axolotl.utils.dict import DictDefault
-
     base = tmp_path / "base.jsonl"
     _jsonl(base, ["h0", "h1", "h2"])
     pofe = {"rounds": 2, "eval": {"held_out": 1},
             "round_prompts": [f"{sources['files']}/a.jsonl", {"path": sources["repo"], "name": "iter2"}],
             "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
-    cfg = DictDefault({"rl": "rrhf", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
-                       "pofe": pofe})
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
-    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=lambda _: None))
-    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
-    assert read(layout.round_prompts(1)) == ["a0", "a1"]
-    assert read(layout.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
-    assert read(layout.held_out_prompts) == ["h2"]
+    layout, _, _ = prompts_stage(tmp_path, "rrhf", base, pofe)
+    assert prompts_in(layout.round_prompts(1)) == ["a0", "a1"]
+    assert prompts_in(layout.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
+    assert prompts_in(layout.held_out_prompts) == ["h2"]
 
 
 def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tmp_path):
     """The SPPO recipes read one hub set as the `datasets:` entry (whose last rows are the
     default held-out slice) and as round 1's prompts: round 1 must not train on the slice.
     A pool of 20 holds out its last 4 (a fifth of a small pool); round 2's set shares none."""
-    from axolotl.utils.dict import DictDefault
-
     pool = tmp_path / "pool.jsonl"
     _jsonl(pool, [f"p{i}" for i in range(20)])
     pofe = {"rounds": 2, "round_prompts": [str(pool), f"{sources['files']}/a.jsonl"],
             "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
-    cfg = DictDefault({"rl": "sppo", "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})],
-                       "pofe": pofe})
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
-    said = []
-    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=said.append))
-    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
-    assert read(layout.held_out_prompts) == ["p16", "p17", "p18", "p19"]
-    assert read(layout.round_prompts(1)) == [f"p{i}" for i in range(16)]
-    assert read(layout.round_prompts(2)) == ["a0", "a1"]
+    layout, state, said = prompts_stage(tmp_path, "sppo", pool, pofe)
+    assert prompts_in(layout.held_out_prompts) == ["p16", "p17", "p18", "p19"]
+    assert prompts_in(layout.round_prompts(1)) == [f"p{i}" for i in range(16)]
+    assert prompts_in(layout.round_prompts(2)) == ["a0", "a1"]
     assert state.data["stages"]["prompts"]["held_out_removed"] == [4, 0]
     assert any("per round: [4, 0]" in line for line in said)

@@ -142,26 +142,18 @@ def test_default_held_out_size_by_hand():
 def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
     """The prompts stage holds out the pool's last rows (the default slice with no eval keys):
     no round's prompt file holds any of them; `held_out: 0` writes no held-out file."""
-    from axolotl.utils.dict import DictDefault
-
-    from pofe.run.rounds import prepare_prompts
-    from pofe.run.runner import StageRunner
+    from tests.helpers import prompts_in, prompts_stage
 
     base = tmp_path / "pool.jsonl"
     base.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(pool)))
     pofe = {"rounds": 2, "generate": {"backend": "transformers"},
             "judge": {"type": "python", "function": "pofe.demo.task:reward"},
             **({"eval": eval_keys} if eval_keys else {})}
-    cfg = DictDefault({"rl": "sppo", "datasets": [DictDefault({"path": str(base), "type": "pofe.prompts"})],
-                       "pofe": pofe})
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
-    prepare_prompts(cfg, PofeConfig(method="sppo", **pofe), layout, StageRunner(state, echo=lambda _: None))
-    read = lambda p: [json.loads(line)["prompt"] for line in p.read_text().splitlines()]  # noqa: E731
-    trained = read(layout.round_prompts(1)) + read(layout.round_prompts(2))
+    layout, _, _ = prompts_stage(tmp_path, "sppo", base, pofe)
+    trained = prompts_in(layout.round_prompts(1)) + prompts_in(layout.round_prompts(2))
     assert trained == [f"p{i}" for i in range(pool - held)]  # SPPO's split: every other row once
     if held:
-        assert read(layout.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
+        assert prompts_in(layout.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
     else:
         assert not layout.held_out_prompts.exists()
 
