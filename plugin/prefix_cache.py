@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -141,6 +142,43 @@ def _per_response(t: torch.Tensor, prompt_of: torch.Tensor) -> torch.Tensor:
     return t.index_select(0, prompt_of)
 
 
+def recorded_forward(model: torch.nn.Module, **inputs) -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`model(**inputs)` and the keys and values every layer computed, each (B, H, P, D)."""
+    recorder = Cache(layer_class_to_replicate=_RecordingLayer)
+    out = model(**inputs, past_key_values=recorder, use_cache=False)
+    return out, [(layer.keys, layer.values) for layer in recorder.layers]
+
+
+def forward_after_prefix(
+    model: torch.nn.Module,
+    keys_values: list[tuple[torch.Tensor, torch.Tensor]],
+    prefix_mask: torch.Tensor,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    remedy: str,
+    **kwargs,
+):
+    """`model` on rows that continue a recorded prefix: row n's tokens attend to keys_values[:][n]
+    (each (N, H, P, D), real where prefix_mask (N, P) is 1) and sit at the positions after its
+    prefix's real tokens, as in the row ``prefix + input_ids`` run whole.
+
+    Raises ValueError naming `remedy` (why, and what to set) when a layer did not read the prefix:
+    its tokens would be scored without the prompt.
+    """
+    prefix = Cache(layers=[_PrefixLayer(k, v) for k, v in keys_values])
+    length = input_ids.shape[1]
+    out = model(
+        input_ids=input_ids,
+        attention_mask=torch.cat([prefix_mask, attention_mask], 1),  # (N, P + R)
+        position_ids=prefix_mask.sum(1, keepdim=True) + torch.arange(length, device=input_ids.device),  # (N, R)
+        past_key_values=prefix, use_cache=False, **kwargs,
+    )
+    if not prefix.layers or not all(layer.read for layer in prefix.layers):
+        raise ValueError(f"{type(model).__name__} did not read the prompt's KV cache in every layer ({remedy})")
+    return out
+
+
 def cache_hidden_states(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -169,32 +207,21 @@ def cache_hidden_states(
             "`gradient_checkpointing_kwargs: {use_reentrant: false}` or `pofe.prefix_layout: packed`"
         )
     s = split_packed(input_ids, segment_ids, position_ids, candidate_mask)
-    prompt_of, prompt_len = s["prompt_of"], s["prompt_len"]
-    r = s["response_ids"].shape[1]
-    recorder = Cache(layer_class_to_replicate=_RecordingLayer)
+    prompt_of = s["prompt_of"]
     outputs = dict(logits_to_keep=0) if logits else dict(output_hidden_states=True, logits_to_keep=1)
     with _cache_kept_under_checkpointing(model):
-        prompt_out = model(
-            input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"], past_key_values=recorder,
-            use_cache=False, **outputs,
+        prompt_out, keys_values = recorded_forward(model, input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"],
+                                                   **outputs)
+        response_out = forward_after_prefix(
+            model,
+            [(_per_response(k, prompt_of), _per_response(v, prompt_of)) for k, v in keys_values],  # each (N, H, P, D)
+            _per_response(s["prompt_mask"], prompt_of),
+            input_ids=s["response_ids"], attention_mask=s["response_mask"],
+            remedy="a transformers version without `_can_checkpoint_with_cache` under gradient checkpointing, or a "
+                   "model whose attention keeps its own cache; set `pofe.prefix_layout: packed`",
+            **outputs,
         )
-        prefix = Cache(layers=[
-            _PrefixLayer(_per_response(layer.keys, prompt_of), _per_response(layer.values, prompt_of))
-            for layer in recorder.layers
-        ])  # each (N, H, P, D)
-        response_out = model(
-            input_ids=s["response_ids"],
-            attention_mask=torch.cat([_per_response(s["prompt_mask"], prompt_of), s["response_mask"]], 1),  # (N, P+R)
-            position_ids=prompt_len[prompt_of, None] + torch.arange(r, device=input_ids.device),  # (N, R)
-            past_key_values=prefix, use_cache=False, **outputs,
-        )
-    if not prefix.layers or not all(layer.read for layer in prefix.layers):
-        # a layer that drops or bypasses the cache would score the responses without their prompt
-        raise ValueError(
-            f"{type(model).__name__} did not read the prompt's KV cache in every layer (a transformers "
-            "version without `_can_checkpoint_with_cache` under gradient checkpointing, or a model "
-            "whose attention keeps its own cache); set `pofe.prefix_layout: packed`"
-        )
+    prompt_len = s["prompt_len"]
     prompt_hidden = prompt_out.logits if logits else prompt_out.hidden_states[-1]  # (B, P, H|V)
     response_hidden = response_out.logits if logits else response_out.hidden_states[-1]  # (N, R, H|V)
 
