@@ -22,7 +22,9 @@ its default 4. Every variant judges the same K (K - 1) ordered pairs per prompt.
 Reward model. A random LlamaForSequenceClassification (hidden 128, 2 layers) with the
 tiny chat tokenizer; `pofe` is `RewardModelJudge.score`, `plain` the same model called as
 a user would without POFE: the chat template applied, one tokenizer call, batches of the
-same size sorted by length, padded, `logits[:, 0]`.
+same size sorted by length, padded, `logits[:, 0]`. `pofe` shares each prompt's prefix across
+its K candidates (judge.prefix_sharing, the default); `pofe_whole_texts` is the judge with it
+off, scoring every whole text as `plain` does.
 
 Writes benchmarks/results/judges-<device>.json.
 """
@@ -161,6 +163,7 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
     prompts = texts(n_prompts, 12, rng, CORPUS)
     responses = [texts(k, 16, rng, CORPUS) for _ in range(n_prompts)]
     judge = RewardModelJudge(str(work / "rm"), batch_size=batch_size, max_length=4096)
+    whole = RewardModelJudge(str(work / "rm"), batch_size=batch_size, max_length=4096, prefix_sharing=False)
     model, tok = judge.model, judge.tokenizer
 
     @torch.no_grad()
@@ -175,7 +178,9 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
                 scores[n] = s
         return scores
 
-    variants = {"pofe": timed(lambda: judge.score(prompts, responses), device), "plain": timed(plain, device)}
+    variants = {"pofe": timed(lambda: judge.score(prompts, responses), device),
+                "pofe_whole_texts": timed(lambda: whole.score(prompts, responses), device),
+                "plain": timed(plain, device)}
     interleaved(variants, 1)  # warm-up
     out = summary(interleaved(variants, reps), n_prompts * k)
     ours = torch.tensor([s for row in judge.score(prompts, responses) for s in row])

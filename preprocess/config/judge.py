@@ -22,7 +22,7 @@ RewardModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _DEVICE = re.compile(r"(cpu|mps|disk|(cuda|xpu|npu|hpu)(:\d+)?|\d+)")
 # reward_model-only keys and their defaults: set for another judge, an error (they would be ignored)
-REWARD_MODEL_KEYS = ("dtype", "device_map", "trust_remote_code", "score_output", "score_index")
+REWARD_MODEL_KEYS = ("dtype", "device_map", "trust_remote_code", "score_output", "score_index", "prefix_sharing")
 # `judge.preferences` each judge accepts, its default first. "authors" (the SPPO scripts') needs
 # PairRM's logits; the other pairwise judges give probabilities, which "both_orders" combines.
 JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
@@ -156,6 +156,12 @@ class JudgeConfig(StrictConfig):
     )
     score_index: int = Field(
         0, ge=0, le=4096, description="reward_model: column of score_output, (batch, n) -> (batch,), e.g. one objective."
+    )
+    prefix_sharing: bool = Field(
+        True,
+        description="reward_model: run the tokens a prompt's candidates share once, not once per candidate (their "
+        "keys and values reused; causal decoders read with a chat template; scores equal up to float rounding). "
+        "False: every candidate's whole text.",
     )
     allow_abstain: bool = Field(
         True,

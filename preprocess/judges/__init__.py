@@ -45,7 +45,7 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
         return RewardModelJudge(
             cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length, allow_abstain=cfg.allow_abstain,
             dtype=cfg.dtype, device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
-            score_output=cfg.score_output, score_index=cfg.score_index,
+            score_output=cfg.score_output, score_index=cfg.score_index, prefix_sharing=cfg.prefix_sharing,
         )
     if cfg.type in ("llm", "pairwise_llm"):
         from ..replicas import client_for

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from pofe.logs import logger_name
 
 from ..render import Prompt, as_messages, prompt_text
 from .base import JudgeStats, PromptCut, Score
+from .shared_prefix import common_prefix, prefix_shared_forwards, reads_causally
 
 LOG = logging.getLogger(logger_name(__name__))
 # an abstention's reason starts with this (its kind in summary.json's judge_abstention_reasons)
@@ -60,16 +62,6 @@ def _inputs(ids: list[int]) -> dict:
     return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two id lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class RewardModelJudge:
     # the dataset's prompt: the reward model renders it with its own chat template (`encode`)
     reads_rendered_prompt = False
@@ -78,7 +70,7 @@ class RewardModelJudge:
     def __init__(
         self, model_path: str, *, batch_size: int = 8, max_length: int = 1024, allow_abstain: bool = True,
         dtype: str = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
-        score_output: str = "logits", score_index: int = 0,
+        score_output: str = "logits", score_index: int = 0, prefix_sharing: bool = True,
     ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -109,6 +101,9 @@ class RewardModelJudge:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.batch_size = batch_size
         self.max_length = max_length
+        # a bidirectional encoder reads the prompt in the light of the response: nothing to share
+        self.shares_prefix = (prefix_sharing and bool(getattr(self.tokenizer, "chat_template", None))
+                              and reads_causally(self.model.config))
         self.allow_abstain = allow_abstain
         self.stats = JudgeStats()
         self._warned = False  # the prompt-cut warning, once per judge
@@ -185,13 +180,10 @@ class RewardModelJudge:
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         flat = [(p, r) for p, rs in zip(prompts, responses, strict=True) for r in rs]
         encoded = self.encode_all(flat)
-        live = [n for n, e in enumerate(encoded) if e.inputs is not None]
         values: dict[int, float] = {}
-        # length-sorted: padding is masked, so a score depends on its batch only through rounding
-        for sorted_batch in length_sorted_batches([len(encoded[n].inputs["input_ids"]) for n in live], self.batch_size):
-            chunk = [live[m] for m in sorted_batch]
-            batch = self.tokenizer.pad([encoded[n].inputs for n in chunk], return_tensors="pt").to(self.device)
-            values.update(zip(chunk, self.pick_scores(self.model(**batch)).float().tolist()))
+        forwards = self._shared_forwards(encoded, responses) if self.shares_prefix else self._whole_forwards(encoded)
+        for chunk, output in forwards:
+            values.update(zip(chunk, self.pick_scores(output).float().tolist()))
             self.stats.count_call(len(chunk))
         if any(e.prompt_cut for e in encoded) and not self._warned:
             self._warned = True
@@ -206,6 +198,28 @@ class RewardModelJudge:
             out.append([self._verdict(encoded[n + k], values.get(n + k), p, k) for k in range(len(rs))])
             n += len(rs)
         return out
+
+    def _whole_forwards(self, encoded: list[Encoded]) -> Iterator[tuple[list[int], object]]:
+        """Every scored input whole, in length-sorted batches: padding is masked, so a score
+        depends on its batch only through rounding. Yields (flat indices, model output)."""
+        live = [n for n, e in enumerate(encoded) if e.inputs is not None]
+        for sorted_batch in length_sorted_batches([len(encoded[n].inputs["input_ids"]) for n in live], self.batch_size):
+            chunk = [live[m] for m in sorted_batch]
+            batch = self.tokenizer.pad([encoded[n].inputs for n in chunk], return_tensors="pt").to(self.device)
+            yield chunk, self.model(**batch)
+
+    def _shared_forwards(self, encoded: list[Encoded], responses: list[list[str]]) -> Iterator[tuple[list[int], object]]:
+        """Each prompt's shared tokens run once for its candidates (`shared_prefix`)."""
+        groups, start = [], 0
+        for rs in responses:
+            groups.append([(n, encoded[n].inputs["input_ids"]) for n in range(start, start + len(rs))
+                           if encoded[n].inputs is not None])
+            start += len(rs)
+        return prefix_shared_forwards(
+            self.model, groups, batch_size=self.batch_size, window_tokens=self.batch_size * self.max_length,
+            pad_id=self.model.config.pad_token_id, device=self.device,
+            remedy="its attention keeps its own cache; set judge.prefix_sharing: false",
+        )
 
     def _verdict(self, enc: Encoded, value: float | None, p: int, k: int) -> Score:
         where = f"candidate {k} (reward model)"

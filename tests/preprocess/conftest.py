@@ -36,6 +36,21 @@ def tiny_reward_model(tmp_path_factory) -> Path:
     return path
 
 
+
+@pytest.fixture(scope="session")
+def pair_reward_model(tiny_reward_model, tmp_path_factory) -> Path:
+    """The tiny reward model without a chat template: it reads (prompt, response) sentence pairs."""
+    import json
+    import shutil
+
+    path = tmp_path_factory.mktemp("rm-pair") / "rm"
+    shutil.copytree(tiny_reward_model, path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
 REPO = Path(__file__).resolve().parents[2]

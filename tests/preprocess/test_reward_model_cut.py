@@ -104,18 +104,6 @@ def test_pipeline_counts_cut_and_dropped_candidates(bos_reward_model, tiny_polic
     assert "4 candidates of 2 prompts were judged with their prompt cut" in caplog.text
 
 
-@pytest.fixture(scope="module")
-def pair_reward_model(tiny_reward_model, tmp_path_factory):
-    """The tiny reward model without a chat template: it reads (prompt, response) sentence pairs."""
-    path = tmp_path_factory.mktemp("rm-pair") / "rm"
-    shutil.copytree(tiny_reward_model, path)
-    (path / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return path
-
-
 @pytest.mark.parametrize("model", ["bos_reward_model", "pair_reward_model"])
 def test_batched_encoding_and_sorted_batches_match_one_pair_at_a_time(model, request):
     """`encode_all` (one tokenizer call) gives `encode`'s inputs for every pair, cut or not;
