@@ -246,3 +246,19 @@ def test_workers_sharing_a_gpu_add_up(mistral_sizes):
     apart = {**shared, "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}}}
     spread = plan_run(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
     assert spread["stages"][0]["gpu_memory_gb"] == 72.0 and not [w for w in spread["warnings"] if "generate" in w]
+
+
+def test_a_reward_model_judge_counts_its_shared_prompt_keys(mistral_sizes):
+    """With judge.prefix_sharing (judges/shared_prefix.py) a reward model keeps a window's prompt
+    keys and values and one batch's gathered copy: 2 x (2 x 32 layers x 1024 kv width x 2 bytes,
+    bfloat16) x batch_size 8 x max_length 1024 = 2 GiB; without it, nothing."""
+    base = _recipe()
+    judge = {"type": "reward_model", "model": "mistralai/Mistral-7B-Instruct-v0.2", "batch_size": 8, "max_length": 1024}
+    stages = {}
+    for sharing in (True, False):
+        raw = {**base, "pofe": {**base["pofe"], "judge": {**judge, "prefix_sharing": sharing}}}
+        stages[sharing] = plan_run(raw, mistral_sizes, PROMPTS, PlanOptions())["stages"][1]
+    expected = 2 * (2 * 32 * 1024 * 2) * 8 * 1024 / GB
+    assert stages[True]["stage"] == "judge" and stages[True]["parts_gb"]["prefix_kv"] == round(expected, 2)
+    assert "prefix_kv" not in stages[False]["parts_gb"]
+    assert abs(stages[True]["gpu_memory_gb"] - stages[False]["gpu_memory_gb"] - expected) <= 0.01  # GB rounding

@@ -125,15 +125,22 @@ def judge_calls(pcfg: PofeConfig, prompts: int | None) -> int | None:
 def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[str, dict]:
     """(dtype, parts) of a judge model on its device: a reward model in its checkpoint's dtype,
     PairRM's DeBERTa in float32 with eager (disentangled: content and two position) attention."""
+    shares = judge.type == "reward_model" and judge.prefix_sharing
     if size is None:
-        return judge.dtype, _unknown(("weights", "forward", "runtime"))
+        return judge.dtype, _unknown(("weights", "forward") + ("prefix_kv",) * shares + ("runtime",))
     if judge.type == "pairrm":
         dtype, rows = "float32", judge.batch_size * judge.max_length
         forward = mem.forward_bytes(size, rows, dtype, attention_rows=3 * rows * judge.max_length)
     else:
         dtype = size.dtype if judge.dtype == "auto" else judge.dtype  # auto: the checkpoint's, on any device
         forward = mem.forward_bytes(size, judge.batch_size * judge.max_length, dtype)
-    return dtype, {"weights": mem.weights_bytes(size, dtype), "forward": forward, "runtime": options.runtime}
+    parts = {"weights": mem.weights_bytes(size, dtype), "forward": forward}
+    if shares:
+        # a window's prompt keys and values (up to batch_size x max_length tokens) and one batch's
+        # gathered copy (judges/shared_prefix.py); counted whenever on, an encoder (which does not
+        # share) included
+        parts["prefix_kv"] = 2 * mem.kv_bytes_per_token(size, dtype) * judge.batch_size * judge.max_length
+    return dtype, {**parts, "runtime": options.runtime}
 
 
 def judge_stage(pcfg: PofeConfig, size: ModelSize | None, t: int, prompts: int | None, options: PlanOptions) -> dict:
