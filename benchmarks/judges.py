@@ -185,6 +185,11 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
     out = summary(interleaved(variants, reps), n_prompts * k)
     ours = torch.tensor([s for row in judge.score(prompts, responses) for s in row])
     out["max_abs_score_difference_vs_plain"] = (ours - torch.tensor(plain())).abs().max().item()
+    # what float rounding of the two orders may differ by scales with these (gpu_check/judges.py)
+    out["max_abs_score"] = ours.abs().max().item()
+    out["longest_input_tokens"] = max(len(e.inputs["input_ids"]) for e in judge.encode_all(
+        [(p, r) for p, rs in zip(prompts, responses) for r in rs]))
+    out["hidden_size"] = cfg.hidden_size
     return {"prompts": n_prompts, "k": k, "candidates": n_prompts * k, "batch_size": batch_size, **out}
 
 

@@ -120,3 +120,18 @@ def test_the_vllm_check_fails_on_a_prompt_tokenised_again():
     res["seen"][7] = [bos, *sent[7]]
     first = generate.checks(res, bos)[0]
     assert first["status"] == "FAIL" and "63/64 prompts seen as sent" in first["detail"]
+
+
+def test_judges_stage_measures_the_reward_model_and_the_anchor_pass(tiny_check):
+    """The reward-model judge's scores equal a plain forward's within float32 rounding (a `pass`
+    that can fail: the bound is derived, not the difference's own), and both speed figures come
+    from runs that scored the same candidates."""
+    report, rows, _ = tiny_check
+    r = rows["judge reward model scores == plain forward's"]
+    assert r["status"] == "pass" and r["difference"] <= r["bound"] < 1e-3, r
+    rm = report["judges"]["reward_model"]
+    assert rm["candidates"] == 8 * 5 and set(rm["speed_pofe_over"]) == {"pofe_whole_texts", "plain"}
+    assert rows["judge reward model vs plain forward"]["status"] == "measured"
+    anchor = report["judges"]["anchor_pass"]
+    assert anchor["rows"] == 8
+    assert rows["anchor pass vs one epoch's forwards"]["status"] == "measured"

@@ -9,7 +9,7 @@ import time
 import traceback
 from pathlib import Path
 
-STAGES = ("generate", "train", "prefix", "speed")
+STAGES = ("generate", "train", "prefix", "speed", "judges")
 
 
 def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, cuda: bool) -> dict:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from . import generate, prefix, speed, train
+    from . import generate, judges, prefix, speed, train
     from .model import bos_behaviour, build_model, build_tokenizer
     from .report import row, table, write
 
@@ -91,6 +91,10 @@ def main(argv=None) -> int:
     if bench is not None:
         rows += speed.checks(bench)
         report["speed"] = bench
+    judged = timed("judges", judges.run, args.work / "judges", cuda)
+    if judged is not None:
+        rows += judges.checks(judged)
+        report["judges"] = judged
 
     if runs is not None:
         report["plan"] = timed("plan", plan_rows, rows, runs, vllm, max_tokens, cuda)
