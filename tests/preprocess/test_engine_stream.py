@@ -166,10 +166,12 @@ def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
 def test_judged_in_turn_yields_shards_as_they_finish_and_cancels_the_rest_on_close():
     """Side by side, a shard held back does not hold back the next; closing early cancels the
     shards not started (they would otherwise go on judging after an error)."""
-    release, started = threading.Event(), []
+    release, second_busy, started = threading.Event(), threading.Event(), []
 
     def work(s):
         started.append(s)
+        if s == 2:
+            second_busy.set()
         if s != 1:
             assert release.wait(30)
         return 10 * s
@@ -177,7 +179,12 @@ def test_judged_in_turn_yields_shards_as_they_finish_and_cancels_the_rest_on_clo
     assert list(judged_in_turn([0, 1, 2], lambda s: 10 * s)) == [(0, 0), (1, 10), (2, 20)]
     shards = judged_in_turn([0, 1, 2, 3, 4, 5], work, side_by_side=2)
     assert next(shards) == (1, 10)  # shard 0 waits: shard 1 (on the second worker) comes out first
-    threading.Timer(0.2, release.set).start()  # lets 0 and 2 finish once close() has cancelled 3-5
+    # the second worker takes shard 2 some time after shard 1 is out (a loaded run closed before it
+    # had, and shard 2 was cancelled too): wait for it, so both workers hold a shard and 3-5 queue
+    assert second_busy.wait(30)
+    # lets 0 and 2 finish once close() has cancelled 3-5 (microseconds after it is called; the
+    # second's margin is for a loaded machine)
+    threading.Timer(1.0, release.set).start()
     shards.close()
     assert sorted(started) == [0, 1, 2]
 
