@@ -84,7 +84,7 @@ def plans() -> dict[str, dict]:
 
 
 def table() -> str:
-    from pofe.run.plan_render import readme_table
+    from pofe.run.plan.render import readme_table
 
     return readme_table(plans())
 
@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     text = table()
     if args.write:
-        from pofe.run.plan_render import replace_block
+        from pofe.run.plan.render import replace_block
 
         readme = ROOT / "README.md"
         readme.write_text(replace_block(readme.read_text(), text))

@@ -69,10 +69,10 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
     training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
     """
-    from .run.layout import RunStateMismatch
-    from .run.lock import RunLocked
-    from .run.rounds import run_rounds
-    from .run.stages import StageFailed
+    from pofe.run.folder import RunStateMismatch
+    from pofe.run.guards import RunLocked
+    from pofe.run.rounds.loop import run_rounds
+    from pofe.run.rounds.processes import StageFailed
 
     try:
         run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
@@ -100,9 +100,9 @@ def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int 
     Reads config.json files from disk or the hub cache only: never downloads."""
     import json
 
-    from .run.plan_common import PlanOptions
-    from .run.plan_render import render_text
-    from .run.plan_sources import plan_recipe
+    from pofe.run.plan.common import PlanOptions
+    from pofe.run.plan.render import render_text
+    from pofe.run.plan.planner import plan_recipe
 
     try:
         result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
@@ -119,7 +119,7 @@ def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int 
 def eval_(config: str, no_report: bool):
     """Score each round's trained model on its own prompts (the report's headline) and, with
     held-out prompts, every iterate on them (pofe.eval); then report."""
-    from .run.evaluation import evaluate_run
+    from pofe.run.evaluation.evaluate import evaluate_run
     from .run.report import write_report
 
     try:
@@ -136,7 +136,7 @@ def report(config: str):
     """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
     import yaml
 
-    from .run.layout import RunLayout
+    from pofe.run.folder import RunLayout
     from .run.report import write_report
 
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .layout import IGNORE_INDEX, candidate_float_columns, pack_prompt
+from pofe.columns import IGNORE_INDEX, candidate_float_columns, pack_prompt
 
 
 @dataclass

@@ -12,6 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+# How a command says one line to its user (`click.echo`, `print`, a test's list.append).
+Echo = Callable[[str], None]
+
 
 def logger_name(module: str) -> str:
     """The logger name for a POFE module; `pofe.preprocess`, which runs without axolotl

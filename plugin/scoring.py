@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .layout import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
+from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
 from .logs import get_logger
 from .modeling import attention_backend, head_outside_forward, logits_are_plain, mask_dtype, output_embedding
 from .prefix import block_attention_mask, check_backend, choose_layout

@@ -19,7 +19,7 @@ from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .generators.stream import ShardJob, stream_shards
 from .shards import read_shard, shard_path
-from .stages import StagePlan, close_generator, render_shard, shard_rows
+from pofe.preprocess.shard_work import StagePlan, close_generator, render_shard, shard_rows
 
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 

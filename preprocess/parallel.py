@@ -33,7 +33,7 @@ from pofe.files import write_atomic
 from pofe.logs import logger_name
 
 from .config import GenerateConfig, PipelineConfig
-from .stages import StagePlan
+from pofe.preprocess.shard_work import StagePlan
 
 LOG = logging.getLogger(logger_name(__name__))
 WORKER_MODULE = "pofe.preprocess.worker"

@@ -55,7 +55,7 @@ from .parallel import check_parallel, run_workers, worker_devices
 from .shards import (
     check_generate_shard, check_judge_shard, clean_tmp, judged_in_turn, read_shard, read_verified, shard_path,
 )
-from .stages import StagePlan, close_generator, column_texts, free_memory, judge_shard
+from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
 

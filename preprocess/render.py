@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pofe.data.length_policy import fit_turns
+from pofe.length_policy import fit_turns
 
 Prompt = str | list[dict[str, Any]]
 
@@ -62,7 +62,7 @@ def render_prompt(
 ) -> Rendered:
     """Render one prompt; enforce `max_prompt_tokens` by dropping it or cutting its oldest turns.
 
-    Truncation cuts whole turns from the left (`pofe.data.length_policy.fit_turns`: system
+    Truncation cuts whole turns from the left (`pofe.length_policy.fit_turns`: system
     messages stay, the kept part starts at a user turn), so the latest user turn and the
     generation prompt are what the model sees, under their role tokens; `messages` then holds the
     turns kept, which the candidates' rows carry so training conditions on the same prompt. A

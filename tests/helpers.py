@@ -161,9 +161,9 @@ def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
     from axolotl.utils.dict import DictDefault
 
     from pofe.args import pofe_config
-    from pofe.run.layout import RunLayout, RunState
-    from pofe.run.rounds import prepare_prompts
-    from pofe.run.runner import StageRunner
+    from pofe.run.folder import RunLayout, RunState
+    from pofe.run.rounds.loop import prepare_prompts
+    from pofe.run.rounds.runner import StageRunner
 
     cfg = DictDefault({"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})],
                        "pofe": pofe})

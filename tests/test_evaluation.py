@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pofe.run.answers import sequence_logps
-from pofe.run.tournament import block_win_matrix, find_cycles, win_matrix_from_rewards
+from pofe.run.evaluation.answers import sequence_logps
+from pofe.run.evaluation.statistics import block_win_matrix, find_cycles, win_matrix_from_rewards
 
 
 def sig(x):
@@ -78,7 +78,7 @@ def test_judge_models_with_a_python_judge():
     reads the dataset's prompt, as in the judge stage: the rendered one would not parse (NaN)."""
     from pofe.preprocess import JudgeConfig
     from pofe.preprocess.judges import make_judge
-    from pofe.run.judging import judge_models
+    from pofe.run.evaluation.judging import judge_models
 
     prompts = ["1+2=", "3+4="]
     rendered = [f"<|user|>{p}<|assistant|>" for p in prompts]

@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers import CPU_SETTINGS
 from pofe.demo.task import make_prompt_rows, reward
-from pofe.run.layout import RunLayout
+from pofe.run.folder import RunLayout
 
 NUM_PROMPTS, HEADLINE_PROMPTS = 20, 16  # more prompts than the default headline takes
 
@@ -30,7 +30,7 @@ def _jsonl(path):
 @pytest.fixture(scope="module")
 def headline_run(tmp_path_factory, tiny_model, tiny64_model):
     from pofe.preprocess import GenerateConfig, JudgeConfig, PipelineConfig, run_pipeline
-    from pofe.run.evaluation import evaluate_run
+    from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
     root = tmp_path_factory.mktemp("headline")
@@ -171,7 +171,7 @@ def test_eval_switch_and_headline_keys():
     """`pofe.eval` is on by default (headline only), `false` turns it off; held-out keys
     without held-out prompts and greedy with several samples are refused."""
     from pofe.args import PofeConfig
-    from pofe.run.config import EvalConfig
+    from pofe.args.rounds import EvalConfig
 
     default = PofeConfig().eval
     assert (default.train_prompts, default.train_samples, default.train_temperature) == (16, 1, 0.0)
@@ -190,9 +190,9 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     """A pairwise judge records why there is no headline, and the report says it; a recipe
     with `pofe.eval: false` cannot be evaluated."""
     from pofe.preprocess import JudgeConfig
-    from pofe.run.config import EvalConfig
-    from pofe.run.evaluation import evaluate_run
-    from pofe.run.headline import headline_skipped
+    from pofe.args.rounds import EvalConfig
+    from pofe.run.evaluation.evaluate import evaluate_run
+    from pofe.run.evaluation.headline import headline_skipped
     from pofe.run.report.markdown import headline_section
 
     why = headline_skipped(EvalConfig(), JudgeConfig(type="python_pairwise", function="m:f"))
@@ -220,7 +220,7 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
     the recorded rewards equal the function applied by hand to the answers and `answer`."""
     import shutil
 
-    from pofe.run.evaluation import evaluate_run
+    from pofe.run.evaluation.evaluate import evaluate_run
 
     layout = RunLayout(tmp_path / "run")
     shutil.copytree(headline_run["layout"].root, layout.root)
@@ -244,7 +244,7 @@ def test_held_out_rows_read_as_their_dataset_entry_reads_them():
     """Held-out rows from the dataset follow its `prompt_format`: an HH transcript becomes
     chat turns (the final empty `Assistant:` the generation point), a plain prompt stays as
     it is, and a malformed transcript names the file, row and field."""
-    from pofe.run.evaluation import dataset_prompts
+    from pofe.run.evaluation.evaluate import dataset_prompts
 
     rows = [{"prompt": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2+2?\n\nAssistant:"},
             {"prompt": "\n\nHuman: Name a colour.\n\nAssistant:"}]
@@ -293,7 +293,7 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
     from transformers import AutoTokenizer
 
     from pofe.preprocess.render import render_prompt
-    from pofe.run import evaluation
+    from pofe.run.evaluation import evaluate as evaluation
 
     layout, recipe, held_out = _held_out_run(headline_run, tmp_path)
 
@@ -336,7 +336,7 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     its peak memory, and both eval files record them under `peak_memory`."""
     import weakref
 
-    from pofe.run import eval_sampler, evaluation
+    from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
 
     layout, _, _ = _held_out_run(headline_run, tmp_path)
     loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
@@ -380,7 +380,7 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
 
     from safetensors.torch import load_file, save_file
 
-    from pofe.run import eval_sampler, evaluation
+    from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
 
     layout, recipe, _ = _held_out_run(headline_run, tmp_path)
     recipe["pofe"]["eval"]["train_prompts"] = 4

@@ -1,5 +1,5 @@
-"""Length-controlled win rates (`pofe.run.length_control`) and bootstrap intervals
-(`pofe.run.intervals`): judges that prefer length, quality, or both."""
+"""Length-controlled win rates (`pofe.run.evaluation.statistics`) and bootstrap intervals
+(`pofe.run.evaluation.statistics`): judges that prefer length, quality, or both."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pofe.preprocess.win_rates import bradley_terry_preferences
-from pofe.run.intervals import bootstrap_win_matrix
-from pofe.run.length_control import fit_length_logistic, pair_observations
-from pofe.run.tournament import block_win_matrix
+from pofe.run.evaluation.statistics import bootstrap_win_matrix
+from pofe.run.evaluation.statistics import fit_length_logistic, pair_observations
+from pofe.run.evaluation.statistics import block_win_matrix
 
 SEEDS = range(5)
 

@@ -1,4 +1,4 @@
-"""The length policy's cuts (`pofe.data.length_policy`) and the per-row record the loader writes."""
+"""The length policy's cuts (`pofe.length_policy`) and the per-row record the loader writes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from axolotl.utils.config import normalize_config, validate_config
 from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
-from pofe.data.length_policy import cut_collision, cut_response, fit_turns
-from pofe.run.layout import RunLayout
+from pofe.length_policy import cut_collision, cut_response, fit_turns
+from pofe.run.folder import RunLayout
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
 from tests.helpers import recipe

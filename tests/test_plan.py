@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
-from pofe.memory_estimate import GB
-from pofe.run.plan import plan_run
-from pofe.run.plan_common import PlanOptions
-from pofe.run.plan_render import BEGIN, END, readme_table
-from pofe.run.plan_sources import disk_warning, double_bos, model_sizes, plan_recipe
+from pofe.run.plan.estimate import GB
+from pofe.run.plan.planner import plan_run
+from pofe.run.plan.common import PlanOptions
+from pofe.run.plan.render import BEGIN, END, readme_table
+from pofe.run.plan.sources import disk_warning, double_bos, model_sizes
+from pofe.run.plan.planner import plan_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o

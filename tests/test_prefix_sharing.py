@@ -15,7 +15,7 @@ import torch
 
 from pofe.args import pofe_config
 from pofe.collator import KResponseCollator
-from pofe.layout import IGNORE_INDEX, pack_prompt
+from pofe.columns import IGNORE_INDEX, pack_prompt
 from pofe.losses import rrhf_loss
 from pofe.prefix import block_attention_mask, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed

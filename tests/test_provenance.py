@@ -1,5 +1,5 @@
 """A round's reproducibility record (`pofe.run.provenance`) and the held-out best-of-k
-(`pofe.run.best_of_k`), on files and samples made here."""
+(`pofe.run.evaluation.best_of_k`), on files and samples made here."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import yaml
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.generators.hf import Sample
 from pofe.preprocess.judges import make_judge
-from pofe.run.best_of_k import best_of_k
-from pofe.run.layout import RunLayout
+from pofe.run.evaluation.best_of_k import best_of_k
+from pofe.run.folder import RunLayout
 from pofe.run.provenance import package_versions, round_record, served_site_packages, stage_environment
 
 
@@ -99,8 +99,8 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     generate settings, each re-scored here with the demo reward; eval.json's best_of_k is
     their best per prompt, averaged; the report shows the section and the W&B row holds it."""
     from pofe.demo.task import reward
-    from pofe.run.evaluation import evaluate_run
-    from pofe.run.publish import round_metrics
+    from pofe.run.evaluation.evaluate import evaluate_run
+    from pofe.run.rounds.publish import round_metrics
     from pofe.run.report import write_report
     from tests.helpers import CPU_SETTINGS
 

@@ -1,4 +1,4 @@
-"""Iterated runs publish per round (`pofe.run.publish`): hub repos `<id>-iter<t>` pushed through
+"""Iterated runs publish per round (`pofe.run.rounds.publish`): hub repos `<id>-iter<t>` pushed through
 huggingface_hub's real `HfApi` to a loopback hub, tracker runs named per round, the
 round-level numbers read back from an offline W&B run, and one prompt file per round."""
 
@@ -15,14 +15,13 @@ from huggingface_hub import HfApi
 
 from pofe import PofePlugin
 from pofe.args import PofeConfig
-from pofe.run.layout import RunLayout, RunState
-from pofe.run.publish import (
-    hub_dataset_repo, log_round_metrics, round_metrics, tracker_env,
-)
-from pofe.run.recipe import load_recipe, round_recipe
+from pofe.run.folder import RunLayout, RunState
+from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, round_metrics, tracker_env
+from pofe.run.recipe import load_recipe
+from pofe.run.rounds.round_recipe import round_recipe
 from pofe.run.report.collect import sample_rows
-from pofe.run.rounds import RoundPlan, push_round
-from pofe.run.runner import StageRunner
+from pofe.run.rounds.loop import RoundPlan, push_round
+from pofe.run.rounds.runner import StageRunner
 from tests.helpers import prompts_in, prompts_stage
 from tests.hub_server import HubServer
 

@@ -74,8 +74,8 @@ def test_rrhf_recipes_run_the_papers_pipeline_on_hh(name):
 
 def test_iterated_rounds_keep_the_prompt_format(tmp_path):
     """`axolotl pofe run` writes each round's recipe from the user's: HH prompts stay HH."""
-    from pofe.run.layout import RunLayout
-    from pofe.run.recipe import round_recipe
+    from pofe.run.folder import RunLayout
+    from pofe.run.rounds.round_recipe import round_recipe
 
     raw = yaml.safe_load((RECIPES[0].parent / "rrhf-qlora.yml").read_text())
     recipe, _ = round_recipe(raw, RunLayout(tmp_path), 2, "/m/round-1", seed=1)
@@ -132,7 +132,7 @@ def test_the_zero3_recipes_bound_their_checkpoints_and_use_every_gpu():
 
 def test_recipe_facts_the_papers_fix():
     from pofe.args import pofe_config
-    from pofe.run.config import RoundPromptSet
+    from pofe.args.rounds import RoundPromptSet
 
     assert not any("flash_attention" in _raw(p.stem) for p in RECIPES)  # deprecated: attn_implementation
     assert all(_raw(p.stem).get("attn_implementation") for p in RECIPES)

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from pofe.run.layout import RunLayout
+from pofe.run.folder import RunLayout
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
-from pofe.run.tournament import find_cycles
+from pofe.run.evaluation.statistics import find_cycles
 
 
 def test_no_cycle_in_a_transitive_table():
@@ -140,7 +140,7 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
     win rate against pi_0 and against pi_{t-1}, raw and length-controlled with intervals,
     the numbers of eval.json's `vs_pi_0` / `vs_previous`; the lengths plot is drawn."""
     from pofe.preprocess.win_rates import bradley_terry_preferences
-    from pofe.run.comparisons import compare_iterates
+    from pofe.run.evaluation.statistics import compare_iterates
     from pofe.run.report.markdown import fmt
 
     g = torch.Generator().manual_seed(0)
@@ -183,7 +183,7 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
 def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
     """pi_1 gains at equal length, pi_2 falls clearly below pi_1, pi_3 slips within noise:
     pi_1 is the model to use, pi_2 REGRESSED, pi_3 did not improve."""
-    from pofe.run.choice import choose_model
+    from pofe.run.evaluation.decision import choose_model
     from pofe.run.report.markdown import choice_section
 
     def v(lc, lo, hi):

@@ -10,7 +10,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from pofe.args import PofeConfig
-from pofe.run.config import RoundPromptSet
+from pofe.args.rounds import RoundPromptSet
 from pofe.run.prompts import load_round_prompts
 from tests.helpers import prompts_in, prompts_stage
 

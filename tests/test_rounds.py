@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from pofe.args import PofeConfig
-from pofe.run.config import EvalConfig
-from pofe.run.layout import RunLayout, RunState, RunStateMismatch
+from pofe.args.rounds import EvalConfig
+from pofe.run.folder import RunLayout, RunState, RunStateMismatch
 from pofe.run.prompts import resolve_round_prompts, split_prompts
-from pofe.run.recipe import recipe_fingerprint, round_recipe
+from pofe.run.recipe import recipe_fingerprint
+from pofe.run.rounds.round_recipe import round_recipe
 
 
 def test_split_prompts_disjoint_and_covering():
@@ -111,7 +112,7 @@ def test_held_out_answers_get_the_candidates_token_budget():
     """Unset, the held-out cap is the candidates' (a 64-token cap under 2048-token candidates, as
     the SPPO recipes had, cut every model's answers at one length); a set cap wins; no generate
     block: 64."""
-    from pofe.run.answers import held_out_sampling
+    from pofe.run.evaluation.answers import held_out_sampling
 
     blocks = {"generate": {"backend": "transformers", "max_new_tokens": 2048},
               "judge": {"type": "python", "function": "m:f"}}
@@ -124,7 +125,7 @@ def test_held_out_answers_get_the_candidates_token_budget():
 
 def test_default_held_out_size_by_hand():
     """5 % of the pool, at least 16, at most 256, never more than a fifth of the pool."""
-    from pofe.run.held_out import default_held_out, held_out_count
+    from pofe.run.prompts import default_held_out, held_out_count
 
     by_hand = {0: 0, 4: 0, 5: 1, 14: 2, 40: 8, 80: 16, 100: 16, 320: 16, 339: 17, 1000: 50, 5120: 256,
                100000: 256}
@@ -167,7 +168,7 @@ def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from pofe.run.merge import merge_command
+    from pofe.run.rounds.loop import merge_command
     from tests.helpers import AXOLOTL_ENV, assert_float_close, recipe
 
     torch.manual_seed(0)
@@ -213,7 +214,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     highest complete step (by number: "checkpoint-9" sorts after "checkpoint-10" as text)."""
     import yaml
 
-    from pofe.run import rounds, runner
+    from pofe.run.rounds import loop as rounds, runner
 
     layout = RunLayout(tmp_path / "run")
     train = layout.train(1)
@@ -257,7 +258,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
 
 def test_training_without_checkpoints_starts_over(tmp_path):
-    from pofe.run.rounds import resume_point
+    from pofe.run.rounds.loop import resume_point
 
     layout = RunLayout(tmp_path)
     state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
@@ -271,7 +272,7 @@ def test_training_without_checkpoints_starts_over(tmp_path):
 def _killed_round_1(layout: RunLayout, raw: dict, steps=(6,)) -> RunState:
     """Round 1 trained from `raw` (recorded), saved checkpoint-<step> for each of `steps`, and was
     killed; its state file then went (`pofe-run.json` deleted): a new state, nothing done."""
-    from pofe.run import rounds
+    from pofe.run.rounds import loop as rounds
 
     rounds.claim_training(layout, 1, round_recipe(raw, layout, 1, "/m/base", seed=7).recipe, None)
     for step in steps:
@@ -289,8 +290,8 @@ def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change
     other candidates, or checkpoints nobody recorded) resumed round 1 from the old run's
     checkpoint-6 and trained for 0 s. Now it stops before training, naming the checkpoint and
     what differs."""
-    from pofe.run import rounds, runner
-    from pofe.run.checkpoints import RECORD_NAME
+    from pofe.run.rounds import loop as rounds, runner
+    from pofe.run.rounds.checkpoints import RECORD_NAME
 
     layout = RunLayout(tmp_path / "run")
     (layout.candidates(1)).mkdir(parents=True)
@@ -320,7 +321,7 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from pofe.run.rounds import resume_point
+    from pofe.run.rounds.loop import resume_point
 
     layout = RunLayout(tmp_path / "run")
     state = _killed_round_1(layout, RAW, steps=(4, 6))
@@ -347,7 +348,7 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
 def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     """Weak case of issue 20: round-1/merged deleted between starts while the state said
     merged failed every later start. Now the merge stage runs again (and only it)."""
-    from pofe.run import rounds, runner
+    from pofe.run.rounds import loop as rounds, runner
 
     layout = RunLayout(tmp_path / "run")
     state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
@@ -375,7 +376,7 @@ def test_a_replaced_prompt_file_is_named_at_the_next_start(tmp_path):
     between starts was silently ignored. Its sha256 is recorded at the first start."""
     from types import SimpleNamespace
 
-    from pofe.run.unchanged import check_prompt_sources, prompt_sources
+    from pofe.run.guards import check_prompt_sources, prompt_sources
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"q": "a"}\n')

@@ -20,7 +20,7 @@ from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, assert_float_close, run_axo
 from tests.hub_server import HubServer
 from tests.test_publish import read_wandb_history
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
-from pofe.run.answers import sequence_logps
+from pofe.run.evaluation.answers import sequence_logps
 
 pytestmark = pytest.mark.e2e
 
@@ -291,7 +291,7 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
     win-rate matrix with intervals, lengths, and length-controlled win rates, recomputed here
     from samples.jsonl and the round's shards."""
     from pofe.preprocess.win_rates import bradley_terry_preferences
-    from pofe.run.length_control import fit_length_logistic, pair_observations
+    from pofe.run.evaluation.statistics import fit_length_logistic, pair_observations
 
     rep = json.loads((sppo_run / "report.json").read_text())
     ev, md = rep["eval"], (sppo_run / "report.md").read_text()
@@ -411,8 +411,8 @@ def test_plan_is_within_a_factor_of_the_measured_eval_peak(sppo_run):
     (a process's resident set before any model, 0.8 GB, plus the tiny model and its KV cache)
     is within a factor 1.5 of the peak resident set `axolotl pofe eval` measured for its answers
     (headline.json's peak_memory, in GiB). On a tiny model the process dominates both."""
-    from pofe.run.plan_common import PlanOptions
-    from pofe.run.plan_sources import plan_recipe
+    from pofe.run.plan.common import PlanOptions
+    from pofe.run.plan.planner import plan_recipe
 
     plan = plan_recipe(sppo_run.parent / "recipe.yml", PlanOptions(device="cpu"))
     answers = next(s for s in plan["stages"] if s["stage"] == "eval-answers")

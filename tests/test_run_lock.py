@@ -1,4 +1,4 @@
-"""One runner per output_dir: `pofe.run.lock.RunLock` (pofe-run.lock)."""
+"""One runner per output_dir: `pofe.run.guards.RunLock` (pofe-run.lock)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from pofe.run.lock import RunLock, RunLocked
+from pofe.run.guards import RunLock, RunLocked
 
 # A runner that crashes: takes the lock, starts a "stage" that inherits it and lives until
 # the test closes its stdin, prints both PIDs and exits without releasing the lock.
 CRASHING_RUNNER = """
 import os, subprocess, sys
 from pathlib import Path
-from pofe.run.lock import RunLock
+from pofe.run.guards import RunLock
 lock = RunLock.acquire(Path(sys.argv[1]), print)
 stage = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], pass_fds=(lock.fileno(),))
 print(os.getpid(), stage.pid, flush=True)

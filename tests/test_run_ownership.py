@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pofe.run.layout import RunLayout
-from pofe.run.ownership import PREEXISTING_NAME, OutputDirRefused, claim_output_dir, pofe_wrote
+from pofe.run.folder import RunLayout
+from pofe.run.guards import PREEXISTING_NAME, OutputDirRefused, claim_output_dir, pofe_wrote
 from pofe.run.report import write_report
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
@@ -84,7 +84,7 @@ def test_overwrite_records_what_was_there_and_the_report_keeps_it(tmp_path):
 def test_pofe_run_refuses_the_folder_before_writing_anything(tiny_model, tmp_path):
     """`axolotl pofe run`'s entry point, on the README's CPU recipe pointed at a tiny model:
     refused before its lock, state or prompts are written."""
-    from pofe.run.rounds import run_rounds
+    from pofe.run.rounds.loop import run_rounds
 
     out = tmp_path / "out"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""The run's stage runner (`pofe.run.runner.StageRunner`): each named stage once, its start
+"""The run's stage runner (`pofe.run.rounds.runner.StageRunner`): each named stage once, its start
 and finish in `pofe-run.json`, exactly.
 
 The state file's clock is replaced by one that ticks a second per reading, so every record
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pofe.run import layout as layout_module
-from pofe.run.layout import RunState
-from pofe.run.runner import StageRunner
-from pofe.run.stages import StageFailed
+from pofe.run import folder as layout_module
+from pofe.run.folder import RunState
+from pofe.run.rounds.runner import StageRunner
+from pofe.run.rounds.processes import StageFailed
 
 
 @pytest.fixture

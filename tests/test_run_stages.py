@@ -1,4 +1,4 @@
-"""A stage never outlives the runner (`pofe.run.stages.run_logged` and its guard).
+"""A stage never outlives the runner (`pofe.run.rounds.processes.run_logged` and its guard).
 
 Fake stages are small Python processes; every wait polls for a state with a generous
 deadline, so a slow machine only makes the tests slower.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pofe.run.stages import StageFailed, run_logged
+from pofe.run.rounds.processes import StageFailed, run_logged
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads process states from /proc")
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads process s
 RUNNER = """
 import sys
 from pathlib import Path
-from pofe.run.stages import run_logged
+from pofe.run.rounds.processes import run_logged
 run_logged([sys.executable, "-c", sys.argv[1], sys.argv[2]], Path(sys.argv[3]), print, False)
 """
 # A stage like `axolotl train` under accelerate: it starts the process doing the work, then

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pofe.collator import KResponseCollator
-from pofe.layout import IGNORE_INDEX
+from pofe.columns import IGNORE_INDEX
 from pofe.scoring import (
     response_logps,
     response_logps_reference,

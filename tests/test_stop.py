@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from pofe.args import PofeConfig
-from pofe.run import rounds as rounds_module
-from pofe.run.config import StopWhen
-from pofe.run.stop import stop_decision
+from pofe.run.rounds import loop as rounds_module
+from pofe.args.rounds import StopWhen
+from pofe.run.evaluation.decision import stop_decision
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
 NAN = float("nan")

@@ -30,7 +30,7 @@ def listnet(model_path: Path, rows: list[dict]) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pofe.data.tokenize import render_row
-    from pofe.run.answers import sequence_logps
+    from pofe.run.evaluation.answers import sequence_logps
 
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from pofe.collator import KResponseCollator
-from pofe.layout import IGNORE_INDEX
+from pofe.columns import IGNORE_INDEX
 from pofe.data.tokenize import render_row, tokenize_row
 
 

@@ -205,7 +205,7 @@ def assert_adam_weights_close(actual, expected, name: str) -> None:
 
 def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, monkeypatch):
     """`axolotl pofe run`'s train stage killed after the ZeRO-3 run's three saves resumes
-    from the newest checkpoint DeepSpeed can load (`pofe.run.checkpoints`): a checkpoint's
+    from the newest checkpoint DeepSpeed can load (`pofe.run.rounds.checkpoints`): a checkpoint's
     global_step<N>/ partitions, `latest` and zero_to_fp32.py pass the wholeness check, the
     recorded recipe (with its `deepspeed` JSON) the identity check. checkpoint-3 has rank 1's
     optimizer partition cut short and checkpoint-2 has lost its global_step2/ (partial
@@ -214,10 +214,10 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
     resumed either."""
     import yaml
 
-    from pofe.run import rounds, runner
-    from pofe.run.checkpoints import deepspeed_problem, resumable
-    from pofe.run.layout import RunLayout, RunState
-    from pofe.run.recipe import round_recipe
+    from pofe.run.rounds import loop as rounds, runner
+    from pofe.run.rounds.checkpoints import deepspeed_problem, resumable
+    from pofe.run.folder import RunLayout, RunState
+    from pofe.run.rounds.round_recipe import round_recipe
 
     _, _, out = runs("sppo", "zero3")
     layout = RunLayout(tmp_path / "run")

@@ -1,6 +1,6 @@
 """Each stage's measured peak beside `axolotl pofe plan`'s estimate for it.
 
-The plan is `pofe.run.plan.plan_run` on the check's own QLoRA recipe, given a generate section
+The plan is `pofe.run.plan.planner.plan_run` on the check's own QLoRA recipe, given a generate section
 (vLLM, K = 5, the check's `gpu_memory_utilization` and `max_model_len`) and a judge that loads
 nothing, for the check's 64 prompts on this GPU. A stage passes when its measured peak is within
 a factor 1.5 of the estimate (the factor tests/test_plan.py holds the CPU recipes to). Measured:
@@ -23,9 +23,9 @@ GIB = 2 ** 30
 def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: float, device: str) -> dict:
     """The plan's generate and train entries of round 1 for `train_recipe` with `generate` added."""
     from pofe.args import pofe_config
-    from pofe.run.plan import plan_run
-    from pofe.run.plan_common import PlanOptions
-    from pofe.run.plan_sources import model_sizes
+    from pofe.run.plan.planner import plan_run
+    from pofe.run.plan.common import PlanOptions
+    from pofe.run.plan.sources import model_sizes
 
     raw = yaml.safe_load(train_recipe.read_text())
     raw["pofe"] = {**raw["pofe"], "generate": generate,

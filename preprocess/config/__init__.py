@@ -25,7 +25,7 @@ from .base import (
 from .credentials import looks_like_key, read_api_key, redact, redact_text, redact_url, resolve_env
 from .generate import GenerateConfig
 from .judge import FUNCTION_JUDGES, JUDGE_PREFERENCES, PAIRWISE_JUDGES, SCALAR_JUDGES, JudgeConfig
-from .pipeline import PipelineConfig
+from pofe.preprocess.config.candidates import PipelineConfig
 
 __all__ = [
     "BatchSize", "Backend", "FUNCTION_JUDGES", "GenerateConfig", "JUDGE_PREFERENCES", "JudgeConfig",

@@ -138,7 +138,7 @@ def _close(gen) -> dict:
     of the generator, and those still alive after it."""
     import psutil
 
-    from pofe.preprocess.stages import close_generator, free_memory
+    from pofe.preprocess.shard_work import close_generator, free_memory
 
     children = {p: " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)}
     close_generator(gen)

@@ -21,7 +21,7 @@ from pofe.preprocess.generators.hf import (
 )
 from pofe.preprocess.pipeline import run_pipeline
 from pofe.preprocess.render import render_prompt
-from pofe.preprocess.stages import generate_shard
+from pofe.preprocess.shard_work import generate_shard
 
 
 @pytest.fixture(scope="module")

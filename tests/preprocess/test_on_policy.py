@@ -8,7 +8,7 @@ import torch
 from axolotl.utils.dict import DictDefault
 
 from pofe.data.candidates import sampling_policy
-from pofe.layout import IGNORE_INDEX
+from pofe.columns import IGNORE_INDEX
 from pofe.preprocess.config import GenerateConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer

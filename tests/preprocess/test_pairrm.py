@@ -364,8 +364,8 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
     from pofe.preprocess.config import GenerateConfig, PipelineConfig
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
-    from pofe.run.evaluation import render_prompts
-    from pofe.run.judging import judge_models
+    from pofe.run.evaluation.evaluate import render_prompts
+    from pofe.run.evaluation.judging import judge_models
 
     judge = PairRMJudge.from_pretrained(str(pairrm_dir))
     received, preferences = [], judge.preferences

@@ -245,7 +245,7 @@ def test_stage_logs_and_console_mask_keys(tmp_path, capsys):
     """What a stage prints (axolotl's dump of the recipe) reaches its log and the terminal masked."""
     import sys
 
-    from pofe.run.stages import run_logged
+    from pofe.run.rounds.processes import run_logged
 
     run_logged([sys.executable, "-c", f"print('command: srv --api-key {PASSWORD}')"], tmp_path / "s.log",
                echo=print, stream=True)

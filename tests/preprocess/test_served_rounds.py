@@ -78,7 +78,7 @@ def _check_eval_answers_came_from_vllm(run: Path, vllm_python: Path, tmp_path: P
     from transformers import AutoTokenizer
 
     from pofe.preprocess.generators.hf import load_policy
-    from pofe.run.answers import sequence_logps
+    from pofe.run.evaluation.answers import sequence_logps
     from tests.vllm_server import vllm_server
 
     st = state(run)

@@ -25,7 +25,7 @@ from pofe.preprocess.generators.base import Completion
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.pipeline import run_pipeline
 from pofe.preprocess.render import render_prompt
-from pofe.preprocess.stages import generate_shard
+from pofe.preprocess.shard_work import generate_shard
 from tests.preprocess._real_tokenizers import KINDS, build, save_tiny_model
 from tests.preprocess._vllm_inprocess_driver import CHATS
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pofe.files import write_atomic
 
-from ..layout import RunLayout
-from ..ownership import pofe_wrote
+from pofe.run.folder import RunLayout
+from pofe.run.guards import pofe_wrote
 from .cells import fmt
 from .collect import collect
 from .markdown import render_markdown

@@ -17,12 +17,12 @@ from typing import Any
 from pofe.files import read_jsonl
 from pofe.methods import method_spec
 
-from ..choice import choose_model
-from ..headline import HEADLINE_JSON, candidate_stats, round_headline
-from ..layout import RunLayout
-from ..ownership import pofe_wrote
+from pofe.run.evaluation.decision import choose_model
+from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
+from pofe.run.folder import RunLayout
+from pofe.run.guards import pofe_wrote
 from ..provenance import round_record
-from ..tournament import find_cycles
+from pofe.run.evaluation.statistics import find_cycles
 from .lengths import candidate_lengths
 from .truncation import round_truncation
 
@@ -116,7 +116,7 @@ def collect(layout: RunLayout) -> dict:
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
         "final_policy": state.get("final_policy"),
         "starts": len(state.get("starts", [])),
-        # the run ended after this round by `pofe.stop_when` (`pofe.run.stop`); None: it did not
+        # the run ended after this round by `pofe.stop_when` (`pofe.run.evaluation.decision`); None: it did not
         "stopped": state.get("stopped"),
         "rounds": rounds,
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run

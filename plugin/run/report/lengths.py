@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pofe.methods import method_spec
 
-from ..comparisons import median
-from ..headline import shard_rows
+from pofe.run.evaluation.statistics import median
+from pofe.run.evaluation.headline import shard_rows
 
 
 def length_stats(xs: list[int]) -> dict:

@@ -2,7 +2,7 @@
 
 The loader writes `length-policy-<hash>.json` beside the round's prepared dataset
 (`round-<t>/prepared/`, `pofe.data.loader`) whenever a row was longer than `sequence_len`:
-its counts per dataset entry and a record per row touched (`pofe.data.length_policy`). The
+its counts per dataset entry and a record per row touched (`pofe.length_policy`). The
 report sums the entries' counts and points at the file for the rows themselves, so a round
 that trained on cut prompts or cut responses, or lost rows, says so next to its rewards.
 """

@@ -1,0 +1,79 @@
+"""Which iterate to use, and which rounds regressed: read off the held-out comparisons.
+
+The best model is the one with the highest length-controlled win rate against pi_0 on the
+held-out prompts (pi_0 itself counts 1/2; the first of equals), so that a round that only
+made answers longer does not win; "clearly" better when its whole 95 % interval is above
+1/2. A round regresses when its model's length-controlled win rate against the iterate
+before it is below 1/2: "clearly" when the whole 95 % interval is, otherwise within noise.
+The report warns about each; only `pofe.stop_when` (`pofe.run.evaluation.decision`) ends a run on one.
+
+`pofe.stop_when`: whether an iterated run ends after its latest round.
+
+With the rule set, the runner evaluates every finished iterate on the held-out prompts after
+each round (`axolotl pofe eval`, as after the last round) and asks `stop_decision` of the
+newest one, pi_t, against pi_{t-1}:
+
+- `lc_vs_previous_below: x`: pi_t's length-controlled win rate against pi_{t-1}
+  (eval.json's `vs_previous`, `pofe.run.evaluation.statistics`) is below x;
+- `held_out_reward_falls: true`: pi_t's mean held-out reward is below pi_{t-1}'s.
+
+A rule that fires ends the run after that round (its model stays, and the report says which
+model to use, `pofe.run.evaluation.decision`); a rule that cannot be read (no held-out file, a NaN reward)
+does not fire, and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from pofe.args.rounds import StopWhen
+
+
+def choose_model(ev: dict | None) -> dict | None:
+    """{"best": model index, "name", "lc_vs_pi_0" (and its "lc_ci95"), "raw_vs_pi_0", "clear"
+    (the interval's lower end above 1/2), "regressions": [...]} from
+    eval.json's `vs_pi_0` / `vs_previous` (`pofe.run.evaluation.statistics`); None without them."""
+    if not ev or not ev.get("vs_pi_0"):
+        return None
+    names = [m["name"] for m in ev["models"]]
+    scores = [0.5] + [v["lc"] if v and v["lc"] is not None else float("-inf") for v in ev["vs_pi_0"][1:]]
+    best = max(range(len(scores)), key=lambda m: (scores[m], -m))
+    regressions = []
+    for m, v in enumerate(ev["vs_previous"]):
+        if v and v["lc"] is not None and v["lc"] < 0.5:
+            upper = v["lc_ci95"][1]
+            regressions.append({"model": names[m], "previous": names[m - 1], "lc": v["lc"], "lc_ci95": v["lc_ci95"],
+                                "clear": upper is not None and upper < 0.5})
+    chosen = ev["vs_pi_0"][best] or {}
+    lower = (chosen.get("lc_ci95") or [None])[0]
+    return {"best": best, "name": names[best], "lc_vs_pi_0": chosen.get("lc"), "lc_ci95": chosen.get("lc_ci95"),
+            "raw_vs_pi_0": chosen.get("raw"), "clear": lower is not None and lower > 0.5, "regressions": regressions}
+
+
+def _number(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def stop_decision(ev: dict | None, rule: StopWhen) -> dict:
+    """{"stop": bool, "round": t, "fired": [{"rule", "value", "threshold"|"previous", "why"}],
+    "unread": [why a rule could not be read]} for the newest model of eval.json's `ev`."""
+    if not ev or len(ev.get("models", [])) < 2:
+        return {"stop": False, "round": None, "fired": [], "unread": ["no held-out evaluation of a trained model"]}
+    t = len(ev["models"]) - 1
+    fired, unread = [], []
+    if rule.lc_vs_previous_below is not None:
+        lc = _number((ev["vs_previous"][t] or {}).get("lc"))
+        if lc is None:
+            unread.append(f"pi_{t}'s length-controlled win rate against pi_{t - 1} is missing")
+        elif lc < rule.lc_vs_previous_below:
+            fired.append({"rule": "lc_vs_previous_below", "value": lc, "threshold": rule.lc_vs_previous_below,
+                          "why": f"pi_{t}'s length-controlled win rate against pi_{t - 1} is {lc:.3f}, "
+                                 f"below {rule.lc_vs_previous_below}"})
+    if rule.held_out_reward_falls:
+        rewards = ev.get("mean_reward") or []
+        now, before = (_number(rewards[t]), _number(rewards[t - 1])) if len(rewards) > t else (None, None)
+        if now is None or before is None:
+            unread.append(f"no mean held-out reward of pi_{t} and pi_{t - 1}")
+        elif now < before:
+            fired.append({"rule": "held_out_reward_falls", "value": now, "previous": before,
+                          "why": f"pi_{t}'s mean held-out reward {now:.3f} is below pi_{t - 1}'s {before:.3f}"})
+    return {"stop": bool(fired), "round": t, "fired": fired, "unread": unread}

@@ -1,0 +1,353 @@
+"""`axolotl pofe eval recipe.yml`: the report's headline and every iterate on held-out prompts.
+
+The headline (on by default, `pofe.eval.train_prompts`): each round's trained model pi_t
+answers the first prompts its round judged (greedy by default) and the recipe's scalar judge
+scores them, into eval/headline.json; the report sets them beside the same prompts'
+candidates (`pofe.run.evaluation.headline`). A pairwise judge gives no scalar reward: the file says so.
+
+With held-out prompts (`pofe.eval.prompts`, or `held_out`: by default a slice of the
+prompt pool, `pofe.run.prompts`), models: pi_0 (the policy round 1 started from) and pi_t
+(round t's trained model), read from the run's state file. Every
+model answers the same held-out prompts with the same seeds (`pofe.eval`: `num_samples`
+per prompt at `temperature`; temperature 0 = greedy), sampled on the rounds' vLLM engine
+when the recipe generates with one, else by `model.generate` (`pofe.run.evaluation.sampler`).
+Then, per model:
+
+- mean reward under the recipe's judge (scalar judges), and under `pofe.eval.judge2`;
+- trained model vs best-of-k: each round's K candidates on the held-out prompts, sampled
+  from the policy the round started from, for evaluation only (`pofe.run.evaluation.best_of_k`);
+- the win-rate matrix W[a, b] = P(a's response beats b's) (`pofe.run.evaluation.statistics`),
+  averaged over prompts and over all sample pairs: scalar judges through Bradley-Terry,
+  P = sigmoid(r_a - r_b); pairwise judges directly, from the judge's (both-orders)
+  preference matrix over all models' responses to the prompt. The diagonal is 1/2. Each
+  entry with a bootstrap 95 % interval over prompts; each model's raw and length-controlled
+  win rate against pi_0 and against the iterate before it (`pofe.run.evaluation.statistics`);
+- mean and median response length (tokens, including the end-of-turn token when the model
+  stopped; characters of the decoded text);
+- KL to pi_0 estimated on the model's own samples: mean over samples of
+  log pi_t(y|x) - log pi_0(y|x) (summed over response tokens, by `pofe.scoring`). An
+  unbiased estimate of KL(pi_t || pi_0) only when sampling at temperature 1, top_p 1;
+  otherwise the same mean log-ratio on the decoded responses;
+- perplexity of the held-out reference responses (when the prompts have a reference
+  column): exp(total NLL / total tokens) over the rendered assistant turns.
+
+Two stages, so that each fits the machine the policy fits: first every model's answers
+(`pofe.run.evaluation.answers`: headline and held-out samples, their log-probs, then pi_0's pass for
+the KL), one model in memory at a time, each loaded once, used and freed before the next;
+then the judges, each built once after the last policy is freed, judge everything. They are
+called as the judge stage calls them (`pofe.run.evaluation.judging`, through
+`pofe.preprocess.judges.apply_judge`): a judge that reads the rendered prompt (PairRM) gets
+the chat-templated text the models sampled from. A model's answers are stored in
+eval/answers/ and read back, not sampled again, while its weights, the prompts and the
+decoding are unchanged (`pofe.run.evaluation.answers`).
+
+Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
+(every response with its reward(s) and log-probs), candidates.jsonl (each round's held-out
+candidates with their rewards) and eval.json (the numbers the report shows).
+Both JSON files end with `peak_memory`, each stage's peak (`pofe.run.evaluation.peak_memory`), also logged
+one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib": ..} in GiB
+(2**30 bytes). On "cuda", `torch.cuda.max_memory_allocated()` during that stage alone; on
+"cpu", the process's peak resident set size (`ru_maxrss`) so far, which cannot be reset, so
+`judging_gib` is never below `answers_gib`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+from pofe.args import PofeConfig, pofe_config
+from pofe.data.formats import RowFormat, prompt_row
+from pofe.files import read_jsonl, write_atomic
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer
+from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
+from pofe.preprocess.render import render_prompt
+from pofe.preprocess.shard_work import free_memory
+
+from pofe.run.evaluation.answers import AnswerStore, answers_from_json, answers_to_json, model_identity, samples_from_json, samples_to_json
+from pofe.run.evaluation.answers import HeldOut, ModelAnswers, answer, held_out_sampling, reference_pairs, score_under_base
+from pofe.run.evaluation.best_of_k import best_of_k, held_out_candidates, round_sampling
+from pofe.args.rounds import EvalConfig
+from pofe.run.evaluation.records import sample_records, summarise
+from pofe.run.evaluation.sampler import eval_sampler
+from pofe.run.evaluation.headline import HEADLINE_JSON, headline_prompts, headline_record, headline_skipped, round_columns, round_prompt_column
+from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
+from pofe.run.folder import RunLayout, RunState
+from pofe.run.evaluation.peak_memory import PeakMemory
+from pofe.run.guards import pofe_wrote
+from pofe.run.recipe import load_recipe
+from pofe.run.rounds.loop import eval_models
+from pofe.logs import Echo
+
+
+def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
+    """The headline's decoding: `train_temperature`, and the token budget the round's
+    candidates had (`max_new_tokens`), so that their rewards compare."""
+    return Sampling(temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens,
+                    seed=ecfg.seed)
+
+
+def render_prompts(tokenizer, prompts: list) -> list[str]:
+    """Each prompt rendered with the chat template as the pipeline's generate stage renders
+    it: the text the models sample from, and the `rendered` prompt judges may read."""
+    return [render_prompt(tokenizer, p).text for p in prompts]
+
+
+# ---- held-out rows ------------------------------------------------
+
+
+def _load_rows(path: str | Path) -> list[dict]:
+    from datasets import load_dataset
+
+    path = str(path)
+    kind = "parquet" if path.endswith(".parquet") else "csv" if path.endswith(".csv") else "json"
+    return load_dataset(kind, data_files=path, split="train").to_list()
+
+
+def dataset_prompts(rows: list[dict], column: str, fields: dict, source: str, method: str) -> list:
+    """Each row's prompt as the pipeline reads a `pofe.prompts` row of that dataset entry:
+    with `prompt_format: hh`, an HH transcript becomes chat messages."""
+    fmt = RowFormat(dataset=source, type="pofe.prompts", method=method, fields={**fields, "field_prompt": column})
+    return [prompt_row(r, i, fmt, [])[column] for i, r in enumerate(rows)]
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """What both parts of an evaluation work from."""
+
+    pcfg: PofeConfig
+    layout: RunLayout
+    models: list[list[str]]  # [[name, path], ...]: pi_0, then each finished round's model
+    tokenizer: Any  # pi_0's: renders every prompt, for every model, as the pipeline renders it
+    prompt_column: str  # the rounds' prompt column (`round_prompt_column`)
+
+
+def open_run(recipe_path: str | Path) -> EvalRun:
+    """The run of a recipe, checked: evaluation is on and the run has started."""
+    _, cfg = load_recipe(recipe_path)
+    pcfg = pofe_config(cfg)
+    if not pcfg.eval:
+        raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
+    layout = RunLayout(Path(cfg.output_dir).resolve())
+    if not layout.state.exists():
+        raise ValueError(f"no run state at {layout.state}: run `axolotl pofe run {recipe_path}` first")
+    models = eval_models(RunState.read(layout.state))
+    return EvalRun(pcfg, layout, models, load_tokenizer(models[0][1]), round_prompt_column(cfg))
+
+
+# ---- the headline: each round's model on its own round's prompts --------------------------------
+
+
+@dataclass(frozen=True)
+class HeadlineAnswers:
+    """A round's model's answers to its headline prompts, as rendered for it."""
+
+    prompts: list[dict]  # {"index", "prompt"}
+    rendered: list[str]
+    samples: list[list[Sample]]  # [prompt][sample]
+
+
+def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
+    """(why there is no headline or None, {round m: its headline prompts})."""
+    skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
+    # model m is round m's; its headline prompts come from round m's judged candidates
+    on_train = {} if skipped else {m: headline_prompts(run.layout.candidates(m), run.pcfg.eval.train_prompts)
+                                   for m in range(1, len(run.models))}
+    return skipped, on_train
+
+
+def headline_answers(run: EvalRun, sampler, prompts: list[dict], sampling: Sampling) -> HeadlineAnswers:
+    """A round's model's answers to the round's headline prompts (rendered as the pipeline
+    rendered them for the round's candidates), from its `pofe.run.evaluation.sampler`."""
+    rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
+    return HeadlineAnswers(prompts, rendered, sampler.sample(rendered, run.pcfg.eval.train_samples, sampling))
+
+
+def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
+    """Round m's headline entry: its model's answers judged as the judge stage judged the
+    round's candidates (same rendered prompts, same dataset columns)."""
+    prompts = answers.prompts
+    columns = round_columns(run.layout.round_prompts(m), prompts, run.prompt_column)
+    rewards = scalar_scores(judge, [q["prompt"] for q in prompts], answers.rendered,
+                            [[s.text for s in row] for row in answers.samples], columns,
+                            rows=[q["index"] for q in prompts])
+    return headline_record(run.models[m][1], prompts, answers.samples, rewards)
+
+
+def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict],
+                   peak_memory: dict, echo: Echo) -> None:
+    """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
+    evaluation's peak memory."""
+    ecfg = run.pcfg.eval
+    headline = {
+        "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": run.pcfg.judge.model_dump(),
+        "decoding": {"num_samples": ecfg.train_samples, "temperature": sampling.temperature,
+                     "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
+        "rounds": rounds,
+        "peak_memory": peak_memory,
+    }
+    out = run.layout.eval_dir / HEADLINE_JSON
+    write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
+    echo(f"eval: headline of {len(rounds)} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))
+
+
+# ---- held-out prompts: every iterate on the same prompts ----------------------------------------
+
+
+def held_out_set(run: EvalRun) -> HeldOut | None:
+    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset;
+    None when there are none (`held_out: 0`, or a pool too small for the default slice)."""
+    ecfg = run.pcfg.eval
+    if not ecfg.has_held_out or not (ecfg.prompts or run.layout.held_out_prompts.exists()):
+        return None
+    if ecfg.prompts:
+        rows = _load_rows(ecfg.prompts)
+        prompts = [r[ecfg.prompt_column] for r in rows]
+    else:  # the dataset's own rows: read as its entry reads them (`prompt_format`)
+        rows = read_jsonl(run.layout.held_out_prompts)
+        fields = run.pcfg.dataset_fields[0] if run.pcfg.dataset_fields else {}
+        prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.layout.held_out_prompts), run.pcfg.method)
+    references = reference_pairs(run.tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
+    return HeldOut(prompts, render_prompts(run.tokenizer, prompts), references,
+                   ecfg.prompts or str(run.layout.held_out_prompts))
+
+
+def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: ScalarJudge | PairwiseJudge,
+                   judge2: ScalarJudge | PairwiseJudge | None, num_samples: int) -> tuple[dict, dict | None]:
+    """Every model's held-out answers judged together, per prompt (and by judge2)."""
+    M, P, S = len(answers), len(held_out.prompts), num_samples
+    texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
+    main = judge_models(judge, held_out.prompts, held_out.rendered, texts)
+    second = judge_models(judge2, held_out.prompts, held_out.rendered, texts) if judge2 else None
+    return main, second
+
+
+def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], main: dict, second: dict | None,
+                   extra: dict, echo: Echo) -> None:
+    """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with `extra`:
+    the rounds' best-of-k, the evaluation's peak memory)."""
+    # the decoding as it ran: the held-out cap resolved (unset: the candidates' budget)
+    ecfg = run.pcfg.eval.model_copy(update={"max_new_tokens": run.pcfg.eval.held_out_tokens(run.pcfg.generate)})
+    result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
+                       len(held_out.references))
+    result.update(extra)
+    # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
+    records = sample_records(answers, held_out.prompts, main, second)
+    write_atomic(run.layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+    out = run.layout.eval_dir / "eval.json"
+    write_atomic(out, json.dumps(result, indent=2) + "\n")
+    echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
+
+
+# ---- every model's answers, one model in memory at a time -------------------------------------
+
+
+@dataclass
+class Answers:
+    """What the judges will read: every model's held-out answers (scored under pi_0 too) and
+    each round's headline answers, all produced before any judge is built."""
+
+    held_out: list[ModelAnswers] = field(default_factory=list)  # pi_0 first, as run.models
+    # round t: its K candidates on the held-out prompts, from pi_{t-1} (`pofe.run.evaluation.best_of_k`)
+    candidates: dict[int, list[list[Sample]]] = field(default_factory=dict)
+    headline: dict[int, HeadlineAnswers] = field(default_factory=dict)  # round m: its model's
+
+
+def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[int, list[dict]],
+                sampling: Sampling, answers: Answers, store: AnswerStore) -> bool:
+    """Model m's answers added to `answers`, each part from `store` when stored under its key,
+    else from the model's sampler (started only then, and stopped on return); True if it was.
+    The held-out part comes last: its log-probs need the transformers model, which loads only
+    once the engine has stopped (`pofe.run.evaluation.sampler`)."""
+    name, path = run.models[m]
+    ecfg = run.pcfg.eval
+    sampler = eval_sampler(run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size,
+                           run.layout.eval_dir / "engine" / name)
+    base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size,
+            "sampler": sampler.identity}
+    try:
+        if on_train.get(m):
+            key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
+            samples = store.part(name, "headline", key, lambda: samples_to_json(
+                headline_answers(run, sampler, on_train[m], sampling).samples))
+            rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
+            answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
+        if held_out and m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
+            gen = run.pcfg.generate
+            key = {**base, "prompts": held_out.rendered, "k": gen.num_candidates,
+                   "sampling": asdict(round_sampling(gen, m + 1))}
+            answers.candidates[m + 1] = samples_from_json(store.part(name, "candidates", key, lambda: samples_to_json(
+                held_out_candidates(sampler, held_out.rendered, gen, m + 1))))
+        if held_out:
+            key = {**base, "prompts": held_out.rendered, "references": held_out.references,
+                   "sampling": asdict(held_out_sampling(ecfg, run.pcfg.generate)), "num_samples": ecfg.num_samples}
+
+            def held_out_answers() -> dict:
+                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, run.pcfg.generate))
+                return answers_to_json(answer(sampler.scorer(), name, path, samples, held_out, ecfg))
+
+            answers.held_out.append(answers_from_json(name, path, store.part(name, "held_out", key, held_out_answers)))
+    finally:
+        sampler.release()
+    return sampler.loaded
+
+
+def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling,
+                echo: Echo) -> Answers:
+    """Each model's answers, each model loaded (unless every part is stored,
+    `pofe.run.evaluation.answers`), used and freed before the next loads; then (with held-out
+    prompts) pi_0 loaded again to score every model's samples (the KL)."""
+    answers, store = Answers(), AnswerStore(run.layout.eval_dir / "answers")
+    for m, (name, path) in enumerate(run.models):
+        if held_out or on_train.get(m):
+            echo(f"eval: {name} ({path})")
+            if not answer_with(run, m, held_out, on_train, sampling, answers, store):
+                echo(f"eval: {name}: every answer read from {store.folder}: weights, prompts and decoding unchanged")
+            free_memory()
+    if held_out:
+        score_under_base(load_policy(run.models[0][1]), answers.held_out, run.pcfg.eval.batch_size)
+        free_memory()
+    return answers
+
+
+# ---- the eval command ------------------------------------------------------------------------------
+
+
+def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
+    """The headline of every finished round, and (with held-out prompts) every iterate on
+    them, into the run's eval/ folder; returns the run's layout (for the report).
+
+    Models first, judges after: every model's answers are produced with one model in memory
+    at a time (each loaded once for both parts, then freed), and only then is each judge
+    built, once, to judge them all: a GPU never holds a policy beside a reward model, and a
+    reward model or PairRM loads its weights once, not once per round."""
+    run = open_run(recipe_path)
+    ecfg, pcfg = run.pcfg.eval, run.pcfg
+    skipped, on_train = headline_plan(run)
+    held_out = held_out_set(run)
+    sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.held_out_tokens(None))
+    memory = PeakMemory()
+    answers = all_answers(run, held_out, on_train, sampling, echo)
+    memory.part("answers", echo)
+    judge = make_judge(pcfg.judge) if held_out or answers.headline else None
+    judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
+    rounds = {str(m): headline_round(run, m, judge, a) for m, a in answers.headline.items()}
+    verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
+    if held_out:
+        trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
+        rounds_bok, records = best_of_k(judge, held_out.prompts, held_out.rendered, answers.candidates, trained)
+        write_atomic(run.layout.eval_dir / "candidates.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    memory.part("judging", echo)
+    write_headline(run, skipped, sampling, rounds, memory.record(), echo)
+    if held_out:
+        write_held_out(run, held_out, answers.held_out, *verdicts,
+                       {"best_of_k": rounds_bok or None, "peak_memory": memory.record()}, echo)
+    else:
+        for stale in ("eval.json", "samples.jsonl", "candidates.jsonl"):  # an earlier held-out evaluation's
+            if pofe_wrote(run.layout, run.layout.eval_dir / stale):  # not one found before the run
+                (run.layout.eval_dir / stale).unlink(missing_ok=True)
+    return run.layout

@@ -1,0 +1,246 @@
+"""One runner per output_dir: `<output_dir>/pofe-run.lock`.
+
+An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
+kernel releases the lock when the last process holding it ends. Stages inherit it
+(`pofe.run.rounds.processes.run_logged`'s `keep_fds`), so a trainer that outlives its runner still
+holds it. The file names the holder (PID, host, start) for the error a second run gets,
+and records a clean release (`ended`), so a record without one found unlocked is a
+crashed run's.
+
+Which output_dir an iterated run may write into, and which files in it are POFE's.
+
+`axolotl pofe run` writes its layout (`pofe.run.folder`) into the recipe's output_dir and
+later replaces or deletes some of its own files (a stale `eval/eval.json`, old
+`report-*.png`). Into a folder that holds files but no POFE run (no `pofe-run.json` or
+`pofe-run.lock`) it would overwrite and delete someone else's, so such a folder is refused
+(`claim_output_dir`) unless the recipe sets `pofe.overwrite_output_dir: true`. Then the
+files found there are recorded in `pofe-preexisting.json`, and `pofe_wrote` is False for
+them: POFE overwrites a same-named file (what the key asks for) but deletes none.
+
+What a restarted run checks before it trusts a finished stage: that its inputs did not
+change and its output is still there.
+
+- The prompt files (`check_prompt_sources`): the `prompts` stage copies the recipe's prompt
+  dataset into `prompts/round-<t>.jsonl` once. A prompt file replaced afterwards would be
+  ignored by every later round, so its sha256 is recorded at that stage, and a restart
+  with another file stops, naming it.
+- A round's merged model (`redo_lost_merge`): the next round loads `round-<t>/merged`. When
+  it is gone (deleted to save space) while the state says merged, the merge stage runs
+  again from the round's adapter, instead of every later start failing on a missing model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from pofe.logs import Echo
+from collections.abc import Callable
+from pofe.files import write_atomic
+from pofe.run.folder import RunLayout
+from pofe.run.folder import RunLayout, RunState, RunStateMismatch
+
+
+class RunLocked(RuntimeError):
+    """Another runner (or a stage it started) holds the output_dir."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _describe(holder: dict) -> str:
+    if "pid" not in holder:
+        return "its record is unreadable"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
+    return f"PID {holder['pid']} on host {holder['host']}, started {started}"
+
+
+def _locked_message(path: Path, holder: dict) -> str:
+    here = holder.get("host") == socket.gethostname()
+    if "ended" in holder or (here and not _alive(holder["pid"])):
+        return (
+            f"{path.parent} is locked by a stage process of an `axolotl pofe run` that has ended "
+            f"({_describe(holder)}); the stage is being stopped. Wait for it to exit "
+            f"(`fuser -v {path}` lists it), then run again."
+        )
+    stop = f" (kill {holder['pid']})" if here else ""
+    return (
+        f"{path.parent} is in use by another `axolotl pofe run` ({_describe(holder)}); two runs "
+        f"on one output_dir would overwrite each other's files. Wait for it to finish, or stop "
+        f"it{stop}, then run again."
+    )
+
+
+class RunLock:
+    """The held lock; `fileno()` for the stages to inherit, `release()` when the run ends."""
+
+    def __init__(self, path: Path, fd: int, holder: dict):
+        self.path = path
+        self.holder = holder
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, path: Path, echo: Echo) -> RunLock:
+        """Take the lock or raise `RunLocked` naming the holder; says so when taking over
+        from a crashed run."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            os.close(fd)
+            raise RunLocked(_locked_message(path, holder)) from None
+        previous = _read(fd)
+        if previous and "ended" not in previous:
+            echo(f"{path}: taking over from a run that ended without releasing it ({_describe(previous)})")
+        lock = cls(path, fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        lock._write()
+        return lock
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def release(self) -> None:
+        self.holder["ended"] = time.time()
+        self._write()
+        os.close(self._fd)  # stages that still hold it keep it locked
+
+    def _write(self) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(self.holder).encode(), 0)
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(fd: int) -> dict:
+    """The holder the file names: {} when empty (new), {"unreadable": ...} when cut short."""
+    raw = os.pread(fd, 4096, 0)
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {"unreadable": raw[:80].decode(errors="replace")}
+
+
+PREEXISTING_NAME = "pofe-preexisting.json"
+SHOWN = 5  # entries named in the refusal
+# axolotl's log of a recipe's load, which it writes into output_dir (replacing one there)
+# whenever the recipe is loaded, before POFE can look: a folder holding only it is new
+AXOLOTL_LOG = "debug.log"
+AXOLOTL_OUTPUT_DIR = "./model-out"  # axolotl's default output_dir
+
+
+class OutputDirRefused(ValueError):
+    """The output_dir is a file, or a folder of files that is no POFE run's (a ValueError:
+    `axolotl pofe run` shows it as an error message, not a traceback)."""
+
+
+def _stamp(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _files(root: Path) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns]} of every file under root."""
+    return {str(p.relative_to(root)): _stamp(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def claim_output_dir(layout: RunLayout, overwrite: bool, echo: Callable[[str], None]) -> None:
+    """Refuse an output_dir that is a file, or a non-empty folder that is no POFE run
+    (unless `overwrite`: then record the files found there)."""
+    root = layout.root
+    if root.exists() and not root.is_dir():
+        raise OutputDirRefused(
+            f"output_dir {root} is a file, not a folder: `axolotl pofe run` keeps a run's rounds, "
+            "state and report in a folder there. Set output_dir to a new folder's path.")
+    if not root.is_dir() or layout.state.exists() or layout.lock.exists() or (root / PREEXISTING_NAME).exists():
+        return  # new, or a run of POFE's (one killed before its state was written holds the lock)
+    found = {f: stamp for f, stamp in _files(root).items() if f != AXOLOTL_LOG}
+    entries = sorted(p.name for p in root.iterdir() if p.name != AXOLOTL_LOG)
+    if not entries:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:SHOWN]) + (f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else "")
+        raise OutputDirRefused(
+            f"output_dir {root} holds {len(found)} files but no POFE run ({shown}): a run writes "
+            "prompts/, round-<t>/, eval/ and report.md there, and would overwrite or delete files of "
+            "those names. Use a new output_dir, or set pofe.overwrite_output_dir: true to write "
+            "among them (same-named files are overwritten; none found there is deleted).")
+    write_atomic(root / PREEXISTING_NAME, json.dumps({"files": found}, indent=2) + "\n")
+    echo(f"pofe.overwrite_output_dir: writing into {root}, which holds {len(found)} files of no POFE run "
+         f"(listed in {root / PREEXISTING_NAME}: overwritten when a run writes the same name, never deleted)")
+
+
+def claim_recipe_output_dir(recipe_path: str | Path, echo: Callable[[str], None]) -> None:
+    """`claim_output_dir` for the recipe's output_dir, read from its YAML: before axolotl
+    loads the recipe, which already writes debug.log there."""
+    import yaml
+    from pydantic import TypeAdapter
+
+    raw = yaml.safe_load(Path(recipe_path).read_text()) or {}
+    overwrite = TypeAdapter(bool).validate_python((raw.get("pofe") or {}).get("overwrite_output_dir", False))
+    claim_output_dir(RunLayout(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve()), overwrite, echo)
+
+
+def pofe_wrote(layout: RunLayout, path: Path) -> bool:
+    """False for a file that was in the output_dir before its run started there and that POFE
+    has not rewritten since (same size and modification time): one POFE must neither delete
+    as its own stale output nor read as its own."""
+    record = layout.root / PREEXISTING_NAME
+    path = Path(path)
+    if not record.is_file() or not path.is_file():
+        return True
+    found = json.loads(record.read_text())["files"].get(str(path.resolve().relative_to(layout.root.resolve())))
+    return found != _stamp(path)
+
+
+def prompt_sources(cfg, pcfg) -> dict[str, str]:
+    """{path: sha256} of the local files the prompts stage reads: the `pofe.prompts` entry's
+    and each local `pofe.round_prompts` set's (a hub dataset is named by its revision instead)."""
+    from types import SimpleNamespace
+
+    from pofe.data.sources import local_files_digest
+
+    # a round's prompt set: a local file, or a dataset spec whose `path` may be local too
+    sets = pcfg.round_prompts if isinstance(pcfg.round_prompts, list) else []
+    paths = [str(cfg.datasets[0].path)] + [str(getattr(source, "path", source)) for source in sets]
+    digests = local_files_digest([SimpleNamespace(path=p) for p in paths])
+    return {p: d for p, d in zip(paths, digests) if d is not None}
+
+
+def check_prompt_sources(sources: dict[str, str], state: RunState) -> None:
+    """Record `sources` at the run's first start; later, refuse a prompt file that changed."""
+    recorded = state.data.get("prompt_sources")
+    if recorded is None:
+        state.data["prompt_sources"] = sources
+        state.save()
+        return
+    changed = [p for p in sorted(set(recorded) | set(sources)) if recorded.get(p) != sources.get(p)]
+    if changed:
+        raise RunStateMismatch(
+            f"the prompt file {changed[0]} changed since this run wrote its rounds' prompts (prompts/ in "
+            f"{state.path.parent}; its sha256 then is recorded in {state.path}): later rounds would not train "
+            "on it. Restore the file, or start the run again in a new output_dir.")
+
+
+def redo_lost_merge(layout: RunLayout, state: RunState, t: int, echo: Echo) -> None:
+    """Mark round t's merge unfinished when its merged model's folder is gone or has no config."""
+    stage = f"round-{t}/merge"
+    merged: Path = layout.merged(t)
+    if state.done(stage) and not (merged / "config.json").is_file():
+        echo(f"round {t}: {merged} is missing (or has no config.json) though the state says merged: merging again")
+        state.data["stages"].pop(stage)
+        state.save()

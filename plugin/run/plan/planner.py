@@ -1,0 +1,149 @@
+"""`axolotl pofe plan RECIPE`: each stage of each round, what it loads where, its memory and disk.
+
+Pure: `plan_run` takes the recipe's YAML dict, the sizes of its models (`pofe.run.plan.model_size`;
+None where a model could not be sized offline) and the prompt count, and returns the stages
+as `axolotl pofe run` runs them (`pofe.run.rounds.loop`): per round generate, judge, train (SPPO's
+anchor pass included: one table, no reference model) and, with an adapter, merge; then the
+evaluation's answers and judging, once after the last round. The arithmetic is
+`pofe.run.plan.estimate`'s; `pofe.run.plan.sources` finds the sizes, `pofe.run.plan.render` prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pofe.args import pofe_config
+from pofe.run.plan import estimate as mem
+from pofe.run.plan.estimate import GB, ModelSize
+from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
+
+from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
+from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
+from pofe.run.plan.training import merge_stage, train_stage
+
+LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+
+
+def lora_kernels_on(raw: dict) -> list[str]:
+    """The LoRA kernel keys that will be on. axolotl (`check_auto_enable_lora_kernels`) turns
+    all four on for LoRA/QLoRA when none is set, unless `rl` is set; POFE removes `rl: rrhf|sppo`
+    before validation, so a POFE recipe that sets none gets them."""
+    if any(raw.get(k) is not None for k in LORA_KERNELS):
+        return [k for k in LORA_KERNELS if raw.get(k)]
+    auto = raw.get("adapter") in ("lora", "qlora") and not raw.get("trust_remote_code") and not (
+        raw.get("adapter") == "lora" and raw.get("load_in_8bit"))
+    return list(LORA_KERNELS) if auto else []
+
+
+def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict]:
+    """`axolotl pofe eval`: every model answers (one at a time, freed before the judges), then the judges."""
+    ev, rounds = pcfg.eval, pcfg.rounds
+    size = sizes.get(str(raw["base_model"]))
+    dtype = "float32" if options.device == "cpu" else "bfloat16"
+    # the default held-out slice (held_out unset) answers num_samples per prompt, as a set one does
+    sequences = max(ev.batch_size * ev.num_samples if ev.has_held_out else 0, ev.batch_size * ev.train_samples)
+    tokens = int(raw.get("sequence_len", 2048)) + max(ev.held_out_tokens(pcfg.generate), pcfg.generate.max_new_tokens)
+    if size is None:
+        parts = dict.fromkeys(("weights", "kv_cache", "runtime"))
+    else:
+        parts = {"weights": mem.weights_bytes(size, dtype),
+                 "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens, "runtime": options.runtime}
+    counts = {"models": rounds + 1, "headline_answers": rounds * ev.train_prompts * ev.train_samples,
+              "held_out_answers": (rounds + 1) * ev.held_out * ev.num_samples if ev.held_out else None}
+    answers = stage("eval-answers", None, f"pi_0..pi_{rounds}", dtype=dtype, parts=parts, options=options,
+                    counts=counts, note="one model at a time")
+    judged = []
+    for judge in (pcfg.judge, ev.judge2):
+        if judge is not None and judge.type in ("reward_model", "pairrm"):
+            jdtype, jparts = judge_parts(judge, sizes.get(judge.model), options)
+            judged.append(stage("eval-judging", None, judge.model, dtype=jdtype, parts=jparts, options=options))
+    if not judged:
+        judged.append(stage("eval-judging", None, pcfg.judge.function or pcfg.judge.model or "", dtype="-",
+                            parts={}, options=options, device="cpu", note="no model on a GPU"))
+    return [answers, *judged]
+
+
+def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None,
+             options: PlanOptions) -> dict:
+    """The plan: {"stages": [...], "warnings": [...], ...} (entries: `plan_common.stage`)."""
+    pcfg = pofe_config(raw)
+    if not pcfg.method or pcfg.generate is None:
+        raise ValueError("plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)")
+    base, adapter = str(raw["base_model"]), bool(raw.get("adapter"))
+    size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
+    stages, warnings = [], []
+    for t, count in enumerate(round_prompt_counts(pcfg, prompts), start=1):
+        model = base if t == 1 else f"round-{t - 1}/{'merged' if adapter else 'train'}"
+        entry, said = generate_stage(raw, pcfg, size, t, model, count, options)
+        stages.append(entry)
+        warnings += said
+        stages.append(judge_stage(pcfg, judge_size, t, count, options))
+        entry, said = train_stage(raw, pcfg, size, t, model, count, options)
+        stages.append(entry)
+        warnings += said
+        if adapter:
+            stages.append(merge_stage(raw, size, t, model, options))
+    if pcfg.eval:
+        stages += eval_stages(raw, pcfg, sizes, options)
+    warnings += memory_warnings(stages, options) + kernel_warnings(raw)
+    disk = [s["disk_gb"] for s in stages]
+    return {"recipe": raw.get("output_dir"), "method": pcfg.method, "rounds": pcfg.rounds, "gpus": options.gpus,
+            "gpu_memory_gb": options.gpu_memory_gb, "device": options.device, "prompts": prompts,
+            "stages": stages, "disk_gb": None if None in disk else round(sum(disk), 2), "warnings": warnings}
+
+
+# the keys that shrink each stage's memory, named in its warning
+STAGE_KEYS = {
+    "generate": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.generate.vllm_kwargs "
+                "(max_model_len, tensor_parallel_size) or pofe.generate.batch_size",
+    "judge": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.judge.batch_size or "
+             "pofe.judge.max_length",
+    "train": "micro_batch_size, gradient_checkpointing, adapter: qlora or deepspeed",
+    "merge": "merge_method: memory_efficient",
+    "eval-answers": "pofe.eval.batch_size",
+    "eval-judging": "pofe.judge.batch_size or pofe.judge.max_length",
+}
+
+
+def memory_warnings(stages: list[dict], options: PlanOptions) -> list[str]:
+    """A stage whose co-resident models and buffers exceed one GPU."""
+    said = []
+    for s in stages:
+        if s["gpu_memory_gb"] is None or s["gpu_memory_gb"] <= options.gpu_memory_gb:
+            continue
+        if "reserved" in s["parts_gb"] and not any(k.endswith("_on_this_gpu") for k in s["parts_gb"]):
+            continue  # one vLLM engine in its share: `generate_stage` said what does not fit in it
+        where = "" if s["round"] is None else f" (round {s['round']})"
+        said.append(f"{s['stage']}{where}: {s['gpu_memory_gb']} GB per GPU exceeds a {options.gpu_memory_gb:g} GB "
+                    f"GPU ({s['model']}): change {STAGE_KEYS[s['stage']]}, or use larger or more GPUs "
+                    "(--gpu-memory, --gpus)")
+    return said
+
+
+def kernel_warnings(raw: dict) -> list[str]:
+    on = lora_kernels_on(raw)
+    if not on:
+        return []
+    how = "set explicitly" if any(raw.get(k) is not None for k in LORA_KERNELS) else \
+        "not set, so axolotl turns them on for LoRA/QLoRA"
+    return [f"LoRA kernels {', '.join(on)} ({how}): no POFE test trains with them; set "
+            f"{': false, '.join(LORA_KERNELS)}: false unless a GPU run showed them exact"]
+
+
+def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict:
+    """The plan of the recipe file `recipe` (`plan_run`) with what only the disk
+    tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows),
+    a double BOS, and the free disk under output_dir."""
+    raw = yaml.safe_load(Path(recipe).read_text())
+    pcfg = pofe_config(raw)
+    if pcfg.generate is None:
+        raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
+    sizes, warnings = model_sizes(raw, pcfg)
+    plan = plan_run(raw, sizes, prompts if prompts is not None else count_prompts(raw), options)
+    bos = double_bos(str(raw["base_model"]))
+    free = free_disk(str(raw.get("output_dir") or "."))
+    plan["free_disk_gb"] = round(free / GB, 1)
+    plan["warnings"] = warnings + plan["warnings"] + ([bos] if bos else []) + disk_warning(plan, free)
+    return plan

@@ -1,0 +1,103 @@
+"""What a plan reads from disk, never the network (`axolotl pofe plan`): the models' sizes
+(`pofe.run.plan.model_size`), the prompt count, the policy tokenizer's BOS, the output_dir's free disk."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pofe.args import PofeConfig
+from pofe.run.plan.estimate import GB, ModelSize
+from pofe.run.plan.model_size import find_config, model_size, pairrm_backbone
+
+JUDGE_KINDS = {"reward_model": "sequence_classification", "pairrm": "encoder"}
+
+
+def _not_cached(model: str, key: str) -> str:
+    return (f"{key}: {model} is not in the local cache (HF hub cache) and is not a local directory: it cannot be "
+            "sized offline, nor told missing or gated (gated models need `huggingface-cli login` and the model's "
+            f"terms accepted). Fetch its config once: huggingface-cli download {model} config.json")
+
+
+def size_of(model: str, kind: str, key: str) -> tuple[ModelSize | None, list[str]]:
+    """`model`'s size, or None and a warning naming `key` when its config.json is not on disk."""
+    config = find_config(model)
+    if config is None:
+        return None, [_not_cached(model, key)]
+    if kind == "encoder" and (backbone := pairrm_backbone(config)):
+        config = find_config(backbone)
+        if config is None:
+            return None, [_not_cached(backbone, f"{key} (PairRM's backbone, model_name in its config.json)")]
+    return model_size(config, kind), []
+
+
+def model_sizes(raw: dict, pcfg: PofeConfig) -> tuple[dict[str, ModelSize | None], list[str]]:
+    """The sizes of the policy and the judges (model id -> size), and what could not be sized."""
+    wanted = [(str(raw["base_model"]), "causal_lm", "base_model")]
+    judges = [("pofe.judge.model", pcfg.judge)]
+    if pcfg.eval and pcfg.eval.judge2 is not None:
+        judges.append(("pofe.eval.judge2.model", pcfg.eval.judge2))
+    wanted += [(j.model, JUDGE_KINDS[j.type], key) for key, j in judges if j.type in JUDGE_KINDS and j.model]
+    sizes, warnings = {}, []
+    for model, kind, key in wanted:
+        if model not in sizes:
+            sizes[model], said = size_of(model, kind, key)
+            warnings += said
+    return sizes, warnings
+
+
+def count_prompts(raw: dict) -> int | None:
+    """Rows of the pofe.prompts dataset when it is a local file (JSON, JSONL or Parquet); None else."""
+    (entry, *_) = raw.get("datasets") or [{}]
+    path = Path(str(entry.get("path", "")))
+    if not path.is_file():
+        return None
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+    import json
+
+    data = json.loads(path.read_text())
+    return len(data) if isinstance(data, list) else None
+
+
+def double_bos(model: str) -> str | None:
+    """A warning when the policy's tokenizer, given its chat template's text, starts with two BOS:
+    the template writes one and `add_special_tokens=True` (how vLLM and servers tokenize text by
+    default) adds another. None when the tokenizer is fine, has no template, or is not on disk."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    if tok.bos_token_id is None or not getattr(tok, "chat_template", None):
+        return None
+    text = tok.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=True).input_ids
+    if ids[:2] != [tok.bos_token_id] * 2:
+        return None
+    return (f"base_model: {model}'s chat template writes BOS ({tok.bos_token!r}) and its tokenizer adds one: "
+            "text sent to a backend that tokenizes with add_special_tokens=True (vLLM, /v1/completions) starts "
+            "with two BOS. Send token ids (pofe.generate.backend: vllm, in process), or a server that takes "
+            "add_special_tokens: false")
+
+
+def free_disk(output_dir: str) -> float:
+    """Free bytes on the filesystem output_dir will be on (its nearest existing parent)."""
+    path = Path(output_dir).resolve()
+    while not path.exists():
+        path = path.parent
+    return float(shutil.disk_usage(path).free)
+
+
+def disk_warning(plan: dict, free: float) -> list[str]:
+    need = plan["disk_gb"]
+    if need is None or need * GB <= free:
+        return []
+    return [f"the run writes about {need} GB under output_dir ({plan['recipe']}), more than the {free / GB:.1f} GB "
+            "free there: set save_total_limit (and save_only_model for ZeRO-3), or another output_dir"]

@@ -1,0 +1,164 @@
+"""Which checkpoint a round's training may resume from: one its own recipe wrote, intact.
+
+Before round t trains, the runner records what it trains with, the round's recipe (less
+`resume_from_checkpoint`) and its candidates' data, in `round-<t>/train/pofe-train.json`
+(`record_training`): every checkpoint-N beside that file was written by that training. A
+restart resumes only when its own recipe and data are the recorded ones
+(`check_resume`): a run started again with another learning rate, after `pofe-run.json`
+was lost, would otherwise continue the other run's training (and, at its last step,
+train not at all). A mismatch is an error naming the checkpoint and the settings that
+differ, not a fresh start: the checkpoints are another recipe's work, which POFE does not
+delete on its own.
+
+A checkpoint whose weights or optimizer files are cut short (a full disk, a partial copy)
+is passed over with a message naming the file, for the one before it (`resumable`). Under
+DeepSpeed so is one whose own state DeepSpeed could not load (`deepspeed_problem`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pofe.files import file_sha256, stable_hash, write_atomic
+
+from pofe.run.folder import RunStateMismatch, checkpoints
+
+RECORD_NAME = "pofe-train.json"
+RECORD_VERSION = 1
+DATA_KEY = "<candidates data.jsonl>"
+# a rank's partition in DeepSpeed's global_step<N>/: `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`
+# (stage 3 also `zero_pp_rank_<r>_mp_rank_00_model_states.pt`; DeepSpeed still reads `..._00optim_states.pt`)
+PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_?(model|optim)_states\.pt")
+
+
+def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts flattened to dotted keys (`pofe.generate.seed`); other values kept."""
+    if not isinstance(obj, dict) or not obj:
+        return {prefix: obj}
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def training_identity(recipe: dict, data: Path) -> dict[str, str]:
+    """{setting: hash of its value} for every leaf of the round's recipe but
+    `resume_from_checkpoint` (a resumed start differs from the first in that key only), and
+    the hash of the candidates the round trains on. Hashes, not values: the record holds no
+    key a recipe might carry (a served policy's `--api-key`)."""
+    keys = {k: stable_hash(v, 16) for k, v in _leaves(recipe).items() if k != "resume_from_checkpoint"}
+    keys[DATA_KEY] = file_sha256(data) or "none"
+    return keys
+
+
+def record_training(train_dir: Path, identity: dict[str, str]) -> None:
+    """Write `pofe-train.json`: the checkpoints saved from now on are this training's."""
+    record = {"version": RECORD_VERSION, "digest": stable_hash(identity), "keys": identity}
+    write_atomic(train_dir / RECORD_NAME, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def check_resume(train_dir: Path, checkpoint: Path, identity: dict[str, str], t: int) -> None:
+    """Raise RunStateMismatch unless `checkpoint` was written by a training of `identity`,
+    naming the checkpoint and the settings that differ."""
+    path = train_dir / RECORD_NAME
+    fix = (f"Delete {train_dir} to train round {t} afresh with this recipe, or use a new output_dir "
+           "(or restore the recipe that wrote it).")
+    try:
+        recorded = json.loads(path.read_text())["keys"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RunStateMismatch(
+            f"round {t} would resume from {checkpoint}, but {path} (the record of the recipe that wrote "
+            "it) is missing or unreadable: another run's, or an older POFE's. " + fix) from None
+    if stable_hash(recorded) == stable_hash(identity):
+        return
+    differ = sorted(k for k in set(recorded) | set(identity) if recorded.get(k) != identity.get(k))
+    raise RunStateMismatch(
+        f"round {t} would resume from {checkpoint}, which a training with other settings wrote "
+        f"(recorded in {path}; differs in: {', '.join(differ)}). " + fix)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path} has {size} bytes, not even its header's length"
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return f"{path}'s header is cut short or not JSON"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    need = 8 + n + max(ends, default=0)
+    return None if size >= need else f"{path} has {size} bytes; its header says {need}"
+
+
+def file_problem(path: Path) -> str | None:
+    """Why a checkpoint file is unusable (cut short), or None. Cheap: a safetensors file's
+    header against its size; a torch (zip) file's central directory, which is written last."""
+    if path.suffix == ".safetensors":
+        return _safetensors_problem(path)
+    if path.suffix in (".pt", ".pth", ".bin") and path.stat().st_size:
+        try:
+            zipfile.ZipFile(path).close()
+        except (zipfile.BadZipFile, OSError) as e:
+            return f"{path} is cut short or damaged ({e})"
+    return None
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """The first unusable file of `checkpoint`, described; None when all look whole."""
+    for path in sorted(checkpoint.rglob("*")):
+        problem = file_problem(path) if path.is_file() else None
+        if problem:
+            return problem
+    return None
+
+
+def deepspeed_problem(checkpoint: Path) -> str | None:
+    """Why DeepSpeed could not resume from `checkpoint`, or None.
+
+    transformers resumes a DeepSpeed run only through the engine's `load_checkpoint`, which
+    reads the folder that `latest` names, every rank its own partition of the optimizer (and,
+    under ZeRO-3, of the weights): it fails, after the model has loaded, when one is missing
+    (a partial copy). A checkpoint without that folder, saved with `save_only_model` (as
+    the runner's forced save is), holds no DeepSpeed state at all: transformers stops with
+    "Can't find a valid checkpoint". The ranks' files are all written when trainer_state.json
+    is (DeepSpeed waits for every rank before returning), so a kill leaves none of this.
+    """
+    latest = checkpoint / "latest"
+    if not latest.is_file():
+        return (f"{checkpoint} holds no DeepSpeed state (no `latest` file naming its global_step folder; "
+                "saved with save_only_model?)")
+    tag = checkpoint / latest.read_text().strip()
+    if not tag.is_dir():
+        return f"{latest} names {tag.name}, which {checkpoint} lacks"
+    ranks: dict[str, set[int]] = {"model": set(), "optim": set()}
+    for path in tag.iterdir():
+        if m := PARTITION.fullmatch(path.name):
+            ranks[m.group(2)].add(int(m.group(1)))
+    if not ranks["optim"]:
+        return f"{tag} holds no optimizer partition (*_optim_states.pt)"
+    world = set(range(max(ranks["optim"] | ranks["model"]) + 1))
+    for kind, found in ranks.items():
+        # stage 1-2 keep the weights whole (mp_rank_00_model_states.pt): no per-rank model files
+        if (found or kind == "optim") and found != world:
+            return f"{tag} lacks the {kind} partition of rank(s) {sorted(world - found)} of {len(world)}"
+    return None
+
+
+def resumable(train_dir: Path, echo: Callable[[str], None], deepspeed: bool = False) -> Path | None:
+    """The newest complete checkpoint whose files are whole (and, for a `deepspeed` recipe,
+    whose DeepSpeed state is); each newer one passed over is named, with what is wrong."""
+    for checkpoint in reversed(checkpoints(train_dir)):
+        problem = checkpoint_problem(checkpoint) or (deepspeed_problem(checkpoint) if deepspeed else None)
+        if problem is None:
+            return checkpoint
+        echo(f"not resuming from {checkpoint}: {problem}; trying the checkpoint before it")
+    return None
