@@ -71,7 +71,7 @@ def _vllm_generator(policy: str, **kwargs):
 
 def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps: int, work: Path) -> dict:
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
@@ -91,7 +91,7 @@ def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=cfg, judge=JudgeConfig(type="python",
                      function="pofe.demo.task:reward"), generator=gen, stop_after="generate",
-                     candidates=PipelineConfig(out_dir=str(work / f"gen-{rep}"), shard_size=shard_size, progress=False))
+                     candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=shard_size, progress=False))
 
     def per_shard(rep):
         import dataclasses

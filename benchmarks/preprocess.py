@@ -157,7 +157,7 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
 
     from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.openai_client import OpenAIClient
     from pofe.preprocess.pipeline import run_pipeline
@@ -182,7 +182,7 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=cfg, generator=gen, stop_after="generate",
                      judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-                     candidates=PipelineConfig(out_dir=str(work / f"tail-{rep}"), shard_size=shard, progress=False))
+                     candidates=CandidatesConfig(out_dir=str(work / f"tail-{rep}"), shard_size=shard, progress=False))
 
     return interleave({"direct": direct, "pofe": pofe}, reps)
 
@@ -203,7 +203,7 @@ def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int,
 def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url: str | None) -> dict:
     """Both variants on `policy`: the transformers backend, or vLLM's server at `base_url`."""
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
     from pofe.preprocess.generators import make_generator
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
@@ -225,7 +225,7 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
 
     def pofe(rep):
         run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg, judge=judge_cfg,
-                     candidates=PipelineConfig(out_dir=str(work / f"gen-{rep}"), shard_size=n_prompts, progress=False),
+                     candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=n_prompts, progress=False),
                      generator=generator, stop_after="generate")
 
     times: dict[str, list[float]] = {"direct": [], "pofe": []}
@@ -239,7 +239,7 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
     CALLS["n"] = 0
     result = run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg,
                           judge=judge_cfg, generator=generator,
-                          candidates=PipelineConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False))
+                          candidates=CandidatesConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False))
     med = {name: statistics.median(v) for name, v in times.items()}
     return {
         "prompts": n_prompts,

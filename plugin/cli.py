@@ -123,11 +123,11 @@ def eval_(config: str, no_report: bool):
     from .run.report import write_report
 
     try:
-        layout = evaluate_run(config, echo=click.echo)
+        folder = evaluate_run(config, echo=click.echo)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     if not no_report:
-        click.echo(write_report(layout).terminal_summary())
+        click.echo(write_report(folder).terminal_summary())
 
 
 @pofe.command()
@@ -136,14 +136,14 @@ def report(config: str):
     """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
     import yaml
 
-    from pofe.run.folder import RunLayout
+    from pofe.run.folder import RunFolder
     from .run.report import write_report
 
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
     if not out:
         raise click.UsageError(f"{config} sets no output_dir")
     try:
-        rep = write_report(RunLayout(Path(out).resolve()))
+        rep = write_report(RunFolder(Path(out).resolve()))
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     click.echo(rep.terminal_summary())

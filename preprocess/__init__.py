@@ -5,7 +5,7 @@
 Heavy modules (backends, judges, the pipeline) are imported on first use.
 """
 
-from .config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
+from .config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
 from .win_rates import bradley_terry_preferences, symmetrize_preferences, win_rates
 
 __all__ = [
@@ -14,7 +14,7 @@ __all__ = [
     "bradley_terry_preferences",
     "GenerateConfig",
     "JudgeConfig",
-    "PipelineConfig",
+    "CandidatesConfig",
     "Sampling",
     "run_pipeline",
     "PipelineResult",

@@ -18,7 +18,7 @@ import torch
 from pofe.methods import Target, method_spec
 
 from .abstentions import AbstentionTally
-from .config import GenerateConfig, JudgeConfig, PipelineConfig
+from .config import GenerateConfig, JudgeConfig, CandidatesConfig
 from .judges.pairwise import ORDER_SUM_TOLERANCE
 from .win_rates import win_rate_spread
 
@@ -78,7 +78,7 @@ def summarise(
     method: str,
     generate: GenerateConfig,
     judge: JudgeConfig,
-    candidates: PipelineConfig,
+    candidates: CandidatesConfig,
 ) -> dict:
     """Counts and statistics, computed from the shards only (resume-proof). Every prompt is
     either a row or a counted drop: rows_in == rows + sum(rows_dropped.values()).

@@ -32,7 +32,7 @@ from pathlib import Path
 from pofe.files import write_atomic
 from pofe.logs import logger_name
 
-from .config import GenerateConfig, PipelineConfig
+from .config import GenerateConfig, CandidatesConfig
 from pofe.preprocess.shard_work import StagePlan
 
 LOG = logging.getLogger(logger_name(__name__))
@@ -60,7 +60,7 @@ def engine_group_size(generate: GenerateConfig) -> int:
     return int(kw.get("tensor_parallel_size", 1)) * int(kw.get("pipeline_parallel_size", 1))
 
 
-def check_parallel(generate: GenerateConfig, candidates: PipelineConfig, *, prebuilt: list[str]) -> None:
+def check_parallel(generate: GenerateConfig, candidates: CandidatesConfig, *, prebuilt: list[str]) -> None:
     """What cannot run, said before any model loads. `prebuilt`: the objects the caller passed
     in (a worker process builds its own from the config, so there are none to share)."""
     if generate.backend == "vllm" and int(generate.vllm_kwargs.get("data_parallel_size", 1)) > 1:
@@ -125,7 +125,7 @@ def assign_devices(num_workers: int, assigned: list[str] | None, group: int, vis
     return [",".join(visible[i * group : (i + 1) * group]) for i in range(num_workers)]
 
 
-def worker_devices(generate: GenerateConfig, candidates: PipelineConfig) -> list[str | None]:
+def worker_devices(generate: GenerateConfig, candidates: CandidatesConfig) -> list[str | None]:
     """Each worker's CUDA_VISIBLE_DEVICES for these settings on this machine (raises, before
     any worker starts, when the GPUs cannot hold the workers' engines)."""
     return assign_devices(candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible_gpus())

@@ -1,7 +1,7 @@
 """Candidates from prompts: generate -> judge -> build, resumable shard by shard.
 
     result = run_pipeline(rows, method="rrhf", generate=GenerateConfig(...),
-                          judge=JudgeConfig(...), candidates=PipelineConfig(out_dir="cands"),
+                          judge=JudgeConfig(...), candidates=CandidatesConfig(out_dir="cands"),
                           policy_path="path/to/policy")
 
 Layout of `out_dir`:
@@ -46,7 +46,7 @@ from pofe.methods import check_candidate_rules, method_spec
 
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, order_sum_warning, summarise
-from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, PipelineConfig, redact
+from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, CandidatesConfig, redact
 from .generate_stage import SHARD_SEED_STRIDE, generate_missing
 from .generators import Generator
 from .judges import PairwiseJudge, ScalarJudge, make_judge
@@ -86,7 +86,7 @@ def run_pipeline(
     method: str,
     generate: GenerateConfig,
     judge: JudgeConfig,
-    candidates: PipelineConfig,
+    candidates: CandidatesConfig,
     policy_path: str,
     prompt_column: str = "prompt",
     generator: Generator | None = None,
@@ -120,7 +120,7 @@ def run_pipeline(
     # everything checked before any model loads
     check_candidate_rules(method, pairwise_judge=judge.type if judge.is_pairwise else None, keep=candidates.keep)
     if candidates.out_dir is None:
-        raise ValueError("run_pipeline needs candidates.out_dir (PipelineConfig(out_dir=...))")
+        raise ValueError("run_pipeline needs candidates.out_dir (CandidatesConfig(out_dir=...))")
     generate = generate.for_method(method)  # dedupe: the method's default unless set
     candidates = candidates.for_method(method)  # truncated: the method's default unless set
     rows = list(prompts_rows)
@@ -349,7 +349,7 @@ def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int]) -> list[dict]
     return rows
 
 
-def _check_inputs(rows: list[dict], prompt_column: str, generate: GenerateConfig, candidates: PipelineConfig) -> None:
+def _check_inputs(rows: list[dict], prompt_column: str, generate: GenerateConfig, candidates: CandidatesConfig) -> None:
     """What can be checked before any model loads: columns, and that k can reach min_candidates."""
     if not rows:
         raise ValueError("run_pipeline got no prompt rows")

@@ -20,7 +20,7 @@ import torch
 
 from pofe.methods import Target
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
 from pofe.preprocess.dedupe import dedupe
 from pofe.preprocess.generators import Generator, finish_reason, sampled_ids
 from pofe.preprocess.judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
@@ -40,7 +40,7 @@ class StagePlan:
     target: Target
     generate: GenerateConfig
     judge: JudgeConfig
-    candidates: PipelineConfig
+    candidates: CandidatesConfig
     policy_path: str
     prompt_column: str
     gen_dir: Path

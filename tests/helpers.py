@@ -157,21 +157,21 @@ def assert_float_close(actual, expected, n_terms: int, msg=None, **kwargs) -> No
 
 def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
     """An iterated run's prompts stage (`prepare_prompts`) on the `pofe.prompts` file `pool`
-    with the `pofe:` block `pofe`, in tmp_path/run: (layout, state, the lines it echoed)."""
+    with the `pofe:` block `pofe`, in tmp_path/run: (folder, state, the lines it echoed)."""
     from axolotl.utils.dict import DictDefault
 
     from pofe.args import pofe_config
-    from pofe.run.folder import RunLayout, RunState
+    from pofe.run.folder import RunFolder, RunState
     from pofe.run.rounds.loop import prepare_prompts
     from pofe.run.rounds.runner import StageRunner
 
     cfg = DictDefault({"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})],
                        "pofe": pofe})
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method=method)
+    folder = RunFolder(tmp_path / "run")
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method=method)
     said: list[str] = []
-    prepare_prompts(cfg, pofe_config(cfg), layout, StageRunner(state, echo=said.append))
-    return layout, state, said
+    prepare_prompts(cfg, pofe_config(cfg), folder, StageRunner(state, echo=said.append))
+    return folder, state, said
 
 
 def prompts_in(path: Path) -> list:

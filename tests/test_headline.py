@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers import CPU_SETTINGS
 from pofe.demo.task import make_prompt_rows, reward
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 
 NUM_PROMPTS, HEADLINE_PROMPTS = 20, 16  # more prompts than the default headline takes
 
@@ -29,12 +29,12 @@ def _jsonl(path):
 
 @pytest.fixture(scope="module")
 def headline_run(tmp_path_factory, tiny_model, tiny64_model):
-    from pofe.preprocess import GenerateConfig, JudgeConfig, PipelineConfig, run_pipeline
+    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
     root = tmp_path_factory.mktemp("headline")
-    layout = RunLayout(root / "run")
+    folder = RunFolder(root / "run")
     rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=3)
     pofe = {
         "generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 4,
@@ -43,12 +43,12 @@ def headline_run(tmp_path_factory, tiny_model, tiny64_model):
     }
     models = {1: str(tiny_model), 2: str(tiny64_model)}  # round t's "trained" model
     for t, policy_in in ((1, str(tiny_model)), (2, models[1])):
-        layout.round_prompts(t).parent.mkdir(parents=True, exist_ok=True)
-        layout.round_prompts(t).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        folder.round_prompts(t).parent.mkdir(parents=True, exist_ok=True)
+        folder.round_prompts(t).write_text("".join(json.dumps(r) + "\n" for r in rows))
         run_pipeline(rows, policy_path=policy_in, method="rrhf", generate=GenerateConfig(**pofe["generate"]),
                      judge=JudgeConfig(**pofe["judge"]),
-                     candidates=PipelineConfig(out_dir=str(layout.candidates(t)), progress=False))
-    layout.state.write_text(json.dumps({
+                     candidates=CandidatesConfig(out_dir=str(folder.candidates(t)), progress=False))
+    folder.state.write_text(json.dumps({
         "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [time.time()],
         "rounds_planned": 2, "final_policy": models[2],
         "rounds": {str(t): {"policy_in": str(tiny_model), "policy_out": path} for t, path in models.items()},
@@ -57,13 +57,13 @@ def headline_run(tmp_path_factory, tiny_model, tiny64_model):
     recipe.write_text(yaml.safe_dump({
         "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
         "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "output_dir": str(layout.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
+        "output_dir": str(folder.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
         "learning_rate": 1e-3, **CPU_SETTINGS, "pofe": pofe,
     }))
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evaluate_run(recipe, echo=lambda _: None)
-    report = write_report(layout)
-    return {"layout": layout, "rows": rows, "models": models, "report": report, "recipe": recipe}
+    report = write_report(folder)
+    return {"folder": folder, "rows": rows, "models": models, "report": report, "recipe": recipe}
 
 
 def test_default_headline_rescored_by_hand(headline_run):
@@ -71,12 +71,12 @@ def test_default_headline_rescored_by_hand(headline_run):
     once, greedily; re-scoring the recorded answers with the judge function gives the
     report's trained-model reward, and re-judging each prompt's generated candidates gives
     the same prompts' best-of-k."""
-    layout, rows = headline_run["layout"], headline_run["rows"]
-    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    folder, rows = headline_run["folder"], headline_run["rows"]
+    recorded = json.loads((folder.eval_dir / "headline.json").read_text())
     # greedy, with the candidates' token budget (pofe.generate.max_new_tokens), not pofe.eval's 64
     assert recorded["skipped"] is None and recorded["decoding"]["temperature"] == 0.0
     assert recorded["decoding"]["max_new_tokens"] == 4
-    assert not (layout.eval_dir / "eval.json").exists()  # no held-out prompts by default
+    assert not (folder.eval_dir / "eval.json").exists()  # no held-out prompts by default
     rep = headline_run["report"].data
     for t in (1, 2):
         samples = recorded["rounds"][str(t)]["samples"]
@@ -89,7 +89,7 @@ def test_default_headline_rescored_by_hand(headline_run):
         assert head["num_prompts"] == HEADLINE_PROMPTS
         assert head["model_mean_reward"] == pytest.approx(sum(rescored) / len(rescored))
 
-        generated = {g["index"]: g for p in sorted((layout.candidates(t) / "generate").glob("shard-*.jsonl"))
+        generated = {g["index"]: g for p in sorted((folder.candidates(t) / "generate").glob("shard-*.jsonl"))
                      for g in _jsonl(p)}
         best = [max(reward(rows[i]["prompt"], c) for c in generated[i]["candidates"]) for i in range(HEADLINE_PROMPTS)]
         assert head["candidates_best_of_k_reward"] == pytest.approx(sum(best) / len(best))
@@ -108,8 +108,8 @@ def test_headline_answers_are_the_round_models_greedy_answers(headline_run):
     generate, called here directly): round 2's differ from what round 1's model says."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    layout = headline_run["layout"]
-    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    folder = headline_run["folder"]
+    recorded = json.loads((folder.eval_dir / "headline.json").read_text())
     max_new = recorded["decoding"]["max_new_tokens"]
     answers = {}
     for t, path in headline_run["models"].items():
@@ -222,16 +222,16 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
 
     from pofe.run.evaluation.evaluate import evaluate_run
 
-    layout = RunLayout(tmp_path / "run")
-    shutil.copytree(headline_run["layout"].root, layout.root)
+    folder = RunFolder(tmp_path / "run")
+    shutil.copytree(headline_run["folder"].root, folder.root)
     recipe = yaml.safe_load(headline_run["recipe"].read_text())
-    recipe["output_dir"] = str(layout.root)
+    recipe["output_dir"] = str(folder.root)
     recipe["pofe"]["judge"] = {"type": "python", "reward_funcs": ["tests.test_headline.answer_length_gap"],
                                "reward_weights": [2.0]}
     (tmp_path / "funcs.yml").write_text(yaml.safe_dump(recipe))
     evaluate_run(tmp_path / "funcs.yml", echo=lambda _: None)
 
-    recorded = json.loads((layout.eval_dir / "headline.json").read_text())
+    recorded = json.loads((folder.eval_dir / "headline.json").read_text())
     answers = {r["prompt"]: r["answer"] for r in headline_run["rows"]}
     for t in (1, 2):
         samples = recorded["rounds"][str(t)]["samples"]
@@ -266,21 +266,21 @@ def longer_wins(prompt, response_a, response_b):
 
 def _held_out_run(headline_run, tmp_path):
     """A copy of the headline run evaluated on 3 held-out prompts (greedy, one sample) and
-    with a pairwise second judge: (its layout, its recipe at tmp_path/eval.yml, the prompts)."""
+    with a pairwise second judge: (its folder, its recipe at tmp_path/eval.yml, the prompts)."""
     import shutil
 
-    layout = RunLayout(tmp_path / "run")
-    shutil.copytree(headline_run["layout"].root, layout.root)
+    folder = RunFolder(tmp_path / "run")
+    shutil.copytree(headline_run["folder"].root, folder.root)
     held_out = make_prompt_rows(3, k_wrong=1, seed=5)
     (tmp_path / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
     recipe = yaml.safe_load(headline_run["recipe"].read_text())
-    recipe["output_dir"] = str(layout.root)
+    recipe["output_dir"] = str(folder.root)
     recipe["pofe"]["eval"] = {
         "prompts": str(tmp_path / "held_out.jsonl"), "num_samples": 1, "temperature": 0.0, "max_new_tokens": 4,
         "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
     }
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
-    return layout, recipe, held_out
+    return folder, recipe, held_out
 
 
 def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeypatch):
@@ -295,7 +295,7 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
     from pofe.preprocess.render import render_prompt
     from pofe.run.evaluation import evaluate as evaluation
 
-    layout, recipe, held_out = _held_out_run(headline_run, tmp_path)
+    folder, recipe, held_out = _held_out_run(headline_run, tmp_path)
 
     built, received, make_judge = [], [], evaluation.make_judge
 
@@ -317,10 +317,10 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
     evaluation.evaluate_run(tmp_path / "eval.yml", echo=lambda _: None)
 
     assert built == ["python", "python_pairwise"]
-    assert sorted(json.loads((layout.eval_dir / "headline.json").read_text())["rounds"]) == ["1", "2"]
-    result = json.loads((layout.eval_dir / "eval.json").read_text())
+    assert sorted(json.loads((folder.eval_dir / "headline.json").read_text())["rounds"]) == ["1", "2"]
+    result = json.loads((folder.eval_dir / "eval.json").read_text())
     assert [m["name"] for m in result["models"]] == ["pi_0", "pi_1", "pi_2"]
-    samples = _jsonl(layout.eval_dir / "samples.jsonl")
+    samples = _jsonl(folder.eval_dir / "samples.jsonl")
     assert len(samples) == 3 * 3
     assert [s["reward"] for s in samples] == [reward(s["prompt"], s["response"]) for s in samples]
     tok = AutoTokenizer.from_pretrained(recipe["base_model"])
@@ -338,7 +338,7 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
 
     from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
 
-    layout, _, _ = _held_out_run(headline_run, tmp_path)
+    folder, _, _ = _held_out_run(headline_run, tmp_path)
     loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
 
     def recording_load_policy(path, **kwargs):
@@ -360,7 +360,7 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     # each stage's peak memory: one line each, and the same record in both files
     peaks = [line for line in echoed if line.startswith("eval: peak memory")]
     assert [line.split(":")[1] for line in peaks] == [" peak memory of the answers", " peak memory of the judging"]
-    recorded = [json.loads((layout.eval_dir / f).read_text())["peak_memory"] for f in ("headline.json", "eval.json")]
+    recorded = [json.loads((folder.eval_dir / f).read_text())["peak_memory"] for f in ("headline.json", "eval.json")]
     assert recorded[0] == recorded[1]
     expected_device = "cuda" if torch.cuda.is_available() else "cpu"
     assert recorded[0]["device"] == expected_device and sorted(recorded[0]) == ["answers_gib", "device", "judging_gib"]
@@ -382,15 +382,15 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
 
     from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
 
-    layout, recipe, _ = _held_out_run(headline_run, tmp_path)
+    folder, recipe, _ = _held_out_run(headline_run, tmp_path)
     recipe["pofe"]["eval"]["train_prompts"] = 4
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
     pi_0, pi_1, pi_2 = recipe["base_model"], headline_run["models"][1], str(tmp_path / "pi_2")
     shutil.copytree(headline_run["models"][2], pi_2)
-    state = json.loads(layout.state.read_text())
+    state = json.loads(folder.state.read_text())
     state["rounds"]["2"]["policy_out"] = pi_2
-    layout.state.write_text(json.dumps(state))
-    store = layout.eval_dir / "answers"
+    folder.state.write_text(json.dumps(state))
+    store = folder.eval_dir / "answers"
     shutil.rmtree(store, ignore_errors=True)  # the copied run's stored headline answers
     loaded, echoed, load_policy = [], [], evaluation.load_policy
 
@@ -401,10 +401,10 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
     def evaluate() -> dict:
         loaded.clear()
         evaluation.evaluate_run(tmp_path / "eval.yml", echo=echoed.append)
-        out = {name: json.loads((layout.eval_dir / name).read_text()) for name in ("eval.json", "headline.json")}
+        out = {name: json.loads((folder.eval_dir / name).read_text()) for name in ("eval.json", "headline.json")}
         for record in out.values():
             record.pop("peak_memory")
-        return {**out, "samples": _jsonl(layout.eval_dir / "samples.jsonl")}
+        return {**out, "samples": _jsonl(folder.eval_dir / "samples.jsonl")}
 
     monkeypatch.setattr(evaluation, "load_policy", recording_load_policy)
     monkeypatch.setattr(eval_sampler, "load_policy", recording_load_policy)

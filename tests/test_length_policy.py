@@ -12,7 +12,7 @@ from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
 from pofe.length_policy import cut_collision, cut_response, fit_turns
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
 from tests.helpers import recipe
@@ -55,8 +55,8 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
     prepare_plugins(cfg)
     cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
-    layout = RunLayout(tmp_path / "run")
-    record = layout.prepared(1) / "length-policy-0123.json"
+    folder = RunFolder(tmp_path / "run")
+    record = folder.prepared(1) / "length-policy-0123.json"
     LOG.logger.addHandler(caplog.handler)
     try:
         dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model), record)
@@ -69,13 +69,13 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     assert "1 of 3 rows of" in caplog.text and "dropped 1 (prompt_too_long 1)" in caplog.text
     assert str(record) in caplog.text
 
-    layout.state.write_text(json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0],
+    folder.state.write_text(json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0],
                                         "rounds_planned": 1}))
-    (cut,) = [r["truncation"] for r in collect(layout)["rounds"]]
+    (cut,) = [r["truncation"] for r in collect(folder)["rounds"]]
     assert cut == {"record": str(record), "sequence_len": cfg.sequence_len, "truncation": "truncate", "rows": 3,
                    "rows_over_sequence_len": 1, "rows_with_turns_cut": 0, "rows_with_responses_cut": 0,
                    "rows_dropped": {"prompt_too_long": 1}}
-    md = render_markdown(collect(layout), {})
+    md = render_markdown(collect(folder), {})
     assert (f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
             in md.split("### Length policy")[1])
 

@@ -15,7 +15,7 @@ from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.generators.hf import Sample
 from pofe.preprocess.judges import make_judge
 from pofe.run.evaluation.best_of_k import best_of_k
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.provenance import package_versions, round_record, served_site_packages, stage_environment
 
 
@@ -50,19 +50,19 @@ def test_a_served_generator_reports_its_own_venv(tmp_path):
 def test_round_record_digests_and_masks(tmp_path):
     """Digests are SHA-256 of the files' bytes (the generate shards in shard order); a key in
     the recipe is masked; the judge identity is the judge manifest's; a missing file: None."""
-    layout = RunLayout(tmp_path)
-    cands = layout.candidates(1)
+    folder = RunFolder(tmp_path)
+    cands = folder.candidates(1)
     (cands / "generate").mkdir(parents=True)
     (cands / "judge").mkdir()
-    layout.round_prompts(1).parent.mkdir(parents=True)
-    layout.round_prompts(1).write_text('{"prompt": "1+1="}\n')
+    folder.round_prompts(1).parent.mkdir(parents=True)
+    folder.round_prompts(1).write_text('{"prompt": "1+1="}\n')
     (cands / "generate" / "shard-00001.jsonl").write_text("b\n")
     (cands / "generate" / "shard-00000.jsonl").write_text("a\n")
     (cands / "judge" / "manifest.json").write_text(json.dumps({"judge_identity": {"function_sha256": "abc"}}))
-    layout.recipe(1).write_text("seed: 3\npofe:\n  generate:\n    api_key: sk-abcdefghijklmnopqrstuvwx\n")
+    folder.recipe(1).write_text("seed: 3\npofe:\n  generate:\n    api_key: sk-abcdefghijklmnopqrstuvwx\n")
     state = {"rounds": {"1": {"generate_seed": 7}},
              "stages": {"round-1/train": {"environment": {"pofe": {"version": "x"}}}}}
-    rec = round_record(layout, state, 1)
+    rec = round_record(folder, state, 1)
     assert rec["sha256"]["prompts"] == hashlib.sha256(b'{"prompt": "1+1="}\n').hexdigest()
     assert rec["sha256"]["candidates"] == hashlib.sha256(b"a\nb\n").hexdigest()
     assert rec["sha256"]["trained_on"] is None  # no data.jsonl
@@ -104,11 +104,11 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     from pofe.run.report import write_report
     from tests.helpers import CPU_SETTINGS
 
-    layout = RunLayout(tmp_path / "run")
+    folder = RunFolder(tmp_path / "run")
     rows = [{"prompt": "2+3="}, {"prompt": "1+1="}]
-    layout.held_out_prompts.parent.mkdir(parents=True)
-    layout.held_out_prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    layout.state.write_text(json.dumps({
+    folder.held_out_prompts.parent.mkdir(parents=True)
+    folder.held_out_prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    folder.state.write_text(json.dumps({
         "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [1.0], "rounds_planned": 1,
         "rounds": {"1": {"policy_in": str(tiny_model), "policy_out": str(tiny_model), "generate_seed": 0}}}))
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 3))
@@ -116,7 +116,7 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     recipe.write_text(yaml.safe_dump({
         "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
         "datasets": [{"path": str(tmp_path / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "output_dir": str(layout.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
+        "output_dir": str(folder.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
         "learning_rate": 1e-3, **CPU_SETTINGS,
         "pofe": {"generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0,
                               "max_new_tokens": 3, "seed": 0},
@@ -124,8 +124,8 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
                  "eval": {"train_prompts": 0, "num_samples": 1, "max_new_tokens": 3}},
     }))
     evaluate_run(recipe, echo=lambda _: None)
-    ev = json.loads((layout.eval_dir / "eval.json").read_text())
-    cands = [json.loads(line) for line in (layout.eval_dir / "candidates.jsonl").read_text().splitlines()]
+    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    cands = [json.loads(line) for line in (folder.eval_dir / "candidates.jsonl").read_text().splitlines()]
     assert [(c["round"], c["prompt_index"], c["k"]) for c in cands] == [(1, p, k) for p in (0, 1) for k in (0, 1)]
     assert all(c["tokens"] <= 3 for c in cands)
     for c in cands:
@@ -134,7 +134,7 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     best = [max(c["reward"] for c in cands if c["prompt_index"] == p) for p in (0, 1)]
     assert entry["k"] == 2 and entry["best_of_k_reward"] == pytest.approx(sum(best) / 2)
     assert entry["trained_mean_reward"] == pytest.approx(ev["mean_reward"][1])
-    report = write_report(layout)
+    report = write_report(folder)
     assert "### Trained model vs best-of-k, on the held-out prompts" in report.markdown_path.read_text()
     assert "## Reproducing each round" in report.markdown_path.read_text()
     step_1 = dict(round_metrics(report.data))[1]

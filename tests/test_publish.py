@@ -15,7 +15,7 @@ from huggingface_hub import HfApi
 
 from pofe import PofePlugin
 from pofe.args import PofeConfig
-from pofe.run.folder import RunLayout, RunState
+from pofe.run.folder import RunFolder, RunState
 from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, round_metrics, tracker_env
 from pofe.run.recipe import load_recipe
 from pofe.run.rounds.round_recipe import round_recipe
@@ -39,20 +39,20 @@ RAW = {
 
 
 def test_round_recipes_name_hub_repos_and_tracker_runs_per_round():
-    layout = RunLayout(Path("/runs/tldr-rrhf"))
-    full, _ = round_recipe(RAW, layout, 2, "/runs/tldr-rrhf/round-1/train", seed=8)
+    folder = RunFolder(Path("/runs/tldr-rrhf"))
+    full, _ = round_recipe(RAW, folder, 2, "/runs/tldr-rrhf/round-1/train", seed=8)
     # a full fine-tune: axolotl's trainer pushes round 2's model to its own repo
     assert full["hub_model_id"] == "org/tldr-iter2"
     assert full["wandb_name"] == "tldr-iter2" and full["trackio_run_name"] == "tldr-iter2"
     assert tracker_env(RAW) == {"WANDB_RUN_GROUP": "tldr"}
-    lora, _ = round_recipe({**RAW, "adapter": "lora"}, layout, 2, "/runs/tldr-rrhf/round-1/merged", seed=8)
+    lora, _ = round_recipe({**RAW, "adapter": "lora"}, folder, 2, "/runs/tldr-rrhf/round-1/merged", seed=8)
     assert "hub_model_id" not in lora  # an adapter: the runner pushes the merged iterate instead
     # no wandb_name: the run is named after its output_dir; a wandb_run_id gets a round suffix
     plain = {k: v for k, v in RAW.items() if k not in ("wandb_name", "trackio_project_name")}
-    named, _ = round_recipe({**plain, "wandb_run_id": "abc"}, layout, 3, "/p", seed=9)
+    named, _ = round_recipe({**plain, "wandb_run_id": "abc"}, folder, 3, "/p", seed=9)
     assert named["wandb_name"] == "tldr-rrhf-iter3" and named["wandb_run_id"] == "abc-iter3"
     assert "trackio_run_name" not in named
-    off, _ = round_recipe({**plain, "wandb_mode": "disabled", "hub_model_id": None}, layout, 1, "/p", seed=7)
+    off, _ = round_recipe({**plain, "wandb_mode": "disabled", "hub_model_id": None}, folder, 1, "/p", seed=7)
     assert "wandb_name" not in off and "hub_model_id" not in off and tracker_env(off) == {}
     assert hub_dataset_repo(RAW, 2) == "org/tldr-iter2-data"
     assert hub_dataset_repo({**RAW, "pofe": {"hub_dataset_id": "org/cands"}}, 2) == "org/cands-iter2"
@@ -64,8 +64,8 @@ def plan(t: int, adapter: bool, hub: HfApi) -> RoundPlan:
     return RoundPlan(t=t, rounds=3, policy="/m/base", adapter=adapter, seed=7, hub=hub)
 
 
-def write_round(layout: RunLayout, t: int) -> None:
-    cands, merged = layout.candidates(t), layout.merged(t)
+def write_round(folder: RunFolder, t: int) -> None:
+    cands, merged = folder.candidates(t), folder.merged(t)
     cands.mkdir(parents=True)
     merged.mkdir(parents=True)
     row = {"prompt": f"p{t}", "responses": ["a", "b"], "rewards": [1, 0]}
@@ -89,20 +89,20 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
     """Through huggingface_hub's HfApi to a loopback hub: round t's candidates go to
     `org/tldr-iter<t>-data` as data/train.jsonl (+ pofe/summary.json), its merged iterate to
     `org/tldr-iter<t>`, byte for byte, private; a finished push stage is not redone."""
-    layout = RunLayout(tmp_path)
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    folder = RunFolder(tmp_path)
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
     said = []
     runner = StageRunner(state, echo=said.append)
     with HubServer() as hub:
         api = HfApi(endpoint=hub.url, token="hf_test")
         for t in (1, 2):
-            write_round(layout, t)
-            push_round({**RAW, "adapter": "lora"}, layout, plan(t, True, api), runner)
-        push_round({**RAW, "adapter": "lora"}, layout, plan(2, True, api), runner)  # done: skipped
+            write_round(folder, t)
+            push_round({**RAW, "adapter": "lora"}, folder, plan(t, True, api), runner)
+        push_round({**RAW, "adapter": "lora"}, folder, plan(2, True, api), runner)  # done: skipped
         assert hub.unknown == []
         assert len(hub.commits) == 4
     for t in (1, 2):
-        cands, merged = layout.candidates(t), layout.merged(t)
+        cands, merged = folder.candidates(t), folder.merged(t)
         assert hub.created[f"org/tldr-iter{t}-data"] == {"type": "dataset", "visibility": "private"}
         assert hub.created[f"org/tldr-iter{t}"] == {"type": "model", "visibility": "private"}
         assert hub.files[("dataset", f"org/tldr-iter{t}-data")] == {
@@ -120,15 +120,15 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
 def test_full_fine_tune_pushes_only_the_candidates(tmp_path):
     """Without an adapter axolotl's trainer pushed the model; the runner sends the data only,
     to `pofe.hub_dataset_id`'s repo; a recipe with neither key pushes nothing."""
-    layout = RunLayout(tmp_path)
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
-    write_round(layout, 1)
+    folder = RunFolder(tmp_path)
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    write_round(folder, 1)
     raw = {**RAW, "pofe": {**RAW["pofe"], "hub_dataset_id": "org/cands"}}
     with HubServer() as hub:
         api = HfApi(endpoint=hub.url, token="hf_test")
         runner = StageRunner(state)
-        push_round(raw, layout, plan(1, False, api), runner)
-        push_round({**RAW, "hub_model_id": None}, layout, plan(2, False, api), runner)
+        push_round(raw, folder, plan(1, False, api), runner)
+        push_round({**RAW, "hub_model_id": None}, folder, plan(2, False, api), runner)
     assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.data["stages"]
     assert list(hub.files) == [("dataset", "org/cands-iter1")] and len(hub.commits) == 1
 
@@ -240,10 +240,10 @@ def test_one_prompt_file_per_round(tmp_path):
     base = tmp_path / "base.jsonl"
     base.write_text("".join(json.dumps({"prompt": f"b{i}"}) + "\n" for i in range(5)))
     pofe = {**RAW["pofe"], "rounds": 2, "round_prompts": files, "eval": {"held_out": 2}}
-    layout, state, said = prompts_stage(tmp_path, "rrhf", base, pofe)
-    assert prompts_in(layout.round_prompts(1)) == ["r1-0", "r1-1"]
-    assert prompts_in(layout.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
-    assert prompts_in(layout.held_out_prompts) == ["b3", "b4"]
+    folder, state, said = prompts_stage(tmp_path, "rrhf", base, pofe)
+    assert prompts_in(folder.round_prompts(1)) == ["r1-0", "r1-1"]
+    assert prompts_in(folder.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
+    assert prompts_in(folder.held_out_prompts) == ["b3", "b4"]
     assert state.data["prompt_mode"] == "files"
     assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt sets for pofe.rounds: 3"):

@@ -74,11 +74,11 @@ def test_rrhf_recipes_run_the_papers_pipeline_on_hh(name):
 
 def test_iterated_rounds_keep_the_prompt_format(tmp_path):
     """`axolotl pofe run` writes each round's recipe from the user's: HH prompts stay HH."""
-    from pofe.run.folder import RunLayout
+    from pofe.run.folder import RunFolder
     from pofe.run.rounds.round_recipe import round_recipe
 
     raw = yaml.safe_load((RECIPES[0].parent / "rrhf-qlora.yml").read_text())
-    recipe, _ = round_recipe(raw, RunLayout(tmp_path), 2, "/m/round-1", seed=1)
+    recipe, _ = round_recipe(raw, RunFolder(tmp_path), 2, "/m/round-1", seed=1)
     (entry,) = recipe["datasets"]
     assert entry["prompt_format"] == "hh" and entry["type"] == "pofe.prompts"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
@@ -71,10 +71,10 @@ def test_non_square_is_refused():
 
 def test_report_without_rounds_or_eval_says_so(tmp_path):
     """A run whose state exists but has no finished stage: every section says 'no data'."""
-    layout = RunLayout(tmp_path)
-    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
+    folder = RunFolder(tmp_path)
+    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
                                         "rounds_planned": 2}))
-    rep = write_report(layout)
+    rep = write_report(folder)
     md = rep.markdown_path.read_text()
     assert "No round has started." in md
     assert "No held-out evaluation" in md
@@ -84,7 +84,7 @@ def test_report_without_rounds_or_eval_says_so(tmp_path):
 
 def test_missing_state_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no run state"):
-        collect(RunLayout(tmp_path))
+        collect(RunFolder(tmp_path))
 
 
 def test_markdown_flags_a_cycle():
@@ -113,16 +113,16 @@ def test_markdown_flags_a_cycle():
 def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     """SPPO rounds carry summary.json's mean_win_rate_spread into report.json and a table
     column; a round without it (an older summary) shows '-'. RRHF's table has no such column."""
-    layout = RunLayout(tmp_path)
-    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {},
+    folder = RunFolder(tmp_path)
+    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {},
                                         "starts": [1.0], "rounds_planned": 2}))
     summary = {"rows": 3, "candidates_per_prompt": {"mean": 5.0}, "mean_candidate_reward": 0.5,
                "mean_best_of_k_reward": 1.0, "mean_candidate_tokens": 7.0, "mean_best_win_rate": 0.9,
                "judge_abstentions": 0}
     for t, extra in ((1, {"mean_win_rate_spread": 0.25}), (2, {})):
-        layout.candidates(t).mkdir(parents=True)
-        (layout.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
-    rep = collect(layout)
+        folder.candidates(t).mkdir(parents=True)
+        (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+    rep = collect(folder)
     assert [r["candidates"]["win_rate_spread"] for r in rep["rounds"]] == [0.25, None]
     md = render_markdown(rep, {})
     header = next(line for line in md.splitlines() if line.startswith("| round |"))
@@ -160,13 +160,13 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
         "kl_to_base": [0.0] * M, "kl_is_unbiased": True, "perplexity": None, "reference_count": 0,
         "cycle_threshold": 0.5, **comparisons,
     }
-    layout = RunLayout(tmp_path)
-    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
+    folder = RunFolder(tmp_path)
+    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
                                         "rounds_planned": 2}))
-    layout.eval_dir.mkdir()
-    (layout.eval_dir / "eval.json").write_text(json.dumps(ev))
-    (layout.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))
-    rep = write_report(layout)
+    folder.eval_dir.mkdir()
+    (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
+    (folder.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))
+    rep = write_report(folder)
     md = rep.markdown_path.read_text()
     headline = md[md.index("## Headline"):md.index("## Rounds")]
     assert "No reward headline: the judge is pairwise." in headline

@@ -92,10 +92,10 @@ def test_a_run_mixes_files_and_specs_one_per_round(sources, tmp_path):
     pofe = {"rounds": 2, "eval": {"held_out": 1},
             "round_prompts": [f"{sources['files']}/a.jsonl", {"path": sources["repo"], "name": "iter2"}],
             "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
-    layout, _, _ = prompts_stage(tmp_path, "rrhf", base, pofe)
-    assert prompts_in(layout.round_prompts(1)) == ["a0", "a1"]
-    assert prompts_in(layout.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
-    assert prompts_in(layout.held_out_prompts) == ["h2"]
+    folder, _, _ = prompts_stage(tmp_path, "rrhf", base, pofe)
+    assert prompts_in(folder.round_prompts(1)) == ["a0", "a1"]
+    assert prompts_in(folder.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
+    assert prompts_in(folder.held_out_prompts) == ["h2"]
 
 
 def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tmp_path):
@@ -106,9 +106,9 @@ def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tm
     _jsonl(pool, [f"p{i}" for i in range(20)])
     pofe = {"rounds": 2, "round_prompts": [str(pool), f"{sources['files']}/a.jsonl"],
             "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
-    layout, state, said = prompts_stage(tmp_path, "sppo", pool, pofe)
-    assert prompts_in(layout.held_out_prompts) == ["p16", "p17", "p18", "p19"]
-    assert prompts_in(layout.round_prompts(1)) == [f"p{i}" for i in range(16)]
-    assert prompts_in(layout.round_prompts(2)) == ["a0", "a1"]
+    folder, state, said = prompts_stage(tmp_path, "sppo", pool, pofe)
+    assert prompts_in(folder.held_out_prompts) == ["p16", "p17", "p18", "p19"]
+    assert prompts_in(folder.round_prompts(1)) == [f"p{i}" for i in range(16)]
+    assert prompts_in(folder.round_prompts(2)) == ["a0", "a1"]
     assert state.data["stages"]["prompts"]["held_out_removed"] == [4, 0]
     assert any("per round: [4, 0]" in line for line in said)

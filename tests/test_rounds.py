@@ -12,7 +12,7 @@ import pytest
 
 from pofe.args import PofeConfig
 from pofe.args.rounds import EvalConfig
-from pofe.run.folder import RunLayout, RunState, RunStateMismatch
+from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 from pofe.run.prompts import resolve_round_prompts, split_prompts
 from pofe.run.recipe import recipe_fingerprint
 from pofe.run.rounds.round_recipe import round_recipe
@@ -48,9 +48,9 @@ RAW = {
 
 
 def test_round_recipe_points_everything_at_the_round():
-    layout = RunLayout(__import__("pathlib").Path("/runs/x"))
-    r1, _ = round_recipe(RAW, layout, 1, "/m/base", seed=7)
-    r2, forced_save = round_recipe(RAW, layout, 2, "/runs/x/round-1/merged", seed=8)
+    folder = RunFolder(__import__("pathlib").Path("/runs/x"))
+    r1, _ = round_recipe(RAW, folder, 1, "/m/base", seed=7)
+    r2, forced_save = round_recipe(RAW, folder, 2, "/runs/x/round-1/merged", seed=8)
     assert r1["lora_model_dir"] == "/m/adapter" and "lora_model_dir" not in r2  # merged already
     assert r2["base_model"] == "/runs/x/round-1/merged"
     assert r2["output_dir"] == "/runs/x/round-2/train"
@@ -150,13 +150,13 @@ def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
     pofe = {"rounds": 2, "generate": {"backend": "transformers"},
             "judge": {"type": "python", "function": "pofe.demo.task:reward"},
             **({"eval": eval_keys} if eval_keys else {})}
-    layout, _, _ = prompts_stage(tmp_path, "sppo", base, pofe)
-    trained = prompts_in(layout.round_prompts(1)) + prompts_in(layout.round_prompts(2))
+    folder, _, _ = prompts_stage(tmp_path, "sppo", base, pofe)
+    trained = prompts_in(folder.round_prompts(1)) + prompts_in(folder.round_prompts(2))
     assert trained == [f"p{i}" for i in range(pool - held)]  # SPPO's split: every other row once
     if held:
-        assert prompts_in(layout.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
+        assert prompts_in(folder.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
     else:
-        assert not layout.held_out_prompts.exists()
+        assert not folder.held_out_prompts.exists()
 
 
 def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):
@@ -216,15 +216,15 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
     from pofe.run.rounds import loop as rounds, runner
 
-    layout = RunLayout(tmp_path / "run")
-    train = layout.train(1)
+    folder = RunFolder(tmp_path / "run")
+    train = folder.train(1)
     # the killed start recorded what it trained with (its recipe had no resume_from_checkpoint)
-    rounds.claim_training(layout, 1, round_recipe(RAW, layout, 1, "/m/base", seed=7).recipe, None)
+    rounds.claim_training(folder, 1, round_recipe(RAW, folder, 1, "/m/base", seed=7).recipe, None)
     for step in (2, 9, 10, 12):
         (train / f"checkpoint-{step}").mkdir(parents=True)
         if step != 12:
             (train / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="sppo")
     state.start("round-1/preprocess")
     state.finish("round-1/preprocess")
     state.start("round-1/train")  # killed here
@@ -242,43 +242,43 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     said = []
     plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
     stages = runner.StageRunner(state, echo=said.append, stream=False, keep_fds=(5,))
-    rounds.run_round(RAW, layout, plan, stages)
+    rounds.run_round(RAW, folder, plan, stages)
     resumed = str(train / "checkpoint-10")
     assert ran == [("train", resumed, (5,))]
     assert said == [f"round 1/1: train, resuming from {resumed}"]
     record = state.data["stages"]["round-1/train"]
     assert record["status"] == "done" and record["resumed_from"] == resumed
-    assert json.loads(layout.trainer_state(1).read_text()) == {"global_step": 20}
+    assert json.loads(folder.trainer_state(1).read_text()) == {"global_step": 20}
     assert not list(train.glob("checkpoint-*"))  # the forced save's cleanup, after the stage
 
     # started again: nothing runs, and round-1/recipe.yml still says what ran
-    rounds.run_round(RAW, layout, plan, stages)
+    rounds.run_round(RAW, folder, plan, stages)
     assert len(ran) == 1
-    assert yaml.safe_load(layout.recipe(1).read_text())["resume_from_checkpoint"] == resumed
+    assert yaml.safe_load(folder.recipe(1).read_text())["resume_from_checkpoint"] == resumed
 
 
 def test_training_without_checkpoints_starts_over(tmp_path):
     from pofe.run.rounds.loop import resume_point
 
-    layout = RunLayout(tmp_path)
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    folder = RunFolder(tmp_path)
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
     state.start("round-1/train")
-    (layout.train(1) / "checkpoint-3").mkdir(parents=True)  # cut short: no trainer_state.json
-    assert resume_point(layout, state, 1) is None
-    recipe, _ = round_recipe(RAW, layout, 1, "/m/base", seed=7, resume_from=None)
+    (folder.train(1) / "checkpoint-3").mkdir(parents=True)  # cut short: no trainer_state.json
+    assert resume_point(folder, state, 1) is None
+    recipe, _ = round_recipe(RAW, folder, 1, "/m/base", seed=7, resume_from=None)
     assert "resume_from_checkpoint" not in recipe
 
 
-def _killed_round_1(layout: RunLayout, raw: dict, steps=(6,)) -> RunState:
+def _killed_round_1(folder: RunFolder, raw: dict, steps=(6,)) -> RunState:
     """Round 1 trained from `raw` (recorded), saved checkpoint-<step> for each of `steps`, and was
     killed; its state file then went (`pofe-run.json` deleted): a new state, nothing done."""
     from pofe.run.rounds import loop as rounds
 
-    rounds.claim_training(layout, 1, round_recipe(raw, layout, 1, "/m/base", seed=7).recipe, None)
+    rounds.claim_training(folder, 1, round_recipe(raw, folder, 1, "/m/base", seed=7).recipe, None)
     for step in steps:
-        (layout.train(1) / f"checkpoint-{step}").mkdir(parents=True)
-        (layout.train(1) / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    state = RunState.open(layout.state, fingerprint="b", recipe="r.yml", method="sppo")
+        (folder.train(1) / f"checkpoint-{step}").mkdir(parents=True)
+        (folder.train(1) / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    state = RunState.open(folder.state, fingerprint="b", recipe="r.yml", method="sppo")
     state.start("round-1/preprocess")
     state.finish("round-1/preprocess")
     return state
@@ -293,23 +293,23 @@ def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change
     from pofe.run.rounds import loop as rounds, runner
     from pofe.run.rounds.checkpoints import RECORD_NAME
 
-    layout = RunLayout(tmp_path / "run")
-    (layout.candidates(1)).mkdir(parents=True)
-    (layout.candidates(1) / "data.jsonl").write_text('{"prompt": "a"}\n')
-    state = _killed_round_1(layout, RAW)
+    folder = RunFolder(tmp_path / "run")
+    (folder.candidates(1)).mkdir(parents=True)
+    (folder.candidates(1) / "data.jsonl").write_text('{"prompt": "a"}\n')
+    state = _killed_round_1(folder, RAW)
     raw = {**RAW, "learning_rate": 0.5} if change == "learning_rate" else RAW
     if change == "candidates":
-        (layout.candidates(1) / "data.jsonl").write_text('{"prompt": "b"}\n')
+        (folder.candidates(1) / "data.jsonl").write_text('{"prompt": "b"}\n')
     if change == "no record":
-        (layout.train(1) / RECORD_NAME).unlink()
+        (folder.train(1) / RECORD_NAME).unlink()
     ran = []
     monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd))
     plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
-    checkpoint = layout.train(1) / "checkpoint-6"
+    checkpoint = folder.train(1) / "checkpoint-6"
     says = {"learning_rate": r"differs in: learning_rate\)", "candidates": r"differs in: <candidates data.jsonl>\)",
             "no record": "is missing or unreadable"}[change]
     with pytest.raises(RunStateMismatch, match=rf"round 1 would resume from {re.escape(str(checkpoint))}.*{says}.*Delete "):
-        rounds.run_round(raw, layout, plan, runner.StageRunner(state, echo=lambda _: None, stream=False))
+        rounds.run_round(raw, folder, plan, runner.StageRunner(state, echo=lambda _: None, stream=False))
     assert ran == [] and not state.data["stages"].get("round-1/train")
 
 
@@ -323,17 +323,17 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
 
     from pofe.run.rounds.loop import resume_point
 
-    layout = RunLayout(tmp_path / "run")
-    state = _killed_round_1(layout, RAW, steps=(4, 6))
-    damaged = layout.train(1) / "checkpoint-6"
+    folder = RunFolder(tmp_path / "run")
+    state = _killed_round_1(folder, RAW, steps=(4, 6))
+    damaged = folder.train(1) / "checkpoint-6"
     for checkpoint in ("checkpoint-4", "checkpoint-6"):
-        save_file({"w": torch.ones(64)}, layout.train(1) / checkpoint / "model.safetensors")
-        torch.save({"state": torch.ones(64)}, layout.train(1) / checkpoint / "optimizer.pt")
+        save_file({"w": torch.ones(64)}, folder.train(1) / checkpoint / "model.safetensors")
+        torch.save({"state": torch.ones(64)}, folder.train(1) / checkpoint / "optimizer.pt")
     said = []
-    assert resume_point(layout, state, 1, said.append) == damaged  # whole: the newest
+    assert resume_point(folder, state, 1, said.append) == damaged  # whole: the newest
     weights = (damaged / "model.safetensors").read_bytes()
     (damaged / "model.safetensors").write_bytes(weights[:-10])
-    assert resume_point(layout, state, 1, said.append) == layout.train(1) / "checkpoint-4"
+    assert resume_point(folder, state, 1, said.append) == folder.train(1) / "checkpoint-4"
     need = len(weights)
     assert said == [f"not resuming from {damaged}: {damaged / 'model.safetensors'} has {need - 10} bytes; its "
                     f"header says {need}; trying the checkpoint before it"]
@@ -341,7 +341,7 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
     optimizer = (damaged / "optimizer.pt").read_bytes()
     (damaged / "optimizer.pt").write_bytes(optimizer[: len(optimizer) // 2])
     said.clear()
-    assert resume_point(layout, state, 1, said.append) == layout.train(1) / "checkpoint-4"
+    assert resume_point(folder, state, 1, said.append) == folder.train(1) / "checkpoint-4"
     assert said[0].startswith(f"not resuming from {damaged}: {damaged / 'optimizer.pt'} is cut short or damaged")
 
 
@@ -350,8 +350,8 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     merged failed every later start. Now the merge stage runs again (and only it)."""
     from pofe.run.rounds import loop as rounds, runner
 
-    layout = RunLayout(tmp_path / "run")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    folder = RunFolder(tmp_path / "run")
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="sppo")
     for stage in ("round-1/preprocess", "round-1/train", "round-1/merge"):
         state.start(stage)
         state.finish(stage)
@@ -360,14 +360,14 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     said = []
     plan = rounds.RoundPlan(t=1, rounds=2, policy="/m/base", adapter=True, seed=7)
     stages = runner.StageRunner(state, echo=said.append, stream=False)
-    (layout.merged(1)).mkdir(parents=True)
-    (layout.merged(1) / "config.json").write_text("{}")
-    rounds.run_round(RAW, layout, plan, stages)
+    (folder.merged(1)).mkdir(parents=True)
+    (folder.merged(1) / "config.json").write_text("{}")
+    rounds.run_round(RAW, folder, plan, stages)
     assert ran == []  # there: nothing redone
-    (layout.merged(1) / "config.json").unlink()
-    rounds.run_round(RAW, layout, plan, stages)
+    (folder.merged(1) / "config.json").unlink()
+    rounds.run_round(RAW, folder, plan, stages)
     assert ran == ["merge-lora"] and state.done("round-1/merge")
-    assert said[0] == (f"round 1: {layout.merged(1)} is missing (or has no config.json) though the state "
+    assert said[0] == (f"round 1: {folder.merged(1)} is missing (or has no config.json) though the state "
                        "says merged: merging again")
 
 

@@ -131,7 +131,7 @@ def test_resume_skips_round_1(rrhf_run):
 def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     """Regenerating round 2's prompts with round 1's model and round 2's recorded seed gives
     round 2's candidates exactly; the base model gives others."""
-    from pofe.preprocess import GenerateConfig, JudgeConfig, PipelineConfig, run_pipeline
+    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
 
     run = rrhf_run["run"]
     r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
@@ -143,7 +143,7 @@ def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
 
     def regenerate(policy, out):
         run_pipeline(prompts, policy_path=policy, method="rrhf", generate=GenerateConfig(**r2["pofe"]["generate"]),
-                     judge=JudgeConfig(**r2["pofe"]["judge"]), candidates=PipelineConfig(out_dir=str(out), progress=False),
+                     judge=JudgeConfig(**r2["pofe"]["judge"]), candidates=CandidatesConfig(out_dir=str(out), progress=False),
                      stop_after="generate")
         return shards(out)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.guards import PREEXISTING_NAME, OutputDirRefused, claim_output_dir, pofe_wrote
 from pofe.run.report import write_report
 
@@ -30,14 +30,14 @@ def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
     files = _foreign(tmp_path)
     with pytest.raises(OutputDirRefused, match=r"holds 4 files but no POFE run \(eval, prompts, report-old.png, "
                                               r"report.md\).*pofe.overwrite_output_dir: true"):
-        claim_output_dir(RunLayout(tmp_path), overwrite=False, echo=print)
+        claim_output_dir(RunFolder(tmp_path), overwrite=False, echo=print)
     assert {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()} == files
 
 
 def test_a_file_as_output_dir_is_named(tmp_path):
     (tmp_path / "out").write_text("x")
     with pytest.raises(OutputDirRefused, match=rf"output_dir {tmp_path / 'out'} is a file, not a folder"):
-        claim_output_dir(RunLayout(tmp_path / "out"), overwrite=False, echo=print)
+        claim_output_dir(RunFolder(tmp_path / "out"), overwrite=False, echo=print)
 
 
 @pytest.mark.parametrize("marker", ["pofe-run.json", "pofe-run.lock", "debug.log", None])
@@ -52,7 +52,7 @@ def test_a_new_folder_or_a_pofe_run_is_taken_as_it_is(tmp_path, marker):
     elif marker:
         _foreign(root)
         (root / marker).write_text("{}")
-    claim_output_dir(RunLayout(root), overwrite=False, echo=print)
+    claim_output_dir(RunFolder(root), overwrite=False, echo=print)
     assert not (root / PREEXISTING_NAME).exists()
 
 
@@ -62,23 +62,23 @@ def test_overwrite_records_what_was_there_and_the_report_keeps_it(tmp_path):
     was there (report-old.png). Without the record both went."""
     _foreign(tmp_path)
     said = []
-    layout = RunLayout(tmp_path)
-    claim_output_dir(layout, overwrite=True, echo=said.append)
+    folder = RunFolder(tmp_path)
+    claim_output_dir(folder, overwrite=True, echo=said.append)
     assert "holds 4 files of no POFE run" in said[0]
     recorded = json.loads((tmp_path / PREEXISTING_NAME).read_text())["files"]
     assert sorted(recorded) == ["eval/eval.json", "prompts/round-1.jsonl", "report-old.png", "report.md"]
     assert recorded["report.md"] == [len("my notes"), (tmp_path / "report.md").stat().st_mtime_ns]
     (tmp_path / "report-rewards.png").write_text("an earlier report's plot")
-    assert not pofe_wrote(layout, tmp_path / "eval" / "eval.json") and pofe_wrote(layout, tmp_path / "report-rewards.png")
+    assert not pofe_wrote(folder, tmp_path / "eval" / "eval.json") and pofe_wrote(folder, tmp_path / "report-rewards.png")
 
-    layout.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
+    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
                                         "rounds_planned": 1}))
-    report = write_report(layout)
+    report = write_report(folder)
     assert (tmp_path / "report-old.png").read_text() == "png"
     assert not (tmp_path / "report-rewards.png").exists()
     assert report.data["eval"] is None  # the eval/eval.json found there is not read as the run's
-    assert pofe_wrote(layout, tmp_path / "report.md")  # rewritten by the report: POFE's now
-    claim_output_dir(layout, overwrite=False, echo=said.append)  # a run now: no key needed to resume
+    assert pofe_wrote(folder, tmp_path / "report.md")  # rewritten by the report: POFE's now
+    claim_output_dir(folder, overwrite=False, echo=said.append)  # a run now: no key needed to resume
 
 
 def test_pofe_run_refuses_the_folder_before_writing_anything(tiny_model, tmp_path):

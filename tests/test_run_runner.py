@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pofe.run import folder as layout_module
+from pofe.run import folder as folder_module
 from pofe.run.folder import RunState
 from pofe.run.rounds.runner import StageRunner
 from pofe.run.rounds.processes import StageFailed
@@ -25,7 +25,7 @@ from pofe.run.rounds.processes import StageFailed
 @pytest.fixture
 def state(tmp_path, monkeypatch) -> RunState:
     ticks = iter(range(100, 200))
-    monkeypatch.setattr(layout_module, "time", SimpleNamespace(time=lambda: float(next(ticks))))
+    monkeypatch.setattr(folder_module, "time", SimpleNamespace(time=lambda: float(next(ticks))))
     return RunState.open(tmp_path / "pofe-run.json", fingerprint="f", recipe="r.yml", method="rrhf")
 
 

@@ -102,28 +102,28 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
     recipe.write_text(yaml.safe_dump(raw))
     trained, evaluated = [], []
 
-    def run_round(raw, layout, plan, runner):
+    def run_round(raw, folder, plan, runner):
         trained.append(plan.t)
         runner.state.round(plan.t)["policy_out"] = f"/models/round-{plan.t}"
         runner.state.save()
         return f"/models/round-{plan.t}"
 
-    def evaluate_rounds(recipe_path, layout, pcfg, runner):
+    def evaluate_rounds(recipe_path, folder, pcfg, runner):
         def work():
             T = len(rounds_module.eval_models(runner.state, pcfg.rounds)) - 1
             evaluated.append(T)
             ev = evaluation([0.7, 0.3, 0.8][:T], None, lc_vs_pi_0=[0.7, 0.6, 0.75][:T])
-            layout.eval_dir.mkdir(parents=True, exist_ok=True)
-            (layout.eval_dir / "eval.json").write_text(json.dumps({**ev, **report_fields(T + 1)}))
+            folder.eval_dir.mkdir(parents=True, exist_ok=True)
+            (folder.eval_dir / "eval.json").write_text(json.dumps({**ev, **report_fields(T + 1)}))
 
         runner.run("eval", work, inputs={"models": rounds_module.eval_models(runner.state, pcfg.rounds)})
 
     monkeypatch.setattr(rounds_module, "run_round", run_round)
     monkeypatch.setattr(rounds_module, "evaluate_rounds", evaluate_rounds)
     said: list[str] = []
-    layout = rounds_module.run_rounds(recipe, echo=said.append)
-    return (json.loads((layout.root / "report.json").read_text()), json.loads(layout.state.read_text()),
-            trained, (layout.root / "report.md").read_text(), evaluated, said)
+    folder = rounds_module.run_rounds(recipe, echo=said.append)
+    return (json.loads((folder.root / "report.json").read_text()), json.loads(folder.state.read_text()),
+            trained, (folder.root / "report.md").read_text(), evaluated, said)
 
 
 def test_the_runner_stops_after_the_round_that_fails(tmp_path, tiny_model, monkeypatch):

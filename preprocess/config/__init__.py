@@ -5,9 +5,9 @@ Three blocks, each declared once and validated up front (before any model loads)
 - `GenerateConfig`: who writes the k candidates per prompt, and how they are decoded.
 - `JudgeConfig`: who scores them (scalar judges for RRHF rewards or Bradley-Terry win rates,
   pairwise judges for SPPO preference matrices).
-- `PipelineConfig`: where shards and the final dataset go, shard size, what SPPO keeps.
+- `CandidatesConfig`: where shards and the final dataset go, shard size, what SPPO keeps.
 
-These are the `pofe.generate` / `pofe.judge` blocks of the YAML. API keys are never stored:
+These are the `pofe.generate`, `pofe.judge` and `pofe.candidates` blocks of the YAML. API keys are never stored:
 only the NAME of the environment variable that holds one (`api_key_env`).
 """
 
@@ -25,11 +25,11 @@ from .base import (
 from .credentials import looks_like_key, read_api_key, redact, redact_text, redact_url, resolve_env
 from .generate import GenerateConfig
 from .judge import FUNCTION_JUDGES, JUDGE_PREFERENCES, PAIRWISE_JUDGES, SCALAR_JUDGES, JudgeConfig
-from pofe.preprocess.config.candidates import PipelineConfig
+from .candidates import CandidatesConfig
 
 __all__ = [
     "BatchSize", "Backend", "FUNCTION_JUDGES", "GenerateConfig", "JUDGE_PREFERENCES", "JudgeConfig",
-    "MaxNewTokens", "PAIRWISE_JUDGES", "PipelineConfig", "SCALAR_JUDGES", "STRATEGY_BACKENDS",
+    "MaxNewTokens", "PAIRWISE_JUDGES", "CandidatesConfig", "SCALAR_JUDGES", "STRATEGY_BACKENDS",
     "Sampling", "Seed", "Strategy", "Temperature", "TopP", "looks_like_key", "read_api_key",
     "redact", "redact_text", "redact_url", "resolve_env",
 ]

@@ -1,4 +1,4 @@
-"""`pofe.pipeline`: where and how the candidate pipeline writes."""
+"""`pofe.candidates`: where and how the candidate pipeline writes its shards and rows."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pofe.methods import method_spec
 from pofe.preprocess.config.base import StrictConfig
 
 
-class PipelineConfig(StrictConfig):
-    """Where and how the pipeline writes."""
+class CandidatesConfig(StrictConfig):
+    """The `pofe.candidates` block: where and how the pipeline writes."""
 
     out_dir: str | None = Field(
         None,
@@ -52,7 +52,7 @@ class PipelineConfig(StrictConfig):
     )
 
     @model_validator(mode="after")
-    def _check_workers(self) -> PipelineConfig:
+    def _check_workers(self) -> CandidatesConfig:
         if self.worker_devices is None:
             return self
         if self.num_workers == 1:
@@ -73,7 +73,7 @@ class PipelineConfig(StrictConfig):
                 )
         return self
 
-    def for_method(self, method: str) -> PipelineConfig:
+    def for_method(self, method: str) -> CandidatesConfig:
         """This config with `truncated` resolved: as set, else the method's default."""
         if self.truncated is not None:
             return self

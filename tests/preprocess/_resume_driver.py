@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.generators.stream import run_window
 from pofe.preprocess.pipeline import run_pipeline
@@ -74,7 +74,7 @@ def main() -> None:
     judge = JudgeConfig(type="python", function="_resume_driver:slow_reward")
     run_pipeline(
         rows, policy_path=policy, method=method, generate=gen, judge=judge,
-        candidates=PipelineConfig(out_dir=out_dir, shard_size=2, progress=False), generator=SlowGenerator(TransformersGenerator(policy, batch_size=2), Path(out_dir + ".requested")),
+        candidates=CandidatesConfig(out_dir=out_dir, shard_size=2, progress=False), generator=SlowGenerator(TransformersGenerator(policy, batch_size=2), Path(out_dir + ".requested")),
     )
     print("DONE", flush=True)
 

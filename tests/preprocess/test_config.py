@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 
 
 def test_defaults_are_valid():
     g = GenerateConfig()
     assert g.backend == "transformers" and g.sampling().strategy == "sample"
     JudgeConfig(type="python", function="pofe.demo.task:reward")
-    PipelineConfig(out_dir="x")
+    CandidatesConfig(out_dir="x")
 
 
 @pytest.mark.parametrize("backend", ["openai", "vllm"])

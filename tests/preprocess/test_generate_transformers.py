@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators import Completion
 from pofe.preprocess.generators.diverse_beam import HammingDiversityProcessor
 from pofe.preprocess.generators.hf import (
@@ -174,7 +174,7 @@ def test_pipeline_counts_truncated_candidates(tiny_policy, tmp_path, truncated, 
     result = run_pipeline(
         [{"prompt": "a"}, {"prompt": "b"}], method="rrhf", policy_path=str(tiny_policy),
         generate=GenerateConfig(num_candidates=3), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False, truncated=truncated), generator=_Cut(),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False, truncated=truncated), generator=_Cut(),
     )
     assert result.summary["truncated_candidates_dropped"] == dropped
     assert [len(json.loads(x)["responses"]) for x in result.data_path.read_text().splitlines()] == [kept, kept]

@@ -361,7 +361,7 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
     chat template applied, not the dataset's prompt."""
     from transformers import AutoTokenizer
 
-    from pofe.preprocess.config import GenerateConfig, PipelineConfig
+    from pofe.preprocess.config import GenerateConfig, CandidatesConfig
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
     from pofe.run.evaluation.evaluate import render_prompts
@@ -379,7 +379,7 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
     run_pipeline([{"prompt": p} for p in prompts], policy_path=str(tiny_policy), method="sppo",
                  judge=JudgeConfig(type="pairrm", model=str(pairrm_dir)),
                  generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
-                 candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                 candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
                  generator=FixedCandidates(), judge_impl=judge)
     tok = AutoTokenizer.from_pretrained(tiny_policy)
     out = judge_models(judge, prompts, render_prompts(tok, prompts), [[["4"], ["four"]], [["5"], ["4"]]])

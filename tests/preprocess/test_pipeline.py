@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pofe.preprocess.abstentions import NoJudgeSignal
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.judges import Abstain, JudgeError, JudgeStats
 from pofe.preprocess.judges.pairwise import preferences_both_orders
 from pofe.preprocess.manifest import ManifestMismatch
@@ -59,7 +59,7 @@ def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-        candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False), generator=ScriptedGenerator(),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False), generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert res.rows == 3 and len(rows) == 3
@@ -85,7 +85,7 @@ def test_sppo_scalar_judge_gives_bradley_terry_win_rates(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator(),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert all(list(r) == ["prompt", "responses", "win_rates"] for r in rows)
@@ -100,7 +100,7 @@ def test_sppo_pairwise_best_worst(tiny_policy, tmp_path):
     judge = JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1")  # never called: judge_impl given
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
-        candidates=PipelineConfig(out_dir=str(tmp_path), keep="best_worst", progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), keep="best_worst", progress=False),
         generator=ScriptedGenerator(), judge_impl=LengthPairJudge(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
@@ -113,14 +113,14 @@ def test_rrhf_rejects_pairwise_judge(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="RRHF needs a scalar reward"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
                      judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-                     candidates=PipelineConfig(out_dir=str(tmp_path)))
+                     candidates=CandidatesConfig(out_dir=str(tmp_path)))
 
 
 def test_resume_skips_done_shards_and_manifest_guards(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     g1 = ScriptedGenerator()
     kw = dict(policy_path=str(tiny_policy), method="rrhf", judge=judge,
-              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=1, progress=False))
+              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=1, progress=False))
     first = run_pipeline(ROWS, generate=GEN, generator=g1, **kw).data_path.read_bytes()
     g2 = ScriptedGenerator()
     (tmp_path / "judge" / "shard-00001.jsonl").unlink()
@@ -144,7 +144,7 @@ def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
         judge=JudgeConfig(type="python", function=f"{__name__}:_picky"),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
         generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
@@ -155,7 +155,7 @@ def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
 
 def test_pipeline_config_block(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
-    pc = PipelineConfig(out_dir=str(tmp_path / "x"), shard_size=1, keep="best_worst", progress=False)
+    pc = CandidatesConfig(out_dir=str(tmp_path / "x"), shard_size=1, keep="best_worst", progress=False)
     res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, candidates=pc,
                        generator=ScriptedGenerator())
     assert res.data_path.parent == tmp_path / "x" and len(list((tmp_path / "x" / "judge").glob("*.jsonl"))) == 3
@@ -166,7 +166,7 @@ def test_missing_prompt_column_names_the_row(tiny_policy, tmp_path):
     with pytest.raises(KeyError, match="prompt row 1 has no 'prompt' column"):
         run_pipeline([{"prompt": "a"}, {"question": "b"}], policy_path=str(tiny_policy), method="rrhf",
                      generate=GEN, judge=JudgeConfig(type="python", function="a:b"),
-                     candidates=PipelineConfig(out_dir=str(tmp_path)))
+                     candidates=CandidatesConfig(out_dir=str(tmp_path)))
 
 
 def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path):
@@ -175,7 +175,7 @@ def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path)
         [{"prompt": "3+4="}, {"prompt": "5+1="}], policy_path=str(tiny_policy), method="rrhf",
         generate=GenerateConfig(num_candidates=3, max_new_tokens=6, temperature=1.0),
         judge=JudgeConfig(type="reward_model", model=str(tiny_reward_model)),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert len(rows) == 2 and all(len(r["responses"]) == len(r["rewards"]) >= 2 for r in rows)
@@ -194,7 +194,7 @@ def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tm
     result = run_pipeline(
         rows, policy_path=str(tiny_policy), method="rrhf",
         generate=GenerateConfig(num_candidates=4), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-        candidates=PipelineConfig(out_dir=str(tmp_path / "c"), progress=False), generator=Scripted(),
+        candidates=CandidatesConfig(out_dir=str(tmp_path / "c"), progress=False), generator=Scripted(),
     )
     data = [json.loads(line) for line in result.data_path.read_text().splitlines()]
     assert [d["responses"] for d in data] == [["7", "8"], ["7", "8"]]
@@ -215,7 +215,7 @@ def test_damaged_shards_are_redone_and_counted(tiny_policy, tmp_path):
     Every resume writes the uninterrupted run's data.jsonl byte for byte."""
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
     first = run_pipeline(ROWS, generator=ScriptedGenerator(), **kw)
     want = first.data_path.read_bytes()
     assert _totals_add_up(first.summary) and first.summary["shards_redone_last_run"] == {}
@@ -257,7 +257,7 @@ def test_abstention_rate_over_the_limit_stops_naming_the_dataset_row(tiny_policy
     on all 3 -> 3 of 11 = 27% > 20%: stop before writing shard 1, naming dataset row 2 (row 0
     of its shard). With the limit raised the judge shards are reused and row 2 is dropped."""
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, generator=ScriptedGenerator())
-    cands = PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False)
+    cands = CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False)
     judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", max_abstention_rate=0.2)
     with pytest.raises(NoJudgeSignal, match=r"abstained on 3 of 11 candidates \(27%.*top reason 'NameError' \(3 "
                                             r"times\), e\.g\. dataset row 2: NameError: name 'undefined_name'"):
@@ -272,7 +272,7 @@ def test_every_candidate_abstaining_stops_even_without_a_limit(tiny_policy, tmp_
     judge = JudgeConfig(type="python", function=f"{__name__}:_broken", max_abstention_rate=1.0)
     with pytest.raises(NoJudgeSignal, match=r"abstained on 11 of 11 candidates .*dataset row 0: NameError"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
 
 
 class PairJudgeAbstainingOn:
@@ -295,7 +295,7 @@ def test_row_whose_pairs_all_abstained_is_dropped_and_counted(tiny_policy, tmp_p
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
         generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2="),
     )
     assert res.rows == 2 and res.summary["rows_dropped"] == {"all_pairs_abstained": 1}
@@ -308,7 +308,7 @@ def test_every_pair_abstaining_stops(tiny_policy, tmp_path):
         run_pipeline(
             ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
             judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-            candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
             generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2=", [{"role": "user", "content": "1+3="}], "1+1="),
         )
 
@@ -318,7 +318,7 @@ def test_allow_abstain_false_names_the_dataset_row(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", allow_abstain=False)
     with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidate 0 \(.*_fails_on_row_2\): NameError"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-                     candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
                      generator=ScriptedGenerator())
 
 
@@ -343,7 +343,7 @@ def test_allow_abstain_false_names_the_dataset_row_for_a_pairwise_judge(tiny_pol
     with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidates 0 and 1, strict judge: unparseable"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
                      judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1", allow_abstain=False),
-                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
                      generator=ScriptedGenerator(), judge_impl=StrictPairJudge())
 
 
@@ -360,7 +360,7 @@ def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path):
                                          r"\{'too_few_candidates': 3\}; candidates.min_candidates=2"):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GenerateConfig(num_candidates=2),
                      judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
-                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=OneAnswer())
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=OneAnswer())
     assert json.loads((tmp_path / "summary.json").read_text())["rows_dropped"] == {"too_few_candidates": 3}
 
 
@@ -372,7 +372,7 @@ def test_rows_with_equal_rewards_are_counted_and_warned(tiny_policy, tmp_path, c
     with caplog.at_level("WARNING", logger="axolotl.integrations.pofe.preprocess.pipeline"):
         res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
                            judge=JudgeConfig(type="python", function=f"{__name__}:_same"),
-                           candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+                           candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
     assert res.summary["rows_with_equal_labels"] == 3
     assert "3 of 3 rows" in caplog.text and "all-equal rewards" in caplog.text
 
@@ -392,7 +392,7 @@ def test_checked_before_generating(tiny_policy, tmp_path, update, judge_fn, erro
     with pytest.raises((ImportError, AttributeError, ValueError), match=error):
         run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN.model_copy(update=update),
                      judge=JudgeConfig(type="python", function=judge_fn),
-                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=gen)
     assert gen.calls == 0 and not list(tmp_path.glob("generate/shard-*"))
 
 
@@ -402,7 +402,7 @@ def test_dataset_response_of_the_wrong_type_is_found_before_generating(tiny_poli
     with pytest.raises(TypeError, match="row 2, column 'human' .*expected a string or a list of strings, got int"):
         run_pipeline(rows, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
                      judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
-                     candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=gen)
     assert gen.calls == 0
 
 
@@ -410,7 +410,7 @@ def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
     """Judge A, then B: no generation, generate shards untouched, B's rewards. Back to A: its
     parked judge shards come back untouched and data.jsonl is A's again."""
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-              candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
     judge_a = JudgeConfig(type="python", function=f"{__name__}:_reward")
     judge_b = JudgeConfig(type="python", function=f"{__name__}:_same")
     data_a = run_pipeline(ROWS, judge=judge_a, generator=ScriptedGenerator(), **kw).data_path.read_bytes()
@@ -439,7 +439,7 @@ def test_an_edited_judge_function_judges_again(tiny_policy, tmp_path, monkeypatc
     module.write_text("def reward(prompt, response):\n    return float(len(response))\n")
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN,
               judge=JudgeConfig(type="python", function="edited_judge_mod:reward"),
-              candidates=PipelineConfig(out_dir=str(tmp_path / "out"), shard_size=2, progress=False))
+              candidates=CandidatesConfig(out_dir=str(tmp_path / "out"), shard_size=2, progress=False))
     rewards = lambda res: [json.loads(l)["rewards"] for l in res.data_path.read_text().splitlines()]  # noqa: E731
     first = rewards(run_pipeline(ROWS, generator=ScriptedGenerator(), **kw))
     module.write_text("def reward(prompt, response):\n    return -float(len(response))\n")
@@ -494,7 +494,7 @@ def test_dedupe_default_follows_the_method(tiny_policy, tmp_path):
     def run(method, out, **gen):
         return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method=method, judge=judge,
                             generate=GenerateConfig(num_candidates=5, max_new_tokens=4, **gen),
-                            candidates=PipelineConfig(out_dir=str(tmp_path / out), progress=False),
+                            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
                             generator=ScriptedGenerator()).summary
 
     sppo, rrhf, sppo_on = run("sppo", "s"), run("rrhf", "r"), run("sppo", "s1", dedupe=True)
@@ -513,7 +513,7 @@ def test_sppo_hard_preferences_and_win_rate_spread(tiny_policy, tmp_path):
         return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo",
                             judge=JudgeConfig(type="python", function=f"{__name__}:_reward", **judge),
                             generate=GenerateConfig(num_candidates=5, max_new_tokens=4),
-                            candidates=PipelineConfig(out_dir=str(tmp_path / out), progress=False),
+                            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
                             generator=ScriptedGenerator())
 
     hard = run("hard", preferences="hard")
@@ -543,13 +543,13 @@ def test_sppo_python_pairwise_judge_rock_paper_scissors(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python_pairwise", function="tests.preprocess.test_judges:rps")
     res = run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo", judge=judge,
                        generate=GenerateConfig(num_candidates=4, max_new_tokens=4),
-                       candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=HandsGenerator())
+                       candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=HandsGenerator())
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert [r["win_rates"] for r in rows] == [[0.5, 0.5, 0.625, 0.375]] * 2
     assert res.summary["mean_win_rate_spread"] == 0.25 and res.summary["judge_abstentions"] == 0
     with pytest.raises(ValueError, match="judge.type: python_pairwise gives pairwise preferences; RRHF needs"):
         run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="rrhf", judge=judge, generate=GEN,
-                     candidates=PipelineConfig(out_dir=str(tmp_path / "r")))
+                     candidates=CandidatesConfig(out_dir=str(tmp_path / "r")))
 
 
 class RenderedSourceJudge(LengthPairJudge):
@@ -575,7 +575,7 @@ def test_pairrm_style_judge_gets_the_chat_templated_prompt(tiny_policy, tmp_path
     run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
         generator=ScriptedGenerator(), judge_impl=judge,
     )
     tok = AutoTokenizer.from_pretrained(tiny_policy)
@@ -632,7 +632,7 @@ def test_sppo_copies_with_different_win_rates_reach_training(tiny_policy, tmp_pa
         [{"prompt": "2+2="}], policy_path=str(tiny_policy), method="sppo",
         generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-        candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
         generator=TwoOfAKind(), judge_impl=AbstainsOnFirstCopy(),
     )
     (row,) = [json.loads(line) for line in res.data_path.read_text().splitlines()]
@@ -671,7 +671,7 @@ def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_polic
                 rows, policy_path=str(tiny_policy), method="rrhf",
                 generate=GenerateConfig(num_candidates=2, dedupe=False),
                 judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-                candidates=PipelineConfig(out_dir=str(tmp_path / "c"), progress=False),
+                candidates=CandidatesConfig(out_dir=str(tmp_path / "c"), progress=False),
                 # the prompt as text, so the fake server can tell the prompts apart
                 generator=OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "policy", prompt_as="text"),
             )

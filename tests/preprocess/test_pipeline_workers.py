@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pofe.preprocess import generate_stage, pipeline
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
 from pofe.preprocess.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
 from pofe.preprocess.pipeline import run_pipeline
@@ -44,7 +44,7 @@ def one_thread(monkeypatch):
 
 
 def _run(out: Path, policy: Path, workers: int, tokenizer=None):
-    cands = PipelineConfig(out_dir=str(out), shard_size=2, progress=False, num_workers=workers)
+    cands = CandidatesConfig(out_dir=str(out), shard_size=2, progress=False, num_workers=workers)
     return run_pipeline(ROWS, policy_path=str(policy), method="sppo", generate=GEN, judge=SLOW_JUDGE, candidates=cands,
                         tokenizer=tokenizer)
 
@@ -115,12 +115,12 @@ def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_rewar
     monkeypatch.setattr(pipeline, "make_judge", spy_judge)
     judge = JudgeConfig(type="reward_model", model=str(tiny_reward_model))
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge)
-    run_pipeline(ROWS[:4], candidates=PipelineConfig(out_dir=str(tmp_path / "built"), progress=False), **kw)
+    run_pipeline(ROWS[:4], candidates=CandidatesConfig(out_dir=str(tmp_path / "built"), progress=False), **kw)
     assert seen["alive_at_judge"] == (False, False)
 
     # A generator the caller passed is the caller's: used, never closed.
     mine = TransformersGenerator(str(tiny_policy), batch_size=2)
-    run_pipeline(ROWS[:4], candidates=PipelineConfig(out_dir=str(tmp_path / "passed"), progress=False),
+    run_pipeline(ROWS[:4], candidates=CandidatesConfig(out_dir=str(tmp_path / "passed"), progress=False),
                  generator=mine, **kw)
     assert isinstance(mine.model, torch.nn.Module)
 
@@ -170,7 +170,7 @@ def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, gener
     with pytest.raises(ValueError, match=error):
         run_pipeline(
             ROWS, policy_path="no-such-model", method="rrhf", generate=GenerateConfig(**generate),
-            judge=SLOW_JUDGE, candidates=PipelineConfig(out_dir=str(tmp_path), **cands),
+            judge=SLOW_JUDGE, candidates=CandidatesConfig(out_dir=str(tmp_path), **cands),
             generator=object() if pass_generator else None,
         )
     assert not list(tmp_path.iterdir())  # nothing written

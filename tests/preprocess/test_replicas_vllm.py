@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from pofe.preprocess import generate_stage
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.served import ServerProcess, free_port
 from pofe.preprocess.pipeline import run_pipeline
@@ -46,7 +46,7 @@ def _run(urls, model, policy, out_dir, generator=None, in_flight=4):
                          temperature=1.0, seed=3, in_flight=in_flight, max_retries=1, request_timeout=60)
     gen = generator or make_generator(cfg, policy)
     res = run_pipeline(PROMPTS, method="rrhf", generate=cfg, judge=JudgeConfig(type="python",
-                       function="pofe.demo.task:reward"), candidates=PipelineConfig(out_dir=str(out_dir), shard_size=2,
+                       function="pofe.demo.task:reward"), candidates=CandidatesConfig(out_dir=str(out_dir), shard_size=2,
                        progress=False), policy_path=policy, generator=gen)
     return res.data_path.read_bytes(), gen
 

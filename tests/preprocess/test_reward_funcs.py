@@ -10,7 +10,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.judges import Abstain, JudgeError, make_judge
 from pofe.preprocess.judges.reward_funcs import RewardFuncsJudge
 from pofe.preprocess.pipeline import run_pipeline
@@ -66,7 +66,7 @@ def test_pipeline_weighted_sum_of_the_functions_own_values(tiny_policy, tmp_path
     res = run_pipeline(
         ROWS, policy_path=str(tiny_policy), method="rrhf", judge=judge,
         generate=GenerateConfig(num_candidates=2, max_new_tokens=4, include_dataset_responses=["human"]),
-        candidates=PipelineConfig(out_dir=str(tmp_path), shard_size=2, progress=False, truncated="keep"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False, truncated="keep"),
     )
     rows = [json.loads(line) for line in res.data_path.read_text().splitlines()]
     by_text = [dict(zip(r["responses"], r["rewards"])) for r in rows]

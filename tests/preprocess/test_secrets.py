@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from pofe.args import PofeConfig
 from pofe.preprocess.config import (
-    GenerateConfig, JudgeConfig, PipelineConfig, looks_like_key, read_api_key, redact, redact_text, redact_url,
+    GenerateConfig, JudgeConfig, CandidatesConfig, looks_like_key, read_api_key, redact, redact_text, redact_url,
     resolve_env,
 )
 
@@ -212,7 +212,7 @@ def test_summary_and_manifest_mask_the_served_policys_key(tiny_policy, tmp_path)
     cfg = GenerateConfig(backend="openai", num_candidates=2, serve={"command": f"{SERVE} --api-key {KEY}"})
     res = run_pipeline([{"prompt": "1+1="}], policy_path=str(tiny_policy), method="rrhf", generate=cfg,
                        judge=JudgeConfig(type="python", function=f"{__name__}:_length"),
-                       candidates=PipelineConfig(out_dir=str(tmp_path), progress=False), generator=_Scripted())
+                       candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=_Scripted())
     for path in (res.summary_path, tmp_path / "generate" / "manifest.json", tmp_path / "judge" / "manifest.json"):
         text = path.read_text()
         assert KEY not in text and path.stat().st_mode & 0o777 == 0o600, path

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig, Sampling
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
 from pofe.preprocess.generators.served import (
     ServedGenerator,
     ServerExited,
@@ -52,7 +52,7 @@ def _served(vllm_python, **kw) -> GenerateConfig:
 
 def _pipeline(cfg: GenerateConfig, policy: Path, out: Path):
     return run_pipeline(PROMPTS, policy_path=str(policy), method="rrhf", generate=cfg, judge=JUDGE,
-                        candidates=PipelineConfig(out_dir=str(out), shard_size=SHARD_SIZE, truncated="keep",
+                        candidates=CandidatesConfig(out_dir=str(out), shard_size=SHARD_SIZE, truncated="keep",
                                                   progress=False))
 
 

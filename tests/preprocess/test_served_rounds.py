@@ -36,7 +36,7 @@ def _processes_naming(text: str) -> list[int]:
 
 
 def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
-    from pofe.preprocess import GenerateConfig, JudgeConfig, PipelineConfig, run_pipeline
+    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
 
     recipe = write_recipe(tmp_path, tiny_model, "rrhf")
     raw = yaml.safe_load(recipe.read_text())
@@ -60,7 +60,7 @@ def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
     again = tmp_path / "again"
     run_pipeline(read_jsonl(run / "prompts" / "round-2.jsonl"), policy_path=policies[2], method="rrhf",
                  generate=GenerateConfig(**r2["pofe"]["generate"]), judge=JudgeConfig(**r2["pofe"]["judge"]),
-                 candidates=PipelineConfig(out_dir=str(again), progress=False), stop_after="generate")
+                 candidates=CandidatesConfig(out_dir=str(again), progress=False), stop_after="generate")
 
     def shards(d: Path) -> list[list[str]]:
         return [r["candidates"] for p in sorted((d / "generate").glob("shard-*.jsonl")) for r in read_jsonl(p)]

@@ -20,7 +20,7 @@ import pytest
 from pofe.data.formats import candidate_row
 from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators.base import Completion
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.pipeline import run_pipeline
@@ -112,7 +112,7 @@ def test_transformers_backend_trains_on_the_ids_it_sampled(kind, tmp_path, one_t
     result = run_pipeline(
         [{"prompt": chat} for chat in CHATS], method="rrhf", generate=cfg, tokenizer=tok, generator=gen,
         judge=JudgeConfig(type="python", function=f"{__name__}:length_reward"), policy_path=str(policy),
-        candidates=PipelineConfig(out_dir=str(tmp_path / "out"), progress=False, truncated="keep"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path / "out"), progress=False, truncated="keep"),
     )
     (batch,) = outputs
     shard = [json.loads(line) for line in (tmp_path / "out" / "generate" / "shard-00000.jsonl").read_text().splitlines()]

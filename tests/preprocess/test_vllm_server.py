@@ -11,7 +11,7 @@ import json
 import pytest
 
 from pofe.preprocess.abstentions import NoJudgeSignal
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, PipelineConfig
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.judges import Abstain, make_judge
@@ -55,7 +55,7 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
     judge_impl = make_judge(judge)
     try:
         res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
-                           generate=gen, judge=judge, candidates=PipelineConfig(out_dir=str(tmp_path), progress=False),
+                           generate=gen, judge=judge, candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
                            judge_impl=judge_impl)
     except NoJudgeSignal as e:
         # the random tiny model seldom answers A or B: a judge without signal stops the run

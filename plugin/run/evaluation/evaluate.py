@@ -76,7 +76,7 @@ from pofe.run.evaluation.records import sample_records, summarise
 from pofe.run.evaluation.sampler import eval_sampler
 from pofe.run.evaluation.headline import HEADLINE_JSON, headline_prompts, headline_record, headline_skipped, round_columns, round_prompt_column
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
-from pofe.run.folder import RunLayout, RunState
+from pofe.run.folder import RunFolder, RunState
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.guards import pofe_wrote
 from pofe.run.recipe import load_recipe
@@ -120,7 +120,7 @@ class EvalRun:
     """What both parts of an evaluation work from."""
 
     pcfg: PofeConfig
-    layout: RunLayout
+    folder: RunFolder
     models: list[list[str]]  # [[name, path], ...]: pi_0, then each finished round's model
     tokenizer: Any  # pi_0's: renders every prompt, for every model, as the pipeline renders it
     prompt_column: str  # the rounds' prompt column (`round_prompt_column`)
@@ -132,11 +132,11 @@ def open_run(recipe_path: str | Path) -> EvalRun:
     pcfg = pofe_config(cfg)
     if not pcfg.eval:
         raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
-    layout = RunLayout(Path(cfg.output_dir).resolve())
-    if not layout.state.exists():
-        raise ValueError(f"no run state at {layout.state}: run `axolotl pofe run {recipe_path}` first")
-    models = eval_models(RunState.read(layout.state))
-    return EvalRun(pcfg, layout, models, load_tokenizer(models[0][1]), round_prompt_column(cfg))
+    folder = RunFolder(Path(cfg.output_dir).resolve())
+    if not folder.state.exists():
+        raise ValueError(f"no run state at {folder.state}: run `axolotl pofe run {recipe_path}` first")
+    models = eval_models(RunState.read(folder.state))
+    return EvalRun(pcfg, folder, models, load_tokenizer(models[0][1]), round_prompt_column(cfg))
 
 
 # ---- the headline: each round's model on its own round's prompts --------------------------------
@@ -155,7 +155,7 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     """(why there is no headline or None, {round m: its headline prompts})."""
     skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
     # model m is round m's; its headline prompts come from round m's judged candidates
-    on_train = {} if skipped else {m: headline_prompts(run.layout.candidates(m), run.pcfg.eval.train_prompts)
+    on_train = {} if skipped else {m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
                                    for m in range(1, len(run.models))}
     return skipped, on_train
 
@@ -171,7 +171,7 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
     """Round m's headline entry: its model's answers judged as the judge stage judged the
     round's candidates (same rendered prompts, same dataset columns)."""
     prompts = answers.prompts
-    columns = round_columns(run.layout.round_prompts(m), prompts, run.prompt_column)
+    columns = round_columns(run.folder.round_prompts(m), prompts, run.prompt_column)
     rewards = scalar_scores(judge, [q["prompt"] for q in prompts], answers.rendered,
                             [[s.text for s in row] for row in answers.samples], columns,
                             rows=[q["index"] for q in prompts])
@@ -190,7 +190,7 @@ def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds
         "rounds": rounds,
         "peak_memory": peak_memory,
     }
-    out = run.layout.eval_dir / HEADLINE_JSON
+    out = run.folder.eval_dir / HEADLINE_JSON
     write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
     echo(f"eval: headline of {len(rounds)} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))
 
@@ -202,18 +202,18 @@ def held_out_set(run: EvalRun) -> HeldOut | None:
     """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset;
     None when there are none (`held_out: 0`, or a pool too small for the default slice)."""
     ecfg = run.pcfg.eval
-    if not ecfg.has_held_out or not (ecfg.prompts or run.layout.held_out_prompts.exists()):
+    if not ecfg.has_held_out or not (ecfg.prompts or run.folder.held_out_prompts.exists()):
         return None
     if ecfg.prompts:
         rows = _load_rows(ecfg.prompts)
         prompts = [r[ecfg.prompt_column] for r in rows]
     else:  # the dataset's own rows: read as its entry reads them (`prompt_format`)
-        rows = read_jsonl(run.layout.held_out_prompts)
+        rows = read_jsonl(run.folder.held_out_prompts)
         fields = run.pcfg.dataset_fields[0] if run.pcfg.dataset_fields else {}
-        prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.layout.held_out_prompts), run.pcfg.method)
+        prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.folder.held_out_prompts), run.pcfg.method)
     references = reference_pairs(run.tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
     return HeldOut(prompts, render_prompts(run.tokenizer, prompts), references,
-                   ecfg.prompts or str(run.layout.held_out_prompts))
+                   ecfg.prompts or str(run.folder.held_out_prompts))
 
 
 def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: ScalarJudge | PairwiseJudge,
@@ -237,8 +237,8 @@ def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers],
     result.update(extra)
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, held_out.prompts, main, second)
-    write_atomic(run.layout.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
-    out = run.layout.eval_dir / "eval.json"
+    write_atomic(run.folder.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+    out = run.folder.eval_dir / "eval.json"
     write_atomic(out, json.dumps(result, indent=2) + "\n")
     echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
 
@@ -266,7 +266,7 @@ def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[i
     name, path = run.models[m]
     ecfg = run.pcfg.eval
     sampler = eval_sampler(run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size,
-                           run.layout.eval_dir / "engine" / name)
+                           run.folder.eval_dir / "engine" / name)
     base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size,
             "sampler": sampler.identity}
     try:
@@ -301,7 +301,7 @@ def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list
     """Each model's answers, each model loaded (unless every part is stored,
     `pofe.run.evaluation.answers`), used and freed before the next loads; then (with held-out
     prompts) pi_0 loaded again to score every model's samples (the KL)."""
-    answers, store = Answers(), AnswerStore(run.layout.eval_dir / "answers")
+    answers, store = Answers(), AnswerStore(run.folder.eval_dir / "answers")
     for m, (name, path) in enumerate(run.models):
         if held_out or on_train.get(m):
             echo(f"eval: {name} ({path})")
@@ -317,9 +317,9 @@ def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list
 # ---- the eval command ------------------------------------------------------------------------------
 
 
-def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
+def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
     """The headline of every finished round, and (with held-out prompts) every iterate on
-    them, into the run's eval/ folder; returns the run's layout (for the report).
+    them, into the run's eval/ folder; returns the run's folder (for the report).
 
     Models first, judges after: every model's answers are produced with one model in memory
     at a time (each loaded once for both parts, then freed), and only then is each judge
@@ -340,7 +340,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
     if held_out:
         trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
         rounds_bok, records = best_of_k(judge, held_out.prompts, held_out.rendered, answers.candidates, trained)
-        write_atomic(run.layout.eval_dir / "candidates.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        write_atomic(run.folder.eval_dir / "candidates.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:
@@ -348,6 +348,6 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunLayout:
                        {"best_of_k": rounds_bok or None, "peak_memory": memory.record()}, echo)
     else:
         for stale in ("eval.json", "samples.jsonl", "candidates.jsonl"):  # an earlier held-out evaluation's
-            if pofe_wrote(run.layout, run.layout.eval_dir / stale):  # not one found before the run
-                (run.layout.eval_dir / stale).unlink(missing_ok=True)
-    return run.layout
+            if pofe_wrote(run.folder, run.folder.eval_dir / stale):  # not one found before the run
+                (run.folder.eval_dir / stale).unlink(missing_ok=True)
+    return run.folder

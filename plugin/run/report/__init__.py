@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pofe.files import write_atomic
 
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from .cells import fmt
 from .collect import collect
@@ -76,14 +76,14 @@ class Report:
         return "\n".join(lines)
 
 
-def write_report(layout: RunLayout) -> Report:
-    """Collect, plot and write report.md / report.json / report-*.png in layout.root."""
-    rep = collect(layout)
-    for stale in layout.root.glob("report-*.png"):
-        if pofe_wrote(layout, stale):  # not a file that was there before the run (pofe.overwrite_output_dir)
+def write_report(folder: RunFolder) -> Report:
+    """Collect, plot and write report.md / report.json / report-*.png in folder.root."""
+    rep = collect(folder)
+    for stale in folder.root.glob("report-*.png"):
+        if pofe_wrote(folder, stale):  # not a file that was there before the run (pofe.overwrite_output_dir)
             stale.unlink()
-    plots = make_plots(rep, layout.root)
-    md_path, json_path = layout.root / REPORT_MD, layout.root / REPORT_JSON
+    plots = make_plots(rep, folder.root)
+    md_path, json_path = folder.root / REPORT_MD, folder.root / REPORT_JSON
     write_atomic(json_path, json.dumps(rep, indent=2) + "\n")
     write_atomic(md_path, render_markdown(rep, plots) + "\n")
     return Report(rep, md_path, json_path, plots)

@@ -19,7 +19,7 @@ from pofe.methods import method_spec
 
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from ..provenance import round_record
 from pofe.run.evaluation.statistics import find_cycles
@@ -58,10 +58,10 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -> dict:
+def round_stats(folder: RunFolder, state: dict, t: int, headline: dict | None) -> dict:
     """One round's row of the report."""
     info = state["rounds"][str(t)]
-    prompts = layout.round_prompts(t)
+    prompts = folder.round_prompts(t)
     record: dict[str, Any] = {
         "round": t,
         "policy_in": info.get("policy_in"),
@@ -74,15 +74,15 @@ def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -
             if name.startswith(f"round-{t}/") and stage.get("status") == "done"
         },
         "candidates": None,
-        "train": training_stats(layout.trainer_state(t), state["method"]),
-        "lengths": candidate_lengths(layout.candidates(t), state["method"]),
-        "truncation": round_truncation(layout.prepared(t)),
+        "train": training_stats(folder.trainer_state(t), state["method"]),
+        "lengths": candidate_lengths(folder.candidates(t), state["method"]),
+        "truncation": round_truncation(folder.prepared(t)),
         "trained_on_train_prompts": None,
-        "reproduce": round_record(layout, state, t),
+        "reproduce": round_record(folder, state, t),
     }
-    summary = _read_json(layout.candidates(t) / "summary.json")
+    summary = _read_json(folder.candidates(t) / "summary.json")
     if summary is not None:
-        stats = candidate_stats(layout.candidates(t)) or {}
+        stats = candidate_stats(folder.candidates(t)) or {}
         record["candidates"] = {
             "rows": summary["rows"],
             "per_prompt": summary["candidates_per_prompt"]["mean"],
@@ -96,21 +96,21 @@ def round_stats(layout: RunLayout, state: dict, t: int, headline: dict | None) -
         }
     recorded = (headline or {}).get("rounds", {}).get(str(t))
     if recorded:
-        record["trained_on_train_prompts"] = round_headline(layout.candidates(t), recorded)
+        record["trained_on_train_prompts"] = round_headline(folder.candidates(t), recorded)
     return record
 
 
-def collect(layout: RunLayout) -> dict:
+def collect(folder: RunFolder) -> dict:
     """Everything the report shows, as one JSON-able dict."""
-    state = _read_json(layout.state)
+    state = _read_json(folder.state)
     if state is None:
-        raise ValueError(f"no run state at {layout.state}: nothing to report")
+        raise ValueError(f"no run state at {folder.state}: nothing to report")
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
-    evaluation = _read_json(layout.eval_dir / "eval.json") if pofe_wrote(layout, layout.eval_dir / "eval.json") else None
-    headline = _read_json(layout.eval_dir / HEADLINE_JSON)
-    rounds = [round_stats(layout, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
+    evaluation = _read_json(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
+    headline = _read_json(folder.eval_dir / HEADLINE_JSON)
+    rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
     report: dict[str, Any] = {
-        "output_dir": str(layout.root),
+        "output_dir": str(folder.root),
         "method": state["method"],
         "rounds_planned": state.get("rounds_planned"),
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),

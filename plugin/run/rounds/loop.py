@@ -52,7 +52,7 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
 from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
 from pofe.run.prompts import held_out_count, without_held_out
-from pofe.run.folder import RunLayout, RunState, RunStateMismatch, checkpoints
+from pofe.run.folder import RunFolder, RunState, RunStateMismatch, checkpoints
 from pofe.run.guards import RunLock
 from pofe.run.guards import claim_recipe_output_dir
 from pofe.run.provenance import stage_environment
@@ -97,12 +97,12 @@ class RoundPlan:
     hub: Any = None
 
 
-def policy_dir(layout: RunLayout, t: int, adapter: bool) -> Path:
+def policy_dir(folder: RunFolder, t: int, adapter: bool) -> Path:
     """The model round t produced (round t+1's policy)."""
-    return layout.merged(t) if adapter else layout.train(t)
+    return folder.merged(t) if adapter else folder.train(t)
 
 
-def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunner) -> None:
+def prepare_prompts(cfg, pcfg: PofeConfig, folder: RunFolder, runner: StageRunner) -> None:
     """The `prompts` stage: write the per-round prompt files (and held-out prompts) once.
 
     `pofe.round_prompts` as a list: round t's prompts are the t-th file or dataset spec, read
@@ -118,7 +118,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
         held = held_out_count(len(rows), pcfg.eval.held_out, pcfg.eval.prompts is not None) if pcfg.eval else 0
         train_rows, held_rows = rows[: len(rows) - held], rows[len(rows) - held :]
         if held:
-            write_jsonl_atomic(layout.held_out_prompts, held_rows)
+            write_jsonl_atomic(folder.held_out_prompts, held_rows)
         if isinstance(pcfg.round_prompts, list):
             mode = "files"
             per_round = load_round_prompts(entry, pcfg.round_prompts, cfg.hf_use_auth_token)
@@ -131,7 +131,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
         if mode == "files":
             sizes = [[0, len(r)] for r in per_round]
         for t, round_rows in enumerate(per_round, start=1):
-            write_jsonl_atomic(layout.round_prompts(t), round_rows)
+            write_jsonl_atomic(folder.round_prompts(t), round_rows)
         runner.state.data["prompt_mode"] = mode
         runner.state.data["rounds_planned"] = pcfg.rounds
         trained = len(per_round[0]) if mode == "all" else sum(len(r) for r in per_round)
@@ -144,7 +144,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, layout: RunLayout, runner: StageRunne
     runner.run("prompts", work)
 
 
-def check_rounds(rounds: int, state: RunState, layout: RunLayout) -> None:
+def check_rounds(rounds: int, state: RunState, folder: RunFolder) -> None:
     """`pofe.rounds` more than planned: fine with `all` (write the new rounds' prompts); a
     split depends on the number of rounds, so it cannot change once prompts are written."""
     planned = state.data.get("rounds_planned")
@@ -156,19 +156,19 @@ def check_rounds(rounds: int, state: RunState, layout: RunLayout) -> None:
             "would need another split. Use a new output_dir (or round_prompts: all)."
         )
     for t in range(planned + 1, rounds + 1):
-        if not layout.round_prompts(t).exists():
-            shutil.copyfile(layout.round_prompts(1), layout.round_prompts(t))
+        if not folder.round_prompts(t).exists():
+            shutil.copyfile(folder.round_prompts(1), folder.round_prompts(t))
     state.data["rounds_planned"] = max(planned, rounds)
     state.save()
 
 
-def collect_trainer_state(layout: RunLayout, t: int, forced_save: bool) -> Path | None:
+def collect_trainer_state(folder: RunFolder, t: int, forced_save: bool) -> Path | None:
     """Copy the last checkpoint's trainer_state.json to round-t/; drop the forced checkpoint."""
-    train = layout.train(t)
+    train = folder.train(t)
     saved = checkpoints(train)
     if not saved:
         return None
-    dest = layout.trainer_state(t)
+    dest = folder.trainer_state(t)
     write_atomic(dest, (saved[-1] / "trainer_state.json").read_text())
     if forced_save:
         for checkpoint in train.glob("checkpoint-*"):
@@ -192,7 +192,7 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def resume_point(layout: RunLayout, state: RunState, t: int, echo: Echo = print,
+def resume_point(folder: RunFolder, state: RunState, t: int, echo: Echo = print,
                  deepspeed: bool = False) -> Path | None:
     """The checkpoint round t's training resumes from: an unfinished stage's last whole one
     (`checkpoints.resumable`, with its DeepSpeed state for a `deepspeed` recipe; a finished
@@ -201,21 +201,21 @@ def resume_point(layout: RunLayout, state: RunState, t: int, echo: Echo = print,
     if state.done(stage):
         resumed = state.data["stages"][stage].get("resumed_from")
         return Path(resumed) if resumed else None
-    return resumable(layout.train(t), echo, deepspeed)
+    return resumable(folder.train(t), echo, deepspeed)
 
 
-def claim_training(layout: RunLayout, t: int, recipe: dict, resume: Path | None) -> None:
+def claim_training(folder: RunFolder, t: int, recipe: dict, resume: Path | None) -> None:
     """Before round t trains: resume only from a checkpoint its own recipe and candidates
     wrote (`RunStateMismatch` otherwise); a fresh start records them for the checkpoints
     it will save (`pofe.run.rounds.checkpoints`)."""
-    identity = training_identity(recipe, layout.candidates(t) / "data.jsonl")
+    identity = training_identity(recipe, folder.candidates(t) / "data.jsonl")
     if resume is not None:
-        check_resume(layout.train(t), resume, identity, t)
+        check_resume(folder.train(t), resume, identity, t)
     else:
-        record_training(layout.train(t), identity)
+        record_training(folder.train(t), identity)
 
 
-def push_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> None:
+def push_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner) -> None:
     """Round t's push stage: its candidates and (LoRA) its merged iterate to their hub repos;
     a full fine-tune's model axolotl's trainer pushed already."""
     t = plan.t
@@ -233,65 +233,65 @@ def push_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunne
         pushed = {}
         if data_repo:
             runner.echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
-            pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, layout.candidates(t), t)]
+            pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, folder.candidates(t), t)]
         if model_repo:
             runner.echo(f"round {t}: push the merged iterate to {model_repo}")
-            pushed["model"] = [model_repo, push_model(hub, model_repo, layout.merged(t), t)]
+            pushed["model"] = [model_repo, push_model(hub, model_repo, folder.merged(t), t)]
         return pushed
 
     runner.run(f"round-{t}/push", work)
 
 
-def write_round_recipe(raw: dict, layout: RunLayout, plan: RoundPlan, resume: Path | None) -> tuple[Path, RoundRecipe]:
+def write_round_recipe(raw: dict, folder: RunFolder, plan: RoundPlan, resume: Path | None) -> tuple[Path, RoundRecipe]:
     """Write round t's derived recipe (only when its text changed: a restart leaves a finished
     round's file as it ran); its path and the derived recipe."""
-    derived = round_recipe(raw, layout, plan.t, plan.policy, plan.seed, resume)
+    derived = round_recipe(raw, folder, plan.t, plan.policy, plan.seed, resume)
     text = yaml.safe_dump(derived.recipe, sort_keys=False)
-    recipe = layout.recipe(plan.t)
+    recipe = folder.recipe(plan.t)
     if not recipe.exists() or recipe.read_text() != text:
         write_atomic(recipe, text, private=True)  # the recipe may carry a served policy's key
     return recipe, derived
 
 
-def run_round(raw: dict, layout: RunLayout, plan: RoundPlan, runner: StageRunner) -> str:
+def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner) -> str:
     """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
     done; returns the round's model (the next round's policy)."""
     t, state = plan.t, runner.state
     info = state.round(t)
     info.update(policy_in=plan.policy, generate_seed=plan.seed)
-    resume = resume_point(layout, state, t, runner.echo, deepspeed=bool(raw.get("deepspeed")))
-    recipe, derived = write_round_recipe(raw, layout, plan, resume)
-    round_dir = layout.round_dir(t)
+    resume = resume_point(folder, state, t, runner.echo, deepspeed=bool(raw.get("deepspeed")))
+    recipe, derived = write_round_recipe(raw, folder, plan, resume)
+    round_dir = folder.round_dir(t)
     step = f"round {t}/{plan.rounds}"
 
     def preprocess() -> dict:
         runner.command(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log")
-        return {"summary": str(layout.candidates(t) / "summary.json")}
+        return {"summary": str(folder.candidates(t) / "summary.json")}
 
     def train() -> dict:
         launcher = ["--launcher", plan.launcher] if plan.launcher else []
         runner.command(axolotl_command("train", str(recipe), *launcher), round_dir / "train.log", env=tracker_env(raw))
-        trainer_state = collect_trainer_state(layout, t, derived.forced_save)
-        return {"output_dir": str(layout.train(t)), "trainer_state": str(trainer_state) if trainer_state else None}
+        trainer_state = collect_trainer_state(folder, t, derived.forced_save)
+        return {"output_dir": str(folder.train(t)), "trainer_state": str(trainer_state) if trainer_state else None}
 
     def merge() -> dict:
-        shutil.rmtree(layout.merged(t), ignore_errors=True)  # what a killed merge left
-        runner.command(merge_command(recipe, layout.train(t), round_dir), round_dir / "merge.log")
-        return {"merged": str(layout.merged(t))}
+        shutil.rmtree(folder.merged(t), ignore_errors=True)  # what a killed merge left
+        runner.command(merge_command(recipe, folder.train(t), round_dir), round_dir / "merge.log")
+        return {"merged": str(folder.merged(t))}
 
     environment = stage_environment(raw)  # what each stage's process runs with (`pofe.run.provenance`)
     runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}",
                started={"environment": environment})
     if not state.done(f"round-{t}/train"):
-        claim_training(layout, t, derived.recipe, resume)
+        claim_training(folder, t, derived.recipe, resume)
     runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
                started={"resumed_from": str(resume) if resume else None, "environment": environment})
     if plan.adapter:
-        redo_lost_merge(layout, state, t, runner.echo)
+        redo_lost_merge(folder, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
-    push_round(raw, layout, plan, runner)
+    push_round(raw, folder, plan, runner)
 
-    policy = str(policy_dir(layout, t, plan.adapter))
+    policy = str(policy_dir(folder, t, plan.adapter))
     info["policy_out"] = policy
     state.save()
     return policy
@@ -304,24 +304,24 @@ def run_rounds(
     stream: bool = True,
     echo: Echo = print,
     evaluate: bool = True,
-) -> RunLayout:
+) -> RunFolder:
     """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
     while another runner (or a stage it started) holds the output_dir."""
     claim_recipe_output_dir(recipe_path, echo)
     raw, cfg = load_recipe(recipe_path)
     pcfg = pofe_config(cfg)
     check_iterable(cfg, pcfg)
-    layout = RunLayout(Path(cfg.output_dir).resolve())
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with RunLock.acquire(layout.lock, echo) as lock:
+    folder = RunFolder(Path(cfg.output_dir).resolve())
+    folder.root.mkdir(parents=True, exist_ok=True)
+    with RunLock.acquire(folder.lock, echo) as lock:
         state = RunState.open(
-            layout.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
+            folder.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
             method=pcfg.method,
         )
         runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
-        prepare_prompts(cfg, pcfg, layout, runner)
+        prepare_prompts(cfg, pcfg, folder, runner)
         check_prompt_sources(prompt_sources(cfg, pcfg), state)
-        check_rounds(pcfg.rounds, state, layout)
+        check_rounds(pcfg.rounds, state, folder)
         policy = _local_or_hub(str(raw["base_model"]))
         state.data["base_model"] = policy
         # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
@@ -331,32 +331,32 @@ def run_rounds(
         for t in range(1, pcfg.rounds + 1):
             plan = RoundPlan(t=t, rounds=pcfg.rounds, policy=policy, adapter=bool(cfg.adapter),
                              seed=base_seed + (t - 1), launcher=launcher)
-            policy = run_round(raw, layout, plan, runner)
-            if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, layout, pcfg, runner, t):
+            policy = run_round(raw, folder, plan, runner)
+            if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, folder, pcfg, runner, t):
                 break
         state.data["final_policy"] = policy
         state.save()
 
         if evaluate and pcfg.eval:  # on unless `pofe.eval: false`: the headline at least
-            evaluate_rounds(recipe_path, layout, pcfg, runner)
-        report = write_report(layout)
+            evaluate_rounds(recipe_path, folder, pcfg, runner)
+        report = write_report(folder)
         if uses_wandb(raw):
-            log_rounds(raw, report.data, layout, runner)
+            log_rounds(raw, report.data, folder, runner)
         echo(report.terminal_summary())
-    return layout
+    return folder
 
 
-def evaluate_rounds(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRunner) -> None:
+def evaluate_rounds(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRunner) -> None:
     """The eval stage, `axolotl pofe eval` in its own process; run again when the run has
     more finished rounds (other models) than the recorded evaluation."""
     says = "evaluate: each round's headline" + (", every iterate on held-out prompts"
                                                  if pcfg.eval.has_held_out else "")
     command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
-    runner.run("eval", lambda: runner.command(command, layout.root / "eval.log"), says=says,
+    runner.run("eval", lambda: runner.command(command, folder.root / "eval.log"), says=says,
                inputs={"models": eval_models(runner.state, pcfg.rounds)})
 
 
-def check_stop(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRunner, t: int) -> bool:
+def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRunner, t: int) -> bool:
     """After round t (not the last): every finished iterate evaluated (the eval stage), and
     `pofe.stop_when` asked of pi_t (`pofe.run.evaluation.decision`); recorded as the stage
     `round-<t>/stop-check`, so a restart decides as the first start did (a changed rule
@@ -366,8 +366,8 @@ def check_stop(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRu
     rule = pcfg.stop_when
 
     def work() -> dict:
-        evaluate_rounds(recipe_path, layout, pcfg, runner)
-        ev_path = layout.eval_dir / "eval.json"
+        evaluate_rounds(recipe_path, folder, pcfg, runner)
+        ev_path = folder.eval_dir / "eval.json"
         return stop_decision(json.loads(ev_path.read_text()) if ev_path.exists() else None, rule)
 
     name = f"round-{t}/stop-check"
@@ -382,13 +382,13 @@ def check_stop(recipe_path: str | Path, layout: RunLayout, pcfg, runner: StageRu
     return decision["stop"]
 
 
-def log_rounds(raw: dict, report: dict, layout: RunLayout, runner: StageRunner) -> None:
+def log_rounds(raw: dict, report: dict, folder: RunFolder, runner: StageRunner) -> None:
     """The tracker stage: the report's round-level numbers to W&B (`pofe.run.rounds.publish`), once
     per set of numbers."""
     rows = round_metrics(report)
 
     def work() -> dict:
-        run_id = log_round_metrics(raw, rows, layout.root, sample_rows(report))
+        run_id = log_round_metrics(raw, rows, folder.root, sample_rows(report))
         runner.echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")
         return {"run_id": run_id}
 

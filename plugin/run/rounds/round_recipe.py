@@ -10,7 +10,7 @@ import copy
 from pathlib import Path
 from typing import NamedTuple
 
-from pofe.run.folder import RunLayout
+from pofe.run.folder import RunFolder
 from pofe.run.rounds.publish import hub_model_repo, tracker_keys
 
 class RoundRecipe(NamedTuple):
@@ -22,7 +22,7 @@ class RoundRecipe(NamedTuple):
 
 
 def round_recipe(
-    raw: dict, layout: RunLayout, t: int, policy: str, seed: int, resume_from: Path | None = None
+    raw: dict, folder: RunFolder, t: int, policy: str, seed: int, resume_from: Path | None = None
 ) -> RoundRecipe:
     """Round t's recipe: the user's, pointed at round t's policy, prompts and folders.
 
@@ -39,11 +39,11 @@ def round_recipe(
             recipe[key] = policy  # round t>1 loads everything from the previous iterate
     if t > 1:
         recipe.pop("lora_model_dir", None)  # merged into the policy already
-    recipe["output_dir"] = str(layout.train(t))
-    recipe["dataset_prepared_path"] = str(layout.prepared(t))
+    recipe["output_dir"] = str(folder.train(t))
+    recipe["dataset_prepared_path"] = str(folder.prepared(t))
     (entry,) = recipe["datasets"]
     keep = {k: v for k, v in entry.items() if k in ("type", "prompt_format") or k.startswith("field_")}
-    recipe["datasets"] = [{"path": str(layout.round_prompts(t)), "ds_type": "json", **keep}]
+    recipe["datasets"] = [{"path": str(folder.round_prompts(t)), "ds_type": "json", **keep}]
     pofe = recipe.setdefault("pofe", {})
     for key in ("rounds", "round_prompts", "eval", "stop_when", "hub_dataset_id", "overwrite_output_dir"):
         pofe.pop(key, None)
@@ -54,7 +54,7 @@ def round_recipe(
     else:
         recipe.pop("hub_model_id", None)  # an adapter: the runner pushes the merged iterate
     pofe["generate"] = {**pofe["generate"], "model": policy, "seed": seed}
-    pofe["candidates"] = {**(pofe.get("candidates") or {}), "out_dir": str(layout.candidates(t))}
+    pofe["candidates"] = {**(pofe.get("candidates") or {}), "out_dir": str(folder.candidates(t))}
     forced_save = str(recipe.get("save_strategy", "")).lower() in ("no", "false")
     if forced_save:
         recipe["save_strategy"] = "steps"
