@@ -40,8 +40,14 @@ def varied_rows(rows: int, k: int, seed: int = 0):
     length = lambda median: min(512, max(1, round(rng.lognormvariate(0, 0.8) * median)))  # noqa: E731
     ids = lambda n: [rng.randrange(7, 100) for _ in range(n)]  # noqa: E731
     responses = [[ids(length(64)) for _ in range(k)] for _ in range(rows)]
-    return Dataset.from_dict({"row_id": list(range(rows)), "prompt_ids": [ids(length(48)) for _ in range(rows)],
-                              "response_ids": responses, "win_rates": [[0.5] * k] * rows})
+    return Dataset.from_dict(
+        {
+            "row_id": list(range(rows)),
+            "prompt_ids": [ids(length(48)) for _ in range(rows)],
+            "response_ids": responses,
+            "win_rates": [[0.5] * k] * rows,
+        }
+    )
 
 
 def epoch_forward(model, trainer, batch_size: int, seed: int = 0) -> None:
@@ -62,9 +68,10 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--out", default=None, help="default benchmarks/results/anchor-pass-<device>.json")
     args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
     from pofe.anchor import AnchorLogps
     from pofe.demo.tiny import build_tiny_model
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     batch_size, k = 4, 4
@@ -78,23 +85,34 @@ def main(argv=None) -> int:
         def anchor(sort: bool):
             tables[sort] = AnchorLogps(trainer).compute(model, sort_by_length=sort)
 
-        variants = {"anchor_sorted": timed(lambda: anchor(True), args.device),
-                    "anchor_unsorted": timed(lambda: anchor(False), args.device),
-                    "epoch_forward": timed(lambda: epoch_forward(model, trainer, batch_size), args.device)}
+        variants = {
+            "anchor_sorted": timed(lambda: anchor(True), args.device),
+            "anchor_unsorted": timed(lambda: anchor(False), args.device),
+            "epoch_forward": timed(lambda: epoch_forward(model, trainer, batch_size), args.device),
+        }
         interleaved(variants, 1)  # warm-up
         times = interleaved(variants, args.reps)
     med = {name: statistics.median(v) for name, v in times.items()}
-    out = {"device": args.device, "rows": args.rows, "k": k, "batch_size": batch_size, "reps": args.reps,
-           "seconds_median": med, "seconds_all": times,
-           "anchor_sorted_over_epoch_forward": med["anchor_sorted"] / med["epoch_forward"],
-           "anchor_unsorted_over_sorted": med["anchor_unsorted"] / med["anchor_sorted"],
-           "max_abs_table_difference": (tables[True] - tables[False]).nan_to_num().abs().max().item()}
+    out = {
+        "device": args.device,
+        "rows": args.rows,
+        "k": k,
+        "batch_size": batch_size,
+        "reps": args.reps,
+        "seconds_median": med,
+        "seconds_all": times,
+        "anchor_sorted_over_epoch_forward": med["anchor_sorted"] / med["epoch_forward"],
+        "anchor_unsorted_over_sorted": med["anchor_unsorted"] / med["anchor_sorted"],
+        "max_abs_table_difference": (tables[True] - tables[False]).nan_to_num().abs().max().item(),
+    }
     print(f"anchor pass, {args.rows} rows x k={k}, batches of {batch_size}, medians of {args.reps}:")
     for name, s in med.items():
         print(f"  {name:16s} {s:7.2f} s")
-    print(f"  anchor (sorted) / one epoch's forwards {out['anchor_sorted_over_epoch_forward']:.2f}x; "
-          f"sorting saves {out['anchor_unsorted_over_sorted']:.2f}x; max |table difference| "
-          f"{out['max_abs_table_difference']:.2e}")
+    print(
+        f"  anchor (sorted) / one epoch's forwards {out['anchor_sorted_over_epoch_forward']:.2f}x; "
+        f"sorting saves {out['anchor_unsorted_over_sorted']:.2f}x; max |table difference| "
+        f"{out['max_abs_table_difference']:.2e}"
+    )
     write_result(Path(args.out or f"benchmarks/results/anchor-pass-{args.device}.json"), out)
     return 0
 

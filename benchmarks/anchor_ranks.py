@@ -35,15 +35,26 @@ def stand_in_trainer(rows: int, model_path: str, prepared: str, data=None):
 
     g = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(4, 30, (n,), generator=g).tolist()  # noqa: E731
-    data = data if data is not None else Dataset.from_dict({
-        "row_id": list(range(rows)), "prompt_ids": [ids(24) for _ in range(rows)],
-        "response_ids": [[ids(32) for _ in range(4)] for _ in range(rows)], "win_rates": [[0.5] * 4] * rows,
-    })
+    data = (
+        data
+        if data is not None
+        else Dataset.from_dict(
+            {
+                "row_id": list(range(rows)),
+                "prompt_ids": [ids(24) for _ in range(rows)],
+                "response_ids": [[ids(32) for _ in range(4)] for _ in range(rows)],
+                "win_rates": [[0.5] * 4] * rows,
+            }
+        )
+    )
     return SimpleNamespace(
         axolotl_cfg=DictDefault(base_model=model_path, dataset_prepared_path=prepared),
-        train_dataset=data, eval_dataset=None, accelerator=SimpleNamespace(is_main_process=True),
+        train_dataset=data,
+        eval_dataset=None,
+        accelerator=SimpleNamespace(is_main_process=True),
         args=SimpleNamespace(device=torch.device("cpu"), per_device_eval_batch_size=4, disable_tqdm=True),
-        state=SimpleNamespace(global_step=0), data_collator=KResponseCollator(build_tokenizer(), prefix_sharing=True),
+        state=SimpleNamespace(global_step=0),
+        data_collator=KResponseCollator(build_tokenizer(), prefix_sharing=True),
         score_candidates=lambda model, batch: score_candidates(model, batch, prefix_layout="packed"),
     )
 
@@ -61,8 +72,9 @@ def _rank(rank: int, store: str, rows: int, model_path: str, out: str) -> None:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=300)
+    )
     try:
         model = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="eager")
         trainer = stand_in_trainer(rows, model_path, out)
@@ -92,8 +104,10 @@ def main(argv=None) -> int:
         two = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
     seconds = max(s for s, _ in two)
     same = all(torch.allclose(t, one[1], atol=1e-5, equal_nan=True) for _, t in two)
-    print(f"anchor pass, {args.rows} rows: one process {one[0]:.2f} s, two processes {seconds:.2f} s, "
-          f"speed-up {one[0] / seconds:.2f}x; tables agree: {same}")
+    print(
+        f"anchor pass, {args.rows} rows: one process {one[0]:.2f} s, two processes {seconds:.2f} s, "
+        f"speed-up {one[0] / seconds:.2f}x; tables agree: {same}"
+    )
     return 0
 
 

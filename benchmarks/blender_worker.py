@@ -38,15 +38,31 @@ def main() -> int:
         sync()
         start = clock()
         if cmd["op"] == "rank":
-            out = blender.rank(sources, candidates, return_scores=True, batch_size=cmd["batch_size"], disable_tqdm=True)
+            out = blender.rank(
+                sources, candidates, return_scores=True, batch_size=cmd["batch_size"], disable_tqdm=True
+            )
         else:
-            out = blender.compare([s for s, _, _ in pairs], [a for _, a, _ in pairs], [b for _, _, b in pairs],
-                                  batch_size=cmd["batch_size"], return_logits=True, mode="[A,B]+[B,A]",
-                                  disable_tqdm=True)
+            out = blender.compare(
+                [s for s, _, _ in pairs],
+                [a for _, a, _ in pairs],
+                [b for _, _, b in pairs],
+                batch_size=cmd["batch_size"],
+                return_logits=True,
+                mode="[A,B]+[B,A]",
+                disable_tqdm=True,
+            )
         sync()
         seconds = clock() - start
-        print(json.dumps({"seconds": seconds, "scores": [list(map(float, r)) for r in out] if cmd["op"] == "rank"
-                          else list(map(float, out))}), file=reply, flush=True)
+        print(
+            json.dumps(
+                {
+                    "seconds": seconds,
+                    "scores": [list(map(float, r)) for r in out] if cmd["op"] == "rank" else list(map(float, out)),
+                }
+            ),
+            file=reply,
+            flush=True,
+        )
     return 0
 
 

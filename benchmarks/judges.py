@@ -50,15 +50,17 @@ PAIRRM_LENGTHS = {"source_maxlength": 128, "candidate_maxlength": 64}
 
 def texts(n: int, median_words: float, rng: random.Random, corpus: list[str]) -> list[str]:
     """n texts of log-normal word counts (sigma 0.8: the 95th percentile ~3.7x the median)."""
-    return [" ".join(rng.choice(corpus) for _ in range(max(1, round(rng.lognormvariate(0, 0.8) * median_words))))
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(corpus) for _ in range(max(1, round(rng.lognormvariate(0, 0.8) * median_words))))
+        for _ in range(n)
+    ]
 
 
 def interleaved(variants: dict, reps: int) -> dict[str, list[float]]:
     """Seconds per repetition of each variant, the order rotating each repetition."""
     names, times = list(variants), {name: [] for name in variants}
     for rep in range(reps):
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             times[name].append(variants[name]())
     return times
 
@@ -78,14 +80,19 @@ def timed(fn, device: str):
         if device == "cuda":
             torch.cuda.synchronize()
         return clock(device)() - start
+
     return run
 
 
 def summary(times: dict[str, list[float]], pairs: int, ours: str = "pofe") -> dict:
     med = {name: statistics.median(v) for name, v in times.items()}
     rate = {name: pairs / s for name, s in med.items()}
-    return {"seconds_median": med, "seconds_all": times, "per_second": rate,
-            "speed_pofe_over": {name: rate[ours] / r for name, r in rate.items() if name != ours}}
+    return {
+        "seconds_median": med,
+        "seconds_all": times,
+        "per_second": rate,
+        "speed_pofe_over": {name: rate[ours] / r for name, r in rate.items() if name != ours},
+    }
 
 
 class BlenderWorker:
@@ -94,11 +101,17 @@ class BlenderWorker:
     def __init__(self, ranker: Path, inputs: Path, device: str, threads: int):
         py = Path(os.environ.get("PAIRRM_VENV", REPO / ".venv-pairrm")) / "bin" / "python"
         if not py.exists():
-            raise SystemExit(f"{py} not found: build llm-blender's venv with .ci/pairrm-reference.sh (or set PAIRRM_VENV)")
+            raise SystemExit(
+                f"{py} not found: build llm-blender's venv with .ci/pairrm-reference.sh (or set PAIRRM_VENV)"
+            )
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen([str(py), str(REPO / "benchmarks" / "blender_worker.py"), str(ranker), str(inputs),
-                                      device, str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            [str(py), str(REPO / "benchmarks" / "blender_worker.py"), str(ranker), str(inputs), device, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self._read()  # {"ready": true} once loaded
 
     def _read(self) -> dict:
@@ -168,8 +181,13 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
 
     @torch.no_grad()
     def plain() -> list[float]:
-        chats = [tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": r}],
-                                         tokenize=False) for p, rs in zip(prompts, responses) for r in rs]
+        chats = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}, {"role": "assistant", "content": r}], tokenize=False
+            )
+            for p, rs in zip(prompts, responses)
+            for r in rs
+        ]
         ids = tok(chats, add_special_tokens=False)["input_ids"]
         scores = [0.0] * len(ids)
         for batch in length_sorted_batches([len(i) for i in ids], batch_size):
@@ -178,17 +196,20 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
                 scores[n] = s
         return scores
 
-    variants = {"pofe": timed(lambda: judge.score(prompts, responses), device),
-                "pofe_whole_texts": timed(lambda: whole.score(prompts, responses), device),
-                "plain": timed(plain, device)}
+    variants = {
+        "pofe": timed(lambda: judge.score(prompts, responses), device),
+        "pofe_whole_texts": timed(lambda: whole.score(prompts, responses), device),
+        "plain": timed(plain, device),
+    }
     interleaved(variants, 1)  # warm-up
     out = summary(interleaved(variants, reps), n_prompts * k)
     ours = torch.tensor([s for row in judge.score(prompts, responses) for s in row])
     out["max_abs_score_difference_vs_plain"] = (ours - torch.tensor(plain())).abs().max().item()
     # what float rounding of the two orders may differ by scales with these (gpu_check/judges.py)
     out["max_abs_score"] = ours.abs().max().item()
-    out["longest_input_tokens"] = max(len(e.inputs["input_ids"]) for e in judge.encode_all(
-        [(p, r) for p, rs in zip(prompts, responses) for r in rs]))
+    out["longest_input_tokens"] = max(
+        len(e.inputs["input_ids"]) for e in judge.encode_all([(p, r) for p, rs in zip(prompts, responses) for r in rs])
+    )
     out["hidden_size"] = cfg.hidden_size
     return {"prompts": n_prompts, "k": k, "candidates": n_prompts * k, "batch_size": batch_size, **out}
 
@@ -205,9 +226,13 @@ def main(argv=None) -> int:
     reps, n_prompts, k = args.reps or (2 if args.quick else 5), args.prompts or (8 if args.quick else 48), 5
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="pofe-judges-") as tmp:
-        result = {"device": args.device, "threads": args.threads, "reps": reps,
-                  "pairrm": pairrm(Path(tmp) / "pairrm", n_prompts, k, reps, args.device, args.threads),
-                  "reward_model": reward_model(Path(tmp), n_prompts, k, reps, args.device)}
+        result = {
+            "device": args.device,
+            "threads": args.threads,
+            "reps": reps,
+            "pairrm": pairrm(Path(tmp) / "pairrm", n_prompts, k, reps, args.device, args.threads),
+            "reward_model": reward_model(Path(tmp), n_prompts, k, reps, args.device),
+        }
     for name, unit in (("pairrm", "pairs"), ("reward_model", "candidates")):
         r = result[name]
         print(f"{name}: {r[unit]} {unit}, medians of {reps}")

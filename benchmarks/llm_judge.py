@@ -57,8 +57,13 @@ def slow_judge(path: str, body: dict, attempt: int) -> tuple[int, str, float]:
 
 def shards(n_shards: int, n_prompts: int, k: int) -> list[tuple[list[str], list[list[str]]]]:
     """Each shard's prompts and candidates, distinct texts so each request draws its own latency."""
-    return [([f"prompt {s}-{p}" for p in range(n_prompts)],
-             [[f"candidate {s}-{p}-{j}" for j in range(k)] for p in range(n_prompts)]) for s in range(n_shards)]
+    return [
+        (
+            [f"prompt {s}-{p}" for p in range(n_prompts)],
+            [[f"candidate {s}-{p}-{j}" for j in range(k)] for p in range(n_prompts)],
+        )
+        for s in range(n_shards)
+    ]
 
 
 def main(argv=None) -> int:
@@ -81,6 +86,7 @@ def main(argv=None) -> int:
                 start = time.perf_counter()
                 fn()
                 return time.perf_counter() - start
+
             return run
 
         def pofe():
@@ -96,13 +102,23 @@ def main(argv=None) -> int:
 
         times = interleaved({"pofe": wall(pofe), "per_shard": wall(per_shard), "direct": wall(direct)}, reps)
     med = {name: statistics.median(v) for name, v in times.items()}
-    result = {"shards": n_shards, "prompts_per_shard": n_prompts, "k": k, "window": args.window, "reps": reps,
-              "latency": {"pareto_alpha": ALPHA, "scale_s": SCALE_S}, "seconds_median": med, "seconds_all": times,
-              "overhead_pofe_over_direct": med["pofe"] / med["direct"],
-              "per_shard_over_direct": med["per_shard"] / med["direct"]}
+    result = {
+        "shards": n_shards,
+        "prompts_per_shard": n_prompts,
+        "k": k,
+        "window": args.window,
+        "reps": reps,
+        "latency": {"pareto_alpha": ALPHA, "scale_s": SCALE_S},
+        "seconds_median": med,
+        "seconds_all": times,
+        "overhead_pofe_over_direct": med["pofe"] / med["direct"],
+        "per_shard_over_direct": med["per_shard"] / med["direct"],
+    }
     requests = n_shards * n_prompts * k
-    print(f"LLM judge: {n_shards} shards x {n_prompts} prompts x K = {k} ({requests} requests), window {args.window}, "
-          f"medians of {reps}")
+    print(
+        f"LLM judge: {n_shards} shards x {n_prompts} prompts x K = {k} ({requests} requests), window {args.window}, "
+        f"medians of {reps}"
+    )
     for name, s in med.items():
         print(f"  {name:10s} {s:7.2f} s   {s / med['direct']:.2f}x direct")
     write_result(Path(args.out), result)

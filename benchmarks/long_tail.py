@@ -43,7 +43,11 @@ def pofe_seeds(n_prompts: int, shard_size: int, seed: int) -> list[int]:
 def length_stats(n_prompts: int, shard_size: int, seed: int) -> dict:
     lengths = [tail_tokens(s) for s in pofe_seeds(n_prompts, shard_size, seed)]
     med = statistics.median(lengths)
-    return {"median_tokens": med, "max_tokens": max(lengths), "prompts_over_10x_median": sum(x > 10 * med for x in lengths)}
+    return {
+        "median_tokens": med,
+        "max_tokens": max(lengths),
+        "prompts_over_10x_median": sum(x > 10 * med for x in lengths),
+    }
 
 
 def openai_generator(client, model: str, window: int):
@@ -71,7 +75,7 @@ def _vllm_generator(policy: str, **kwargs):
 
 def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps: int, work: Path) -> dict:
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
@@ -85,20 +89,30 @@ def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps
     sampling = cfg.sampling()
 
     def direct(rep):
-        gen.llm.generate([{"prompt_token_ids": r.ids} for r in rendered], [gen._params(k, sampling, s) for s in seeds],
-                         use_tqdm=False)
+        gen.llm.generate(
+            [{"prompt_token_ids": r.ids} for r in rendered],
+            [gen._params(k, sampling, s) for s in seeds],
+            use_tqdm=False,
+        )
 
     def pofe(rep):
-        run_pipeline(rows, policy_path=policy, method="rrhf", generate=cfg, judge=JudgeConfig(type="python",
-                     function="pofe.demo.task:reward"), generator=gen, stop_after="generate",
-                     candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=shard_size, progress=False))
+        run_pipeline(
+            rows,
+            policy_path=policy,
+            method="rrhf",
+            generate=cfg,
+            judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+            generator=gen,
+            stop_after="generate",
+            candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=shard_size, progress=False),
+        )
 
     def per_shard(rep):
         import dataclasses
 
         for s in range(0, n_prompts, shard_size):
             shard_sampling = dataclasses.replace(sampling, seed=seeds[s])
-            gen.generate(rendered[s:s + shard_size], k, shard_sampling)
+            gen.generate(rendered[s : s + shard_size], k, shard_sampling)
 
     return interleave({"direct": direct, "pofe": pofe, "per_shard": per_shard}, reps)
 
@@ -108,7 +122,7 @@ def interleave(variants: dict, reps: int) -> dict[str, list[float]]:
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             start = time.perf_counter()
             variants[name](rep)
             times[name].append(time.perf_counter() - start)

@@ -22,16 +22,27 @@ from pathlib import Path
 import yaml
 
 ZERO3 = {
-    "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
-                          "stage3_gather_16bit_weights_on_model_save": True},
-    "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "zero_optimization": {
+        "stage": 3,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+    "bf16": {"enabled": "auto"},
+    "fp16": {"enabled": "auto"},
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
 }
 FSDP2 = {
     "fsdp_version": 2,
-    "fsdp_config": {"auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
-                    "state_dict_type": "FULL_STATE_DICT", "reshard_after_forward": True},
+    "fsdp_config": {
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "state_dict_type": "FULL_STATE_DICT",
+        "reshard_after_forward": True,
+    },
 }
 
 
@@ -47,8 +58,13 @@ def prepare(out: Path, model: str, backend: str, method: str, steps: int, micro_
     tokenizer = build_tokenizer()
     if not (out / "model" / "config.json").exists():
         gpu = torch.cuda.is_available()
-        config = LlamaConfig(**MODELS[model], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, max_position_embeddings=2048)
+        config = LlamaConfig(
+            **MODELS[model],
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_position_embeddings=2048,
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             LlamaForCausalLM(config).to(torch.bfloat16 if gpu else torch.float32).save_pretrained(out / "model")
@@ -57,14 +73,30 @@ def prepare(out: Path, model: str, backend: str, method: str, steps: int, micro_
     write_jsonl(rows, out / f"{method}.jsonl")
     cpu = not torch.cuda.is_available()
     cfg = {
-        "base_model": str(out / "model"), "plugins": ["pofe.PofePlugin"], "rl": method,
+        "base_model": str(out / "model"),
+        "plugins": ["pofe.PofePlugin"],
+        "rl": method,
         "datasets": [{"path": str(out / f"{method}.jsonl"), "type": f"pofe.{method}"}],
-        "dataset_prepared_path": str(out / "prepared" / method), "output_dir": str(out / f"{backend}-{method}"),
-        "sequence_len": 256, "micro_batch_size": micro_batch, "gradient_accumulation_steps": 1,
-        "max_steps": steps, "learning_rate": 1e-5, "lr_scheduler": "constant", "optimizer": "adamw_torch",
-        "logging_steps": 1, "save_strategy": "steps", "save_steps": steps, "seed": 0,
-        "bf16": not cpu, "fp16": False, "tf32": False, "attn_implementation": "eager" if cpu else "sdpa",
-        "sample_packing": False, "dataloader_num_workers": 0, "gradient_checkpointing": not cpu,
+        "dataset_prepared_path": str(out / "prepared" / method),
+        "output_dir": str(out / f"{backend}-{method}"),
+        "sequence_len": 256,
+        "micro_batch_size": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "max_steps": steps,
+        "learning_rate": 1e-5,
+        "lr_scheduler": "constant",
+        "optimizer": "adamw_torch",
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": steps,
+        "seed": 0,
+        "bf16": not cpu,
+        "fp16": False,
+        "tf32": False,
+        "attn_implementation": "eager" if cpu else "sdpa",
+        "sample_packing": False,
+        "dataloader_num_workers": 0,
+        "gradient_checkpointing": not cpu,
         "gradient_checkpointing_kwargs": {"use_reentrant": False},
         "pofe": {"eta": 10.0} if method == "sppo" else {},
     }
@@ -90,8 +122,10 @@ def summary(run: Path) -> str:
     data = load_from_disk(str(prepared))
     tokens = statistics.mean(len(p) + sum(map(len, r)) for p, r in zip(data["prompt_ids"], data["response_ids"]))
     peak = max((h.get("memory/max_allocated (GiB)", 0.0) for h in steps), default=0.0)
-    return (f"{run.name}: loss after {steps[-1]['step']} steps {steps[-1]['loss']:.4f}, "
-            f"{float(rates[-1]) * tokens:,.0f} unique tokens/s, peak {peak:.2f} GiB per GPU")
+    return (
+        f"{run.name}: loss after {steps[-1]['step']} steps {steps[-1]['loss']:.4f}, "
+        f"{float(rates[-1]) * tokens:,.0f} unique tokens/s, peak {peak:.2f} GiB per GPU"
+    )
 
 
 def main(argv=None) -> int:

@@ -18,24 +18,56 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MISTRAL_7B = {  # mistralai/Mistral-7B-Instruct-v0.2's config.json
-    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-    "max_position_embeddings": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0, "sliding_window": None, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 PAIRRM = {  # llm-blender/PairRM's config.json: llm-blender's ranker config, naming the backbone
-    "ranker_type": "pairranker", "model_type": "deberta", "model_name": "microsoft/deberta-v3-large",
-    "source_maxlength": 1224, "candidate_maxlength": 412, "n_tasks": 1,
+    "ranker_type": "pairranker",
+    "model_type": "deberta",
+    "model_name": "microsoft/deberta-v3-large",
+    "source_maxlength": 1224,
+    "candidate_maxlength": 412,
+    "n_tasks": 1,
 }
 DEBERTA_V3_LARGE = {  # microsoft/deberta-v3-large's config.json
-    "model_type": "deberta-v2", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
-    "num_attention_heads": 16, "vocab_size": 128100, "max_position_embeddings": 512, "relative_attention": True,
-    "position_buckets": 256, "norm_rel_ebd": "layer_norm", "share_att_key": True, "pos_att_type": "p2c|c2p",
-    "layer_norm_eps": 1e-07, "max_relative_positions": -1, "position_biased_input": False, "type_vocab_size": 0,
+    "model_type": "deberta-v2",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "vocab_size": 128100,
+    "max_position_embeddings": 512,
+    "relative_attention": True,
+    "position_buckets": 256,
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "pos_att_type": "p2c|c2p",
+    "layer_norm_eps": 1e-07,
+    "max_relative_positions": -1,
+    "position_biased_input": False,
+    "type_vocab_size": 0,
     "hidden_act": "gelu",
 }
-CONFIGS = {"mistralai/Mistral-7B-Instruct-v0.2": MISTRAL_7B, "llm-blender/PairRM": PAIRRM,
-           "microsoft/deberta-v3-large": DEBERTA_V3_LARGE}
+CONFIGS = {
+    "mistralai/Mistral-7B-Instruct-v0.2": MISTRAL_7B,
+    "llm-blender/PairRM": PAIRRM,
+    "microsoft/deberta-v3-large": DEBERTA_V3_LARGE,
+}
 # The authors' iteration-1 prompt set holds about 20k prompts (a hub dataset: plan counts it only with --prompts)
 PROMPTS = 20000
 CASES = {  # column title -> (recipe, GPUs)
@@ -69,7 +101,9 @@ def plan_json(recipe: str, gpus: int, cache: Path) -> dict:
     os.chdir(ROOT)
     try:
         with mock.patch.object(constants, "HF_HUB_CACHE", str(cache)):
-            result = CliRunner().invoke(pofe, ["plan", recipe, "--json", "--gpus", str(gpus), "--prompts", str(PROMPTS)])
+            result = CliRunner().invoke(
+                pofe, ["plan", recipe, "--json", "--gpus", str(gpus), "--prompts", str(PROMPTS)]
+            )
     finally:
         os.chdir(cwd)
     if result.exit_code != 0:

@@ -48,6 +48,7 @@ def vllm_python() -> Path:
         raise SystemExit(f"{py} not found: create the vLLM venv with .ci/vllm-cpu-venv.sh (or set VLLM_VENV)")
     return py
 
+
 CALLS = {"n": 0}
 
 
@@ -95,8 +96,10 @@ def main(argv=None) -> int:
     print(f"generate stage ({args.backend}): {n_prompts} prompts x {k} samples, medians of {reps}")
     print(f"  direct engine   {med['direct']:.2f} s")
     print(f"  pofe stage      {med['pofe']:.2f} s   overhead {out['overhead_pofe_over_direct']:.3f}x")
-    print(f"  python judge calls per prompt: {out['judge_calls_per_prompt']:.2f} "
-          f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})")
+    print(
+        f"  python judge calls per prompt: {out['judge_calls_per_prompt']:.2f} "
+        f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})"
+    )
     _merge(out_path, out)
     return 0
 
@@ -126,11 +129,20 @@ def long_tail(backend: str, policy: str, work: Path, n_prompts: int, k: int, rep
     else:
         raise SystemExit("--workload long_tail runs on --backend vllm or vllm_inprocess")
     med = {name: statistics.median(v) for name, v in times.items()}
-    return {"long_tail": {
-        "prompts": n_prompts, "k": k, "shard_size": shard, "reps": reps, **length_stats(n_prompts, shard, 0),
-        "seconds_median": med, "seconds_all": times, "overhead_pofe_over_direct": med["pofe"] / med["direct"],
-        **({"per_shard_over_direct": med["per_shard"] / med["direct"]} if "per_shard" in med else {}),
-    }, "backend": backend}
+    return {
+        "long_tail": {
+            "prompts": n_prompts,
+            "k": k,
+            "shard_size": shard,
+            "reps": reps,
+            **length_stats(n_prompts, shard, 0),
+            "seconds_median": med,
+            "seconds_all": times,
+            "overhead_pofe_over_direct": med["pofe"] / med["direct"],
+            **({"per_shard_over_direct": med["per_shard"] / med["direct"]} if "per_shard" in med else {}),
+        },
+        "backend": backend,
+    }
 
 
 def _inprocess_times(policy: str, work: Path, n_prompts: int, k: int, shard: int, reps: int) -> dict:
@@ -142,10 +154,29 @@ def _inprocess_times(policy: str, work: Path, n_prompts: int, k: int, shard: int
 
     shim = pofe_shim(work / "shim", REPO)
     out = work / "tail.json"
-    env = {**os.environ, "PYTHONPATH": f"{shim}:{REPO}", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
-    subprocess.run([str(vllm_python()), "-m", "benchmarks.long_tail", policy, str(out), str(n_prompts), str(k),
-                    str(shard), str(reps)], env=env, cwd=work, check=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{shim}:{REPO}",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    subprocess.run(
+        [
+            str(vllm_python()),
+            "-m",
+            "benchmarks.long_tail",
+            policy,
+            str(out),
+            str(n_prompts),
+            str(k),
+            str(shard),
+            str(reps),
+        ],
+        env=env,
+        cwd=work,
+        check=True,
+    )
     return json.loads(out.read_text())
 
 
@@ -157,32 +188,57 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
 
     from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.openai_client import OpenAIClient
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
 
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
-    cfg = GenerateConfig(backend="openai", base_url=url, model=policy, num_candidates=k, temperature=1.0,
-                         max_new_tokens=CAP, in_flight=256)
+    cfg = GenerateConfig(
+        backend="openai",
+        base_url=url,
+        model=policy,
+        num_candidates=k,
+        temperature=1.0,
+        max_new_tokens=CAP,
+        in_flight=256,
+    )
     gen = openai_generator(OpenAIClient(url, timeout=600), policy, cfg.in_flight)
     ids = [render_prompt(load_tokenizer(policy), r["prompt"]).ids for r in rows]
     seeds = pofe_seeds(n_prompts, shard, cfg.seed)
 
     def one(j):
-        httpx.post(f"{url}/completions", timeout=600, json={
-            "model": policy, "prompt": ids[j], "n": k, "max_tokens": tail_tokens(seeds[j]), "ignore_eos": True,
-            "temperature": 1.0, "top_p": 1.0, "seed": seeds[j]}).raise_for_status()
+        httpx.post(
+            f"{url}/completions",
+            timeout=600,
+            json={
+                "model": policy,
+                "prompt": ids[j],
+                "n": k,
+                "max_tokens": tail_tokens(seeds[j]),
+                "ignore_eos": True,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "seed": seeds[j],
+            },
+        ).raise_for_status()
 
     def direct(rep):
         with ThreadPoolExecutor(max_workers=n_prompts) as pool:
             list(pool.map(one, range(n_prompts)))
 
     def pofe(rep):
-        run_pipeline(rows, policy_path=policy, method="rrhf", generate=cfg, generator=gen, stop_after="generate",
-                     judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-                     candidates=CandidatesConfig(out_dir=str(work / f"tail-{rep}"), shard_size=shard, progress=False))
+        run_pipeline(
+            rows,
+            policy_path=policy,
+            method="rrhf",
+            generate=cfg,
+            generator=gen,
+            stop_after="generate",
+            judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+            candidates=CandidatesConfig(out_dir=str(work / f"tail-{rep}"), shard_size=shard, progress=False),
+        )
 
     return interleave({"direct": direct, "pofe": pofe}, reps)
 
@@ -192,18 +248,26 @@ def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int,
     import httpx
 
     for start in range(0, len(prompts), batch_size):
-        r = httpx.post(f"{base_url}/completions", timeout=600, json={
-            "model": model, "prompt": prompts[start:start + batch_size], "n": n,
-            "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "seed": sampling.seed,
-        })
+        r = httpx.post(
+            f"{base_url}/completions",
+            timeout=600,
+            json={
+                "model": model,
+                "prompt": prompts[start : start + batch_size],
+                "n": n,
+                "max_tokens": sampling.max_new_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "seed": sampling.seed,
+            },
+        )
         r.raise_for_status()
 
 
 def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url: str | None) -> dict:
     """Both variants on `policy`: the transformers backend, or vLLM's server at `base_url`."""
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
     from pofe.preprocess.generators import make_generator
     from pofe.preprocess.generators.hf import load_tokenizer
     from pofe.preprocess.pipeline import run_pipeline
@@ -224,9 +288,16 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
             raw_completions(base_url, policy, [r.ids for r in rendered], k, gen_cfg.sampling(), gen_cfg.batch_size)
 
     def pofe(rep):
-        run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg, judge=judge_cfg,
-                     candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=n_prompts, progress=False),
-                     generator=generator, stop_after="generate")
+        run_pipeline(
+            rows,
+            policy_path=policy,
+            method="rrhf",
+            generate=gen_cfg,
+            judge=judge_cfg,
+            candidates=CandidatesConfig(out_dir=str(work / f"gen-{rep}"), shard_size=n_prompts, progress=False),
+            generator=generator,
+            stop_after="generate",
+        )
 
     times: dict[str, list[float]] = {"direct": [], "pofe": []}
     for rep in range(reps):
@@ -237,9 +308,15 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
             times[name].append(time.perf_counter() - start)
 
     CALLS["n"] = 0
-    result = run_pipeline(rows, policy_path=policy, method="rrhf", generate=gen_cfg,
-                          judge=judge_cfg, generator=generator,
-                          candidates=CandidatesConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False))
+    result = run_pipeline(
+        rows,
+        policy_path=policy,
+        method="rrhf",
+        generate=gen_cfg,
+        judge=judge_cfg,
+        generator=generator,
+        candidates=CandidatesConfig(out_dir=str(work / "full"), shard_size=n_prompts, progress=False),
+    )
     med = {name: statistics.median(v) for name, v in times.items()}
     return {
         "prompts": n_prompts,

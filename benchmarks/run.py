@@ -60,18 +60,35 @@ if __name__ == "__main__" and MALLOC_ENV not in os.environ and "cuda" not in " "
 
 import torch  # noqa: E402
 
-
 # ---------------------------------------------------------------- models
 MODELS = {
     # the issue's CPU model: hidden 256, 4 layers, vocab 32k
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=32000),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
     # TinyLlama-1.1B's shape
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4, vocab_size=32000),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
     # smoke tests of the GPU script on the CPU
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2, vocab_size=1000),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    ),
 }
 
 
@@ -79,8 +96,9 @@ def build_model(name: str, device: str, dtype: torch.dtype, mode: str, seed: int
     """Random-init Llama from a config; `qlora` saves it and reloads it in 4 bit with LoRA."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**MODELS[name], max_position_embeddings=4096, tie_word_embeddings=False,
-                         attn_implementation=attn)
+    config = LlamaConfig(
+        **MODELS[name], max_position_embeddings=4096, tie_word_embeddings=False, attn_implementation=attn
+    )
     torch.manual_seed(seed)
     with torch.device(device):  # initialise in place (a 1B model on the CPU first is slow)
         model = LlamaForCausalLM(config).to(dtype)
@@ -94,14 +112,21 @@ def build_model(name: str, device: str, dtype: torch.dtype, mode: str, seed: int
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         del model
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                   bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True)
-        model = LlamaForCausalLM.from_pretrained(tmp, quantization_config=quant, dtype=dtype,
-                                                 device_map={"": device}, attn_implementation=attn)
+        quant = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True
+        )
+        model = LlamaForCausalLM.from_pretrained(
+            tmp, quantization_config=quant, dtype=dtype, device_map={"": device}, attn_implementation=attn
+        )
     # no prepare_model_for_kbit_training: it would upcast norms, embeddings and the head
     # to float32; the adapters stay float32 (peft's default), the rest runs in `dtype`
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM",
-                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     return get_peft_model(model, lora).train()
 
 
@@ -148,11 +173,13 @@ def make_batches(w: Workload, vocab: int, device: str, seed: int = 0) -> dict[st
     rand = lambda n: torch.randint(3, vocab, (n,), generator=g).tolist()  # noqa: E731
     feats = []
     for _ in range(w.prompts):
-        feats.append({
-            "prompt_ids": rand(w.prompt_len),
-            "response_ids": [rand(w.response_len) for _ in range(w.k)],
-            "rewards": torch.randn(w.k, generator=g).tolist(),
-        })
+        feats.append(
+            {
+                "prompt_ids": rand(w.prompt_len),
+                "response_ids": [rand(w.response_len) for _ in range(w.k)],
+                "rewards": torch.randn(w.k, generator=g).tolist(),
+            }
+        )
     shared = KResponseCollator(_Tok(), prefix_sharing=True)(feats)
     unshared = KResponseCollator(_Tok())(feats)
     sft_ids = torch.tensor([f["prompt_ids"] + sum(f["response_ids"], []) for f in feats])
@@ -294,7 +321,7 @@ def bench(workload: Workload, model, device: str, reps: int, chunk: int, referen
         memory[name] = measure(fn, model, device)[1]
     names = list(variants)
     for rep in range(reps):  # interleaved, the order rotating, so drift hits every variant alike
-        order = names[rep % len(names):] + names[: rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             times[name].append(measure(variants[name], model, device)[0])
     median = {name: statistics.median(t) for name, t in times.items()}
@@ -351,8 +378,10 @@ def table(results: list[dict], label: str) -> str:
     lines.append(f"{'workload':<12} {'variant':<10} {'s/step':>8} {'tok/s':>9} {'peak MiB':>9}")
     for r in results:
         for v, s in r["seconds_median"].items():
-            lines.append(f"{r['workload']['name']:<12} {v:<10} {s:8.3f} {r['tokens_per_second'][v]:9.0f} "
-                         f"{r['peak_extra_mib'][v]:9.1f}")
+            lines.append(
+                f"{r['workload']['name']:<12} {v:<10} {s:8.3f} {r['tokens_per_second'][v]:9.0f} "
+                f"{r['peak_extra_mib'][v]:9.1f}"
+            )
     return "\n".join(lines)
 
 
@@ -364,18 +393,19 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="small", choices=sorted(MODELS))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "bf16"])
     parser.add_argument("--modes", default="full", help="comma list of full, qlora")
-    parser.add_argument("--attn", default="sdpa",
-                        help="attn_implementation: eager, sdpa, flash_attention_2, flex_attention, ...")
+    parser.add_argument(
+        "--attn", default="sdpa", help="attn_implementation: eager, sdpa, flash_attention_2, flex_attention, ..."
+    )
     parser.add_argument("--chunk", type=int, default=1024, help="pofe.logit_chunk_size")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: 1 with --quick, else torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: 1 with --quick, else torch's default)"
+    )
     parser.add_argument("--workloads", default=None, help="comma list of workload names to run")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<model>-<device>.json)")
     args = parser.parse_args(argv)
 
     if not args.device.startswith("cuda") and MALLOC_ENV not in os.environ:
-        print(f"warning: {MALLOC_ENV} unset, CPU memory figures include freed-but-cached heap",
-              file=sys.stderr)
+        print(f"warning: {MALLOC_ENV} unset, CPU memory figures include freed-but-cached heap", file=sys.stderr)
     threads = args.threads or (1 if args.quick else None)
     if threads:
         torch.set_num_threads(threads)
@@ -408,8 +438,7 @@ def main(argv=None) -> int:
         results = []
         for w in chosen:
             t0 = time.time()
-            results.append(bench(w, model, args.device, reps, args.chunk,
-                                 reference if w.method == "sppo" else None))
+            results.append(bench(w, model, args.device, reps, args.chunk, reference if w.method == "sppo" else None))
             print(f"[{mode}] {w.name}: {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
         report["runs"][mode] = results
         text.append(table(results, f"{args.model} / {mode} / {dtype} / {args.attn} / {args.device}"))
@@ -417,8 +446,12 @@ def main(argv=None) -> int:
         gc.collect()
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    out = Path(args.out or Path(__file__).parent / "results" / f"{args.model}-{args.device.split(':')[0]}"
-               f"{'-quick' if args.quick else ''}.json")
+    out = Path(
+        args.out
+        or Path(__file__).parent
+        / "results"
+        / f"{args.model}-{args.device.split(':')[0]}{'-quick' if args.quick else ''}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print("\n\n".join(text))

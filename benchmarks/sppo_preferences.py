@@ -60,12 +60,22 @@ def run_variant(recipe: dict, work: Path, preferences: str) -> dict:
     path = work / f"{preferences}.yml"
     path.write_text(yaml.safe_dump(cfg))
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "AXOLOTL_DO_NOT_TRACK": "1",
+        "WANDB_MODE": "disabled",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     start = time.perf_counter()
-    subprocess.run([str(bin_dir / "axolotl"), "pofe", "run", str(path), "--launcher", "python", "--quiet"],
-                   env=env, check=True, cwd=work)
+    subprocess.run(
+        [str(bin_dir / "axolotl"), "pofe", "run", str(path), "--launcher", "python", "--quiet"],
+        env=env,
+        check=True,
+        cwd=work,
+    )
     seconds = time.perf_counter() - start
     report = json.loads((Path(cfg["output_dir"]) / "report.json").read_text())
     held_out = report["eval"]["mean_reward"]  # pi_0, pi_1, ..., per model
@@ -89,9 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sppo_preferences.json")
     args = parser.parse_args(argv)
 
+    from pofe.demo.__main__ import NEAR_MISSES, NUM_TRAIN_PROMPTS
     from pofe.demo.task import make_prompt_rows, write_jsonl
     from pofe.demo.tiny import build_tiny_model
-    from pofe.demo.__main__ import NEAR_MISSES, NUM_TRAIN_PROMPTS
 
     results = []
     for seed in args.seeds:
@@ -111,14 +121,16 @@ def main(argv: list[str] | None = None) -> None:
         p: {
             "mean_held_out_gain": sum(r["held_out_gain"] for r in rs) / len(rs),
             "mean_win_rate_spread_round_1": sum(r["win_rate_spread_per_round"][0] for r in rs) / len(rs),
-            "mean_train_prompts_reward_last_round": sum(r["train_prompts_reward_per_round"][-1][0] for r in rs) / len(rs),
+            "mean_train_prompts_reward_last_round": sum(r["train_prompts_reward_per_round"][-1][0] for r in rs)
+            / len(rs),
         }
         for p in VARIANTS
         for rs in [[r for r in results if r["preferences"] == p]]
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"recipe": str(RECIPE.relative_to(ROOT)), "runs": results, "summary": summary},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"recipe": str(RECIPE.relative_to(ROOT)), "runs": results, "summary": summary}, indent=2) + "\n"
+    )
     print(json.dumps(summary, indent=2))
 
 

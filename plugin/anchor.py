@@ -37,8 +37,17 @@ LOG = get_logger(__name__)
 
 # Config keys that change the policy's log-probs, and so the cached anchor.
 MODEL_IDENTITY_KEYS = (
-    "base_model", "base_model_config", "lora_model_dir", "adapter", "load_in_4bit",
-    "load_in_8bit", "bf16", "fp16", "torch_dtype", "chat_template", "sequence_len",
+    "base_model",
+    "base_model_config",
+    "lora_model_dir",
+    "adapter",
+    "load_in_4bit",
+    "load_in_8bit",
+    "bf16",
+    "fp16",
+    "torch_dtype",
+    "chat_template",
+    "sequence_len",
 )
 # Bytes hashed from each weight file: its start (the safetensors header), middle and end.
 SAMPLE_BYTES = 1 << 20
@@ -65,8 +74,10 @@ class AnchorLogps:
 
     def fix_hint(self) -> str:
         """What to do about a non-finite entry of the table."""
-        return (f"the anchor table {self.path} holds them: delete it so the next run computes it again, and "
-                "check the model's dtype (fp16 overflows where bf16 or fp32 does not)")
+        return (
+            f"the anchor table {self.path} holds them: delete it so the next run computes it again, and "
+            "check the model's dtype (fp16 overflows where bf16 or fp32 does not)"
+        )
 
     def _datasets(self):
         return [d for d in (self.trainer.train_dataset, self.trainer.eval_dataset) if d is not None]
@@ -79,9 +90,7 @@ class AnchorLogps:
             weights_identity(cfg.base_model, cfg.revision_of_model),
             weights_identity(cfg.lora_model_dir),
         ]
-        digest = hashlib.md5(
-            json.dumps(identity, sort_keys=True).encode(), usedforsecurity=False
-        ).hexdigest()
+        digest = hashlib.md5(json.dumps(identity, sort_keys=True).encode(), usedforsecurity=False).hexdigest()
         return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-anchor-{digest}.pt"
 
     def _load_or_compute(self, model) -> torch.Tensor:
@@ -144,9 +153,7 @@ class AnchorLogps:
         written = torch.zeros(table.shape, dtype=torch.bool)
         batch_size = args.per_device_eval_batch_size
         rounds = [math.ceil(math.ceil(len(d) / batch_size) / world) for d in datasets]
-        progress = tqdm(
-            total=sum(rounds), desc="POFE anchor log-probs", disable=rank != 0 or args.disable_tqdm
-        )
+        progress = tqdm(total=sum(rounds), desc="POFE anchor log-probs", disable=rank != 0 or args.disable_tqdm)
         started = time.perf_counter()
         was_training = model.training
         model.eval()
@@ -187,7 +194,8 @@ def row_tokens(dataset) -> list[int]:
         per_response = pa.compute.list_value_length(pa.compute.list_flatten(responses)).to_numpy(zero_copy_only=False)
         row_of = pa.compute.list_parent_indices(responses).to_numpy(zero_copy_only=False)
         tokens = torch.zeros(len(batch), dtype=torch.long).index_add_(
-            0, torch.from_numpy(row_of.astype("int64")), torch.from_numpy(per_response.astype("int64")))
+            0, torch.from_numpy(row_of.astype("int64")), torch.from_numpy(per_response.astype("int64"))
+        )
         prompts = pa.compute.list_value_length(batch["prompt_ids"]).to_numpy(zero_copy_only=False)
         out.extend((tokens + torch.from_numpy(prompts.astype("int64"))).tolist())
     return out
@@ -224,13 +232,14 @@ def load_table(path: Path) -> torch.Tensor:
     """The cached anchor table at `path`: a (rows, K) float tensor. A file that is not one (cut
     short, damaged, or another program's) is refused by name, with what to do; torch's own
     error would suggest `weights_only=False`, i.e. running what the file holds."""
-    redo = ("Delete the file: the next run computes the table again from the policy (before its "
-            "first update).")
+    redo = "Delete the file: the next run computes the table again from the policy (before its first update)."
     try:
         table = torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
-        raise ValueError(f"the cached SPPO anchor table {path} cannot be read ({type(e).__name__}: cut short, "
-                         f"damaged, or not a table POFE wrote). {redo}") from None
+        raise ValueError(
+            f"the cached SPPO anchor table {path} cannot be read ({type(e).__name__}: cut short, "
+            f"damaged, or not a table POFE wrote). {redo}"
+        ) from None
     if not (isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point()):
         shape = f"a tensor of shape {tuple(table.shape)}" if isinstance(table, torch.Tensor) else type(table).__name__
         raise ValueError(f"the cached SPPO anchor table {path} holds {shape}, not a (rows, K) float table. {redo}")

@@ -28,9 +28,10 @@ def candidates(config: str, stage: str):
     for users who generate on one machine and judge or train on another.
     """
     from axolotl.cli.config import load_cfg
+
     from .args import pofe_config
-    from .data.formats import RowFormat
     from .data.candidates import build_candidates
+    from .data.formats import RowFormat
     from .data.sources import load_entry
 
     cfg = load_cfg(config)
@@ -45,8 +46,13 @@ def candidates(config: str, stage: str):
         fmt = RowFormat(dataset=entry.path, type=entry.type, method=pcfg.method, fields=fields)
         prompts = load_entry(entry, cfg.hf_use_auth_token)
         result = build_candidates(
-            cfg, pcfg, entry, prompts, fmt.column("field_prompt"),
-            stop_after=None if stage == "all" else stage, prompt_format=fmt.prompt_format,
+            cfg,
+            pcfg,
+            entry,
+            prompts,
+            fmt.column("field_prompt"),
+            stop_after=None if stage == "all" else stage,
+            prompt_format=fmt.prompt_format,
         )
         if result is not None:
             click.echo(f"{entry.path}: {result.rows} rows -> {result.data_path}")
@@ -61,7 +67,9 @@ def candidates(config: str, stage: str):
     help="Passed to each round's `axolotl train` (default: axolotl's own, accelerate).",
 )
 @click.option("--quiet", is_flag=True, help="Stages' output goes to their log files only.")
-@click.option("--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval).")
+@click.option(
+    "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
+)
 def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
@@ -83,26 +91,45 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON: one entry per stage.")
-@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
-              help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).")
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).",
+)
 @click.option("--gpu-memory", type=click.FloatRange(min=1), default=80.0, show_default=True, help="GB per GPU.")
-@click.option("--prompts", type=click.IntRange(min=1), default=None,
-              help="Prompts in the dataset where they cannot be counted offline (a hub dataset); per round "
-              "when pofe.round_prompts lists one dataset per round.")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="cpu: plan a CPU run (memory is the process's resident set).")
-@click.option("--output", type=click.Path(dir_okay=False), default=None,
-              help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).")
-def plan(config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str,
-         output: str | None):
+@click.option(
+    "--prompts",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Prompts in the dataset where they cannot be counted offline (a hub dataset); per round "
+    "when pofe.round_prompts lists one dataset per round.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="cpu: plan a CPU run (memory is the process's resident set).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).",
+)
+def plan(
+    config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str, output: str | None
+):
     """The plan of CONFIG's run before it starts: for each stage of each round, what loads where,
     the estimated peak memory per GPU, the disk, the counts; warnings name the key to change.
     Reads config.json files from disk or the hub cache only: never downloads."""
     import json
 
     from pofe.run.plan.common import PlanOptions
-    from pofe.run.plan.render import render_text
     from pofe.run.plan.planner import plan_recipe
+    from pofe.run.plan.render import render_text
 
     try:
         result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
@@ -120,6 +147,7 @@ def eval_(config: str, no_report: bool):
     """Score each round's trained model on its own prompts (the report's headline) and, with
     held-out prompts, every iterate on them (pofe.eval); then report."""
     from pofe.run.evaluation.evaluate import evaluate_run
+
     from .run.report import write_report
 
     try:
@@ -137,6 +165,7 @@ def report(config: str):
     import yaml
 
     from pofe.run.folder import RunFolder
+
     from .run.report import write_report
 
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")

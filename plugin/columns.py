@@ -47,6 +47,7 @@ def tokenized_columns() -> tuple[str, ...]:
     """Tokenised row columns (what reaches the collator; not forward() arguments)."""
     return ("prompt_ids", "response_ids", *candidate_float_columns(), "row_id")
 
+
 # scored response tokens per output-embedding chunk (`pofe.scoring`): the default of
 # `pofe.logit_chunk_size`, and the most (tokens x vocab) logits that exist at a time
 DEFAULT_LOGIT_CHUNK_SIZE = 1024

@@ -110,5 +110,7 @@ def place_ranks_on_cpu(cfg) -> None:
     else:
         os.environ["ACCELERATE_USE_CPU"] = "true"
         state = PartialState(cpu=True)
-    LOG.info(f"POFE: no accelerator: rank {state.process_index} of {state.num_processes} trains on the CPU "
-             f"({state.distributed_type.value}, {dist.get_backend()})")
+    LOG.info(
+        f"POFE: no accelerator: rank {state.process_index} of {state.num_processes} trains on the CPU "
+        f"({state.distributed_type.value}, {dist.get_backend()})"
+    )

@@ -77,11 +77,16 @@ def entry_summary(path: str, policy: dict[str, list]) -> dict[str, Any]:
         "rows_over_sequence_len": len(touched),
         "rows_dropped": {reason: reasons.count(reason) for reason in sorted(set(reasons))},
         "rows_with_turns_cut": sum(policy["turns_cut"][n] > 0 and policy["drop_reason"][n] is None for n in touched),
-        "rows_with_responses_cut": sum(policy["responses_cut"][n] > 0 and policy["drop_reason"][n] is None
-                                       for n in touched),
+        "rows_with_responses_cut": sum(
+            policy["responses_cut"][n] > 0 and policy["drop_reason"][n] is None for n in touched
+        ),
         "per_row": [
-            {"row": n, "dropped": policy["drop_reason"][n], "turns_cut": policy["turns_cut"][n],
-             "responses_cut": policy["responses_cut"][n]}
+            {
+                "row": n,
+                "dropped": policy["drop_reason"][n],
+                "turns_cut": policy["turns_cut"][n],
+                "responses_cut": policy["responses_cut"][n],
+            }
             for n in touched
         ],
     }
@@ -91,10 +96,14 @@ def summary_message(entry: dict[str, Any], sequence_len: int, truncation: str) -
     """One log line for `entry_summary`'s counts."""
     dropped = sum(entry["rows_dropped"].values())
     if truncation == "drop":
-        return (f"POFE: dropped {dropped} of {entry['rows']} rows of {entry['dataset']} longer than "
-                f"sequence_len={sequence_len} (pofe.truncation: drop)")
+        return (
+            f"POFE: dropped {dropped} of {entry['rows']} rows of {entry['dataset']} longer than "
+            f"sequence_len={sequence_len} (pofe.truncation: drop)"
+        )
     reasons = ", ".join(f"{k} {v}" for k, v in entry["rows_dropped"].items()) or "none"
-    return (f"POFE: {entry['rows_over_sequence_len']} of {entry['rows']} rows of {entry['dataset']} are longer than "
-            f"sequence_len={sequence_len} (pofe.truncation: truncate): {entry['rows_with_turns_cut']} kept with "
-            f"their oldest prompt turns cut, {entry['rows_with_responses_cut']} with responses cut (trained "
-            f"without an end of turn); dropped {dropped} ({reasons})")
+    return (
+        f"POFE: {entry['rows_over_sequence_len']} of {entry['rows']} rows of {entry['dataset']} are longer than "
+        f"sequence_len={sequence_len} (pofe.truncation: truncate): {entry['rows_with_turns_cut']} kept with "
+        f"their oldest prompt turns cut, {entry['rows_with_responses_cut']} with responses cut (trained "
+        f"without an end of turn); dropped {dropped} ({reasons})"
+    )

@@ -43,7 +43,10 @@ class Target:
 
 REWARDS = Target(column="rewards", noun="rewards", from_win_rates=False, distinct_in_float32=True)
 WIN_RATES = Target(
-    column="win_rates", noun="win rates", from_win_rates=True, bounds=(0.0, 1.0),
+    column="win_rates",
+    noun="win rates",
+    from_win_rates=True,
+    bounds=(0.0, 1.0),
     report_column="cand. win-rate spread",
 )
 

@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import Any
 
 # axolotl's keys that name local paths (or hub ids), and the `pofe:` ones
-PATH_KEYS = ("base_model", "base_model_config", "tokenizer_config", "lora_model_dir", "output_dir",
-             "dataset_prepared_path")
+PATH_KEYS = (
+    "base_model",
+    "base_model_config",
+    "tokenizer_config",
+    "lora_model_dir",
+    "output_dir",
+    "dataset_prepared_path",
+)
 _UNEXPANDED = re.compile(r"\$\{?[A-Za-z_]\w*\}?|^~")
 
 
@@ -24,10 +30,14 @@ def check_unexpanded_paths(cfg: dict[str, Any]) -> None:
     """Raise ValueError naming the first path key whose value holds `$VAR`, `${VAR}` or a leading `~`."""
     pofe = cfg.get("pofe") if isinstance(cfg.get("pofe"), dict) else {}
     named = [(key, cfg.get(key)) for key in PATH_KEYS]
-    named += [(f"datasets[{i}].path", e.get("path")) for i, e in enumerate(cfg.get("datasets") or [])
-              if isinstance(e, dict)]
-    named += [(f"pofe.{block}.model", (pofe.get(block) or {}).get("model")) for block in ("generate", "judge")
-              if isinstance(pofe.get(block), dict)]
+    named += [
+        (f"datasets[{i}].path", e.get("path")) for i, e in enumerate(cfg.get("datasets") or []) if isinstance(e, dict)
+    ]
+    named += [
+        (f"pofe.{block}.model", (pofe.get(block) or {}).get("model"))
+        for block in ("generate", "judge")
+        if isinstance(pofe.get(block), dict)
+    ]
     for key, value in named:
         if isinstance(value, str) and _UNEXPANDED.search(value) and not Path(value).exists():
             meant = os.path.expanduser(os.path.expandvars(value))

@@ -68,9 +68,11 @@ def prefix_sharing_blocker(cfg: Mapping[str, Any], is_eval: bool = False) -> str
         return "sample packing builds its own packed rows"
     attn = cfg.get("attn_implementation")
     if attn is not None and attn not in MASK_BACKENDS and not is_eval and _configured_reentrant(cfg):
-        return (f"attn_implementation {attn!r} takes no custom 4D mask and reentrant gradient "
-                "checkpointing cuts the cache layout's gradient; set "
-                "`gradient_checkpointing_kwargs: {use_reentrant: false}` to share prompts")
+        return (
+            f"attn_implementation {attn!r} takes no custom 4D mask and reentrant gradient "
+            "checkpointing cuts the cache layout's gradient; set "
+            "`gradient_checkpointing_kwargs: {use_reentrant: false}` to share prompts"
+        )
     return None
 
 
@@ -115,8 +117,10 @@ def prefix_sharing_enabled(cfg: Mapping[str, Any], pofe: PofeConfig, is_eval: bo
     if reason is not None:
         LOG.warning(f"POFE ({split}): prefix sharing off ({reason}); scoring k full rows per prompt")
         return False
-    LOG.info(f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn, reentrant)} "
-             f"(pofe.prefix_layout: {pofe.prefix_layout})")
+    LOG.info(
+        f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn, reentrant)} "
+        f"(pofe.prefix_layout: {pofe.prefix_layout})"
+    )
     return True
 
 

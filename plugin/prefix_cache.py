@@ -172,7 +172,9 @@ def forward_after_prefix(
         input_ids=input_ids,
         attention_mask=torch.cat([prefix_mask, attention_mask], 1),  # (N, P + R)
         position_ids=prefix_mask.sum(1, keepdim=True) + torch.arange(length, device=input_ids.device),  # (N, R)
-        past_key_values=prefix, use_cache=False, **kwargs,
+        past_key_values=prefix,
+        use_cache=False,
+        **kwargs,
     )
     if not prefix.layers or not all(layer.read for layer in prefix.layers):
         raise ValueError(f"{type(model).__name__} did not read the prompt's KV cache in every layer ({remedy})")
@@ -210,15 +212,17 @@ def cache_hidden_states(
     prompt_of = s["prompt_of"]
     outputs = dict(logits_to_keep=0) if logits else dict(output_hidden_states=True, logits_to_keep=1)
     with _cache_kept_under_checkpointing(model):
-        prompt_out, keys_values = recorded_forward(model, input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"],
-                                                   **outputs)
+        prompt_out, keys_values = recorded_forward(
+            model, input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"], **outputs
+        )
         response_out = forward_after_prefix(
             model,
             [(_per_response(k, prompt_of), _per_response(v, prompt_of)) for k, v in keys_values],  # each (N, H, P, D)
             _per_response(s["prompt_mask"], prompt_of),
-            input_ids=s["response_ids"], attention_mask=s["response_mask"],
+            input_ids=s["response_ids"],
+            attention_mask=s["response_mask"],
             remedy="a transformers version without `_can_checkpoint_with_cache` under gradient checkpointing, or a "
-                   "model whose attention keeps its own cache; set `pofe.prefix_layout: packed`",
+            "model whose attention keeps its own cache; set `pofe.prefix_layout: packed`",
             **outputs,
         )
     prompt_len = s["prompt_len"]
@@ -230,9 +234,11 @@ def cache_hidden_states(
     mask = s["response_mask"].bool()  # (N, R)
     later_rows, later_cols = mask[:, 1:].nonzero(as_tuple=True)
     first_rows = (mask[:, 0] & (prompt_len[prompt_of] > 0)).nonzero(as_tuple=True)[0]
-    hidden = torch.cat([
-        prompt_hidden[prompt_of[first_rows], prompt_len[prompt_of[first_rows]] - 1],
-        response_hidden[later_rows, later_cols],
-    ])  # (M, H)
+    hidden = torch.cat(
+        [
+            prompt_hidden[prompt_of[first_rows], prompt_len[prompt_of[first_rows]] - 1],
+            response_hidden[later_rows, later_cols],
+        ]
+    )  # (M, H)
     targets = torch.cat([s["response_ids"][first_rows, 0], s["response_ids"][later_rows, later_cols + 1]])
     return hidden, targets, torch.cat([first_rows, later_rows])

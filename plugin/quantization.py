@@ -45,9 +45,7 @@ def keep_4bit_trainable(model: torch.nn.Module) -> int:
             from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
 
             weight = module.weight
-            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(
-                weight.data, weight.quant_state
-            )
+            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, weight.quant_state)
             restored += 1
     if restored:
         LOG.warning(

@@ -31,6 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
+
 from .logs import get_logger
 from .modeling import attention_backend, head_outside_forward, logits_are_plain, mask_dtype, output_embedding
 from .prefix import block_attention_mask, check_backend, choose_layout
@@ -64,8 +65,10 @@ class _GatherLogSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         if ctx.consumed:
-            raise RuntimeError("POFE's chunked log-softmax frees its logits in backward; "
-                               "a second backward through the same graph is not supported")
+            raise RuntimeError(
+                "POFE's chunked log-softmax frees its logits in backward; "
+                "a second backward through the same graph is not supported"
+            )
         ctx.consumed = True
         logits, targets, lse = ctx.saved_tensors
         out = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # (C, V) = -g * softmax, in place
@@ -108,9 +111,7 @@ def token_logps(
     m = hidden.shape[0]
     if m == 0:
         return hidden.new_zeros(0, dtype=torch.float32)
-    grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
-    )
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     first = m - chunk_size * ((m - 1) // chunk_size)  # in [1, chunk_size]
     bounds = [0, *range(first, m + 1, chunk_size)]
     out = []
@@ -161,8 +162,10 @@ def scoring_head(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
     reason = head_outside_forward(model)
     if reason is None:
         return output_embedding(model), False
-    LOG.warning_once(f"POFE: {reason}; the model's forward runs it on every position "
-                     "(full logits: more memory than chunked scoring, the same log-probs)")
+    LOG.warning_once(
+        f"POFE: {reason}; the model's forward runs it on every position "
+        "(full logits: more memory than chunked scoring, the same log-probs)"
+    )
     return _ComputedLogits(), True
 
 
@@ -225,8 +228,9 @@ def response_logps(
     """
     if not logits_are_plain(model):
         # asked every step: once per run is enough
-        LOG.warning_once("POFE: this model transforms its logits beyond lm_head; "
-                         "scoring falls back to full logits (more memory)")
+        LOG.warning_once(
+            "POFE: this model transforms its logits beyond lm_head; scoring falls back to full logits (more memory)"
+        )
         return response_logps_reference(model, input_ids, attention_mask, labels)
     head, in_forward = scoring_head(model)
     hidden = final_hidden_states(model, in_forward, input_ids=input_ids, attention_mask=attention_mask)  # (N, T, H|V)
@@ -308,8 +312,13 @@ def score_candidates(
     if "segment_ids" in inputs:
         segment_ids, position_ids = inputs["segment_ids"], inputs["position_ids"]
         grad = torch.is_grad_enabled() and model.training
-        layout = choose_layout(prefix_layout, attention_backend(model), segment_ids, mask,
-                               reentrant=grad and reentrant_checkpointing(model))
+        layout = choose_layout(
+            prefix_layout,
+            attention_backend(model),
+            segment_ids,
+            mask,
+            reentrant=grad and reentrant_checkpointing(model),
+        )
         LOG.debug(f"POFE: prefix layout {layout} for a batch of {tuple(segment_ids.shape)}")
         check_backend(model, position_ids, layout)
         if not logits_are_plain(model):
@@ -320,7 +329,12 @@ def score_candidates(
             )  # (N,)
         else:
             logp_sum, lengths = packed_response_logps(
-                model, inputs["input_ids"], inputs["attention_mask"], segment_ids, position_ids, mask,
+                model,
+                inputs["input_ids"],
+                inputs["attention_mask"],
+                segment_ids,
+                position_ids,
+                mask,
                 chunk_size=chunk_size,
             )  # (N,)
     else:

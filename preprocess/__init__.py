@@ -5,7 +5,7 @@
 Heavy modules (backends, judges, the pipeline) are imported on first use.
 """
 
-from .config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
+from .config import CandidatesConfig, GenerateConfig, JudgeConfig, Sampling
 from .win_rates import bradley_terry_preferences, symmetrize_preferences, win_rates
 
 __all__ = [

@@ -18,7 +18,7 @@ import torch
 from pofe.methods import Target, method_spec
 
 from .abstentions import AbstentionTally
-from .config import GenerateConfig, JudgeConfig, CandidatesConfig
+from .config import CandidatesConfig, GenerateConfig, JudgeConfig
 from .judges.pairwise import ORDER_SUM_TOLERANCE
 from .win_rates import win_rate_spread
 
@@ -55,7 +55,11 @@ def build_rows(
             if best == worst:  # all tied: any two distinct candidates
                 best, worst = 0, len(labels) - 1
             idx = [best, worst]
-        row = {"prompt": r["prompt"], "responses": [r["responses"][k] for k in idx], target.column: [labels[k] for k in idx]}
+        row = {
+            "prompt": r["prompt"],
+            "responses": [r["responses"][k] for k in idx],
+            target.column: [labels[k] for k in idx],
+        }
         # the sampled ids training scores (judge shards from before they were kept have none)
         ids = r.get("response_ids") or [None] * len(r["responses"])
         if any(ids[k] is not None for k in idx):
@@ -142,10 +146,12 @@ def summarise(
 def order_sum_warning(summary: dict, judge_type: str, where) -> str:
     """The warning for a summary's pairs whose two orders do not sum to about 1."""
     worst = summary["judge_worst_order_sum"]
-    return (f"POFE: {summary['judge_pairs_order_sum_off']} pairs judged by {judge_type} have P(a beats b) + P(b beats a) "
-            f"further than {ORDER_SUM_TOLERANCE} from 1 (worst {worst['sum']:g}, prompt row {worst['row']}); both "
-            "orders are averaged, which cancels a position bias, but a judge this far off reads the order more than "
-            f"the texts; counts in {where}")
+    return (
+        f"POFE: {summary['judge_pairs_order_sum_off']} pairs judged by {judge_type} have P(a beats b) + P(b beats a) "
+        f"further than {ORDER_SUM_TOLERANCE} from 1 (worst {worst['sum']:g}, prompt row {worst['row']}); both "
+        "orders are averaged, which cancels a position bias, but a judge this far off reads the order more than "
+        f"the texts; counts in {where}"
+    )
 
 
 def _worst_order_sum(judged: list[dict]) -> dict | None:

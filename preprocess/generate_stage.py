@@ -14,18 +14,19 @@ import dataclasses
 from pathlib import Path
 
 from pofe.files import write_jsonl_atomic
+from pofe.preprocess.shard_work import StagePlan, close_generator, render_shard, shard_rows
 
 from .generators import Generator, make_generator
 from .generators.hf import load_tokenizer
 from .generators.stream import ShardJob, stream_shards
 from .shards import read_shard, shard_path
-from pofe.preprocess.shard_work import StagePlan, close_generator, render_shard, shard_rows
 
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 
 
-def generate_missing(plan: StagePlan, todo: list[int], shards: list, generator: Generator | None, tokenizer,
-                     workdir: Path, bar) -> Generator | None:
+def generate_missing(
+    plan: StagePlan, todo: list[int], shards: list, generator: Generator | None, tokenizer, workdir: Path, bar
+) -> Generator | None:
     """Generate shards `todo` into `shards` (each as read back from its file), updating `bar`
     per shard; the generator used (built here when None and a shard is missing, and then
     closed if the stage fails)."""
@@ -42,14 +43,24 @@ def generate_missing(plan: StagePlan, todo: list[int], shards: list, generator: 
 
         def jobs():
             for s in todo:
-                rendered[s] = render_shard(plan.rows[s * size:(s + 1) * size], tokenizer, cfg, plan.prompt_column)
+                rendered[s] = render_shard(plan.rows[s * size : (s + 1) * size], tokenizer, cfg, plan.prompt_column)
                 sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
                 yield ShardJob(s, [r for r in rendered[s] if r.text is not None], sampling)
 
         for s, gen in stream_shards(generator, jobs(), cfg.num_candidates):
             path = shard_path(plan.gen_dir, s)
-            out_rows = shard_rows(plan.rows[s * size:(s + 1) * size], s * size, rendered.pop(s), gen, generator,
-                                  tokenizer, cfg, plan.prompt_column, plan.candidates.truncated, shard=path)
+            out_rows = shard_rows(
+                plan.rows[s * size : (s + 1) * size],
+                s * size,
+                rendered.pop(s),
+                gen,
+                generator,
+                tokenizer,
+                cfg,
+                plan.prompt_column,
+                plan.candidates.truncated,
+                shard=path,
+            )
             write_jsonl_atomic(path, out_rows)
             shards[s] = read_shard(path)
             bar.update(len(out_rows))

@@ -49,11 +49,17 @@ def weights_digest(model: str) -> str:
     if path.exists():
         root = path if path.is_dir() else path.parent
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        return stable_hash([
-            [str(p.relative_to(root)), file_sha256(p) if p.stat().st_size <= CONTENT_HASH_CAP
-             else [p.stat().st_size, p.stat().st_mtime_ns]]
-            for p in files
-        ])
+        return stable_hash(
+            [
+                [
+                    str(p.relative_to(root)),
+                    file_sha256(p)
+                    if p.stat().st_size <= CONTENT_HASH_CAP
+                    else [p.stat().st_size, p.stat().st_mtime_ns],
+                ]
+                for p in files
+            ]
+        )
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(model, "config.json")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pofe.files import stable_hash, write_atomic
 from pofe.logs import logger_name

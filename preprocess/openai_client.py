@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import ClassVar
 
@@ -36,12 +36,9 @@ MAX_RETRY_AFTER = 60.0
 MAX_CHARS_PER_TOKEN = 256
 
 NETWORK_HINT = (
-    "Check that the server is running and reachable at this URL (base_url), "
-    "or raise request_timeout / max_retries."
+    "Check that the server is running and reachable at this URL (base_url), or raise request_timeout / max_retries."
 )
-NOT_OPENAI_HINT = (
-    "Check that base_url is the root of an OpenAI-compatible API (usually ending in /v1)."
-)
+NOT_OPENAI_HINT = "Check that base_url is the root of an OpenAI-compatible API (usually ending in /v1)."
 
 
 class EndpointError(RuntimeError):
@@ -60,8 +57,7 @@ def status_hint(status: int, *, key_env: str | None, model: object) -> str:
         source = (
             f"it was read from the environment variable {key_env} (api_key_env): check its value"
             if key_env
-            else "none was sent: put it in an environment variable and set api_key_env to that "
-            "variable's name"
+            else "none was sent: put it in an environment variable and set api_key_env to that variable's name"
         )
         return f"The server refused the API key, which is missing or wrong ({source})."
     if status == 404:
@@ -92,7 +88,7 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)  # HTTP-dates are in GMT
+        when = when.replace(tzinfo=UTC)  # HTTP-dates are in GMT
     return max(0.0, (when - now).total_seconds())
 
 
@@ -191,7 +187,10 @@ class OpenAIClient:
                 cause, hint = f"connection refused: {e}", NETWORK_HINT
                 continue
             except (httpx.TimeoutException, TimeoutError):
-                cause, hint = f"timeout: no answer within {self.timeout}s (request_timeout, for the whole try)", NETWORK_HINT
+                cause, hint = (
+                    f"timeout: no answer within {self.timeout}s (request_timeout, for the whole try)",
+                    NETWORK_HINT,
+                )
                 continue
             except httpx.TransportError as e:
                 cause, hint = f"transport error: {type(e).__name__}: {e}", NETWORK_HINT
@@ -200,7 +199,7 @@ class OpenAIClient:
                 cause = f"HTTP {r.status_code}: {r.text[:300]}"
                 hint = status_hint(r.status_code, key_env=self.key_env, model=payload.get("model"))
                 if r.status_code == 429 or r.status_code >= 500:
-                    retry_after = retry_after_seconds(r.headers.get("Retry-After"), datetime.now(timezone.utc))
+                    retry_after = retry_after_seconds(r.headers.get("Retry-After"), datetime.now(UTC))
                     continue
                 self.stats.add("failures", reason=cause)
                 raise EndpointError(url, cause, tries, hint)
@@ -226,8 +225,10 @@ class OpenAIClient:
         longest = max((len(t) for t in texts), default=0)
         if longest <= limit:
             return None
-        cause = (f"bad response: a reply of {longest} characters for max_tokens={payload['max_tokens']} "
-                 f"(at most {limit} at {MAX_CHARS_PER_TOKEN} characters per token)")
+        cause = (
+            f"bad response: a reply of {longest} characters for max_tokens={payload['max_tokens']} "
+            f"(at most {limit} at {MAX_CHARS_PER_TOKEN} characters per token)"
+        )
         if raise_:
             self.stats.add("failures", reason=cause)
             raise EndpointError(f"{self.base_url}/{route}", cause, 1, NOT_OPENAI_HINT)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from pofe.files import write_atomic
 from pofe.logs import logger_name
-
-from .config import GenerateConfig, CandidatesConfig
 from pofe.preprocess.shard_work import StagePlan
+
+from .config import CandidatesConfig, GenerateConfig
 
 LOG = logging.getLogger(logger_name(__name__))
 WORKER_MODULE = "pofe.preprocess.worker"
@@ -128,7 +128,9 @@ def assign_devices(num_workers: int, assigned: list[str] | None, group: int, vis
 def worker_devices(generate: GenerateConfig, candidates: CandidatesConfig) -> list[str | None]:
     """Each worker's CUDA_VISIBLE_DEVICES for these settings on this machine (raises, before
     any worker starts, when the GPUs cannot hold the workers' engines)."""
-    return assign_devices(candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible_gpus())
+    return assign_devices(
+        candidates.num_workers, candidates.worker_devices, engine_group_size(generate), visible_gpus()
+    )
 
 
 def worker_env(devices: str | None, num_workers: int) -> dict[str, str]:
@@ -168,8 +170,9 @@ def run_workers(
             log = folder / f"worker-{i}.log"
             cmd = [sys.executable, "-m", WORKER_MODULE, str(spec), str(i), str(os.getpid())]
             with log.open("w", encoding="utf-8") as f:
-                p = subprocess.Popen(cmd, env=worker_env(devices[i], n), stdin=subprocess.DEVNULL, stdout=f,
-                                     stderr=subprocess.STDOUT)
+                p = subprocess.Popen(
+                    cmd, env=worker_env(devices[i], n), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT
+                )
             procs.append((i, p, log))
         while any(p.poll() is None for _, p, _ in procs):
             time.sleep(0.2)

@@ -34,28 +34,35 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
+from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory, judge_shard
 
 from .abstentions import AbstentionTally, check_abstentions
 from .build import build_rows, order_sum_warning, summarise
-from .config import FUNCTION_JUDGES, GenerateConfig, JudgeConfig, CandidatesConfig, redact
+from .config import FUNCTION_JUDGES, CandidatesConfig, GenerateConfig, JudgeConfig, redact
 from .generate_stage import SHARD_SEED_STRIDE, generate_missing
 from .generators import Generator
 from .judges import PairwiseJudge, ScalarJudge, make_judge
 from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
 from .parallel import check_parallel, run_workers, worker_devices
 from .shards import (
-    check_generate_shard, check_judge_shard, clean_tmp, judged_in_turn, read_shard, read_verified, shard_path,
+    check_generate_shard,
+    check_judge_shard,
+    clean_tmp,
+    judged_in_turn,
+    read_shard,
+    read_verified,
+    shard_path,
 )
-from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory, judge_shard
 
 LOG = logging.getLogger(logger_name(__name__))
 
@@ -133,14 +140,29 @@ def run_pipeline(
     gen_dir, judge_dir = _ready_out_dir(
         Path(candidates.out_dir),
         {
-            **generate_manifest(rows, policy_path=policy_path, generate=generate, shard_size=candidates.shard_size,
-                                prompt_column=prompt_column),
+            **generate_manifest(
+                rows,
+                policy_path=policy_path,
+                generate=generate,
+                shard_size=candidates.shard_size,
+                prompt_column=prompt_column,
+            ),
             "truncated": candidates.truncated,  # the shards hold what this policy kept
         },
         judge_manifest(method=method, judge=judge),
     )
-    plan = StagePlan(rows, method, method_spec(method).target, generate, judge, candidates, policy_path, prompt_column,
-                     gen_dir, judge_dir)
+    plan = StagePlan(
+        rows,
+        method,
+        method_spec(method).target,
+        generate,
+        judge,
+        candidates,
+        policy_path,
+        prompt_column,
+        gen_dir,
+        judge_dir,
+    )
 
     reports: list[dict] = []
     t0 = time.monotonic()
@@ -196,7 +218,13 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
     data_path = out / "data.jsonl"
     write_jsonl_atomic(data_path, data)
     summary = summarise(
-        generated_rows, judged_rows, data, dropped, method=method, generate=plan.generate, judge=plan.judge,
+        generated_rows,
+        judged_rows,
+        data,
+        dropped,
+        method=method,
+        generate=plan.generate,
+        judge=plan.judge,
         candidates=candidates,
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
@@ -277,7 +305,7 @@ def _generate_stage(
 ) -> tuple[list[list[dict] | None], Generator | None]:
     """The owned generate shards' rows (None elsewhere), writing the missing (or damaged)
     ones; and the generator used (None if none was needed)."""
-    cfg, rows, gen_dir = plan.generate, plan.rows, plan.gen_dir
+    rows, gen_dir = plan.rows, plan.gen_dir
     size = plan.candidates.shard_size
     n_shards = math.ceil(len(rows) / size)
     mine = list(range(n_shards)) if owned is None else owned
@@ -325,8 +353,10 @@ def _judge_stage(
     side_by_side = 2 if getattr(judge_impl, "overlaps_shards", False) else 1
     done = total - sum(len(generated[s]) for s in todo)
     # closing: a stop below cancels the shards not yet started now, not when the traceback goes
-    with _bar(plan.candidates.progress, total, "judge", done=done) as bar, \
-            closing(judged_in_turn(todo, judge_one, side_by_side)) as judged:
+    with (
+        _bar(plan.candidates.progress, total, "judge", done=done) as bar,
+        closing(judged_in_turn(todo, judge_one, side_by_side)) as judged,
+    ):
         for s, out_rows in judged:
             tally = tally.plus(out_rows)
             check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
@@ -349,7 +379,9 @@ def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int]) -> list[dict]
     return rows
 
 
-def _check_inputs(rows: list[dict], prompt_column: str, generate: GenerateConfig, candidates: CandidatesConfig) -> None:
+def _check_inputs(
+    rows: list[dict], prompt_column: str, generate: GenerateConfig, candidates: CandidatesConfig
+) -> None:
     """What can be checked before any model loads: columns, and that k can reach min_candidates."""
     if not rows:
         raise ValueError("run_pipeline got no prompt rows")

@@ -77,8 +77,9 @@ def render_prompt(
         return Rendered(text, n, ids=ids)
     kept = None
     if overflow == "truncate" and templated:
-        kept, _ = fit_turns(as_messages(prompt), lambda m: len(prompt_token_ids(tokenizer, _text(tokenizer, m))),
-                            max_prompt_tokens)
+        kept, _ = fit_turns(
+            as_messages(prompt), lambda m: len(prompt_token_ids(tokenizer, _text(tokenizer, m))), max_prompt_tokens
+        )
     if kept is None:
         why = "" if overflow == "drop" else " (its last user turn alone does not fit)"
         return Rendered(None, n, reason=f"prompt has {n} tokens > max_prompt_tokens={max_prompt_tokens}{why}")

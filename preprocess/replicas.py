@@ -45,8 +45,7 @@ class ReplicaClient(OpenAIClient):
         if len(clients) < 2:
             raise ValueError(f"a ReplicaClient needs at least two servers, got {len(clients)}")
         first = clients[0]
-        super().__init__(", ".join(c.base_url for c in clients), timeout=first.timeout,
-                         max_retries=first.max_retries)
+        super().__init__(", ".join(c.base_url for c in clients), timeout=first.timeout, max_retries=first.max_retries)
         self.key_env = first.key_env
         self.clients = clients
         for c in clients:
@@ -79,12 +78,19 @@ class ReplicaClient(OpenAIClient):
                 with self._lock:
                     if k not in self.dead:
                         self.dead.add(k)
-                        LOG.warning(f"POFE: {self.clients[k].base_url} failed ({e.cause}); sending its requests to "
-                                    f"the other {len(self.clients) - len(self.dead)} server(s)")
+                        LOG.warning(
+                            f"POFE: {self.clients[k].base_url} failed ({e.cause}); sending its requests to "
+                            f"the other {len(self.clients) - len(self.dead)} server(s)"
+                        )
             finally:
                 with self._lock:
                     self.busy[k] -= 1
         if last is None:
             raise EndpointError(f"{self.base_url}/{route.lstrip('/')}", "every server failed earlier in this stage", 0)
-        raise EndpointError(last.url, f"{last.cause} (and every other server of {self.base_url} failed too)",
-                            last.tries, last.hint, transient=True)
+        raise EndpointError(
+            last.url,
+            f"{last.cause} (and every other server of {self.base_url} failed too)",
+            last.tries,
+            last.hint,
+            transient=True,
+        )

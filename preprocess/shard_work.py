@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from pofe.methods import Target
-
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig, Sampling
 from pofe.preprocess.dedupe import dedupe
 from pofe.preprocess.generators import Generator, finish_reason, sampled_ids
 from pofe.preprocess.judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
@@ -96,14 +95,24 @@ def render_shard(rows: list[dict], tokenizer, cfg: GenerateConfig, prompt_column
     """Each row's prompt rendered with the policy's chat template (`text` None: dropped, too
     long); the backend samples the live ones (`text` not None), in this order."""
     return [
-        render_prompt(tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow)
+        render_prompt(
+            tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow
+        )
         for r in rows
     ]
 
 
 def shard_rows(
-    rows: list[dict], first_index: int, rendered: list[Rendered], gen: list[list], generator: Generator, tokenizer,
-    cfg: GenerateConfig, prompt_column: str = "prompt", truncated: str = "drop", shard: Path | str | None = None,
+    rows: list[dict],
+    first_index: int,
+    rendered: list[Rendered],
+    gen: list[list],
+    generator: Generator,
+    tokenizer,
+    cfg: GenerateConfig,
+    prompt_column: str = "prompt",
+    truncated: str = "drop",
+    shard: Path | str | None = None,
 ) -> list[dict]:
     """A shard's rows (as `generate_shard` returns them) from its rendered prompts and `gen`,
     the backend's candidates for the live ones, in order."""
@@ -122,31 +131,50 @@ def shard_rows(
         # read that (PairRM, as the SPPO scripts feed it)
         # a prompt cut to fit max_prompt_tokens is the turns kept (`render_prompt`), so its rows train on them
         prompt = row[prompt_column] if r.messages is None else r.messages
-        rec: dict[str, Any] = {"index": first_index + i, "prompt": prompt, "rendered": r.text,
-                               "prompt_ids": r.ids}
+        rec: dict[str, Any] = {"index": first_index + i, "prompt": prompt, "rendered": r.text, "prompt_ids": r.ids}
         if r.text is None:
-            rec.update(candidates=[], sources=[], finish_reasons=[], candidate_ids=[], retokenized_differently=0,
-                       candidate_tokens=[], exact_dups=0, near_dups=0, empty=0, truncated_dropped=0, dropped=r.reason)
+            rec.update(
+                candidates=[],
+                sources=[],
+                finish_reasons=[],
+                candidate_ids=[],
+                retokenized_differently=0,
+                candidate_tokens=[],
+                exact_dups=0,
+                near_dups=0,
+                empty=0,
+                truncated_dropped=0,
+                dropped=r.reason,
+            )
         else:
-            dataset = [(text, col) for col in cfg.include_dataset_responses
-                       for text in column_texts(row, col, first_index + i)]
-            rec.update(_row_candidates(dataset, by_row[i], tokenizer, cfg, truncated), truncated=r.truncated,
-                       dropped=None)
+            dataset = [
+                (text, col)
+                for col in cfg.include_dataset_responses
+                for text in column_texts(row, col, first_index + i)
+            ]
+            rec.update(
+                _row_candidates(dataset, by_row[i], tokenizer, cfg, truncated), truncated=r.truncated, dropped=None
+            )
             rec["retokenized_differently"] = _retokenized_differently(tokenizer, row[prompt_column], rec)
         out.append(rec)
     return out
 
 
-def _row_candidates(dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig,
-                    truncated: str) -> dict[str, Any]:
+def _row_candidates(
+    dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig, truncated: str
+) -> dict[str, Any]:
     """One prompt's candidates (its dataset responses first, then the policy's), filtered:
     truncated ones (if asked), empty ones, duplicates; texts, sources, finish reasons and
     sampled ids are filtered together."""
     ids = [None] * len(dataset) + [
         None if sampled_ids(c) is None else content_ids(sampled_ids(c), finish_reason(c), tokenizer) for c in sampled
     ]
-    cols = ([t for t, _ in dataset] + [str(c) for c in sampled], [s for _, s in dataset] + ["policy"] * len(sampled),
-            [None] * len(dataset) + [finish_reason(c) for c in sampled], ids)
+    cols = (
+        [t for t, _ in dataset] + [str(c) for c in sampled],
+        [s for _, s in dataset] + ["policy"] * len(sampled),
+        [None] * len(dataset) + [finish_reason(c) for c in sampled],
+        ids,
+    )
     n = len(cols[0])
     if truncated == "drop":
         cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
@@ -160,9 +188,15 @@ def _row_candidates(dataset: list[tuple[str, str]], sampled: list, tokenizer, cf
         cols = _take(cols, kept)
     cands, sources, finish, ids = cols
     return dict(
-        candidates=cands, sources=sources, finish_reasons=finish, candidate_ids=ids,
+        candidates=cands,
+        sources=sources,
+        finish_reasons=finish,
+        candidate_ids=ids,
         candidate_tokens=[len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands],
-        exact_dups=exact, near_dups=near, empty=empty, truncated_dropped=cut,
+        exact_dups=exact,
+        near_dups=near,
+        empty=empty,
+        truncated_dropped=cut,
     )
 
 
@@ -177,7 +211,8 @@ def _retokenized_differently(tokenizer, prompt, rec: dict) -> int | None:
     end = end_of_turn_ids(tokenizer, messages, text)
     return sum(
         retokenized_ids(tokenizer, messages, text, c) != ids + end
-        for c, ids in zip(rec["candidates"], rec["candidate_ids"]) if ids is not None
+        for c, ids in zip(rec["candidates"], rec["candidate_ids"])
+        if ids is not None
     )
 
 
@@ -195,11 +230,14 @@ def _check_unicode(texts: list, generator: Generator, row: int, shard: Path | st
             str(text).encode("utf-8")
         except UnicodeEncodeError as e:
             client = getattr(generator, "client", None)
-            source = f"the server at {client.base_url}" if client is not None else \
-                f"the {getattr(generator, 'name', type(generator).__name__)} backend"
+            source = (
+                f"the server at {client.base_url}"
+                if client is not None
+                else f"the {getattr(generator, 'name', type(generator).__name__)} backend"
+            )
             raise ValueError(
                 f"{source} returned candidate {k} for dataset row {row}{f' (shard {shard})' if shard else ''} "
-                f"with invalid Unicode: {e.reason} at character {e.start} ({str(text)[max(0, e.start - 20):e.end]!r}). "
+                f"with invalid Unicode: {e.reason} at character {e.start} ({str(text)[max(0, e.start - 20) : e.end]!r}). "
                 "Text must be valid UTF-8: check the server's tokenizer and version (vLLM sends "
                 "U+FFFD for incomplete bytes), then run the stage again; finished shards are kept."
             ) from None
@@ -221,7 +259,10 @@ def column_texts(row: dict, col: str, index: int) -> list[str]:
 
 
 def judge_shard(
-    gen_rows: list[dict], judge: ScalarJudge | PairwiseJudge, target: Target, cfg: JudgeConfig,
+    gen_rows: list[dict],
+    judge: ScalarJudge | PairwiseJudge,
+    target: Target,
+    cfg: JudgeConfig,
     columns: list[dict] | None = None,
 ) -> list[dict]:
     """Score one shard. Abstained candidates are removed (and counted per row).
@@ -239,8 +280,12 @@ def judge_shard(
         live_columns = [by_index[r["index"]] for r in live]
     # generate shards from before `rendered` was recorded lack it: only a judge that reads it needs it
     verdicts = apply_judge(
-        judge, [r["prompt"] for r in live], [r.get("rendered") for r in live], [r["candidates"] for r in live],
-        columns=live_columns, rows=[r["index"] for r in live],
+        judge,
+        [r["prompt"] for r in live],
+        [r.get("rendered") for r in live],
+        [r["candidates"] for r in live],
+        columns=live_columns,
+        rows=[r["index"] for r in live],
     )
     out_by_index: dict[int, dict] = {}
     if is_pairwise(judge):

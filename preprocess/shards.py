@@ -8,13 +8,14 @@ line boundary, emptied, edited) is caught on resume by the checks below and redo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
-
-T = TypeVar("T")
+from typing import TypeVar
 
 from pofe.files import read_jsonl
+
+T = TypeVar("T")
 
 
 def shard_path(stage_dir: Path, index: int) -> Path:

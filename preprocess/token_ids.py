@@ -42,8 +42,10 @@ def end_of_turn_ids(tokenizer, messages: list[dict[str, Any]], prompt: str) -> l
     turn = response_text(tokenizer, messages, prompt, SENTINEL)
     at = turn.rfind(SENTINEL)
     if at < 0:
-        raise ValueError("the chat template does not write the assistant's content as given; POFE cannot tell "
-                         "where a response ends and the template's end of turn begins")
+        raise ValueError(
+            "the chat template does not write the assistant's content as given; POFE cannot tell "
+            "where a response ends and the template's end of turn begins"
+        )
     return tokenizer(turn[at + len(SENTINEL) :], add_special_tokens=False)["input_ids"]
 
 

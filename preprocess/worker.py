@@ -38,16 +38,25 @@ def main(spec_path: str, worker: int, parent_pid: int) -> None:
     shards = owned_shards(worker, n, math.ceil(len(plan.rows) / plan.candidates.shard_size))
     print(f"POFE candidate worker {worker} of {n} (pid {os.getpid()}): shards {shards}", flush=True)
     folder = Path(spec_path).parent
-    done = run_stages(plan, owned=shards, tokenizer=spec["tokenizer"], stop_after=spec["stop_after"],
-                      workdir=folder / f"worker-{worker}")
-    write_report(folder, worker, {
-        "worker": worker,
-        "shards": shards,
-        "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "redone": done.redone,
-        "timings": done.timings,
-        "requests": done.requests,
-    })
+    done = run_stages(
+        plan,
+        owned=shards,
+        tokenizer=spec["tokenizer"],
+        stop_after=spec["stop_after"],
+        workdir=folder / f"worker-{worker}",
+    )
+    write_report(
+        folder,
+        worker,
+        {
+            "worker": worker,
+            "shards": shards,
+            "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "redone": done.redone,
+            "timings": done.timings,
+            "requests": done.requests,
+        },
+    )
 
 
 if __name__ == "__main__":

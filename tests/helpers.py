@@ -64,8 +64,9 @@ def recipe(tmp_path: Path, model: Path, method: str, data: Path, dtype: str, **o
     return path
 
 
-def run_axolotl(*args: str, cwd: Path | None = None, check: bool = True,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_axolotl(
+    *args: str, cwd: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run the real `axolotl` CLI of this environment (in-process launcher: 2 CPUs); `env`
     is added to its environment."""
     axolotl = Path(sys.executable).parent / "axolotl"
@@ -73,13 +74,15 @@ def run_axolotl(*args: str, cwd: Path | None = None, check: bool = True,
     env = {**os.environ, **AXOLOTL_ENV, **(env or {})}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(
-        [str(axolotl), *args, *extra], cwd=cwd, env=env, capture_output=True, text=True,
+        [str(axolotl), *args, *extra],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=600,
     )
     if check and proc.returncode != 0:
-        raise AssertionError(
-            f"axolotl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-        )
+        raise AssertionError(f"axolotl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return proc
 
 
@@ -165,8 +168,9 @@ def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
     from pofe.run.rounds.loop import prepare_prompts
     from pofe.run.rounds.runner import StageRunner
 
-    cfg = DictDefault({"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})],
-                       "pofe": pofe})
+    cfg = DictDefault(
+        {"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})], "pofe": pofe}
+    )
     folder = RunFolder(tmp_path / "run")
     state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method=method)
     said: list[str] = []

@@ -53,8 +53,9 @@ class HubServer:
                 repo_type = kind[:-1]
                 if action == "preupload":
                     paths = [f["path"] for f in json.loads(body)["files"]]
-                    return self._reply(200, {"files": [
-                        {"path": p, "uploadMode": "regular", "shouldIgnore": False} for p in paths]})
+                    return self._reply(
+                        200, {"files": [{"path": p, "uploadMode": "regular", "shouldIgnore": False} for p in paths]}
+                    )
                 lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
                 header = next(x["value"] for x in lines if x["key"] == "header")
                 stored = server.files.setdefault((repo_type, repo_id), {})
@@ -63,13 +64,16 @@ class HubServer:
                         stored[x["value"]["path"]] = base64.b64decode(x["value"]["content"])
                 server.commits.append({"repo": (repo_type, repo_id), "summary": header["summary"]})
                 oid = f"{len(server.commits):040x}"
-                return self._reply(200, {"commitUrl": f"{server.url}/{repo_id}/commit/{oid}",
-                                         "commitOid": oid, "pullRequestUrl": None})
+                return self._reply(
+                    200,
+                    {"commitUrl": f"{server.url}/{repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None},
+                )
 
             def do_GET(self):
                 if self.path == "/api/whoami-v2":  # axolotl checks the token before it starts
-                    return self._reply(200, {"name": "pofe-test", "type": "user",
-                                             "auth": {"accessToken": {"role": "write"}}})
+                    return self._reply(
+                        200, {"name": "pofe-test", "type": "user", "auth": {"accessToken": {"role": "write"}}}
+                    )
                 server.unknown.append(f"GET {self.path}")
                 self._reply(404, {"error": "unknown"})
 

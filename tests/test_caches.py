@@ -7,7 +7,6 @@ import os
 from types import SimpleNamespace
 
 import yaml
-
 from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault
@@ -42,10 +41,8 @@ def test_a_small_prepared_dataset_is_saved_in_process_and_loaded_back(tmp_path, 
     of one process to do it); axolotl's `load_preprocessed_dataset` finds them at its own path,
     so the second load prepares nothing, and the rows are the ones prepared. No process starts."""
     import multiprocess  # datasets' pools (dill's multiprocessing)
-
-    from transformers import AutoTokenizer
-
     from axolotl.utils.data.shared import get_prepared_dataset_path
+    from transformers import AutoTokenizer
 
     from pofe.data import loader
 
@@ -92,8 +89,14 @@ def test_local_files_digest_covers_folders_and_skips_hub_names(tmp_path):
 def _token_rows(responses=((5, 6), (7,))):
     from datasets import Dataset
 
-    return Dataset.from_dict({"row_id": [0], "prompt_ids": [[1, 2]], "response_ids": [[list(r) for r in responses]],
-                              "win_rates": [[1.0, 0.0]]})
+    return Dataset.from_dict(
+        {
+            "row_id": [0],
+            "prompt_ids": [[1, 2]],
+            "response_ids": [[list(r) for r in responses]],
+            "win_rates": [[1.0, 0.0]],
+        }
+    )
 
 
 def _anchor_for(tmp_path, base_model, calls, step=0):
@@ -192,7 +195,9 @@ def test_nan_anchor_table_is_refused_at_load_naming_the_file(tmp_path):
     torch.save(torch.tensor([[-1.0, -2.0, float("nan")]]), path)  # (1, 3): column 2 is padding
     assert anchor._load_or_compute("policy").shape == (1, 3)
     torch.save(torch.tensor([[-1.0, float("nan")]]), path)
-    with pytest.raises(ValueError, match=rf"anchor table {path} has no finite log-prob for rows \(row_id\) 0.*Delete the file"):
+    with pytest.raises(
+        ValueError, match=rf"anchor table {path} has no finite log-prob for rows \(row_id\) 0.*Delete the file"
+    ):
         _anchor_for(tmp_path, tmp_path / "absent-model", calls)._load_or_compute("policy")
     assert calls == []
 
@@ -252,4 +257,7 @@ def test_preparing_rows_warns_about_opposite_labels_and_keeps_only_training_colu
     finally:
         LOG.logger.removeHandler(caplog.handler)
     assert len(dataset) == 2 and not {"prompt_key", "response_keys", "keep"} & set(dataset.column_names)
-    assert "1 of 2 rows of" in caplog.text and "opposite order to an earlier row with the same prompt (rows (0, 1))" in caplog.text
+    assert (
+        "1 of 2 rows of" in caplog.text
+        and "opposite order to an earlier row with the same prompt (rows (0, 1))" in caplog.text
+    )

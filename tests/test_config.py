@@ -11,8 +11,10 @@ from pofe.args import PofeArgs, PofeConfig, pofe_config, translate_raw_config
 def test_rl_moves_under_pofe_with_dataset_fields():
     cfg = {
         "rl": "sppo",
-        "datasets": [{"path": "a.jsonl", "type": "pofe.sppo", "field_prompt": "q"},
-                     {"path": "b.jsonl", "type": "pofe.pairs"}],
+        "datasets": [
+            {"path": "a.jsonl", "type": "pofe.sppo", "field_prompt": "q"},
+            {"path": "b.jsonl", "type": "pofe.pairs"},
+        ],
     }
     translate_raw_config(cfg)
     assert "rl" not in cfg
@@ -33,14 +35,19 @@ def test_other_rl_values_are_left_to_axolotl():
 
 
 def test_unknown_rl_names_both_vocabularies():
-    with pytest.raises(ValueError, match=r"unknown `rl: rrfh`: POFE adds \['rrhf', 'sppo'\]; axolotl itself knows \[.*'dpo'"):
+    with pytest.raises(
+        ValueError, match=r"unknown `rl: rrfh`: POFE adds \['rrhf', 'sppo'\]; axolotl itself knows \[.*'dpo'"
+    ):
         translate_raw_config({"rl": "rrfh"})
 
 
 def test_dataset_type_must_feed_the_method():
     with pytest.raises(ValidationError, match=r"datasets\[0\] \(s.jsonl\): type pofe.sppo feeds sppo, not `rl: rrhf`"):
         PofeArgs.model_validate({"rl": "rrhf", "datasets": [{"path": "s.jsonl", "type": "pofe.sppo"}]})
-    with pytest.raises(ValidationError, match=r"type 'alpaca' is not a POFE dataset type; with `rl: sppo` use one of \['pofe.prompts', 'pofe.pairs', 'pofe.sppo', 'pofe.sppo_ucla'\]"):
+    with pytest.raises(
+        ValidationError,
+        match=r"type 'alpaca' is not a POFE dataset type; with `rl: sppo` use one of \['pofe.prompts', 'pofe.pairs', 'pofe.sppo', 'pofe.sppo_ucla'\]",
+    ):
         PofeArgs.model_validate({"rl": "sppo", "datasets": [{"path": "x", "type": "alpaca"}]})
 
 

@@ -30,9 +30,7 @@ def tiny_dir(tmp_path: Path) -> Path:
 # --- tokenizer and model ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "text", ["12+7=", "Hello,  world .\n", "  leading and trailing  ", "a<b>c {x} ~`|\\"]
-)
+@pytest.mark.parametrize("text", ["12+7=", "Hello,  world .\n", "  leading and trailing  ", "a<b>c {x} ~`|\\"])
 def test_tokenizer_round_trips_ascii(tiny_dir: Path, text: str) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     ids = tok.encode(text, add_special_tokens=False)

@@ -32,12 +32,14 @@ def _rows(first_id: int, count: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     ids = lambda n: torch.randint(4, 30, (n,), generator=g).tolist()  # noqa: E731
     responses = [[ids(2 + j) for j in range(2 + i % 2)] for i in range(count)]
-    return Dataset.from_dict({
-        "row_id": list(range(first_id, first_id + count)),
-        "prompt_ids": [ids(3 + i % 3) for i in range(count)],
-        "response_ids": responses,
-        "win_rates": [[0.5] * len(r) for r in responses],
-    })
+    return Dataset.from_dict(
+        {
+            "row_id": list(range(first_id, first_id + count)),
+            "prompt_ids": [ids(3 + i % 3) for i in range(count)],
+            "response_ids": responses,
+            "win_rates": [[0.5] * len(r) for r in responses],
+        }
+    )
 
 
 def _anchor_trainer(model_path, prep, is_main, calls):
@@ -111,8 +113,10 @@ def _worker(rank, store, model_path, prep, out):
         first = sum(METRIC_SPLIT[:rank])
         rank_rows = slice(first, first + METRIC_SPLIT[rank])
         metrics = {**_log_stats(rank_rows, training=True), **_log_stats(rank_rows, training=False)}
-        torch.save({"table": table, "loaded": loaded, "calls": calls, "seconds": seconds, "metrics": metrics},
-                   f"{out}/rank{rank}.pt")
+        torch.save(
+            {"table": table, "loaded": loaded, "calls": calls, "seconds": seconds, "metrics": metrics},
+            f"{out}/rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 

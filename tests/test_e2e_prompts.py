@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from tests.helpers import log_history, recipe, run_axolotl
 from pofe.demo.task import answer, make_prompts, reward
 from pofe.preprocess import bradley_terry_preferences, win_rates
+from tests.helpers import log_history, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
@@ -24,8 +24,14 @@ def prompts_file(tmp_path):
 def pofe_block(method):
     return {
         # the dataset's reference answer joins the sampled candidates, as in the RRHF paper
-        "generate": {"backend": "transformers", "num_candidates": 3, "temperature": 1.0,
-                     "max_new_tokens": 4, "seed": 0, "include_dataset_responses": ["answer"]},
+        "generate": {
+            "backend": "transformers",
+            "num_candidates": 3,
+            "temperature": 1.0,
+            "max_new_tokens": 4,
+            "seed": 0,
+            "include_dataset_responses": ["answer"],
+        },
         "judge": {"type": "python", "function": "pofe.demo.task:reward"},
         **({"eta": 10.0} if method == "sppo" else {}),
     }
@@ -35,8 +41,16 @@ def pofe_block(method):
 @pytest.mark.parametrize("method", ["rrhf", "sppo"])
 def test_prompts_to_trained_model(tmp_path, tiny_model, method):
     data, prompts = prompts_file(tmp_path)
-    cfg = recipe(tmp_path, tiny_model, method, data, "pofe.prompts", pofe=pofe_block(method),
-                 micro_batch_size=4, learning_rate=1e-3)
+    cfg = recipe(
+        tmp_path,
+        tiny_model,
+        method,
+        data,
+        "pofe.prompts",
+        pofe=pofe_block(method),
+        micro_batch_size=4,
+        learning_rate=1e-3,
+    )
     run_axolotl("preprocess", str(cfg))
 
     (cand_dir,) = (tmp_path / "prepared").glob("pofe-candidates-*")

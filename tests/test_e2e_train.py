@@ -37,8 +37,11 @@ def load_policy(path, quantized: bool = False):
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32, bnb_4bit_use_double_quant=True,
-            bnb_4bit_quant_type="nf4", bnb_4bit_quant_storage=torch.bfloat16,
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=torch.float32,
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_quant_storage=torch.bfloat16,
         )
     if (path / "adapter_config.json").exists():
         from peft import AutoPeftModelForCausalLM
@@ -148,10 +151,8 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     # LoRA's 1e-2 sits at the edge of stability for SPPO: the share below fell to 0.51-0.68
     # (LoRA) and 0.56-0.64 (QLoRA, seeds 0-2) over recipe seeds 0-4; half of it holds
     adapter_lr = {"learning_rate": 5e-3}
-    extra = {"full": {"learning_rate": 1e-3}, "lora": {**LORA, **adapter_lr},
-             "qlora": {**QLORA, **adapter_lr}}[mode]
-    cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0},
-                 num_epochs=2, **extra)
+    extra = {"full": {"learning_rate": 1e-3}, "lora": {**LORA, **adapter_lr}, "qlora": {**QLORA, **adapter_lr}}[mode]
+    cfg = recipe(tmp_path, tiny_model, "sppo", sppo_jsonl, "pofe.sppo", pofe={"eta": 10.0}, num_epochs=2, **extra)
     proc = run_axolotl("train", str(cfg))
 
     out = tmp_path / "out"
@@ -186,8 +187,17 @@ def test_rrhf_reads_its_weights_from_the_recipe(tmp_path, tiny_model, rrhf_jsonl
     """Non-default pofe: keys reach the trainer through axolotl's TrainingArguments: the
     logged loss is rank_weight * rank + ft, and the saved arguments hold the recipe's values."""
     pofe = {"rank_weight": 0.25, "margin": 0.5, "length_penalty": 0.5}
-    cfg = recipe(tmp_path, tiny_model, "rrhf", rrhf_jsonl, "pofe.rrhf", pofe=pofe, max_steps=2,
-                 save_strategy="steps", save_steps=2)
+    cfg = recipe(
+        tmp_path,
+        tiny_model,
+        "rrhf",
+        rrhf_jsonl,
+        "pofe.rrhf",
+        pofe=pofe,
+        max_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+    )
     run_axolotl("train", str(cfg))
     steps = check_finite(log_history(tmp_path / "out"), RRHF_KEYS)
     for h in steps:
@@ -218,8 +228,9 @@ def test_sppo_hard_on_pairs_starts_at_eta_squared_over_two(tmp_path, tiny_model)
     rows = [{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": "no"} for a in range(8)]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = recipe(tmp_path, tiny_model, "sppo", data, "pofe.pairs",
-                 pofe={"eta": 10.0, "sppo_loss": "hard"}, learning_rate=1e-3)
+    cfg = recipe(
+        tmp_path, tiny_model, "sppo", data, "pofe.pairs", pofe={"eta": 10.0, "sppo_loss": "hard"}, learning_rate=1e-3
+    )
     run_axolotl("train", str(cfg))
     steps = check_finite(log_history(tmp_path / "out"), ["sppo/chosen_logratio", "sppo/rejected_logratio"])
     assert len(steps) == 2

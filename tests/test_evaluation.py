@@ -83,8 +83,9 @@ def test_judge_models_with_a_python_judge():
     prompts = ["1+2=", "3+4="]
     rendered = [f"<|user|>{p}<|assistant|>" for p in prompts]
     texts = [[["3", "x"], ["2", "3"]], [["7", "7"], ["9", "8"]]]  # (P=2, M=2, S=2)
-    out = judge_models(make_judge(JudgeConfig(type="python", function="pofe.demo.task:reward")), prompts, rendered,
-                       texts)
+    out = judge_models(
+        make_judge(JudgeConfig(type="python", function="pofe.demo.task:reward")), prompts, rendered, texts
+    )
     # rewards: "3" right (1.0), "x" not a number (0), "2" off by one (0.25), "9" off by 2 (1/6), "8" (0.25)
     got = torch.tensor(out["rewards"], dtype=torch.float64)
     want = torch.tensor([[[1.0, 0.0], [0.25, 1.0]], [[1.0, 1.0], [0.5 / 3, 0.25]]], dtype=torch.float64)

@@ -28,7 +28,9 @@ def test_rrhf_row_canonical_form():
 
 def test_chat_messages_and_ranks_and_custom_columns():
     fmt = RowFormat(
-        dataset="d", type="pofe.rrhf", method="rrhf",
+        dataset="d",
+        type="pofe.rrhf",
+        method="rrhf",
         fields={"field_prompt": "q", "field_responses": "answers", "field_ranks": "rank"},
     )
     raw = {
@@ -53,16 +55,23 @@ def test_pairs_map_to_rewards_and_win_rates():
 
 def test_sppo_authors_layout():
     fmt = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
-    raw = {"prompt": "p", "chosen": "a", "rejected": "b", "chosen_probs": 0.7,
-           "chosen_probs_win": 0.62, "chosen_probs_lose": 0.41}
+    raw = {
+        "prompt": "p",
+        "chosen": "a",
+        "rejected": "b",
+        "chosen_probs": 0.7,
+        "chosen_probs_win": 0.62,
+        "chosen_probs_lose": 0.41,
+    }
     row = normalize_row(raw, 0, fmt)
     assert row["win_rates"] == [0.62, 0.41]
     assert row["anchor_logps"] is None
 
 
 def test_sppo_anchor_column_used_as_given():
-    row = normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
-                         "anchor_logps": [-3.5, -7.25]}, 0, SPPO)
+    row = normalize_row(
+        {"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3], "anchor_logps": [-3.5, -7.25]}, 0, SPPO
+    )
     assert row["anchor_logps"] == [-3.5, -7.25]
 
 
@@ -90,9 +99,11 @@ def test_bad_rrhf_rows_name_dataset_row_field(raw, message):
 
 @pytest.mark.parametrize(
     "win_rates,message",
-    [([0.5, 1.2], "field 'win_rates[1]': win rate 1.2 is outside [0, 1]"),
-     ([-0.1, 0.5], "field 'win_rates[0]': win rate -0.1 is outside [0, 1]"),
-     ([0.5], "field 'win_rates': 1 values for 2 responses")],
+    [
+        ([0.5, 1.2], "field 'win_rates[1]': win rate 1.2 is outside [0, 1]"),
+        ([-0.1, 0.5], "field 'win_rates[0]': win rate -0.1 is outside [0, 1]"),
+        ([0.5], "field 'win_rates': 1 values for 2 responses"),
+    ],
 )
 def test_bad_win_rates(win_rates, message):
     with pytest.raises(PofeDataError, match="dataset data/s.jsonl, row 3") as err:
@@ -120,34 +131,43 @@ def test_bad_row_fails_axolotl_preprocess_with_the_row(tmp_path, tiny_model):
     cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf")
     proc = run_axolotl("preprocess", str(cfg), check=False)
     assert proc.returncode != 0
-    assert (
-        f"dataset {data}, row 2 (0-based), field 'rewards[1]': expected a number, got None"
-        in proc.stderr
-    )
+    assert f"dataset {data}, row 2 (0-based), field 'rewards[1]': expected a number, got None" in proc.stderr
 
 
 def test_conversational_responses_take_the_final_assistant_turn():
     fmt = RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={})
-    conv = lambda text: [{"role": "user", "content": "p"}, {"role": "assistant", "content": text}]
+
+    def conv(text):
+        return [{"role": "user", "content": "p"}, {"role": "assistant", "content": text}]
+
     row = normalize_row({"prompt": "p", "chosen": conv("good"), "rejected": conv("bad")}, 0, fmt)
     assert [m["content"] for m in row["responses"]] == ["good", "bad"]
-    with pytest.raises(PofeDataError, match="field 'rejected': a response message must have role 'assistant', not 'user'"):
+    with pytest.raises(
+        PofeDataError, match="field 'rejected': a response message must have role 'assistant', not 'user'"
+    ):
         normalize_row({"prompt": "p", "chosen": conv("a"), "rejected": conv("b")[:1]}, 0, fmt)
 
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]
 
 BAD_CONTENT = [
-    (good_rrhf(prompt=[{"role": "user", "content": None}]),
-     "field 'prompt[0].content': expected text, got None. Give every message its text"),
-    (good_rrhf(prompt=[CHAT[0], {"role": "user", "content": " "}]),
-     "field 'prompt[1].content': the message is empty"),
-    (good_rrhf(prompt=CHAT + [{"role": "assistant", "content": "4"}]),
-     "field 'prompt[2]': the prompt ends with an assistant turn. End the prompt with"),
-    (good_rrhf(responses=["4", {"role": "assistant", "content": None}, "3"]),
-     "field 'responses[1]': expected text or an assistant message, got NoneType"),
-    (good_rrhf(responses=["4", {"role": "assistant", "content": ""}, "3"]),
-     "field 'responses[1]': the response is empty"),
+    (
+        good_rrhf(prompt=[{"role": "user", "content": None}]),
+        "field 'prompt[0].content': expected text, got None. Give every message its text",
+    ),
+    (good_rrhf(prompt=[CHAT[0], {"role": "user", "content": " "}]), "field 'prompt[1].content': the message is empty"),
+    (
+        good_rrhf(prompt=CHAT + [{"role": "assistant", "content": "4"}]),
+        "field 'prompt[2]': the prompt ends with an assistant turn. End the prompt with",
+    ),
+    (
+        good_rrhf(responses=["4", {"role": "assistant", "content": None}, "3"]),
+        "field 'responses[1]': expected text or an assistant message, got NoneType",
+    ),
+    (
+        good_rrhf(responses=["4", {"role": "assistant", "content": ""}, "3"]),
+        "field 'responses[1]': the response is empty",
+    ),
 ]
 
 
@@ -164,10 +184,15 @@ def test_none_or_empty_content_and_trailing_assistant_turn(raw, message):
 def test_duplicate_responses_with_conflicting_labels():
     with pytest.raises(PofeDataError) as err:
         normalize_row(good_rrhf(responses=["4", "5", "4"], rewards=[1.0, 0.2, 0.0]), 1, RRHF)
-    assert ("row 1 (0-based), field 'responses[2]': the same text as responses[0] but "
-            "rewards 0.0 vs 1.0. Remove the duplicate") in str(err.value)
-    with pytest.raises(PofeDataError, match=r"field 'responses\[1\]': the same text as "
-                       r"responses\[0\] but win rates 0.3 vs 0.7"):
+    assert (
+        "row 1 (0-based), field 'responses[2]': the same text as responses[0] but "
+        "rewards 0.0 vs 1.0. Remove the duplicate"
+    ) in str(err.value)
+    with pytest.raises(
+        PofeDataError,
+        match=r"field 'responses\[1\]': the same text as "
+        r"responses\[0\] but win rates 0.3 vs 0.7",
+    ):
         normalize_row({"prompt": "p", "responses": ["a", "a"], "win_rates": [0.7, 0.3]}, 0, SPPO)
     pairs = RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={})
     with pytest.raises(PofeDataError, match="field 'rejected': the same text as chosen"):
@@ -182,16 +207,20 @@ def test_labels_checked_in_float32():
     with pytest.raises(PofeDataError, match=r"field 'rewards\[1\]': 1e\+39 overflows float32"):
         normalize_row(good_rrhf(rewards=[1.0, 1e39, 0.3]), 0, RRHF)
     with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[0\]': -1e\+39 overflows"):
-        normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
-                       "anchor_logps": [-1e39, -2.0]}, 0, SPPO)
+        normalize_row(
+            {"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3], "anchor_logps": [-1e39, -2.0]}, 0, SPPO
+        )
     for bad in (math.nan, -math.inf):  # bad case 5 of issue 20: refused already when rows are read
         with pytest.raises(PofeDataError, match=rf"row 0.*field 'anchor_logps\[1\]': {bad} is not finite"):
-            normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3],
-                           "anchor_logps": [-1.0, bad]}, 0, SPPO)
+            normalize_row(
+                {"prompt": "p", "responses": ["a", "b"], "win_rates": [0.7, 0.3], "anchor_logps": [-1.0, bad]}, 0, SPPO
+            )
     with pytest.raises(PofeDataError) as err:
         normalize_row(good_rrhf(rewards=[1e8 + 1, 1e8, 0.0]), 0, RRHF)
-    assert ("field 'responses[1]': reward 100000000.0 differs from responses[0]'s "
-            "100000001.0 but both are 100000000.0 in float32") in str(err.value)
+    assert (
+        "field 'responses[1]': reward 100000000.0 differs from responses[0]'s "
+        "100000001.0 but both are 100000000.0 in float32"
+    ) in str(err.value)
     # float64 rounding noise is not a ranking: 0.1 + 0.2 and 0.3 tie, as meant
     assert normalize_row(good_rrhf(rewards=[0.1 + 0.2, 0.3, 0.0]), 0, RRHF)["rewards"][1] == 0.3
 
@@ -207,8 +236,10 @@ def test_rows_with_all_equal_rewards_are_counted_and_warned(caplog):
         assert _warn_equal_labels([[1.0, 1.0], [1.0, 0.0], [0.5, 0.5, 0.5]], "d.jsonl", RRHF) == 2
     finally:
         LOG.logger.removeHandler(caplog.handler)
-    assert ("2 of 3 rows of d.jsonl have all-equal rewards; RRHF learns no ranking from them, only SFT "
-            "on their first response") in caplog.text
+    assert (
+        "2 of 3 rows of d.jsonl have all-equal rewards; RRHF learns no ranking from them, only SFT "
+        "on their first response"
+    ) in caplog.text
     assert _warn_equal_labels([[1.0, 0.0]], "d.jsonl", RRHF) == 0
 
 
@@ -216,19 +247,25 @@ def test_jsonl_mixing_strings_and_messages_reads_back_as_written(tmp_path):
     """`datasets` reads such a column as JSON and keeps strings that parse as JSON
     unencoded: "32" came back as the int 32 and the valid row was rejected."""
     from axolotl.utils.dict import DictDefault
+
     from pofe.data.sources import load_entry
 
     rows = [
         {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1.0, 0.0]},
-        {"prompt": [{"role": "user", "content": "8*4="}],
-         "responses": ["32", {"role": "assistant", "content": "null"}], "rewards": [1.0, 0.0]},
+        {
+            "prompt": [{"role": "user", "content": "8*4="}],
+            "responses": ["32", {"role": "assistant", "content": "null"}],
+            "rewards": [1.0, 0.0],
+        },
     ]
     data = tmp_path / "mixed.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     raw = load_entry(DictDefault(path=str(data), type="pofe.rrhf"), False)
     assert list(raw) == rows
     assert normalize_row(list(raw)[1], 1, RRHF)["responses"] == [
-        {"role": "assistant", "content": "32"}, {"role": "assistant", "content": "null"}]
+        {"role": "assistant", "content": "32"},
+        {"role": "assistant", "content": "null"},
+    ]
     assert list(load_entry(DictDefault(path=str(data), split="train[1:]"), False)) == rows[1:]
 
 
@@ -255,11 +292,13 @@ def test_invalid_unicode_in_jsonl_names_the_file_and_line(tmp_path):
     from pofe.data.sources import read_json_rows
 
     data = tmp_path / "bad.jsonl"
-    emoji = good_rrhf(responses=["ok \U0001F600", "b", "c"])
+    emoji = good_rrhf(responses=["ok \U0001f600", "b", "c"])
     data.write_text(json.dumps(good_rrhf()) + "\n" + json.dumps(emoji) + "\n")  # ensure_ascii: \ud83d\ude00
-    assert read_json_rows(data)[1]["responses"][0] == "ok \U0001F600"
+    assert read_json_rows(data)[1]["responses"][0] == "ok \U0001f600"
     data.write_text(json.dumps(good_rrhf()) + "\n" + json.dumps(good_rrhf(responses=["a", "half \ud800", "c"])) + "\n")
-    with pytest.raises(PofeDataError, match=rf"dataset {data}, line 2, field 'responses\[1\]': surrogates not allowed"):
+    with pytest.raises(
+        PofeDataError, match=rf"dataset {data}, line 2, field 'responses\[1\]': surrogates not allowed"
+    ):
         read_json_rows(data)
     data.write_text(json.dumps([good_rrhf(responses=["\udfff", "b", "c"])]))
     with pytest.raises(PofeDataError, match=r"row 0 \(0-based\), field 'responses\[0\]'"):
@@ -300,8 +339,9 @@ def test_sppo_authors_scored_parquet_without_a_prompt_column(tmp_path):
     assert row["prompt"] == [{"role": "user", "content": "What is 2+2?"}]
     assert row["responses"] == [{"role": "assistant", "content": "4"}, {"role": "assistant", "content": "5"}]
     sig = 1 / (1 + math.exp(-1))
-    assert row["win_rates"] == pytest.approx([(0.5 + 3 * sig + 1 / (1 + math.exp(-2))) / 5,
-                                              (1 / (1 + math.exp(2)) + 3 * (1 - sig) + 0.5) / 5], abs=1e-12)
+    assert row["win_rates"] == pytest.approx(
+        [(0.5 + 3 * sig + 1 / (1 + math.exp(-2))) / 5, (1 / (1 + math.exp(2)) + 3 * (1 - sig) + 0.5) / 5], abs=1e-12
+    )
 
 
 def test_sppo_authors_rows_whose_conversations_disagree_or_are_not_conversations():
@@ -320,8 +360,10 @@ def test_an_unknown_role_is_refused_naming_the_message():
     prompt = [{"role": "system", "content": "be brief"}, {"role": "usr", "content": "hi"}]
     with pytest.raises(PofeDataError) as err:
         normalize_row(good_rrhf(prompt=prompt), 3, RRHF)
-    assert ("dataset data/c.jsonl, row 3 (0-based), field 'prompt[1].role': unknown role 'usr'. Use one of "
-            "['system', 'user', 'assistant', 'tool']") in str(err.value)
+    assert (
+        "dataset data/c.jsonl, row 3 (0-based), field 'prompt[1].role': unknown role 'usr'. Use one of "
+        "['system', 'user', 'assistant', 'tool']"
+    ) in str(err.value)
 
 
 def test_prompts_entry_refuses_an_unknown_role_before_generation():
@@ -337,24 +379,33 @@ def test_prompts_entry_refuses_an_unknown_role_before_generation():
 
 def test_a_tool_call_response_says_what_it_is():
     tool_call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}
-    with pytest.raises(PofeDataError, match=r"row 0 \(0-based\), field 'responses\[1\]': the response is a tool "
-                       r"call \(tool_calls\) with no text; .*does not support tool calls as a response"):
+    with pytest.raises(
+        PofeDataError,
+        match=r"row 0 \(0-based\), field 'responses\[1\]': the response is a tool "
+        r"call \(tool_calls\) with no text; .*does not support tool calls as a response",
+    ):
         normalize_row(good_rrhf(responses=["4", tool_call, "3"]), 0, RRHF)
     # text beside a tool call is a text response, trained on as such
     with_text = dict(tool_call, content="let me add")
-    assert normalize_row(good_rrhf(responses=["4", with_text, "3"]), 0, RRHF)["responses"][1]["content"] == "let me add"
+    assert (
+        normalize_row(good_rrhf(responses=["4", with_text, "3"]), 0, RRHF)["responses"][1]["content"] == "let me add"
+    )
 
 
 def test_negative_ranks_and_positive_anchor_log_probs_are_refused():
-    with pytest.raises(PofeDataError, match=r"row 2 \(0-based\), field 'ranks\[1\]': rank -3 is negative.*field_rewards"):
+    with pytest.raises(
+        PofeDataError, match=r"row 2 \(0-based\), field 'ranks\[1\]': rank -3 is negative.*field_rewards"
+    ):
         normalize_row({"prompt": "p", "responses": ["a", "b"], "ranks": [1, -3]}, 2, RRHF)
     assert normalize_row({"prompt": "p", "responses": ["a", "b"], "ranks": [0, 1]}, 2, RRHF)["rewards"] == [0.0, -1.0]
     with pytest.raises(PofeDataError, match=r"field 'anchor_logps\[1\]': log-prob 0.5 is positive"):
-        normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4],
-                       "anchor_logps": [-3.5, 0.5]}, 0, SPPO)
+        normalize_row(
+            {"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4], "anchor_logps": [-3.5, 0.5]}, 0, SPPO
+        )
     # 0 (probability 1) and float32 rounding just above it pass
-    row = normalize_row({"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4],
-                         "anchor_logps": [0.0, 1e-6]}, 0, SPPO)
+    row = normalize_row(
+        {"prompt": "p", "responses": ["a", "b"], "win_rates": [0.6, 0.4], "anchor_logps": [0.0, 1e-6]}, 0, SPPO
+    )
     assert row["anchor_logps"] == [0.0, 1e-6]
 
 
@@ -367,20 +418,31 @@ def test_rows_with_opposite_labels_or_a_reversed_ucla_pair_are_counted_and_warne
     from pofe.data.label_checks import text_keys
     from pofe.data.loader import LOG, _warn_suspicious_labels
 
-    rows = [good_rrhf(), good_rrhf(prompt="3+3="), good_rrhf(rewards=[0.2, 1.0, 0.3]), good_rrhf(rewards=[5.0, 1.0, 2.0])]
+    rows = [
+        good_rrhf(),
+        good_rrhf(prompt="3+3="),
+        good_rrhf(rewards=[0.2, 1.0, 0.3]),
+        good_rrhf(rewards=[5.0, 1.0, 2.0]),
+    ]
     canonical = [normalize_row(r, n, RRHF) for n, r in enumerate(rows)]
     part = Dataset.from_list([{**text_keys(c), "rewards": c["rewards"]} for c in canonical])
     LOG.logger.addHandler(caplog.handler)
     try:
         assert _warn_suspicious_labels(part, RRHF, "rewards") == (1, 0)
-        ucla = Dataset.from_list([{"prompt_key": str(n), "response_keys": ["c", "r"], "win_rates": w}
-                                  for n, w in enumerate([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])])
+        ucla = Dataset.from_list(
+            [
+                {"prompt_key": str(n), "response_keys": ["c", "r"], "win_rates": w}
+                for n, w in enumerate([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])
+            ]
+        )
         ucla_entry = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
         assert _warn_suspicious_labels(ucla, ucla_entry, "win_rates") == (0, 1)
     finally:
         LOG.logger.removeHandler(caplog.handler)
-    assert ("1 of 4 rows of data/c.jsonl rank two responses of a prompt in the opposite order to an earlier "
-            "row with the same prompt (rows (0, 2))") in caplog.text
+    assert (
+        "1 of 4 rows of data/c.jsonl rank two responses of a prompt in the opposite order to an earlier "
+        "row with the same prompt (rows (0, 2))"
+    ) in caplog.text
     assert "1 of 3 rows of UCLA-AGI/x have chosen_probs_win < chosen_probs_lose (rows 1)" in caplog.text
 
 

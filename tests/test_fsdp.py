@@ -20,8 +20,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.test_distributed import TIMEOUT_S, WORLD, spawn_ranks
 from tests.helpers import assert_float_close
+from tests.test_distributed import TIMEOUT_S, WORLD, spawn_ranks
 from tests.test_prefix_sharing import features, n_terms
 
 LAYOUTS = {"unshared": ("auto", False), "packed": ("packed", True), "cache": ("cache", True)}
@@ -53,8 +53,13 @@ def _score_all(model, params, rows, tokenizer):
         model.eval()
         with torch.no_grad():
             no_grad, _ = score_candidates(model, batch, chunk_size=CHUNK, prefix_layout=layout)
-        results[name] = {"logp": logp.detach(), "loss": loss.detach(), "grads": grads, "no_grad": no_grad,
-                         "head_apart": not scoring_head(model)[1]}
+        results[name] = {
+            "logp": logp.detach(),
+            "loss": loss.detach(),
+            "grads": grads,
+            "no_grad": no_grad,
+            "head_apart": not scoring_head(model)[1],
+        }
     return results
 
 
@@ -118,6 +123,8 @@ def test_fsdp2_scoring_equals_one_process(fsdp_ranks, one_process, sharding, lay
         assert_float_close(saved["no_grad"], one["no_grad"][rows, :k], n)
         assert saved["grads"].keys() == one["grads"].keys()
         for name, grad in one["grads"].items():  # FSDP averages the ranks' gradients
-            assert_float_close(saved["grads"][name], grad, n, msg=lambda m: f"rank {rank} {name}: {m}")
+            assert_float_close(
+                saved["grads"][name], grad, n, msg=lambda m, rank=rank, name=name: f"rank {rank} {name}: {m}"
+            )
     # each rank's loss is a mean over its 2 prompts: their mean is the 4-prompt mean
     assert_float_close(sum(r["loss"] for r in ranks) / WORLD, one["loss"], n_terms(features()))

@@ -48,9 +48,16 @@ def test_rrhf_trains_and_cuda_only_claims_say_needs_gpu(tiny_check):
     run = report["train"]["rrhf-kernels-off"]
     assert rows["train rrhf-kernels-off"]["status"] == "pass" and all(map(math.isfinite, run["losses"]))
     assert len(run["losses"]) == 2 and not run["repack_warning"]
-    for name in ("train sppo-kernels-on", "train rrhf-kernels-on", "train sppo kernels on == off",
-                 "train rrhf kernels on == off", "prefix sharing flash_attention_2", "prefix sharing flex_attention",
-                 "memory train sppo-kernels-off", "memory train rrhf-kernels-off"):
+    for name in (
+        "train sppo-kernels-on",
+        "train rrhf-kernels-on",
+        "train sppo kernels on == off",
+        "train rrhf kernels on == off",
+        "prefix sharing flash_attention_2",
+        "prefix sharing flex_attention",
+        "memory train sppo-kernels-off",
+        "memory train rrhf-kernels-off",
+    ):
         assert rows[name]["status"] == "needs GPU", rows[name]
     assert rows["stage generate"]["status"] == "skipped: --skip"
     # the plan's estimate is computed even where the GPU peak cannot be measured
@@ -72,8 +79,15 @@ def test_speed_reports_tokens_per_second(tiny_check):
 
 
 def _run(losses, logps, logratio=0.0, tolerance=1e-5):
-    return {"returncode": 0, "losses": losses, "logps_chosen": logps, "repack_warning": False,
-            "step1_logratio": logratio, "step1_logratio_tolerance": tolerance, "log": "x.log"}
+    return {
+        "returncode": 0,
+        "losses": losses,
+        "logps_chosen": logps,
+        "repack_warning": False,
+        "step1_logratio": logratio,
+        "step1_logratio_tolerance": tolerance,
+        "log": "x.log",
+    }
 
 
 def test_the_train_checks_can_fail():
@@ -100,8 +114,9 @@ def test_the_gpu_recipes_validate_with_the_kernels_as_set(tmp_path, tiny_model, 
     from pofe.args import LORA_KERNELS
     from tests.test_recipes import H100, _validated
 
-    cfg = _validated(yaml.safe_load(train.recipe(tmp_path, tiny_model, method, kernels, 20, cuda=True).read_text()),
-                     H100)
+    cfg = _validated(
+        yaml.safe_load(train.recipe(tmp_path, tiny_model, method, kernels, 20, cuda=True).read_text()), H100
+    )
     assert {k: bool(cfg[k]) for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, kernels)
     assert cfg.adapter == "qlora" and cfg.load_in_4bit and cfg.bf16 and cfg.max_steps == 20
     assert cfg.attn_implementation == "sdpa" and cfg.gradient_checkpointing
@@ -114,8 +129,14 @@ def test_the_vllm_check_fails_on_a_prompt_tokenised_again():
 
     bos, n = 1, generate.PROMPTS
     sent = [[bos, 733, 10 + i, 28793] for i in range(n)]
-    res = {"sent": sent, "seen": [list(s) for s in sent], "samples": [[[5, 2]] * generate.K] * n,
-           "text_seen": [[bos, *s] for s in sent], "seconds": 2.0, "device_used_gib": None}
+    res = {
+        "sent": sent,
+        "seen": [list(s) for s in sent],
+        "samples": [[[5, 2]] * generate.K] * n,
+        "text_seen": [[bos, *s] for s in sent],
+        "seconds": 2.0,
+        "device_used_gib": None,
+    }
     assert [r["status"] for r in generate.checks(res, bos)] == ["pass", "pass"]
     res["seen"][7] = [bos, *sent[7]]
     first = generate.checks(res, bos)[0]

@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import CPU_SETTINGS
 from pofe.demo.task import make_prompt_rows, reward
 from pofe.run.folder import RunFolder
+from tests.helpers import CPU_SETTINGS
 
 NUM_PROMPTS, HEADLINE_PROMPTS = 20, 16  # more prompts than the default headline takes
 
@@ -29,7 +29,7 @@ def _jsonl(path):
 
 @pytest.fixture(scope="module")
 def headline_run(tmp_path_factory, tiny_model, tiny64_model):
-    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
+    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
@@ -37,29 +37,59 @@ def headline_run(tmp_path_factory, tiny_model, tiny64_model):
     folder = RunFolder(root / "run")
     rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=3)
     pofe = {
-        "generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 4,
-                     "seed": 0, "include_dataset_responses": ["answer", "near_misses"]},
+        "generate": {
+            "backend": "transformers",
+            "num_candidates": 2,
+            "temperature": 1.0,
+            "max_new_tokens": 4,
+            "seed": 0,
+            "include_dataset_responses": ["answer", "near_misses"],
+        },
         "judge": {"type": "python", "function": "pofe.demo.task:reward"},
     }
     models = {1: str(tiny_model), 2: str(tiny64_model)}  # round t's "trained" model
     for t, policy_in in ((1, str(tiny_model)), (2, models[1])):
         folder.round_prompts(t).parent.mkdir(parents=True, exist_ok=True)
         folder.round_prompts(t).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        run_pipeline(rows, policy_path=policy_in, method="rrhf", generate=GenerateConfig(**pofe["generate"]),
-                     judge=JudgeConfig(**pofe["judge"]),
-                     candidates=CandidatesConfig(out_dir=str(folder.candidates(t)), progress=False))
-    folder.state.write_text(json.dumps({
-        "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [time.time()],
-        "rounds_planned": 2, "final_policy": models[2],
-        "rounds": {str(t): {"policy_in": str(tiny_model), "policy_out": path} for t, path in models.items()},
-    }))
+        run_pipeline(
+            rows,
+            policy_path=policy_in,
+            method="rrhf",
+            generate=GenerateConfig(**pofe["generate"]),
+            judge=JudgeConfig(**pofe["judge"]),
+            candidates=CandidatesConfig(out_dir=str(folder.candidates(t)), progress=False),
+        )
+    folder.state.write_text(
+        json.dumps(
+            {
+                "method": "rrhf",
+                "base_model": str(tiny_model),
+                "stages": {},
+                "starts": [time.time()],
+                "rounds_planned": 2,
+                "final_policy": models[2],
+                "rounds": {str(t): {"policy_in": str(tiny_model), "policy_out": path} for t, path in models.items()},
+            }
+        )
+    )
     recipe = root / "recipe.yml"
-    recipe.write_text(yaml.safe_dump({
-        "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
-        "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "output_dir": str(folder.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
-        "learning_rate": 1e-3, **CPU_SETTINGS, "pofe": pofe,
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "base_model": str(tiny_model),
+                "plugins": ["pofe.PofePlugin"],
+                "rl": "rrhf",
+                "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
+                "output_dir": str(folder.root),
+                "sequence_len": 64,
+                "micro_batch_size": 1,
+                "num_epochs": 1,
+                "learning_rate": 1e-3,
+                **CPU_SETTINGS,
+                "pofe": pofe,
+            }
+        )
+    )
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evaluate_run(recipe, echo=lambda _: None)
     report = write_report(folder)
@@ -89,8 +119,9 @@ def test_default_headline_rescored_by_hand(headline_run):
         assert head["num_prompts"] == HEADLINE_PROMPTS
         assert head["model_mean_reward"] == pytest.approx(sum(rescored) / len(rescored))
 
-        generated = {g["index"]: g for p in sorted((folder.candidates(t) / "generate").glob("shard-*.jsonl"))
-                     for g in _jsonl(p)}
+        generated = {
+            g["index"]: g for p in sorted((folder.candidates(t) / "generate").glob("shard-*.jsonl")) for g in _jsonl(p)
+        }
         best = [max(reward(rows[i]["prompt"], c) for c in generated[i]["candidates"]) for i in range(HEADLINE_PROMPTS)]
         assert head["candidates_best_of_k_reward"] == pytest.approx(sum(best) / len(best))
         assert head["candidates_best_of_k_reward"] == 1.0  # the dataset's answer is a candidate
@@ -99,8 +130,10 @@ def test_default_headline_rescored_by_hand(headline_run):
 
         md = headline_run["report"].markdown_path.read_text()
         gap = head["model_mean_reward"] - 1.0
-        assert (f"| {t} | {HEADLINE_PROMPTS} | {head['policy_sample_mean_reward']:.3f} | "
-                f"{head['candidates_mean_reward']:.3f} | 1.000 | {head['model_mean_reward']:.3f} | {gap:.3f} |") in md
+        assert (
+            f"| {t} | {HEADLINE_PROMPTS} | {head['policy_sample_mean_reward']:.3f} | "
+            f"{head['candidates_mean_reward']:.3f} | 1.000 | {head['model_mean_reward']:.3f} | {gap:.3f} |"
+        ) in md
 
 
 def test_headline_answers_are_the_round_models_greedy_answers(headline_run):
@@ -116,12 +149,18 @@ def test_headline_answers_are_the_round_models_greedy_answers(headline_run):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         for s in recorded["rounds"][str(t)]["samples"][:3]:
-            text = tok.apply_chat_template([{"role": "user", "content": s["prompt"]}], tokenize=False,
-                                           add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": s["prompt"]}], tokenize=False, add_generation_prompt=True
+            )
             ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            out = model.generate(ids, do_sample=False, max_new_tokens=max_new, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id)
-            answers[t, s["index"]] = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                ids,
+                do_sample=False,
+                max_new_tokens=max_new,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+            answers[t, s["index"]] = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
             assert s["response"] == answers[t, s["index"]]
     assert any(answers[1, i] != answers[2, i] for (t, i) in answers if t == 1)
 
@@ -135,14 +174,24 @@ def test_samples_table_and_rows(headline_run):
     rep = headline_run["report"].data
     rows = sample_rows(rep)
     assert len(rows) == 2 * HEADLINE_PROMPTS and json.loads(json.dumps(rows)) == rows
-    assert set(rows[0]) == {"round", "index", "sample", "prompt", "completion", "reward", "best_candidate",
-                            "best_candidate_reward"}
+    assert set(rows[0]) == {
+        "round",
+        "index",
+        "sample",
+        "prompt",
+        "completion",
+        "reward",
+        "best_candidate",
+        "best_candidate_reward",
+    }
     md = headline_run["report"].markdown_path.read_text()
     for t in (1, 2):
         mine = [r for r in rows if r["round"] == t]
         for r in mine[:4]:
-            assert (f"| {text_cell(r['prompt'])} | {text_cell(r['completion'])} | {r['reward']:.3f} | "
-                    f"{text_cell(r['best_candidate'])} | {r['best_candidate_reward']:.3f} |") in md
+            assert (
+                f"| {text_cell(r['prompt'])} | {text_cell(r['completion'])} | {r['reward']:.3f} | "
+                f"{text_cell(r['best_candidate'])} | {r['best_candidate_reward']:.3f} |"
+            ) in md
         assert f"| {text_cell(mine[4]['prompt'])} |" not in md.split(f"Round {t} (pi_{t}):")[1].split("Round")[0]
 
 
@@ -159,8 +208,7 @@ def test_text_cell_shows_the_text_literally():
     tokens = MarkdownIt("commonmark").enable(["table", "strikethrough"]).parse(md)
     cells = [tokens[i + 1] for i, tok in enumerate(tokens) if tok.type == "td_open"]
     assert len(cells) == 2  # the pipe did not split the row
-    parsed = "".join("\n" if c.type == "html_inline" and c.content == "<br>" else c.content
-                     for c in cells[1].children)
+    parsed = "".join("\n" if c.type == "html_inline" and c.content == "<br>" else c.content for c in cells[1].children)
     assert all(c.type in ("text", "html_inline") for c in cells[1].children)  # no emphasis, link, code
     assert parsed == nasty.replace("\r\n", "\n")
     assert text_cell("x" * 300).endswith("…") and len(text_cell("x" * 300)) == 200
@@ -189,8 +237,8 @@ def test_eval_switch_and_headline_keys():
 def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     """A pairwise judge records why there is no headline, and the report says it; a recipe
     with `pofe.eval: false` cannot be evaluated."""
-    from pofe.preprocess import JudgeConfig
     from pofe.args.rounds import EvalConfig
+    from pofe.preprocess import JudgeConfig
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.evaluation.headline import headline_skipped
     from pofe.run.report.markdown import headline_section
@@ -226,8 +274,11 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
     shutil.copytree(headline_run["folder"].root, folder.root)
     recipe = yaml.safe_load(headline_run["recipe"].read_text())
     recipe["output_dir"] = str(folder.root)
-    recipe["pofe"]["judge"] = {"type": "python", "reward_funcs": ["tests.test_headline.answer_length_gap"],
-                               "reward_weights": [2.0]}
+    recipe["pofe"]["judge"] = {
+        "type": "python",
+        "reward_funcs": ["tests.test_headline.answer_length_gap"],
+        "reward_weights": [2.0],
+    }
     (tmp_path / "funcs.yml").write_text(yaml.safe_dump(recipe))
     evaluate_run(tmp_path / "funcs.yml", echo=lambda _: None)
 
@@ -246,17 +297,23 @@ def test_held_out_rows_read_as_their_dataset_entry_reads_them():
     it is, and a malformed transcript names the file, row and field."""
     from pofe.run.evaluation.evaluate import dataset_prompts
 
-    rows = [{"prompt": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2+2?\n\nAssistant:"},
-            {"prompt": "\n\nHuman: Name a colour.\n\nAssistant:"}]
+    rows = [
+        {"prompt": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2+2?\n\nAssistant:"},
+        {"prompt": "\n\nHuman: Name a colour.\n\nAssistant:"},
+    ]
     assert dataset_prompts(rows, "prompt", {"prompt_format": "hh"}, "held_out.jsonl", "rrhf") == [
-        [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"},
-         {"role": "user", "content": "What is 2+2?"}],
+        [
+            {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "What is 2+2?"},
+        ],
         [{"role": "user", "content": "Name a colour."}],
     ]
     assert dataset_prompts(rows, "prompt", {}, "held_out.jsonl", "rrhf") == [r["prompt"] for r in rows]
     with pytest.raises(ValueError, match=r"held_out\.jsonl.*row 1.*'prompt'"):
-        dataset_prompts([rows[0], {"prompt": "no turns here"}], "prompt", {"prompt_format": "hh"},
-                        "held_out.jsonl", "rrhf")
+        dataset_prompts(
+            [rows[0], {"prompt": "no turns here"}], "prompt", {"prompt_format": "hh"}, "held_out.jsonl", "rrhf"
+        )
 
 
 def longer_wins(prompt, response_a, response_b):
@@ -276,7 +333,10 @@ def _held_out_run(headline_run, tmp_path):
     recipe = yaml.safe_load(headline_run["recipe"].read_text())
     recipe["output_dir"] = str(folder.root)
     recipe["pofe"]["eval"] = {
-        "prompts": str(tmp_path / "held_out.jsonl"), "num_samples": 1, "temperature": 0.0, "max_new_tokens": 4,
+        "prompts": str(tmp_path / "held_out.jsonl"),
+        "num_samples": 1,
+        "temperature": 0.0,
+        "max_new_tokens": 4,
         "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
     }
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
@@ -336,7 +396,8 @@ def test_no_policy_is_alive_when_a_judge_is_built(headline_run, tmp_path, monkey
     its peak memory, and both eval files record them under `peak_memory`."""
     import weakref
 
-    from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
+    from pofe.run.evaluation import evaluate as evaluation
+    from pofe.run.evaluation import sampler as eval_sampler
 
     folder, _, _ = _held_out_run(headline_run, tmp_path)
     loaded, at_build, load_policy, make_judge = [], [], evaluation.load_policy, evaluation.make_judge
@@ -380,7 +441,8 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
 
     from safetensors.torch import load_file, save_file
 
-    from pofe.run.evaluation import sampler as eval_sampler, evaluate as evaluation
+    from pofe.run.evaluation import evaluate as evaluation
+    from pofe.run.evaluation import sampler as eval_sampler
 
     folder, recipe, _ = _held_out_run(headline_run, tmp_path)
     recipe["pofe"]["eval"]["train_prompts"] = 4

@@ -47,8 +47,11 @@ def test_dahoas_rows_with_a_prompt_and_bare_responses():
     raw = {"prompt": PROMPT, "chosen": " " + CHOSEN, "rejected": " " + REJECTED}
     row = normalize_row(raw, 3, fmt())
     assert row["prompt"] == TURNS and [m["content"] for m in row["responses"]] == [CHOSEN, REJECTED]
-    raw = {"question": PROMPT, "responses": [" " + CHOSEN, PROMPT + " " + REJECTED, "Lettuce."],
-           "rewards": [2.0, 0.5, 1.0]}
+    raw = {
+        "question": PROMPT,
+        "responses": [" " + CHOSEN, PROMPT + " " + REJECTED, "Lettuce."],
+        "rewards": [2.0, 0.5, 1.0],
+    }
     row = normalize_row(raw, 0, fmt("pofe.rrhf", field_prompt="question"))
     assert row["prompt"] == TURNS
     assert [m["content"] for m in row["responses"]] == [CHOSEN, REJECTED, "Lettuce."]
@@ -56,8 +59,11 @@ def test_dahoas_rows_with_a_prompt_and_bare_responses():
 
 def test_chat_format_keeps_the_transcript_as_one_user_turn():
     """The default reads text as it is: what `hh` exists to change."""
-    row = normalize_row({"prompt": PROMPT, "chosen": CHOSEN, "rejected": REJECTED}, 0,
-                        RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={}))
+    row = normalize_row(
+        {"prompt": PROMPT, "chosen": CHOSEN, "rejected": REJECTED},
+        0,
+        RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={}),
+    )
     assert row["prompt"] == [{"role": "user", "content": PROMPT}]
 
 
@@ -65,31 +71,47 @@ def test_prompt_rows_for_generation():
     """pofe.prompts: the prompt becomes turns and the dataset responses named by
     generate.include_dataset_responses become the texts that join the candidates."""
     prompts = fmt("pofe.prompts")
-    row = prompt_row({"prompt": PROMPT, "chosen": " " + CHOSEN, "rejected": " " + REJECTED, "id": 7}, 0,
-                     prompts, ["chosen", "rejected"])
+    row = prompt_row(
+        {"prompt": PROMPT, "chosen": " " + CHOSEN, "rejected": " " + REJECTED, "id": 7},
+        0,
+        prompts,
+        ["chosen", "rejected"],
+    )
     assert row == {"prompt": TURNS, "chosen": CHOSEN, "rejected": REJECTED, "id": 7}
     # Anthropic/hh-rlhf rows: the prompt comes from the chosen transcript
-    row = prompt_row({"chosen": PROMPT + " " + CHOSEN, "rejected": PROMPT + " " + REJECTED}, 0,
-                     prompts, ["chosen", "rejected"])
+    row = prompt_row(
+        {"chosen": PROMPT + " " + CHOSEN, "rejected": PROMPT + " " + REJECTED}, 0, prompts, ["chosen", "rejected"]
+    )
     assert row == {"prompt": TURNS, "chosen": CHOSEN, "rejected": REJECTED}
     plain = RowFormat(dataset="d", type="pofe.prompts", method="rrhf", fields={})
     assert prompt_row({"prompt": PROMPT}, 0, plain, []) == {"prompt": PROMPT}
 
 
 BAD = [
-    ({"prompt": "What grows fastest?\n\nAssistant:"}, "prompt",
-     "text before the first turn: 'What grows fastest?'"),
+    ({"prompt": "What grows fastest?\n\nAssistant:"}, "prompt", "text before the first turn: 'What grows fastest?'"),
     ({"prompt": "Plant peas."}, "prompt", "no 'Human:' turn in 'Plant peas.', so not an HH transcript"),
-    ({"prompt": "\n\nHuman: a\n\nHuman: b\n\nAssistant:"}, "prompt",
-     "turn 2 is 'Human:' where 'Assistant:' should follow"),
+    (
+        {"prompt": "\n\nHuman: a\n\nHuman: b\n\nAssistant:"},
+        "prompt",
+        "turn 2 is 'Human:' where 'Assistant:' should follow",
+    ),
     ({"prompt": "\n\nAssistant: hi\n\nHuman: a\n\nAssistant:"}, "prompt", "turn 1 is 'Assistant:' where 'Human:'"),
     ({"prompt": "\n\nHuman: a\n\nAssistant:\n\nHuman: b\n\nAssistant:"}, "prompt", "turn 2 ('Assistant:') is empty"),
-    ({"prompt": "\n\nHuman: a\n\nAssistant: b"}, "prompt",
-     "the transcript does not end with an empty 'Assistant:' turn"),
-    ({"prompt": PROMPT, "rejected": "\n\nHuman: other\n\nAssistant: x"}, "rejected",
-     "its transcript answers a different conversation than the row's prompt"),
-    ({"prompt": None, "chosen": PROMPT, "rejected": PROMPT + " x"}, "chosen",
-     "the transcript does not end with a non-empty 'Assistant:' turn"),
+    (
+        {"prompt": "\n\nHuman: a\n\nAssistant: b"},
+        "prompt",
+        "the transcript does not end with an empty 'Assistant:' turn",
+    ),
+    (
+        {"prompt": PROMPT, "rejected": "\n\nHuman: other\n\nAssistant: x"},
+        "rejected",
+        "its transcript answers a different conversation than the row's prompt",
+    ),
+    (
+        {"prompt": None, "chosen": PROMPT, "rejected": PROMPT + " x"},
+        "chosen",
+        "the transcript does not end with a non-empty 'Assistant:' turn",
+    ),
 ]
 
 

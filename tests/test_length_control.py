@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from pofe.preprocess.win_rates import bradley_terry_preferences
-from pofe.run.evaluation.statistics import bootstrap_win_matrix
-from pofe.run.evaluation.statistics import fit_length_logistic, pair_observations
-from pofe.run.evaluation.statistics import block_win_matrix
+from pofe.run.evaluation.statistics import (
+    block_win_matrix,
+    bootstrap_win_matrix,
+    fit_length_logistic,
+    pair_observations,
+)
 
 SEEDS = range(5)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import yaml
-
 from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import normalize_config, validate_config
 from axolotl.utils.dict import DictDefault
@@ -23,8 +22,12 @@ CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capabili
 def test_fit_turns_keeps_system_and_starts_at_a_user_turn():
     """Each message counts its content's length here; the prompt may hold 7. Cutting u1 alone would
     start at an assistant turn, so u1 and a1 go together; a last turn over the limit drops the row."""
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1u1"},
-            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2u2u2"}]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2u2u2"},
+    ]
     length = lambda m: sum(len(x["content"]) for x in m)  # noqa: E731
     assert fit_turns(msgs, length, 7) == ([msgs[0], msgs[3]], 2)
     assert fit_turns(msgs, length, 6) == (None, 0)
@@ -48,9 +51,11 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     from pofe.data.loader import LOG, _prepare
 
     data = tmp_path / "rows.jsonl"
-    rows = [{"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]},
-            {"prompt": "1" * 80, "responses": ["2" * 50 + "3", "2" * 50 + "4"], "rewards": [1.0, 0.0]},
-            {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1.0, 0.0]}]
+    rows = [
+        {"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]},
+        {"prompt": "1" * 80, "responses": ["2" * 50 + "3", "2" * 50 + "4"], "rewards": [1.0, 0.0]},
+        {"prompt": "2+2=", "responses": ["4", "5"], "rewards": [1.0, 0.0]},
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
     prepare_plugins(cfg)
@@ -69,15 +74,25 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     assert "1 of 3 rows of" in caplog.text and "dropped 1 (prompt_too_long 1)" in caplog.text
     assert str(record) in caplog.text
 
-    folder.state.write_text(json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0],
-                                        "rounds_planned": 1}))
+    folder.state.write_text(
+        json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0], "rounds_planned": 1})
+    )
     (cut,) = [r["truncation"] for r in collect(folder)["rounds"]]
-    assert cut == {"record": str(record), "sequence_len": cfg.sequence_len, "truncation": "truncate", "rows": 3,
-                   "rows_over_sequence_len": 1, "rows_with_turns_cut": 0, "rows_with_responses_cut": 0,
-                   "rows_dropped": {"prompt_too_long": 1}}
+    assert cut == {
+        "record": str(record),
+        "sequence_len": cfg.sequence_len,
+        "truncation": "truncate",
+        "rows": 3,
+        "rows_over_sequence_len": 1,
+        "rows_with_turns_cut": 0,
+        "rows_with_responses_cut": 0,
+        "rows_dropped": {"prompt_too_long": 1},
+    }
     md = render_markdown(collect(folder), {})
-    assert (f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
-            in md.split("### Length policy")[1])
+    assert (
+        f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
+        in md.split("### Length policy")[1]
+    )
 
 
 def test_candidates_summary_records_the_length_policy_per_row(tmp_path, tiny_model):
@@ -90,10 +105,19 @@ def test_candidates_summary_records_the_length_policy_per_row(tmp_path, tiny_mod
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("1+1=", "1" * 80, "2+2=")))
-    pofe = {"generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 3,
-                         "seed": 0},
-            "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
-    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "sppo", data, "pofe.prompts", pofe=pofe).read_text()))
+    pofe = {
+        "generate": {
+            "backend": "transformers",
+            "num_candidates": 2,
+            "temperature": 1.0,
+            "max_new_tokens": 3,
+            "seed": 0,
+        },
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    }
+    cfg = DictDefault(
+        yaml.safe_load(recipe(tmp_path, tiny_model, "sppo", data, "pofe.prompts", pofe=pofe).read_text())
+    )
     prepare_plugins(cfg)
     cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
     normalize_config(cfg)  # axolotl's tokenizer loader reads what it fills (tokenizer_config)
@@ -105,4 +129,3 @@ def test_candidates_summary_records_the_length_policy_per_row(tmp_path, tiny_mod
     assert policy["rows"] == 3 and policy["rows_dropped"] == {"prompt_too_long": 1}
     assert policy["per_row"] == [{"row": 1, "dropped": "prompt_too_long", "turns_cut": 0, "responses_cut": 0}]
     assert summary_path.stat().st_mode & 0o777 == 0o600
-

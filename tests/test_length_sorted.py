@@ -28,12 +28,14 @@ def _rows(lengths: list[tuple[int, list[int]]]):
 
     g = torch.Generator().manual_seed(5)
     ids = lambda n: torch.randint(7, 90, (n,), generator=g).tolist()  # noqa: E731
-    return Dataset.from_dict({
-        "row_id": list(range(len(lengths))),
-        "prompt_ids": [ids(p) for p, _ in lengths],
-        "response_ids": [[ids(r) for r in rs] for _, rs in lengths],
-        "win_rates": [[0.5] * len(rs) for _, rs in lengths],
-    })
+    return Dataset.from_dict(
+        {
+            "row_id": list(range(len(lengths))),
+            "prompt_ids": [ids(p) for p, _ in lengths],
+            "response_ids": [[ids(r) for r in rs] for _, rs in lengths],
+            "win_rates": [[0.5] * len(rs) for _, rs in lengths],
+        }
+    )
 
 
 # (prompt, responses): totals 6, 23, 9, 40, 8, 17, 31 tokens
@@ -70,9 +72,12 @@ def test_sorted_anchor_pass_gives_the_dataset_order_table(tiny64_model, tmp_path
 
     trainer = SimpleNamespace(
         axolotl_cfg=DictDefault(base_model=str(tiny64_model), dataset_prepared_path=str(tmp_path)),
-        train_dataset=_rows(LENGTHS), eval_dataset=None, accelerator=SimpleNamespace(is_main_process=True),
+        train_dataset=_rows(LENGTHS),
+        eval_dataset=None,
+        accelerator=SimpleNamespace(is_main_process=True),
         args=SimpleNamespace(device=torch.device("cpu"), per_device_eval_batch_size=3, disable_tqdm=True),
-        state=SimpleNamespace(global_step=0), data_collator=KResponseCollator(build_tokenizer()),
+        state=SimpleNamespace(global_step=0),
+        data_collator=KResponseCollator(build_tokenizer()),
         score_candidates=scored,
     )
     model = AutoModelForCausalLM.from_pretrained(tiny64_model, attn_implementation="eager")

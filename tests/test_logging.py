@@ -19,8 +19,14 @@ def test_pofe_info_lines_show_under_axolotl_logging():
     script = "import importlib, axolotl.cli\n" + "".join(
         f"importlib.import_module({m!r}).LOG.info('POFE probe from {m}')\n" for m in MODULES
     )
-    proc = subprocess.run([sys.executable, "-c", script], env={**_base_env(), **AXOLOTL_ENV},
-                          capture_output=True, text=True, timeout=300, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**_base_env(), **AXOLOTL_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     for m in MODULES:
         assert f"[INFO] [axolotl.integrations.{m}] POFE probe from {m}" in proc.stdout
 
@@ -33,8 +39,10 @@ def test_every_pofe_logger_is_named_under_axolotl():
         for folder in ("plugin", "preprocess")
         for p in (root / folder).rglob("*.py")
         if p.name != "logs.py"
-        and ("from axolotl.utils.logging import get_logger" in p.read_text()
-             or "logging.getLogger(__name__)" in p.read_text())
+        and (
+            "from axolotl.utils.logging import get_logger" in p.read_text()
+            or "logging.getLogger(__name__)" in p.read_text()
+        )
     ]
     assert direct == [], "use pofe.logs.get_logger (preprocess: logger_name)"
 

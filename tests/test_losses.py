@@ -178,9 +178,7 @@ def test_rrhf_gradcheck_float64():
     lengths = torch.randint(1, 10, (2, 4), generator=g)
     rewards = torch.randn(2, 4, generator=g, dtype=torch.float64)
     mask = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    assert torch.autograd.gradcheck(
-        lambda x: rrhf_loss(x, lengths, rewards, mask=mask, margin=0.01)[0], (logp,)
-    )
+    assert torch.autograd.gradcheck(lambda x: rrhf_loss(x, lengths, rewards, mask=mask, margin=0.01)[0], (logp,))
 
 
 def test_rrhf_bf16_close_to_float32():

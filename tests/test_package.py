@@ -59,8 +59,12 @@ def _imports(name: str, path: Path) -> set[str]:
         for target in targets:
             while target and target not in MODULES:
                 target = target.rpartition(".")[0]
-            if target and target != name and not name.startswith(target + ".") \
-                    and MODULES[target].name != "__init__.py":
+            if (
+                target
+                and target != name
+                and not name.startswith(target + ".")
+                and MODULES[target].name != "__init__.py"
+            ):
                 found.add(target)
     return found
 
@@ -131,8 +135,8 @@ def _code_lines(source: str, node: ast.FunctionDef | ast.AsyncFunctionDef) -> in
 def _long_reason(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
     """The text after a docstring line starting "Long:" (why the function is long), if any."""
     for line in (ast.get_docstring(node) or "").splitlines():
-        if line.strip().startswith("Long:") and line.strip()[len("Long:"):].strip():
-            return line.strip()[len("Long:"):].strip()
+        if line.strip().startswith("Long:") and line.strip()[len("Long:") :].strip():
+            return line.strip()[len("Long:") :].strip()
     return None
 
 
@@ -208,17 +212,24 @@ METHOD_BRANCHES = re.compile(
 @pytest.mark.parametrize("name", sorted(set(MODULES) - {"pofe.methods"}))
 def test_no_branch_on_method_names(name):
     """Only the registry (`pofe.methods`) knows the methods: elsewhere code asks the spec."""
-    hits = [f"{MODULES[name].name}:{i}: {line.strip()}"
-            for i, line in enumerate(MODULES[name].read_text().splitlines(), start=1)
-            if METHOD_BRANCHES.search(line)]
+    hits = [
+        f"{MODULES[name].name}:{i}: {line.strip()}"
+        for i, line in enumerate(MODULES[name].read_text().splitlines(), start=1)
+        if METHOD_BRANCHES.search(line)
+    ]
     assert not hits, "\n".join(hits)
 
 
 def test_method_branch_pattern_finds_the_old_branches():
     """The pattern catches each form the code used before the method registry said it all."""
-    for line in ('if method_spec(method).target == "win_rates":', 'if self.method not in (None, "sppo"):',
-                 'if "rewards" in part.column_names:', 'type=f"pofe.{fmt.method}"', 'spread = spec.target == x',
-                 'if method == "rrhf":'):
+    for line in (
+        'if method_spec(method).target == "win_rates":',
+        'if self.method not in (None, "sppo"):',
+        'if "rewards" in part.column_names:',
+        'type=f"pofe.{fmt.method}"',
+        "spread = spec.target == x",
+        'if method == "rrhf":',
+    ):
         assert METHOD_BRANCHES.search(line), line
     for line in ('logp = inputs["rewards"]', 'if "rewards" in plots:', 'raise ValueError(f"pofe.{key}: x")'):
         assert not METHOD_BRANCHES.search(line), line

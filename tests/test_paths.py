@@ -9,8 +9,11 @@ from pofe.paths import check_unexpanded_paths
 
 def test_environment_variables_and_tilde_in_paths_are_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", "/home/me")
-    with pytest.raises(ValueError, match=r"base_model: '\$\{HOME\}/models/x' holds an environment variable .* "
-                       r"axolotl does not expand.*\(here: '/home/me/models/x'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"base_model: '\$\{HOME\}/models/x' holds an environment variable .* "
+        r"axolotl does not expand.*\(here: '/home/me/models/x'\)",
+    ):
         check_unexpanded_paths({"base_model": "${HOME}/models/x"})
     with pytest.raises(ValueError, match=r"datasets\[1\]\.path: '~/d.jsonl'.*\(here: '/home/me/d.jsonl'\)"):
         check_unexpanded_paths({"datasets": [{"path": "a.jsonl"}, {"path": "~/d.jsonl"}]})

@@ -10,12 +10,11 @@ import pytest
 import yaml
 
 from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
-from pofe.run.plan.estimate import GB
-from pofe.run.plan.planner import plan_run
 from pofe.run.plan.common import PlanOptions
+from pofe.run.plan.estimate import GB
+from pofe.run.plan.planner import plan_recipe, plan_run
 from pofe.run.plan.render import BEGIN, END, readme_table
 from pofe.run.plan.sources import disk_warning, double_bos, model_sizes
-from pofe.run.plan.planner import plan_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o
@@ -40,7 +39,7 @@ def test_mistral_counts_are_the_published_ones():
 def test_readme_table_is_plans_output(mistral_plans):
     """README.md's memory table is `plan`'s: regenerate with `python -m benchmarks.plan_table --write`."""
     readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index(BEGIN) + len(BEGIN):readme.index(END)].strip()
+    block = readme[readme.index(BEGIN) + len(BEGIN) : readme.index(END)].strip()
     assert block == readme_table(mistral_plans)
 
 
@@ -50,8 +49,13 @@ def test_qlora_training_memory_is_the_hand_computed_one(mistral_plans):
     nf4 = LAYER_LINEAR * (0.5 + 1 / 64 + 4 / (64 * 256)) + OTHER * 2
     tokens = 2 * 2 * 1024  # micro_batch_size 2 prompts x best_worst's 2 responses x sequence_len 1024
     activations = tokens * (32 * 4096 + 9 * 4096 + 2 * 1024 + 4 * 14336) * 2
-    expected = {"weights": nf4, "trainable_state": LORA_R16 * 16, "activations": activations,
-                "logits": 1024 * 32000 * 4, "runtime": 0.5 * GB}
+    expected = {
+        "weights": nf4,
+        "trainable_state": LORA_R16 * 16,
+        "activations": activations,
+        "logits": 1024 * 32000 * 4,
+        "runtime": 0.5 * GB,
+    }
     assert train["parts_gb"] == {k: round(v / GB, 2) for k, v in expected.items()}
     assert train["gpu_memory_gb"] == round(sum(expected.values()) / GB, 2)
     assert train["quantization"] == "nf4" and train["gpus"] == 1
@@ -80,7 +84,10 @@ def test_one_entry_per_stage_with_its_memory_and_disk(mistral_plans):
     for plan in mistral_plans.values():
         names = [(s["stage"], s["round"]) for s in plan["stages"]]
         per_round = ["generate", "judge", "train"] + (["merge"] if plan["gpus"] == 1 else [])
-        assert names == [(n, t) for t in (1, 2, 3) for n in per_round] + [("eval-answers", None), ("eval-judging", None)]
+        assert names == [(n, t) for t in (1, 2, 3) for n in per_round] + [
+            ("eval-answers", None),
+            ("eval-judging", None),
+        ]
         for s in plan["stages"]:
             assert {"stage", "round", "gpu_memory_gb", "disk_gb"} <= set(s)
             assert s["gpu_memory_gb"] is not None and s["disk_gb"] is not None
@@ -111,13 +118,14 @@ def mistral_sizes(tmp_path_factory):
 
 def test_lora_kernels_warn_unless_turned_off(mistral_sizes):
     kernels = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
-    unset = {k: None for k in kernels}
+    unset = dict.fromkeys(kernels)
     said = plan_run(_recipe(**unset), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
     assert [w for w in said if "axolotl turns them on" in w and "lora_mlp_kernel: false" in w]
     off = plan_run(_recipe(**dict.fromkeys(kernels, False)), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
     assert not [w for w in off if "LoRA kernels" in w]
-    one = plan_run(_recipe(**{**dict.fromkeys(kernels, False), "lora_o_kernel": True}), mistral_sizes, PROMPTS,
-                   PlanOptions())["warnings"]
+    one = plan_run(
+        _recipe(**{**dict.fromkeys(kernels, False), "lora_o_kernel": True}), mistral_sizes, PROMPTS, PlanOptions()
+    )["warnings"]
     assert [w for w in one if w.startswith("LoRA kernels lora_o_kernel (set explicitly)")]
 
 
@@ -237,14 +245,19 @@ def test_workers_sharing_a_gpu_add_up(mistral_sizes):
     """Two candidate workers placed on GPU 0: two vLLM engines (each taking 0.9 of it) and two
     PairRM judges there; on 2 GPUs, one each."""
     shared = _recipe()
-    shared["pofe"] = {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "num_workers": 2,
-                                                       "worker_devices": ["0", "0"]}}
+    shared["pofe"] = {
+        **shared["pofe"],
+        "candidates": {**shared["pofe"]["candidates"], "num_workers": 2, "worker_devices": ["0", "0"]},
+    }
     plan = plan_run(shared, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
     generate, judge = plan["stages"][0], plan["stages"][1]
     assert generate["gpu_memory_gb"] == 2 * 72.0 and generate["data_parallel"] == 2
     assert abs(judge["parts_gb"]["1_more_workers_on_this_gpu"] - judge["gpu_memory_gb"] / 2) <= 0.01  # GB rounding
     assert [w for w in plan["warnings"] if w.startswith("generate (round 1)") and "worker_devices" in w]
-    apart = {**shared, "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}}}
+    apart = {
+        **shared,
+        "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}},
+    }
     spread = plan_run(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
     assert spread["stages"][0]["gpu_memory_gb"] == 72.0 and not [w for w in spread["warnings"] if "generate" in w]
 
@@ -254,7 +267,12 @@ def test_a_reward_model_judge_counts_its_shared_prompt_keys(mistral_sizes):
     keys and values and one batch's gathered copy: 2 x (2 x 32 layers x 1024 kv width x 2 bytes,
     bfloat16) x batch_size 8 x max_length 1024 = 2 GiB; without it, nothing."""
     base = _recipe()
-    judge = {"type": "reward_model", "model": "mistralai/Mistral-7B-Instruct-v0.2", "batch_size": 8, "max_length": 1024}
+    judge = {
+        "type": "reward_model",
+        "model": "mistralai/Mistral-7B-Instruct-v0.2",
+        "batch_size": 8,
+        "max_length": 1024,
+    }
     stages = {}
     for sharing in (True, False):
         raw = {**base, "pofe": {**base["pofe"], "judge": {**judge, "prefix_sharing": sharing}}}

@@ -18,7 +18,6 @@ from pofe.collator import KResponseCollator
 from pofe.prefix import CACHE_FACTOR, attention_scores, choose_layout
 from pofe.prefix_cache import split_packed
 from pofe.scoring import score_candidates
-
 from tests.helpers import load_llama
 from tests.test_prefix_sharing import features
 
@@ -63,7 +62,9 @@ def test_cache_layout_forwards(tiny64_model, tokenizer):
     assert prompts["input_ids"].shape == (2, 3) and prompts["attention_mask"].dim() == 2
     assert responses["input_ids"].shape == (3, 4)
     assert responses["attention_mask"].tolist() == [
-        [1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 0, 0, 0]
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 0, 1, 0, 0, 0],
     ]
     assert responses["position_ids"].tolist() == [[3, 4, 5, 6], [3, 4, 5, 6], [2, 3, 4, 5]]
 

@@ -19,7 +19,6 @@ from pofe.columns import IGNORE_INDEX, pack_prompt
 from pofe.losses import rrhf_loss
 from pofe.prefix import block_attention_mask, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed
-
 from tests.helpers import assert_float_close, load_llama
 
 HIDDEN = 64  # tiny64_model's width
@@ -62,7 +61,7 @@ def assert_same(a, b, feats):
     assert_float_close(va, vb, n)
     assert ga.keys() == gb.keys() and ga
     for name in ga:
-        assert_float_close(ga[name], gb[name], n, msg=lambda m: f"{name}: {m}")
+        assert_float_close(ga[name], gb[name], n, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def both_layouts(model, tokenizer, feats, layout="packed", **collator_kwargs):
@@ -177,16 +176,18 @@ def test_shared_equals_unshared_lora(tiny64_model, tokenizer, layout, lora_seed=
     torch.manual_seed(lora_seed)  # the adapters' random init
     model = peft.get_peft_model(
         load_llama(tiny64_model, "sdpa"),
-        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
-                        init_lora_weights=False),
+        peft.LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
+            init_lora_weights=False,
+        ),
     )
     unshared, shared = both_layouts(model, tokenizer, features(), layout)
     assert_same(shared, unshared, features())
 
 
-@pytest.mark.parametrize(
-    "reentrant, layout", [(False, "packed"), (True, "packed"), (False, "cache"), (True, "auto")]
-)
+@pytest.mark.parametrize("reentrant, layout", [(False, "packed"), (True, "packed"), (False, "cache"), (True, "auto")])
 def test_shared_equals_unshared_gradient_checkpointing(tiny64_model, tokenizer, reentrant, layout):
     """Reentrant checkpointing only with `auto`, which then packs (the cache layout refuses it)."""
     model = load_llama(tiny64_model)
@@ -223,7 +224,7 @@ def test_microbatch_1x4_equals_4x1_rrhf(tiny64_model, tokenizer, layout):
     for f in feats:
         (loss_of(collate([f])) / len(feats)).backward()  # gradients accumulate in .grad
     for name, p in model.named_parameters():
-        assert_float_close(p.grad, full[name], n_terms(feats), msg=lambda m: f"{name}: {m}")
+        assert_float_close(p.grad, full[name], n_terms(feats), msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ---------------------------------------------------------------- fallback
@@ -242,12 +243,33 @@ def enabled(cfg, is_eval=False):
         # no 4D mask: the cache layout, unless reentrant checkpointing would cut its gradient
         ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2"}, True),
         ({"pofe": {"method": "rrhf"}, "attn_implementation": "flex_attention"}, True),
-        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2",
-          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, False),
-        ({"pofe": {"method": "rrhf"}, "attn_implementation": "flash_attention_2",
-          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}, True),
-        ({"pofe": {"method": "rrhf"}, "attn_implementation": "sdpa",
-          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, True),
+        (
+            {
+                "pofe": {"method": "rrhf"},
+                "attn_implementation": "flash_attention_2",
+                "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": True},
+            },
+            False,
+        ),
+        (
+            {
+                "pofe": {"method": "rrhf"},
+                "attn_implementation": "flash_attention_2",
+                "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            },
+            True,
+        ),
+        (
+            {
+                "pofe": {"method": "rrhf"},
+                "attn_implementation": "sdpa",
+                "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": True},
+            },
+            True,
+        ),
         ({"pofe": {"method": "rrhf"}, "sample_packing": True}, False),
     ],
 )
@@ -285,8 +307,11 @@ def test_config_defaults():
 
 
 def test_cache_layout_with_reentrant_checkpointing_is_a_config_error():
-    cfg = {"pofe": {"method": "rrhf", "prefix_layout": "cache"}, "gradient_checkpointing": True,
-           "gradient_checkpointing_kwargs": {"use_reentrant": True}}
+    cfg = {
+        "pofe": {"method": "rrhf", "prefix_layout": "cache"},
+        "gradient_checkpointing": True,
+        "gradient_checkpointing_kwargs": {"use_reentrant": True},
+    }
     with pytest.raises(ValueError, match="prefix_layout: cache needs non-reentrant"):
         enabled(cfg)
     assert enabled(cfg, is_eval=True) is True  # no gradients in eval
@@ -302,8 +327,12 @@ def test_cache_layout_with_reentrant_checkpointing_is_a_config_error():
     ],
 )
 def test_log_line_names_the_layout(caplog, layout, attn, reentrant, says):
-    cfg = {"pofe": {"method": "rrhf", "prefix_layout": layout}, "attn_implementation": attn,
-           "gradient_checkpointing": reentrant, "gradient_checkpointing_kwargs": {"use_reentrant": reentrant}}
+    cfg = {
+        "pofe": {"method": "rrhf", "prefix_layout": layout},
+        "attn_implementation": attn,
+        "gradient_checkpointing": reentrant,
+        "gradient_checkpointing_kwargs": {"use_reentrant": reentrant},
+    }
     with caplog.at_level("INFO"):
         assert enabled(cfg) is True
     assert f"POFE (train): prefix sharing through {says}" in caplog.text

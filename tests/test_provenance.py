@@ -60,8 +60,10 @@ def test_round_record_digests_and_masks(tmp_path):
     (cands / "generate" / "shard-00000.jsonl").write_text("a\n")
     (cands / "judge" / "manifest.json").write_text(json.dumps({"judge_identity": {"function_sha256": "abc"}}))
     folder.recipe(1).write_text("seed: 3\npofe:\n  generate:\n    api_key: sk-abcdefghijklmnopqrstuvwx\n")
-    state = {"rounds": {"1": {"generate_seed": 7}},
-             "stages": {"round-1/train": {"environment": {"pofe": {"version": "x"}}}}}
+    state = {
+        "rounds": {"1": {"generate_seed": 7}},
+        "stages": {"round-1/train": {"environment": {"pofe": {"version": "x"}}}},
+    }
     rec = round_record(folder, state, 1)
     assert rec["sha256"]["prompts"] == hashlib.sha256(b'{"prompt": "1+1="}\n').hexdigest()
     assert rec["sha256"]["candidates"] == hashlib.sha256(b"a\nb\n").hexdigest()
@@ -88,8 +90,12 @@ def test_best_of_k_by_hand():
     assert entry["best_of_k_reward"] == pytest.approx(7 / 12)
     assert entry["mean_candidate_reward"] == pytest.approx(17 / 48)
     assert entry["trained_mean_reward"] == 0.5 and entry["trained_minus_best_of_k"] == pytest.approx(-1 / 12)
-    assert [(r["prompt_index"], r["k"], r["response"]) for r in records] == [(0, 0, "5"), (0, 1, "4"),
-                                                                              (1, 0, "x"), (1, 1, "4")]
+    assert [(r["prompt_index"], r["k"], r["response"]) for r in records] == [
+        (0, 0, "5"),
+        (0, 1, "4"),
+        (1, 0, "x"),
+        (1, 1, "4"),
+    ]
     assert not math.isnan(records[2]["reward"]) and records[2]["reward"] == 0.0
 
 
@@ -100,29 +106,55 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     their best per prompt, averaged; the report shows the section and the W&B row holds it."""
     from pofe.demo.task import reward
     from pofe.run.evaluation.evaluate import evaluate_run
-    from pofe.run.rounds.publish import round_metrics
     from pofe.run.report import write_report
+    from pofe.run.rounds.publish import round_metrics
     from tests.helpers import CPU_SETTINGS
 
     folder = RunFolder(tmp_path / "run")
     rows = [{"prompt": "2+3="}, {"prompt": "1+1="}]
     folder.held_out_prompts.parent.mkdir(parents=True)
     folder.held_out_prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    folder.state.write_text(json.dumps({
-        "method": "rrhf", "base_model": str(tiny_model), "stages": {}, "starts": [1.0], "rounds_planned": 1,
-        "rounds": {"1": {"policy_in": str(tiny_model), "policy_out": str(tiny_model), "generate_seed": 0}}}))
+    folder.state.write_text(
+        json.dumps(
+            {
+                "method": "rrhf",
+                "base_model": str(tiny_model),
+                "stages": {},
+                "starts": [1.0],
+                "rounds_planned": 1,
+                "rounds": {"1": {"policy_in": str(tiny_model), "policy_out": str(tiny_model), "generate_seed": 0}},
+            }
+        )
+    )
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 3))
     recipe = tmp_path / "recipe.yml"
-    recipe.write_text(yaml.safe_dump({
-        "base_model": str(tiny_model), "plugins": ["pofe.PofePlugin"], "rl": "rrhf",
-        "datasets": [{"path": str(tmp_path / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "output_dir": str(folder.root), "sequence_len": 64, "micro_batch_size": 1, "num_epochs": 1,
-        "learning_rate": 1e-3, **CPU_SETTINGS,
-        "pofe": {"generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0,
-                              "max_new_tokens": 3, "seed": 0},
-                 "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-                 "eval": {"train_prompts": 0, "num_samples": 1, "max_new_tokens": 3}},
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "base_model": str(tiny_model),
+                "plugins": ["pofe.PofePlugin"],
+                "rl": "rrhf",
+                "datasets": [{"path": str(tmp_path / "prompts.jsonl"), "type": "pofe.prompts"}],
+                "output_dir": str(folder.root),
+                "sequence_len": 64,
+                "micro_batch_size": 1,
+                "num_epochs": 1,
+                "learning_rate": 1e-3,
+                **CPU_SETTINGS,
+                "pofe": {
+                    "generate": {
+                        "backend": "transformers",
+                        "num_candidates": 2,
+                        "temperature": 1.0,
+                        "max_new_tokens": 3,
+                        "seed": 0,
+                    },
+                    "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+                    "eval": {"train_prompts": 0, "num_samples": 1, "max_new_tokens": 3},
+                },
+            }
+        )
+    )
     evaluate_run(recipe, echo=lambda _: None)
     ev = json.loads((folder.eval_dir / "eval.json").read_text())
     cands = [json.loads(line) for line in (folder.eval_dir / "candidates.jsonl").read_text().splitlines()]

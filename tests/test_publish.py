@@ -16,11 +16,11 @@ from huggingface_hub import HfApi
 from pofe import PofePlugin
 from pofe.args import PofeConfig
 from pofe.run.folder import RunFolder, RunState
-from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, round_metrics, tracker_env
 from pofe.run.recipe import load_recipe
-from pofe.run.rounds.round_recipe import round_recipe
 from pofe.run.report.collect import sample_rows
 from pofe.run.rounds.loop import RoundPlan, push_round
+from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, round_metrics, tracker_env
+from pofe.run.rounds.round_recipe import round_recipe
 from pofe.run.rounds.runner import StageRunner
 from tests.helpers import prompts_in, prompts_stage
 from tests.hub_server import HubServer
@@ -31,10 +31,14 @@ RAW = {
     "datasets": [{"path": "data/p.jsonl", "type": "pofe.prompts"}],
     "output_dir": "/runs/tldr-rrhf",
     "hub_model_id": "org/tldr",
-    "wandb_project": "pofe", "wandb_name": "tldr",
+    "wandb_project": "pofe",
+    "wandb_name": "tldr",
     "trackio_project_name": "pofe",
-    "pofe": {"rounds": 3, "generate": {"backend": "transformers", "seed": 7},
-             "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+    "pofe": {
+        "rounds": 3,
+        "generate": {"backend": "transformers", "seed": 7},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    },
 }
 
 
@@ -109,8 +113,7 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
             "data/train.jsonl": (cands / "data.jsonl").read_bytes(),
             "pofe/summary.json": (cands / "summary.json").read_bytes(),
         }
-        assert hub.files[("model", f"org/tldr-iter{t}")] == {
-            p.name: p.read_bytes() for p in merged.iterdir()}
+        assert hub.files[("model", f"org/tldr-iter{t}")] == {p.name: p.read_bytes() for p in merged.iterdir()}
         record = state.data["stages"][f"round-{t}/push"]
         assert record["status"] == "done" and record["model"][0] == f"org/tldr-iter{t}"
         assert record["dataset"][1].startswith(f"{hub.url}/org/tldr-iter{t}-data/commit/")
@@ -147,10 +150,10 @@ def read_wandb_history(run_dir: Path) -> tuple[dict, dict[int, dict], bool]:
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             break
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = pb.Record()
@@ -168,23 +171,57 @@ def read_wandb_history(run_dir: Path) -> tuple[dict, dict[int, dict], bool]:
 
 REPORT = {
     "rounds": [
-        {"round": 1, "candidates": {"mean_reward": 0.25, "best_of_k_reward": 0.75, "policy_sample_mean_reward": 0.5,
-                                    "mean_best_win_rate": None, "win_rate_spread": None},
-         "train": {"first_loss": 2.0, "last_loss": 1.5},
-         "trained_on_train_prompts": {"model_mean_reward": 0.5, "candidates_best_of_k_reward": 0.75, "samples": [
-             {"index": 0, "sample": 0, "prompt": "1+1=", "completion": "2", "reward": 1.0,
-              "best_candidate": "2", "best_candidate_reward": 1.0},
-             {"index": 1, "sample": 0, "prompt": "2+2=", "completion": "5", "reward": 0.0,
-              "best_candidate": "4", "best_candidate_reward": 1.0}]}},
-        {"round": 2, "candidates": {"mean_reward": 0.5, "best_of_k_reward": 1.0, "policy_sample_mean_reward": 0.625},
-         "train": None},
+        {
+            "round": 1,
+            "candidates": {
+                "mean_reward": 0.25,
+                "best_of_k_reward": 0.75,
+                "policy_sample_mean_reward": 0.5,
+                "mean_best_win_rate": None,
+                "win_rate_spread": None,
+            },
+            "train": {"first_loss": 2.0, "last_loss": 1.5},
+            "trained_on_train_prompts": {
+                "model_mean_reward": 0.5,
+                "candidates_best_of_k_reward": 0.75,
+                "samples": [
+                    {
+                        "index": 0,
+                        "sample": 0,
+                        "prompt": "1+1=",
+                        "completion": "2",
+                        "reward": 1.0,
+                        "best_candidate": "2",
+                        "best_candidate_reward": 1.0,
+                    },
+                    {
+                        "index": 1,
+                        "sample": 0,
+                        "prompt": "2+2=",
+                        "completion": "5",
+                        "reward": 0.0,
+                        "best_candidate": "4",
+                        "best_candidate_reward": 1.0,
+                    },
+                ],
+            },
+        },
+        {
+            "round": 2,
+            "candidates": {"mean_reward": 0.5, "best_of_k_reward": 1.0, "policy_sample_mean_reward": 0.625},
+            "train": None,
+        },
     ],
     "eval": {
         "models": [{"name": "pi_0"}, {"name": "pi_1"}, {"name": "pi_2"}],
-        "mean_reward": [0.125, 0.375, 0.625], "mean_reward_judge2": None,
-        "kl_to_base": [0.0, 0.5, 1.25], "perplexity": None, "mean_response_tokens": [4.0, 3.5, 3.0],
+        "mean_reward": [0.125, 0.375, 0.625],
+        "mean_reward_judge2": None,
+        "kl_to_base": [0.0, 0.5, 1.25],
+        "perplexity": None,
+        "mean_response_tokens": [4.0, 3.5, 3.0],
         "win_matrix": [[0.5, 0.25, 0.125], [0.75, 0.5, 0.375], [0.875, 0.625, 0.5]],
-        "vs_pi_0": [None, {"lc": 0.5625}, {"lc": 0.6875}], "vs_previous": [None, {"lc": 0.5625}, {"lc": 0.4375}],
+        "vs_pi_0": [None, {"lc": 0.5625}, {"lc": 0.6875}],
+        "vs_previous": [None, {"lc": 0.5625}, {"lc": 0.4375}],
         "best_of_k": [{"round": 1, "best_of_k_reward": 0.25}, {"round": 2, "best_of_k_reward": 0.5}],
     },
 }
@@ -207,24 +244,50 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
     assert (table_ref["_type"], table_ref["nrows"], table_ref["ncols"]) == ("table-file", 2, 8)
     assert history == {
         0: {"eval/mean_reward": 0.125, "eval/kl_to_base": 0.0, "eval/mean_response_tokens": 4.0},
-        1: {"headline/trained_reward": 0.5, "headline/best_of_k_reward": 0.75, "candidates/mean_reward": 0.25, "candidates/best_of_k_reward": 0.75,
-            "candidates/policy_sample_mean_reward": 0.5, "train/first_loss": 2.0, "train/last_loss": 1.5,
-            "eval/mean_reward": 0.375, "eval/kl_to_base": 0.5, "eval/mean_response_tokens": 3.5,
-            "eval/win_rate_vs_pi_0": 0.75, "eval/win_rate_vs_previous": 0.75,
-            "eval/lc_win_rate_vs_pi_0": 0.5625, "eval/lc_win_rate_vs_previous": 0.5625,
-            "eval/held_out_best_of_k_reward": 0.25},
-        2: {"candidates/mean_reward": 0.5, "candidates/best_of_k_reward": 1.0,
+        1: {
+            "headline/trained_reward": 0.5,
+            "headline/best_of_k_reward": 0.75,
+            "candidates/mean_reward": 0.25,
+            "candidates/best_of_k_reward": 0.75,
+            "candidates/policy_sample_mean_reward": 0.5,
+            "train/first_loss": 2.0,
+            "train/last_loss": 1.5,
+            "eval/mean_reward": 0.375,
+            "eval/kl_to_base": 0.5,
+            "eval/mean_response_tokens": 3.5,
+            "eval/win_rate_vs_pi_0": 0.75,
+            "eval/win_rate_vs_previous": 0.75,
+            "eval/lc_win_rate_vs_pi_0": 0.5625,
+            "eval/lc_win_rate_vs_previous": 0.5625,
+            "eval/held_out_best_of_k_reward": 0.25,
+        },
+        2: {
+            "candidates/mean_reward": 0.5,
+            "candidates/best_of_k_reward": 1.0,
             "candidates/policy_sample_mean_reward": 0.625,
-            "eval/mean_reward": 0.625, "eval/kl_to_base": 1.25, "eval/mean_response_tokens": 3.0,
-            "eval/win_rate_vs_pi_0": 0.875, "eval/win_rate_vs_previous": 0.625,
-            "eval/lc_win_rate_vs_pi_0": 0.6875, "eval/lc_win_rate_vs_previous": 0.4375,
-            "eval/held_out_best_of_k_reward": 0.5},
+            "eval/mean_reward": 0.625,
+            "eval/kl_to_base": 1.25,
+            "eval/mean_response_tokens": 3.0,
+            "eval/win_rate_vs_pi_0": 0.875,
+            "eval/win_rate_vs_previous": 0.625,
+            "eval/lc_win_rate_vs_pi_0": 0.6875,
+            "eval/lc_win_rate_vs_previous": 0.4375,
+            "eval/held_out_best_of_k_reward": 0.5,
+        },
     }
     # the sampled completions: one table at the last step, its rows as the report has them
     (table_file,) = run_dir.glob("files/media/table/samples_*.table.json")
     table = json.loads(table_file.read_text())
-    assert table["columns"] == ["round", "index", "sample", "prompt", "completion", "reward", "best_candidate",
-                                "best_candidate_reward"]
+    assert table["columns"] == [
+        "round",
+        "index",
+        "sample",
+        "prompt",
+        "completion",
+        "reward",
+        "best_candidate",
+        "best_candidate_reward",
+    ]
     assert table["data"] == [[1, 0, 0, "1+1=", "2", 1.0, "2", 1.0], [1, 1, 0, "2+2=", "5", 0.0, "4", 1.0]]
 
 

@@ -28,8 +28,9 @@ def _qlora(path):
         path, quantization_config=quant, dtype=torch.float32, attn_implementation="eager"
     )
     torch.manual_seed(0)  # the same random (non-zero) adapters in every model built here
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"],
-                      init_lora_weights=False)
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"], init_lora_weights=False
+    )
     return get_peft_model(model, lora)
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault

@@ -7,18 +7,16 @@ import json
 import pytest
 import torch
 
+from pofe.run.evaluation.statistics import find_cycles
 from pofe.run.folder import RunFolder
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
-from pofe.run.evaluation.statistics import find_cycles
 
 
 def test_no_cycle_in_a_transitive_table():
     """pi_2 > pi_1 > pi_0 and pi_2 > pi_0: ordered, nothing to flag."""
-    w = [[0.5, 0.4, 0.3],
-         [0.6, 0.5, 0.45],
-         [0.7, 0.55, 0.5]]
+    w = [[0.5, 0.4, 0.3], [0.6, 0.5, 0.45], [0.7, 0.55, 0.5]]
     assert find_cycles(w) == []
 
 
@@ -58,9 +56,12 @@ def test_two_cycles_in_five_models():
         for b in range(m):
             if a > b:
                 w[a][b], w[b][a] = 0.6, 0.4
+
     def beat(a, b):
         w[a][b], w[b][a] = 0.6, 0.4
-    beat(0, 1); beat(1, 2); beat(2, 0); beat(2, 3); beat(3, 4); beat(4, 2)
+
+    for a, b in ((0, 1), (1, 2), (2, 0), (2, 3), (3, 4), (4, 2)):
+        beat(a, b)
     assert find_cycles(w) == [(0, 1, 2), (1, 2, 3), (2, 3, 4)]
 
 
@@ -72,8 +73,9 @@ def test_non_square_is_refused():
 def test_report_without_rounds_or_eval_says_so(tmp_path):
     """A run whose state exists but has no finished stage: every section says 'no data'."""
     folder = RunFolder(tmp_path)
-    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
-                                        "rounds_planned": 2}))
+    folder.state.write_text(
+        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 2})
+    )
     rep = write_report(folder)
     md = rep.markdown_path.read_text()
     assert "No round has started." in md
@@ -90,20 +92,36 @@ def test_missing_state_is_an_error(tmp_path):
 def test_markdown_flags_a_cycle():
     ev = {
         "models": [{"name": f"pi_{i}", "path": "x"} for i in range(3)],
-        "num_prompts": 2, "prompts_source": "p.jsonl",
+        "num_prompts": 2,
+        "prompts_source": "p.jsonl",
         "decoding": {"num_samples": 1, "temperature": 0.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
-        "judge": {"type": "python", "function": "m:f"}, "judge2": None,
+        "judge": {"type": "python", "function": "m:f"},
+        "judge2": None,
         "win_matrix_method": "bradley_terry",
         "win_matrix": [[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]],
-        "mean_reward": [0.1, 0.2, 0.3], "win_matrix_judge2": None, "mean_reward_judge2": None,
-        "mean_response_tokens": [1.0, 2.0, 3.0], "mean_response_chars": [1.0, 2.0, 3.0],
-        "kl_to_base": [0.0, 0.1, 0.2], "kl_is_unbiased": False, "perplexity": None,
-        "reference_count": 0, "cycle_threshold": 0.5,
+        "mean_reward": [0.1, 0.2, 0.3],
+        "win_matrix_judge2": None,
+        "mean_reward_judge2": None,
+        "mean_response_tokens": [1.0, 2.0, 3.0],
+        "mean_response_chars": [1.0, 2.0, 3.0],
+        "kl_to_base": [0.0, 0.1, 0.2],
+        "kl_is_unbiased": False,
+        "perplexity": None,
+        "reference_count": 0,
+        "cycle_threshold": 0.5,
         "cycles": find_cycles([[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]),
         "cycles_judge2": None,
     }
-    rep = {"method": "sppo", "rounds_finished": 2, "rounds_planned": 2, "output_dir": "o",
-           "final_policy": "p", "starts": 1, "rounds": [], "eval": ev}
+    rep = {
+        "method": "sppo",
+        "rounds_finished": 2,
+        "rounds_planned": 2,
+        "output_dir": "o",
+        "final_policy": "p",
+        "starts": 1,
+        "rounds": [],
+        "eval": ev,
+    }
     md = render_markdown(rep, {})
     assert "**CYCLE**: pi_0 > pi_2 > pi_1 > pi_0" in md
     assert "no reference responses" in md.lower()
@@ -114,11 +132,20 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     """SPPO rounds carry summary.json's mean_win_rate_spread into report.json and a table
     column; a round without it (an older summary) shows '-'. RRHF's table has no such column."""
     folder = RunFolder(tmp_path)
-    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {},
-                                        "starts": [1.0], "rounds_planned": 2}))
-    summary = {"rows": 3, "candidates_per_prompt": {"mean": 5.0}, "mean_candidate_reward": 0.5,
-               "mean_best_of_k_reward": 1.0, "mean_candidate_tokens": 7.0, "mean_best_win_rate": 0.9,
-               "judge_abstentions": 0}
+    folder.state.write_text(
+        json.dumps(
+            {"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {}, "starts": [1.0], "rounds_planned": 2}
+        )
+    )
+    summary = {
+        "rows": 3,
+        "candidates_per_prompt": {"mean": 5.0},
+        "mean_candidate_reward": 0.5,
+        "mean_best_of_k_reward": 1.0,
+        "mean_candidate_tokens": 7.0,
+        "mean_best_win_rate": 0.9,
+        "judge_abstentions": 0,
+    }
     for t, extra in ((1, {"mean_win_rate_spread": 0.25}), (2, {})):
         folder.candidates(t).mkdir(parents=True)
         (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
@@ -152,28 +179,44 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
     by_hand = sum(pref[p, 2 * S + i, 0 * S + j].item() for p in range(P) for i in range(S) for j in range(S))
     assert comparisons["vs_pi_0"][2]["raw"] == pytest.approx(by_hand / (P * S * S))
     ev = {
-        "models": [{"name": f"pi_{i}", "path": "x"} for i in range(M)], "num_prompts": P, "prompts_source": "p.jsonl",
+        "models": [{"name": f"pi_{i}", "path": "x"} for i in range(M)],
+        "num_prompts": P,
+        "prompts_source": "p.jsonl",
         "decoding": {"num_samples": S, "temperature": 1.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
-        "judge": {"type": "python_pairwise", "function": "m:f"}, "judge2": None, "win_matrix_method": "pairwise",
-        "win_matrix": [[0.5] * M] * M, "mean_reward": None, "win_matrix_judge2": None, "mean_reward_judge2": None,
-        "mean_response_tokens": comparisons["response_tokens"]["mean"], "mean_response_chars": [1.0] * M,
-        "kl_to_base": [0.0] * M, "kl_is_unbiased": True, "perplexity": None, "reference_count": 0,
-        "cycle_threshold": 0.5, **comparisons,
+        "judge": {"type": "python_pairwise", "function": "m:f"},
+        "judge2": None,
+        "win_matrix_method": "pairwise",
+        "win_matrix": [[0.5] * M] * M,
+        "mean_reward": None,
+        "win_matrix_judge2": None,
+        "mean_reward_judge2": None,
+        "mean_response_tokens": comparisons["response_tokens"]["mean"],
+        "mean_response_chars": [1.0] * M,
+        "kl_to_base": [0.0] * M,
+        "kl_is_unbiased": True,
+        "perplexity": None,
+        "reference_count": 0,
+        "cycle_threshold": 0.5,
+        **comparisons,
     }
     folder = RunFolder(tmp_path)
-    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
-                                        "rounds_planned": 2}))
+    folder.state.write_text(
+        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 2})
+    )
     folder.eval_dir.mkdir()
     (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
     (folder.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))
     rep = write_report(folder)
     md = rep.markdown_path.read_text()
-    headline = md[md.index("## Headline"):md.index("## Rounds")]
+    headline = md[md.index("## Headline") : md.index("## Rounds")]
     assert "No reward headline: the judge is pairwise." in headline
     for t in (1, 2):
         base, prev = ev["vs_pi_0"][t], ev["vs_previous"][t]
-        cells = [f"{fmt(v[k])} [{fmt(v[k + '_ci95'][0])}, {fmt(v[k + '_ci95'][1])}]"
-                 for v in (base, prev) for k in ("raw", "lc")]
+        cells = [
+            f"{fmt(v[k])} [{fmt(v[k + '_ci95'][0])}, {fmt(v[k + '_ci95'][1])}]"
+            for v in (base, prev)
+            for k in ("raw", "lc")
+        ]
         assert f"| {t} | pi_{t} | " + " | ".join(cells) + " |" in headline
     assert ev["vs_previous"][1] == ev["vs_pi_0"][1]  # pi_1's previous iterate is pi_0
     assert rep.plots["lengths"] == "report-lengths.png" and (tmp_path / "report-lengths.png").exists()
@@ -189,15 +232,21 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
     def v(lc, lo, hi):
         return {"raw": lc + 0.1, "raw_ci95": [lo, hi], "lc": lc, "lc_ci95": [lo, hi], "length_slope": 0.0}
 
-    ev = {"models": [{"name": f"pi_{i}"} for i in range(4)],
-          "vs_pi_0": [None, v(0.70, 0.6, 0.8), v(0.55, 0.45, 0.65), v(0.50, 0.4, 0.6)],
-          "vs_previous": [None, v(0.70, 0.6, 0.8), v(0.30, 0.2, 0.4), v(0.45, 0.35, 0.55)]}
+    ev = {
+        "models": [{"name": f"pi_{i}"} for i in range(4)],
+        "vs_pi_0": [None, v(0.70, 0.6, 0.8), v(0.55, 0.45, 0.65), v(0.50, 0.4, 0.6)],
+        "vs_previous": [None, v(0.70, 0.6, 0.8), v(0.30, 0.2, 0.4), v(0.45, 0.35, 0.55)],
+    }
     choice = choose_model(ev)
     assert (choice["best"], choice["name"], choice["lc_vs_pi_0"]) == (1, "pi_1", 0.70)
     assert [(r["model"], r["clear"]) for r in choice["regressions"]] == [("pi_2", True), ("pi_3", False)]
     md = "\n".join(choice_section({"choice": choice}))
-    assert "**pi_1**: the highest length-controlled win rate against pi_0 on the held-out prompts " \
-           "(0.700 [0.600, 0.800]; raw 0.800)." in md and choice["clear"]
+    assert (
+        "**pi_1**: the highest length-controlled win rate against pi_0 on the held-out prompts "
+        "(0.700 [0.600, 0.800]; raw 0.800)."
+        in md
+        and choice["clear"]
+    )
     assert "- pi_2 REGRESSED against pi_1: length-controlled win rate 0.300 [0.200, 0.400]." in md
     assert "- pi_3 did not improve (within noise) against pi_2" in md
     # no iterate beats the base at equal length: the base is the model to use

@@ -46,8 +46,12 @@ def sources(tmp_path_factory):
     _jsonl(files / "a.jsonl", ["a0", "a1"])
     _jsonl(files / "b.jsonl", ["b0"])
     saved = root / "saved"
-    DatasetDict({"train": Dataset.from_dict({"prompt": ["s0", "s1"]}),
-                 "eval": Dataset.from_dict({"prompt": ["e0", "e1", "e2", "e3"]})}).save_to_disk(str(saved))
+    DatasetDict(
+        {
+            "train": Dataset.from_dict({"prompt": ["s0", "s1"]}),
+            "eval": Dataset.from_dict({"prompt": ["e0", "e1", "e2", "e3"]}),
+        }
+    ).save_to_disk(str(saved))
     return {"repo": str(repo), "files": str(files), "saved": str(saved)}
 
 
@@ -67,20 +71,36 @@ def test_dataset_specs_load_as_datasets_entries_do(sources):
         RoundPromptSet(path=sources["saved"], split="eval"),  # a save_to_disk folder of splits
     ]
     got = _prompts(load_round_prompts(ENTRY, specs, False))
-    assert got == [["iter2-test-0", "iter2-test-1", "iter2-test-2"], ["iter1-train-0", "iter1-train-1", "iter1-train-2"],
-                   ["b0"], ["e0", "e1", "e2", "e3"]]
+    assert got == [
+        ["iter2-test-0", "iter2-test-1", "iter2-test-2"],
+        ["iter1-train-0", "iter1-train-1", "iter1-train-2"],
+        ["b0"],
+        ["e0", "e1", "e2", "e3"],
+    ]
 
 
 def test_bad_specs_name_the_round_and_the_spec(sources):
-    with pytest.raises(ValueError, match=r"round_prompts\[1\] \(round 2\): dataset path='.*repo', name='iter9'.* "
-                                         r"does not load"):
-        load_round_prompts(ENTRY, [RoundPromptSet(path=sources["repo"], name="iter1"),
-                                   RoundPromptSet(path=sources["repo"], name="iter9")], False)
-    with pytest.raises(ValueError, match=r"round_prompts\[0\] \(round 1\): dataset path='.*saved', split='test' has "
-                                         r"splits \['eval', 'train'\], not 'test': set `split`"):
+    with pytest.raises(
+        ValueError,
+        match=r"round_prompts\[1\] \(round 2\): dataset path='.*repo', name='iter9'.* "
+        r"does not load",
+    ):
+        load_round_prompts(
+            ENTRY,
+            [RoundPromptSet(path=sources["repo"], name="iter1"), RoundPromptSet(path=sources["repo"], name="iter9")],
+            False,
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"round_prompts\[0\] \(round 1\): dataset path='.*saved', split='test' has "
+        r"splits \['eval', 'train'\], not 'test': set `split`",
+    ):
         load_round_prompts(ENTRY, [RoundPromptSet(path=sources["saved"], split="test")], False)
-    with pytest.raises(ValueError, match=r"round_prompts\[0\] \(round 1\): dataset path='nobody/nothing'.* does not "
-                                         r"load .*huggingface-cli login"):
+    with pytest.raises(
+        ValueError,
+        match=r"round_prompts\[0\] \(round 1\): dataset path='nobody/nothing'.* does not "
+        r"load .*huggingface-cli login",
+    ):
         load_round_prompts(ENTRY, [RoundPromptSet(path="nobody/nothing")], False)
     with pytest.raises(ValueError, match="Extra inputs are not permitted"):
         PofeConfig(rounds=1, round_prompts=[{"path": "x", "splitt": "train"}])
@@ -89,9 +109,13 @@ def test_bad_specs_name_the_round_and_the_spec(sources):
 def test_a_run_mixes_files_and_specs_one_per_round(sources, tmp_path):
     base = tmp_path / "base.jsonl"
     _jsonl(base, ["h0", "h1", "h2"])
-    pofe = {"rounds": 2, "eval": {"held_out": 1},
-            "round_prompts": [f"{sources['files']}/a.jsonl", {"path": sources["repo"], "name": "iter2"}],
-            "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
+    pofe = {
+        "rounds": 2,
+        "eval": {"held_out": 1},
+        "round_prompts": [f"{sources['files']}/a.jsonl", {"path": sources["repo"], "name": "iter2"}],
+        "generate": {"backend": "transformers"},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    }
     folder, _, _ = prompts_stage(tmp_path, "rrhf", base, pofe)
     assert prompts_in(folder.round_prompts(1)) == ["a0", "a1"]
     assert prompts_in(folder.round_prompts(2)) == ["iter2-train-0", "iter2-train-1", "iter2-train-2"]
@@ -104,8 +128,12 @@ def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tm
     A pool of 20 holds out its last 4 (a fifth of a small pool); round 2's set shares none."""
     pool = tmp_path / "pool.jsonl"
     _jsonl(pool, [f"p{i}" for i in range(20)])
-    pofe = {"rounds": 2, "round_prompts": [str(pool), f"{sources['files']}/a.jsonl"],
-            "generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
+    pofe = {
+        "rounds": 2,
+        "round_prompts": [str(pool), f"{sources['files']}/a.jsonl"],
+        "generate": {"backend": "transformers"},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    }
     folder, state, said = prompts_stage(tmp_path, "sppo", pool, pofe)
     assert prompts_in(folder.held_out_prompts) == ["p16", "p17", "p18", "p19"]
     assert prompts_in(folder.round_prompts(1)) == [f"p{i}" for i in range(16)]

@@ -41,9 +41,12 @@ RAW = {
     "output_dir": "/runs/x",
     "dataset_prepared_path": "/prep",
     "save_strategy": "no",
-    "pofe": {"rounds": 3, "eval": {"held_out": 4},
-             "generate": {"backend": "transformers", "seed": 7},
-             "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+    "pofe": {
+        "rounds": 3,
+        "eval": {"held_out": 4},
+        "generate": {"backend": "transformers", "seed": 7},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    },
 }
 
 
@@ -55,8 +58,9 @@ def test_round_recipe_points_everything_at_the_round():
     assert r2["base_model"] == "/runs/x/round-1/merged"
     assert r2["output_dir"] == "/runs/x/round-2/train"
     assert r2["dataset_prepared_path"] == "/runs/x/round-2/prepared"
-    assert r2["datasets"] == [{"path": "/runs/x/prompts/round-2.jsonl", "ds_type": "json",
-                               "type": "pofe.prompts", "field_prompt": "q"}]
+    assert r2["datasets"] == [
+        {"path": "/runs/x/prompts/round-2.jsonl", "ds_type": "json", "type": "pofe.prompts", "field_prompt": "q"}
+    ]
     assert r2["pofe"]["generate"] == {"backend": "transformers", "seed": 8, "model": "/runs/x/round-1/merged"}
     assert r2["pofe"]["candidates"] == {"out_dir": "/runs/x/round-2/candidates"}
     assert "rounds" not in r2["pofe"] and "eval" not in r2["pofe"]
@@ -103,9 +107,12 @@ def test_config_keys():
     with pytest.raises(ValueError, match="greedy"):
         EvalConfig(held_out=3, temperature=0.0, num_samples=2)
     with pytest.raises(ValueError, match="OpenAI-compatible server"):
-        PofeConfig(method="rrhf", rounds=2,
-                   generate={"backend": "openai", "base_url": "http://x/v1"},
-                   judge={"type": "python", "function": "m:f"})
+        PofeConfig(
+            method="rrhf",
+            rounds=2,
+            generate={"backend": "openai", "base_url": "http://x/v1"},
+            judge={"type": "python", "function": "m:f"},
+        )
 
 
 def test_held_out_answers_get_the_candidates_token_budget():
@@ -114,8 +121,10 @@ def test_held_out_answers_get_the_candidates_token_budget():
     block: 64."""
     from pofe.run.evaluation.answers import held_out_sampling
 
-    blocks = {"generate": {"backend": "transformers", "max_new_tokens": 2048},
-              "judge": {"type": "python", "function": "m:f"}}
+    blocks = {
+        "generate": {"backend": "transformers", "max_new_tokens": 2048},
+        "judge": {"type": "python", "function": "m:f"},
+    }
     cfg = PofeConfig(method="sppo", rounds=2, **blocks)
     assert held_out_sampling(cfg.eval, cfg.generate).max_new_tokens == 2048
     cfg = PofeConfig(method="sppo", rounds=2, eval={"max_new_tokens": 32}, **blocks)
@@ -127,8 +136,7 @@ def test_default_held_out_size_by_hand():
     """5 % of the pool, at least 16, at most 256, never more than a fifth of the pool."""
     from pofe.run.prompts import default_held_out, held_out_count
 
-    by_hand = {0: 0, 4: 0, 5: 1, 14: 2, 40: 8, 80: 16, 100: 16, 320: 16, 339: 17, 1000: 50, 5120: 256,
-               100000: 256}
+    by_hand = {0: 0, 4: 0, 5: 1, 14: 2, 40: 8, 80: 16, 100: 16, 320: 16, 339: 17, 1000: 50, 5120: 256, 100000: 256}
     assert {n: default_held_out(n) for n in by_hand} == by_hand
     assert held_out_count(100, None, has_own_prompts=False) == 16
     assert held_out_count(100, 0, has_own_prompts=False) == 0  # `held_out: 0`: off
@@ -138,8 +146,10 @@ def test_default_held_out_size_by_hand():
         held_out_count(14, 14, has_own_prompts=False)
 
 
-@pytest.mark.parametrize(("pool", "eval_keys", "held"), [(100, None, 16), (14, None, 2), (4, None, 0),
-                                                         (100, {"held_out": 0}, 0), (100, {"held_out": 7}, 7)])
+@pytest.mark.parametrize(
+    ("pool", "eval_keys", "held"),
+    [(100, None, 16), (14, None, 2), (4, None, 0), (100, {"held_out": 0}, 0), (100, {"held_out": 7}, 7)],
+)
 def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
     """The prompts stage holds out the pool's last rows (the default slice with no eval keys):
     no round's prompt file holds any of them; `held_out: 0` writes no held-out file."""
@@ -147,9 +157,12 @@ def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
 
     base = tmp_path / "pool.jsonl"
     base.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(pool)))
-    pofe = {"rounds": 2, "generate": {"backend": "transformers"},
-            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-            **({"eval": eval_keys} if eval_keys else {})}
+    pofe = {
+        "rounds": 2,
+        "generate": {"backend": "transformers"},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        **({"eval": eval_keys} if eval_keys else {}),
+    }
     folder, _, _ = prompts_stage(tmp_path, "sppo", base, pofe)
     trained = prompts_in(folder.round_prompts(1)) + prompts_in(folder.round_prompts(2))
     assert trained == [f"p{i}" for i in range(pool - held)]  # SPPO's split: every other row once
@@ -178,17 +191,35 @@ def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)  # a fresh adapter is a no-op; make it matter
     peft.save_pretrained(tmp_path / "adapter")
-    cfg = recipe(tmp_path, tiny_model, "rrhf", tmp_path / "unused.jsonl", "pofe.rrhf", adapter="lora",
-                 lora_r=4, lora_alpha=8, lora_target_modules=["q_proj", "v_proj", "down_proj"])
+    cfg = recipe(
+        tmp_path,
+        tiny_model,
+        "rrhf",
+        tmp_path / "unused.jsonl",
+        "pofe.rrhf",
+        adapter="lora",
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules=["q_proj", "v_proj", "down_proj"],
+    )
     env = {**os.environ, **AXOLOTL_ENV}
-    subprocess.run(merge_command(cfg, tmp_path / "adapter", tmp_path / "round"), env=env, check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        merge_command(cfg, tmp_path / "adapter", tmp_path / "round"),
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
 
     merged_dir = tmp_path / "round" / "merged"
     merged = load_file(merged_dir / "model.safetensors")
-    reference = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), tmp_path / "adapter"
-    ).merge_and_unload().state_dict()
+    reference = (
+        PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), tmp_path / "adapter"
+        )
+        .merge_and_unload()
+        .state_dict()
+    )
     plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
     assert set(merged) <= set(reference) and {k for k in reference if "proj" in k} <= set(merged)
     diff = max((merged[k] - reference[k]).abs().max().item() for k in merged)
@@ -214,7 +245,8 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     highest complete step (by number: "checkpoint-9" sorts after "checkpoint-10" as text)."""
     import yaml
 
-    from pofe.run.rounds import loop as rounds, runner
+    from pofe.run.rounds import loop as rounds
+    from pofe.run.rounds import runner
 
     folder = RunFolder(tmp_path / "run")
     train = folder.train(1)
@@ -290,7 +322,8 @@ def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change
     other candidates, or checkpoints nobody recorded) resumed round 1 from the old run's
     checkpoint-6 and trained for 0 s. Now it stops before training, naming the checkpoint and
     what differs."""
-    from pofe.run.rounds import loop as rounds, runner
+    from pofe.run.rounds import loop as rounds
+    from pofe.run.rounds import runner
     from pofe.run.rounds.checkpoints import RECORD_NAME
 
     folder = RunFolder(tmp_path / "run")
@@ -306,9 +339,14 @@ def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change
     monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd))
     plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
     checkpoint = folder.train(1) / "checkpoint-6"
-    says = {"learning_rate": r"differs in: learning_rate\)", "candidates": r"differs in: <candidates data.jsonl>\)",
-            "no record": "is missing or unreadable"}[change]
-    with pytest.raises(RunStateMismatch, match=rf"round 1 would resume from {re.escape(str(checkpoint))}.*{says}.*Delete "):
+    says = {
+        "learning_rate": r"differs in: learning_rate\)",
+        "candidates": r"differs in: <candidates data.jsonl>\)",
+        "no record": "is missing or unreadable",
+    }[change]
+    with pytest.raises(
+        RunStateMismatch, match=rf"round 1 would resume from {re.escape(str(checkpoint))}.*{says}.*Delete "
+    ):
         rounds.run_round(raw, folder, plan, runner.StageRunner(state, echo=lambda _: None, stream=False))
     assert ran == [] and not state.data["stages"].get("round-1/train")
 
@@ -335,8 +373,10 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
     (damaged / "model.safetensors").write_bytes(weights[:-10])
     assert resume_point(folder, state, 1, said.append) == folder.train(1) / "checkpoint-4"
     need = len(weights)
-    assert said == [f"not resuming from {damaged}: {damaged / 'model.safetensors'} has {need - 10} bytes; its "
-                    f"header says {need}; trying the checkpoint before it"]
+    assert said == [
+        f"not resuming from {damaged}: {damaged / 'model.safetensors'} has {need - 10} bytes; its "
+        f"header says {need}; trying the checkpoint before it"
+    ]
     (damaged / "model.safetensors").write_bytes(weights)
     optimizer = (damaged / "optimizer.pt").read_bytes()
     (damaged / "optimizer.pt").write_bytes(optimizer[: len(optimizer) // 2])
@@ -348,7 +388,8 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
 def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     """Weak case of issue 20: round-1/merged deleted between starts while the state said
     merged failed every later start. Now the merge stage runs again (and only it)."""
-    from pofe.run.rounds import loop as rounds, runner
+    from pofe.run.rounds import loop as rounds
+    from pofe.run.rounds import runner
 
     folder = RunFolder(tmp_path / "run")
     state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="sppo")
@@ -367,8 +408,9 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     (folder.merged(1) / "config.json").unlink()
     rounds.run_round(RAW, folder, plan, stages)
     assert ran == ["merge-lora"] and state.done("round-1/merge")
-    assert said[0] == (f"round 1: {folder.merged(1)} is missing (or has no config.json) though the state "
-                       "says merged: merging again")
+    assert said[0] == (
+        f"round 1: {folder.merged(1)} is missing (or has no config.json) though the state says merged: merging again"
+    )
 
 
 def test_a_replaced_prompt_file_is_named_at_the_next_start(tmp_path):

@@ -16,11 +16,11 @@ import pytest
 import torch
 import yaml
 
+from pofe.demo.task import make_prompt_rows, reward, write_jsonl
+from pofe.run.evaluation.answers import sequence_logps
 from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, assert_float_close, run_axolotl
 from tests.hub_server import HubServer
 from tests.test_publish import read_wandb_history
-from pofe.demo.task import make_prompt_rows, reward, write_jsonl
-from pofe.run.evaluation.answers import sequence_logps
 
 pytestmark = pytest.mark.e2e
 
@@ -35,20 +35,39 @@ def write_recipe(root: Path, model: Path, method: str, eval_keys: bool = True, *
         r["reference"] = r["answer"]  # held-out perplexity needs a reference response
     write_jsonl(rows, root / "prompts.jsonl")
     cfg = {
-        "base_model": str(model), "plugins": ["pofe.PofePlugin"], "rl": method,
+        "base_model": str(model),
+        "plugins": ["pofe.PofePlugin"],
+        "rl": method,
         "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "dataset_prepared_path": str(root / "prepared"), "output_dir": str(root / "run"),
-        "sequence_len": 64, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
-        "num_epochs": 2, "learning_rate": 3e-3, "lr_scheduler": "constant", "warmup_steps": 0,
-        "logging_steps": 1, "save_strategy": "no", "seed": 0, **CPU_SETTINGS,
+        "dataset_prepared_path": str(root / "prepared"),
+        "output_dir": str(root / "run"),
+        "sequence_len": 64,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 2,
+        "learning_rate": 3e-3,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": 0,
+        **CPU_SETTINGS,
         "pofe": {
             "rounds": 2,
-            "generate": {"backend": "transformers", "num_candidates": 3, "temperature": 1.0,
-                         "max_new_tokens": 4, "seed": 0,
-                         "include_dataset_responses": ["answer", "near_misses"]},
+            "generate": {
+                "backend": "transformers",
+                "num_candidates": 3,
+                "temperature": 1.0,
+                "max_new_tokens": 4,
+                "seed": 0,
+                "include_dataset_responses": ["answer", "near_misses"],
+            },
             "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-            **({"eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3}}
-               if eval_keys else {}),
+            **(
+                {"eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3}}
+                if eval_keys
+                else {}
+            ),
             **({"eta": 10.0} if method == "sppo" else {}),
         },
         **extra,
@@ -105,18 +124,20 @@ def rrhf_run(tmp_path_factory, tiny_model):
         proc.wait()
     wait_until_unlocked(run / "pofe-run.lock")
     killed = state(run)
-    round1 = [run / "round-1" / f for f in ("candidates/data.jsonl", "candidates/summary.json",
-                                           "train/model.safetensors", "trainer_state.json")]
+    round1 = [
+        run / "round-1" / f
+        for f in ("candidates/data.jsonl", "candidates/summary.json", "train/model.safetensors", "trainer_state.json")
+    ]
     mtimes = {p: p.stat().st_mtime_ns for p in round1}
     resumed = run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet")
-    return {"root": root, "run": run, "recipe": recipe, "killed": killed, "mtimes": mtimes,
-            "stdout": resumed.stdout}
+    return {"root": root, "run": run, "recipe": recipe, "killed": killed, "mtimes": mtimes, "stdout": resumed.stdout}
 
 
 def test_resume_skips_round_1(rrhf_run):
     run, killed = rrhf_run["run"], rrhf_run["killed"]
-    assert not any(killed["stages"].get(s, {}).get("status") == "done"
-                   for s in ("round-2/train", "eval")), "killed too late to test a resume"
+    assert not any(killed["stages"].get(s, {}).get("status") == "done" for s in ("round-2/train", "eval")), (
+        "killed too late to test a resume"
+    )
     final = state(run)
     assert len(final["starts"]) == 2
     for stage in ("prompts", "round-1/preprocess", "round-1/train"):
@@ -131,7 +152,7 @@ def test_resume_skips_round_1(rrhf_run):
 def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     """Regenerating round 2's prompts with round 1's model and round 2's recorded seed gives
     round 2's candidates exactly; the base model gives others."""
-    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
+    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
 
     run = rrhf_run["run"]
     r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
@@ -142,9 +163,15 @@ def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     recorded = shards(run / "round-2" / "candidates")
 
     def regenerate(policy, out):
-        run_pipeline(prompts, policy_path=policy, method="rrhf", generate=GenerateConfig(**r2["pofe"]["generate"]),
-                     judge=JudgeConfig(**r2["pofe"]["judge"]), candidates=CandidatesConfig(out_dir=str(out), progress=False),
-                     stop_after="generate")
+        run_pipeline(
+            prompts,
+            policy_path=policy,
+            method="rrhf",
+            generate=GenerateConfig(**r2["pofe"]["generate"]),
+            judge=JudgeConfig(**r2["pofe"]["judge"]),
+            candidates=CandidatesConfig(out_dir=str(out), progress=False),
+            stop_after="generate",
+        )
         return shards(out)
 
     assert regenerate(str(run / "round-1" / "train"), tmp_path / "again") == recorded
@@ -159,7 +186,12 @@ def test_report_holds_the_run_numbers(rrhf_run):
     rep = json.loads((run / "report.json").read_text())
     md = (run / "report.md").read_text()
     assert {p.name for p in run.glob("report-*.png")} == {
-        "report-rewards.png", "report-loss.png", "report-winrate.png", "report-drift.png", "report-lengths.png"}
+        "report-rewards.png",
+        "report-loss.png",
+        "report-winrate.png",
+        "report-drift.png",
+        "report-lengths.png",
+    }
 
     for t in (1, 2):
         rows = read_jsonl(run / f"round-{t}" / "candidates" / "data.jsonl")
@@ -206,14 +238,31 @@ def sppo_published(tmp_path_factory, tiny_model):
     """Two SPPO LoRA rounds that publish: `hub_model_id` against a loopback hub (HF_ENDPOINT),
     W&B offline into the test's folder."""
     root = tmp_path_factory.mktemp("sppo_rounds")
-    recipe = write_recipe(root, tiny_model, "sppo", eval_keys=False, adapter="lora", lora_r=4, lora_alpha=8,
-                          lora_target_linear=True, hub_model_id="org/tiny-sppo",
-                          wandb_project="pofe-test", wandb_mode="offline")
+    recipe = write_recipe(
+        root,
+        tiny_model,
+        "sppo",
+        eval_keys=False,
+        adapter="lora",
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_linear=True,
+        hub_model_id="org/tiny-sppo",
+        wandb_project="pofe-test",
+        wandb_mode="offline",
+    )
     cmd = [str(Path(sys.executable).parent / "axolotl"), "pofe", "run", str(recipe), "--launcher", "python", "--quiet"]
     with HubServer() as hub:
-        env = {**os.environ, **AXOLOTL_ENV, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test",
-               "WANDB_DIR": str(root), "WANDB_SILENT": "true",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        env = {
+            **os.environ,
+            **AXOLOTL_ENV,
+            "HF_HUB_OFFLINE": "0",
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": "hf_test",
+            "WANDB_DIR": str(root),
+            "WANDB_SILENT": "true",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-6000:]
     return root / "run", hub
@@ -304,9 +353,19 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
     samples = read_jsonl(sppo_run / "eval" / "samples.jsonl")
     S = 4  # pofe.eval.num_samples' default
     assert len(samples) == 3 * DEFAULT_HELD_OUT * S
-    cell = lambda key: torch.tensor([[[s[key] for s in samples if s["prompt_index"] == p and s["model"] == n]  # noqa: E731
-                                      for n in ("pi_0", "pi_1", "pi_2")] for p in range(DEFAULT_HELD_OUT)],
-                                    dtype=torch.float64)  # (P, M, S)
+
+    def cell(key):  # (P, M, S)
+        return torch.tensor(
+            [
+                [
+                    [s[key] for s in samples if s["prompt_index"] == p and s["model"] == n]
+                    for n in ("pi_0", "pi_1", "pi_2")
+                ]
+                for p in range(DEFAULT_HELD_OUT)
+            ],
+            dtype=torch.float64,
+        )
+
     rewards, tokens = cell("reward"), cell("tokens")
     pref = bradley_terry_preferences(rewards.reshape(DEFAULT_HELD_OUT, 3 * S))
     for m in (1, 2):
@@ -317,7 +376,9 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
             assert got["lc_ci95"][0] <= got["lc"] + 1e-9 and got["lc"] - 1e-9 <= got["lc_ci95"][1]
         mine = sorted(tokens[:, m].reshape(-1).tolist())
         assert ev["response_tokens"]["mean"][m] == pytest.approx(sum(mine) / len(mine))
-        assert ev["response_tokens"]["median"][m] == pytest.approx((mine[len(mine) // 2 - 1] + mine[len(mine) // 2]) / 2)
+        assert ev["response_tokens"]["median"][m] == pytest.approx(
+            (mine[len(mine) // 2 - 1] + mine[len(mine) // 2]) / 2
+        )
     for r in rep["rounds"]:
         summary = json.loads((sppo_run / f"round-{r['round']}" / "candidates" / "summary.json").read_text())
         assert r["lengths"]["candidates"]["mean"] == pytest.approx(summary["mean_candidate_tokens"])
@@ -340,9 +401,11 @@ def check_reproduce(run: Path, rep: dict, md: str) -> None:
         rnd, cands = run / f"round-{t}", run / f"round-{t}" / "candidates"
         assert rec["recipe"] == yaml.safe_load((rnd / "recipe.yml").read_text())
         assert rec["seeds"] == {"generate": t - 1, "train": 0}
-        assert rec["sha256"] == {"prompts": sha([run / "prompts" / f"round-{t}.jsonl"]),
-                                 "candidates": sha(sorted((cands / "generate").glob("shard-*.jsonl"))),
-                                 "trained_on": sha([cands / "data.jsonl"])}
+        assert rec["sha256"] == {
+            "prompts": sha([run / "prompts" / f"round-{t}.jsonl"]),
+            "candidates": sha(sorted((cands / "generate").glob("shard-*.jsonl"))),
+            "trained_on": sha([cands / "data.jsonl"]),
+        }
         manifest = json.loads((cands / "judge" / "manifest.json").read_text())
         assert rec["judge_identity"] == manifest["judge_identity"] and rec["judge_identity"]
         for stage in ("preprocess", "train"):
@@ -363,8 +426,10 @@ def check_held_out_best_of_k(run: Path, ev: dict, samples: list[dict], md: str) 
         assert c["reward"] == pytest.approx(reward(prompt[c["prompt_index"]], c["response"]))
     assert [b["round"] for b in ev["best_of_k"]] == [1, 2] and {b["k"] for b in ev["best_of_k"]} == {3}
     for b in ev["best_of_k"]:
-        best = [max(c["reward"] for c in cands if c["round"] == b["round"] and c["prompt_index"] == p)
-                for p in range(DEFAULT_HELD_OUT)]
+        best = [
+            max(c["reward"] for c in cands if c["round"] == b["round"] and c["prompt_index"] == p)
+            for p in range(DEFAULT_HELD_OUT)
+        ]
         assert b["best_of_k_reward"] == pytest.approx(sum(best) / len(best))
         assert b["trained_mean_reward"] == pytest.approx(ev["mean_reward"][b["round"]])
     assert "### Trained model vs best-of-k, on the held-out prompts" in md
@@ -403,7 +468,8 @@ def test_sppo_rounds_publish_per_round(sppo_published):
         assert history[t]["eval/lc_win_rate_vs_pi_0"] == pytest.approx(rep["eval"]["vs_pi_0"][t]["lc"])
         assert history[t]["eval/lc_win_rate_vs_previous"] == pytest.approx(rep["eval"]["vs_previous"][t]["lc"])
         assert history[t]["eval/held_out_best_of_k_reward"] == pytest.approx(
-            rep["eval"]["best_of_k"][t - 1]["best_of_k_reward"])
+            rep["eval"]["best_of_k"][t - 1]["best_of_k_reward"]
+        )
 
 
 def test_plan_is_within_a_factor_of_the_measured_eval_peak(sppo_run):

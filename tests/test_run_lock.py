@@ -37,7 +37,10 @@ def test_second_runner_refused_while_the_first_lives(tmp_path):
     with pytest.raises(RunLocked) as err:
         RunLock.acquire(path, said.append)
     message = str(err.value)
-    assert f"{tmp_path} is in use by another `axolotl pofe run` (PID {os.getpid()} on host {socket.gethostname()}" in message
+    assert (
+        f"{tmp_path} is in use by another `axolotl pofe run` (PID {os.getpid()} on host {socket.gethostname()}"
+        in message
+    )
     assert f"(kill {os.getpid()})" in message
     first.release()
     assert "ended" in json.loads(path.read_text())
@@ -48,15 +51,19 @@ def test_second_runner_refused_while_the_first_lives(tmp_path):
 
 def test_stage_of_a_crashed_runner_holds_the_lock_then_the_next_run_takes_over(tmp_path):
     path = tmp_path / "pofe-run.lock"
-    runner = subprocess.Popen([sys.executable, "-c", CRASHING_RUNNER, str(path)], stdout=subprocess.PIPE,
-                              stdin=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUNNER, str(path)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
     runner_pid, stage_pid = map(int, runner.stdout.readline().split())
     assert runner.wait() == 0
     try:
         with pytest.raises(RunLocked) as err:
             RunLock.acquire(path, print)
         message = str(err.value)
-        assert f"locked by a stage process of an `axolotl pofe run` that has ended (PID {runner_pid} on host {socket.gethostname()}" in message
+        assert (
+            f"locked by a stage process of an `axolotl pofe run` that has ended (PID {runner_pid} on host {socket.gethostname()}"
+            in message
+        )
         assert f"fuser -v {path}" in message
     finally:
         runner.stdin.close()  # the stage's stdin (inherited): it now exits
@@ -71,8 +78,10 @@ def test_stage_of_a_crashed_runner_holds_the_lock_then_the_next_run_takes_over(t
             time.sleep(0.05)
     lock.release()
     (line,) = said
-    assert line.startswith(f"{path}: taking over from a run that ended without releasing it "
-                           f"(PID {runner_pid} on host {socket.gethostname()}, started ")
+    assert line.startswith(
+        f"{path}: taking over from a run that ended without releasing it "
+        f"(PID {runner_pid} on host {socket.gethostname()}, started "
+    )
 
 
 def test_unreadable_record_is_taken_over_with_a_word(tmp_path):

@@ -18,8 +18,12 @@ RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
 
 
 def _foreign(root: Path) -> dict[str, str]:
-    files = {"eval/eval.json": '{"mine": 1}', "report.md": "my notes", "report-old.png": "png",
-             "prompts/round-1.jsonl": "{}"}
+    files = {
+        "eval/eval.json": '{"mine": 1}',
+        "report.md": "my notes",
+        "report-old.png": "png",
+        "prompts/round-1.jsonl": "{}",
+    }
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
@@ -28,8 +32,11 @@ def _foreign(root: Path) -> dict[str, str]:
 
 def test_a_folder_of_other_files_is_refused_and_left_as_it_was(tmp_path):
     files = _foreign(tmp_path)
-    with pytest.raises(OutputDirRefused, match=r"holds 4 files but no POFE run \(eval, prompts, report-old.png, "
-                                              r"report.md\).*pofe.overwrite_output_dir: true"):
+    with pytest.raises(
+        OutputDirRefused,
+        match=r"holds 4 files but no POFE run \(eval, prompts, report-old.png, "
+        r"report.md\).*pofe.overwrite_output_dir: true",
+    ):
         claim_output_dir(RunFolder(tmp_path), overwrite=False, echo=print)
     assert {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()} == files
 
@@ -69,10 +76,13 @@ def test_overwrite_records_what_was_there_and_the_report_keeps_it(tmp_path):
     assert sorted(recorded) == ["eval/eval.json", "prompts/round-1.jsonl", "report-old.png", "report.md"]
     assert recorded["report.md"] == [len("my notes"), (tmp_path / "report.md").stat().st_mtime_ns]
     (tmp_path / "report-rewards.png").write_text("an earlier report's plot")
-    assert not pofe_wrote(folder, tmp_path / "eval" / "eval.json") and pofe_wrote(folder, tmp_path / "report-rewards.png")
+    assert not pofe_wrote(folder, tmp_path / "eval" / "eval.json") and pofe_wrote(
+        folder, tmp_path / "report-rewards.png"
+    )
 
-    folder.state.write_text(json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0],
-                                        "rounds_planned": 1}))
+    folder.state.write_text(
+        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 1})
+    )
     report = write_report(folder)
     assert (tmp_path / "report-old.png").read_text() == "png"
     assert not (tmp_path / "report-rewards.png").exists()
@@ -90,8 +100,9 @@ def test_pofe_run_refuses_the_folder_before_writing_anything(tiny_model, tmp_pat
     out.mkdir()
     files = _foreign(out)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1), "near_misses": []}) + "\n"
-                               for i in range(4)))
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1), "near_misses": []}) + "\n" for i in range(4))
+    )
     raw = yaml.safe_load(RECIPE.read_text())
     raw.update(base_model=str(tiny_model), output_dir=str(out), dataset_prepared_path=str(tmp_path / "prepared"))
     raw["datasets"][0]["path"] = str(prompts)

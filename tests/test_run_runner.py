@@ -18,8 +18,8 @@ import pytest
 
 from pofe.run import folder as folder_module
 from pofe.run.folder import RunState
-from pofe.run.rounds.runner import StageRunner
 from pofe.run.rounds.processes import StageFailed
+from pofe.run.rounds.runner import StageRunner
 
 
 @pytest.fixture
@@ -35,8 +35,15 @@ def on_disk(state: RunState) -> dict:
 
 def expected(stages: dict) -> dict:
     """The whole state file of a run started at 100.0 holding `stages`."""
-    return {"version": 1, "recipe": "r.yml", "recipe_fingerprint": "f", "method": "rrhf",
-            "stages": stages, "rounds": {}, "starts": [100.0]}
+    return {
+        "version": 1,
+        "recipe": "r.yml",
+        "recipe_fingerprint": "f",
+        "method": "rrhf",
+        "stages": stages,
+        "rounds": {},
+        "starts": [100.0],
+    }
 
 
 def test_a_stage_runs_once_and_records_what_it_returns(state):
@@ -54,10 +61,18 @@ def test_a_stage_runs_once_and_records_what_it_returns(state):
 
     assert calls == [{"status": "running", "started": 101.0, "resumed_from": None}]
     assert said == ["round 1/2: train"]
-    assert on_disk(state) == expected({"round-1/train": {
-        "status": "done", "started": 101.0, "finished": 102.0, "seconds": 1.0,
-        "resumed_from": None, "output_dir": "/o",
-    }})
+    assert on_disk(state) == expected(
+        {
+            "round-1/train": {
+                "status": "done",
+                "started": 101.0,
+                "finished": 102.0,
+                "seconds": 1.0,
+                "resumed_from": None,
+                "output_dir": "/o",
+            }
+        }
+    )
 
 
 def test_a_stage_without_facts_or_words(state):
@@ -65,8 +80,9 @@ def test_a_stage_without_facts_or_words(state):
     said = []
     StageRunner(state, echo=said.append).run("prompts", lambda: None)
     assert said == []
-    assert on_disk(state)["stages"] == {"prompts": {"status": "done", "started": 101.0, "finished": 102.0,
-                                                    "seconds": 1.0}}
+    assert on_disk(state)["stages"] == {
+        "prompts": {"status": "done", "started": 101.0, "finished": 102.0, "seconds": 1.0}
+    }
 
 
 def test_a_stage_runs_again_when_its_inputs_changed(state):
@@ -80,8 +96,9 @@ def test_a_stage_runs_again_when_its_inputs_changed(state):
     for models in (one, one, two):
         runner.run("eval", lambda: runs.append(1), says="evaluate", inputs={"models": models})
     assert len(runs) == 2
-    assert on_disk(state)["stages"] == {"eval": {"status": "done", "started": 103.0, "finished": 104.0,
-                                                 "seconds": 1.0, "models": two}}
+    assert on_disk(state)["stages"] == {
+        "eval": {"status": "done", "started": 103.0, "finished": 104.0, "seconds": 1.0, "models": two}
+    }
 
 
 def test_a_failing_command_leaves_its_stage_started_and_names_its_log(state, tmp_path):

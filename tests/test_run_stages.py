@@ -65,8 +65,10 @@ def test_killing_the_runner_ends_the_stage_and_its_worker(tmp_path, sig):
     pids_file = tmp_path / "pids"
     # SIGINT as a terminal sends it: a suite started in the background of a shell without job
     # control inherits SIGINT ignored, which a runner started from it would keep (and never end)
-    runner = subprocess.Popen([sys.executable, "-c", RUNNER, STAGE, str(pids_file), str(tmp_path / "stage.log")],
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, STAGE, str(pids_file), str(tmp_path / "stage.log")],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pids = []
     try:
         pids = stage_pids(pids_file)
@@ -74,7 +76,7 @@ def test_killing_the_runner_ends_the_stage_and_its_worker(tmp_path, sig):
         runner.send_signal(sig)
         runner.wait(timeout=60)
         for pid in pids:
-            wait_for(lambda: not running(pid), f"PID {pid} ended after the runner got {sig.name}")
+            wait_for(lambda pid=pid: not running(pid), f"PID {pid} ended after the runner got {sig.name}")
     finally:
         runner.kill()
         for pid in pids:

@@ -21,10 +21,8 @@ from pofe.scoring import (
     scored_positions_unshared,
     token_logps,
 )
-
 from tests.helpers import assert_float_close, load_llama
 from tests.test_prefix_sharing import n_terms
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,7 +59,7 @@ def assert_grads_close(a: dict, b: dict, n: int) -> None:
     """Gradients agree to float32 rounding of sums of `n` terms (`float_tolerance`)."""
     assert a.keys() == b.keys()
     for name in a:
-        assert_float_close(a[name], b[name], n, msg=lambda m: f"{name}: {m}")
+        assert_float_close(a[name], b[name], n, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def reference_bk(model, batch):

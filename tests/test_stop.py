@@ -10,26 +10,37 @@ import pytest
 import yaml
 
 from pofe.args import PofeConfig
-from pofe.run.rounds import loop as rounds_module
 from pofe.args.rounds import StopWhen
 from pofe.run.evaluation.decision import stop_decision
+from pofe.run.rounds import loop as rounds_module
 
 RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
 NAN = float("nan")
 
 
 def versus(lc: float) -> dict:
-    return {"raw": lc + 0.1, "raw_ci95": [lc, lc + 0.2], "lc": lc, "lc_ci95": [lc - 0.1, lc + 0.1],
-            "length_slope": 0.0, "comparisons": 8}
+    return {
+        "raw": lc + 0.1,
+        "raw_ci95": [lc, lc + 0.2],
+        "lc": lc,
+        "lc_ci95": [lc - 0.1, lc + 0.1],
+        "length_slope": 0.0,
+        "comparisons": 8,
+    }
 
 
-def evaluation(lc_vs_previous: list[float], rewards: list[float] | None, lc_vs_pi_0: list[float] | None = None) -> dict:
+def evaluation(
+    lc_vs_previous: list[float], rewards: list[float] | None, lc_vs_pi_0: list[float] | None = None
+) -> dict:
     """eval.json's fields the decision and the choice read, for pi_0 .. pi_T."""
     T = len(lc_vs_previous)
     base = lc_vs_pi_0 or lc_vs_previous
-    return {"models": [{"name": f"pi_{m}", "path": f"/m{m}"} for m in range(T + 1)],
-            "vs_previous": [None] + [versus(x) for x in lc_vs_previous],
-            "vs_pi_0": [None] + [versus(x) for x in base], "mean_reward": rewards}
+    return {
+        "models": [{"name": f"pi_{m}", "path": f"/m{m}"} for m in range(T + 1)],
+        "vs_previous": [None] + [versus(x) for x in lc_vs_previous],
+        "vs_pi_0": [None] + [versus(x) for x in base],
+        "mean_reward": rewards,
+    }
 
 
 def test_a_round_below_the_threshold_stops():
@@ -67,8 +78,13 @@ def test_stop_when_config_rules():
     with pytest.raises(ValueError, match="turns off"):
         PofeConfig(method="sppo", rounds=3, eval={"held_out": 0}, stop_when={"lc_vs_previous_below": 0.5})
     with pytest.raises(ValueError, match="pairwise"):
-        PofeConfig(method="sppo", rounds=3, stop_when={"held_out_reward_falls": True},
-                   generate={"backend": "transformers"}, judge={"type": "python_pairwise", "function": "m:f"})
+        PofeConfig(
+            method="sppo",
+            rounds=3,
+            stop_when={"held_out_reward_falls": True},
+            generate={"backend": "transformers"},
+            judge={"type": "python_pairwise", "function": "m:f"},
+        )
     cfg = PofeConfig(method="sppo", rounds=3, stop_when={"lc_vs_previous_below": 0.5})
     assert cfg.stop_when.lc_vs_previous_below == 0.5
 
@@ -76,13 +92,25 @@ def test_stop_when_config_rules():
 def report_fields(M: int) -> dict:
     """The rest of an eval.json of M models that the report reads (values of no interest here)."""
     per_model = [1.0] * M
-    return {"num_prompts": 4, "prompts_source": "held-out", "judge": {"type": "python", "function": "m:f"},
-            "judge2": None, "decoding": {"num_samples": 1, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4,
-                                         "seed": 0},
-            "win_matrix_method": "bradley_terry", "win_matrix": [[0.5] * M] * M, "win_matrix_judge2": None,
-            "win_matrix_ci95": [[[0.4, 0.6]] * M] * M, "mean_reward_judge2": None, "mean_response_tokens": per_model,
-            "mean_response_chars": per_model, "kl_to_base": per_model, "perplexity": None, "reference_count": 0,
-            "response_tokens": {"mean": per_model, "median": per_model}, "cycle_threshold": 0.5}
+    return {
+        "num_prompts": 4,
+        "prompts_source": "held-out",
+        "judge": {"type": "python", "function": "m:f"},
+        "judge2": None,
+        "decoding": {"num_samples": 1, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0},
+        "win_matrix_method": "bradley_terry",
+        "win_matrix": [[0.5] * M] * M,
+        "win_matrix_judge2": None,
+        "win_matrix_ci95": [[[0.4, 0.6]] * M] * M,
+        "mean_reward_judge2": None,
+        "mean_response_tokens": per_model,
+        "mean_response_chars": per_model,
+        "kl_to_base": per_model,
+        "perplexity": None,
+        "reference_count": 0,
+        "response_tokens": {"mean": per_model, "median": per_model},
+        "cycle_threshold": 0.5,
+    }
 
 
 def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tuple:
@@ -93,8 +121,9 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
     raw = yaml.safe_load(RECIPE.read_text())
-    raw.update(base_model=str(tiny_model), output_dir=str(tmp_path / "out"),
-               dataset_prepared_path=str(tmp_path / "prepared"))
+    raw.update(
+        base_model=str(tiny_model), output_dir=str(tmp_path / "out"), dataset_prepared_path=str(tmp_path / "prepared")
+    )
     raw["datasets"][0]["path"] = str(prompts)
     raw["pofe"].update(rounds=3, **({"stop_when": stop_when} if stop_when else {}))
     raw["pofe"].pop("eval", None)
@@ -122,23 +151,32 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
     monkeypatch.setattr(rounds_module, "evaluate_rounds", evaluate_rounds)
     said: list[str] = []
     folder = rounds_module.run_rounds(recipe, echo=said.append)
-    return (json.loads((folder.root / "report.json").read_text()), json.loads(folder.state.read_text()),
-            trained, (folder.root / "report.md").read_text(), evaluated, said)
+    return (
+        json.loads((folder.root / "report.json").read_text()),
+        json.loads(folder.state.read_text()),
+        trained,
+        (folder.root / "report.md").read_text(),
+        evaluated,
+        said,
+    )
 
 
 def test_the_runner_stops_after_the_round_that_fails(tmp_path, tiny_model, monkeypatch):
     """lc_vs_previous_below 0.5: evaluated after round 1 (0.70, go on) and round 2 (0.30: stop);
     round 3 never trains; the report says why, and to use pi_1 (the best length-controlled
     rate against pi_0, 0.70 over pi_2's 0.60)."""
-    rep, state, trained, md, evaluated, said = stubbed_run(tmp_path, tiny_model, monkeypatch,
-                                                           {"lc_vs_previous_below": 0.5})
+    rep, state, trained, md, evaluated, said = stubbed_run(
+        tmp_path, tiny_model, monkeypatch, {"lc_vs_previous_below": 0.5}
+    )
     assert trained == [1, 2] and evaluated == [1, 2]
     assert state["stopped"]["after_round"] == 2 and state["stages"]["round-2/stop-check"]["stop"]
     assert not state["stages"]["round-1/stop-check"]["stop"]
     assert rep["stopped"]["fired"][0]["value"] == 0.3 and rep["final_policy"] == "/models/round-2"
     assert rep["choice"]["name"] == "pi_1" and rep["choice"]["regressions"][0]["model"] == "pi_2"
-    assert "**Stopped after round 2 of 3** (`pofe.stop_when`): pi_2's length-controlled win rate against pi_1 " \
-           "is 0.300, below 0.5." in md
+    assert (
+        "**Stopped after round 2 of 3** (`pofe.stop_when`): pi_2's length-controlled win rate against pi_1 "
+        "is 0.300, below 0.5." in md
+    )
     assert any(line.startswith("round 2: STOP (pofe.stop_when)") for line in said)
 
 

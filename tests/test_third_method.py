@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import log_history, recipe, run_axolotl
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
 from pofe.methods import METHODS
+from tests.helpers import log_history, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +36,10 @@ def listnet(model_path: Path, rows: list[dict]) -> float:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     total = 0.0
     for row in rows:
-        messages = {"prompt": [{"role": "user", "content": row["prompt"]}],
-                    "responses": [{"role": "assistant", "content": r} for r in row["responses"]]}
+        messages = {
+            "prompt": [{"role": "user", "content": row["prompt"]}],
+            "responses": [{"role": "assistant", "content": r} for r in row["responses"]],
+        }
         prompt_text, response_texts = render_row(messages, tokenizer)
         prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
         response_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in response_texts]
@@ -54,13 +56,27 @@ def test_method_registered_outside_the_package_trains(tmp_path, tiny_model):
     data = tmp_path / "prompts.jsonl"
     write_jsonl(make_prompt_rows(12, k_wrong=2, seed=3), data)
     pofe = {
-        "generate": {"backend": "transformers", "num_candidates": 2, "temperature": 1.0, "max_new_tokens": 4,
-                     "seed": 0, "include_dataset_responses": ["answer", "near_misses"]},
+        "generate": {
+            "backend": "transformers",
+            "num_candidates": 2,
+            "temperature": 1.0,
+            "max_new_tokens": 4,
+            "seed": 0,
+            "include_dataset_responses": ["answer", "near_misses"],
+        },
         "judge": {"type": "python", "function": "pofe.demo.task:reward"},
     }
-    cfg = recipe(tmp_path, tiny_model, "listwise", data, "pofe.prompts", pofe=pofe,
-                 plugins=["tests.methods.listwise.ListwisePlugin", "pofe.PofePlugin"],
-                 num_epochs=3, learning_rate=3e-3)
+    cfg = recipe(
+        tmp_path,
+        tiny_model,
+        "listwise",
+        data,
+        "pofe.prompts",
+        pofe=pofe,
+        plugins=["tests.methods.listwise.ListwisePlugin", "pofe.PofePlugin"],
+        num_epochs=3,
+        learning_rate=3e-3,
+    )
     run_axolotl("preprocess", str(cfg), cwd=REPO, env={"PYTHONPATH": str(REPO)})
 
     (cand_dir,) = (tmp_path / "prepared").glob("pofe-candidates-*")

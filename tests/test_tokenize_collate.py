@@ -44,7 +44,8 @@ def test_truncate_cuts_whole_turns_then_responses_without_end_of_turn(tok):
     non-system turns go: 3 + 22 + 1 = 26. Room 40 - 26 = 14: "a"*20 + <|end|> (21) keeps 14 content
     ids and loses <|end|>; "abc<|end|>" (4) is whole."""
     turns = [{"role": "system", "content": "s"}] + [
-        {"role": role, "content": c * 20} for role, c in (("user", "x"), ("assistant", "y"), ("user", "z"))]
+        {"role": role, "content": c * 20} for role, c in (("user", "x"), ("assistant", "y"), ("user", "z"))
+    ]
     long = {**row(responses=("a" * 20, "abc")), "prompt": turns}
     out = tokenize_row(long, tok, sequence_len=40, max_prompt_len=30, truncation="truncate")
     assert tok.decode(out["prompt_ids"]) == "<|system|>s<|end|><|user|>" + "z" * 20 + "<|end|><|assistant|>"

@@ -23,8 +23,14 @@ WIN_RATES = [[0.25, 0.75, 0.5], [0.1, 0.9], [0.5, 0.5]]
 ANCHORS = [[-4.0, -9.0, -12.0], [-20.0, -7.0], [-3.0, -5.0]]
 ETA = 10.0
 LENGTH_PENALTY = 0.5
-TRL_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-             "logps/chosen", "logps/rejected")
+TRL_NAMES = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+)
 
 
 def test_best_worst_metrics_by_hand():
@@ -40,14 +46,22 @@ def test_best_worst_metrics_by_hand():
     mask = torch.tensor([[True, True, True, False], [True, True, True, False], [True, True, False, False]])
     values, n = best_worst_metrics(logp, reward, preference, mask)
     assert n == 2
-    assert values == pytest.approx({
-        "rewards/chosen": 0.75, "rewards/rejected": 0.75, "rewards/margins": 0.0,
-        "rewards/accuracies": 0.5, "logps/chosen": -1.5, "logps/rejected": -3.5,
-    })
+    assert values == pytest.approx(
+        {
+            "rewards/chosen": 0.75,
+            "rewards/rejected": 0.75,
+            "rewards/margins": 0.0,
+            "rewards/accuracies": 0.5,
+            "logps/chosen": -1.5,
+            "logps/rejected": -3.5,
+        }
+    )
 
 
 def test_no_pair_gives_nan():
-    values, n = best_worst_metrics(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=bool))
+    values, n = best_worst_metrics(
+        torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=bool)
+    )
     assert n == 0 and all(math.isnan(v) for v in values.values())
 
 
@@ -62,9 +76,13 @@ def batch_and_logps(tiny64_model, tokenizer):
 
     features = []
     for prompt, responses, rewards, win_rates, anchors in zip(PROMPTS, RESPONSES, REWARDS, WIN_RATES, ANCHORS):
-        row = {"prompt": [{"role": "user", "content": prompt}],
-               "responses": [{"role": "assistant", "content": r} for r in responses],
-               "rewards": rewards, "win_rates": win_rates, "anchor_logps": anchors}
+        row = {
+            "prompt": [{"role": "user", "content": prompt}],
+            "responses": [{"role": "assistant", "content": r} for r in responses],
+            "rewards": rewards,
+            "win_rates": win_rates,
+            "anchor_logps": anchors,
+        }
         feature = tokenize_row(row, tokenizer, sequence_len=128, max_prompt_len=64, truncation="drop")
         assert feature["keep"]
         features.append(feature)
@@ -76,7 +94,7 @@ def batch_and_logps(tiny64_model, tokenizer):
             for response in f["response_ids"]:
                 ids = torch.tensor([f["prompt_ids"] + response])
                 token_logps = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
-                row.append((token_logps[len(f["prompt_ids"]) - 1:].sum().item(), len(response)))
+                row.append((token_logps[len(f["prompt_ids"]) - 1 :].sum().item(), len(response)))
             logps.append(row)
     return KResponseCollator(tokenizer)(features), logps, features
 
@@ -99,8 +117,7 @@ def _trainer(cls, tiny64_model, tokenizer, tmp_path, pofe):
     args_cls = AxolotlTrainingArguments
     if not issubclass(args_cls, PofeTrainingArgsMixin):
         args_cls = dataclass(type("Args", (PofeTrainingArgsMixin, AxolotlTrainingArguments), {}))
-    args = args_cls(output_dir=str(tmp_path), report_to=[], use_cpu=True,
-                    **pofe_training_args(PofeConfig(**pofe)))
+    args = args_cls(output_dir=str(tmp_path), report_to=[], use_cpu=True, **pofe_training_args(PofeConfig(**pofe)))
     return cls(model=model, args=args, data_collator=KResponseCollator(tokenizer))
 
 
@@ -133,8 +150,9 @@ def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
     from pofe.trainers import RRHFTrainer
 
     batch, logps, _ = batch_and_logps
-    trainer = _trainer(RRHFTrainer, tiny64_model, tokenizer, tmp_path,
-                       {"method": "rrhf", "length_penalty": LENGTH_PENALTY})
+    trainer = _trainer(
+        RRHFTrainer, tiny64_model, tokenizer, tmp_path, {"method": "rrhf", "length_penalty": LENGTH_PENALTY}
+    )
     stored = _stored(trainer, dict(batch), split)
     expected = _expected(logps, lambda row, i: row[i][0] / row[i][1] ** LENGTH_PENALTY, REWARDS)
     prefix = "" if split == "train" else "eval_"
@@ -172,8 +190,9 @@ def test_sppo_hard_takes_column_0_as_chosen(batch_and_logps, tiny64_model, token
     from pofe.trainers import SPPOTrainer
 
     _, logps, features = batch_and_logps
-    trainer = _trainer(SPPOTrainer, tiny64_model, tokenizer, tmp_path,
-                       {"method": "sppo", "eta": ETA, "sppo_loss": "hard"})
+    trainer = _trainer(
+        SPPOTrainer, tiny64_model, tokenizer, tmp_path, {"method": "sppo", "eta": ETA, "sppo_loss": "hard"}
+    )
     stored = _stored(trainer, KResponseCollator(tokenizer)(features[1:]), "train")
     ratios = [[lp - a for (lp, _), a in zip(logps[b], ANCHORS[b])] for b in (1, 2)]
     assert stored["rewards/chosen"] == pytest.approx((ratios[0][0] + ratios[1][0]) / 2 / ETA, rel=1e-4)
@@ -184,8 +203,9 @@ def test_sppo_hard_takes_column_0_as_chosen(batch_and_logps, tiny64_model, token
 
 
 @pytest.mark.parametrize("broken", ["anchor", "logp"])
-def test_non_finite_logps_or_anchors_stop_training_naming_the_rows(batch_and_logps, tiny64_model, tokenizer,
-                                                                   tmp_path, broken, one_torch_thread):
+def test_non_finite_logps_or_anchors_stop_training_naming_the_rows(
+    batch_and_logps, tiny64_model, tokenizer, tmp_path, broken, one_torch_thread
+):
     """Bad case 5 of issue 20: a NaN anchor (here in the data's anchor_logps, as a NaN table
     row would give) or a NaN policy log-prob trained on with loss 0 and grad_norm nan and
     exited 0. Now the step stops, naming the batch's row_ids and what to do. A NaN in a
@@ -211,6 +231,7 @@ def test_non_finite_logps_or_anchors_stop_training_naming_the_rows(batch_and_log
 
 # ---- two processes (gloo): TRL's metrics are means over every rank's pairs -------------
 
+
 def _pair_batch():
     """(5, 3) candidates; prompts 1 and 3 tie throughout (no pair): rank 0 (prompts 0-1) has
     1 pair, rank 1 (prompts 2-4) has 2, so a mean of the ranks' means would be wrong."""
@@ -229,16 +250,25 @@ def _rank_worker(rank, store, out):
 
     from pofe.trainers.base import KResponseTrainer
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=600)
+    )
     try:
         rows = slice(0, 2) if rank == 0 else slice(2, 5)
         pairs = best_worst_metrics(*(t[rows] for t in _pair_batch()))
         stored = {}
-        trainer = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")),
-                                  store_metrics=lambda metrics, split: stored.update(metrics))
-        KResponseTrainer.log_stats(trainer, SimpleNamespace(training=False), "rrhf", {"rank": float(rank)},
-                                   rows.stop - rows.start, pairs=pairs)
+        trainer = SimpleNamespace(
+            args=SimpleNamespace(device=torch.device("cpu")),
+            store_metrics=lambda metrics, split: stored.update(metrics),
+        )
+        KResponseTrainer.log_stats(
+            trainer,
+            SimpleNamespace(training=False),
+            "rrhf",
+            {"rank": float(rank)},
+            rows.stop - rows.start,
+            pairs=pairs,
+        )
         torch.save(stored, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

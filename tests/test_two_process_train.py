@@ -46,8 +46,15 @@ N_TERMS = 64 * 4 * 4 * 64
 pytestmark = pytest.mark.e2e
 
 
-def train(tmp_path: Path, model: Path, method: str, data: Path, processes: int, zero3: bool = False,
-          resume: Path | None = None):
+def train(
+    tmp_path: Path,
+    model: Path,
+    method: str,
+    data: Path,
+    processes: int,
+    zero3: bool = False,
+    resume: Path | None = None,
+):
     """Run `axolotl train` on `processes` CPU processes at a global batch of 4: its step logs,
     stdout and output_dir. ZeRO-3 runs save at every step; `resume`: the checkpoint (in
     tmp_path/out) to resume from."""
@@ -57,16 +64,36 @@ def train(tmp_path: Path, model: Path, method: str, data: Path, processes: int, 
     if resume is not None:
         extra["resume_from_checkpoint"] = str(resume)
     cfg = recipe(
-        tmp_path, model, method, data, f"pofe.{method}", micro_batch_size=4 // processes, max_steps=STEPS,
-        save_strategy="steps", save_steps=1 if zero3 else STEPS, learning_rate=LR, pofe=pofe, **extra,
+        tmp_path,
+        model,
+        method,
+        data,
+        f"pofe.{method}",
+        micro_batch_size=4 // processes,
+        max_steps=STEPS,
+        save_strategy="steps",
+        save_steps=1 if zero3 else STEPS,
+        learning_rate=LR,
+        pofe=pofe,
+        **extra,
     )
     bin_dir = Path(sys.executable).parent
-    launcher = ["--launcher", "python"] if processes == 1 else [
-        "--launcher", "torchrun", "--", "--standalone", "--nproc_per_node", str(processes)  # --standalone: a free port
-    ]
+    launcher = (
+        ["--launcher", "python"]
+        if processes == 1
+        else [
+            "--launcher",
+            "torchrun",
+            "--",
+            "--standalone",
+            "--nproc_per_node",
+            str(processes),  # --standalone: a free port
+        ]
+    )
     env = {**os.environ, **AXOLOTL_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run([str(bin_dir / "axolotl"), "train", str(cfg), *launcher], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(bin_dir / "axolotl"), "train", str(cfg), *launcher], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     steps = [h for h in log_history(tmp_path / "out") if "loss" in h]
     assert [h["step"] for h in steps] == list(range(1, STEPS + 1))
@@ -86,8 +113,15 @@ def runs(tmp_path_factory, tiny64_model, rrhf_jsonl, sppo_jsonl):
             killed = run(method, "zero3")[2].parent if kind == "zero3-resumed" else None
             root = tmp_path_factory.mktemp(method) / kind
             resume = killed_after_save(killed, root) if killed else None
-            done[method, kind] = train(root, tiny64_model, method, data, processes=1 if kind == "one" else 2,
-                                       zero3=kind.startswith("zero3"), resume=resume)
+            done[method, kind] = train(
+                root,
+                tiny64_model,
+                method,
+                data,
+                processes=1 if kind == "one" else 2,
+                zero3=kind.startswith("zero3"),
+                resume=resume,
+            )
         return done[method, kind]
 
     return run
@@ -124,8 +158,12 @@ def test_zero3_two_processes_match_one(runs, method):
     assert zero3[-1]["epoch"] == pytest.approx(STEPS * 4 / ROWS)
     for a, b in zip(zero3, one):
         for key in stat_keys(method):
-            assert_float_close(torch.tensor(a[key]), torch.tensor(b[key]), N_TERMS,
-                               msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}")
+            assert_float_close(
+                torch.tensor(a[key]),
+                torch.tensor(b[key]),
+                N_TERMS,
+                msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}",
+            )
     if method == "sppo":  # 11 batches of 3 over 2 ranks: the pass finished, the table whole
         assert "computed SPPO anchor log-probs for 32 rows" in log and "on 2 process(es)" in log
     # the final save gathered the partitions: whole weights, the one-process run's
@@ -153,13 +191,18 @@ def test_zero3_resumes_from_checkpoint(runs, method):
     checkpoint = out / f"checkpoint-{RESUME_AT}"
     # what the checkpoint holds: one rank's partitions each, the state the kill left
     assert sorted(p.name for p in (checkpoint / f"global_step{RESUME_AT}").glob("*_states.pt")) == [
-        f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+        f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")
+    ]
     killed_log = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in killed_log if "loss" in h] == [RESUME_AT]  # the later steps are the restart's
     for a, b in zip(resumed[RESUME_AT:], whole[RESUME_AT:], strict=True):
         for key in stat_keys(method):
-            assert_float_close(torch.tensor(a[key]), torch.tensor(b[key]), N_TERMS,
-                               msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}")
+            assert_float_close(
+                torch.tensor(a[key]),
+                torch.tensor(b[key]),
+                N_TERMS,
+                msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}",
+            )
     if method == "sppo":
         assert "loading SPPO anchor log-probs from" in log and "computed SPPO anchor" not in log
     expected = load_file(whole_out / "model.safetensors")
@@ -180,8 +223,12 @@ def test_two_processes_match_one(runs, method):
     assert two[-1]["epoch"] == pytest.approx(STEPS * 4 / ROWS)
     for a, b in zip(two, one):
         for key in stat_keys(method):
-            assert_float_close(torch.tensor(a[key]), torch.tensor(b[key]), N_TERMS,
-                               msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}")
+            assert_float_close(
+                torch.tensor(a[key]),
+                torch.tensor(b[key]),
+                N_TERMS,
+                msg=lambda m, s=a["step"], k=key: f"step {s} {k}: {m}",
+            )
     if method == "sppo":  # the anchor pass was sharded: both ranks scored, the table is whole
         assert "computed SPPO anchor log-probs for 32 rows" in log and "on 2 process(es)" in log
 
@@ -214,16 +261,24 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
     resumed either."""
     import yaml
 
-    from pofe.run.rounds import loop as rounds, runner
-    from pofe.run.rounds.checkpoints import deepspeed_problem, resumable
     from pofe.run.folder import RunFolder, RunState
+    from pofe.run.rounds import loop as rounds
+    from pofe.run.rounds import runner
+    from pofe.run.rounds.checkpoints import deepspeed_problem, resumable
     from pofe.run.rounds.round_recipe import round_recipe
 
     _, _, out = runs("sppo", "zero3")
     folder = RunFolder(tmp_path / "run")
-    raw = {"base_model": "/m/base", "rl": "sppo", "deepspeed": str(ZERO3), "save_strategy": "steps", "save_steps": 1,
-           "output_dir": str(folder.root), "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}],
-           "pofe": {"generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "m:f"}}}
+    raw = {
+        "base_model": "/m/base",
+        "rl": "sppo",
+        "deepspeed": str(ZERO3),
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "output_dir": str(folder.root),
+        "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}],
+        "pofe": {"generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "m:f"}},
+    }
     train = folder.train(1)
     rounds.claim_training(folder, 1, round_recipe(raw, folder, 1, "/m/base", seed=7).recipe, None)  # the killed start
     for step in (1, 2, 3):
@@ -238,22 +293,30 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
     state.finish("round-1/preprocess")
     state.start("round-1/train")  # killed here
     ran = []
-    monkeypatch.setattr(runner, "run_logged",
-                        lambda cmd, *a, **k: ran.append(yaml.safe_load(Path(cmd[2]).read_text())["resume_from_checkpoint"]))
+    monkeypatch.setattr(
+        runner,
+        "run_logged",
+        lambda cmd, *a, **k: ran.append(yaml.safe_load(Path(cmd[2]).read_text())["resume_from_checkpoint"]),
+    )
     said = []
     plan = rounds.RoundPlan(t=1, rounds=1, policy="/m/base", adapter=False, seed=7)
     rounds.run_round(raw, folder, plan, runner.StageRunner(state, echo=said.append, stream=False))
     assert ran == [str(train / "checkpoint-1")]
     assert said[0].startswith(f"not resuming from {train / 'checkpoint-3'}: {cut} is cut short or damaged")
-    assert said[1] == (f"not resuming from {train / 'checkpoint-2'}: {train / 'checkpoint-2' / 'latest'} names "
-                       f"global_step2, which {train / 'checkpoint-2'} lacks; trying the checkpoint before it")
+    assert said[1] == (
+        f"not resuming from {train / 'checkpoint-2'}: {train / 'checkpoint-2' / 'latest'} names "
+        f"global_step2, which {train / 'checkpoint-2'} lacks; trying the checkpoint before it"
+    )
     assert said[2] == f"round 1/1: train, resuming from {train / 'checkpoint-1'}"
     (train / "checkpoint-3" / "global_step3" / "zero_pp_rank_1_mp_rank_00_model_states.pt").unlink()
     assert deepspeed_problem(train / "checkpoint-3") == (
-        f"{train / 'checkpoint-3' / 'global_step3'} lacks the model partition of rank(s) [1] of 2")
+        f"{train / 'checkpoint-3' / 'global_step3'} lacks the model partition of rank(s) [1] of 2"
+    )
     shutil.rmtree(train / "checkpoint-1" / "global_step1")
     (train / "checkpoint-1" / "latest").unlink()
     assert resumable(train, said.append, deepspeed=True) is None
-    assert said[-1] == (f"not resuming from {train / 'checkpoint-1'}: {train / 'checkpoint-1'} holds no DeepSpeed "
-                        "state (no `latest` file naming its global_step folder; saved with save_only_model?); "
-                        "trying the checkpoint before it")
+    assert said[-1] == (
+        f"not resuming from {train / 'checkpoint-1'}: {train / 'checkpoint-1'} holds no DeepSpeed "
+        "state (no `latest` file naming its global_step folder; saved with save_only_model?); "
+        "trying the checkpoint before it"
+    )

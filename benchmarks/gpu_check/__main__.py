@@ -20,11 +20,22 @@ def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, 
     from . import generate, plan
 
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if cuda else 0.0
-    plans = {name: plan.estimates(Path(r["recipe"]), generate.settings(max_tokens), generate.PROMPTS, gpu_gb,
-                                  "cuda" if cuda else "cpu") for name, r in runs.items()}
+    plans = {
+        name: plan.estimates(
+            Path(r["recipe"]), generate.settings(max_tokens), generate.PROMPTS, gpu_gb, "cuda" if cuda else "cpu"
+        )
+        for name, r in runs.items()
+    }
     if vllm is not None and "seen" in vllm:  # vLLM ran
-        rows.append(plan.check("generate (vLLM)", plans["sppo-kernels-off"]["generate"], vllm.get("device_used_gib"),
-                               cuda, allocator=False))
+        rows.append(
+            plan.check(
+                "generate (vLLM)",
+                plans["sppo-kernels-off"]["generate"],
+                vllm.get("device_used_gib"),
+                cuda,
+                allocator=False,
+            )
+        )
     for name, r in runs.items():
         rows.append(plan.check(f"train {name}", plans[name]["train"], r.get("peak_gpu_gib"), cuda, allocator=True))
     return plans
@@ -33,7 +44,9 @@ def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="the CPU path: tiny model, float32, 2 steps")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/gpu-check-*.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/gpu-check-*.json)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/pofe-gpu-check"), help="models, runs and logs")
     parser.add_argument("--skip", default="", help=f"comma list of stages not to run, of {', '.join(STAGES)}")
     args = parser.parse_args(argv)
@@ -53,13 +66,27 @@ def main(argv=None) -> int:
     start, seconds = time.time(), {}
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    model = build_model(args.work / ("model-tiny" if args.tiny else "model-1b"), tokenizer,
-                        "tiny" if args.tiny else "1b", "bfloat16" if cuda else "float32")
+    model = build_model(
+        args.work / ("model-tiny" if args.tiny else "model-1b"),
+        tokenizer,
+        "tiny" if args.tiny else "1b",
+        "bfloat16" if cuda else "float32",
+    )
     bos = bos_behaviour(tokenizer)
-    rows = [row("tokenizer writes and adds BOS", "pass" if bos["template_writes_bos"] and bos["tokenizer_adds_bos"]
-                else "FAIL", f"{bos}")]
-    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "tiny": args.tiny, "model": str(model),
-              "tokenizer": bos, "torch": torch.__version__}
+    rows = [
+        row(
+            "tokenizer writes and adds BOS",
+            "pass" if bos["template_writes_bos"] and bos["tokenizer_adds_bos"] else "FAIL",
+            f"{bos}",
+        )
+    ]
+    report = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "tiny": args.tiny,
+        "model": str(model),
+        "tokenizer": bos,
+        "torch": torch.__version__,
+    }
     seconds["model"] = time.time() - start
 
     def timed(name, fn, *a):
@@ -71,8 +98,9 @@ def main(argv=None) -> int:
         try:
             return fn(*a)
         except Exception as err:  # noqa: BLE001 - reported as the stage's row, with its traceback in the JSON
-            rows.append(row(f"stage {name}", "FAIL", f"{type(err).__name__}: {err}"[:300],
-                            traceback=traceback.format_exc()))
+            rows.append(
+                row(f"stage {name}", "FAIL", f"{type(err).__name__}: {err}"[:300], traceback=traceback.format_exc())
+            )
             return None
         finally:
             seconds[name] = time.time() - t0

@@ -23,8 +23,12 @@ TIMEOUT_S = 300  # start, CUDA graphs and 64 x 5 samples: about 1.5 minutes on a
 
 
 def vllm_python() -> str | None:
-    candidates = [os.environ.get("VLLM_PYTHON"), os.environ.get("VLLM_VENV") and f"{os.environ['VLLM_VENV']}/bin/python",
-                  ".venv-vllm/bin/python", sys.executable]
+    candidates = [
+        os.environ.get("VLLM_PYTHON"),
+        os.environ.get("VLLM_VENV") and f"{os.environ['VLLM_VENV']}/bin/python",
+        ".venv-vllm/bin/python",
+        sys.executable,
+    ]
     for py in filter(None, candidates):
         if Path(py).exists() and subprocess.run([py, "-c", "import vllm"], capture_output=True).returncode == 0:
             return py
@@ -42,8 +46,12 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 def settings(max_tokens: int) -> dict:
     """The generate section `plan` estimates the same run from."""
-    return {"backend": "vllm", "num_candidates": K, "max_new_tokens": max_tokens,
-            "vllm_kwargs": {"gpu_memory_utilization": UTILIZATION, "max_model_len": MAX_MODEL_LEN}}
+    return {
+        "backend": "vllm",
+        "num_candidates": K,
+        "max_new_tokens": max_tokens,
+        "vllm_kwargs": {"gpu_memory_utilization": UTILIZATION, "max_model_len": MAX_MODEL_LEN},
+    }
 
 
 def run(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> dict:
@@ -52,14 +60,31 @@ def run(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> dict:
     if py is None:
         return {"skipped": "no vLLM venv (set VLLM_PYTHON or VLLM_VENV)"}
     sent = prompt_ids(tokenizer)
-    request = {"model": str(model), "prompts": sent, "n": K, "max_tokens": max_tokens, "enforce_eager": not cuda,
-               "gpu_memory_utilization": UTILIZATION, "max_model_len": MAX_MODEL_LEN}
+    request = {
+        "model": str(model),
+        "prompts": sent,
+        "n": K,
+        "max_tokens": max_tokens,
+        "enforce_eager": not cuda,
+        "gpu_memory_utilization": UTILIZATION,
+        "max_model_len": MAX_MODEL_LEN,
+    }
     (out / "vllm-request.json").write_text(json.dumps(request))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     timeout = TIMEOUT_S if cuda else 3 * TIMEOUT_S  # on the CPU, only a hang guard
     try:
-        proc = subprocess.run([py, str(Path(__file__).with_name("vllm_driver.py")), str(out / "vllm-request.json"),
-                               str(out / "vllm-result.json")], env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [
+                py,
+                str(Path(__file__).with_name("vllm_driver.py")),
+                str(out / "vllm-request.json"),
+                str(out / "vllm-result.json"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"vLLM did not finish in {timeout} s"}
     (out / "vllm.log").write_text(proc.stdout + proc.stderr)
@@ -89,10 +114,17 @@ def checks(res: dict, bos: int) -> list[dict]:
     ok = not problems and len(res["seen"]) == PROMPTS and one_bos == PROMPTS and complete == PROMPTS
     two_bos_as_text = sum(ids[:2] == [bos, bos] for ids in res["text_seen"])
     return [
-        row("vLLM K=5 x 64 from token ids", "pass" if ok else "FAIL",
+        row(
+            "vLLM K=5 x 64 from token ids",
+            "pass" if ok else "FAIL",
             f"{PROMPTS - len(problems)}/{PROMPTS} prompts seen as sent, {one_bos} with one BOS, {complete} with "
             f"{K} samples; {tokens / res['seconds']:,.0f} generated tok/s" + (f"; {problems[0]}" if problems else ""),
-            tokens_per_second=tokens / res["seconds"], device_used_gib=res["device_used_gib"]),
-        row("vLLM text prompts double BOS", "pass" if two_bos_as_text == PROMPTS else "FAIL",
-            f"{two_bos_as_text}/{PROMPTS} text prompts got two BOS (the hazard the id prompts avoid)"),
+            tokens_per_second=tokens / res["seconds"],
+            device_used_gib=res["device_used_gib"],
+        ),
+        row(
+            "vLLM text prompts double BOS",
+            "pass" if two_bos_as_text == PROMPTS else "FAIL",
+            f"{two_bos_as_text}/{PROMPTS} text prompts got two BOS (the hazard the id prompts avoid)",
+        ),
     ]

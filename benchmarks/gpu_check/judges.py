@@ -18,8 +18,9 @@ def run(work: Path, cuda: bool) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     judge = reward_model(work, 48 if cuda else 8, 5, 5 if cuda else 1, device)
     anchor = work / "anchor-pass.json"
-    anchor_pass.main(["--device", device, "--rows", "128" if cuda else "8", "--reps", "3" if cuda else "1",
-                      "--out", str(anchor)])
+    anchor_pass.main(
+        ["--device", device, "--rows", "128" if cuda else "8", "--reps", "3" if cuda else "1", "--out", str(anchor)]
+    )
     return {"reward_model": judge, "anchor_pass": json.loads(anchor.read_text())}
 
 
@@ -33,18 +34,30 @@ def checks(report: dict) -> list[dict]:
     rm, anchor = report["reward_model"], report["anchor_pass"]
     speed = rm["speed_pofe_over"]
     # float32 sums over the width at each matmul and over the longest input's tokens in attention
-    bound = float_tolerance(torch.float32, rm["hidden_size"] * rm["longest_input_tokens"],
-                            magnitude=rm["max_abs_score"])["atol"]
+    bound = float_tolerance(
+        torch.float32, rm["hidden_size"] * rm["longest_input_tokens"], magnitude=rm["max_abs_score"]
+    )["atol"]
     difference = rm["max_abs_score_difference_vs_plain"]
     return [
-        row("judge reward model vs plain forward", "measured",
+        row(
+            "judge reward model vs plain forward",
+            "measured",
             f"pofe {rm['per_second']['pofe']:,.0f} candidates/s, {speed['plain']:.2f}x the plain forward "
             f"(>= 1.0 {'met' if speed['plain'] >= 1.0 else 'MISSED'}), {speed['pofe_whole_texts']:.2f}x whole texts",
-            speed_pofe_over=speed),
-        row("judge reward model scores == plain forward's", "pass" if difference <= bound else "FAIL",
-            f"max |difference| {difference:.2e}, float32 bound {bound:.2e}", difference=difference, bound=bound),
-        row("anchor pass vs one epoch's forwards", "measured",
+            speed_pofe_over=speed,
+        ),
+        row(
+            "judge reward model scores == plain forward's",
+            "pass" if difference <= bound else "FAIL",
+            f"max |difference| {difference:.2e}, float32 bound {bound:.2e}",
+            difference=difference,
+            bound=bound,
+        ),
+        row(
+            "anchor pass vs one epoch's forwards",
+            "measured",
             f"{anchor['anchor_sorted_over_epoch_forward']:.2f}x the epoch's forwards; sorting saves "
             f"{anchor['anchor_unsorted_over_sorted']:.2f}x",
-            anchor_over_epoch=anchor["anchor_sorted_over_epoch_forward"]),
+            anchor_over_epoch=anchor["anchor_sorted_over_epoch_forward"],
+        ),
     ]

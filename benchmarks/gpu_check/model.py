@@ -12,10 +12,12 @@ from pathlib import Path
 # TinyLlama-1.1B's shape (`benchmarks.run.MODELS["1b"]`) on Mistral's 32,000-token vocabulary;
 # tiny: head_dim 64, which vLLM's CPU attention takes
 SHAPES = {
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4),
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2),
+    "1b": dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4
+    ),
+    "tiny": dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2
+    ),
 }
 
 
@@ -30,12 +32,15 @@ def build_tokenizer():
 
 def bos_behaviour(tokenizer) -> dict:
     """Whether the template writes BOS and the tokenizer adds one: the two-BOS hazard is real."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     bos = tokenizer.bos_token_id
-    return {"template_writes_bos": text.startswith(tokenizer.bos_token),
-            "tokenizer_adds_bos": tokenizer("hi").input_ids[:1] == [bos],
-            "text_prompt_bos_count": tokenizer(text).input_ids[:2].count(bos)}
+    return {
+        "template_writes_bos": text.startswith(tokenizer.bos_token),
+        "tokenizer_adds_bos": tokenizer("hi").input_ids[:1] == [bos],
+        "text_prompt_bos_count": tokenizer(text).input_ids[:2].count(bos),
+    }
 
 
 def build_model(path: Path, tokenizer, shape: str, dtype: str, seed: int = 0) -> Path:
@@ -45,9 +50,15 @@ def build_model(path: Path, tokenizer, shape: str, dtype: str, seed: int = 0) ->
 
     if (path / "config.json").exists():
         return path
-    config = LlamaConfig(**SHAPES[shape], vocab_size=len(tokenizer), max_position_embeddings=2048,
-                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        **SHAPES[shape],
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

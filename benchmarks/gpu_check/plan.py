@@ -17,19 +17,22 @@ from pathlib import Path
 import yaml
 
 FACTOR = 1.5
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: float, device: str) -> dict:
     """The plan's generate and train entries of round 1 for `train_recipe` with `generate` added."""
     from pofe.args import pofe_config
-    from pofe.run.plan.planner import plan_run
     from pofe.run.plan.common import PlanOptions
+    from pofe.run.plan.planner import plan_run
     from pofe.run.plan.sources import model_sizes
 
     raw = yaml.safe_load(train_recipe.read_text())
-    raw["pofe"] = {**raw["pofe"], "generate": generate,
-                   "judge": {"type": "python", "function": "pofe.demo.task:reward"}}
+    raw["pofe"] = {
+        **raw["pofe"],
+        "generate": generate,
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    }
     sizes, _ = model_sizes(raw, pofe_config(raw))
     plan = plan_run(raw, sizes, prompts, PlanOptions(gpus=1, gpu_memory_gb=gpu_memory_gb, device=device))
     return {s["stage"]: s for s in plan["stages"] if s["round"] == 1 and s["stage"] in ("generate", "train")}
@@ -52,6 +55,10 @@ def check(name: str, stage: dict, measured_gib: float | None, cuda: bool, alloca
         return row(f"memory {name}", "FAIL", f"{where}; no peak measured", **values)
     ratio = values["measured_gb"] / estimate
     ok = 1 / FACTOR <= ratio <= FACTOR
-    return row(f"memory {name}", "pass" if ok else "FAIL",
-               f"measured {values['measured_gb']:.2f} GB, {where}: x{ratio:.2f} (within {FACTOR}x)",
-               ratio=ratio, **values)
+    return row(
+        f"memory {name}",
+        "pass" if ok else "FAIL",
+        f"measured {values['measured_gb']:.2f} GB, {where}: x{ratio:.2f} (within {FACTOR}x)",
+        ratio=ratio,
+        **values,
+    )

@@ -22,15 +22,21 @@ BACKENDS = ("sdpa", "flash_attention_2", "flex_attention")
 BF16_FACTOR = 2.0
 
 
-def features(seed: int = 0, prompts: int = 4, k: int = 4, prompt_len: int = 48, response_len: int = 24,
-             vocab: int = 32000) -> list[dict]:
+def features(
+    seed: int = 0, prompts: int = 4, k: int = 4, prompt_len: int = 48, response_len: int = 24, vocab: int = 32000
+) -> list[dict]:
     """Random rows of varied lengths (ids above the special tokens)."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(10, vocab, (n,), generator=g).tolist()  # noqa: E731
     lengths = lambda n: int(torch.randint(n // 2, n + 1, (1,), generator=g))  # noqa: E731
-    return [{"prompt_ids": rand(lengths(prompt_len)),
-             "response_ids": [rand(lengths(response_len)) for _ in range(k)],
-             "rewards": torch.randn(k, generator=g).tolist()} for _ in range(prompts)]
+    return [
+        {
+            "prompt_ids": rand(lengths(prompt_len)),
+            "response_ids": [rand(lengths(response_len)) for _ in range(k)],
+            "rewards": torch.randn(k, generator=g).tolist(),
+        }
+        for _ in range(prompts)
+    ]
 
 
 def value_and_grads(model, batch, layout: str | None):
@@ -59,14 +65,16 @@ def within_float_tolerance(a, b, n_terms: int) -> bool:
     (va, ga), (vb, gb) = a, b
     pairs = [(va, vb)] + [(ga[n], gb[n]) for n in gb]
     return ga.keys() == gb.keys() and all(
-        torch.allclose(x, y, **float_tolerance(torch.float32, n_terms, y.abs().max().item())) for x, y in pairs)
+        torch.allclose(x, y, **float_tolerance(torch.float32, n_terms, y.abs().max().item())) for x, y in pairs
+    )
 
 
 def load(model_dir, attn: str, dtype, device: str):
     from transformers import LlamaForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(model_dir, attn_implementation=attn, dtype=dtype,
-                                            device_map={"": device}).train()
+    return LlamaForCausalLM.from_pretrained(
+        model_dir, attn_implementation=attn, dtype=dtype, device_map={"": device}
+    ).train()
 
 
 def check_backend(model_dir, feats, batches, attn: str, reference) -> list[dict]:
@@ -87,17 +95,28 @@ def check_backend(model_dir, feats, batches, attn: str, reference) -> list[dict]
         own = deviation(base, reference)
         for layout, got in runs.items():
             dev = deviation(got, reference)
-            rows.append(row(f"prefix sharing {attn} {layout}", "pass" if dev <= BF16_FACTOR * own else "FAIL",
-                            f"bf16 deviation from float32 {dev:.2e}, unshared bf16's own {own:.2e} (<= {BF16_FACTOR}x)",
-                            deviation=dev, unshared_deviation=own))
+            rows.append(
+                row(
+                    f"prefix sharing {attn} {layout}",
+                    "pass" if dev <= BF16_FACTOR * own else "FAIL",
+                    f"bf16 deviation from float32 {dev:.2e}, unshared bf16's own {own:.2e} (<= {BF16_FACTOR}x)",
+                    deviation=dev,
+                    unshared_deviation=own,
+                )
+            )
         torch.cuda.empty_cache()
         return rows
     n = width * sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
     for layout, got in runs.items():
         ok = within_float_tolerance(got, base, n)
-        rows.append(row(f"prefix sharing {attn} {layout}", "pass" if ok else "FAIL",
-                        f"float32, largest relative gap {deviation(got, base):.2e} (rtol 4 eps sqrt({n}))",
-                        deviation=deviation(got, base)))
+        rows.append(
+            row(
+                f"prefix sharing {attn} {layout}",
+                "pass" if ok else "FAIL",
+                f"float32, largest relative gap {deviation(got, base):.2e} (rtol 4 eps sqrt({n}))",
+                deviation=deviation(got, base),
+            )
+        )
     return rows
 
 
@@ -114,9 +133,9 @@ def available(attn: str, cuda: bool) -> str | None:
 
 
 def checks(model_dir, tokenizer, cuda: bool) -> list[dict]:
-    from .report import row
-
     from pofe.collator import KResponseCollator
+
+    from .report import row
 
     device = "cuda" if cuda else "cpu"
     feats = features(vocab=len(tokenizer))

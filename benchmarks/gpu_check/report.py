@@ -18,8 +18,10 @@ def table(rows: list[dict]) -> str:
     lines += [f"{r['check']:<{width}}  {r['status']:<10}  {r['detail']}" for r in rows]
     count = {s: sum(r["status"] == s for r in rows) for s in ("pass", "FAIL", "measured")}
     rest = len(rows) - sum(count.values())
-    lines.append(f"\n{count['pass']} pass, {count['FAIL']} FAIL, {count['measured']} measured, "
-                 f"{rest} not run here (needs GPU / skipped)")
+    lines.append(
+        f"\n{count['pass']} pass, {count['FAIL']} FAIL, {count['measured']} measured, "
+        f"{rest} not run here (needs GPU / skipped)"
+    )
     return "\n".join(lines)
 
 

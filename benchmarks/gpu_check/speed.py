@@ -14,8 +14,11 @@ def run(out: Path, cuda: bool) -> dict:
     from benchmarks import run as bench
 
     path = out / "speed.json"
-    args = ["--device", "cuda", "--model", "1b", "--dtype", "bf16", "--reps", "3"] if cuda else \
-        ["--device", "cpu", "--model", "tiny", "--quick", "--reps", "1", "--workloads", "sppo-pairs"]
+    args = (
+        ["--device", "cuda", "--model", "1b", "--dtype", "bf16", "--reps", "3"]
+        if cuda
+        else ["--device", "cpu", "--model", "tiny", "--quick", "--reps", "1", "--workloads", "sppo-pairs"]
+    )
     bench.main([*args, "--modes", "full", "--out", str(path)])
     return json.loads(path.read_text())
 
@@ -36,7 +39,13 @@ def checks(report: dict) -> list[dict]:
                 continue
             met = "" if goal is None else (" met" if (value >= goal if op == ">=" else value <= goal) else " MISSED")
             ratios.append(f"{key} {value:.2f}{f' ({op} {goal}{met})' if goal else ''}")
-        rows.append(row(f"speed {name}", "measured",
-                        f"pofe {r['tokens_per_second']['pofe']:,.0f} tok/s ({r['auto_layout']}); " + ", ".join(ratios),
-                        ratios=r["ratios"], tokens_per_second=r["tokens_per_second"]))
+        rows.append(
+            row(
+                f"speed {name}",
+                "measured",
+                f"pofe {r['tokens_per_second']['pofe']:,.0f} tok/s ({r['auto_layout']}); " + ", ".join(ratios),
+                ratios=r["ratios"],
+                tokens_per_second=r["tokens_per_second"],
+            )
+        )
     return rows

@@ -28,19 +28,25 @@ import yaml
 
 from pofe.args import LORA_KERNELS
 
-EPS = {"bfloat16": 2.0 ** -7, "float32": 2.0 ** -23}
+EPS = {"bfloat16": 2.0**-7, "float32": 2.0**-23}
 KERNEL_RTOL = 4 * EPS["bfloat16"]
 REPACK_WARNING = "repacked for bitsandbytes"
 TIMEOUT_S = 360  # all runs together: the check's 8 minutes leave them about 3 (a timed-out run FAILs)
-ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
-       "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "AXOLOTL_DO_NOT_TRACK": "1",
+    "WANDB_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def write_data(out: Path, method: str, rows: int) -> Path:
     from pofe.demo.task import make_rrhf_rows, make_sppo_rows, write_jsonl
 
-    return write_jsonl((make_rrhf_rows if method == "rrhf" else make_sppo_rows)(rows, k=4, seed=0),
-                       out / f"{method}.jsonl")
+    return write_jsonl(
+        (make_rrhf_rows if method == "rrhf" else make_sppo_rows)(rows, k=4, seed=0), out / f"{method}.jsonl"
+    )
 
 
 def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda: bool) -> Path:
@@ -49,16 +55,38 @@ def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda:
     data = write_data(out, method, steps * micro)
     name = f"{method}-kernels-{'on' if kernels else 'off'}"
     cfg = {
-        "base_model": str(model), "plugins": ["pofe.PofePlugin"], "rl": method,
+        "base_model": str(model),
+        "plugins": ["pofe.PofePlugin"],
+        "rl": method,
         "datasets": [{"path": str(data), "type": f"pofe.{method}"}],
-        "dataset_prepared_path": str(out / "prepared" / name), "output_dir": str(out / name),
-        "adapter": "qlora", "load_in_4bit": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
-        "lora_target_linear": True, **{k: kernels for k in LORA_KERNELS},
-        "sequence_len": 256, "micro_batch_size": micro, "gradient_accumulation_steps": 1, "max_steps": steps,
-        "learning_rate": 2e-4, "lr_scheduler": "constant", "warmup_steps": 0, "optimizer": "adamw_torch",
-        "logging_steps": 1, "save_strategy": "steps", "save_steps": steps, "seed": 0,
-        "bf16": cuda, "fp16": False, "tf32": False, "attn_implementation": "sdpa" if cuda else "eager",
-        "sample_packing": False, "dataloader_num_workers": 0, "gradient_checkpointing": cuda,
+        "dataset_prepared_path": str(out / "prepared" / name),
+        "output_dir": str(out / name),
+        "adapter": "qlora",
+        "load_in_4bit": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "lora_target_linear": True,
+        **dict.fromkeys(LORA_KERNELS, kernels),
+        "sequence_len": 256,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": 1,
+        "max_steps": steps,
+        "learning_rate": 2e-4,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "optimizer": "adamw_torch",
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": steps,
+        "seed": 0,
+        "bf16": cuda,
+        "fp16": False,
+        "tf32": False,
+        "attn_implementation": "sdpa" if cuda else "eager",
+        "sample_packing": False,
+        "dataloader_num_workers": 0,
+        "gradient_checkpointing": cuda,
         "gradient_checkpointing_kwargs": {"use_reentrant": False},
         "pofe": {"eta": 10.0} if method == "sppo" else {},
     }
@@ -72,8 +100,9 @@ def launch(path: Path) -> subprocess.Popen:
     axolotl = Path(sys.executable).parent / "axolotl"
     env = {**os.environ, **ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = path.with_suffix(".log").open("w")
-    return subprocess.Popen([str(axolotl), "train", str(path), "--launcher", "python"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [str(axolotl), "train", str(path), "--launcher", "python"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def mean_response_tokens(path: Path) -> float:
@@ -97,9 +126,14 @@ def result(path: Path, rc: int) -> dict:
     steps = [h for h in json.loads(state.read_text())["log_history"] if "loss" in h]
     dtype = "bfloat16" if cfg["bf16"] else "float32"
     first, length = steps[0], mean_response_tokens(path)
-    out.update(losses=[h["loss"] for h in steps], logps_chosen=[h["logps/chosen"] for h in steps],
-               repack_warning=REPACK_WARNING in log, dtype=dtype, response_tokens=length,
-               peak_gpu_gib=max((h.get("memory/max_allocated (GiB)", 0.0) for h in steps), default=None) or None)
+    out.update(
+        losses=[h["loss"] for h in steps],
+        logps_chosen=[h["logps/chosen"] for h in steps],
+        repack_warning=REPACK_WARNING in log,
+        dtype=dtype,
+        response_tokens=length,
+        peak_gpu_gib=max((h.get("memory/max_allocated (GiB)", 0.0) for h in steps), default=None) or None,
+    )
     if cfg["rl"] == "sppo":
         per_token = abs(first["logps/chosen"]) / length
         out["step1_logratio"] = first["sppo/logratio"]
@@ -116,8 +150,9 @@ def kernels_equal(on: dict, off: dict) -> tuple[bool, float]:
 def run_all(out: Path, model: Path, steps: int, cuda: bool) -> dict:
     """Every run at once (separate processes; an H200 holds four 1B QLoRA runs), then their results.
     Kernels-on runs need CUDA (Triton): on the CPU they are recorded as not run."""
-    runs = {(m, k): recipe(out, model, m, k, steps, cuda) for m in ("sppo", "rrhf") for k in (False, True)
-            if cuda or not k}
+    runs = {
+        (m, k): recipe(out, model, m, k, steps, cuda) for m in ("sppo", "rrhf") for k in (False, True) if cuda or not k
+    }
     for path in runs.values():  # a checkpoint left by an earlier check must not stand in for this run's
         shutil.rmtree(yaml.safe_load(path.read_text())["output_dir"], ignore_errors=True)
     procs = {key: launch(path) for key, path in runs.items()}
@@ -153,10 +188,14 @@ def checks(results: dict) -> list[dict]:
                 continue
             finite = all(map(math.isfinite, r["losses"]))
             ok = finite and not r["repack_warning"] and len(r["losses"]) > 0
-            detail = f"{len(r['losses'])} steps, last loss {r['losses'][-1]:.4f}, repack warning: {r['repack_warning']}"
+            detail = (
+                f"{len(r['losses'])} steps, last loss {r['losses'][-1]:.4f}, repack warning: {r['repack_warning']}"
+            )
             if method == "sppo":
                 ok = ok and abs(r["step1_logratio"]) <= r["step1_logratio_tolerance"]
-                detail += f"; step-1 log-ratio {r['step1_logratio']:.2e} (tolerance {r['step1_logratio_tolerance']:.1e})"
+                detail += (
+                    f"; step-1 log-ratio {r['step1_logratio']:.2e} (tolerance {r['step1_logratio_tolerance']:.1e})"
+                )
             rows.append(row(f"train {name}", "pass" if ok else "FAIL", detail))
         on, off = results.get(f"{method}-kernels-on"), results.get(f"{method}-kernels-off")
         if on is None:
@@ -165,7 +204,12 @@ def checks(results: dict) -> list[dict]:
             rows.append(row(f"train {method} kernels on == off", "FAIL", "a run failed"))
         else:
             ok, gap = kernels_equal(on, off)
-            rows.append(row(f"train {method} kernels on == off", "pass" if ok else "FAIL",
-                            f"loss and logps/chosen, every step: largest relative gap {gap:.2e} "
-                            f"(rtol {KERNEL_RTOL:.3f} = 4 eps(bf16))"))
+            rows.append(
+                row(
+                    f"train {method} kernels on == off",
+                    "pass" if ok else "FAIL",
+                    f"loss and logps/chosen, every step: largest relative gap {gap:.2e} "
+                    f"(rtol {KERNEL_RTOL:.3f} = 4 eps(bf16))",
+                )
+            )
     return rows

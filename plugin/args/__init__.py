@@ -13,11 +13,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pofe.columns import DEFAULT_FIELDS
-from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE
+from pofe.args.rounds import (
+    EvalConfig,
+    RoundPrompts,
+    RoundPromptSource,
+    StopWhen,
+    check_round_prompt_count,
+    check_round_prompt_files,
+)
+from pofe.columns import DEFAULT_FIELDS, DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
-from pofe.args.rounds import EvalConfig, RoundPrompts, RoundPromptSource, StopWhen, check_round_prompt_count, check_round_prompt_files
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -38,12 +44,8 @@ class PofeConfig(BaseModel):
         "`pofe.methods.register_method`); POFE is inactive while unset.",
     )
     # RRHF (Yuan et al. 2023)
-    rank_weight: float = Field(
-        default=1.0, ge=0.0, description="Weight of the ranking hinge against SFT."
-    )
-    margin: float = Field(
-        default=0.0, ge=0.0, description="Hinge margin between reward-ordered scores."
-    )
+    rank_weight: float = Field(default=1.0, ge=0.0, description="Weight of the ranking hinge against SFT.")
+    margin: float = Field(default=0.0, ge=0.0, description="Hinge margin between reward-ordered scores.")
     length_penalty: float = Field(
         default=1.0,
         ge=0.0,
@@ -62,8 +64,7 @@ class PofeConfig(BaseModel):
     # Performance (both leave the scores unchanged, up to float rounding)
     prefix_sharing: bool = Field(
         default=True,
-        description="Encode each prompt once (`prefix_layout` says how); off "
-        "automatically with sample packing.",
+        description="Encode each prompt once (`prefix_layout` says how); off automatically with sample packing.",
     )
     prefix_layout: Literal["auto", "packed", "cache"] = Field(
         default="auto",
@@ -90,9 +91,7 @@ class PofeConfig(BaseModel):
         description="Prompt tokens kept when truncating (default: sequence_len // 2).",
     )
     # Candidates from prompts (datasets of type pofe.prompts)
-    generate: GenerateConfig | None = Field(
-        default=None, description="How candidates are generated from prompts."
-    )
+    generate: GenerateConfig | None = Field(default=None, description="How candidates are generated from prompts.")
     judge: JudgeConfig | None = Field(default=None, description="Who scores the candidates.")
     candidates: CandidatesConfig = Field(
         default_factory=CandidatesConfig,
@@ -164,7 +163,7 @@ class PofeConfig(BaseModel):
                 raise ValueError(f"pofe.{key}: {getattr(self, key)} applies to `rl: {other.name}` only")
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> "PofeConfig":
+    def _cross_field_rules(self) -> PofeConfig:
         if self.method is not None:
             self._check_own_keys()
         if (self.generate is None) != (self.judge is None):
@@ -186,8 +185,8 @@ class PofeConfig(BaseModel):
                 "pofe.rounds > 1 generates from each round's new policy, which an already "
                 "running OpenAI-compatible server (generate.base_url) does not serve: set "
                 "generate.serve instead (POFE then starts a server for each round's policy, e.g. "
-                "`serve: {command: \"/path/to/vllm-venv/bin/vllm serve {model} --port {port} "
-                "--served-model-name {served_model_name} {lora_modules}\"}`), or use generate.backend "
+                '`serve: {command: "/path/to/vllm-venv/bin/vllm serve {model} --port {port} '
+                '--served-model-name {served_model_name} {lora_modules}"}`), or use generate.backend '
                 "transformers or vllm"
             )
         return self
@@ -195,11 +194,15 @@ class PofeConfig(BaseModel):
     def _check_stop_when(self) -> None:
         """`stop_when` reads the held-out evaluation; a falling reward needs a scalar judge."""
         if not self.eval or not self.eval.has_held_out:
-            raise ValueError("pofe.stop_when reads the held-out evaluation, which this recipe turns off: "
-                             "drop `pofe.eval: false` / `pofe.eval.held_out: 0`, or drop pofe.stop_when")
+            raise ValueError(
+                "pofe.stop_when reads the held-out evaluation, which this recipe turns off: "
+                "drop `pofe.eval: false` / `pofe.eval.held_out: 0`, or drop pofe.stop_when"
+            )
         if self.stop_when.held_out_reward_falls and self.judge is not None and self.judge.is_pairwise:
-            raise ValueError(f"pofe.stop_when.held_out_reward_falls needs a scalar reward, and the judge "
-                             f"(`{self.judge.type}`) is pairwise: use `lc_vs_previous_below` instead")
+            raise ValueError(
+                f"pofe.stop_when.held_out_reward_falls needs a scalar reward, and the judge "
+                f"(`{self.judge.type}`) is pairwise: use `lc_vs_previous_below` instead"
+            )
 
     def check_files(self) -> None:
         """Check the files the block names on disk (each `round_prompts` file).
@@ -230,9 +233,7 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
         pofe = dict(pofe)
     if rl in METHODS:
         if pofe.get("method") not in (None, rl):
-            raise ValueError(
-                f"`rl: {rl}` contradicts `pofe.method: {pofe['method']}`; keep one."
-            )
+            raise ValueError(f"`rl: {rl}` contradicts `pofe.method: {pofe['method']}`; keep one.")
         pofe["method"] = rl
         cfg.pop("rl")
     if pofe.get("method") is None:
@@ -241,8 +242,7 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
     entries = cfg.get("datasets") or []
     if not pofe.get("dataset_fields") and entries:
         pofe["dataset_fields"] = [
-            {key: entry[key] for key in FIELD_KEYS if entry.get(key) is not None}
-            for entry in entries
+            {key: entry[key] for key in FIELD_KEYS if entry.get(key) is not None} for entry in entries
         ]
     cfg["pofe"] = pofe
     return cfg
@@ -283,17 +283,13 @@ def _check_axolotl_rl(rl: str) -> None:
 
     known = [t.value for t in RLType]
     if rl not in known:
-        raise ValueError(
-            f"unknown `rl: {rl}`: POFE adds {list(METHODS)}; axolotl itself knows {known}"
-        )
+        raise ValueError(f"unknown `rl: {rl}`: POFE adds {list(METHODS)}; axolotl itself knows {known}")
 
 
 class PofeArgs(BaseModel):
     """Plugin input args merged into axolotl's config schema."""
 
-    pofe: PofeConfig = Field(
-        default_factory=PofeConfig, description="RRHF / SPPO settings (POFE plugin)."
-    )
+    pofe: PofeConfig = Field(default_factory=PofeConfig, description="RRHF / SPPO settings (POFE plugin).")
 
     @model_validator(mode="before")
     @classmethod
@@ -332,13 +328,8 @@ class PofeArgs(BaseModel):
                     f"{list(method_spec(method).dataset_types)}"
                 )
             if method not in allowed:
-                raise ValueError(
-                    f"datasets[{i}] ({path}): type {dtype} feeds "
-                    f"{'/'.join(allowed)}, not `rl: {method}`"
-                )
+                raise ValueError(f"datasets[{i}] ({path}): type {dtype} feeds {'/'.join(allowed)}, not `rl: {method}`")
             has_prompts = has_prompts or dtype == "pofe.prompts"
         if has_generate and not has_prompts:
-            raise ValueError(
-                "pofe.generate is set but no dataset has type pofe.prompts to generate from"
-            )
+            raise ValueError("pofe.generate is set but no dataset has type pofe.prompts to generate from")
         return data

@@ -33,7 +33,8 @@ class RoundPromptSet(BaseModel):
     name: str | None = Field(None, description="The dataset's configuration name.")
     split: str = Field("train", description="The split to read (slices too: train[:1000]).")
     data_files: str | list[str] | None = Field(
-        None, description="Files to read, as axolotl reads them: within a hub repo, or (with a local folder) paths "
+        None,
+        description="Files to read, as axolotl reads them: within a hub repo, or (with a local folder) paths "
         "from the working directory.",
     )
     ds_type: str | None = Field(None, description="The files' format (json, parquet, ...) when not plain.")
@@ -69,8 +70,15 @@ def check_round_prompt_files(files: list[RoundPromptSource]) -> None:
 
 
 # keys that only shape the held-out evaluation: set without held-out prompts, they would do nothing
-HELD_OUT_ONLY = ("prompt_column", "reference_column", "num_samples", "temperature", "max_new_tokens", "judge2",
-                 "cycle_threshold")
+HELD_OUT_ONLY = (
+    "prompt_column",
+    "reference_column",
+    "num_samples",
+    "temperature",
+    "max_new_tokens",
+    "judge2",
+    "cycle_threshold",
+)
 
 
 class StopWhen(BaseModel):
@@ -95,8 +103,10 @@ class StopWhen(BaseModel):
     @model_validator(mode="after")
     def _some_rule(self) -> StopWhen:
         if self.lc_vs_previous_below is None and not self.held_out_reward_falls:
-            raise ValueError("pofe.stop_when sets no rule: give `lc_vs_previous_below: 0.5` and/or "
-                             "`held_out_reward_falls: true` (or drop the key: regressions are then only flagged)")
+            raise ValueError(
+                "pofe.stop_when sets no rule: give `lc_vs_previous_below: 0.5` and/or "
+                "`held_out_reward_falls: true` (or drop the key: regressions are then only flagged)"
+            )
         return self
 
 
@@ -162,12 +172,8 @@ class EvalConfig(BaseModel):
         "0 = no headline.",
     )
     train_samples: int = Field(1, ge=1, le=64, description="Headline samples per prompt.")
-    train_temperature: Temperature = Field(
-        0.0, description="Headline decoding: 0 = greedy (train_samples must be 1)."
-    )
-    judge2: JudgeConfig | None = Field(
-        None, description="A second, independent judge for evaluation only."
-    )
+    train_temperature: Temperature = Field(0.0, description="Headline decoding: 0 = greedy (train_samples must be 1).")
+    judge2: JudgeConfig | None = Field(None, description="A second, independent judge for evaluation only.")
     cycle_threshold: float = Field(
         0.5,
         ge=0.5,

@@ -12,10 +12,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from datasets import Dataset
-
 from axolotl.loaders import load_tokenizer
 from axolotl.utils.dict import DictDefault
+from datasets import Dataset
 
 from ..args import PofeConfig
 from ..logs import get_logger
@@ -35,7 +34,12 @@ def candidates_from_prompts(
 
 
 def build_candidates(
-    cfg: DictDefault, pofe: PofeConfig, entry, prompts: Dataset, prompt_column: str, stop_after=None,
+    cfg: DictDefault,
+    pofe: PofeConfig,
+    entry,
+    prompts: Dataset,
+    prompt_column: str,
+    stop_after=None,
     prompt_format: str = "chat",
 ):
     """Run (or resume) the generate -> judge -> build pipeline for one prompt dataset.
@@ -47,8 +51,12 @@ def build_candidates(
     from pofe.preprocess.pipeline import run_pipeline
 
     generate, judge, candidates = pofe.generate, pofe.judge, pofe.candidates.for_method(pofe.method)
-    fmt = RowFormat(dataset=entry.path, type="pofe.prompts", method=pofe.method,
-                    fields={"field_prompt": prompt_column, "prompt_format": prompt_format})
+    fmt = RowFormat(
+        dataset=entry.path,
+        type="pofe.prompts",
+        method=pofe.method,
+        fields={"field_prompt": prompt_column, "prompt_format": prompt_format},
+    )
     # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
     rows = [prompt_row(row, i, fmt, generate.include_dataset_responses) for i, row in enumerate(prompts)]
     policy = sampling_policy(cfg, generate)
@@ -58,8 +66,16 @@ def build_candidates(
     if candidates.out_dir is None:
         # keyed on what the generate shards depend on: a changed judge reuses them (the
         # pipeline keeps each judge's shards apart inside)
-        parts = [entry.path, entry.split, policy, prompt_column, generate.model_dump(), candidates.shard_size,
-                 candidates.truncated, getattr(tokenizer, "chat_template", None)]
+        parts = [
+            entry.path,
+            entry.split,
+            policy,
+            prompt_column,
+            generate.model_dump(),
+            candidates.shard_size,
+            candidates.truncated,
+            getattr(tokenizer, "chat_template", None),
+        ]
         # appended only when not the default, so caches built before the option keep their key
         parts += [prompt_format] if prompt_format != "chat" else []
         key = json.dumps(parts, sort_keys=True, default=str)
@@ -67,8 +83,14 @@ def build_candidates(
         out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
-        rows, policy_path=policy, method=pofe.method, generate=generate,
-        judge=judge, candidates=candidates, prompt_column=prompt_column, stop_after=stop_after,
+        rows,
+        policy_path=policy,
+        method=pofe.method,
+        generate=generate,
+        judge=judge,
+        candidates=candidates,
+        prompt_column=prompt_column,
+        stop_after=stop_after,
         tokenizer=tokenizer,
     )
     if result is None:

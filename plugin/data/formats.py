@@ -17,12 +17,14 @@ same float32, are errors; so are identical responses with different labels.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
+
 from ..methods import Target, method_spec
 from .transcripts import hh_row
 
@@ -109,9 +111,7 @@ def row_error(dataset: str, index: int):
     """`fail(field, what, fix)`: the error for one field of row `index` of `dataset`."""
 
     def fail(field: str, what: str, fix: str) -> PofeDataError:
-        return PofeDataError(
-            f"dataset {dataset}, row {index} (0-based), field '{field}': {what}. {fix}"
-        )
+        return PofeDataError(f"dataset {dataset}, row {index} (0-based), field '{field}': {what}. {fix}")
 
     return fail
 
@@ -177,21 +177,23 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
         resp_col = fmt.column("field_responses")
         raw = row.get(resp_col)
         if not isinstance(raw, (list, tuple)):
-            raise fail(resp_col, f"expected a list of responses, got {type(raw).__name__}",
-                       "Give k >= 2 responses per row.")
+            raise fail(
+                resp_col, f"expected a list of responses, got {type(raw).__name__}", "Give k >= 2 responses per row."
+            )
         responses = [
-            _response_message(r, lambda what, j=j: fail(f"{resp_col}[{j}]", what,
-                "Remove the empty candidate or regenerate it."))
+            _response_message(
+                r, lambda what, j=j: fail(f"{resp_col}[{j}]", what, "Remove the empty candidate or regenerate it.")
+            )
             for j, r in enumerate(raw)
         ]
         if len(responses) < 2:
-            raise fail(resp_col, f"k = {len(responses)} response(s)",
-                       "Ranking needs k >= 2 responses per prompt.")
+            raise fail(resp_col, f"k = {len(responses)} response(s)", "Ranking needs k >= 2 responses per prompt.")
         return responses, [f"{resp_col}[{j}]" for j in range(len(responses))]
     chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
     responses = [
-        _response_message(row.get(col), lambda what, col=col: fail(col, what,
-            "Both responses of a pair must be non-empty."))
+        _response_message(
+            row.get(col), lambda what, col=col: fail(col, what, "Both responses of a pair must be non-empty.")
+        )
         for col in (chosen_col, rejected_col)
     ]
     return responses, [chosen_col, rejected_col]
@@ -217,23 +219,32 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
         ranks = _numbers(row, col, k, fail)
         for j, r in enumerate(ranks):
             if r < 0:
-                raise fail(f"{col}[{j}]", f"rank {r:g} is negative", "Ranks are positions, 1 (or 0) = best; "
-                           "scores where higher is better go in the rewards column (field_rewards).")
+                raise fail(
+                    f"{col}[{j}]",
+                    f"rank {r:g} is negative",
+                    "Ranks are positions, 1 (or 0) = best; "
+                    "scores where higher is better go in the rewards column (field_rewards).",
+                )
         labels = [-r for r in ranks]
     return labels, [f"{col}[{j}]" for j in range(k)]
 
 
-def _check_labels(target: Target, labels: list[float], label_names: list[str], responses: list[dict],
-                  names: list[str], fail) -> None:
+def _check_labels(
+    target: Target, labels: list[float], label_names: list[str], responses: list[dict], names: list[str], fail
+) -> None:
     """The target's rules: its range, one label per distinct text, float32-distinct labels.
     `label_names` / `names`: each label's / response's field, for errors."""
     if target.bounds is not None:
         low, high = target.bounds
         for name, value in zip(label_names, labels):
             if not low <= value <= high:
-                raise fail(name, f"{target.noun[:-1]} {value} is outside [{low:g}, {high:g}]",
-                           f"{target.noun.capitalize()} are probabilities; recompute them."
-                           if (low, high) == (0.0, 1.0) else "Rescale or fix this row's labels.")
+                raise fail(
+                    name,
+                    f"{target.noun[:-1]} {value} is outside [{low:g}, {high:g}]",
+                    f"{target.noun.capitalize()} are probabilities; recompute them."
+                    if (low, high) == (0.0, 1.0)
+                    else "Rescale or fix this row's labels.",
+                )
     _check_duplicates(responses, labels, names, target.noun, fail)
     if target.distinct_in_float32:
         _check_float32_ties(labels, names, fail)
@@ -251,21 +262,32 @@ def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                 raise fail(col, f"message {m!r} is not a {{role, content}} mapping", fix)
             if m["role"] not in CHAT_ROLES:
-                raise fail(f"{col}[{i}].role", f"unknown role {m['role']!r}",
-                           f"Use one of {list(CHAT_ROLES)}: the chat template would render any other as written.")
+                raise fail(
+                    f"{col}[{i}].role",
+                    f"unknown role {m['role']!r}",
+                    f"Use one of {list(CHAT_ROLES)}: the chat template would render any other as written.",
+                )
             content = m["content"]
             if not isinstance(content, str):
-                raise fail(f"{col}[{i}].content", f"expected text, got {content!r:.80}",
-                           "Give every message its text, or remove the message.")
+                raise fail(
+                    f"{col}[{i}].content",
+                    f"expected text, got {content!r:.80}",
+                    "Give every message its text, or remove the message.",
+                )
             if not content.strip():
-                raise fail(f"{col}[{i}].content", "the message is empty",
-                           "Give every message its text, or remove the message.")
+                raise fail(
+                    f"{col}[{i}].content",
+                    "the message is empty",
+                    "Give every message its text, or remove the message.",
+                )
             messages.append({"role": str(m["role"]), "content": content})
         if messages[-1]["role"] == "assistant":
             # the responses are rendered as the next assistant turn: two in a row
-            raise fail(f"{col}[{len(messages) - 1}]", "the prompt ends with an assistant turn",
-                       "End the prompt with the turn the responses answer; an assistant "
-                       "reply belongs in the responses.")
+            raise fail(
+                f"{col}[{len(messages) - 1}]",
+                "the prompt ends with an assistant turn",
+                "End the prompt with the turn the responses answer; an assistant reply belongs in the responses.",
+            )
         return messages
     raise fail(col, f"expected text or chat messages, got {value!r:.80}", fix)
 
@@ -276,14 +298,19 @@ def _conversation_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> list[d
     for col in (fmt.column("field_chosen"), fmt.column("field_rejected")):
         value = row.get(col)
         if not (isinstance(value, (list, tuple)) and len(value) >= 2):
-            raise fail(col, f"no {fmt.column('field_prompt')!r} column and this is not a conversation "
-                       f"(got {value!r:.80})",
-                       "Give chosen and rejected as [user, assistant] messages, as the SPPO scripts "
-                       "write them, or add a prompt column.")
+            raise fail(
+                col,
+                f"no {fmt.column('field_prompt')!r} column and this is not a conversation (got {value!r:.80})",
+                "Give chosen and rejected as [user, assistant] messages, as the SPPO scripts "
+                "write them, or add a prompt column.",
+            )
         prompts.append(_prompt_messages(list(value[:-1]), col, fail))
     if prompts[0] != prompts[1]:
-        raise fail(fmt.column("field_rejected"), "its conversation answers a different prompt than chosen's",
-                   "Both responses of a row must answer the same prompt.")
+        raise fail(
+            fmt.column("field_rejected"),
+            "its conversation answers a different prompt than chosen's",
+            "Both responses of a row must answer the same prompt.",
+        )
     return prompts[0]
 
 
@@ -292,8 +319,10 @@ def _response_message(value: Any, fail) -> dict[str, str]:
         if value.get("role", "assistant") != "assistant":
             raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
         if value.get("tool_calls") and not (isinstance(value.get("content"), str) and value["content"].strip()):
-            raise fail("the response is a tool call (tool_calls) with no text; POFE trains on text responses "
-                       "and does not support tool calls as a response")
+            raise fail(
+                "the response is a tool call (tool_calls) with no text; POFE trains on text responses "
+                "and does not support tool calls as a response"
+            )
         value = value.get("content")
     elif isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
         # a whole conversation (TRL's conversational preference rows, the SPPO
@@ -317,19 +346,22 @@ def _checked_number(value: Any, field: str, fail) -> float:
         raise fail(field, f"{value} is not finite", "Fix or remove this row.")
     with np.errstate(over="ignore"):
         if not np.isfinite(np.float32(value)):
-            raise fail(field, f"{value} overflows float32 (training's precision) to inf",
-                       "Rescale the values of this dataset to within about 1e38.")
+            raise fail(
+                field,
+                f"{value} overflows float32 (training's precision) to inf",
+                "Rescale the values of this dataset to within about 1e38.",
+            )
     return float(value)
 
 
 def _numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
     values = row.get(col)
     if not isinstance(values, (list, tuple)):
-        raise fail(col, f"expected a list of {k} numbers, got {values!r:.80}",
-                   "Give one value per response.")
+        raise fail(col, f"expected a list of {k} numbers, got {values!r:.80}", "Give one value per response.")
     if len(values) != k:
-        raise fail(col, f"{len(values)} values for {k} responses",
-                   "Give exactly one value per response, in the same order.")
+        raise fail(
+            col, f"{len(values)} values for {k} responses", "Give exactly one value per response, in the same order."
+        )
     return [_checked_number(v, f"{col}[{j}]", fail) for j, v in enumerate(values)]
 
 
@@ -338,22 +370,26 @@ def _log_probs(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
     values = _numbers(row, col, k, fail)
     for j, v in enumerate(values):
         if v > LOGP_ROUNDING:
-            raise fail(f"{col}[{j}]", f"log-prob {v:g} is positive, so a probability above 1",
-                       "Anchor log-probs are sums of token log-probs (<= 0): recompute them, or remove the "
-                       "column to let the trainer compute the anchor.")
+            raise fail(
+                f"{col}[{j}]",
+                f"log-prob {v:g} is positive, so a probability above 1",
+                "Anchor log-probs are sums of token log-probs (<= 0): recompute them, or remove the "
+                "column to let the trainer compute the anchor.",
+            )
     return values
 
 
-def _check_duplicates(responses: list[dict], labels: list[float], names: list[str],
-                      label: str, fail) -> None:
+def _check_duplicates(responses: list[dict], labels: list[float], names: list[str], label: str, fail) -> None:
     """The same text cannot be both better and worse than itself."""
     first: dict[str, int] = {}
     for j, message in enumerate(responses):
         i = first.setdefault(message["content"], j)
         if labels[i] != labels[j]:
-            raise fail(names[j], f"the same text as {names[i]} but {label} "
-                       f"{labels[j]} vs {labels[i]}",
-                       "Remove the duplicate, or give both the same value.")
+            raise fail(
+                names[j],
+                f"the same text as {names[i]} but {label} {labels[j]} vs {labels[i]}",
+                "Remove the duplicate, or give both the same value.",
+            )
 
 
 def _check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
@@ -365,7 +401,10 @@ def _check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
         for i in range(j):
             a, b = rewards[i], rewards[j]
             if as32[i] == as32[j] and abs(a - b) > 1e-12 * max(abs(a), abs(b)):
-                raise fail(names[j], f"reward {b!r} differs from {names[i]}'s {a!r} but both "
-                           f"are {float(as32[j])!r} in float32 (training's precision), so they tie",
-                           "Shift or rescale this row's rewards (e.g. subtract the row's "
-                           "mean) so their differences survive float32.")
+                raise fail(
+                    names[j],
+                    f"reward {b!r} differs from {names[i]}'s {a!r} but both "
+                    f"are {float(as32[j])!r} in float32 (training's precision), so they tie",
+                    "Shift or rescale this row's rewards (e.g. subtract the row's "
+                    "mean) so their differences survive float32.",
+                )

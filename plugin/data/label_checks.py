@@ -25,14 +25,16 @@ SHOWN = 5
 
 def text_keys(row: dict[str, Any]) -> dict[str, Any]:
     """Digests of a canonical row's prompt and of each response's text."""
+
     def digest(value: Any) -> str:
         return hashlib.md5(json.dumps(value, sort_keys=True).encode(), usedforsecurity=False).hexdigest()
 
     return {"prompt_key": digest(row["prompt"]), "response_keys": [digest(r["content"]) for r in row["responses"]]}
 
 
-def conflicting_rows(prompt_keys: list[str], response_keys: list[list[str]],
-                     labels: list[list[float]]) -> list[tuple[int, int]]:
+def conflicting_rows(
+    prompt_keys: list[str], response_keys: list[list[str]], labels: list[list[float]]
+) -> list[tuple[int, int]]:
     """(earlier row, later row) for each row whose order of some response pair is the opposite of
     an earlier row's with the same prompt; one pair per later row."""
     seen: dict[tuple[str, str, str], tuple[int, bool]] = {}  # (prompt, a, b) with a < b -> (row, a ranked above b)

@@ -15,8 +15,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset
-
 from axolotl.common.datasets import TrainDatasetMeta
 from axolotl.loaders import load_tokenizer
 from axolotl.utils.data.lock import FileLockLoader
@@ -29,16 +27,18 @@ from axolotl.utils.data.shared import (
     save_preprocessed_dataset,
 )
 from axolotl.utils.dict import DictDefault
+from datasets import Dataset
+
+from pofe.columns import ANCHOR_LOGPS
+from pofe.length_policy import entry_summary, summary_message
 
 from ..args import PofeConfig
 from ..files import write_atomic
-from pofe.columns import ANCHOR_LOGPS
 from ..logs import get_logger
 from ..methods import MethodSpec, method_spec
 from .candidates import candidates_from_prompts
 from .formats import RowFormat, candidate_row, check_columns, normalize_row
 from .label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
-from pofe.length_policy import entry_summary, summary_message
 from .sources import load_entry, local_files_digest
 from .tokenize import tokenize_row
 
@@ -179,12 +179,22 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
     dataset = merge_datasets(parts, cfg)
     dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, "prompt_key", "response_keys"])
     if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
-        write_atomic(policy_path, json.dumps({"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len,
-                                              "truncation": pofe.truncation, "datasets": policy}, indent=2) + "\n")
+        write_atomic(
+            policy_path,
+            json.dumps(
+                {
+                    "sequence_len": cfg.sequence_len,
+                    "max_prompt_len": max_prompt_len,
+                    "truncation": pofe.truncation,
+                    "datasets": policy,
+                },
+                indent=2,
+            )
+            + "\n",
+        )
     if len(dataset) == 0:
         raise ValueError(
-            "no rows left to train on after the length policy; raise sequence_len or "
-            "set pofe.truncation: truncate"
+            "no rows left to train on after the length policy; raise sequence_len or set pofe.truncation: truncate"
         )
     if spec.needs_anchor:
         dataset = _settle_anchor_column(dataset)
@@ -197,8 +207,11 @@ def _record_in_summary(summary_path: Path, entry: dict, sequence_len: int, trunc
     if not summary_path.exists():
         return
     summary = json.loads(summary_path.read_text())
-    summary["length_policy"] = {"sequence_len": sequence_len, "truncation": truncation,
-                                **{k: v for k, v in entry.items() if k != "dataset"}}
+    summary["length_policy"] = {
+        "sequence_len": sequence_len,
+        "truncation": truncation,
+        **{k: v for k, v in entry.items() if k != "dataset"},
+    }
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
 
 
@@ -253,8 +266,7 @@ def _warn_equal_labels(labels: list[list[float]], path: str, spec: MethodSpec) -
     flat = sum(min(r) == max(r) for r in labels)
     if flat:
         LOG.warning(
-            f"POFE: {flat} of {len(labels)} rows of {path} have all-equal {spec.target.noun}; "
-            f"{spec.equal_labels_note}"
+            f"POFE: {flat} of {len(labels)} rows of {path} have all-equal {spec.target.noun}; {spec.equal_labels_note}"
         )
     return flat
 

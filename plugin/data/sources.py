@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from datasets import Dataset, Json, ReadInstruction
-
 from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
+from datasets import Dataset, Json, ReadInstruction
 
 from .formats import PofeDataError
 
@@ -73,7 +72,7 @@ def _parse_objects(path: Path) -> list[dict[str, Any]]:
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise PofeDataError(
-            f"dataset {path}, line {line}: byte {raw[e.start:e.start + 1]!r} at offset {e.start} is not UTF-8 "
+            f"dataset {path}, line {line}: byte {raw[e.start : e.start + 1]!r} at offset {e.start} is not UTF-8 "
             f"({e.reason}). JSON files must be UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8) or fix "
             "that line."
         ) from None
@@ -85,8 +84,9 @@ def _parse_objects(path: Path) -> list[dict[str, Any]]:
         escapes = _has_surrogate_escape(text)
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                raise PofeDataError(f"dataset {path}, row {i} (0-based): expected a JSON "
-                                    f"object, got {type(row).__name__}")
+                raise PofeDataError(
+                    f"dataset {path}, row {i} (0-based): expected a JSON object, got {type(row).__name__}"
+                )
             if escapes:
                 _check_unicode(row, f"dataset {path}, row {i} (0-based)")
         return rows
@@ -115,6 +115,7 @@ def _has_surrogate_escape(text: str) -> bool:
 def _check_unicode(row: dict, where: str) -> None:
     """Raise PofeDataError if a string in `row` holds a lone surrogate ("\\ud800": valid JSON,
     not valid Unicode; tokenizers fail on it with an unrelated TypeError)."""
+
     def walk(value, field: str) -> None:
         if isinstance(value, str):
             try:
@@ -122,7 +123,7 @@ def _check_unicode(row: dict, where: str) -> None:
             except UnicodeEncodeError as e:
                 raise PofeDataError(
                     f"{where}, field {field!r}: {e.reason} at character {e.start} "
-                    f"({value[max(0, e.start - 20):e.end]!r}), not valid Unicode. Fix the text (a surrogate "
+                    f"({value[max(0, e.start - 20) : e.end]!r}), not valid Unicode. Fix the text (a surrogate "
                     "pair \\ud83d\\ude00 is fine; half of one is not) or remove the row."
                 ) from None
         elif isinstance(value, dict):

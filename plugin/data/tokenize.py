@@ -15,18 +15,16 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Literal
 
+from pofe.columns import ANCHOR_LOGPS, candidate_float_columns
+from pofe.length_policy import PROMPT_TOO_LONG, TOO_LONG, cut_collision, cut_response, fit_turns
 from pofe.preprocess.token_ids import end_of_turn_ids, response_text
 
-from pofe.columns import ANCHOR_LOGPS, candidate_float_columns
 from ..methods import label_columns
-from pofe.length_policy import PROMPT_TOO_LONG, TOO_LONG, cut_collision, cut_response, fit_turns
 
 
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
     """Return the rendered prompt text and each response's text after it."""
-    prompt = tokenizer.apply_chat_template(
-        row["prompt"], tokenize=False, add_generation_prompt=True
-    )
+    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
     return prompt, [response_text(tokenizer, row["prompt"], prompt, m["content"]) for m in row["responses"]]
 
 
@@ -75,7 +73,8 @@ def tokenize_row(
                 prompt_ids, response_ids, prompt_text = _encode(row, messages, tokenizer)
         if messages is not None:
             response_ids, out["responses_cut"], out["drop_reason"] = _cut_responses(
-                row, messages, tokenizer, prompt_text, response_ids, sequence_len - len(prompt_ids))
+                row, messages, tokenizer, prompt_text, response_ids, sequence_len - len(prompt_ids)
+            )
     out.update(prompt_ids=prompt_ids, response_ids=response_ids, keep=out["drop_reason"] is None)
     for key in candidate_float_columns():
         if key in row:

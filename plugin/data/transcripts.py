@@ -19,13 +19,16 @@ Every malformed transcript is an error through the caller's `fail(field, what, f
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # a turn starts at the text's start or after a blank line
 _TURN = re.compile(r"(?:\A\s*|\n\n)(Human|Assistant):")
 _ROLES = {"Human": "user", "Assistant": "assistant"}
-_FIX = ("Write it as '\\n\\nHuman: ...\\n\\nAssistant: ...', turns alternating from Human, or "
-        "remove `prompt_format: hh` from this dataset if it is not an HH transcript.")
+_FIX = (
+    "Write it as '\\n\\nHuman: ...\\n\\nAssistant: ...', turns alternating from Human, or "
+    "remove `prompt_format: hh` from this dataset if it is not an HH transcript."
+)
 
 Fail = Callable[[str, str, str], Exception]
 
@@ -51,8 +54,11 @@ def hh_prompt(text: str, field: str, fail: Fail) -> list[dict[str, str]]:
     """The chat messages of a prompt transcript, which ends with an empty 'Assistant:'."""
     turns = hh_turns(text, field, fail)
     if turns[-1]["role"] != "assistant" or turns[-1]["content"]:
-        raise fail(field, "the transcript does not end with an empty 'Assistant:' turn, the point where "
-                   "the response goes", "End each prompt with '\\n\\nAssistant:'.")
+        raise fail(
+            field,
+            "the transcript does not end with an empty 'Assistant:' turn, the point where the response goes",
+            "End each prompt with '\\n\\nAssistant:'.",
+        )
     return turns[:-1]
 
 
@@ -60,8 +66,11 @@ def hh_conversation(text: str, field: str, fail: Fail) -> tuple[list[dict[str, s
     """(prompt messages, response) of a whole transcript: its final Assistant turn answers the rest."""
     turns = hh_turns(text, field, fail)
     if turns[-1]["role"] != "assistant" or not turns[-1]["content"]:
-        raise fail(field, "the transcript does not end with a non-empty 'Assistant:' turn, the response",
-                   "Give the whole conversation, ending with the assistant's answer.")
+        raise fail(
+            field,
+            "the transcript does not end with a non-empty 'Assistant:' turn, the response",
+            "Give the whole conversation, ending with the assistant's answer.",
+        )
     return turns[:-1], turns[-1]["content"]
 
 
@@ -72,8 +81,11 @@ def hh_response(text: str, field: str, fail: Fail, prompt: list[dict[str, str]])
         return text.strip()
     conversation, response = hh_conversation(text, field, fail)
     if conversation != prompt:
-        raise fail(field, "its transcript answers a different conversation than the row's prompt",
-                   "Every response of a row must continue the same prompt.")
+        raise fail(
+            field,
+            "its transcript answers a different conversation than the row's prompt",
+            "Every response of a row must continue the same prompt.",
+        )
     return response
 
 
@@ -90,15 +102,19 @@ def hh_row(row: dict[str, Any], prompt_column: str, response_columns: list[str],
     elif isinstance(value, str):
         prompt = hh_prompt(value, prompt_column, fail)
     else:
-        raise fail(prompt_column, f"expected an HH transcript (text), got {value!r:.80}",
-                   "Give the prompt column, or whole transcripts in the responses (Anthropic/hh-rlhf's "
-                   "chosen and rejected), or remove `prompt_format: hh`.")
+        raise fail(
+            prompt_column,
+            f"expected an HH transcript (text), got {value!r:.80}",
+            "Give the prompt column, or whole transcripts in the responses (Anthropic/hh-rlhf's "
+            "chosen and rejected), or remove `prompt_format: hh`.",
+        )
     row[prompt_column] = prompt
     for col in response_columns:
         value = row.get(col)
         if isinstance(value, str):
             row[col] = hh_response(value, col, fail, prompt)
         elif isinstance(value, (list, tuple)):
-            row[col] = [hh_response(v, f"{col}[{j}]", fail, prompt) if isinstance(v, str) else v
-                        for j, v in enumerate(value)]
+            row[col] = [
+                hh_response(v, f"{col}[{j}]", fail, prompt) if isinstance(v, str) else v for j, v in enumerate(value)
+            ]
     return row

@@ -40,9 +40,15 @@ def prepare(recipe: dict, seed: int) -> list[dict]:
 def axolotl(command: str, recipe_path: Path) -> float:
     """Run `axolotl <command> recipe` as a user would; returns its wall time."""
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "AXOLOTL_DO_NOT_TRACK": "1",
+        "WANDB_MODE": "disabled",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     start = time.perf_counter()
     cmd = [str(bin_dir / "axolotl"), command, str(recipe_path)]
     if command == "train":
@@ -56,8 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", type=Path, default=Path("recipes/tiny-rrhf-cpu.yml"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prepare-only", action="store_true",
-                        help="write the tiny model and data, do not train")
+    parser.add_argument("--prepare-only", action="store_true", help="write the tiny model and data, do not train")
     args = parser.parse_args(argv)
     recipe = yaml.safe_load(args.recipe.read_text())
 
@@ -82,19 +87,25 @@ def main(argv: list[str] | None = None) -> None:
     summary = json.loads(summary_path.read_text())
     cand_mean, cand_best = summary["mean_candidate_reward"], summary["mean_best_of_k_reward"]
     k = summary["candidates_per_prompt"]["mean"]
-    print(f"\n{method} on {summary['rows']} addition prompts, {k:.1f} candidates per prompt "
-          f"(sampled + dataset), preprocess + train took {seconds:.0f} s\n")
+    print(
+        f"\n{method} on {summary['rows']} addition prompts, {k:.1f} candidates per prompt "
+        f"(sampled + dataset), preprocess + train took {seconds:.0f} s\n"
+    )
     print(f"{'':34}{'before':>10}{'after':>10}")
     print(f"{'greedy reward, training prompts':34}{before['mean_reward']:>10.3f}{after['mean_reward']:>10.3f}")
     print(f"{'exact match, training prompts':34}{before['exact_match']:>10.3f}{after['exact_match']:>10.3f}")
-    print(f"{'greedy reward, held-out prompts':34}{before_held['mean_reward']:>10.3f}{after_held['mean_reward']:>10.3f}")
+    print(
+        f"{'greedy reward, held-out prompts':34}{before_held['mean_reward']:>10.3f}{after_held['mean_reward']:>10.3f}"
+    )
     print(f"{'candidates: mean reward':34}{cand_mean:>10.3f}")
     print(f"{'candidates: best-of-k (ceiling)':34}{cand_best:>10.3f}")
     print("\nsamples (prompt -> before | after):")
     for (p, b, _), (_, a, r) in list(zip(before["samples"], after["samples"]))[:6]:
         print(f"  {p:<7} -> {b!r:<12} | {a!r:<8} reward {r:.2f}")
-    print("\nThe tiny model memorises the training prompts; held-out additions stay hard "
-          "for a 2-layer, 128-wide model. Best-of-k is the ceiling RRHF converges to.")
+    print(
+        "\nThe tiny model memorises the training prompts; held-out additions stay hard "
+        "for a 2-layer, 128-wide model. Best-of-k is the ceiling RRHF converges to."
+    )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer, s
 from pofe.preprocess.render import render_prompt
 
 
-def greedy_reward(
-    model_dir: str | Path, prompts: list[str], *, max_new_tokens: int = 6, batch_size: int = 32
-) -> dict:
+def greedy_reward(model_dir: str | Path, prompts: list[str], *, max_new_tokens: int = 6, batch_size: int = 32) -> dict:
     """Mean reward and exact-match rate of greedy answers to `prompts`.
 
     The model (a full folder or a peft adapter on its base) runs on CPU in float32: the toy

@@ -101,9 +101,7 @@ def make_prompt_rows(n_prompts: int, k_wrong: int = 3, seed: int = 0) -> list[di
     return rows
 
 
-def bradley_terry_win_rates(
-    rewards: list[float], scale: float = DEFAULT_WIN_RATE_SCALE
-) -> list[float]:
+def bradley_terry_win_rates(rewards: list[float], scale: float = DEFAULT_WIN_RATE_SCALE) -> list[float]:
     """w_i = mean_j sigmoid(scale * (r_i - r_j)) over all j, the diagonal counting 0.5.
 
     SPPO's K-sample win rate (Wu et al. 2024, arXiv:2405.00675) with a Bradley-Terry
@@ -119,9 +117,7 @@ def bradley_terry_win_rates(
     return win_rates(bradley_terry_preferences(scaled)).tolist()
 
 
-def make_sppo_rows(
-    n_prompts: int, k: int = 4, seed: int = 0, scale: float = DEFAULT_WIN_RATE_SCALE
-) -> list[dict]:
+def make_sppo_rows(n_prompts: int, k: int = 4, seed: int = 0, scale: float = DEFAULT_WIN_RATE_SCALE) -> list[dict]:
     """Rows `{"prompt", "responses": [str]*k, "win_rates": [float]*k}`.
 
     Same prompts and candidates as `make_rrhf_rows` with the same seed; the rewards are

@@ -53,9 +53,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_config(
-    tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int
-) -> LlamaConfig:
+def build_config(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int) -> LlamaConfig:
     """Two heads so head_dim = hidden_size / 2 (64 by default): vLLM's CPU attention rejects 16."""
     return LlamaConfig(
         vocab_size=len(tokenizer),
@@ -72,9 +70,7 @@ def build_config(
     )
 
 
-def build_tiny_model(
-    path: str | Path, *, hidden_size: int = 128, num_layers: int = 2, seed: int = 0
-) -> Path:
+def build_tiny_model(path: str | Path, *, hidden_size: int = 128, num_layers: int = 2, seed: int = 0) -> Path:
     """Write a random-init `LlamaForCausalLM` and its tokenizer to `path`; return the path.
 
     The same seed gives the same weights; the caller's global RNG state is left untouched.

@@ -114,8 +114,6 @@ def rrhf_loss(
             "ft": l_ft.mean().item(),
             "rank_accuracy": (correct / n_pairs).item() if n_pairs > 0 else float("nan"),
             "best_score": pd.gather(1, best).mean().item(),
-            "other_score": (torch.where(others, pd, 0.0).sum() / n_others).item()
-            if n_others > 0
-            else float("nan"),
+            "other_score": (torch.where(others, pd, 0.0).sum() / n_others).item() if n_others > 0 else float("nan"),
         }
     return loss, stats

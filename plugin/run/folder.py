@@ -1,19 +1,19 @@
 """Where an iterated run keeps its files, and its resumable state file.
 
-    <output_dir>/
-      pofe-run.json              the run's state: which stages finished (written atomically)
-      pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.guards`)
-      pofe-preexisting.json      pofe.overwrite_output_dir: the files found there first (`pofe.run.guards`)
-      prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
-      round-<t>/recipe.yml       the derived recipe (`pofe.run.recipe.round_recipe`)
-      round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
-      round-<t>/prepared/        tokenised rows (and SPPO's anchor table)
-      round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/;
-                                 pofe-train.json: what its checkpoints were trained with, `pofe.run.rounds.checkpoints`)
-      round-<t>/merged/          LoRA/QLoRA: the adapter merged into the round's base
-      round-<t>/trainer_state.json   the trainer's log history (loss curves)
-      round-<t>/{preprocess,train,merge}.log
-      eval/, report.md, report.json, report-*.png     (`axolotl pofe eval` / report)
+<output_dir>/
+  pofe-run.json              the run's state: which stages finished (written atomically)
+  pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.guards`)
+  pofe-preexisting.json      pofe.overwrite_output_dir: the files found there first (`pofe.run.guards`)
+  prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
+  round-<t>/recipe.yml       the derived recipe (`pofe.run.recipe.round_recipe`)
+  round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
+  round-<t>/prepared/        tokenised rows (and SPPO's anchor table)
+  round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/;
+                             pofe-train.json: what its checkpoints were trained with, `pofe.run.rounds.checkpoints`)
+  round-<t>/merged/          LoRA/QLoRA: the adapter merged into the round's base
+  round-<t>/trainer_state.json   the trainer's log history (loss curves)
+  round-<t>/{preprocess,train,merge}.log
+  eval/, report.md, report.json, report-*.png     (`axolotl pofe eval` / report)
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def checkpoints(train_dir: Path) -> list[Path]:
     """The trainer's complete checkpoints in `train_dir`, by step. The trainer writes
     trainer_state.json last, so a checkpoint without one was cut short by a kill."""
     found = [
-        (int(m.group(1)), p) for p in train_dir.glob("checkpoint-*")
+        (int(m.group(1)), p)
+        for p in train_dir.glob("checkpoint-*")
         if (m := CHECKPOINT.fullmatch(p.name)) and (p / "trainer_state.json").is_file()
     ]
     return [p for _, p in sorted(found)]

@@ -36,11 +36,11 @@ import json
 import os
 import socket
 import time
-from pathlib import Path
-from pofe.logs import Echo
 from collections.abc import Callable
+from pathlib import Path
+
 from pofe.files import write_atomic
-from pofe.run.folder import RunFolder
+from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 
 
@@ -165,7 +165,8 @@ def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], N
     if root.exists() and not root.is_dir():
         raise OutputDirRefused(
             f"output_dir {root} is a file, not a folder: `axolotl pofe run` keeps a run's rounds, "
-            "state and report in a folder there. Set output_dir to a new folder's path.")
+            "state and report in a folder there. Set output_dir to a new folder's path."
+        )
     if not root.is_dir() or folder.state.exists() or folder.lock.exists() or (root / PREEXISTING_NAME).exists():
         return  # new, or a run of POFE's (one killed before its state was written holds the lock)
     found = {f: stamp for f, stamp in _files(root).items() if f != AXOLOTL_LOG}
@@ -178,10 +179,13 @@ def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], N
             f"output_dir {root} holds {len(found)} files but no POFE run ({shown}): a run writes "
             "prompts/, round-<t>/, eval/ and report.md there, and would overwrite or delete files of "
             "those names. Use a new output_dir, or set pofe.overwrite_output_dir: true to write "
-            "among them (same-named files are overwritten; none found there is deleted).")
+            "among them (same-named files are overwritten; none found there is deleted)."
+        )
     write_atomic(root / PREEXISTING_NAME, json.dumps({"files": found}, indent=2) + "\n")
-    echo(f"pofe.overwrite_output_dir: writing into {root}, which holds {len(found)} files of no POFE run "
-         f"(listed in {root / PREEXISTING_NAME}: overwritten when a run writes the same name, never deleted)")
+    echo(
+        f"pofe.overwrite_output_dir: writing into {root}, which holds {len(found)} files of no POFE run "
+        f"(listed in {root / PREEXISTING_NAME}: overwritten when a run writes the same name, never deleted)"
+    )
 
 
 def claim_recipe_output_dir(recipe_path: str | Path, echo: Callable[[str], None]) -> None:
@@ -233,7 +237,8 @@ def check_prompt_sources(sources: dict[str, str], state: RunState) -> None:
         raise RunStateMismatch(
             f"the prompt file {changed[0]} changed since this run wrote its rounds' prompts (prompts/ in "
             f"{state.path.parent}; its sha256 then is recorded in {state.path}): later rounds would not train "
-            "on it. Restore the file, or start the run again in a new output_dir.")
+            "on it. Restore the file, or start the run again in a new output_dir."
+        )
 
 
 def redo_lost_merge(folder: RunFolder, state: RunState, t: int, echo: Echo) -> None:

@@ -17,10 +17,11 @@ recipe that names its own held-out prompts (`pofe.eval.prompts`) holds out none 
 
 from __future__ import annotations
 
-from typing import Any
-from pofe.methods import method_spec
-from pofe.args.rounds import RoundPromptSet, RoundPromptSource
 import json
+from typing import Any
+
+from pofe.args.rounds import RoundPromptSet, RoundPromptSource
+from pofe.methods import method_spec
 
 
 def split_prompts(n: int, rounds: int, mode: str) -> list[range]:
@@ -108,12 +109,16 @@ def held_out_count(pool: int, held_out: int | None, has_own_prompts: bool) -> in
         return 0
     n = default_held_out(pool) if held_out is None else held_out
     if n >= pool:
-        raise ValueError(f"pofe.eval.held_out={n} leaves none of the {pool} prompts to train on: "
-                         "hold out fewer (or set `held_out: 0`)")
+        raise ValueError(
+            f"pofe.eval.held_out={n} leaves none of the {pool} prompts to train on: "
+            "hold out fewer (or set `held_out: 0`)"
+        )
     return n
 
 
-def without_held_out(per_round: list[list[dict]], held_rows: list[dict], column: str) -> tuple[list[list[dict]], list[int]]:
+def without_held_out(
+    per_round: list[list[dict]], held_rows: list[dict], column: str
+) -> tuple[list[list[dict]], list[int]]:
     """Each round's rows less those whose prompt (`column`, compared as written) is a held-out
     prompt, and how many each round lost. A round set drawn from the same pool as the
     `datasets:` entry (the SPPO recipes read one hub set for both) would otherwise train on

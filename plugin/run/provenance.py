@@ -51,8 +51,9 @@ def package_versions(site_packages: list[str] | None = None) -> dict[str, str | 
 
 
 def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
 
 
 def pofe_source() -> dict:
@@ -112,13 +113,16 @@ def round_record(folder: RunFolder, state: dict, t: int) -> dict:
     return {
         "recipe": recipe,
         "recipe_sha256": file_sha256([recipe_path]),
-        "seeds": {"generate": state["rounds"][str(t)].get("generate_seed"),
-                  "train": (recipe or {}).get("seed")},
-        "sha256": {"prompts": file_sha256([folder.round_prompts(t)]),
-                   "candidates": file_sha256(sorted((cands / "generate").glob("shard-*.jsonl"))),
-                   "trained_on": file_sha256([cands / "data.jsonl"])},
-        "judge_identity": (json.loads(judge_manifest.read_text()).get("judge_identity")
-                           if judge_manifest.exists() else None),
-        "environment": {stage: stages.get(f"round-{t}/{stage}", {}).get("environment")
-                        for stage in ("preprocess", "train")},
+        "seeds": {"generate": state["rounds"][str(t)].get("generate_seed"), "train": (recipe or {}).get("seed")},
+        "sha256": {
+            "prompts": file_sha256([folder.round_prompts(t)]),
+            "candidates": file_sha256(sorted((cands / "generate").glob("shard-*.jsonl"))),
+            "trained_on": file_sha256([cands / "data.jsonl"]),
+        },
+        "judge_identity": (
+            json.loads(judge_manifest.read_text()).get("judge_identity") if judge_manifest.exists() else None
+        ),
+        "environment": {
+            stage: stages.get(f"round-{t}/{stage}", {}).get("environment") for stage in ("preprocess", "train")
+        },
     }

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
+from axolotl.core.trainers.base import AxolotlTrainer
 from transformers import Trainer
 
-from axolotl.core.trainers.base import AxolotlTrainer
+from pofe.columns import tokenized_columns
 
 from ..anchor import AnchorLogps
 from ..distributed import deepspeed_on_cpu_ranks, sum_over_ranks
-from pofe.columns import tokenized_columns
 from ..methods import method_spec
 from ..quantization import keep_4bit_trainable
 from ..scoring import score_candidates as score_batch
@@ -17,8 +17,10 @@ from .metrics import PairMetrics
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 # what to do when the policy's own log-probs (or a loss from finite inputs) are not finite
-LOGP_HINT = ("the policy's log-probs overflowed or its weights hold NaN: train in bf16 or fp32 rather than fp16, "
-             "lower learning_rate, or check the checkpoint")
+LOGP_HINT = (
+    "the policy's log-probs overflowed or its weights hold NaN: train in bf16 or fp32 rather than fp16, "
+    "lower learning_rate, or check the checkpoint"
+)
 LOSS_HINT = "check those rows' labels and the method's settings (e.g. eta, margin, length_penalty)"
 
 
@@ -104,11 +106,14 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         for name, value in per_candidate.items():
             bad = (~torch.isfinite(value) & mask).any(dim=1).nonzero().flatten().tolist()  # (B,) -> positions
             if bad:
-                found.append(f"{name} is not finite for {label} {[rows[b] if rows else b for b in bad]}: {hints[name]}")
+                found.append(
+                    f"{name} is not finite for {label} {[rows[b] if rows else b for b in bad]}: {hints[name]}"
+                )
         if not found:
             found.append(f"the loss is {loss.item()} with finite inputs: {hints['loss']}")
         raise FloatingPointError(
-            f"{type(self).__name__} at step {self.state.global_step}: " + "; ".join(found)
+            f"{type(self).__name__} at step {self.state.global_step}: "
+            + "; ".join(found)
             + " Training stopped: a NaN or inf here would make every weight NaN."
         )
 

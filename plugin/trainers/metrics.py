@@ -59,7 +59,5 @@ def best_worst_metrics(logp_sum: Tensor, implicit_reward: Tensor, preference: Te
         pairs["rewards/margins"] = pairs["rewards/chosen"] - pairs["rewards/rejected"]
         pairs["rewards/accuracies"] = (pairs["rewards/margins"] > 0).to(torch.float64)
         n = int(has_pair.sum())
-        values = {
-            name: (v[has_pair].sum() / n).item() if n else float("nan") for name, v in pairs.items()
-        }
+        values = {name: (v[has_pair].sum() / n).item() if n else float("nan") for name, v in pairs.items()}
     return PairMetrics(values, n)

@@ -35,16 +35,17 @@ class SPPOTrainer(KResponseTrainer):
             # the loss takes column 0 as chosen, whatever the win rates say
             preference = torch.tensor([[1.0, 0.0]], device=logp.device).expand_as(logp)
         else:
-            loss, stats = sppo_loss(
-                logp, anchor, inputs["win_rates"], eta=self.args.pofe_eta, mask=mask
-            )
+            loss, stats = sppo_loss(logp, anchor, inputs["win_rates"], eta=self.args.pofe_eta, mask=mask)
             preference = inputs["win_rates"]
-        anchor_hint = ("fix field anchor_logps of those dataset rows (or remove it: POFE then computes the anchors)"
-                       if "anchor_logps" in inputs else self.anchor.fix_hint())
-        self.check_finite(inputs, loss, {"logp": LOGP_HINT, "anchor": anchor_hint, "loss": LOSS_HINT},
-                          logp=logp, anchor=anchor)
+        anchor_hint = (
+            "fix field anchor_logps of those dataset rows (or remove it: POFE then computes the anchors)"
+            if "anchor_logps" in inputs
+            else self.anchor.fix_hint()
+        )
+        self.check_finite(
+            inputs, loss, {"logp": LOGP_HINT, "anchor": anchor_hint, "loss": LOSS_HINT}, logp=logp, anchor=anchor
+        )
         implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
         pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss
-

@@ -22,14 +22,32 @@ from .base import (
     Temperature,
     TopP,
 )
+from .candidates import CandidatesConfig
 from .credentials import looks_like_key, read_api_key, redact, redact_text, redact_url, resolve_env
 from .generate import GenerateConfig
 from .judge import FUNCTION_JUDGES, JUDGE_PREFERENCES, PAIRWISE_JUDGES, SCALAR_JUDGES, JudgeConfig
-from .candidates import CandidatesConfig
 
 __all__ = [
-    "BatchSize", "Backend", "FUNCTION_JUDGES", "GenerateConfig", "JUDGE_PREFERENCES", "JudgeConfig",
-    "MaxNewTokens", "PAIRWISE_JUDGES", "CandidatesConfig", "SCALAR_JUDGES", "STRATEGY_BACKENDS",
-    "Sampling", "Seed", "Strategy", "Temperature", "TopP", "looks_like_key", "read_api_key",
-    "redact", "redact_text", "redact_url", "resolve_env",
+    "BatchSize",
+    "Backend",
+    "FUNCTION_JUDGES",
+    "GenerateConfig",
+    "JUDGE_PREFERENCES",
+    "JudgeConfig",
+    "MaxNewTokens",
+    "PAIRWISE_JUDGES",
+    "CandidatesConfig",
+    "SCALAR_JUDGES",
+    "STRATEGY_BACKENDS",
+    "Sampling",
+    "Seed",
+    "Strategy",
+    "Temperature",
+    "TopP",
+    "looks_like_key",
+    "read_api_key",
+    "redact",
+    "redact_text",
+    "redact_url",
+    "resolve_env",
 ]

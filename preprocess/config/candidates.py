@@ -7,7 +7,6 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pofe.methods import method_spec
-
 from pofe.preprocess.config.base import StrictConfig
 
 

@@ -17,8 +17,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Prefixes of common API keys (OpenAI, Hugging Face, GitHub, Groq, Replicate, xAI).
 _KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "r8_", "xai-")
 # Words that make a variable or a command-line flag name a secret (HF_TOKEN, --api-key).
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "auth", "credential",
-                           "credentials"})
+_SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "secret", "password", "passwd", "auth", "credential", "credentials"}
+)
 MASK = "***"
 _PREFIXED_KEY = re.compile(r"(?<![\w-])(?:" + "|".join(map(re.escape, _KEY_PREFIXES)) + r")[A-Za-z0-9_\-]{16,}")
 _FLAG_VALUE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(\"[^\"]*\"|'[^']*'|[^\s\"']+)")
@@ -94,14 +95,17 @@ def check_serve_env(env: dict[str, str]) -> None:
     # repeating it); `${NAME}` passes POFE's variable through, read only when the server starts.
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"generate.serve.env: {name!r} is not an environment variable name (letters, "
-                             "digits and '_', not starting with a digit).")
+            raise ValueError(
+                f"generate.serve.env: {name!r} is not an environment variable name (letters, "
+                "digits and '_', not starting with a digit)."
+            )
         if env_reference(value) is None and (names_secret(name) or looks_like_secret_value(value)):
             raise ValueError(
                 f"generate.serve.env.{name} holds a secret in the recipe (its value is not repeated here), "
                 f"which would be written to the run's files and logs. Export it where POFE runs (the server "
                 f"inherits POFE's environment) and drop it here, or write {name}: ${{{name}}} (or ${{OTHER}}) to "
-                "pass a variable of POFE's environment through under this name.")
+                "pass a variable of POFE's environment through under this name."
+            )
 
 
 def resolve_env(env: dict[str, str]) -> dict[str, str]:
@@ -121,10 +125,7 @@ def looks_like_key(value: str) -> bool:
     if value.startswith(_KEY_PREFIXES) and len(value) >= 20:
         return True
     return (
-        len(value) >= 24
-        and "_" not in value
-        and any(c.isdigit() for c in value)
-        and any(c.isalpha() for c in value)
+        len(value) >= 24 and "_" not in value and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
     )
 
 
@@ -162,8 +163,9 @@ def check_base_url(url: str | list[str] | None, block: str) -> None:
             raise ValueError(f"{block}.base_url is an empty list: give one server root (.../v1) or several.")
         twice = sorted({u for u in url if url.count(u) > 1})
         if twice:
-            raise ValueError(f"{block}.base_url lists {[redact_url(u) for u in twice]} more than once: list each "
-                             "server once.")
+            raise ValueError(
+                f"{block}.base_url lists {[redact_url(u) for u in twice]} more than once: list each server once."
+            )
         for u in url:
             check_base_url(u, block)
         return

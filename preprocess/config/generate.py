@@ -18,12 +18,11 @@ from .base import (
     Sampling,
     Seed,
     Strategy,
+    StrictConfig,
     Temperature,
     TopP,
-    StrictConfig,
 )
 from .credentials import check_base_url, check_key_env, check_serve_env, redact
-
 
 # What POFE fills into generate.serve.command for each stage's policy. `lora_modules` stands
 # alone as a word and becomes several (vLLM's `--enable-lora --lora-modules NAME=PATH
@@ -49,7 +48,8 @@ class ServeConfig(StrictConfig):
     host: str = Field("127.0.0.1", min_length=1, description="Address the server binds and POFE calls.")
     port: int = Field(0, ge=0, le=65535, description="Port for the server; 0 = a free one, picked at start.")
     served_model_name: str = Field(
-        "policy", min_length=1,
+        "policy",
+        min_length=1,
         description="Name requests use: the served model's ({served_model_name}) or the LoRA module's.",
     )
     tensor_parallel_size: int = Field(1, ge=1, le=1024, description="Filled into {tensor_parallel_size}.")
@@ -115,7 +115,8 @@ class GenerateConfig(StrictConfig):
         "PEFT adapter). Defaults to the policy (base_model) path.",
     )
     base_url: str | list[str] | None = Field(
-        None, description="openai backend: server root, e.g. http://127.0.0.1:8000/v1; or a list of "
+        None,
+        description="openai backend: server root, e.g. http://127.0.0.1:8000/v1; or a list of "
         "servers (replicas serving the same model): requests are spread over them, and those of a "
         "server that fails are sent to the others.",
     )
@@ -135,9 +136,7 @@ class GenerateConfig(StrictConfig):
     top_p: TopP = 1.0
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_new_tokens: MaxNewTokens = 128
-    num_beam_groups: int = Field(
-        1, ge=1, le=64, description="diverse_beam: number of groups (paper: 4)."
-    )
+    num_beam_groups: int = Field(1, ge=1, le=64, description="diverse_beam: number of groups (paper: 4).")
     diversity_penalty: float = Field(
         1.0, ge=0.0, le=100.0, description="diverse_beam: Hamming diversity penalty (paper: 1.0)."
     )
@@ -168,7 +167,9 @@ class GenerateConfig(StrictConfig):
     )
     batch_size: BatchSize = 8
     in_flight: int | None = Field(
-        None, ge=1, le=1_000_000,
+        None,
+        ge=1,
+        le=1_000_000,
         description="vllm / openai: prompts in flight for the whole stage, across shard boundaries (each "
         "with num_candidates samples); finished shards are written as they complete. None: vllm, the "
         "engine's max_num_seqs; openai with serve, the command's --max-num-seqs (else vLLM's default, "
@@ -178,7 +179,9 @@ class GenerateConfig(StrictConfig):
         120.0, gt=0.0, le=3600.0, description="openai: seconds per try, connect to last byte."
     )
     max_retries: int = Field(
-        4, ge=0, le=20,
+        4,
+        ge=0,
+        le=20,
         description="openai: retries after the first try (Retry-After, else jittered exponential back-off).",
     )
     vllm_kwargs: dict = Field(

@@ -26,8 +26,8 @@ REWARD_MODEL_KEYS = ("dtype", "device_map", "trust_remote_code", "score_output",
 # `judge.preferences` each judge accepts, its default first. "authors" (the SPPO scripts') needs
 # PairRM's logits; the other pairwise judges give probabilities, which "both_orders" combines.
 JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
-    **{t: ("bradley_terry", "hard") for t in SCALAR_JUDGES},
-    **{t: ("both_orders",) for t in ("python_pairwise", "pairwise_llm")},
+    **dict.fromkeys(SCALAR_JUDGES, ("bradley_terry", "hard")),
+    **dict.fromkeys(("python_pairwise", "pairwise_llm"), ("both_orders",)),
     "pairrm": ("authors", "both_orders"),
 }
 
@@ -48,9 +48,11 @@ def fill_rubric(template: str, values: dict[str, object]) -> str:
     """`template` with each known placeholder `{name}` / `{name:spec}` (a key of `values`)
     replaced by its value, in one pass (a response quoting "{prompt}" is not filled again);
     everything else, other braces included, is kept as written."""
+
     def one(m: re.Match) -> str:
         name, spec = m.group(1), m.group(2)
         return m.group(0) if name not in values else format(values[name], spec or "")
+
     return _PLACEHOLDER.sub(one, template)
 
 
@@ -64,7 +66,8 @@ def check_rubric(template: str, judge_type: str) -> None:
         raise ValueError(
             f"judge.rubric has no {' or '.join(missing)}: the judge would never see the candidate. Placeholders "
             f"filled in for judge.type: {judge_type}: {', '.join(f'{{{f}}}' for f in known)}; any other brace "
-            "(e.g. JSON such as {\"score\": 7}) is kept as written.")
+            '(e.g. JSON such as {"score": 7}) is kept as written.'
+        )
     for m in _PLACEHOLDER.finditer(template):
         name, spec = m.group(1), m.group(2)
         if name not in known or spec is None:
@@ -72,8 +75,9 @@ def check_rubric(template: str, judge_type: str) -> None:
         try:
             format(1.0 if name in _NUMERIC_FIELDS else "text", spec)
         except ValueError as e:
-            raise ValueError(f"judge.rubric: {m.group(0)} has a format spec that does not apply ({e}); "
-                             f"write {{{name}}}.") from None
+            raise ValueError(
+                f"judge.rubric: {m.group(0)} has a format spec that does not apply ({e}); write {{{name}}}."
+            ) from None
 
 
 class JudgeConfig(StrictConfig):
@@ -85,7 +89,9 @@ class JudgeConfig(StrictConfig):
     preference matrix: SPPO only (RRHF needs a scalar reward per candidate).
     """
 
-    type: JudgeType = Field("python", description="python | python_pairwise | reward_model | llm | pairwise_llm | pairrm.")
+    type: JudgeType = Field(
+        "python", description="python | python_pairwise | reward_model | llm | pairwise_llm | pairrm."
+    )
     function: str | None = Field(
         None,
         description="python: 'module:function'(prompt, response) -> float; python_pairwise: (prompt, "
@@ -116,8 +122,10 @@ class JudgeConfig(StrictConfig):
         None, description="reward_model / pairrm: local path or hub id; llm judges: served model name."
     )
     base_url: str | list[str] | None = Field(
-        None, description="llm judges: OpenAI-compatible server root (.../v1), or a list of servers of one model "
-        "(requests spread over them; a failed server's are sent to the others).")
+        None,
+        description="llm judges: OpenAI-compatible server root (.../v1), or a list of servers of one model "
+        "(requests spread over them; a failed server's are sent to the others).",
+    )
     api_key_env: str | None = Field(None, description="Name of the env var holding the API key.")
     rubric: str | None = Field(
         None,
@@ -155,7 +163,10 @@ class JudgeConfig(StrictConfig):
         "classifiers), or what a custom model returns (e.g. score, rewards).",
     )
     score_index: int = Field(
-        0, ge=0, le=4096, description="reward_model: column of score_output, (batch, n) -> (batch,), e.g. one objective."
+        0,
+        ge=0,
+        le=4096,
+        description="reward_model: column of score_output, (batch, n) -> (batch,), e.g. one objective.",
     )
     prefix_sharing: bool = Field(
         True,
@@ -175,15 +186,21 @@ class JudgeConfig(StrictConfig):
         description="Stop the run when more than this share of verdicts (candidates, or pairs for "
         "a pairwise judge) abstained; a run where every verdict abstained always stops.",
     )
-    request_timeout: float = Field(120.0, gt=0.0, le=3600.0, description="llm judges: seconds per try, connect to last byte.")
+    request_timeout: float = Field(
+        120.0, gt=0.0, le=3600.0, description="llm judges: seconds per try, connect to last byte."
+    )
     timeout: float | None = Field(
-        None, gt=0.0, le=86400.0,
+        None,
+        gt=0.0,
+        le=86400.0,
         description="python judges (`function` or `reward_funcs`): seconds per call (the function runs in a "
         "worker process, stopped when time is up; the stage stops naming the judge and row); llm judges: seconds "
         "per try, in place of request_timeout. None: no limit (python) / request_timeout (llm).",
     )
     stage_timeout: float | None = Field(
-        None, gt=0.0, le=7 * 86400.0,
+        None,
+        gt=0.0,
+        le=7 * 86400.0,
         description="python judges: seconds for all of one judge stage's calls (with `reward_funcs`, each "
         "function's); None: no limit.",
     )
@@ -195,9 +212,11 @@ class JudgeConfig(StrictConfig):
         python = self.type in ("python", "python_pairwise")
         for key, applies in (("timeout", python or self.type in ("llm", "pairwise_llm")), ("stage_timeout", python)):
             if getattr(self, key) is not None and not applies:
-                raise ValueError(f"judge.{key} applies to python judges (judge.function or judge.reward_funcs)"
-                                 f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}; "
-                                 "remove it.")
+                raise ValueError(
+                    f"judge.{key} applies to python judges (judge.function or judge.reward_funcs)"
+                    f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}; "
+                    "remove it."
+                )
 
     @field_validator("base_url")
     @classmethod
@@ -214,13 +233,19 @@ class JudgeConfig(StrictConfig):
         if self.preferences is None:
             self.preferences = allowed[0]
         elif self.preferences not in allowed:
-            raise ValueError(f"judge.preferences: {self.preferences} does not apply to judge.type: {self.type}; "
-                             f"it takes {' or '.join(allowed)}.")
+            raise ValueError(
+                f"judge.preferences: {self.preferences} does not apply to judge.type: {self.type}; "
+                f"it takes {' or '.join(allowed)}."
+            )
         # against the default, not fields_set: a dumped config (every field set) validates again
-        if self.preferences_temperature != JudgeConfig.model_fields["preferences_temperature"].default \
-                and self.preferences != "bradley_terry":
-            raise ValueError(f"judge.preferences_temperature applies to preferences: bradley_terry only "
-                             f"(judge.type: {self.type} forms them by {self.preferences}); remove it.")
+        if (
+            self.preferences_temperature != JudgeConfig.model_fields["preferences_temperature"].default
+            and self.preferences != "bradley_terry"
+        ):
+            raise ValueError(
+                f"judge.preferences_temperature applies to preferences: bradley_terry only "
+                f"(judge.type: {self.type} forms them by {self.preferences}); remove it."
+            )
         if self.type in ("reward_model", "pairrm") and not self.model:
             raise ValueError(f"judge.type={self.type} needs judge.model (a local path or hub id).")
         if self.type in ("llm", "pairwise_llm") and not self.base_url:
@@ -241,24 +266,29 @@ class JudgeConfig(StrictConfig):
             raise ValueError(f"judge.reward_funcs applies to judge.type: python, not {self.type}; remove it.")
         if self.type == "python" and self.reward_funcs is not None:
             if self.function:
-                raise ValueError("judge.function and judge.reward_funcs are both set: a python judge calls one "
-                                 "per-candidate function or a list of batched reward functions; keep one.")
+                raise ValueError(
+                    "judge.function and judge.reward_funcs are both set: a python judge calls one "
+                    "per-candidate function or a list of batched reward functions; keep one."
+                )
             bad = [f for f in self.reward_funcs if "." not in f.strip(".") or ":" in f]
             if bad:
-                raise ValueError(f"judge.reward_funcs: {bad} are not dotted paths 'package.module.function' "
-                                 "(as axolotl's trl.reward_funcs).")
+                raise ValueError(
+                    f"judge.reward_funcs: {bad} are not dotted paths 'package.module.function' "
+                    "(as axolotl's trl.reward_funcs)."
+                )
         elif self.type in FUNCTION_JUDGES and (not self.function or ":" not in self.function):
             hint = " or judge.reward_funcs: [package.module.function, ...]" if self.type == "python" else ""
             raise ValueError(
-                f"judge.type={self.type} needs judge.function: 'module:function' "
-                f"(e.g. pofe.demo.task:reward){hint}."
+                f"judge.type={self.type} needs judge.function: 'module:function' (e.g. pofe.demo.task:reward){hint}."
             )
         if self.reward_weights is not None:
             if self.reward_funcs is None:
                 raise ValueError("judge.reward_weights weighs judge.reward_funcs, which is not set; remove it.")
             if len(self.reward_weights) != len(self.reward_funcs):
-                raise ValueError(f"judge.reward_weights has {len(self.reward_weights)} weights for "
-                                 f"{len(self.reward_funcs)} reward_funcs; give one weight per function.")
+                raise ValueError(
+                    f"judge.reward_weights has {len(self.reward_weights)} weights for "
+                    f"{len(self.reward_funcs)} reward_funcs; give one weight per function."
+                )
             if not all(math.isfinite(w) for w in self.reward_weights):
                 raise ValueError(f"judge.reward_weights must be finite numbers, got {self.reward_weights}.")
 
@@ -267,19 +297,25 @@ class JudgeConfig(StrictConfig):
             # against the defaults, not fields_set: a dumped config (every field set) validates again
             changed = [k for k in REWARD_MODEL_KEYS if getattr(self, k) != JudgeConfig.model_fields[k].default]
             if changed:
-                raise ValueError(f"judge.{', judge.'.join(changed)} apply to judge.type: reward_model only "
-                                 f"(this judge is {self.type}); remove them.")
+                raise ValueError(
+                    f"judge.{', judge.'.join(changed)} apply to judge.type: reward_model only "
+                    f"(this judge is {self.type}); remove them."
+                )
         dm = self.device_map
         if isinstance(dm, int) and dm < 0:
             raise ValueError(f"judge.device_map: a GPU index is >= 0, got {dm}.")
         if isinstance(dm, str) and dm not in DEVICE_MAP_STRATEGIES and not _DEVICE.fullmatch(dm):
-            raise ValueError(f"judge.device_map: {dm!r} is neither {' | '.join(DEVICE_MAP_STRATEGIES)} nor a "
-                             "device (cpu, cuda, cuda:N, N, mps).")
+            raise ValueError(
+                f"judge.device_map: {dm!r} is neither {' | '.join(DEVICE_MAP_STRATEGIES)} nor a "
+                "device (cpu, cuda, cuda:N, N, mps)."
+            )
         if isinstance(dm, dict):
             bad = {m: d for m, d in dm.items() if not (isinstance(d, int) and d >= 0 or _DEVICE.fullmatch(str(d)))}
             if not dm or bad:
-                raise ValueError(f"judge.device_map: a map of module name -> device (cpu, cuda:N, N, disk), e.g. "
-                                 f"{{'': 'cuda:0'}}; {f'not devices: {bad}' if bad else 'got an empty map'}.")
+                raise ValueError(
+                    f"judge.device_map: a map of module name -> device (cpu, cuda:N, N, disk), e.g. "
+                    f"{{'': 'cuda:0'}}; {f'not devices: {bad}' if bad else 'got an empty map'}."
+                )
 
     @property
     def is_pairwise(self) -> bool:

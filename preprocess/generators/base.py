@@ -26,7 +26,7 @@ class Completion(str):
 
 
 def finish_reason(candidate: str) -> str | None:
-    """"stop", "length", or None when the backend did not say."""
+    """ "stop", "length", or None when the backend did not say."""
     return getattr(candidate, "finish_reason", None)
 
 

@@ -192,7 +192,11 @@ class TransformersGenerator:
         """prompts: P rendered prompts (generated from their ids) -> P lists of n candidates."""
         greedy = sampling.strategy == "sample" and sampling.temperature == 0.0
         samples = sample_responses(
-            self.model, self.tokenizer, [list(p.ids) for p in prompts], 1 if greedy else n, sampling,
+            self.model,
+            self.tokenizer,
+            [list(p.ids) for p in prompts],
+            1 if greedy else n,
+            sampling,
             batch_size=self.batch_size,
         )
         if greedy:  # one decode, n copies (dedupe drops them later)

@@ -76,8 +76,10 @@ class OpenAIGenerator:
             )
         self._check_prompt(prompt.ids, choices, usage, i)
         # finish_reason: "stop" or "length", the completions API's values (unknown if absent)
-        return [Completion(c["text"], c["finish_reason"], c.get("token_ids")) if c.get("finish_reason")
-                else c["text"] for c in choices]
+        return [
+            Completion(c["text"], c["finish_reason"], c.get("token_ids")) if c.get("finish_reason") else c["text"]
+            for c in choices
+        ]
 
     def _payload(self, prompt: Rendered, n: int, sampling: Sampling, seed: int) -> dict:
         payload = {
@@ -103,10 +105,16 @@ class OpenAIGenerator:
         except EndpointError as e:
             if self.prompt_as != "token_ids" or not e.cause.startswith(("HTTP 400", "HTTP 422")):
                 raise
-            raise EndpointError(e.url, e.cause, e.tries, (
-                "POFE sends the prompt as token ids (generate.openai_prompt: token_ids); a server that takes "
-                "text only needs generate.openai_prompt: text, and must then honour add_special_tokens: false "
-                "(POFE checks the prompt token count it reports).")) from e
+            raise EndpointError(
+                e.url,
+                e.cause,
+                e.tries,
+                (
+                    "POFE sends the prompt as token ids (generate.openai_prompt: token_ids); a server that takes "
+                    "text only needs generate.openai_prompt: text, and must then honour add_special_tokens: false "
+                    "(POFE checks the prompt token count it reports)."
+                ),
+            ) from e
 
     def _check_prompt(self, ids: list[int], choices: list[dict], usage: dict | None, i: int) -> None:
         """The prompt ids the server says it conditioned on (vLLM's prompt_token_ids, else the

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pofe.files import private_opener
@@ -87,8 +87,11 @@ def served_capacity(command: list[str]) -> int:
     whose n samples end at different lengths holds fewer slots than n near its end, and the
     server queues what it cannot run yet, at no cost."""
     for k, word in enumerate(command):
-        value = word.partition("=")[2] if word.startswith("--max-num-seqs=") else (
-            command[k + 1] if word == "--max-num-seqs" and k + 1 < len(command) else None)
+        value = (
+            word.partition("=")[2]
+            if word.startswith("--max-num-seqs=")
+            else (command[k + 1] if word == "--max-num-seqs" and k + 1 < len(command) else None)
+        )
         if value is not None and value.isdigit() and int(value) > 0:
             return int(value)
     return VLLM_DEFAULT_MAX_NUM_SEQS
@@ -113,21 +116,36 @@ class ServerProcess:
     `redact_text`: the command's keys (`--api-key X`) and the given `secrets` are masked
     wherever they appear (vLLM prints its arguments when it starts)."""
 
-    def __init__(self, command: list[str], log_path: Path, base_url: str, *, env: dict[str, str] | None = None,
-                 stop_timeout: float = 30.0, secrets: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        command: list[str],
+        log_path: Path,
+        base_url: str,
+        *,
+        env: dict[str, str] | None = None,
+        stop_timeout: float = 30.0,
+        secrets: tuple[str, ...] = (),
+    ):
         self.command, self.log_path, self.base_url, self.stop_timeout = command, Path(log_path), base_url, stop_timeout
         self.secrets = (*command_secrets(command), *secrets)
         full_env = {**os.environ, **(env or {})}
         full_env.pop("PYTHONPATH", None)  # never mix this venv's packages into the server's
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a", opener=private_opener) as log:
-            log.write(f"\n=== POFE {datetime.now(timezone.utc).isoformat(timespec='seconds')}: {self.shown_command}\n")
+            log.write(f"\n=== POFE {datetime.now(UTC).isoformat(timespec='seconds')}: {self.shown_command}\n")
             self._log_start = log.tell()
         launcher = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
-        self.proc = subprocess.Popen(launcher, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-        self._copier = threading.Thread(target=_copy_redacted, args=(self.proc.stdout, self.log_path, self.secrets),
-                                        daemon=True)
+        self.proc = subprocess.Popen(
+            launcher,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+        self._copier = threading.Thread(
+            target=_copy_redacted, args=(self.proc.stdout, self.log_path, self.secrets), daemon=True
+        )
         self._copier.start()
         _LIVE.add(self)
 
@@ -159,16 +177,22 @@ class ServerProcess:
             with contextlib.suppress(httpx.TransportError, ValueError):
                 r = httpx.get(f"{self.base_url}/models", headers=headers, timeout=5)
                 if r.status_code in (401, 403):
-                    raise PermissionError(self.describe(
-                        f"answered HTTP {r.status_code} to {self.base_url}/models. "
-                        + status_hint(r.status_code, key_env=key_env, model=None)))
+                    raise PermissionError(
+                        self.describe(
+                            f"answered HTTP {r.status_code} to {self.base_url}/models. "
+                            + status_hint(r.status_code, key_env=key_env, model=None)
+                        )
+                    )
                 if r.status_code == 200:
                     body = r.json()
                     models = body.get("data") if isinstance(body, dict) else None
                     return [m.get("id") for m in models if isinstance(m, dict)] if isinstance(models, list) else []
             if time.monotonic() > deadline:
-                raise TimeoutError(self.describe(f"did not answer {self.base_url}/models within {timeout:.0f} s "
-                                                 "(generate.serve.ready_timeout)"))
+                raise TimeoutError(
+                    self.describe(
+                        f"did not answer {self.base_url}/models within {timeout:.0f} s (generate.serve.ready_timeout)"
+                    )
+                )
             time.sleep(1)
 
     def tail(self, lines: int = 40) -> str:
@@ -181,10 +205,13 @@ class ServerProcess:
 
     def describe(self, what: str) -> str:
         code = self.exit_code
-        status = "running" if code is None else f"exit code {code}" + (
-            f" (signal {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else "")
-        return (f"the server `{self.shown_command}` {what} ({status}); last lines of {self.log_path}:\n"
-                f"{self.tail()}")
+        status = (
+            "running"
+            if code is None
+            else f"exit code {code}"
+            + (f" (signal {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else "")
+        )
+        return f"the server `{self.shown_command}` {what} ({status}); last lines of {self.log_path}:\n{self.tail()}"
 
     def stop(self) -> None:
         """SIGTERM the server's session, SIGKILL it after stop_timeout seconds; then SIGKILL
@@ -258,28 +285,48 @@ class ServedGenerator:
             served_name = serve.served_model_name
             request_name = served_name if names_model else policy_path
         port = serve.port or free_port(serve.host)
-        command = render_command(serve.command, {
-            "model": model, "port": str(port), "host": serve.host, "served_model_name": served_name,
-            "tensor_parallel_size": str(serve.tensor_parallel_size),
-        }, lora_args)
+        command = render_command(
+            serve.command,
+            {
+                "model": model,
+                "port": str(port),
+                "host": serve.host,
+                "served_model_name": served_name,
+                "tensor_parallel_size": str(serve.tensor_parallel_size),
+            },
+            lora_args,
+        )
         base_url = f"http://{serve.host}:{port}/v1"
         log_dir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="pofe-serve-"))
         env, api_key = resolve_env(serve.env), read_api_key(cfg.api_key_env)
         passed = tuple(env[k] for k, v in serve.env.items() if env_reference(v))  # the ${NAME} references' values
-        self.server = ServerProcess(command, log_dir / LOG_NAME, base_url, env=env, stop_timeout=serve.stop_timeout,
-                                    secrets=(*passed, *((api_key,) if api_key else ())))
+        self.server = ServerProcess(
+            command,
+            log_dir / LOG_NAME,
+            base_url,
+            env=env,
+            stop_timeout=serve.stop_timeout,
+            secrets=(*passed, *((api_key,) if api_key else ())),
+        )
         try:
             served = self.server.wait_ready(serve.ready_timeout, api_key=api_key, key_env=cfg.api_key_env)
             if request_name not in served:
-                raise ValueError(self.server.describe(
-                    f"serves {served}, not {request_name!r}, the model POFE requests: pass "
-                    "--served-model-name {served_model_name} (and {lora_modules}) in generate.serve.command"))
+                raise ValueError(
+                    self.server.describe(
+                        f"serves {served}, not {request_name!r}, the model POFE requests: pass "
+                        "--served-model-name {served_model_name} (and {lora_modules}) in generate.serve.command"
+                    )
+                )
         except BaseException:
             self.server.stop()
             raise
         client_cfg = cfg.model_copy(update={"base_url": base_url})
-        self.inner = OpenAIGenerator(OpenAIClient.from_config(client_cfg), request_name,
-                                     concurrency=cfg.in_flight or served_capacity(command), prompt_as=cfg.openai_prompt)
+        self.inner = OpenAIGenerator(
+            OpenAIClient.from_config(client_cfg),
+            request_name,
+            concurrency=cfg.in_flight or served_capacity(command),
+            prompt_as=cfg.openai_prompt,
+        )
 
     @property
     def client(self) -> OpenAIClient:

@@ -87,7 +87,11 @@ def stream_shards(generator: Generator, jobs: Iterable[ShardJob], n: int) -> Ite
         yield job.key, generator.generate(job.prompts, n, job.sampling) if job.prompts else []
 
 
-def one_job(stream: Callable[[Iterable[ShardJob], int], Iterator[tuple[int, list]]], prompts: list[Rendered], n: int,
-            sampling: Sampling) -> list:
+def one_job(
+    stream: Callable[[Iterable[ShardJob], int], Iterator[tuple[int, list]]],
+    prompts: list[Rendered],
+    n: int,
+    sampling: Sampling,
+) -> list:
     """`generate` through a backend's `generate_stream`: the prompts as one job."""
     return next((out for _, out in stream([ShardJob(0, list(prompts), sampling)], n)), [])

@@ -11,8 +11,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 
 from ..config import Sampling
-from .adapters import max_lora_rank, read_adapter
 from ..render import Rendered
+from .adapters import max_lora_rank, read_adapter
 from .base import Completion, check_prompt_seen
 from .stream import Finished, ShardJob, one_job, run_window
 
@@ -74,8 +74,12 @@ class VLLMGenerator:
             if job.sampling.strategy != "sample":
                 raise ValueError(f"the vllm backend supports strategy 'sample' only, got {job.sampling.strategy!r}")
             rid = f"pofe-{next(self._ids)}"  # LLM.generate's own ids are bare numbers: never these
-            engine.add_request(rid, {"prompt_token_ids": list(job.prompts[i].ids)},
-                               self._params(n, job.sampling, job.sampling.seed + i), lora_request=self.lora_request)
+            engine.add_request(
+                rid,
+                {"prompt_token_ids": list(job.prompts[i].ids)},
+                self._params(n, job.sampling, job.sampling.seed + i),
+                lora_request=self.lora_request,
+            )
             where[rid] = (job, i)
 
         def wait() -> list[Finished]:
@@ -87,8 +91,16 @@ class VLLMGenerator:
                     if o.finished:
                         job, i = where.pop(o.request_id)
                         check_prompt_seen(job.prompts[i].ids, o.prompt_token_ids, "vLLM", i)
-                        done.append((job.key, i, [Completion(c.text, c.finish_reason, list(c.token_ids))
-                                                  for c in sorted(o.outputs, key=lambda c: c.index)]))
+                        done.append(
+                            (
+                                job.key,
+                                i,
+                                [
+                                    Completion(c.text, c.finish_reason, list(c.token_ids))
+                                    for c in sorted(o.outputs, key=lambda c: c.index)
+                                ],
+                            )
+                        )
             return done
 
         try:

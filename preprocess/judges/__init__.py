@@ -16,7 +16,15 @@ from __future__ import annotations
 from ..config import JudgeConfig
 from .apply import apply_judge
 from .base import (
-    Abstain, JudgeError, JudgeStats, PairwiseJudge, PairwiseVerdict, PromptCut, ScalarJudge, Score, is_pairwise,
+    Abstain,
+    JudgeError,
+    JudgeStats,
+    PairwiseJudge,
+    PairwiseVerdict,
+    PromptCut,
+    ScalarJudge,
+    Score,
+    is_pairwise,
 )
 
 
@@ -25,27 +33,49 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     if cfg.type == "python" and cfg.reward_funcs:
         from .reward_funcs import RewardFuncsJudge
 
-        return RewardFuncsJudge.from_paths(cfg.reward_funcs, cfg.reward_weights, allow_abstain=cfg.allow_abstain,
-                                           timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
+        return RewardFuncsJudge.from_paths(
+            cfg.reward_funcs,
+            cfg.reward_weights,
+            allow_abstain=cfg.allow_abstain,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
     if cfg.type == "python":
         from .base import load_function
         from .python import PythonJudge
 
-        return PythonJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function,
-                           timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
+        return PythonJudge(
+            load_function(cfg.function),
+            allow_abstain=cfg.allow_abstain,
+            name=cfg.function,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
     if cfg.type == "python_pairwise":
         from .base import load_function
         from .python import PythonPairwiseJudge
 
-        return PythonPairwiseJudge(load_function(cfg.function), allow_abstain=cfg.allow_abstain, name=cfg.function,
-                                   timeout=cfg.timeout, stage_timeout=cfg.stage_timeout)
+        return PythonPairwiseJudge(
+            load_function(cfg.function),
+            allow_abstain=cfg.allow_abstain,
+            name=cfg.function,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
     if cfg.type == "reward_model":
         from .reward_model import RewardModelJudge
 
         return RewardModelJudge(
-            cfg.model, batch_size=cfg.batch_size, max_length=cfg.max_length, allow_abstain=cfg.allow_abstain,
-            dtype=cfg.dtype, device_map=cfg.device_map, trust_remote_code=cfg.trust_remote_code,
-            score_output=cfg.score_output, score_index=cfg.score_index, prefix_sharing=cfg.prefix_sharing,
+            cfg.model,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+            allow_abstain=cfg.allow_abstain,
+            dtype=cfg.dtype,
+            device_map=cfg.device_map,
+            trust_remote_code=cfg.trust_remote_code,
+            score_output=cfg.score_output,
+            score_index=cfg.score_index,
+            prefix_sharing=cfg.prefix_sharing,
         )
     if cfg.type in ("llm", "pairwise_llm"):
         from ..replicas import client_for

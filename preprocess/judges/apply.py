@@ -30,8 +30,12 @@ def apply_judge(
     dataset row; a `JudgeError` (allow_abstain: false) is re-raised naming it, as the judge
     itself knows only positions in this call. No prompts: no judge call.
     """
-    for name, xs in (("rendered prompts", rendered), ("response lists", responses), ("column dicts", columns),
-                     ("rows", rows)):
+    for name, xs in (
+        ("rendered prompts", rendered),
+        ("response lists", responses),
+        ("column dicts", columns),
+        ("rows", rows),
+    ):
         if xs is not None and len(xs) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(xs)} {name}")
     if not prompts:

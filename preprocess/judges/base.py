@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from ..config import JudgeConfig
 from ..config.judge import fill_rubric
 from ..openai_client import OpenAIClient
-from ..replicas import base_urls
 from ..render import Prompt, prompt_text
+from ..replicas import base_urls
 from .base import JudgeStats, Score
 
 DEFAULT_RUBRIC = (
@@ -102,12 +102,18 @@ class LLMRubricJudge(ChatJudge):
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         low, high = self.cfg.score_range
         template = self.cfg.rubric or DEFAULT_RUBRIC
-        items = [(p, k, prompt, r) for p, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)) for k, r in enumerate(rs)]
+        items = [
+            (p, k, prompt, r)
+            for p, (prompt, rs) in enumerate(zip(prompts, responses, strict=True))
+            for k, r in enumerate(rs)
+        ]
 
         def one(item) -> Score:
             p, k, prompt, response = item
             where = f"candidate {k} (llm judge at {self.client.base_url})"
-            text = fill_rubric(template, {"prompt": prompt_text(prompt), "response": response, "low": low, "high": high})
+            text = fill_rubric(
+                template, {"prompt": prompt_text(prompt), "response": response, "low": low, "high": high}
+            )
             try:
                 choice = self.chat(text)
                 content = (choice.get("message") or {}).get("content") or ""

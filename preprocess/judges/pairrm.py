@@ -53,7 +53,6 @@ from ..win_rates import symmetrize_preferences
 from .base import JudgeStats, PairwiseVerdict
 from .pairrm_inputs import CAND1_PREFIX, CAND2_PREFIX, PREFIX_TOKENS, SOURCE_PREFIX, encode_pair, encode_prompts
 
-
 PreferenceMode = Literal["authors", "both_orders"]
 
 
@@ -246,7 +245,9 @@ def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, 
                 "PairRM is ranker_type 'pairranker' on a DeBERTa backbone (model_type 'deberta')."
             )
         if not raw.get("model_name"):
-            raise ValueError(f"{cfg_file}: model_name is empty; it names the DeBERTa backbone (microsoft/deberta-v3-large)")
+            raise ValueError(
+                f"{cfg_file}: model_name is empty; it names the DeBERTa backbone (microsoft/deberta-v3-large)"
+            )
         settings = PairRMSettings.from_ranker_config(raw)
         backbone = Path(raw["model_name"])
         if not backbone.is_dir():
@@ -295,7 +296,12 @@ class PairRMJudge:
     reads_columns = False
 
     def __init__(
-        self, model: PairRMModel, tokenizer, *, batch_size: int = 8, device: str | None = None,
+        self,
+        model: PairRMModel,
+        tokenizer,
+        *,
+        batch_size: int = 8,
+        device: str | None = None,
         mode: PreferenceMode = "authors",
     ):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -307,7 +313,12 @@ class PairRMJudge:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, batch_size: int = 8, device: str | None = None, max_length: int | None = None,
+        cls,
+        path: str,
+        *,
+        batch_size: int = 8,
+        device: str | None = None,
+        max_length: int | None = None,
         mode: PreferenceMode = "authors",
     ) -> PairRMJudge:
         model, tokenizer = load_pairrm(path, max_length)
@@ -316,8 +327,9 @@ class PairRMJudge:
     def pair_logits(self, items: list[tuple[Prompt, str, str]]) -> torch.Tensor:
         """items: N (prompt, a, b) -> (N,) logits of 'a beats b'."""
         m = self.model
-        return self.forward_sequences([encode_pair(self.tokenizer, m.settings, m.prefix_ids, prompt_text(p), a, b)
-                                       for p, a, b in items])
+        return self.forward_sequences(
+            [encode_pair(self.tokenizer, m.settings, m.prefix_ids, prompt_text(p), a, b) for p, a, b in items]
+        )
 
     @torch.no_grad()
     def forward_sequences(self, seqs: list[list[int]]) -> torch.Tensor:
@@ -349,7 +361,9 @@ class PairRMJudge:
     def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
-        return [PairwiseVerdict(preferences_from_logits(c, self.mode)) for c in self.logit_matrices(prompts, responses)]
+        return [
+            PairwiseVerdict(preferences_from_logits(c, self.mode)) for c in self.logit_matrices(prompts, responses)
+        ]
 
 
 def _load_state_dict(p: Path) -> dict:

@@ -46,7 +46,11 @@ def encode_pair(tokenizer, settings, prefix_ids: dict[str, int], source: str, a:
 
 
 def encode_prompts(
-    tokenizer, settings, prefix_ids: dict[str, int], sources: list[str], candidates: list[list[str]],
+    tokenizer,
+    settings,
+    prefix_ids: dict[str, int],
+    sources: list[str],
+    candidates: list[list[str]],
 ) -> list[tuple[int, int, int, list[int]]]:
     """Every ordered pair i != j of every prompt p: (p, i, j, ids), ids as `encode_pair`'s
     for (sources[p], candidates[p][i], candidates[p][j]); prompts in order, then i, then j."""
@@ -62,10 +66,18 @@ def encode_prompts(
     for p, cands in enumerate(candidates):
         first = [_as(ids[p, i], prefix_ids, CAND1_PREFIX) for i in range(len(cands))]
         second = [_as(ids[p, j], prefix_ids, CAND2_PREFIX) for j in range(len(cands))]
-        out.extend((p, i, j, srcs[p] + first[i] + second[j]) for i in range(len(cands)) for j in range(len(cands)) if i != j)
+        out.extend(
+            (p, i, j, srcs[p] + first[i] + second[j]) for i in range(len(cands)) for j in range(len(cands)) if i != j
+        )
     return out
 
 
 __all__ = [
-    "CAND1_PREFIX", "CAND2_PREFIX", "CAND_PREFIX", "PREFIX_TOKENS", "SOURCE_PREFIX", "encode_pair", "encode_prompts",
+    "CAND1_PREFIX",
+    "CAND2_PREFIX",
+    "CAND_PREFIX",
+    "PREFIX_TOKENS",
+    "SOURCE_PREFIX",
+    "encode_pair",
+    "encode_prompts",
 ]

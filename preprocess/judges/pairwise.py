@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -66,8 +66,12 @@ def combine_orders(first_wins: torch.Tensor) -> PairwiseVerdict:
     both = torch.triu(~nan & ~nan.T & off, diagonal=1)
     sums = (first_wins.to(torch.float64) + first_wins.to(torch.float64).T)[both]  # (pairs judged both ways,)
     worst = sums[(sums - 1.0).abs().argmax()].item() if sums.numel() else None
-    return PairwiseVerdict(symmetrize_preferences(fw), int(both_missing.sum()) // 2,
-                           orders_off=int(((sums - 1.0).abs() > ORDER_SUM_TOLERANCE).sum()), worst_order_sum=worst)
+    return PairwiseVerdict(
+        symmetrize_preferences(fw),
+        int(both_missing.sum()) // 2,
+        orders_off=int(((sums - 1.0).abs() > ORDER_SUM_TOLERANCE).sum()),
+        worst_order_sum=worst,
+    )
 
 
 def ordered_pairs(k: int) -> list[tuple[int, int]]:

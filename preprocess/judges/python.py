@@ -3,7 +3,7 @@ pairwise `module:function(prompt, response_a, response_b) -> P(a beats b)`."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..render import Prompt, prompt_text
 from .base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
@@ -22,8 +22,15 @@ class PythonJudge:
     reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
     reads_columns = False
 
-    def __init__(self, fn: Callable[[Prompt, str], float], *, allow_abstain: bool = True, name: str = "python",
-                 timeout: float | None = None, stage_timeout: float | None = None):
+    def __init__(
+        self,
+        fn: Callable[[Prompt, str], float],
+        *,
+        allow_abstain: bool = True,
+        name: str = "python",
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
+    ):
         self.fn = timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain
         self.name = name
@@ -36,7 +43,9 @@ class PythonJudge:
             for k, resp in enumerate(cands):
                 self.stats.count_call()
                 at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
-                row.append(_call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"prompt {p}, candidate {k}"))
+                row.append(
+                    _call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"prompt {p}, candidate {k}")
+                )
             out.append(row)
         return out
 
@@ -53,8 +62,13 @@ class PythonPairwiseJudge:
     reads_columns = False
 
     def __init__(
-        self, fn: Callable[[Prompt, str, str], float], *, allow_abstain: bool = True, name: str = "python_pairwise",
-        timeout: float | None = None, stage_timeout: float | None = None,
+        self,
+        fn: Callable[[Prompt, str, str], float],
+        *,
+        allow_abstain: bool = True,
+        name: str = "python_pairwise",
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
     ):
         self.fn = timed(fn, name, timeout, stage_timeout)
         self.allow_abstain = allow_abstain

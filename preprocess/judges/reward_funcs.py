@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from ..render import Prompt
 from .base import JudgeStats, Score, as_number, load_dotted, unusable_score
@@ -45,8 +46,13 @@ class RewardFuncsJudge:
     reads_columns = True  # and the dataset's other columns as kwargs (apply.apply_judge passes them)
 
     def __init__(
-        self, funcs: list[tuple[str, Callable[..., Any]]], weights: list[float] | None = None, *,
-        allow_abstain: bool = True, timeout: float | None = None, stage_timeout: float | None = None,
+        self,
+        funcs: list[tuple[str, Callable[..., Any]]],
+        weights: list[float] | None = None,
+        *,
+        allow_abstain: bool = True,
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
     ):
         if weights is not None and len(weights) != len(funcs):
             raise ValueError(f"{len(weights)} reward weights for {len(funcs)} reward functions")
@@ -61,10 +67,22 @@ class RewardFuncsJudge:
         self.stats = JudgeStats()
 
     @classmethod
-    def from_paths(cls, paths: list[str], weights: list[float] | None, *, allow_abstain: bool,
-                   timeout: float | None = None, stage_timeout: float | None = None) -> RewardFuncsJudge:
-        return cls([(p, load_dotted(p, "judge.reward_funcs")) for p in paths], weights, allow_abstain=allow_abstain,
-                   timeout=timeout, stage_timeout=stage_timeout)
+    def from_paths(
+        cls,
+        paths: list[str],
+        weights: list[float] | None,
+        *,
+        allow_abstain: bool,
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
+    ) -> RewardFuncsJudge:
+        return cls(
+            [(p, load_dotted(p, "judge.reward_funcs")) for p in paths],
+            weights,
+            allow_abstain=allow_abstain,
+            timeout=timeout,
+            stage_timeout=stage_timeout,
+        )
 
     def score(
         self, prompts: list[Prompt], responses: list[list[str]], columns: list[dict] | None = None

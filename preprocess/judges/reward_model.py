@@ -55,7 +55,7 @@ def left_cut(ids: list[int], response_start: int, max_length: int, keep_first: i
         return ids
     if keep_first + len(ids) - response_start > max_length:
         return None
-    return ids[:keep_first] + ids[len(ids) - (max_length - keep_first):]
+    return ids[:keep_first] + ids[len(ids) - (max_length - keep_first) :]
 
 
 def _inputs(ids: list[int]) -> dict:
@@ -68,9 +68,18 @@ class RewardModelJudge:
     reads_columns = False
 
     def __init__(
-        self, model_path: str, *, batch_size: int = 8, max_length: int = 1024, allow_abstain: bool = True,
-        dtype: str = "auto", device_map: str | dict | None = None, trust_remote_code: bool = False,
-        score_output: str = "logits", score_index: int = 0, prefix_sharing: bool = True,
+        self,
+        model_path: str,
+        *,
+        batch_size: int = 8,
+        max_length: int = 1024,
+        allow_abstain: bool = True,
+        dtype: str = "auto",
+        device_map: str | dict | None = None,
+        trust_remote_code: bool = False,
+        score_output: str = "logits",
+        score_index: int = 0,
+        prefix_sharing: bool = True,
     ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -102,8 +111,11 @@ class RewardModelJudge:
         self.batch_size = batch_size
         self.max_length = max_length
         # a bidirectional encoder reads the prompt in the light of the response: nothing to share
-        self.shares_prefix = (prefix_sharing and bool(getattr(self.tokenizer, "chat_template", None))
-                              and reads_causally(self.model.config))
+        self.shares_prefix = (
+            prefix_sharing
+            and bool(getattr(self.tokenizer, "chat_template", None))
+            and reads_causally(self.model.config)
+        )
         self.allow_abstain = allow_abstain
         self.stats = JudgeStats()
         self._warned = False  # the prompt-cut warning, once per judge
@@ -120,8 +132,9 @@ class RewardModelJudge:
         if len(ids) <= self.max_length:
             return Encoded(_inputs(ids))
         # the response side: whatever follows the prompt's own rendering (its generation prompt)
-        head = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
-                   add_special_tokens=False)["input_ids"]
+        head = tok(
+            tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+        )["input_ids"]
         keep_first = 1 if tok.bos_token_id is not None and ids[0] == tok.bos_token_id else 0
         start = max(common_prefix(ids, head), keep_first)
         cut = left_cut(ids, start, self.max_length, keep_first)
@@ -135,15 +148,19 @@ class RewardModelJudge:
         `encode`'s own path, which cuts them."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            texts = [tok.apply_chat_template(as_messages(p) + [{"role": "assistant", "content": r}], tokenize=False)
-                     for p, r in pairs]
+            texts = [
+                tok.apply_chat_template(as_messages(p) + [{"role": "assistant", "content": r}], tokenize=False)
+                for p, r in pairs
+            ]
             ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
             whole = [Encoded(_inputs(i)) for i in ids]
         else:
             enc = tok([prompt_text(p) for p, _ in pairs], [r for _, r in pairs]) if pairs else {"input_ids": []}
             whole = [Encoded({k: v[n] for k, v in enc.items()}) for n in range(len(enc["input_ids"]))]
-        return [e if len(e.inputs["input_ids"]) <= self.max_length else self.encode(*pair)
-                for e, pair in zip(whole, pairs, strict=True)]
+        return [
+            e if len(e.inputs["input_ids"]) <= self.max_length else self.encode(*pair)
+            for e, pair in zip(whole, pairs, strict=True)
+        ]
 
     def _encode_pair(self, prompt: str, response: str) -> Encoded:
         """A sentence pair (no chat template): the tokenizer's own left truncation of the
@@ -203,21 +220,34 @@ class RewardModelJudge:
         """Every scored input whole, in length-sorted batches: padding is masked, so a score
         depends on its batch only through rounding. Yields (flat indices, model output)."""
         live = [n for n, e in enumerate(encoded) if e.inputs is not None]
-        for sorted_batch in length_sorted_batches([len(encoded[n].inputs["input_ids"]) for n in live], self.batch_size):
+        for sorted_batch in length_sorted_batches(
+            [len(encoded[n].inputs["input_ids"]) for n in live], self.batch_size
+        ):
             chunk = [live[m] for m in sorted_batch]
             batch = self.tokenizer.pad([encoded[n].inputs for n in chunk], return_tensors="pt").to(self.device)
             yield chunk, self.model(**batch)
 
-    def _shared_forwards(self, encoded: list[Encoded], responses: list[list[str]]) -> Iterator[tuple[list[int], object]]:
+    def _shared_forwards(
+        self, encoded: list[Encoded], responses: list[list[str]]
+    ) -> Iterator[tuple[list[int], object]]:
         """Each prompt's shared tokens run once for its candidates (`shared_prefix`)."""
         groups, start = [], 0
         for rs in responses:
-            groups.append([(n, encoded[n].inputs["input_ids"]) for n in range(start, start + len(rs))
-                           if encoded[n].inputs is not None])
+            groups.append(
+                [
+                    (n, encoded[n].inputs["input_ids"])
+                    for n in range(start, start + len(rs))
+                    if encoded[n].inputs is not None
+                ]
+            )
             start += len(rs)
         return prefix_shared_forwards(
-            self.model, groups, batch_size=self.batch_size, window_tokens=self.batch_size * self.max_length,
-            pad_id=self.model.config.pad_token_id, device=self.device,
+            self.model,
+            groups,
+            batch_size=self.batch_size,
+            window_tokens=self.batch_size * self.max_length,
+            pad_id=self.model.config.pad_token_id,
+            device=self.device,
             remedy="its attention keeps its own cache; set judge.prefix_sharing: false",
         )
 
@@ -226,7 +256,10 @@ class RewardModelJudge:
         if enc.inputs is None:
             return self.stats.abstain(
                 f"{RESPONSE_TOO_LONG}: {enc.response_tokens} tokens with the template's, limit {self.max_length}",
-                allow=self.allow_abstain, where=where, prompt=p)
+                allow=self.allow_abstain,
+                where=where,
+                prompt=p,
+            )
         # A NaN/inf score (e.g. an fp16 overflow) must not become a training target.
         if not math.isfinite(value):
             return self.stats.abstain(f"non-finite score: {value}", allow=self.allow_abstain, where=where, prompt=p)

@@ -65,8 +65,11 @@ def reads_causally(config) -> bool:
     )
 
     kind = getattr(config, "model_type", None)
-    return (kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            and not getattr(config, "is_encoder_decoder", False))
+    return (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and not getattr(config, "is_encoder_decoder", False)
+    )
 
 
 def windows(lengths: list[int], budget: int) -> Iterator[list[int]]:
@@ -119,12 +122,20 @@ def _gathered(kept: list[list], owners: list[int], width: int) -> list[tuple[tor
         t = kept[g][layer][which]
         return F.pad(t, (0, 0, 0, width - t.shape[1]))
 
-    return [tuple(torch.stack([padded(g, layer, which) for g in owners]) for which in (0, 1))
-            for layer in range(len(template))]
+    return [
+        tuple(torch.stack([padded(g, layer, which) for g in owners]) for which in (0, 1))
+        for layer in range(len(template))
+    ]
 
 
 def prefix_shared_forwards(
-    model: torch.nn.Module, groups: list[Rows], *, batch_size: int, window_tokens: int, pad_id: int, device,
+    model: torch.nn.Module,
+    groups: list[Rows],
+    *,
+    batch_size: int,
+    window_tokens: int,
+    pad_id: int,
+    device,
     remedy: str,
 ) -> Iterator[tuple[list[int], object]]:
     """`model`'s output for every row of `groups` (one list of rows per prompt), batch by batch,
@@ -134,7 +145,7 @@ def prefix_shared_forwards(
     for window in windows(shared, window_tokens):
         heads = [groups[g][0][1][: shared[g]] if shared[g] else [] for g in window]
         kept = _prefix_keys_values(model, heads, batch_size, pad_id, device)
-        tails = [(w, index, ids[shared[g]:]) for w, g in enumerate(window) for index, ids in groups[g]]
+        tails = [(w, index, ids[shared[g] :]) for w, g in enumerate(window) for index, ids in groups[g]]
         for batch in length_sorted_batches([len(t[2]) for t in tails], batch_size):
             owners, indices, rows = zip(*(tails[m] for m in batch))
             ids, mask = _right_padded(list(rows), pad_id, device)
@@ -145,7 +156,14 @@ def prefix_shared_forwards(
             prefix_mask = torch.zeros((len(owners), width), dtype=torch.long)
             for n, w in enumerate(owners):
                 prefix_mask[n, : len(heads[w])] = 1
-            yield list(indices), forward_after_prefix(
-                model, _gathered(kept, list(owners), width), prefix_mask.to(device),
-                input_ids=ids, attention_mask=mask, remedy=remedy,
+            yield (
+                list(indices),
+                forward_after_prefix(
+                    model,
+                    _gathered(kept, list(owners), width),
+                    prefix_mask.to(device),
+                    input_ids=ids,
+                    attention_mask=mask,
+                    remedy=remedy,
+                ),
             )

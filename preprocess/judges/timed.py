@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .base import JudgeError
 
@@ -61,7 +62,10 @@ class TimedCalls:
             self.close()
             raise JudgeTimeout(
                 f"python judge {self.name} did not return within {key}={limit:g} s (the call was stopped); "
-                f"raise {key} if it is slow, or fix the function if it hangs", where, prompt=prompt)
+                f"raise {key} if it is slow, or fix the function if it hangs",
+                where,
+                prompt=prompt,
+            )
         ok, value = self._conn.recv()
         if not ok:
             raise RemoteError(value)

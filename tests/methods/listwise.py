@@ -11,9 +11,8 @@ method, before POFE reads the config.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
-
 from axolotl.integrations.base import BasePlugin
+from torch import Tensor
 
 from pofe.methods import MethodSpec, Target, register_method
 from pofe.trainers.base import KResponseTrainer

@@ -13,8 +13,9 @@ def strong_adapter(policy: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
-                      init_lora_weights=False)
+    lora = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False
+    )
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32), lora)
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -24,7 +25,9 @@ def strong_adapter(policy: Path, out: Path) -> Path:
     return out
 
 
-def greedy_answers(policy: Path, prompts: list[str], adapter: Path | None = None, max_new_tokens: int = 8) -> list[str]:
+def greedy_answers(
+    policy: Path, prompts: list[str], adapter: Path | None = None, max_new_tokens: int = 8
+) -> list[str]:
     """transformers' greedy continuation of each prompt (text as given, no special tokens
     added), from the base, or base + adapter through peft."""
     import torch
@@ -40,5 +43,5 @@ def greedy_answers(policy: Path, prompts: list[str], adapter: Path | None = None
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
         seq = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-        answers.append(tok.decode(seq[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+        answers.append(tok.decode(seq[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
     return answers

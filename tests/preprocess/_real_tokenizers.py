@@ -71,27 +71,36 @@ def _sentencepiece(model_file: Path, template: str):
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     merges = []
     for piece, i in vocab.items():  # every split of a piece into two pieces, ordered by the pieces' ids
-        pairs = sorted(((piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab),
-                       key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        pairs = sorted(
+            ((piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab),
+            key=lambda m: (vocab[m[0]], vocab[m[1]]),
+        )
         merges += [(i, pair) for pair in pairs]
     merges = [pair for _, pair in sorted(merges, key=lambda m: m[0])]
     controls = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size()) if sp.is_control(i)]
-    llama = LlamaTokenizer(vocab=vocab, merges=merges, legacy=True, add_bos_token=True,
-                           additional_special_tokens=controls or None)
+    llama = LlamaTokenizer(
+        vocab=vocab, merges=merges, legacy=True, add_bos_token=True, additional_special_tokens=controls or None
+    )
     backend = llama.backend_tokenizer
     backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     backend.pre_tokenizer = None
     # saved as a plain fast tokenizer: loading a `LlamaTokenizer` rebuilds its normaliser (no
     # prefix space after <s>), so vLLM's process would tokenise otherwise than this one
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   chat_template=template, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=template,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def _bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     """Merges of a tiktoken-style rank table: each token's last merge, found by running BPE on
     its bytes with the tokens ranked below it."""
     merges = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+    for token, _rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) < 2:
             continue
         parts = [bytes([b]) for b in token]
@@ -116,20 +125,31 @@ def _byte_level(specials: list[str], bos: str | None, eos: str, template: str):
     def s(b: bytes) -> str:
         return "".join(chars[x] for x in b)
 
-    backend = Tokenizer(models.BPE({s(b): r for b, r in ranks.items()},
-                                   [(s(a), s(b)) for a, b in _bpe_merges(ranks)], ignore_merges=True))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    backend = Tokenizer(
+        models.BPE(
+            {s(b): r for b, r in ranks.items()}, [(s(a), s(b)) for a, b in _bpe_merges(ranks)], ignore_merges=True
+        )
+    )
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(specials)
     if bos is not None:
         bos_id = backend.token_to_id(bos)
-        backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                                               special_tokens=[(bos, bos_id)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos, chat_template=template,
-                                   clean_up_tokenization_spaces=False)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=eos,
+        chat_template=template,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def build(kind: str):

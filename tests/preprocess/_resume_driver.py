@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.generators.stream import run_window
 from pofe.preprocess.pipeline import run_pipeline
@@ -39,7 +39,11 @@ class SlowGenerator:
         def one(job, i):
             time.sleep(SLEEP * (1 + (job.key + i) % 3) / 3)
             with self.lock:  # one model: its generate calls one at a time
-                return job.key, i, self.inner.generate([job.prompts[i]], n, replace(job.sampling, seed=job.sampling.seed + i))[0]
+                return (
+                    job.key,
+                    i,
+                    self.inner.generate([job.prompts[i]], n, replace(job.sampling, seed=job.sampling.seed + i))[0],
+                )
 
         def logged():
             for job in jobs:
@@ -55,7 +59,9 @@ class SlowGenerator:
                 running.difference_update(done)
                 return [f.result() for f in done]
 
-            yield from run_window(logged(), self.WINDOW, lambda job, i: running.add(pool.submit(one, job, i)), wait_some)
+            yield from run_window(
+                logged(), self.WINDOW, lambda job, i: running.add(pool.submit(one, job, i)), wait_some
+            )
 
 
 def slow_reward(prompt, response) -> float:
@@ -68,13 +74,22 @@ def main() -> None:
     rows = [{"prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(12)]
     rows[3]["prompt"] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
     gen = GenerateConfig(
-        backend="transformers", num_candidates=3, max_new_tokens=12, temperature=1.0, seed=7,
+        backend="transformers",
+        num_candidates=3,
+        max_new_tokens=12,
+        temperature=1.0,
+        seed=7,
         include_dataset_responses=["gold"],
     )
     judge = JudgeConfig(type="python", function="_resume_driver:slow_reward")
     run_pipeline(
-        rows, policy_path=policy, method=method, generate=gen, judge=judge,
-        candidates=CandidatesConfig(out_dir=out_dir, shard_size=2, progress=False), generator=SlowGenerator(TransformersGenerator(policy, batch_size=2), Path(out_dir + ".requested")),
+        rows,
+        policy_path=policy,
+        method=method,
+        generate=gen,
+        judge=judge,
+        candidates=CandidatesConfig(out_dir=out_dir, shard_size=2, progress=False),
+        generator=SlowGenerator(TransformersGenerator(policy, batch_size=2), Path(out_dir + ".requested")),
     )
     print("DONE", flush=True)
 

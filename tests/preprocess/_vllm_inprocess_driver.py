@@ -14,8 +14,11 @@ PROMPTS = ["<|user|>1+2=<|end|><|assistant|>", "<|user|>hi<|end|><|assistant|>"]
 # `invariant`: chat prompts rendered with the policy's own template (one that writes BOS)
 CHATS = [
     [{"role": "user", "content": "Hello world"}],
-    [{"role": "user", "content": "What is 12+7?"}, {"role": "assistant", "content": " 19"},
-     {"role": "user", "content": "And 3+4?"}],
+    [
+        {"role": "user", "content": "What is 12+7?"},
+        {"role": "assistant", "content": " 19"},
+        {"role": "user", "content": "And 3+4?"},
+    ],
     [{"role": "user", "content": "Say hi."}],
 ]
 CLOSE_WAIT_S = 30
@@ -55,8 +58,11 @@ def main() -> None:
         return json.dump(_stream(policy), open(out, "w"))
     greedy = sys.argv[3:] == ["greedy"]
     cfg = GenerateConfig(
-        backend="vllm", num_candidates=1 if greedy else 3, max_new_tokens=8,
-        temperature=0.0 if greedy else 1.0, seed=4,
+        backend="vllm",
+        num_candidates=1 if greedy else 3,
+        max_new_tokens=8,
+        temperature=0.0 if greedy else 1.0,
+        seed=4,
         vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128},
     )
     gen = make_generator(cfg, policy)
@@ -81,27 +87,44 @@ def _invariant(policy: str) -> dict:
 
     tok = AutoTokenizer.from_pretrained(policy)
     prompts = [render_prompt(tok, chat) for chat in CHATS]
-    cfg = GenerateConfig(backend="vllm", num_candidates=4, max_new_tokens=12, temperature=1.0, seed=3,
-                         vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128})
+    cfg = GenerateConfig(
+        backend="vllm",
+        num_candidates=4,
+        max_new_tokens=12,
+        temperature=1.0,
+        seed=3,
+        vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128},
+    )
     gen = make_generator(cfg, policy)
     step, seen = gen.llm.llm_engine.step, []
 
     def recording():
         outs = step()
-        seen.extend({"id": o.request_id, "prompt_token_ids": list(o.prompt_token_ids),
-                     "token_ids": [list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)]}
-                    for o in outs if o.finished)
+        seen.extend(
+            {
+                "id": o.request_id,
+                "prompt_token_ids": list(o.prompt_token_ids),
+                "token_ids": [list(c.token_ids) for c in sorted(o.outputs, key=lambda c: c.index)],
+            }
+            for o in outs
+            if o.finished
+        )
         return outs
 
     gen.llm.llm_engine.step = recording
     candidates = gen.generate(prompts, cfg.num_candidates, cfg.sampling())
-    seen = [{k: v for k, v in o.items() if k != "id"}
-            for o in sorted(seen, key=lambda o: int(o["id"].removeprefix("pofe-")))]  # in the order sent
+    seen = [
+        {k: v for k, v in o.items() if k != "id"}
+        for o in sorted(seen, key=lambda o: int(o["id"].removeprefix("pofe-")))
+    ]  # in the order sent
     gen.llm.llm_engine.step = step
     as_text = gen.llm.generate([p.text for p in prompts], gen._vllm.SamplingParams(max_tokens=1), use_tqdm=False)
-    return {"sent": [p.ids for p in prompts], "seen": seen,
-            "candidates": [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in candidates],
-            "text_prompt_ids": [list(o.prompt_token_ids) for o in as_text]}
+    return {
+        "sent": [p.ids for p in prompts],
+        "seen": seen,
+        "candidates": [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in candidates],
+        "text_prompt_ids": [list(o.prompt_token_ids) for o in as_text],
+    }
 
 
 def _stream(policy: str) -> dict:
@@ -114,23 +137,45 @@ def _stream(policy: str) -> dict:
     from pofe.preprocess.generators import make_generator
     from pofe.preprocess.generators.stream import ShardJob
 
-    cfg = GenerateConfig(backend="vllm", num_candidates=3, max_new_tokens=24, temperature=1.0, seed=5, in_flight=3,
-                         vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128})
+    cfg = GenerateConfig(
+        backend="vllm",
+        num_candidates=3,
+        max_new_tokens=24,
+        temperature=1.0,
+        seed=5,
+        in_flight=3,
+        vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128},
+    )
     gen = make_generator(cfg, policy)
-    prompts = rendered(policy, [f"<|user|>{q}<|end|><|assistant|>" for q in ("1+2=", "hi", "3*3=", "yo", "7-1=", "ok")])
+    prompts = rendered(
+        policy, [f"<|user|>{q}<|end|><|assistant|>" for q in ("1+2=", "hi", "3*3=", "yo", "7-1=", "ok")]
+    )
     # shard 1 ends first (fewest tokens), shard 2 (started when shard 1 ended) last
     lengths = (24, 8, 24)
-    jobs = [ShardJob(s, prompts[2 * s:2 * s + 2], dataclasses.replace(cfg.sampling(), seed=100 * s,
-                                                                        max_new_tokens=lengths[s])) for s in range(3)]
+    jobs = [
+        ShardJob(
+            s, prompts[2 * s : 2 * s + 2], dataclasses.replace(cfg.sampling(), seed=100 * s, max_new_tokens=lengths[s])
+        )
+        for s in range(3)
+    ]
     streamed, order, held = {}, [], []
     for key, cands in gen.generate_stream(jobs, cfg.num_candidates):
         order.append(key)
         held.append(gen.llm.llm_engine.get_num_unfinished_requests())
         streamed[key] = [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in cands]
-    alone = {j.key: [[[str(c), c.finish_reason, c.token_ids] for c in row]
-                     for row in gen.generate(j.prompts, cfg.num_candidates, j.sampling)] for j in jobs}
-    return {"streamed": [streamed[k] for k in range(3)], "alone": [alone[k] for k in range(3)], "order": order,
-            "held": held}
+    alone = {
+        j.key: [
+            [[str(c), c.finish_reason, c.token_ids] for c in row]
+            for row in gen.generate(j.prompts, cfg.num_candidates, j.sampling)
+        ]
+        for j in jobs
+    }
+    return {
+        "streamed": [streamed[k] for k in range(3)],
+        "alone": [alone[k] for k in range(3)],
+        "order": order,
+        "held": held,
+    }
 
 
 def _close(gen) -> dict:
@@ -144,8 +189,11 @@ def _close(gen) -> dict:
     close_generator(gen)
     free_memory()
     _, alive = psutil.wait_procs(list(children), timeout=CLOSE_WAIT_S)
-    return {"children": sorted(children.values()), "alive_after_close": sorted(children[p] for p in alive),
-            "has_llm": hasattr(gen, "llm")}
+    return {
+        "children": sorted(children.values()),
+        "alive_after_close": sorted(children[p] for p in alive),
+        "has_llm": hasattr(gen, "llm"),
+    }
 
 
 if __name__ == "__main__":  # vLLM starts workers with spawn

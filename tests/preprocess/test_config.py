@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 
 
 def test_defaults_are_valid():

@@ -24,8 +24,9 @@ from tests.preprocess.test_openai_endpoint import FakeServer, _chat, _client, co
 
 def _jobs(sizes, seed=0):
     sampling = GenerateConfig(num_candidates=2, seed=seed).sampling()
-    return [ShardJob(s, [Rendered(f"p{s}.{i}", 2, ids=[s, i]) for i in range(k)], sampling)
-            for s, k in enumerate(sizes)]
+    return [
+        ShardJob(s, [Rendered(f"p{s}.{i}", 2, ids=[s, i]) for i in range(k)], sampling) for s, k in enumerate(sizes)
+    ]
 
 
 class ScriptedEngine:
@@ -140,6 +141,7 @@ def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
                 seen[k] += 1
             time.sleep(0.05)
             return completions_ok(path, body, attempt)
+
         return behaviour
 
     with FakeServer(counting(0)) as a, FakeServer(counting(1)) as b:

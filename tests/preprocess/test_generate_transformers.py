@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators import Completion
 from pofe.preprocess.generators.diverse_beam import HammingDiversityProcessor
 from pofe.preprocess.generators.hf import (
@@ -73,9 +73,13 @@ def test_beam_candidates_are_distinct_sequences(gen, prompts):
 def test_diverse_beam_group_zero_is_plain_beam(gen, prompts):
     """Group 0 runs unpenalised: its beams equal plain beam search with num_candidates/G beams."""
     div = gen.generate(
-        prompts[:2], 4, GenerateConfig(strategy="diverse_beam", num_candidates=4, num_beam_groups=2, max_new_tokens=8).sampling()
+        prompts[:2],
+        4,
+        GenerateConfig(strategy="diverse_beam", num_candidates=4, num_beam_groups=2, max_new_tokens=8).sampling(),
     )
-    plain = gen.generate(prompts[:2], 2, GenerateConfig(strategy="beam", num_candidates=2, max_new_tokens=8).sampling())
+    plain = gen.generate(
+        prompts[:2], 2, GenerateConfig(strategy="beam", num_candidates=2, max_new_tokens=8).sampling()
+    )
     assert [d[:2] for d in div] == plain
 
 
@@ -106,7 +110,12 @@ def test_prompt_overflow_drop_and_truncate(tiny_policy):
     turns = [{"role": "system", "content": "s"}, {"role": "user", "content": long}, {"role": "user", "content": "xy"}]
     cut = render_prompt(tok, turns, max_prompt_tokens=10, overflow="truncate")
     assert cut.text == "<|system|>s<|end|><|user|>xy<|end|><|assistant|>"
-    assert (cut.truncated, cut.num_tokens, cut.messages, cut.ids) == (True, 8, [turns[0], turns[2]], tok(cut.text)["input_ids"])
+    assert (cut.truncated, cut.num_tokens, cut.messages, cut.ids) == (
+        True,
+        8,
+        [turns[0], turns[2]],
+        tok(cut.text)["input_ids"],
+    )
 
 
 def test_generation_config_stop_tokens_end_responses(tiny_policy, prompts):
@@ -138,7 +147,9 @@ def test_finish_reason_stop_or_length_by_hand(gen):
     enc = {"input_ids": torch.tensor([[a]]), "attention_mask": torch.tensor([[1]])}
     rows = _to_samples(tok, enc, [[a, b, b, pad], [a, b, b, b], [a, a, a, a]], 3, stops=[b])
     assert [(s.response_ids, s.text, s.finish_reason) for s in rows[0]] == [
-        ([a, b], "a", "stop"), ([a, b], "a", "stop"), ([a, a, a, a], "aaaa", "length")
+        ([a, b], "a", "stop"),
+        ([a, b], "a", "stop"),
+        ([a, a, a, a], "aaaa", "length"),
     ]
 
 
@@ -164,7 +175,10 @@ def test_truncated_candidates_dropped_and_counted_or_kept(tiny_policy, truncated
         assert (row["candidates"], row["finish_reasons"], row["truncated_dropped"]) == (["c0", "c1"], ["stop"] * 2, 1)
     else:
         assert (row["candidates"], row["finish_reasons"], row["truncated_dropped"]) == (
-            ["c0", "c1", "c2"], ["stop", "stop", "length"], 0)
+            ["c0", "c1", "c2"],
+            ["stop", "stop", "length"],
+            0,
+        )
 
 
 @pytest.mark.parametrize(("truncated", "dropped", "kept"), [(None, 0, 3), ("drop", 2, 2)])
@@ -172,9 +186,13 @@ def test_pipeline_counts_truncated_candidates(tiny_policy, tmp_path, truncated, 
     """Two prompts x one cut candidate each: kept by default (the method's), or dropped and
     counted in summary.json."""
     result = run_pipeline(
-        [{"prompt": "a"}, {"prompt": "b"}], method="rrhf", policy_path=str(tiny_policy),
-        generate=GenerateConfig(num_candidates=3), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False, truncated=truncated), generator=_Cut(),
+        [{"prompt": "a"}, {"prompt": "b"}],
+        method="rrhf",
+        policy_path=str(tiny_policy),
+        generate=GenerateConfig(num_candidates=3),
+        judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False, truncated=truncated),
+        generator=_Cut(),
     )
     assert result.summary["truncated_candidates_dropped"] == dropped
     assert [len(json.loads(x)["responses"]) for x in result.data_path.read_text().splitlines()] == [kept, kept]
@@ -192,12 +210,23 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
     seen = {}
     monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))
     cfg = DictDefault(
-        base_model=str(tiny_policy), tokenizer_config=str(tiny_policy), chat_template="chatml",
+        base_model=str(tiny_policy),
+        tokenizer_config=str(tiny_policy),
+        chat_template="chatml",
         dataset_prepared_path=None,
-        pofe={"method": "rrhf", "generate": {"num_candidates": 2},
-              "judge": {"type": "python", "function": "pofe.demo.task:reward"}},
+        pofe={
+            "method": "rrhf",
+            "generate": {"num_candidates": 2},
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        },
     )
-    build_candidates(cfg, pofe_config(cfg), DictDefault(path="p.jsonl", split="train"), [{"prompt": "hi"}], "prompt",
-                     stop_after="generate")
+    build_candidates(
+        cfg,
+        pofe_config(cfg),
+        DictDefault(path="p.jsonl", split="train"),
+        [{"prompt": "hi"}],
+        "prompt",
+        stop_after="generate",
+    )
     assert render_prompt(seen["tokenizer"], "hi").text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert render_prompt(load_tokenizer(str(tiny_policy)), "hi").text == "<|user|>hi<|end|><|assistant|>"

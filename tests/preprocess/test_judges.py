@@ -12,7 +12,12 @@ from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges import apply_judge, make_judge
 from pofe.preprocess.judges.base import Abstain, JudgeError, JudgeStats, load_function
 from pofe.preprocess.judges.llm import parse_score
-from pofe.preprocess.judges.pairwise import combine_orders, parse_verdict, preferences_both_orders, verdict_from_logprobs
+from pofe.preprocess.judges.pairwise import (
+    combine_orders,
+    parse_verdict,
+    preferences_both_orders,
+    verdict_from_logprobs,
+)
 from pofe.preprocess.judges.python import PythonJudge, PythonPairwiseJudge
 from pofe.preprocess.win_rates import win_rates
 from tests.helpers import approx_float
@@ -128,7 +133,11 @@ def test_parsers():
     assert parse_verdict("[[A]]") == 1.0 and parse_verdict(" B is better") == 0.0
     assert "unparseable" in parse_verdict("Both are fine")
     assert parse_verdict("Answer") != 1.0  # the A of a word is not a verdict
-    lp = [{"token": " A", "logprob": math.log(0.3)}, {"token": "B", "logprob": math.log(0.1)}, {"token": "x", "logprob": math.log(0.05)}]
+    lp = [
+        {"token": " A", "logprob": math.log(0.3)},
+        {"token": "B", "logprob": math.log(0.1)},
+        {"token": "x", "logprob": math.log(0.05)},
+    ]
     assert verdict_from_logprobs(lp) == pytest.approx(0.75)
     only_a = [{"token": "A", "logprob": math.log(0.3)}, {"token": "x", "logprob": math.log(0.1)}]
     assert verdict_from_logprobs(only_a) == pytest.approx(0.75)  # B bounded by the lowest listed (0.1)
@@ -155,7 +164,11 @@ def test_python_pairwise_judge_rock_paper_scissors():
     j = make_judge(JudgeConfig(type="python_pairwise", function=f"{__name__}:rps"))
     (verdict,) = j.preferences(["play"], [["rock", "rock", "paper", "scissors"]])
     torch.testing.assert_close(win_rates(verdict.matrix), torch.tensor([0.5, 0.5, 0.625, 0.375], dtype=torch.float64))
-    assert verdict.matrix[2, 3].item() == 0.0 and verdict.matrix[3, 0].item() == 0.0 and verdict.matrix[0, 3].item() == 1.0
+    assert (
+        verdict.matrix[2, 3].item() == 0.0
+        and verdict.matrix[3, 0].item() == 0.0
+        and verdict.matrix[0, 3].item() == 1.0
+    )
     assert j.stats.calls == 12 and j.stats.abstentions == 0
 
 
@@ -163,8 +176,14 @@ def test_python_pairwise_judge_abstains_and_uses_the_other_order():
     """(a, b) raises, (b, a) gives 0.8 -> P[a, b] = 1 - 0.8 = 0.2 from one order.
     (a, c) non-finite, (c, a) 1.5 out of range: the pair abstains, P = 1/2.
     (b, c) 0.9 and (c, b) 0.3: P[b, c] = (0.9 + 1 - 0.3) / 2 = 0.8."""
-    table = {("a", "b"): "raise", ("b", "a"): 0.8, ("a", "c"): float("nan"), ("c", "a"): 1.5,
-             ("b", "c"): 0.9, ("c", "b"): 0.3}
+    table = {
+        ("a", "b"): "raise",
+        ("b", "a"): 0.8,
+        ("a", "c"): float("nan"),
+        ("c", "a"): 1.5,
+        ("b", "c"): 0.9,
+        ("c", "b"): 0.3,
+    }
 
     def fn(prompt, x, y):
         v = table[x, y]
@@ -194,8 +213,10 @@ def test_judge_preferences_defaults_and_combinations():
     assert JudgeConfig(type="pairrm", model="m", preferences="both_orders").preferences == "both_orders"
     hard = JudgeConfig(type="reward_model", model="m", preferences="hard")
     assert hard.preferences == "hard" and hard.preferences_temperature == 1.0
-    with pytest.raises(ValueError, match="judge.preferences: hard does not apply to judge.type: pairrm; "
-                                         "it takes authors or both_orders"):
+    with pytest.raises(
+        ValueError,
+        match="judge.preferences: hard does not apply to judge.type: pairrm; it takes authors or both_orders",
+    ):
         JudgeConfig(type="pairrm", model="m", preferences="hard")
     with pytest.raises(ValueError, match="preferences: authors does not apply to judge.type: python;"):
         JudgeConfig(type="python", function="m:f", preferences="authors")
@@ -236,7 +257,9 @@ def test_apply_judge_gives_each_judge_the_prompt_form_and_columns_it_reads():
         judge = Recorder(rendered=reads_rendered, columns=reads_columns)
         out = apply_judge(judge, prompts, rendered, [["a", "b"], ["c"]], columns=columns)
         assert out == [[1.0, 1.0], [1.0]]
-        assert judge.calls == [(rendered if reads_rendered else prompts, {"columns": columns} if reads_columns else {})]
+        assert judge.calls == [
+            (rendered if reads_rendered else prompts, {"columns": columns} if reads_columns else {})
+        ]
     plain = Recorder(rendered=False, columns=True)
     apply_judge(plain, prompts, rendered, [["a"], ["b"]])  # no columns given: none passed
     assert plain.calls == [(prompts, {})]
@@ -256,11 +279,21 @@ def test_apply_judge_hands_reward_functions_their_columns():
     def exact(prompts, completions, answer, **kwargs):
         return [float(c == a) for c, a in zip(completions, answer, strict=True)]
 
-    out = apply_judge(RewardFuncsJudge([("exact", exact)]), ["1+1=", "2+2="], ["r1", "r2"],
-                      [["2", "3"], ["5", "4"]], columns=[{"answer": "2"}, {"answer": "4"}])
+    out = apply_judge(
+        RewardFuncsJudge([("exact", exact)]),
+        ["1+1=", "2+2="],
+        ["r1", "r2"],
+        [["2", "3"], ["5", "4"]],
+        columns=[{"answer": "2"}, {"answer": "4"}],
+    )
     assert out == [[1.0, 0.0], [0.0, 1.0]]
-    out = apply_judge(PythonJudge(lambda p, r: float(len(p) + len(r))), ["1+1=", "2+2="], ["r1", "r2"],
-                      [["2", "33"], ["4"]], columns=[{"answer": "2"}, {"answer": "4"}])
+    out = apply_judge(
+        PythonJudge(lambda p, r: float(len(p) + len(r))),
+        ["1+1=", "2+2="],
+        ["r1", "r2"],
+        [["2", "33"], ["4"]],
+        columns=[{"answer": "2"}, {"answer": "4"}],
+    )
     assert out == [[5.0, 6.0], [5.0]]  # len("1+1=") = 4, + 1 or 2
 
 
@@ -268,6 +301,7 @@ def test_apply_judge_names_the_dataset_row_of_a_missing_verdict():
     """allow_abstain: false. The judge fails on its call's prompt 1; with rows [7, 12] the
     error names dataset row 12, without rows it keeps the position. A pairwise judge's error
     is re-raised the same way."""
+
     def fails_on_q(prompt, response):
         return 1 / 0 if prompt == "q" else 1.0
 
@@ -294,10 +328,14 @@ def test_apply_judge_checks_lengths_and_skips_empty_calls():
 def test_python_judges_refuse_a_result_that_is_not_a_number(value):
     # "0.7" would have become 0.7 and True 1.0 through float(): a judge's bug, named, not a verdict
     j = PythonJudge(lambda p, r: 1.0 if r == "a" else value, name="m:f")
-    with pytest.raises(TypeError, match=rf"judge m:f returned {type(value).__name__} .* for prompt 1, candidate 0; expected a number"):
+    with pytest.raises(
+        TypeError, match=rf"judge m:f returned {type(value).__name__} .* for prompt 1, candidate 0; expected a number"
+    ):
         j.score(["p", "q"], [["a"], ["b"]])
     pw = PythonPairwiseJudge(lambda p, a, b: value, name="m:pw")
-    with pytest.raises(TypeError, match=rf"judge m:pw returned {type(value).__name__} .* for prompt 'q', responses 'x' and 'y'"):
+    with pytest.raises(
+        TypeError, match=rf"judge m:pw returned {type(value).__name__} .* for prompt 'q', responses 'x' and 'y'"
+    ):
         pw.preferences(["q"], [["x", "y"]])
 
 
@@ -352,9 +390,12 @@ def test_judge_timeout_stops_a_python_judge_that_never_returns():
     (scores,) = judge.score(["q"], [["ab", "boom"]])
     assert scores[0] == 2.0 and isinstance(scores[1], Abstain) and scores[1].reason == "ValueError: boom"
     start = time.monotonic()
-    with pytest.raises(JudgeTimeout, match=rf"judge timed out on dataset row 7, candidate 1 "
-                       rf"\({__name__}:_sleeps_forever\): python judge {__name__}:_sleeps_forever did not return "
-                       r"within judge.timeout=0.5 s"):
+    with pytest.raises(
+        JudgeTimeout,
+        match=rf"judge timed out on dataset row 7, candidate 1 "
+        rf"\({__name__}:_sleeps_forever\): python judge {__name__}:_sleeps_forever did not return "
+        r"within judge.timeout=0.5 s",
+    ):
         apply_judge(judge, ["p", "q"], [None, None], [["a"], ["ab", "hang"]], rows=[3, 7])
     assert time.monotonic() - start < 30
     # a new worker after the stopped one
@@ -371,9 +412,12 @@ def test_judge_timeout_bounds_an_llm_judges_try_in_place_of_request_timeout():
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url)).timeout == 120.0
     assert OpenAIClient.from_config(JudgeConfig(type="llm", base_url=url, timeout=3.0)).timeout == 3.0
     # where it would bound nothing it is refused, not ignored
-    with pytest.raises(ValueError, match=r"judge.stage_timeout applies to python judges \(judge.function or "
-                       r"judge.reward_funcs\), "
-                       r"not to judge.type: llm"):
+    with pytest.raises(
+        ValueError,
+        match=r"judge.stage_timeout applies to python judges \(judge.function or "
+        r"judge.reward_funcs\), "
+        r"not to judge.type: llm",
+    ):
         JudgeConfig(type="llm", base_url=url, stage_timeout=3.0)
     with pytest.raises(ValueError, match=r"judge.timeout applies .* not to judge.type: reward_model"):
         JudgeConfig(type="reward_model", model="m", timeout=3.0)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from axolotl.utils.dict import DictDefault
 
-from pofe.data.candidates import sampling_policy
 from pofe.columns import IGNORE_INDEX
+from pofe.data.candidates import sampling_policy
 from pofe.preprocess.config import GenerateConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
@@ -76,4 +76,3 @@ def test_sampling_policy_scores_as_the_anchor(tiny_policy, adapter):
     assert sampled == approx_float(anchored, width * (len(prompt_ids) + len(response_ids)), abs(anchored))
     with anchor.disable_adapter():
         assert abs(sampled - _logps(anchor, prompt_ids, response_ids)) > 1e-3
-

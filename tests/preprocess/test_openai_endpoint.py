@@ -8,7 +8,7 @@ import math
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -104,7 +104,9 @@ def test_connection_refused_names_url_after_bounded_retries():
     gen = make_generator(cfg, "policy")
     gen.client.backoff = 0.01
     t = time.monotonic()
-    with pytest.raises(EndpointError, match=rf"POST http://127.0.0.1:{port}/v1/completions failed after 3 tries: connection refused"):
+    with pytest.raises(
+        EndpointError, match=rf"POST http://127.0.0.1:{port}/v1/completions failed after 3 tries: connection refused"
+    ):
         gen.generate(_rendered("p"), 2, cfg.sampling())
     assert time.monotonic() - t < 10
     assert gen.client.stats.as_dict()["requests"] == 3 and gen.client.stats.retries == 2
@@ -193,7 +195,7 @@ class FixedRandom:
 
 
 def test_retry_after_seconds_and_http_date():
-    now = datetime(2015, 10, 21, 7, 27, 30, tzinfo=timezone.utc)
+    now = datetime(2015, 10, 21, 7, 27, 30, tzinfo=UTC)
     assert retry_after_seconds("3", now) == 3.0
     assert retry_after_seconds(" 120 ", now) == 120.0
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now) == 30.0  # 07:28:00 - 07:27:30
@@ -285,7 +287,11 @@ def test_request_timeout_bounds_the_whole_request_not_each_read():
     "status, key_env, says",
     [
         (401, None, r"refused the API key, which is missing or wrong \(none was sent: .* set api_key_env"),
-        (403, "POFE_TEST_KEY", r"refused the API key, which is missing or wrong \(it was read from the environment variable POFE_TEST_KEY"),
+        (
+            403,
+            "POFE_TEST_KEY",
+            r"refused the API key, which is missing or wrong \(it was read from the environment variable POFE_TEST_KEY",
+        ),
         (404, None, r"Not found: check base_url .* serves the model 'm'"),
         (429, None, r"Rate limited: lower batch_size"),
         (502, None, r"Server error: see the server's log"),
@@ -308,7 +314,9 @@ def test_http_errors_say_what_the_status_means(status, key_env, says, monkeypatc
 def _chat(content, top=None):
     choice = {"index": 0, "message": {"role": "assistant", "content": content}}
     if top is not None:
-        choice["logprobs"] = {"content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]}
+        choice["logprobs"] = {
+            "content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]
+        }
     return json.dumps({"choices": [choice]})
 
 
@@ -340,20 +348,24 @@ def test_rubrics_with_literal_braces_are_sent_as_written():
     with FakeServer(lambda path, body, attempt: (200, _chat("7"), 0.0)) as srv:
         judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, rubric=rubric))
         assert judge.score(["q?"], [["see {prompt}"]]) == [[7.0]]
-        pair = PairwiseLLMJudge(_client(srv.url), JudgeConfig(type="pairwise_llm", base_url=srv.url,
-                                                              rubric=pairwise, use_logprobs=False))
+        pair = PairwiseLLMJudge(
+            _client(srv.url), JudgeConfig(type="pairwise_llm", base_url=srv.url, rubric=pairwise, use_logprobs=False)
+        )
         pair.judge_pairs([("q?", "x", "y")])
     sent = [b["messages"][0]["content"] for _, b in srv.requests]
     assert sent[0] == 'Reply as JSON, e.g. {"score": 7}, from 1 to 10.\n[Q] q?\n[R] see {prompt}'
     assert sent[1] == '{"winner": "A"} or {"winner": "B"}?\nq?\nA: x\nB: y'
 
 
-@pytest.mark.parametrize("judge_type, rubric, needle", [
-    ("llm", "Rate {prompt} from 1 to 10.", r"judge.rubric has no \{response\}"),
-    ("llm", "Rate {respnse}.", r"no \{response\}.*\{prompt\}, \{response\}, \{low\}, \{high\}"),
-    ("pairwise_llm", "A: {response_a} or {response}?", r"no \{response_b\}"),
-    ("llm", "{response} from {low:q}", r"\{low:q\} has a format spec that does not apply"),
-])
+@pytest.mark.parametrize(
+    "judge_type, rubric, needle",
+    [
+        ("llm", "Rate {prompt} from 1 to 10.", r"judge.rubric has no \{response\}"),
+        ("llm", "Rate {respnse}.", r"no \{response\}.*\{prompt\}, \{response\}, \{low\}, \{high\}"),
+        ("pairwise_llm", "A: {response_a} or {response}?", r"no \{response_b\}"),
+        ("llm", "{response} from {low:q}", r"\{low:q\} has a format spec that does not apply"),
+    ],
+)
 def test_rubric_without_the_candidate_is_refused_at_config_time(judge_type, rubric, needle):
     with pytest.raises(ValueError, match=needle):
         JudgeConfig(type=judge_type, base_url="http://127.0.0.1:1/v1", rubric=rubric)
@@ -363,6 +375,7 @@ def test_pairwise_llm_judge_logprobs_both_orders_remove_position_bias():
     """True P(longer wins) = 0.8; the judge adds +0.1 to whichever is shown FIRST (A).
     Order (long, short): P(A) = .9;  order (short, long): P(A) = .2 + .1 = .3.
     Combined: P[long, short] = (.9 + 1 - .3) / 2 = .8 -- the bias cancels."""
+
     def srv_fn(path, body, attempt):
         text = body["messages"][0]["content"]
         a = text.split("[Response A]\n")[1].split("\n\n[Response B]")[0]
@@ -377,7 +390,11 @@ def test_pairwise_llm_judge_logprobs_both_orders_remove_position_bias():
         (v,) = j.preferences(["q"], [["x", "xxx", "xx"]])
     assert len(srv.requests) == 6 and all(b["logprobs"] and b["top_logprobs"] == 20 for _, b in srv.requests)
     P = v.matrix
-    assert P[1, 0].item() == pytest.approx(0.8) and P[2, 0].item() == pytest.approx(0.8) and P[1, 2].item() == pytest.approx(0.8)
+    assert (
+        P[1, 0].item() == pytest.approx(0.8)
+        and P[2, 0].item() == pytest.approx(0.8)
+        and P[1, 2].item() == pytest.approx(0.8)
+    )
     assert win_rates(P).argmax().item() == 1 and v.abstained_pairs == 0
 
 
@@ -398,12 +415,16 @@ def test_pairwise_llm_judge_text_fallback_and_abstain():
 def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the_server():
     # a null text is no completion (it was counted as a duplicate of another); 300k characters
     # cannot come from max_tokens=4 (at most 4 x 256 = 1024 characters)
-    for text, needle in ((None, r"a choices\[\]\.text is None, not text"),
-                         ("x" * 300_000, r"a reply of 300000 characters for max_tokens=4 \(at most 1024")):
+    for text, needle in (
+        (None, r"a choices\[\]\.text is None, not text"),
+        ("x" * 300_000, r"a reply of 300000 characters for max_tokens=4 \(at most 1024"),
+    ):
         reply = json.dumps({"choices": [{"index": 0, "text": "ok"}, {"index": 1, "text": text}]})
         with FakeServer(lambda p, b, a, reply=reply: (200, reply, 0.0)) as srv:
             c = _client(srv.url)
-            with pytest.raises(EndpointError, match=rf"POST {srv.url}/completions failed after 1 try: bad response: {needle}"):
+            with pytest.raises(
+                EndpointError, match=rf"POST {srv.url}/completions failed after 1 try: bad response: {needle}"
+            ):
                 c.completions({"n": 2, "max_tokens": 4})
         assert c.stats.failures == 1
     reply = json.dumps({"choices": [{"index": 0, "text": "y" * 1024}]})
@@ -420,6 +441,9 @@ def test_an_llm_judge_reply_too_long_for_max_tokens_is_an_error_naming_the_serve
             if ok:
                 assert judge.score(["q"], [["a"]]) == [[7.0]]
                 continue
-            with pytest.raises(EndpointError, match=rf"POST {srv.url}/chat/completions failed after 1 try: bad "
-                               r"response: a reply of 300000 characters for max_tokens=4 \(at most 1024"):
+            with pytest.raises(
+                EndpointError,
+                match=rf"POST {srv.url}/chat/completions failed after 1 try: bad "
+                r"response: a reply of 300000 characters for max_tokens=4 \(at most 1024",
+            ):
                 judge.score(["q"], [["a"]])

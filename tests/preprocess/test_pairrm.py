@@ -31,7 +31,6 @@ from pofe.preprocess.judges.pairrm import (
     ensure_prefix_tokens,
     preferences_from_logits,
 )
-
 from pofe.preprocess.judges.pairrm_inputs import encode_prompts
 from tests.helpers import assert_float_close, float_tolerance
 
@@ -124,7 +123,12 @@ def test_matches_llm_blender(published_dir, lengths):
     m, tok = judge.model, judge.tokenizer
     assert len(tok) == REFERENCE["len_tokenizer"]
     assert m.pretrained_model.get_input_embeddings().weight.shape[0] == REFERENCE["embedding_rows"]
-    names = {"source": SOURCE_PREFIX, "candidate1": CAND1_PREFIX, "candidate2": CAND2_PREFIX, "candidate": "<|candidate|>"}
+    names = {
+        "source": SOURCE_PREFIX,
+        "candidate1": CAND1_PREFIX,
+        "candidate2": CAND2_PREFIX,
+        "candidate": "<|candidate|>",
+    }
     assert {names[k]: v for k, v in REFERENCE["prefix_ids"].items()} == m.prefix_ids
     for case in REFERENCE["cases"]:
         ref, cands = case[lengths], case["candidates"]
@@ -148,8 +152,13 @@ def test_batched_encoding_equals_one_pair_at_a_time(published_dir):
     tok, m = judge.tokenizer, judge.model
     sources = [case["source"] for case in REFERENCE["cases"]]
     cands = [case["candidates"] for case in REFERENCE["cases"]]
-    expected = [(p, i, j, encode_pair(tok, m.settings, m.prefix_ids, sources[p], c[i], c[j]))
-                for p, c in enumerate(cands) for i in range(len(c)) for j in range(len(c)) if i != j]
+    expected = [
+        (p, i, j, encode_pair(tok, m.settings, m.prefix_ids, sources[p], c[i], c[j]))
+        for p, c in enumerate(cands)
+        for i in range(len(c))
+        for j in range(len(c))
+        if i != j
+    ]
     assert encode_prompts(tok, m.settings, m.prefix_ids, sources, cands) == expected
     assert len({len(ids) for *_, ids in expected}) > 3  # lengths vary, so sorted batches differ from arrival order
     assert encode_prompts(tok, m.settings, m.prefix_ids, [], []) == []
@@ -184,10 +193,14 @@ def test_published_layout_errors(published_dir, tmp_path):
     shutil.copytree(published_dir, d)
     raw = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**raw, "ranker_type": "summareranker"}))
-    with pytest.raises(ValueError, match=r"config.json: ranker_type 'summareranker'.*PairRM is ranker_type 'pairranker'"):
+    with pytest.raises(
+        ValueError, match=r"config.json: ranker_type 'summareranker'.*PairRM is ranker_type 'pairranker'"
+    ):
         PairRMJudge.from_pretrained(str(d))
     (d / "config.json").write_text(json.dumps({**raw, "model_name": "nobody/no-such-backbone"}))  # offline in tests
-    with pytest.raises(FileNotFoundError, match="model_name 'nobody/no-such-backbone' .* Fetch them once: huggingface-cli"):
+    with pytest.raises(
+        FileNotFoundError, match="model_name 'nobody/no-such-backbone' .* Fetch them once: huggingface-cli"
+    ):
         PairRMJudge.from_pretrained(str(d))
     (d / "config.json").write_text(json.dumps({**raw, "model_name": None}))
     with pytest.raises(ValueError, match="config.json: model_name is empty; it names the DeBERTa backbone"):
@@ -219,8 +232,12 @@ def _tokenizer():
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(specials)
     # DeBERTa's format: [CLS] text [SEP]
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +250,18 @@ def pairrm_dir(tmp_path_factory) -> Path:
     tok = _tokenizer()
     ensure_prefix_tokens(tok)
     config = DebertaV2Config(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512, relative_attention=True, position_buckets=32, max_relative_positions=-1,
-        pos_att_type=["p2c", "c2p"], position_biased_input=False, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        relative_attention=True,
+        position_buckets=32,
+        max_relative_positions=-1,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=False,
+        pad_token_id=tok.pad_token_id,
     )
     settings = PairRMSettings(n_tasks=3, source_maxlength=40, candidate_maxlength=20)
     torch.manual_seed(0)
@@ -327,7 +353,9 @@ def test_independent_forward(pairrm_dir):
         s2 = m.head_layer(torch.cat([h[pos[SOURCE_PREFIX]], h[pos[CAND2_PREFIX]]]))
     scale = max(s1.abs().max().item(), s2.abs().max().item())
     tol = float_tolerance(torch.float32, PAIR_TERMS, scale)
-    assert judge.pair_logits([("5+5=?", "10", "ten")]).item() == pytest.approx((s1 - s2).mean().item(), abs=2 * tol["atol"])
+    assert judge.pair_logits([("5+5=?", "10", "ten")]).item() == pytest.approx(
+        (s1 - s2).mean().item(), abs=2 * tol["atol"]
+    )
 
 
 def test_wrong_checkpoint_errors(pairrm_dir, tmp_path):
@@ -361,7 +389,7 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
     chat template applied, not the dataset's prompt."""
     from transformers import AutoTokenizer
 
-    from pofe.preprocess.config import GenerateConfig, CandidatesConfig
+    from pofe.preprocess.config import CandidatesConfig, GenerateConfig
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
     from pofe.run.evaluation.evaluate import render_prompts
@@ -376,11 +404,16 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
 
     judge.preferences = spy
     prompts = ["2+2=", [{"role": "user", "content": "1+3="}]]
-    run_pipeline([{"prompt": p} for p in prompts], policy_path=str(tiny_policy), method="sppo",
-                 judge=JudgeConfig(type="pairrm", model=str(pairrm_dir)),
-                 generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
-                 candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-                 generator=FixedCandidates(), judge_impl=judge)
+    run_pipeline(
+        [{"prompt": p} for p in prompts],
+        policy_path=str(tiny_policy),
+        method="sppo",
+        judge=JudgeConfig(type="pairrm", model=str(pairrm_dir)),
+        generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+        generator=FixedCandidates(),
+        judge_impl=judge,
+    )
     tok = AutoTokenizer.from_pretrained(tiny_policy)
     out = judge_models(judge, prompts, render_prompts(tok, prompts), [[["4"], ["four"]], [["5"], ["4"]]])
     assert out["method"] == "pairwise" and len(received) == 2

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pofe.preprocess.abstentions import NoJudgeSignal
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.judges import Abstain, JudgeError, JudgeStats
 from pofe.preprocess.judges.pairwise import preferences_both_orders
 from pofe.preprocess.manifest import ManifestMismatch
@@ -58,8 +58,13 @@ def _reward(prompt, response):
 def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False), generator=ScriptedGenerator(),
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
+        judge=judge,
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+        generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert res.rows == 3 and len(rows) == 3
@@ -84,8 +89,13 @@ def test_rrhf_rows_format_and_summary(tiny_policy, tmp_path):
 def test_sppo_scalar_judge_gives_bradley_terry_win_rates(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
-        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator(),
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        generate=GEN,
+        judge=judge,
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+        generator=ScriptedGenerator(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert all(list(r) == ["prompt", "responses", "win_rates"] for r in rows)
@@ -99,9 +109,14 @@ def test_sppo_scalar_judge_gives_bradley_terry_win_rates(tiny_policy, tmp_path):
 def test_sppo_pairwise_best_worst(tiny_policy, tmp_path):
     judge = JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1")  # never called: judge_impl given
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge,
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        generate=GEN,
+        judge=judge,
         candidates=CandidatesConfig(out_dir=str(tmp_path), keep="best_worst", progress=False),
-        generator=ScriptedGenerator(), judge_impl=LengthPairJudge(),
+        generator=ScriptedGenerator(),
+        judge_impl=LengthPairJudge(),
     )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert all(len(r["responses"]) == 2 for r in rows)
@@ -111,16 +126,25 @@ def test_sppo_pairwise_best_worst(tiny_policy, tmp_path):
 
 def test_rrhf_rejects_pairwise_judge(tiny_policy, tmp_path):
     with pytest.raises(ValueError, match="RRHF needs a scalar reward"):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-                     judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path)))
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path)),
+        )
 
 
 def test_resume_skips_done_shards_and_manifest_guards(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     g1 = ScriptedGenerator()
-    kw = dict(policy_path=str(tiny_policy), method="rrhf", judge=judge,
-              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=1, progress=False))
+    kw = dict(
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        judge=judge,
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=1, progress=False),
+    )
     first = run_pipeline(ROWS, generate=GEN, generator=g1, **kw).data_path.read_bytes()
     g2 = ScriptedGenerator()
     (tmp_path / "judge" / "shard-00001.jsonl").unlink()
@@ -142,7 +166,10 @@ def _picky(prompt, response):
 def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
     """Every row has a "5" candidate: 3 abstentions, each removing that candidate from its row."""
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
         judge=JudgeConfig(type="python", function=f"{__name__}:_picky"),
         candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
         generator=ScriptedGenerator(),
@@ -156,23 +183,37 @@ def test_abstentions_drop_candidates_and_are_counted(tiny_policy, tmp_path):
 def test_pipeline_config_block(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
     pc = CandidatesConfig(out_dir=str(tmp_path / "x"), shard_size=1, keep="best_worst", progress=False)
-    res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN, judge=judge, candidates=pc,
-                       generator=ScriptedGenerator())
+    res = run_pipeline(
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        generate=GEN,
+        judge=judge,
+        candidates=pc,
+        generator=ScriptedGenerator(),
+    )
     assert res.data_path.parent == tmp_path / "x" and len(list((tmp_path / "x" / "judge").glob("*.jsonl"))) == 3
     assert all(len(json.loads(l)["responses"]) == 2 for l in res.data_path.read_text().splitlines())
 
 
 def test_missing_prompt_column_names_the_row(tiny_policy, tmp_path):
     with pytest.raises(KeyError, match="prompt row 1 has no 'prompt' column"):
-        run_pipeline([{"prompt": "a"}, {"question": "b"}], policy_path=str(tiny_policy), method="rrhf",
-                     generate=GEN, judge=JudgeConfig(type="python", function="a:b"),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path)))
+        run_pipeline(
+            [{"prompt": "a"}, {"question": "b"}],
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=JudgeConfig(type="python", function="a:b"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path)),
+        )
 
 
 def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path):
     """transformers generation + reward-model judge, end to end (small)."""
     res = run_pipeline(
-        [{"prompt": "3+4="}, {"prompt": "5+1="}], policy_path=str(tiny_policy), method="rrhf",
+        [{"prompt": "3+4="}, {"prompt": "5+1="}],
+        policy_path=str(tiny_policy),
+        method="rrhf",
         generate=GenerateConfig(num_candidates=3, max_new_tokens=6, temperature=1.0),
         judge=JudgeConfig(type="reward_model", model=str(tiny_reward_model)),
         candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
@@ -184,6 +225,7 @@ def test_real_backend_and_reward_model(tiny_policy, tiny_reward_model, tmp_path)
 
 def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tmp_path):
     """A policy answering with end-of-turn at once gives "", which no judge can score."""
+
     class Scripted:
         name = "scripted"
 
@@ -192,9 +234,13 @@ def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tm
 
     rows = [{"prompt": "3+4="}, {"prompt": "1+1="}]
     result = run_pipeline(
-        rows, policy_path=str(tiny_policy), method="rrhf",
-        generate=GenerateConfig(num_candidates=4), judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
-        candidates=CandidatesConfig(out_dir=str(tmp_path / "c"), progress=False), generator=Scripted(),
+        rows,
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GenerateConfig(num_candidates=4),
+        judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path / "c"), progress=False),
+        generator=Scripted(),
     )
     data = [json.loads(line) for line in result.data_path.read_text().splitlines()]
     assert [d["responses"] for d in data] == [["7", "8"], ["7", "8"]]
@@ -203,6 +249,7 @@ def test_empty_candidates_are_removed_before_judging_and_counted(tiny_policy, tm
 
 
 # ---- shards verified on resume ------------------------------------------------------------
+
 
 def _totals_add_up(summary: dict) -> bool:
     return summary["rows_in"] == summary["rows"] + sum(summary["rows_dropped"].values())
@@ -214,13 +261,21 @@ def test_damaged_shards_are_redone_and_counted(tiny_policy, tmp_path):
     boundary (regenerated: one generator call) and a judge row missing a candidate (redone).
     Every resume writes the uninterrupted run's data.jsonl byte for byte."""
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
-    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+    kw = dict(
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
+        judge=judge,
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+    )
     first = run_pipeline(ROWS, generator=ScriptedGenerator(), **kw)
     want = first.data_path.read_bytes()
     assert _totals_add_up(first.summary) and first.summary["shards_redone_last_run"] == {}
-    g0, j0, j1 = (tmp_path / "generate" / "shard-00000.jsonl", tmp_path / "judge" / "shard-00000.jsonl",
-                  tmp_path / "judge" / "shard-00001.jsonl")
+    g0, j0, j1 = (
+        tmp_path / "generate" / "shard-00000.jsonl",
+        tmp_path / "judge" / "shard-00000.jsonl",
+        tmp_path / "judge" / "shard-00001.jsonl",
+    )
 
     j0.write_text(j0.read_text().splitlines(keepends=True)[0])  # cut at a line boundary
     j1.write_text("")
@@ -242,6 +297,7 @@ def test_damaged_shards_are_redone_and_counted(tiny_policy, tmp_path):
 # ---- a judging stage without signal stops -------------------------------------------------
 # ScriptedGenerator + GEN give 4, 4 and 3 candidates to rows 0, 1, 2 (see the first test).
 
+
 def _fails_on_row_2(prompt, response):
     if prompt == "1+1=":
         return undefined_name  # noqa: F821 - the bug a user's judge might have
@@ -259,8 +315,11 @@ def test_abstention_rate_over_the_limit_stops_naming_the_dataset_row(tiny_policy
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, generator=ScriptedGenerator())
     cands = CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False)
     judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", max_abstention_rate=0.2)
-    with pytest.raises(NoJudgeSignal, match=r"abstained on 3 of 11 candidates \(27%.*top reason 'NameError' \(3 "
-                                            r"times\), e\.g\. dataset row 2: NameError: name 'undefined_name'"):
+    with pytest.raises(
+        NoJudgeSignal,
+        match=r"abstained on 3 of 11 candidates \(27%.*top reason 'NameError' \(3 "
+        r"times\), e\.g\. dataset row 2: NameError: name 'undefined_name'",
+    ):
         run_pipeline(ROWS, judge=judge, candidates=cands, **kw)
     assert not (tmp_path / "judge" / "shard-00001.jsonl").exists()
     res = run_pipeline(ROWS, judge=judge.model_copy(update={"max_abstention_rate": 0.5}), candidates=cands, **kw)
@@ -271,8 +330,15 @@ def test_abstention_rate_over_the_limit_stops_naming_the_dataset_row(tiny_policy
 def test_every_candidate_abstaining_stops_even_without_a_limit(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_broken", max_abstention_rate=1.0)
     with pytest.raises(NoJudgeSignal, match=r"abstained on 11 of 11 candidates .*dataset row 0: NameError"):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=judge,
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=ScriptedGenerator(),
+        )
 
 
 class PairJudgeAbstainingOn:
@@ -284,8 +350,9 @@ class PairJudgeAbstainingOn:
         self.blind, self.stats = blind, JudgeStats()
 
     def preferences(self, prompts, responses):
-        fn = lambda items: [Abstain("unparseable: no A/B") if p in self.blind else float(len(a) > len(b))  # noqa: E731
-                            for p, a, b in items]
+        def fn(items):
+            return [Abstain("unparseable: no A/B") if p in self.blind else float(len(a) > len(b)) for p, a, b in items]
+
         return preferences_both_orders(fn, prompts, responses, self.stats)
 
 
@@ -293,10 +360,14 @@ def test_row_whose_pairs_all_abstained_is_dropped_and_counted(tiny_policy, tmp_p
     """Row 0 (4 candidates, 6 pairs) gets no verdict: dropped, not kept with win rates all 1/2.
     Abstained pairs: 6 of 6 + 6 + 3 = 15 (40% <= 0.5)."""
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        generate=GEN,
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
         candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-        generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2="),
+        generator=ScriptedGenerator(),
+        judge_impl=PairJudgeAbstainingOn("2+2="),
     )
     assert res.rows == 2 and res.summary["rows_dropped"] == {"all_pairs_abstained": 1}
     assert res.summary["judge_abstentions"] == 6 and res.summary["judge_abstention_reasons"] == {"unparseable": 6}
@@ -306,20 +377,32 @@ def test_row_whose_pairs_all_abstained_is_dropped_and_counted(tiny_policy, tmp_p
 def test_every_pair_abstaining_stops(tiny_policy, tmp_path):
     with pytest.raises(NoJudgeSignal, match=r"abstained on 15 of 15 pairs .*'unparseable' \(15 times\)"):
         run_pipeline(
-            ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="sppo",
+            generate=GEN,
             judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
             candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-            generator=ScriptedGenerator(), judge_impl=PairJudgeAbstainingOn("2+2=", [{"role": "user", "content": "1+3="}], "1+1="),
+            generator=ScriptedGenerator(),
+            judge_impl=PairJudgeAbstainingOn("2+2=", [{"role": "user", "content": "1+3="}], "1+1="),
         )
 
 
 def test_allow_abstain_false_names_the_dataset_row(tiny_policy, tmp_path):
     """Row 2 is the first row of shard 1: the judge call sees it as prompt 0."""
     judge = JudgeConfig(type="python", function=f"{__name__}:_fails_on_row_2", allow_abstain=False)
-    with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidate 0 \(.*_fails_on_row_2\): NameError"):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge,
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
-                     generator=ScriptedGenerator())
+    with pytest.raises(
+        JudgeError, match=r"no verdict for dataset row 2, candidate 0 \(.*_fails_on_row_2\): NameError"
+    ):
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=judge,
+            candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+            generator=ScriptedGenerator(),
+        )
 
 
 class StrictPairJudge:
@@ -332,19 +415,32 @@ class StrictPairJudge:
 
     def preferences(self, prompts, responses):
         def fn(items):
-            return [self.stats.abstain("unparseable: no A/B", allow=False, where="strict judge", prompt=n)
-                    if p == "1+1=" else float(len(a) > len(b)) for n, (p, a, b) in enumerate(items)]
+            return [
+                self.stats.abstain("unparseable: no A/B", allow=False, where="strict judge", prompt=n)
+                if p == "1+1="
+                else float(len(a) > len(b))
+                for n, (p, a, b) in enumerate(items)
+            ]
+
         return preferences_both_orders(fn, prompts, responses, self.stats)
 
 
 def test_allow_abstain_false_names_the_dataset_row_for_a_pairwise_judge(tiny_policy, tmp_path):
     """One shard: rows 0 and 1 (4 candidates each) give items 0-23, so row 2's first ordered
     pair, (0, 1), is item 24 of the pair call and prompt 2 of the judge call."""
-    with pytest.raises(JudgeError, match=r"no verdict for dataset row 2, candidates 0 and 1, strict judge: unparseable"):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
-                     judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1", allow_abstain=False),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-                     generator=ScriptedGenerator(), judge_impl=StrictPairJudge())
+    with pytest.raises(
+        JudgeError, match=r"no verdict for dataset row 2, candidates 0 and 1, strict judge: unparseable"
+    ):
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="sppo",
+            generate=GEN,
+            judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1", allow_abstain=False),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=ScriptedGenerator(),
+            judge_impl=StrictPairJudge(),
+        )
 
 
 class OneAnswer:
@@ -356,11 +452,20 @@ class OneAnswer:
 
 def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path):
     """Two identical candidates per prompt, deduplicated to one: every row is dropped."""
-    with pytest.raises(ValueError, match=r"none of the 3 prompts gave a training row \(dropped: "
-                                         r"\{'too_few_candidates': 3\}; candidates.min_candidates=2"):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GenerateConfig(num_candidates=2),
-                     judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=OneAnswer())
+    with pytest.raises(
+        ValueError,
+        match=r"none of the 3 prompts gave a training row \(dropped: "
+        r"\{'too_few_candidates': 3\}; candidates.min_candidates=2",
+    ):
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GenerateConfig(num_candidates=2),
+            judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=OneAnswer(),
+        )
     assert json.loads((tmp_path / "summary.json").read_text())["rows_dropped"] == {"too_few_candidates": 3}
 
 
@@ -370,29 +475,51 @@ def _same(prompt, response):
 
 def test_rows_with_equal_rewards_are_counted_and_warned(tiny_policy, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="axolotl.integrations.pofe.preprocess.pipeline"):
-        res = run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-                           judge=JudgeConfig(type="python", function=f"{__name__}:_same"),
-                           candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=ScriptedGenerator())
+        res = run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=JudgeConfig(type="python", function=f"{__name__}:_same"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=ScriptedGenerator(),
+        )
     assert res.summary["rows_with_equal_labels"] == 3
     assert "3 of 3 rows" in caplog.text and "all-equal rewards" in caplog.text
 
 
 # ---- checked before generating; a judge change reuses the generate shards ------------------
 
-@pytest.mark.parametrize("update, judge_fn, error", [
-    ({}, "no_such_module:reward", "cannot import module 'no_such_module'"),
-    ({}, f"{__name__}:no_such_function", "has no attribute 'no_such_function'"),
-    ({"include_dataset_responses": ["answr"]}, f"{__name__}:_reward",
-     r"names \['answr'\], which prompt row 0 does not have \(columns: \['human', 'prompt'\]\)"),
-    ({"num_candidates": 1, "include_dataset_responses": []}, f"{__name__}:_reward",
-     "num_candidates=1 gives at most 1 candidate.* fewer than candidates.min_candidates=2"),
-])
+
+@pytest.mark.parametrize(
+    "update, judge_fn, error",
+    [
+        ({}, "no_such_module:reward", "cannot import module 'no_such_module'"),
+        ({}, f"{__name__}:no_such_function", "has no attribute 'no_such_function'"),
+        (
+            {"include_dataset_responses": ["answr"]},
+            f"{__name__}:_reward",
+            r"names \['answr'\], which prompt row 0 does not have \(columns: \['human', 'prompt'\]\)",
+        ),
+        (
+            {"num_candidates": 1, "include_dataset_responses": []},
+            f"{__name__}:_reward",
+            "num_candidates=1 gives at most 1 candidate.* fewer than candidates.min_candidates=2",
+        ),
+    ],
+)
 def test_checked_before_generating(tiny_policy, tmp_path, update, judge_fn, error):
     gen = ScriptedGenerator()
     with pytest.raises((ImportError, AttributeError, ValueError), match=error):
-        run_pipeline(ROWS, policy_path=str(tiny_policy), method="rrhf", generate=GEN.model_copy(update=update),
-                     judge=JudgeConfig(type="python", function=judge_fn),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+        run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN.model_copy(update=update),
+            judge=JudgeConfig(type="python", function=judge_fn),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=gen,
+        )
     assert gen.calls == 0 and not list(tmp_path.glob("generate/shard-*"))
 
 
@@ -400,17 +527,27 @@ def test_dataset_response_of_the_wrong_type_is_found_before_generating(tiny_poli
     gen = ScriptedGenerator()
     rows = ROWS[:2] + [{"prompt": "1+1=", "human": 2}]
     with pytest.raises(TypeError, match="row 2, column 'human' .*expected a string or a list of strings, got int"):
-        run_pipeline(rows, policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-                     judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
-                     candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=gen)
+        run_pipeline(
+            rows,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GEN,
+            judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=gen,
+        )
     assert gen.calls == 0
 
 
 def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
     """Judge A, then B: no generation, generate shards untouched, B's rewards. Back to A: its
     parked judge shards come back untouched and data.jsonl is A's again."""
-    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-              candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False))
+    kw = dict(
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
+        candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),
+    )
     judge_a = JudgeConfig(type="python", function=f"{__name__}:_reward")
     judge_b = JudgeConfig(type="python", function=f"{__name__}:_same")
     data_a = run_pipeline(ROWS, judge=judge_a, generator=ScriptedGenerator(), **kw).data_path.read_bytes()
@@ -420,7 +557,11 @@ def test_judge_change_reuses_generate_shards(tiny_policy, tmp_path):
     gen = ScriptedGenerator()
     res = run_pipeline(ROWS, judge=judge_b, generator=gen, **kw)
     assert gen.calls == 0 and stamps("generate") == gen_stamps
-    assert [json.loads(l)["rewards"] for l in res.data_path.read_text().splitlines()] == [[1.0] * 4, [1.0] * 4, [1.0] * 3]
+    assert [json.loads(l)["rewards"] for l in res.data_path.read_text().splitlines()] == [
+        [1.0] * 4,
+        [1.0] * 4,
+        [1.0] * 3,
+    ]
 
     assert run_pipeline(ROWS, judge=judge_a, generator=gen, **kw).data_path.read_bytes() == data_a
     assert gen.calls == 0 and stamps("generate") == gen_stamps and stamps("judge") == judge_a_stamps
@@ -437,9 +578,13 @@ def test_an_edited_judge_function_judges_again(tiny_policy, tmp_path, monkeypatc
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     module = tmp_path / "edited_judge_mod.py"
     module.write_text("def reward(prompt, response):\n    return float(len(response))\n")
-    kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN,
-              judge=JudgeConfig(type="python", function="edited_judge_mod:reward"),
-              candidates=CandidatesConfig(out_dir=str(tmp_path / "out"), shard_size=2, progress=False))
+    kw = dict(
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
+        judge=JudgeConfig(type="python", function="edited_judge_mod:reward"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path / "out"), shard_size=2, progress=False),
+    )
     rewards = lambda res: [json.loads(l)["rewards"] for l in res.data_path.read_text().splitlines()]  # noqa: E731
     first = rewards(run_pipeline(ROWS, generator=ScriptedGenerator(), **kw))
     module.write_text("def reward(prompt, response):\n    return -float(len(response))\n")
@@ -492,10 +637,15 @@ def test_dedupe_default_follows_the_method(tiny_policy, tmp_path):
     judge = JudgeConfig(type="python", function=f"{__name__}:_reward")
 
     def run(method, out, **gen):
-        return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method=method, judge=judge,
-                            generate=GenerateConfig(num_candidates=5, max_new_tokens=4, **gen),
-                            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
-                            generator=ScriptedGenerator()).summary
+        return run_pipeline(
+            PROMPTS,
+            policy_path=str(tiny_policy),
+            method=method,
+            judge=judge,
+            generate=GenerateConfig(num_candidates=5, max_new_tokens=4, **gen),
+            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
+            generator=ScriptedGenerator(),
+        ).summary
 
     sppo, rrhf, sppo_on = run("sppo", "s"), run("rrhf", "r"), run("sppo", "s1", dedupe=True)
     assert sppo["candidates_per_prompt"]["mean"] == 5 and sppo["duplicates_removed"] == {"exact": 0, "near": 0}
@@ -510,11 +660,15 @@ def test_sppo_hard_preferences_and_win_rate_spread(tiny_policy, tmp_path):
     bradley_terry (T = 1): w(Four.) = (3 s(4) + s(1) + 1/2) / 5, w(4) = (3/2 + s(-4) + s(-3)) / 5."""
 
     def run(out, **judge):
-        return run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo",
-                            judge=JudgeConfig(type="python", function=f"{__name__}:_reward", **judge),
-                            generate=GenerateConfig(num_candidates=5, max_new_tokens=4),
-                            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
-                            generator=ScriptedGenerator())
+        return run_pipeline(
+            PROMPTS,
+            policy_path=str(tiny_policy),
+            method="sppo",
+            judge=JudgeConfig(type="python", function=f"{__name__}:_reward", **judge),
+            generate=GenerateConfig(num_candidates=5, max_new_tokens=4),
+            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
+            generator=ScriptedGenerator(),
+        )
 
     hard = run("hard", preferences="hard")
     rows = [json.loads(l) for l in hard.data_path.read_text().splitlines()]
@@ -541,15 +695,27 @@ def test_sppo_python_pairwise_judge_rock_paper_scissors(tiny_policy, tmp_path):
     judged, 4 x 3 = 12 calls per prompt. Win rates (rock, rock, paper, scissors) =
     (0.5, 0.5, 0.625, 0.375) (worked in test_judges.py): spread 0.25. RRHF refuses the judge."""
     judge = JudgeConfig(type="python_pairwise", function="tests.preprocess.test_judges:rps")
-    res = run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="sppo", judge=judge,
-                       generate=GenerateConfig(num_candidates=4, max_new_tokens=4),
-                       candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=HandsGenerator())
+    res = run_pipeline(
+        PROMPTS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        judge=judge,
+        generate=GenerateConfig(num_candidates=4, max_new_tokens=4),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+        generator=HandsGenerator(),
+    )
     rows = [json.loads(l) for l in res.data_path.read_text().splitlines()]
     assert [r["win_rates"] for r in rows] == [[0.5, 0.5, 0.625, 0.375]] * 2
     assert res.summary["mean_win_rate_spread"] == 0.25 and res.summary["judge_abstentions"] == 0
     with pytest.raises(ValueError, match="judge.type: python_pairwise gives pairwise preferences; RRHF needs"):
-        run_pipeline(PROMPTS, policy_path=str(tiny_policy), method="rrhf", judge=judge, generate=GEN,
-                     candidates=CandidatesConfig(out_dir=str(tmp_path / "r")))
+        run_pipeline(
+            PROMPTS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            judge=judge,
+            generate=GEN,
+            candidates=CandidatesConfig(out_dir=str(tmp_path / "r")),
+        )
 
 
 class RenderedSourceJudge(LengthPairJudge):
@@ -573,10 +739,14 @@ def test_pairrm_style_judge_gets_the_chat_templated_prompt(tiny_policy, tmp_path
 
     judge = RenderedSourceJudge()
     run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="sppo", generate=GEN,
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="sppo",
+        generate=GEN,
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
         candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-        generator=ScriptedGenerator(), judge_impl=judge,
+        generator=ScriptedGenerator(),
+        judge_impl=judge,
     )
     tok = AutoTokenizer.from_pretrained(tiny_policy)
     expected = [
@@ -623,17 +793,21 @@ def test_sppo_copies_with_different_win_rates_reach_training(tiny_policy, tmp_pa
     (0.5 + 0.5 + 0.5) / 3 = 1/2 for the first "4", (0.5 + 0.5 + 1) / 3 = 2/3 for the second and
     (0.5 + 0 + 0.5) / 3 = 1/3 for "5". User data like that is refused (which copy is right?);
     POFE's own rows go to tokenisation as the pipeline wrote them."""
+    from transformers import AutoTokenizer
+
     from pofe.data.formats import PofeDataError, RowFormat, candidate_row, normalize_row
     from pofe.data.tokenize import tokenize_row
     from pofe.methods import SPPO
-    from transformers import AutoTokenizer
 
     res = run_pipeline(
-        [{"prompt": "2+2="}], policy_path=str(tiny_policy), method="sppo",
+        [{"prompt": "2+2="}],
+        policy_path=str(tiny_policy),
+        method="sppo",
         generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
         judge=JudgeConfig(type="pairwise_llm", base_url="http://127.0.0.1:9/v1"),
         candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-        generator=TwoOfAKind(), judge_impl=AbstainsOnFirstCopy(),
+        generator=TwoOfAKind(),
+        judge_impl=AbstainsOnFirstCopy(),
     )
     (row,) = [json.loads(line) for line in res.data_path.read_text().splitlines()]
     assert row["responses"] == ["4", "4", "5"]
@@ -644,8 +818,13 @@ def test_sppo_copies_with_different_win_rates_reach_training(tiny_policy, tmp_pa
     canonical = candidate_row(row, 0, target=SPPO.target, source=str(res.data_path))
     assert canonical["win_rates"] == row["win_rates"]
     assert canonical["responses"] == [{"role": "assistant", "content": t} for t in row["responses"]]
-    tokenized = tokenize_row(canonical, AutoTokenizer.from_pretrained(tiny_policy), sequence_len=64,
-                             max_prompt_len=32, truncation="truncate")
+    tokenized = tokenize_row(
+        canonical,
+        AutoTokenizer.from_pretrained(tiny_policy),
+        sequence_len=64,
+        max_prompt_len=32,
+        truncation="truncate",
+    )
     assert tokenized["win_rates"] == row["win_rates"] and len(tokenized["response_ids"]) == 3
 
 
@@ -664,11 +843,16 @@ def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_polic
 
     rows = [{"prompt": "3+4="}, {"prompt": "1+1="}]
     with FakeServer(srv_fn) as srv:
-        with pytest.raises(ValueError, match=rf"the server at {srv.url} returned candidate 1 for dataset row 1 "
-                                             r"\(shard .*shard-00000\.jsonl\) with invalid Unicode: surrogates not "
-                                             r"allowed at character 3 \('ok \\ud800'\)\. .*run the stage again"):
+        with pytest.raises(
+            ValueError,
+            match=rf"the server at {srv.url} returned candidate 1 for dataset row 1 "
+            r"\(shard .*shard-00000\.jsonl\) with invalid Unicode: surrogates not "
+            r"allowed at character 3 \('ok \\ud800'\)\. .*run the stage again",
+        ):
             run_pipeline(
-                rows, policy_path=str(tiny_policy), method="rrhf",
+                rows,
+                policy_path=str(tiny_policy),
+                method="rrhf",
                 generate=GenerateConfig(num_candidates=2, dedupe=False),
                 judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
                 candidates=CandidatesConfig(out_dir=str(tmp_path / "c"), progress=False),

@@ -26,7 +26,10 @@ def _env() -> dict:
 def _start(out: Path, policy: Path, method: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(HERE / "_resume_driver.py"), str(out), str(policy), method],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -69,7 +72,7 @@ def test_kill_and_resume_matches_uninterrupted(tiny_policy, tmp_path, method):
     _kill_when(p, resumed / "judge" / "shard-00002.jsonl")
     assert not (resumed / "judge" / "shard-00005.jsonl").exists(), "kill landed after the judge stage"
     assert not (resumed / "data.jsonl").exists()
-    second_run = [int(x) for x in requested.read_text().split()][len(first_run):]
+    second_run = [int(x) for x in requested.read_text().split()][len(first_run) :]
     assert sorted(second_run) == sorted(set(range(6)) - written)
     # Finish (generation complete: nothing asked of the generator).
     _run_to_end(resumed, tiny_policy, method)

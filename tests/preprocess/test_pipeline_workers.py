@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pofe.preprocess import generate_stage, pipeline
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
 from pofe.preprocess.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
 from pofe.preprocess.pipeline import run_pipeline
@@ -25,7 +25,12 @@ HERE = Path(__file__).parent
 ROWS = [{"prompt": f"What is {i} + {i + 1}?", "gold": str(2 * i + 1)} for i in range(12)]
 ROWS[3] = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}], "gold": "7"}
 GEN = GenerateConfig(
-    backend="transformers", num_candidates=3, max_new_tokens=12, temperature=1.0, seed=7, batch_size=2,
+    backend="transformers",
+    num_candidates=3,
+    max_new_tokens=12,
+    temperature=1.0,
+    seed=7,
+    batch_size=2,
     include_dataset_responses=["gold"],
 )
 # 0.1 s per candidate: a worker's judge shard takes ~0.8 s, time enough to kill it between shards
@@ -45,8 +50,15 @@ def one_thread(monkeypatch):
 
 def _run(out: Path, policy: Path, workers: int, tokenizer=None):
     cands = CandidatesConfig(out_dir=str(out), shard_size=2, progress=False, num_workers=workers)
-    return run_pipeline(ROWS, policy_path=str(policy), method="sppo", generate=GEN, judge=SLOW_JUDGE, candidates=cands,
-                        tokenizer=tokenizer)
+    return run_pipeline(
+        ROWS,
+        policy_path=str(policy),
+        method="sppo",
+        generate=GEN,
+        judge=SLOW_JUDGE,
+        candidates=cands,
+        tokenizer=tokenizer,
+    )
 
 
 def _worker_process(worker: int) -> psutil.Process | None:
@@ -120,8 +132,9 @@ def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_rewar
 
     # A generator the caller passed is the caller's: used, never closed.
     mine = TransformersGenerator(str(tiny_policy), batch_size=2)
-    run_pipeline(ROWS[:4], candidates=CandidatesConfig(out_dir=str(tmp_path / "passed"), progress=False),
-                 generator=mine, **kw)
+    run_pipeline(
+        ROWS[:4], candidates=CandidatesConfig(out_dir=str(tmp_path / "passed"), progress=False), generator=mine, **kw
+    )
     assert isinstance(mine.model, torch.nn.Module)
 
 
@@ -158,10 +171,18 @@ SERVE = {"command": "vllm serve {model} --port {port}", "port": 8000}
         (dict(num_workers=2, worker_devices=["0"]), {}, False, "has 1 entries for num_workers=2"),
         (dict(worker_devices=["0"]), {}, False, "worker_devices is for num_workers > 1"),
         (dict(num_workers=2, worker_devices=["0", "1,"]), {}, False, r"worker_devices\[1\] = '1,' is not"),
-        (dict(num_workers=2, worker_devices=["0", "1"]), dict(backend="vllm", vllm_kwargs={"tensor_parallel_size": 2}),
-         False, r"worker_devices\[0\] = '0' names 1 GPU\(s\), but each worker's generator needs 2"),
-        ({}, dict(backend="vllm", vllm_kwargs={"data_parallel_size": 2}), False,
-         "set pofe.candidates.num_workers instead"),
+        (
+            dict(num_workers=2, worker_devices=["0", "1"]),
+            dict(backend="vllm", vllm_kwargs={"tensor_parallel_size": 2}),
+            False,
+            r"worker_devices\[0\] = '0' names 1 GPU\(s\), but each worker's generator needs 2",
+        ),
+        (
+            {},
+            dict(backend="vllm", vllm_kwargs={"data_parallel_size": 2}),
+            False,
+            "set pofe.candidates.num_workers instead",
+        ),
         (dict(num_workers=2), {}, True, "pre-built generator with candidates.num_workers=2"),
         (dict(num_workers=2), dict(backend="openai", serve=SERVE), False, "cannot share a port; set port: 0"),
     ],
@@ -169,8 +190,12 @@ SERVE = {"command": "vllm serve {model} --port {port}", "port": 8000}
 def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, generate, pass_generator, error):
     with pytest.raises(ValueError, match=error):
         run_pipeline(
-            ROWS, policy_path="no-such-model", method="rrhf", generate=GenerateConfig(**generate),
-            judge=SLOW_JUDGE, candidates=CandidatesConfig(out_dir=str(tmp_path), **cands),
+            ROWS,
+            policy_path="no-such-model",
+            method="rrhf",
+            generate=GenerateConfig(**generate),
+            judge=SLOW_JUDGE,
+            candidates=CandidatesConfig(out_dir=str(tmp_path), **cands),
             generator=object() if pass_generator else None,
         )
     assert not list(tmp_path.iterdir())  # nothing written

@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from pofe.preprocess import generate_stage
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.served import ServerProcess, free_port
 from pofe.preprocess.pipeline import run_pipeline
@@ -29,11 +29,25 @@ PROMPTS = [{"prompt": f"{a}+{b}="} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), 
 def second_server(vllm_python, tiny_policy, tmp_path_factory):
     """A second server of the tiny policy, as tests/vllm_server.py starts one (killable here)."""
     port = free_port()
-    cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_policy),
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "256"]
-    server = ServerProcess(cmd, tmp_path_factory.mktemp("vllm-b") / "server.log", f"http://127.0.0.1:{port}/v1",
-                           env=VLLM_CPU_ENV)
+    cmd = [
+        str(vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_policy),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+    ]
+    server = ServerProcess(
+        cmd, tmp_path_factory.mktemp("vllm-b") / "server.log", f"http://127.0.0.1:{port}/v1", env=VLLM_CPU_ENV
+    )
     try:
         server.wait_ready(300)
         yield server
@@ -42,12 +56,28 @@ def second_server(vllm_python, tiny_policy, tmp_path_factory):
 
 
 def _run(urls, model, policy, out_dir, generator=None, in_flight=4):
-    cfg = GenerateConfig(backend="openai", base_url=urls, model=model, num_candidates=2, max_new_tokens=8,
-                         temperature=1.0, seed=3, in_flight=in_flight, max_retries=1, request_timeout=60)
+    cfg = GenerateConfig(
+        backend="openai",
+        base_url=urls,
+        model=model,
+        num_candidates=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        seed=3,
+        in_flight=in_flight,
+        max_retries=1,
+        request_timeout=60,
+    )
     gen = generator or make_generator(cfg, policy)
-    res = run_pipeline(PROMPTS, method="rrhf", generate=cfg, judge=JudgeConfig(type="python",
-                       function="pofe.demo.task:reward"), candidates=CandidatesConfig(out_dir=str(out_dir), shard_size=2,
-                       progress=False), policy_path=policy, generator=gen)
+    res = run_pipeline(
+        PROMPTS,
+        method="rrhf",
+        generate=cfg,
+        judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+        candidates=CandidatesConfig(out_dir=str(out_dir), shard_size=2, progress=False),
+        policy_path=policy,
+        generator=gen,
+    )
     return res.data_path.read_bytes(), gen
 
 
@@ -66,8 +96,9 @@ def test_two_servers_give_one_server_s_data(vllm_server, second_server, tiny_pol
     assert gen.client.stats.failures == 0
 
 
-def test_a_server_killed_mid_stage_loses_nothing(vllm_server, second_server, tiny_policy, one_server_data, tmp_path,
-                                                 monkeypatch):
+def test_a_server_killed_mid_stage_loses_nothing(
+    vllm_server, second_server, tiny_policy, one_server_data, tmp_path, monkeypatch
+):
     """The second server is SIGKILLed when the first shard is written: every prompt is still
     answered, and data.jsonl is unchanged. With a window of 1 (a whole shard is handed over at a
     time), the next shard is handed over only after that write: all 6 later prompts are sent

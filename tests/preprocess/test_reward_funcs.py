@@ -10,7 +10,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.judges import Abstain, JudgeError, make_judge
 from pofe.preprocess.judges.reward_funcs import RewardFuncsJudge
 from pofe.preprocess.pipeline import run_pipeline
@@ -61,10 +61,16 @@ def test_pipeline_weighted_sum_of_the_functions_own_values(tiny_policy, tmp_path
     0.5 x 0.1 = 0.05. Every reward equals 2 x exact_answer + 0.5 x length_tenths called on the
     row by hand, and each function ran once per shard with TRL's arguments."""
     CALLS.clear()
-    judge = JudgeConfig(type="python", reward_funcs=[f"{__name__}.exact_answer", f"{__name__}.length_tenths"],
-                        reward_weights=[2.0, 0.5])
+    judge = JudgeConfig(
+        type="python",
+        reward_funcs=[f"{__name__}.exact_answer", f"{__name__}.length_tenths"],
+        reward_weights=[2.0, 0.5],
+    )
     res = run_pipeline(
-        ROWS, policy_path=str(tiny_policy), method="rrhf", judge=judge,
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        judge=judge,
         generate=GenerateConfig(num_candidates=2, max_new_tokens=4, include_dataset_responses=["human"]),
         candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False, truncated="keep"),
     )
@@ -75,11 +81,13 @@ def test_pipeline_weighted_sum_of_the_functions_own_values(tiny_policy, tmp_path
     for src, r in zip(ROWS, rows):
         n = len(r["responses"])
         kw = dict(prompts=[src["prompt"]] * n, answer=[src["answer"]] * n)
-        comps = [[{"role": "assistant", "content": t}] if isinstance(src["prompt"], list) else t for t in r["responses"]]
+        comps = [
+            [{"role": "assistant", "content": t}] if isinstance(src["prompt"], list) else t for t in r["responses"]
+        ]
         exact, length = exact_answer(completions=comps, **kw), length_tenths(completions=comps, **kw)
         want = [0.5 * b if a is None else 2 * a + 0.5 * b for a, b in zip(exact, length)]
         assert r["rewards"] == pytest.approx(want, abs=1e-12)
-    calls = [c for c in CALLS[: 4] if c["fn"] == "exact_answer"]  # the pipeline's calls: 2 shards x 2 functions
+    calls = [c for c in CALLS[:4] if c["fn"] == "exact_answer"]  # the pipeline's calls: 2 shards x 2 functions
     assert [c["fn"] for c in CALLS[:4]] == ["exact_answer", "length_tenths"] * 2
     first = calls[0]  # shard 0: rows 0 and 1, grouped by prompt; every other column as a list
     assert set(first) == {"fn", "prompts", "completions", "answer", "human", "source"}
@@ -165,7 +173,9 @@ def test_bad_functions_and_results_are_errors_naming_the_function():
     with pytest.raises(ValueError, match="one_short returned 1 rewards for 2 completions"):
         _judge(one_short).score(["p"], [["a", "b"]])
     with pytest.raises(TypeError, match="returned str 'good' for prompt 1, candidate 0; expected a number or None"):
-        RewardFuncsJudge([("word", lambda prompts, completions, **kw: [1.0, "good"])]).score(["p", "q"], [["a"], ["b"]])
+        RewardFuncsJudge([("word", lambda prompts, completions, **kw: [1.0, "good"])]).score(
+            ["p", "q"], [["a"], ["b"]]
+        )
     with pytest.raises(TypeError, match="returned float; expected a list of 1 rewards"):
         RewardFuncsJudge([("scalar", lambda prompts, completions, **kw: 1.0)]).score(["p"], [["a"]])
     with pytest.raises(ValueError, match=r"dataset column\(s\) \['prompts'\].*rename"):
@@ -181,17 +191,20 @@ def test_make_judge_loads_dotted_paths_and_names_what_is_missing():
         make_judge(JudgeConfig(type="python", reward_funcs=[f"{__name__}.nope"]))
 
 
-@pytest.mark.parametrize(("kwargs", "error"), [
-    (dict(reward_funcs=["m.f", "m.g"], reward_weights=[1.0]), "1 weights for 2 reward_funcs"),
-    (dict(reward_funcs=["m.f"], reward_weights=[float("inf")]), "must be finite"),
-    (dict(reward_funcs=["m.f"], function="m:f"), "function and judge.reward_funcs are both set"),
-    (dict(reward_funcs=["m:f"]), "not dotted paths"),
-    (dict(reward_funcs=["f"]), "not dotted paths"),
-    (dict(reward_funcs=[]), "at least 1 item"),
-    (dict(function="m:f", reward_weights=[1.0]), "reward_weights weighs judge.reward_funcs, which is not set"),
-    (dict(type="python_pairwise", function="m:f", reward_funcs=["m.f"]), "applies to judge.type: python"),
-    (dict(), "needs judge.function: 'module:function' .* or judge.reward_funcs"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        (dict(reward_funcs=["m.f", "m.g"], reward_weights=[1.0]), "1 weights for 2 reward_funcs"),
+        (dict(reward_funcs=["m.f"], reward_weights=[float("inf")]), "must be finite"),
+        (dict(reward_funcs=["m.f"], function="m:f"), "function and judge.reward_funcs are both set"),
+        (dict(reward_funcs=["m:f"]), "not dotted paths"),
+        (dict(reward_funcs=["f"]), "not dotted paths"),
+        (dict(reward_funcs=[]), "at least 1 item"),
+        (dict(function="m:f", reward_weights=[1.0]), "reward_weights weighs judge.reward_funcs, which is not set"),
+        (dict(type="python_pairwise", function="m:f", reward_funcs=["m.f"]), "applies to judge.type: python"),
+        (dict(), "needs judge.function: 'module:function' .* or judge.reward_funcs"),
+    ],
+)
 def test_config_rules(kwargs, error):
     with pytest.raises(ValidationError, match=error):
         JudgeConfig(**{"type": "python", **kwargs})
@@ -203,17 +216,24 @@ def test_config_round_trips():
 
 
 def test_an_argument_no_column_fills_is_an_error_naming_the_columns():
-    with pytest.raises(TypeError, match=r"exact_answer\(prompts, completions, answer, \*\*kwargs\) cannot take "
-                                        r"this call \(missing a required argument: 'answer'\).* here are \['level'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"exact_answer\(prompts, completions, answer, \*\*kwargs\) cannot take "
+        r"this call \(missing a required argument: 'answer'\).* here are \['level'\]",
+    ):
         _judge(exact_answer).score(["p"], [["a"]], columns=[{"level": 1}])
 
 
 def test_a_bool_reward_is_an_error_and_a_sum_beyond_float32_abstains():
-    with pytest.raises(TypeError, match=r"reward function flag returned bool True for prompt 0, candidate 1; expected a number or None"):
+    with pytest.raises(
+        TypeError,
+        match=r"reward function flag returned bool True for prompt 0, candidate 1; expected a number or None",
+    ):
         RewardFuncsJudge([("flag", lambda prompts, completions, **kw: [1.0, True])]).score(["p"], [["a", "b"]])
     # each term is a float32, their sum (3e38 + 3e38 = 6e38) is not: training would read inf
-    judge = RewardFuncsJudge([("a", lambda prompts, completions, **kw: [3e38, 1.0]),
-                              ("b", lambda prompts, completions, **kw: [3e38, 2.0])])
+    judge = RewardFuncsJudge(
+        [("a", lambda prompts, completions, **kw: [3e38, 1.0]), ("b", lambda prompts, completions, **kw: [3e38, 2.0])]
+    )
     out = judge.score(["p"], [["x", "y"]])
     assert out[0][1] == 3.0 and "beyond float32" in out[0][0].reason
     assert judge.stats.reasons == {"overflow": 1}

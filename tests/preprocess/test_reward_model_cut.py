@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pofe.demo.tiny import CHAT_TEMPLATE
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.judges import Abstain, PromptCut
 from pofe.preprocess.judges.reward_model import RESPONSE_TOO_LONG, RewardModelJudge, left_cut
 from pofe.preprocess.pipeline import run_pipeline
@@ -90,7 +90,9 @@ def test_pipeline_counts_cut_and_dropped_candidates(bos_reward_model, tiny_polic
     rows = [{"prompt": LONG_PROMPT}, {"prompt": SHORT_PROMPT}, {"prompt": LONG_PROMPT + "!"}]
     with caplog.at_level("WARNING", logger="axolotl.integrations.pofe.preprocess.pipeline"):
         res = run_pipeline(
-            rows, policy_path=str(tiny_policy), method="rrhf",
+            rows,
+            policy_path=str(tiny_policy),
+            method="rrhf",
             generate=GenerateConfig(num_candidates=3, max_new_tokens=4, dedupe=False),
             judge=JudgeConfig(type="reward_model", model=str(bos_reward_model), max_length=MAX),
             candidates=CandidatesConfig(out_dir=str(tmp_path), shard_size=2, progress=False),

@@ -96,7 +96,8 @@ def test_device_map_places_the_model(tiny_reward_model):
     on_cpu = RewardModelJudge(str(tiny_reward_model), device_map="cpu")
     assert {p.device for p in on_cpu.model.parameters()} == {torch.device("cpu")}
     assert on_cpu.score(PROMPTS, RESPONSES) == RewardModelJudge(str(tiny_reward_model), device_map={"": "cpu"}).score(
-        PROMPTS, RESPONSES)
+        PROMPTS, RESPONSES
+    )
 
 
 def test_custom_code_needs_the_opt_in(multi_rm):
@@ -111,10 +112,14 @@ def test_multi_objective_scores_by_field_and_index(multi_rm):
 
     model = _fixture_module().MultiRM.from_pretrained(multi_rm).eval()
     tok = AutoTokenizer.from_pretrained(multi_rm)
-    objective = RewardModelJudge(str(multi_rm), trust_remote_code=True, score_output="rewards", score_index=2,
-                                 batch_size=2).score(PROMPTS, RESPONSES)
-    aggregate = make_judge(JudgeConfig(type="reward_model", model=str(multi_rm), trust_remote_code=True,
-                                       score_output="score", batch_size=4)).score(PROMPTS, RESPONSES)
+    objective = RewardModelJudge(
+        str(multi_rm), trust_remote_code=True, score_output="rewards", score_index=2, batch_size=2
+    ).score(PROMPTS, RESPONSES)
+    aggregate = make_judge(
+        JudgeConfig(
+            type="reward_model", model=str(multi_rm), trust_remote_code=True, score_output="score", batch_size=4
+        )
+    ).score(PROMPTS, RESPONSES)
     for prompt, rs, got_obj, got_agg in zip(PROMPTS, RESPONSES, objective, aggregate):
         msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         for r, o, a in zip(rs, got_obj, got_agg):
@@ -133,19 +138,32 @@ def test_score_output_and_index_errors_say_what_there_is(multi_rm):
     with pytest.raises(ValueError, match=r"no tensor 'logits'; it has \['rewards', 'score'\]"):
         judge.score(PROMPTS[:1], RESPONSES[:1])
     judge = RewardModelJudge(str(multi_rm), trust_remote_code=True, score_output="rewards", score_index=3)
-    with pytest.raises(ValueError, match=r"score_index 3: .* rewards has shape \(3, 3\), expected \(batch, n\) with n > "):
+    with pytest.raises(
+        ValueError, match=r"score_index 3: .* rewards has shape \(3, 3\), expected \(batch, n\) with n > "
+    ):
         judge.score(PROMPTS[:1], RESPONSES[:1])
 
 
-@pytest.mark.parametrize(("kwargs", "error"), [
-    (dict(type="python", function="m:f", dtype="bfloat16"), r"judge.dtype apply to judge.type: reward_model only"),
-    (dict(type="pairrm", model="m", trust_remote_code=True, score_index=1),
-     r"judge.trust_remote_code, judge.score_index apply to judge.type: reward_model only"),
-    (dict(type="reward_model", model="m", device_map="gpu0"), "'gpu0' is neither auto | balanced"),
-    (dict(type="reward_model", model="m", device_map={}), "got an empty map"),
-    (dict(type="reward_model", model="m", device_map={"model.layers.0": "auto"}), r"not devices: \{'model.layers.0': 'auto'\}"),
-    (dict(type="reward_model", model="m", dtype="float64"), "Input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        (dict(type="python", function="m:f", dtype="bfloat16"), r"judge.dtype apply to judge.type: reward_model only"),
+        (
+            dict(type="pairrm", model="m", trust_remote_code=True, score_index=1),
+            r"judge.trust_remote_code, judge.score_index apply to judge.type: reward_model only",
+        ),
+        (dict(type="reward_model", model="m", device_map="gpu0"), "'gpu0' is neither auto | balanced"),
+        (dict(type="reward_model", model="m", device_map={}), "got an empty map"),
+        (
+            dict(type="reward_model", model="m", device_map={"model.layers.0": "auto"}),
+            r"not devices: \{'model.layers.0': 'auto'\}",
+        ),
+        (
+            dict(type="reward_model", model="m", dtype="float64"),
+            "Input should be 'auto', 'float32', 'bfloat16' or 'float16'",
+        ),
+    ],
+)
 def test_config_rules(kwargs, error):
     with pytest.raises(ValidationError, match=error):
         JudgeConfig(**kwargs)

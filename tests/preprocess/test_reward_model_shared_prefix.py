@@ -16,8 +16,14 @@ from tests.helpers import assert_float_close
 
 MAX = 48
 # one token per character (the tiny tokenizer): a prompt over MAX is cut, a response over it abstains
-PROMPTS = ["What is 2+2?", "b" * 60 + "?", "Say hi.", [{"role": "user", "content": "Name a colour."}], "Count.",
-           "Agree?"]
+PROMPTS = [
+    "What is 2+2?",
+    "b" * 60 + "?",
+    "Say hi.",
+    [{"role": "user", "content": "Name a colour."}],
+    "Count.",
+    "Agree?",
+]
 RESPONSES = [
     ["4", "4", "4, surely", "four"],  # identical candidates, and one the start of another
     ["yes", "no, that is not it"],  # the prompt is cut from the left, differently per candidate
@@ -106,8 +112,11 @@ def test_shared_scores_equal_whole_scores_with_each_prefix_run_once(model, batch
     total = sum(len(r) for group in rows for r in group)
     pooled_from_end = 2 if model == "eos_pad_reward_model" else 1  # the pooled token: the last non-pad
     assert {r[-1] == whole.model.config.pad_token_id for group in rows for r in group} == {pooled_from_end == 2}
-    saved = sum((len(group) - 1) * min(len(os.path.commonprefix(group)), min(len(r) for r in group) - pooled_from_end)
-                for group in rows if len(group) > 1)
+    saved = sum(
+        (len(group) - 1) * min(len(os.path.commonprefix(group)), min(len(r) for r in group) - pooled_from_end)
+        for group in rows
+        if len(group) > 1
+    )
     assert counted["whole"].count == total
     assert counted["shared"].count == total - saved and saved > 3 * 10  # the template alone is 10+ tokens a row
 

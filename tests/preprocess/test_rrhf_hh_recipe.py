@@ -22,40 +22,71 @@ pytestmark = pytest.mark.e2e
 RECIPE = Path(__file__).parents[2] / "recipes" / "rrhf-qlora.yml"
 # Dahoas/rm-static's layout: an HH prompt up to the final "Assistant:", responses after it
 ROWS = [
-    {"prompt": "\n\nHuman: Name a fruit.\n\nAssistant: A pear.\n\nHuman: Another one?\n\nAssistant:",
-     "chosen": " An apple.", "rejected": " No."},
-    {"prompt": "\n\nHuman: Two lines:\n\nsay hi, then bye.\n\nAssistant:",
-     "chosen": " Hi.\n\nBye.", "rejected": " Bye."},
+    {
+        "prompt": "\n\nHuman: Name a fruit.\n\nAssistant: A pear.\n\nHuman: Another one?\n\nAssistant:",
+        "chosen": " An apple.",
+        "rejected": " No.",
+    },
+    {
+        "prompt": "\n\nHuman: Two lines:\n\nsay hi, then bye.\n\nAssistant:",
+        "chosen": " Hi.\n\nBye.",
+        "rejected": " Bye.",
+    },
     {"prompt": "\n\nHuman: What is 2+2?\n\nAssistant:", "chosen": " 4.", "rejected": " 5."},
     {"prompt": "\n\nHuman: Say yes.\n\nAssistant:", "chosen": " Yes.", "rejected": " Maybe."},
 ]
 TURNS = [
-    [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "A pear."},
-     {"role": "user", "content": "Another one?"}],
+    [
+        {"role": "user", "content": "Name a fruit."},
+        {"role": "assistant", "content": "A pear."},
+        {"role": "user", "content": "Another one?"},
+    ],
     [{"role": "user", "content": "Two lines:\n\nsay hi, then bye."}],
     [{"role": "user", "content": "What is 2+2?"}],
     [{"role": "user", "content": "Say yes."}],
 ]
-TRL_KEYS = ["rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-            "logps/chosen", "logps/rejected"]
+TRL_KEYS = [
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
+]
 
 
 def tiny_recipe(tmp_path, policy, reward_model) -> Path:
     data = tmp_path / "hh.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     cfg = yaml.safe_load(RECIPE.read_text())
-    for key in ("adapter", "load_in_4bit", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear",
-                "warmup_ratio", "save_steps", "gradient_checkpointing"):
+    for key in (
+        "adapter",
+        "load_in_4bit",
+        "lora_r",
+        "lora_alpha",
+        "lora_dropout",
+        "lora_target_linear",
+        "warmup_ratio",
+        "save_steps",
+        "gradient_checkpointing",
+    ):
         cfg.pop(key)
     (entry,) = cfg["datasets"]
     entry.update(path=str(data), split="train")
     cfg["pofe"]["generate"].update(max_new_tokens=4, seed=0)  # diverse beam search, 4 groups, as shipped
     cfg["pofe"]["judge"].update(model=str(reward_model), batch_size=4)
     cfg.update(
-        base_model=str(policy), dataset_prepared_path=str(tmp_path / "prepared"),
-        output_dir=str(tmp_path / "out"), sequence_len=256, micro_batch_size=2,
-        gradient_accumulation_steps=1, logging_steps=1, save_strategy="epoch", lr_scheduler="constant",
-        learning_rate=1e-3, **CPU_SETTINGS,
+        base_model=str(policy),
+        dataset_prepared_path=str(tmp_path / "prepared"),
+        output_dir=str(tmp_path / "out"),
+        sequence_len=256,
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        logging_steps=1,
+        save_strategy="epoch",
+        lr_scheduler="constant",
+        learning_rate=1e-3,
+        **CPU_SETTINGS,
     )
     path = tmp_path / "rrhf-hh.yml"
     path.write_text(yaml.safe_dump(cfg))
@@ -86,8 +117,9 @@ def test_hh_prompts_to_trained_model(tmp_path, tiny_policy, tiny_reward_model):
         for column in ("chosen", "rejected"):
             j = row["responses"].index(raw[column].strip())
             # scored on the whole conversation, turn by turn
-            assert row["rewards"][j] == pytest.approx(reward(rm, rm_tokenizer, row["prompt"], raw[column].strip()),
-                                                      abs=1e-4)
+            assert row["rewards"][j] == pytest.approx(
+                reward(rm, rm_tokenizer, row["prompt"], raw[column].strip()), abs=1e-4
+            )
         assert 3 <= len(row["responses"]) <= 6  # + 4 beams, less any duplicate or empty one
 
     run_axolotl("train", str(cfg))

@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from pofe.args import PofeConfig
 from pofe.preprocess.config import (
-    GenerateConfig, JudgeConfig, CandidatesConfig, looks_like_key, read_api_key, redact, redact_text, redact_url,
+    CandidatesConfig,
+    GenerateConfig,
+    JudgeConfig,
+    looks_like_key,
+    read_api_key,
+    redact,
+    redact_text,
+    redact_url,
     resolve_env,
 )
 
@@ -80,7 +87,9 @@ def test_variable_names_pass(name):
 
 
 def test_unset_variable_names_the_variable_only():
-    with pytest.raises(ValueError, match=r"api_key_env='POFE_UNSET_VAR_X' names an environment variable that is not set"):
+    with pytest.raises(
+        ValueError, match=r"api_key_env='POFE_UNSET_VAR_X' names an environment variable that is not set"
+    ):
         read_api_key("POFE_UNSET_VAR_X")
 
 
@@ -90,7 +99,9 @@ def test_redact_url():
     assert redact_url("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
 
 
-@pytest.mark.parametrize("url", [f"http://user:{PASSWORD}@127.0.0.1:8000/v1", f"https://{PASSWORD}@api.example.com/v1"])
+@pytest.mark.parametrize(
+    "url", [f"http://user:{PASSWORD}@127.0.0.1:8000/v1", f"https://{PASSWORD}@api.example.com/v1"]
+)
 def test_credentials_in_base_url_are_refused_and_redacted(url):
     text = _refused(
         lambda: GenerateConfig(backend="openai", base_url=url),
@@ -99,7 +110,9 @@ def test_credentials_in_base_url_are_refused_and_redacted(url):
         r"set generate.api_key_env to its name",
     )
     assert "//user" not in text
-    _refused(lambda: JudgeConfig(type="llm", base_url=url), PASSWORD, match=r"judge.base_url must not contain credentials")
+    _refused(
+        lambda: JudgeConfig(type="llm", base_url=url), PASSWORD, match=r"judge.base_url must not contain credentials"
+    )
 
 
 def _axolotl_validate(pofe_changes: dict) -> None:
@@ -121,13 +134,20 @@ def _axolotl_validate(pofe_changes: dict) -> None:
     "changes, secret, match",
     [
         ({"generate": {"api_key": KEY}}, KEY, "api_key: keys are never read from the config"),
-        ({"judge": {"type": "llm", "base_url": "http://h/v1", "api_key_env": HF_KEY}}, HF_KEY, "looks like an API key"),
-        ({"judge": {"type": "llm", "base_url": f"http://u:{PASSWORD}@h/v1"}}, PASSWORD, "must not contain credentials"),
+        (
+            {"judge": {"type": "llm", "base_url": "http://h/v1", "api_key_env": HF_KEY}},
+            HF_KEY,
+            "looks like an API key",
+        ),
+        (
+            {"judge": {"type": "llm", "base_url": f"http://u:{PASSWORD}@h/v1"}},
+            PASSWORD,
+            "must not contain credentials",
+        ),
     ],
 )
 def test_axolotl_cli_path_does_not_repeat_secrets(changes, secret, match):
     _refused(lambda: _axolotl_validate(changes), secret, match=match)
-
 
 
 # ---- secrets that must stay in the config: masked wherever it is written (bad case 2 of issue 20) ----
@@ -135,17 +155,20 @@ def test_axolotl_cli_path_does_not_repeat_secrets(changes, secret, match):
 SERVE = "vllm serve {model} --port {port}"
 
 
-@pytest.mark.parametrize("text, shown", [
-    (f"{SERVE} --api-key {KEY}", f"{SERVE} --api-key ***"),
-    (f"{SERVE} --api-key={PASSWORD} --dtype float32", f"{SERVE} --api-key=*** --dtype float32"),
-    (f"srv --hf-token '{PASSWORD}' --x 1", "srv --hf-token *** --x 1"),
-    (f"srv --token-file /k {HF_KEY}", "srv --token-file *** ***"),  # a flag naming a secret, a key's prefix
-    (f"GET http://h:1/v1?api_key={PASSWORD}&x=1 ok", "GET http://h:1/v1?api_key=***&x=*** ok"),
-    (f"Authorization: Bearer {PASSWORD}", "Authorization: Bearer ***"),
-    # not secrets: flags whose words are not a secret's, hashes, paths
-    ("srv --max-num-batched-tokens 512 --tokenizer /t --kv-cache-dtype auto", None),
-    ("prompts_sha256 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", None),
-])
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        (f"{SERVE} --api-key {KEY}", f"{SERVE} --api-key ***"),
+        (f"{SERVE} --api-key={PASSWORD} --dtype float32", f"{SERVE} --api-key=*** --dtype float32"),
+        (f"srv --hf-token '{PASSWORD}' --x 1", "srv --hf-token *** --x 1"),
+        (f"srv --token-file /k {HF_KEY}", "srv --token-file *** ***"),  # a flag naming a secret, a key's prefix
+        (f"GET http://h:1/v1?api_key={PASSWORD}&x=1 ok", "GET http://h:1/v1?api_key=***&x=*** ok"),
+        (f"Authorization: Bearer {PASSWORD}", "Authorization: Bearer ***"),
+        # not secrets: flags whose words are not a secret's, hashes, paths
+        ("srv --max-num-batched-tokens 512 --tokenizer /t --kv-cache-dtype auto", None),
+        ("prompts_sha256 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", None),
+    ],
+)
 def test_redact_text(text, shown):
     assert redact_text(text) == (text if shown is None else shown)
 
@@ -155,11 +178,23 @@ def test_a_served_commands_secrets_are_its_keys_not_its_paths():
     would take it) stays; the flag's value and a prefixed key are the secrets."""
     from pofe.preprocess.config.credentials import command_secrets
 
-    words = ["python", "-m", "vllm", "--model", "/tmp/pytest-of-root/pytest-52/tiny0/model", "--api-key", PASSWORD,
-             "--x", KEY, "--port", "45173"]
+    words = [
+        "python",
+        "-m",
+        "vllm",
+        "--model",
+        "/tmp/pytest-of-root/pytest-52/tiny0/model",
+        "--api-key",
+        PASSWORD,
+        "--x",
+        KEY,
+        "--port",
+        "45173",
+    ]
     assert command_secrets(words) == (PASSWORD, KEY)
-    assert GenerateConfig(backend="openai", serve={"command": SERVE, "env": {
-        "VLLM_CACHE_ROOT": "/data/cache2024/vllm0models1234567"}}).serve.env
+    assert GenerateConfig(
+        backend="openai", serve={"command": SERVE, "env": {"VLLM_CACHE_ROOT": "/data/cache2024/vllm0models1234567"}}
+    ).serve.env
 
 
 def test_redact_masks_known_secrets_everywhere_in_a_structure():
@@ -170,26 +205,35 @@ def test_redact_masks_known_secrets_everywhere_in_a_structure():
 @pytest.mark.parametrize("env", [{"HF_TOKEN": HF_KEY}, {"VLLM_API_KEY": "abc"}, {"SOME_SETTING": KEY}])
 def test_a_secret_in_serve_env_is_refused_unrepeated(env):
     (value,) = env.values()
-    _refused(lambda: GenerateConfig(backend="openai", serve={"command": SERVE, "env": env}), value,
-             match=r"generate.serve.env.\w+ holds a secret in the recipe.*write \w+: \$\{\w+\}")
+    _refused(
+        lambda: GenerateConfig(backend="openai", serve={"command": SERVE, "env": env}),
+        value,
+        match=r"generate.serve.env.\w+ holds a secret in the recipe.*write \w+: \$\{\w+\}",
+    )
 
 
 def test_serve_env_passes_a_variable_through_by_reference(monkeypatch):
     """`HF_TOKEN: ${MY_HF}`: accepted, written as the reference, resolved only for the server."""
-    cfg = GenerateConfig(backend="openai", serve={"command": SERVE, "env": {"HF_TOKEN": "${MY_HF}",
-                                                                            "VLLM_CPU_KVCACHE_SPACE": "2"}})
+    cfg = GenerateConfig(
+        backend="openai", serve={"command": SERVE, "env": {"HF_TOKEN": "${MY_HF}", "VLLM_CPU_KVCACHE_SPACE": "2"}}
+    )
     monkeypatch.setenv("MY_HF", HF_KEY)
     assert resolve_env(cfg.serve.env) == {"HF_TOKEN": HF_KEY, "VLLM_CPU_KVCACHE_SPACE": "2"}
     assert cfg.public_dict()["serve"]["env"] == {"HF_TOKEN": "${MY_HF}", "VLLM_CPU_KVCACHE_SPACE": "2"}
     monkeypatch.delenv("MY_HF")
-    with pytest.raises(ValueError, match=r"serve.env.HF_TOKEN: \$\{MY_HF\} names an environment variable that is not set"):
+    with pytest.raises(
+        ValueError, match=r"serve.env.HF_TOKEN: \$\{MY_HF\} names an environment variable that is not set"
+    ):
         resolve_env(cfg.serve.env)
 
 
 def test_a_query_string_in_base_url_is_refused_unrepeated():
     url = f"http://127.0.0.1:8000/v1?api_key={PASSWORD}"
-    _refused(lambda: GenerateConfig(backend="openai", base_url=url), PASSWORD,
-             match=r"generate.base_url must not contain a query string.*got http://127.0.0.1:8000/v1\?\*\*\*")
+    _refused(
+        lambda: GenerateConfig(backend="openai", base_url=url),
+        PASSWORD,
+        match=r"generate.base_url must not contain a query string.*got http://127.0.0.1:8000/v1\?\*\*\*",
+    )
     _refused(lambda: JudgeConfig(type="llm", base_url=url), PASSWORD, match="judge.base_url must not contain a query")
 
 
@@ -210,9 +254,15 @@ def test_summary_and_manifest_mask_the_served_policys_key(tiny_policy, tmp_path)
     from pofe.preprocess.pipeline import run_pipeline
 
     cfg = GenerateConfig(backend="openai", num_candidates=2, serve={"command": f"{SERVE} --api-key {KEY}"})
-    res = run_pipeline([{"prompt": "1+1="}], policy_path=str(tiny_policy), method="rrhf", generate=cfg,
-                       judge=JudgeConfig(type="python", function=f"{__name__}:_length"),
-                       candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False), generator=_Scripted())
+    res = run_pipeline(
+        [{"prompt": "1+1="}],
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=cfg,
+        judge=JudgeConfig(type="python", function=f"{__name__}:_length"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+        generator=_Scripted(),
+    )
     for path in (res.summary_path, tmp_path / "generate" / "manifest.json", tmp_path / "judge" / "manifest.json"):
         text = path.read_text()
         assert KEY not in text and path.stat().st_mode & 0o777 == 0o600, path
@@ -229,8 +279,13 @@ def test_server_log_masks_the_command_and_what_the_server_prints(tmp_path):
 
     other = "env-secret-7Hq2"
     script = "import os, sys; print('args:', sys.argv[1:], 'env:', os.environ['POFE_T_SECRET'], flush=True)"
-    server = ServerProcess([sys.executable, "-c", script, "--api-key", PASSWORD, "--other", "x"],
-                           tmp_path / "server.log", "http://x", env={"POFE_T_SECRET": other}, secrets=(other,))
+    server = ServerProcess(
+        [sys.executable, "-c", script, "--api-key", PASSWORD, "--other", "x"],
+        tmp_path / "server.log",
+        "http://x",
+        env={"POFE_T_SECRET": other},
+        secrets=(other,),
+    )
     server.proc.wait(timeout=30)
     described = server.describe("exited")
     text = (tmp_path / "server.log").read_text()
@@ -247,8 +302,12 @@ def test_stage_logs_and_console_mask_keys(tmp_path, capsys):
 
     from pofe.run.rounds.processes import run_logged
 
-    run_logged([sys.executable, "-c", f"print('command: srv --api-key {PASSWORD}')"], tmp_path / "s.log",
-               echo=print, stream=True)
+    run_logged(
+        [sys.executable, "-c", f"print('command: srv --api-key {PASSWORD}')"],
+        tmp_path / "s.log",
+        echo=print,
+        stream=True,
+    )
     assert (tmp_path / "s.log").read_text() == "command: srv --api-key ***\n"
     assert PASSWORD not in capsys.readouterr().out
     assert (tmp_path / "s.log").stat().st_mode & 0o777 == 0o600

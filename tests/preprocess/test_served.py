@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig, Sampling
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig, Sampling
 from pofe.preprocess.generators.served import (
     ServedGenerator,
     ServerExited,
-    lora_arguments,
     live_servers,
+    lora_arguments,
     render_command,
 )
 from pofe.preprocess.pipeline import SHARD_SEED_STRIDE, run_pipeline
@@ -46,14 +46,27 @@ def _served(vllm_python, **kw) -> GenerateConfig:
     # change the samples, and a kill once shard 1 is written (within the watcher's 10 ms poll) lands
     # while shard 2's request runs (60-300 ms on 2 busy cores), not after the last answer.
     settings = dict(num_candidates=3, max_new_tokens=8, temperature=1.0, seed=3, dedupe=False, in_flight=1)
-    return GenerateConfig(backend="openai", serve={"command": vllm_cpu_command(vllm_python), "env": VLLM_CPU_ENV,
-                                                   "ready_timeout": 300, "stop_timeout": 20}, **{**settings, **kw})
+    return GenerateConfig(
+        backend="openai",
+        serve={
+            "command": vllm_cpu_command(vllm_python),
+            "env": VLLM_CPU_ENV,
+            "ready_timeout": 300,
+            "stop_timeout": 20,
+        },
+        **{**settings, **kw},
+    )
 
 
 def _pipeline(cfg: GenerateConfig, policy: Path, out: Path):
-    return run_pipeline(PROMPTS, policy_path=str(policy), method="rrhf", generate=cfg, judge=JUDGE,
-                        candidates=CandidatesConfig(out_dir=str(out), shard_size=SHARD_SIZE, truncated="keep",
-                                                  progress=False))
+    return run_pipeline(
+        PROMPTS,
+        policy_path=str(policy),
+        method="rrhf",
+        generate=cfg,
+        judge=JUDGE,
+        candidates=CandidatesConfig(out_dir=str(out), shard_size=SHARD_SIZE, truncated="keep", progress=False),
+    )
 
 
 def _running(out: Path) -> list:
@@ -63,34 +76,62 @@ def _running(out: Path) -> list:
 
 
 def _shards(out: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted((out / "generate").glob("shard-*.jsonl"))
-            for line in f.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for f in sorted((out / "generate").glob("shard-*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
 
 
 # ---- no server ------------------------------------------------------------------------------
 
+
 def test_command_placeholders_filled_and_lora_flags_expanded():
-    cfg = GenerateConfig(backend="openai", serve={
-        "command": "/v/python -m srv --model {model} --port={port} {lora_modules} --tp {tensor_parallel_size}"})
-    words = render_command(cfg.serve.command, {"model": "/m", "port": "8123", "host": "h", "served_model_name": "p",
-                                               "tensor_parallel_size": "2"}, lora_arguments("policy", "/a", 24))
-    assert words == ["/v/python", "-m", "srv", "--model", "/m", "--port=8123", "--enable-lora", "--lora-modules",
-                     '{"name": "policy", "path": "/a"}', "--max-lora-rank", "32", "--tp", "2"]
+    cfg = GenerateConfig(
+        backend="openai",
+        serve={"command": "/v/python -m srv --model {model} --port={port} {lora_modules} --tp {tensor_parallel_size}"},
+    )
+    words = render_command(
+        cfg.serve.command,
+        {"model": "/m", "port": "8123", "host": "h", "served_model_name": "p", "tensor_parallel_size": "2"},
+        lora_arguments("policy", "/a", 24),
+    )
+    assert words == [
+        "/v/python",
+        "-m",
+        "srv",
+        "--model",
+        "/m",
+        "--port=8123",
+        "--enable-lora",
+        "--lora-modules",
+        '{"name": "policy", "path": "/a"}',
+        "--max-lora-rank",
+        "32",
+        "--tp",
+        "2",
+    ]
     # rank 16 or less: vLLM's default max rank serves it, no flag
     assert lora_arguments("policy", "/a", 8) == ["--enable-lora", "--lora-modules", '{"name": "policy", "path": "/a"}']
-    assert render_command(cfg.serve.command, {"model": "/m", "port": "1", "host": "h", "served_model_name": "p",
-                                              "tensor_parallel_size": "1"}, [])[5:7] == ["--port=1", "--tp"]
+    assert render_command(
+        cfg.serve.command,
+        {"model": "/m", "port": "1", "host": "h", "served_model_name": "p", "tensor_parallel_size": "1"},
+        [],
+    )[5:7] == ["--port=1", "--tp"]
 
 
-@pytest.mark.parametrize("serve, base_url, backend, needle", [
-    ({"command": "srv --model {model}"}, None, "openai", "must contain {port}"),
-    ({"command": "srv {model} {port} {gpus}"}, None, "openai", "unknown placeholder(s) ['gpus']"),
-    ({"command": "srv {model} {port} --lora={lora_modules}"}, None, "openai", "must be a word of its own"),
-    ({"command": "srv '{model} {port}"}, None, "openai", "not a valid shell-quoted command line"),
-    ({"command": "srv {model} {port}"}, "http://127.0.0.1:8000/v1", "openai", "remove base_url"),
-    ({"command": "srv {model} {port}"}, None, "vllm", "needs generate.backend: openai"),
-    ({"command": "srv {model} {port}", "port": 70000}, None, "openai", "less than or equal to 65535"),
-])
+@pytest.mark.parametrize(
+    "serve, base_url, backend, needle",
+    [
+        ({"command": "srv --model {model}"}, None, "openai", "must contain {port}"),
+        ({"command": "srv {model} {port} {gpus}"}, None, "openai", "unknown placeholder(s) ['gpus']"),
+        ({"command": "srv {model} {port} --lora={lora_modules}"}, None, "openai", "must be a word of its own"),
+        ({"command": "srv '{model} {port}"}, None, "openai", "not a valid shell-quoted command line"),
+        ({"command": "srv {model} {port}"}, "http://127.0.0.1:8000/v1", "openai", "remove base_url"),
+        ({"command": "srv {model} {port}"}, None, "vllm", "needs generate.backend: openai"),
+        ({"command": "srv {model} {port}", "port": 70000}, None, "openai", "less than or equal to 65535"),
+    ],
+)
 def test_serve_config_errors(serve, base_url, backend, needle):
     with pytest.raises(ValidationError) as e:
         GenerateConfig(backend=backend, serve=serve, base_url=base_url)
@@ -108,12 +149,20 @@ def test_rounds_with_openai_need_serve():
     from pofe.args import PofeConfig
 
     judge = {"type": "python", "function": "tests.preprocess.test_served:length_reward"}
-    served = PofeConfig(method="rrhf", rounds=2, judge=judge,
-                        generate={"backend": "openai", "serve": {"command": "srv {model} {port}"}})
+    served = PofeConfig(
+        method="rrhf",
+        rounds=2,
+        judge=judge,
+        generate={"backend": "openai", "serve": {"command": "srv {model} {port}"}},
+    )
     assert served.generate.serve.command == "srv {model} {port}"
     with pytest.raises(ValidationError, match="set generate.serve instead"):
-        PofeConfig(method="rrhf", rounds=2, judge=judge,
-                   generate={"backend": "openai", "base_url": "http://127.0.0.1:8000/v1"})
+        PofeConfig(
+            method="rrhf",
+            rounds=2,
+            judge=judge,
+            generate={"backend": "openai", "base_url": "http://127.0.0.1:8000/v1"},
+        )
 
 
 def test_lora_model_dir_is_sampled_through_the_served_adapter():
@@ -189,13 +238,16 @@ def test_server_dies_with_a_killed_parent(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, time\n"
-              "from pofe.preprocess.generators.served import ServerProcess\n"
-              "s = ServerProcess(['sleep', '600'], sys.argv[1], 'http://x')\n"
-              "print(s.pid, flush=True)\n"
-              "time.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "server.log")], stdout=subprocess.PIPE,
-                              text=True)
+    script = (
+        "import sys, time\n"
+        "from pofe.preprocess.generators.served import ServerProcess\n"
+        "s = ServerProcess(['sleep', '600'], sys.argv[1], 'http://x')\n"
+        "print(s.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "server.log")], stdout=subprocess.PIPE, text=True
+    )
     server_pid = int(parent.stdout.readline())
     time.sleep(0.5)  # the launcher has exec'd into the server
     assert not _gone(server_pid, timeout=0.1)
@@ -256,8 +308,11 @@ def test_readiness_probe_sends_the_api_key_and_fails_at_once_when_refused(tmp_pa
     command = f"{sys.executable} {tmp_path / 'server.py'} {{port}} the-key {{model}}"
     if sent is not None:
         monkeypatch.setenv("POFE_TEST_KEY", sent)
-    cfg = GenerateConfig(backend="openai", api_key_env="POFE_TEST_KEY" if sent else None,
-                         serve={"command": command, "ready_timeout": 20})
+    cfg = GenerateConfig(
+        backend="openai",
+        api_key_env="POFE_TEST_KEY" if sent else None,
+        serve={"command": command, "ready_timeout": 20},
+    )
     before = live_servers()
     if sent == "the-key":
         gen = ServedGenerator(cfg, str(tmp_path), tmp_path)
@@ -275,6 +330,7 @@ def test_readiness_probe_sends_the_api_key_and_fails_at_once_when_refused(tmp_pa
 
 
 # ---- a real vLLM server ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def reference_run(vllm_python, tiny_policy, tmp_path_factory) -> Path:

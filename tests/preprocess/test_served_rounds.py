@@ -36,7 +36,7 @@ def _processes_naming(text: str) -> list[int]:
 
 
 def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
-    from pofe.preprocess import GenerateConfig, JudgeConfig, CandidatesConfig, run_pipeline
+    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
 
     recipe = write_recipe(tmp_path, tiny_model, "rrhf")
     raw = yaml.safe_load(recipe.read_text())
@@ -58,9 +58,15 @@ def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
     # round 2's candidates, generated again from round 1's model with round 2's settings
     r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
     again = tmp_path / "again"
-    run_pipeline(read_jsonl(run / "prompts" / "round-2.jsonl"), policy_path=policies[2], method="rrhf",
-                 generate=GenerateConfig(**r2["pofe"]["generate"]), judge=JudgeConfig(**r2["pofe"]["judge"]),
-                 candidates=CandidatesConfig(out_dir=str(again), progress=False), stop_after="generate")
+    run_pipeline(
+        read_jsonl(run / "prompts" / "round-2.jsonl"),
+        policy_path=policies[2],
+        method="rrhf",
+        generate=GenerateConfig(**r2["pofe"]["generate"]),
+        judge=JudgeConfig(**r2["pofe"]["judge"]),
+        candidates=CandidatesConfig(out_dir=str(again), progress=False),
+        stop_after="generate",
+    )
 
     def shards(d: Path) -> list[list[str]]:
         return [r["candidates"] for p in sorted((d / "generate").glob("shard-*.jsonl")) for r in read_jsonl(p)]
@@ -93,13 +99,30 @@ def _check_eval_answers_came_from_vllm(run: Path, vllm_python: Path, tmp_path: P
     prompts = [r["prompt"] for r in records if r["sample"] == 0]
     assert len(prompts) == ecfg["held_out"] and len(records) == ecfg["held_out"] * ecfg["num_samples"]
     tok = AutoTokenizer.from_pretrained(paths["pi_1"])
-    ids = [tok.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else p,
-                                   add_generation_prompt=True)["input_ids"] for p in prompts]
+    ids = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}] if isinstance(p, str) else p, add_generation_prompt=True
+        )["input_ids"]
+        for p in prompts
+    ]
     with vllm_server(vllm_python, paths["pi_1"], tmp_path / "direct.log") as base:
-        direct = [httpx.post(f"{base}/completions", timeout=60, json={
-            "model": paths["pi_1"], "prompt": prompt_ids, "n": ecfg["num_samples"], "max_tokens": ecfg["max_new_tokens"],
-            "temperature": 1.0, "top_p": 1.0, "seed": i, "return_token_ids": True}).json()["choices"]
-            for i, prompt_ids in enumerate(ids)]
+        direct = [
+            httpx.post(
+                f"{base}/completions",
+                timeout=60,
+                json={
+                    "model": paths["pi_1"],
+                    "prompt": prompt_ids,
+                    "n": ecfg["num_samples"],
+                    "max_tokens": ecfg["max_new_tokens"],
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "seed": i,
+                    "return_token_ids": True,
+                },
+            ).json()["choices"]
+            for i, prompt_ids in enumerate(ids)
+        ]
     direct = [sorted(choices, key=lambda c: c["index"]) for choices in direct]
     assert [r["response"] for r in records] == [c["text"] for choices in direct for c in choices]
     assert [r["tokens"] for r in records] == [len(c["token_ids"]) for choices in direct for c in choices]

@@ -20,7 +20,7 @@ import pytest
 from pofe.data.formats import candidate_row
 from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators.base import Completion
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.pipeline import run_pipeline
@@ -58,15 +58,16 @@ def trainer_row(chat, responses, response_ids=None) -> dict:
 
 
 def trained(chat, responses, response_ids, tok) -> dict:
-    return tokenize_row(trainer_row(chat, responses, response_ids), tok, sequence_len=4096, max_prompt_len=2048,
-                        truncation="drop")
+    return tokenize_row(
+        trainer_row(chat, responses, response_ids), tok, sequence_len=4096, max_prompt_len=2048, truncation="drop"
+    )
 
 
 def retokenized(tok, chat, text: str) -> list[int]:
     """The ids training used to score: the template's text after the prompt, tokenised alone."""
     prompt = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     full = tok.apply_chat_template(chat + [{"role": "assistant", "content": text}], tokenize=False)
-    return tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
+    return tok(full[len(prompt) :], add_special_tokens=False)["input_ids"]
 
 
 def expected_trained(sampled: list[int], tok, kind: str) -> list[int]:
@@ -104,18 +105,25 @@ def test_transformers_backend_trains_on_the_ids_it_sampled(kind, tmp_path, one_t
 
     def recording(**kwargs):
         out = engine(**kwargs)
-        outputs.append(out[:, kwargs["input_ids"].shape[1]:].tolist())
+        outputs.append(out[:, kwargs["input_ids"].shape[1] :].tolist())
         return out
 
     gen.model.generate = recording
     cfg = GenerateConfig(num_candidates=4, max_new_tokens=10, temperature=1.0, seed=0, dedupe=False)
     result = run_pipeline(
-        [{"prompt": chat} for chat in CHATS], method="rrhf", generate=cfg, tokenizer=tok, generator=gen,
-        judge=JudgeConfig(type="python", function=f"{__name__}:length_reward"), policy_path=str(policy),
+        [{"prompt": chat} for chat in CHATS],
+        method="rrhf",
+        generate=cfg,
+        tokenizer=tok,
+        generator=gen,
+        judge=JudgeConfig(type="python", function=f"{__name__}:length_reward"),
+        policy_path=str(policy),
         candidates=CandidatesConfig(out_dir=str(tmp_path / "out"), progress=False, truncated="keep"),
     )
     (batch,) = outputs
-    shard = [json.loads(line) for line in (tmp_path / "out" / "generate" / "shard-00000.jsonl").read_text().splitlines()]
+    shard = [
+        json.loads(line) for line in (tmp_path / "out" / "generate" / "shard-00000.jsonl").read_text().splitlines()
+    ]
     data = {json.dumps(r["prompt"]): r for r in map(json.loads, result.data_path.read_text().splitlines())}
     differs = total = 0
     for i, (chat, row) in enumerate(zip(CHATS, shard)):
@@ -135,7 +143,8 @@ def test_transformers_backend_trains_on_the_ids_it_sampled(kind, tmp_path, one_t
     assert summary["candidates_with_sampled_ids"] == sum(len(r["candidates"]) for r in shard)
     assert summary["candidates_with_sampled_ids"] >= total and summary["candidates_without_sampled_ids"] == 0
     assert summary["candidates_retokenized_differently"] == differs + sum(
-        r["retokenized_differently"] for r in shard if json.dumps(r["prompt"]) not in data)
+        r["retokenized_differently"] for r in shard if json.dumps(r["prompt"]) not in data
+    )
     with capsys.disabled():
         print(f"\n[{kind}] transformers backend: {differs} of {total} responses would have re-tokenised otherwise")
 
@@ -162,8 +171,9 @@ def check_trained_as_sampled(tok, candidates, engine_ids: list[list[list[int]]])
     each response is trained on the engine's ids (plus the end of turn). Returns (responses
     that would have re-tokenised otherwise, responses)."""
     cfg = GenerateConfig(num_candidates=len(candidates[0]), dedupe=False)
-    shard = generate_shard([{"prompt": chat} for chat in CHATS], 0, Replay(candidates), tok, cfg, cfg.sampling(),
-                           truncated="keep")
+    shard = generate_shard(
+        [{"prompt": chat} for chat in CHATS], 0, Replay(candidates), tok, cfg, cfg.sampling(), truncated="keep"
+    )
     differs = total = 0
     for chat, row, texts, sampled in zip(CHATS, shard, candidates, engine_ids, strict=True):
         kept = [ids for ids, (text, _, _) in zip(sampled, texts) if text.strip()]  # empty ones are dropped
@@ -171,7 +181,8 @@ def check_trained_as_sampled(tok, candidates, engine_ids: list[list[list[int]]])
         assert got == [expected_trained(ids, tok, "mistral") for ids in kept]
         differs += sum(retokenized(tok, chat, text) != ids for text, ids in zip(row["candidates"], got))
         assert row["retokenized_differently"] == sum(
-            retokenized(tok, chat, text) != ids for text, ids in zip(row["candidates"], got))
+            retokenized(tok, chat, text) != ids for text, ids in zip(row["candidates"], got)
+        )
         total += len(got)
     return differs, total
 
@@ -189,8 +200,9 @@ def mistral_policy(tmp_path_factory):
 
 
 @pytest.mark.vllm
-def test_inprocess_vllm_sees_the_trainers_prompt_ids_and_trains_on_its_samples(vllm_python, mistral_policy, tmp_path,
-                                                                              capsys):
+def test_inprocess_vllm_sees_the_trainers_prompt_ids_and_trains_on_its_samples(
+    vllm_python, mistral_policy, tmp_path, capsys
+):
     from tests.preprocess.test_vllm_server import _run_inprocess
 
     tok = tokenizer("mistral")
@@ -205,8 +217,10 @@ def test_inprocess_vllm_sees_the_trainers_prompt_ids_and_trains_on_its_samples(v
     assert [[c[2] for c in row] for row in res["candidates"]] == engine_ids
     differs, total = check_trained_as_sampled(tok, res["candidates"], engine_ids)
     with capsys.disabled():
-        print(f"\n[mistral] vLLM in process: prompts with two BOS {before}/{len(CHATS)} as text, 0 as ids; "
-              f"{differs} of {total} responses would have re-tokenised otherwise")
+        print(
+            f"\n[mistral] vLLM in process: prompts with two BOS {before}/{len(CHATS)} as text, 0 as ids; "
+            f"{differs} of {total} responses would have re-tokenised otherwise"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +236,9 @@ def mistral_server(vllm_python, mistral_policy, tmp_path_factory):
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("prompt_as", ["token_ids", "text"])
-def test_server_sees_the_trainers_prompt_ids_and_trains_on_its_samples(mistral_server, mistral_policy, prompt_as,
-                                                                       capsys):
+def test_server_sees_the_trainers_prompt_ids_and_trains_on_its_samples(
+    mistral_server, mistral_policy, prompt_as, capsys
+):
     """Both ways of sending the prompt reach vLLM's server as the trainer's ids (the server's
     own prompt_token_ids and usage say so), and the ids it sampled are trained. The same
     prompts sent as the backend used to (text, the server's default add_special_tokens) arrive
@@ -233,8 +248,16 @@ def test_server_sees_the_trainers_prompt_ids_and_trains_on_its_samples(mistral_s
     from pofe.preprocess.generators import make_generator
 
     tok, model = tokenizer("mistral"), str(mistral_policy)
-    cfg = GenerateConfig(backend="openai", base_url=mistral_server, model=model, num_candidates=4, max_new_tokens=12,
-                         temperature=1.0, seed=3, openai_prompt=prompt_as)
+    cfg = GenerateConfig(
+        backend="openai",
+        base_url=mistral_server,
+        model=model,
+        num_candidates=4,
+        max_new_tokens=12,
+        temperature=1.0,
+        seed=3,
+        openai_prompt=prompt_as,
+    )
     gen = make_generator(cfg, model)
     answers, server = [], gen.client.completions_with_usage
     gen.client.completions_with_usage = lambda payload: answers.append((payload, server(payload))) or answers[-1][1]
@@ -251,30 +274,40 @@ def test_server_sees_the_trainers_prompt_ids_and_trains_on_its_samples(mistral_s
     differs, total = check_trained_as_sampled(tok, replay, engine_ids)
     before = 0
     for p in prompts:
-        body = httpx.post(f"{mistral_server}/completions", timeout=60, json={
-            "model": model, "prompt": p.text, "max_tokens": 1, "return_token_ids": True}).json()
+        body = httpx.post(
+            f"{mistral_server}/completions",
+            timeout=60,
+            json={"model": model, "prompt": p.text, "max_tokens": 1, "return_token_ids": True},
+        ).json()
         before += body["choices"][0]["prompt_token_ids"][:2] == [1, 1]
     assert before == len(CHATS)
     with capsys.disabled():
-        print(f"\n[mistral] vLLM server, prompt as {prompt_as}: prompts with two BOS {before}/{len(CHATS)} as the "
-              f"backend used to send them, 0 now; {differs} of {total} responses would have re-tokenised otherwise")
+        print(
+            f"\n[mistral] vLLM server, prompt as {prompt_as}: prompts with two BOS {before}/{len(CHATS)} as the "
+            f"backend used to send them, 0 now; {differs} of {total} responses would have re-tokenised otherwise"
+        )
 
 
 def _fake_completions(prompt_ids=None, prompt_tokens=None, status=200):
     """A server answer: two choices, the prompt ids and count it claims it saw."""
+
     def behaviour(path, body, attempt):
         if status != 200:
             return status, '{"error": "prompt must be a string"}', 0.0
         choice = {"text": "a", "finish_reason": "stop", "token_ids": [5, 2], "prompt_token_ids": prompt_ids}
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": 2}
         return 200, json.dumps({"choices": [{**choice, "index": i} for i in range(2)], "usage": usage}), 0.0
+
     return behaviour
 
 
-@pytest.mark.parametrize(("answer", "error"), [
-    (_fake_completions([1, 1, 733, 16289], 4), r"on 4 token ids \[1, 1, 733, 16289\].*not the 3 POFE sent"),
-    (_fake_completions(None, 4), r"counted 4 prompt tokens for prompt 0 .* POFE sent 3 \(text\)"),
-])
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (_fake_completions([1, 1, 733, 16289], 4), r"on 4 token ids \[1, 1, 733, 16289\].*not the 3 POFE sent"),
+        (_fake_completions(None, 4), r"counted 4 prompt tokens for prompt 0 .* POFE sent 3 \(text\)"),
+    ],
+)
 def test_a_server_that_tokenised_the_prompt_again_is_refused(answer, error):
     """A server that added a BOS to the prompt (it ignored add_special_tokens: false) stops the
     stage, whether it returns the ids it saw or only their count."""
@@ -286,7 +319,9 @@ def test_a_server_that_tokenised_the_prompt_again_is_refused(answer, error):
     with FakeServer(answer) as srv:
         gen = OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "m", prompt_as="text")
         with pytest.raises(ValueError, match=error):
-            gen.generate([Rendered("<s>[INST]", 3, ids=[1, 733, 16289])], 2, GenerateConfig(num_candidates=2).sampling())
+            gen.generate(
+                [Rendered("<s>[INST]", 3, ids=[1, 733, 16289])], 2, GenerateConfig(num_candidates=2).sampling()
+            )
     assert srv.requests[0][1]["add_special_tokens"] is False and srv.requests[0][1]["prompt"] == "<s>[INST]"
 
 
@@ -299,5 +334,7 @@ def test_a_server_refusing_token_ids_says_to_send_text():
     with FakeServer(_fake_completions(status=400)) as srv:
         gen = OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "m")
         with pytest.raises(EndpointError, match=r"HTTP 400.*generate.openai_prompt: text"):
-            gen.generate([Rendered("<s>[INST]", 3, ids=[1, 733, 16289])], 2, GenerateConfig(num_candidates=2).sampling())
+            gen.generate(
+                [Rendered("<s>[INST]", 3, ids=[1, 733, 16289])], 2, GenerateConfig(num_candidates=2).sampling()
+            )
     assert srv.requests[0][1]["prompt"] == [1, 733, 16289]

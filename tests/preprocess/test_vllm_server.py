@@ -11,7 +11,7 @@ import json
 import pytest
 
 from pofe.preprocess.abstentions import NoJudgeSignal
-from pofe.preprocess.config import GenerateConfig, JudgeConfig, CandidatesConfig
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.judges import Abstain, make_judge
@@ -26,8 +26,9 @@ SHORT_RUBRIC = "Q:{prompt}\nR:{response}\nScore 1-10:"
 
 def test_openai_backend_generates_and_is_seeded(vllm_server, tiny_policy):
     base, model = vllm_server
-    cfg = GenerateConfig(backend="openai", base_url=base, model=model, num_candidates=4, max_new_tokens=12,
-                         temperature=1.0, seed=5)
+    cfg = GenerateConfig(
+        backend="openai", base_url=base, model=model, num_candidates=4, max_new_tokens=12, temperature=1.0, seed=5
+    )
     gen = make_generator(cfg, str(tiny_policy))
     tok = load_tokenizer(str(tiny_policy))
     prompts = [render_prompt(tok, p) for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
@@ -48,15 +49,23 @@ def test_rubric_judge_against_vllm(vllm_server):
 
 def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tiny_policy, tmp_path):
     base, model = vllm_server
-    gen = GenerateConfig(backend="openai", base_url=base, model=model, num_candidates=3, max_new_tokens=8,
-                         temperature=1.0, seed=1)
-    judge = JudgeConfig(type="pairwise_llm", base_url=base, model=model, rubric=SHORT_PAIRWISE,
-                        max_new_tokens=1, use_logprobs=True)
+    gen = GenerateConfig(
+        backend="openai", base_url=base, model=model, num_candidates=3, max_new_tokens=8, temperature=1.0, seed=1
+    )
+    judge = JudgeConfig(
+        type="pairwise_llm", base_url=base, model=model, rubric=SHORT_PAIRWISE, max_new_tokens=1, use_logprobs=True
+    )
     judge_impl = make_judge(judge)
     try:
-        res = run_pipeline([{"prompt": "1+2="}, {"prompt": "5+5="}], policy_path=str(tiny_policy), method="sppo",
-                           generate=gen, judge=judge, candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-                           judge_impl=judge_impl)
+        res = run_pipeline(
+            [{"prompt": "1+2="}, {"prompt": "5+5="}],
+            policy_path=str(tiny_policy),
+            method="sppo",
+            generate=gen,
+            judge=judge,
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            judge_impl=judge_impl,
+        )
     except NoJudgeSignal as e:
         # the random tiny model seldom answers A or B: a judge without signal stops the run
         assert "'unparseable'" in str(e)
@@ -69,7 +78,11 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
     stats = judge_impl.client.stats
     assert stats.failures == 0
     # every ordered pair was asked once: K (K - 1) requests per prompt
-    generated = [json.loads(l) for f in sorted((tmp_path / "generate").glob("shard-*.jsonl")) for l in f.read_text().splitlines()]
+    generated = [
+        json.loads(l)
+        for f in sorted((tmp_path / "generate").glob("shard-*.jsonl"))
+        for l in f.read_text().splitlines()
+    ]
     assert stats.requests == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
 
 
@@ -86,7 +99,10 @@ def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run(
         [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(out.read_text())

@@ -24,21 +24,21 @@ A local model is identified by the size and modification time of its top-level f
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
 import torch
+
+from pofe.args.rounds import EvalConfig
 from pofe.columns import IGNORE_INDEX
+from pofe.files import stable_hash, write_atomic
 from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators.hf import Sample
 from pofe.scoring import response_logps
-from pofe.args.rounds import EvalConfig
-import json
-from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
-from pofe.files import stable_hash, write_atomic
-
 
 TokenPair = tuple[list[int], list[int]]  # (prompt ids, response ids)
 
@@ -87,8 +87,9 @@ class ModelAnswers:
 
 
 def held_out_sampling(ecfg: EvalConfig, generate: GenerateConfig | None) -> Sampling:
-    return Sampling(temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.held_out_tokens(generate),
-                    seed=ecfg.seed)
+    return Sampling(
+        temperature=ecfg.temperature, top_p=ecfg.top_p, max_new_tokens=ecfg.held_out_tokens(generate), seed=ecfg.seed
+    )
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,12 @@ def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPai
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             row = {"prompt": messages, "responses": [{"role": "assistant", "content": reference}]}
             prompt_text, (response_text,) = render_row(row, tokenizer)
-            pairs.append((tokenizer(prompt_text, add_special_tokens=False)["input_ids"],
-                          tokenizer(response_text, add_special_tokens=False)["input_ids"]))
+            pairs.append(
+                (
+                    tokenizer(prompt_text, add_special_tokens=False)["input_ids"],
+                    tokenizer(response_text, add_special_tokens=False)["input_ids"],
+                )
+            )
     return pairs
 
 
@@ -124,8 +129,9 @@ def perplexity(model, pairs: list[TokenPair], batch_size: int) -> float | None:
     return math.exp(nll / sum(len(r) for _, r in pairs))
 
 
-def answer(model, name: str, path: str, samples: list[list[Sample]], held_out: HeldOut,
-           ecfg: EvalConfig) -> ModelAnswers:
+def answer(
+    model, name: str, path: str, samples: list[list[Sample]], held_out: HeldOut, ecfg: EvalConfig
+) -> ModelAnswers:
     """One model's held-out samples (sampled with the same seeds for every model,
     `pofe.run.evaluation.sampler`) with their log-probs under `model`, and its reference perplexity."""
     flat = [s for row in samples for s in row]
@@ -165,8 +171,9 @@ def answers_to_json(a: ModelAnswers) -> dict:
 
 
 def answers_from_json(name: str, path: str, value: dict) -> ModelAnswers:
-    return ModelAnswers(name, path, samples_from_json(value["samples"]), value["logps"],
-                        perplexity=value["perplexity"])
+    return ModelAnswers(
+        name, path, samples_from_json(value["samples"]), value["logps"], perplexity=value["perplexity"]
+    )
 
 
 class AnswerStore:

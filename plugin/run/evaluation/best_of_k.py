@@ -19,7 +19,6 @@ from dataclasses import replace
 
 from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators.hf import Sample
-
 from pofe.run.evaluation.judging import scalar_scores
 from pofe.run.evaluation.statistics import nan_mean
 
@@ -36,8 +35,13 @@ def held_out_candidates(sampler, rendered: list[str], generate: GenerateConfig, 
     return sampler.sample(rendered, generate.num_candidates, round_sampling(generate, t))
 
 
-def best_of_k(judge, prompts: list, rendered: list[str], candidates: dict[int, list[list[Sample]]],
-              trained_reward: list[float | None]) -> tuple[list[dict], list[dict]]:
+def best_of_k(
+    judge,
+    prompts: list,
+    rendered: list[str],
+    candidates: dict[int, list[list[Sample]]],
+    trained_reward: list[float | None],
+) -> tuple[list[dict], list[dict]]:
     """(entries, records). One entry per round t in `candidates` ({t: [prompt][k] samples from
     pi_{t-1}}): {"round", "k", "mean_candidate_reward", "best_of_k_reward", "trained_mean_reward"
     (pi_t's, from `trained_reward`, eval.json's mean_reward), "trained_minus_best_of_k"}; one
@@ -45,12 +49,28 @@ def best_of_k(judge, prompts: list, rendered: list[str], candidates: dict[int, l
     out, records = [], []
     for t, cands in sorted(candidates.items()):
         rewards = scalar_scores(judge, prompts, rendered, [[s.text for s in row] for row in cands])  # (P, K)
-        records += [{"round": t, "prompt_index": p, "k": k, "response": smp.text, "tokens": len(smp.response_ids),
-                     "reward": rewards[p][k]} for p, row in enumerate(cands) for k, smp in enumerate(row)]
+        records += [
+            {
+                "round": t,
+                "prompt_index": p,
+                "k": k,
+                "response": smp.text,
+                "tokens": len(smp.response_ids),
+                "reward": rewards[p][k],
+            }
+            for p, row in enumerate(cands)
+            for k, smp in enumerate(row)
+        ]
         best = nan_mean([max((x for x in row if x == x), default=float("nan")) for row in rewards])
         trained = trained_reward[t] if t < len(trained_reward) else None
-        out.append({"round": t, "k": len(cands[0]) if cands else 0,
-                    "mean_candidate_reward": nan_mean([x for row in rewards for x in row]),
-                    "best_of_k_reward": best, "trained_mean_reward": trained,
-                    "trained_minus_best_of_k": None if trained is None or best is None else trained - best})
+        out.append(
+            {
+                "round": t,
+                "k": len(cands[0]) if cands else 0,
+                "mean_candidate_reward": nan_mean([x for row in rewards for x in row]),
+                "best_of_k_reward": best,
+                "trained_mean_reward": trained,
+                "trained_minus_best_of_k": None if trained is None or best is None else trained - best,
+            }
+        )
     return out, records

@@ -25,6 +25,7 @@ does not fire, and says why.
 from __future__ import annotations
 
 import math
+
 from pofe.args.rounds import StopWhen
 
 
@@ -41,12 +42,26 @@ def choose_model(ev: dict | None) -> dict | None:
     for m, v in enumerate(ev["vs_previous"]):
         if v and v["lc"] is not None and v["lc"] < 0.5:
             upper = v["lc_ci95"][1]
-            regressions.append({"model": names[m], "previous": names[m - 1], "lc": v["lc"], "lc_ci95": v["lc_ci95"],
-                                "clear": upper is not None and upper < 0.5})
+            regressions.append(
+                {
+                    "model": names[m],
+                    "previous": names[m - 1],
+                    "lc": v["lc"],
+                    "lc_ci95": v["lc_ci95"],
+                    "clear": upper is not None and upper < 0.5,
+                }
+            )
     chosen = ev["vs_pi_0"][best] or {}
     lower = (chosen.get("lc_ci95") or [None])[0]
-    return {"best": best, "name": names[best], "lc_vs_pi_0": chosen.get("lc"), "lc_ci95": chosen.get("lc_ci95"),
-            "raw_vs_pi_0": chosen.get("raw"), "clear": lower is not None and lower > 0.5, "regressions": regressions}
+    return {
+        "best": best,
+        "name": names[best],
+        "lc_vs_pi_0": chosen.get("lc"),
+        "lc_ci95": chosen.get("lc_ci95"),
+        "raw_vs_pi_0": chosen.get("raw"),
+        "clear": lower is not None and lower > 0.5,
+        "regressions": regressions,
+    }
 
 
 def _number(x) -> float | None:
@@ -65,15 +80,27 @@ def stop_decision(ev: dict | None, rule: StopWhen) -> dict:
         if lc is None:
             unread.append(f"pi_{t}'s length-controlled win rate against pi_{t - 1} is missing")
         elif lc < rule.lc_vs_previous_below:
-            fired.append({"rule": "lc_vs_previous_below", "value": lc, "threshold": rule.lc_vs_previous_below,
-                          "why": f"pi_{t}'s length-controlled win rate against pi_{t - 1} is {lc:.3f}, "
-                                 f"below {rule.lc_vs_previous_below}"})
+            fired.append(
+                {
+                    "rule": "lc_vs_previous_below",
+                    "value": lc,
+                    "threshold": rule.lc_vs_previous_below,
+                    "why": f"pi_{t}'s length-controlled win rate against pi_{t - 1} is {lc:.3f}, "
+                    f"below {rule.lc_vs_previous_below}",
+                }
+            )
     if rule.held_out_reward_falls:
         rewards = ev.get("mean_reward") or []
         now, before = (_number(rewards[t]), _number(rewards[t - 1])) if len(rewards) > t else (None, None)
         if now is None or before is None:
             unread.append(f"no mean held-out reward of pi_{t} and pi_{t - 1}")
         elif now < before:
-            fired.append({"rule": "held_out_reward_falls", "value": now, "previous": before,
-                          "why": f"pi_{t}'s mean held-out reward {now:.3f} is below pi_{t - 1}'s {before:.3f}"})
+            fired.append(
+                {
+                    "rule": "held_out_reward_falls",
+                    "value": now,
+                    "previous": before,
+                    "why": f"pi_{t}'s mean held-out reward {now:.3f} is below pi_{t - 1}'s {before:.3f}",
+                }
+            )
     return {"stop": bool(fired), "round": t, "fired": fired, "unread": unread}

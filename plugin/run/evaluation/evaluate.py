@@ -58,37 +58,55 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from pofe.args import PofeConfig, pofe_config
+from pofe.args.rounds import EvalConfig
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl, write_atomic
+from pofe.logs import Echo
 from pofe.preprocess.config import Sampling
 from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.render import render_prompt
 from pofe.preprocess.shard_work import free_memory
-
-from pofe.run.evaluation.answers import AnswerStore, answers_from_json, answers_to_json, model_identity, samples_from_json, samples_to_json
-from pofe.run.evaluation.answers import HeldOut, ModelAnswers, answer, held_out_sampling, reference_pairs, score_under_base
+from pofe.run.evaluation.answers import (
+    AnswerStore,
+    HeldOut,
+    ModelAnswers,
+    answer,
+    answers_from_json,
+    answers_to_json,
+    held_out_sampling,
+    model_identity,
+    reference_pairs,
+    samples_from_json,
+    samples_to_json,
+    score_under_base,
+)
 from pofe.run.evaluation.best_of_k import best_of_k, held_out_candidates, round_sampling
-from pofe.args.rounds import EvalConfig
+from pofe.run.evaluation.headline import (
+    HEADLINE_JSON,
+    headline_prompts,
+    headline_record,
+    headline_skipped,
+    round_columns,
+    round_prompt_column,
+)
+from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
+from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
 from pofe.run.evaluation.sampler import eval_sampler
-from pofe.run.evaluation.headline import HEADLINE_JSON, headline_prompts, headline_record, headline_skipped, round_columns, round_prompt_column
-from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
 from pofe.run.folder import RunFolder, RunState
-from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.guards import pofe_wrote
 from pofe.run.recipe import load_recipe
 from pofe.run.rounds.loop import eval_models
-from pofe.logs import Echo
 
 
 def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
     """The headline's decoding: `train_temperature`, and the token budget the round's
     candidates had (`max_new_tokens`), so that their rewards compare."""
-    return Sampling(temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens,
-                    seed=ecfg.seed)
+    return Sampling(
+        temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens, seed=ecfg.seed
+    )
 
 
 def render_prompts(tokenizer, prompts: list) -> list[str]:
@@ -155,8 +173,14 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     """(why there is no headline or None, {round m: its headline prompts})."""
     skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
     # model m is round m's; its headline prompts come from round m's judged candidates
-    on_train = {} if skipped else {m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
-                                   for m in range(1, len(run.models))}
+    on_train = (
+        {}
+        if skipped
+        else {
+            m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
+            for m in range(1, len(run.models))
+        }
+    )
     return skipped, on_train
 
 
@@ -172,21 +196,34 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
     round's candidates (same rendered prompts, same dataset columns)."""
     prompts = answers.prompts
     columns = round_columns(run.folder.round_prompts(m), prompts, run.prompt_column)
-    rewards = scalar_scores(judge, [q["prompt"] for q in prompts], answers.rendered,
-                            [[s.text for s in row] for row in answers.samples], columns,
-                            rows=[q["index"] for q in prompts])
+    rewards = scalar_scores(
+        judge,
+        [q["prompt"] for q in prompts],
+        answers.rendered,
+        [[s.text for s in row] for row in answers.samples],
+        columns,
+        rows=[q["index"] for q in prompts],
+    )
     return headline_record(run.models[m][1], prompts, answers.samples, rewards)
 
 
-def write_headline(run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict],
-                   peak_memory: dict, echo: Echo) -> None:
+def write_headline(
+    run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict], peak_memory: dict, echo: Echo
+) -> None:
     """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
     evaluation's peak memory."""
     ecfg = run.pcfg.eval
     headline = {
-        "train_prompts": ecfg.train_prompts, "skipped": skipped, "judge": run.pcfg.judge.model_dump(),
-        "decoding": {"num_samples": ecfg.train_samples, "temperature": sampling.temperature,
-                     "top_p": sampling.top_p, "max_new_tokens": sampling.max_new_tokens, "seed": sampling.seed},
+        "train_prompts": ecfg.train_prompts,
+        "skipped": skipped,
+        "judge": run.pcfg.judge.model_dump(),
+        "decoding": {
+            "num_samples": ecfg.train_samples,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_new_tokens": sampling.max_new_tokens,
+            "seed": sampling.seed,
+        },
         "rounds": rounds,
         "peak_memory": peak_memory,
     }
@@ -212,12 +249,18 @@ def held_out_set(run: EvalRun) -> HeldOut | None:
         fields = run.pcfg.dataset_fields[0] if run.pcfg.dataset_fields else {}
         prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.folder.held_out_prompts), run.pcfg.method)
     references = reference_pairs(run.tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
-    return HeldOut(prompts, render_prompts(run.tokenizer, prompts), references,
-                   ecfg.prompts or str(run.folder.held_out_prompts))
+    return HeldOut(
+        prompts, render_prompts(run.tokenizer, prompts), references, ecfg.prompts or str(run.folder.held_out_prompts)
+    )
 
 
-def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: ScalarJudge | PairwiseJudge,
-                   judge2: ScalarJudge | PairwiseJudge | None, num_samples: int) -> tuple[dict, dict | None]:
+def judge_held_out(
+    held_out: HeldOut,
+    answers: list[ModelAnswers],
+    judge: ScalarJudge | PairwiseJudge,
+    judge2: ScalarJudge | PairwiseJudge | None,
+    num_samples: int,
+) -> tuple[dict, dict | None]:
     """Every model's held-out answers judged together, per prompt (and by judge2)."""
     M, P, S = len(answers), len(held_out.prompts), num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
@@ -226,14 +269,22 @@ def judge_held_out(held_out: HeldOut, answers: list[ModelAnswers], judge: Scalar
     return main, second
 
 
-def write_held_out(run: EvalRun, held_out: HeldOut, answers: list[ModelAnswers], main: dict, second: dict | None,
-                   extra: dict, echo: Echo) -> None:
+def write_held_out(
+    run: EvalRun,
+    held_out: HeldOut,
+    answers: list[ModelAnswers],
+    main: dict,
+    second: dict | None,
+    extra: dict,
+    echo: Echo,
+) -> None:
     """The judged held-out answers into eval/samples.jsonl and eval/eval.json (with `extra`:
     the rounds' best-of-k, the evaluation's peak memory)."""
     # the decoding as it ran: the held-out cap resolved (unset: the candidates' budget)
     ecfg = run.pcfg.eval.model_copy(update={"max_new_tokens": run.pcfg.eval.held_out_tokens(run.pcfg.generate)})
-    result = summarise(answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second,
-                       len(held_out.references))
+    result = summarise(
+        answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second, len(held_out.references)
+    )
     result.update(extra)
     # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
     records = sample_records(answers, held_out.prompts, main, second)
@@ -257,37 +308,70 @@ class Answers:
     headline: dict[int, HeadlineAnswers] = field(default_factory=dict)  # round m: its model's
 
 
-def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[int, list[dict]],
-                sampling: Sampling, answers: Answers, store: AnswerStore) -> bool:
+def answer_with(
+    run: EvalRun,
+    m: int,
+    held_out: HeldOut | None,
+    on_train: dict[int, list[dict]],
+    sampling: Sampling,
+    answers: Answers,
+    store: AnswerStore,
+) -> bool:
     """Model m's answers added to `answers`, each part from `store` when stored under its key,
     else from the model's sampler (started only then, and stopped on return); True if it was.
     The held-out part comes last: its log-probs need the transformers model, which loads only
     once the engine has stopped (`pofe.run.evaluation.sampler`)."""
     name, path = run.models[m]
     ecfg = run.pcfg.eval
-    sampler = eval_sampler(run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size,
-                           run.folder.eval_dir / "engine" / name)
-    base = {"model": model_identity(path), "tokenizer": model_identity(run.models[0][1]), "batch_size": ecfg.batch_size,
-            "sampler": sampler.identity}
+    sampler = eval_sampler(
+        run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size, run.folder.eval_dir / "engine" / name
+    )
+    base = {
+        "model": model_identity(path),
+        "tokenizer": model_identity(run.models[0][1]),
+        "batch_size": ecfg.batch_size,
+        "sampler": sampler.identity,
+    }
     try:
         if on_train.get(m):
             key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
-            samples = store.part(name, "headline", key, lambda: samples_to_json(
-                headline_answers(run, sampler, on_train[m], sampling).samples))
+            samples = store.part(
+                name,
+                "headline",
+                key,
+                lambda: samples_to_json(headline_answers(run, sampler, on_train[m], sampling).samples),
+            )
             rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
             answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
         if held_out and m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
             gen = run.pcfg.generate
-            key = {**base, "prompts": held_out.rendered, "k": gen.num_candidates,
-                   "sampling": asdict(round_sampling(gen, m + 1))}
-            answers.candidates[m + 1] = samples_from_json(store.part(name, "candidates", key, lambda: samples_to_json(
-                held_out_candidates(sampler, held_out.rendered, gen, m + 1))))
+            key = {
+                **base,
+                "prompts": held_out.rendered,
+                "k": gen.num_candidates,
+                "sampling": asdict(round_sampling(gen, m + 1)),
+            }
+            answers.candidates[m + 1] = samples_from_json(
+                store.part(
+                    name,
+                    "candidates",
+                    key,
+                    lambda: samples_to_json(held_out_candidates(sampler, held_out.rendered, gen, m + 1)),
+                )
+            )
         if held_out:
-            key = {**base, "prompts": held_out.rendered, "references": held_out.references,
-                   "sampling": asdict(held_out_sampling(ecfg, run.pcfg.generate)), "num_samples": ecfg.num_samples}
+            key = {
+                **base,
+                "prompts": held_out.rendered,
+                "references": held_out.references,
+                "sampling": asdict(held_out_sampling(ecfg, run.pcfg.generate)),
+                "num_samples": ecfg.num_samples,
+            }
 
             def held_out_answers() -> dict:
-                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, run.pcfg.generate))
+                samples = sampler.sample(
+                    held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, run.pcfg.generate)
+                )
                 return answers_to_json(answer(sampler.scorer(), name, path, samples, held_out, ecfg))
 
             answers.held_out.append(answers_from_json(name, path, store.part(name, "held_out", key, held_out_answers)))
@@ -296,8 +380,9 @@ def answer_with(run: EvalRun, m: int, held_out: HeldOut | None, on_train: dict[i
     return sampler.loaded
 
 
-def all_answers(run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling,
-                echo: Echo) -> Answers:
+def all_answers(
+    run: EvalRun, held_out: HeldOut | None, on_train: dict[int, list[dict]], sampling: Sampling, echo: Echo
+) -> Answers:
     """Each model's answers, each model loaded (unless every part is stored,
     `pofe.run.evaluation.answers`), used and freed before the next loads; then (with held-out
     prompts) pi_0 loaded again to score every model's samples (the KL)."""
@@ -344,8 +429,14 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:
-        write_held_out(run, held_out, answers.held_out, *verdicts,
-                       {"best_of_k": rounds_bok or None, "peak_memory": memory.record()}, echo)
+        write_held_out(
+            run,
+            held_out,
+            answers.held_out,
+            *verdicts,
+            {"best_of_k": rounds_bok or None, "peak_memory": memory.record()},
+            echo,
+        )
     else:
         for stale in ("eval.json", "samples.jsonl", "candidates.jsonl"):  # an earlier held-out evaluation's
             if pofe_wrote(run.folder, run.folder.eval_dir / stale):  # not one found before the run

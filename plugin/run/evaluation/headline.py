@@ -18,14 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pofe.files import read_jsonl
-
 from pofe.run.evaluation.statistics import nan_mean
 
 if TYPE_CHECKING:
+    from pofe.args.rounds import EvalConfig
     from pofe.preprocess.config import JudgeConfig
     from pofe.preprocess.generators.hf import Sample
-
-    from pofe.args.rounds import EvalConfig
 
 HEADLINE_JSON = "headline.json"
 
@@ -60,11 +58,21 @@ def round_columns(prompts_file: Path, headline: list[dict], prompt_column: str) 
 
 def headline_record(path: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]) -> dict:
     """headline.json's entry for one round: its model, and each answer with its reward."""
-    return {"model": path, "samples": [
-        {"index": q["index"], "prompt": q["prompt"], "sample": s, "response": smp.text,
-         "tokens": len(smp.response_ids), "reward": rewards[i][s]}
-        for i, (q, row) in enumerate(zip(prompts, samples, strict=True)) for s, smp in enumerate(row)
-    ]}
+    return {
+        "model": path,
+        "samples": [
+            {
+                "index": q["index"],
+                "prompt": q["prompt"],
+                "sample": s,
+                "response": smp.text,
+                "tokens": len(smp.response_ids),
+                "reward": rewards[i][s],
+            }
+            for i, (q, row) in enumerate(zip(prompts, samples, strict=True))
+            for s, smp in enumerate(row)
+        ],
+    }
 
 
 def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
@@ -72,9 +80,11 @@ def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
     if not ecfg.train_prompts:
         return "`pofe.eval.train_prompts: 0`"
     if judge_cfg.is_pairwise:
-        return (f"the judge (`{judge_cfg.type}`) is pairwise: it gives no scalar reward to set beside the "
-                "candidates' best-of-k (the held-out prompts, `pofe.eval.held_out`, give each round's win rates "
-                "against pi_0 and pi_{t-1} instead)")
+        return (
+            f"the judge (`{judge_cfg.type}`) is pairwise: it gives no scalar reward to set beside the "
+            "candidates' best-of-k (the held-out prompts, `pofe.eval.held_out`, give each round's win rates "
+            "against pi_0 and pi_{t-1} instead)"
+        )
     return None
 
 
@@ -118,10 +128,17 @@ def round_headline(cand_dir: Path, recorded: dict) -> dict:
     table = []
     for s in samples:
         best, best_reward = best_candidate(rows[s["index"]])
-        table.append({
-            "index": s["index"], "sample": s["sample"], "prompt": s["prompt"], "completion": s["response"],
-            "reward": s["reward"], "best_candidate": best, "best_candidate_reward": best_reward,
-        })
+        table.append(
+            {
+                "index": s["index"],
+                "sample": s["sample"],
+                "prompt": s["prompt"],
+                "completion": s["response"],
+                "reward": s["reward"],
+                "best_candidate": best,
+                "best_candidate_reward": best_reward,
+            }
+        )
     return {
         "model": recorded["model"],
         "num_prompts": len(indices),

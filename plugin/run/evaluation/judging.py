@@ -14,14 +14,18 @@ import torch
 from torch import Tensor
 
 from pofe.preprocess.judges import Abstain, PairwiseJudge, ScalarJudge, apply_judge, is_pairwise
-
 from pofe.preprocess.win_rates import bradley_terry_preferences
-
 from pofe.run.evaluation.statistics import block_win_matrix, nan_mean, win_matrix_from_rewards
 
 
-def scalar_scores(judge: ScalarJudge, prompts: list, rendered: list[str], responses: list[list[str]],
-                  columns: list[dict] | None = None, rows: list[int] | None = None) -> list[list[float]]:
+def scalar_scores(
+    judge: ScalarJudge,
+    prompts: list,
+    rendered: list[str],
+    responses: list[list[str]],
+    columns: list[dict] | None = None,
+    rows: list[int] | None = None,
+) -> list[list[float]]:
     """P prompts' scores, NaN for abstentions. `rendered`: the prompts as the models saw them;
     `columns`: each prompt's other dataset columns; `rows`: each prompt's dataset row, named
     by a missing verdict's error (see `apply_judge`)."""
@@ -29,15 +33,17 @@ def scalar_scores(judge: ScalarJudge, prompts: list, rendered: list[str], respon
     return [[math.nan if isinstance(v, Abstain) else float(v) for v in row] for row in scores]
 
 
-def pairwise_preferences(judge: PairwiseJudge, prompts: list, rendered: list[str],
-                         responses: list[list[str]]) -> Tensor:
+def pairwise_preferences(
+    judge: PairwiseJudge, prompts: list, rendered: list[str], responses: list[list[str]]
+) -> Tensor:
     """(P, N, N) preference matrices of a pairwise judge, N responses per prompt."""
     verdicts = apply_judge(judge, prompts, rendered, responses)
     return torch.stack([v.matrix.to(torch.float64) for v in verdicts])  # (P, N, N)
 
 
-def judge_models(judge: ScalarJudge | PairwiseJudge, prompts: list, rendered: list[str],
-                 texts: list[list[list[str]]]) -> dict:
+def judge_models(
+    judge: ScalarJudge | PairwiseJudge, prompts: list, rendered: list[str], texts: list[list[list[str]]]
+) -> dict:
     """texts[p][m][s] -> {"rewards": (P, M, S) list or None, "win_matrix": (M, M), "method",
     "pref": the (P, M*S, M*S) response preferences behind the matrix (a tensor, not for JSON)}.
     Scalar judges' preferences are Bradley-Terry's, sigmoid(r_i - r_j)."""
@@ -45,11 +51,19 @@ def judge_models(judge: ScalarJudge | PairwiseJudge, prompts: list, rendered: li
     flat = [[t for m in range(M) for t in texts[p][m]] for p in range(P)]  # (P, M*S), model-major
     if is_pairwise(judge):
         pref = pairwise_preferences(judge, prompts, rendered, flat)
-        return {"rewards": None, "win_matrix": block_win_matrix(pref, M, S).tolist(), "method": "pairwise",
-                "pref": pref}
+        return {
+            "rewards": None,
+            "win_matrix": block_win_matrix(pref, M, S).tolist(),
+            "method": "pairwise",
+            "pref": pref,
+        }
     scores = torch.tensor(scalar_scores(judge, prompts, rendered, flat), dtype=torch.float64).reshape(P, M, S)
-    return {"rewards": scores.tolist(), "win_matrix": win_matrix_from_rewards(scores).tolist(),
-            "method": "bradley_terry", "pref": bradley_terry_preferences(scores.reshape(P, M * S))}
+    return {
+        "rewards": scores.tolist(),
+        "win_matrix": win_matrix_from_rewards(scores).tolist(),
+        "method": "bradley_terry",
+        "pref": bradley_terry_preferences(scores.reshape(P, M * S)),
+    }
 
 
 def mean_reward_per_model(rewards: list | None, num_models: int) -> list[float | None] | None:

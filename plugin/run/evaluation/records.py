@@ -8,21 +8,29 @@ from typing import Any
 
 import torch
 
-from pofe.preprocess.config import JudgeConfig
-
-from pofe.run.evaluation.answers import ModelAnswers
-from pofe.run.evaluation.statistics import compare_iterates
 from pofe.args.rounds import EvalConfig
+from pofe.preprocess.config import JudgeConfig
+from pofe.run.evaluation.answers import ModelAnswers
 from pofe.run.evaluation.judging import mean_reward_per_model
-from pofe.run.evaluation.statistics import nan_mean
+from pofe.run.evaluation.statistics import compare_iterates, nan_mean
 
 
-def summarise(answers: list[ModelAnswers], prompts: list, prompts_source: str, ecfg: EvalConfig,
-              judge_cfg: JudgeConfig, main: dict, second: dict | None, references: int) -> dict[str, Any]:
+def summarise(
+    answers: list[ModelAnswers],
+    prompts: list,
+    prompts_source: str,
+    ecfg: EvalConfig,
+    judge_cfg: JudgeConfig,
+    main: dict,
+    second: dict | None,
+    references: int,
+) -> dict[str, Any]:
     """eval.json's numbers."""
     M = len(answers)
-    tokens = torch.tensor([[[len(s.response_ids) for s in a.samples[p]] for a in answers] for p in range(len(prompts))],
-                          dtype=torch.float64)  # (P, M, S)
+    tokens = torch.tensor(
+        [[[len(s.response_ids) for s in a.samples[p]] for a in answers] for p in range(len(prompts))],
+        dtype=torch.float64,
+    )  # (P, M, S)
     return {
         "models": [{"name": a.name, "path": a.path} for a in answers],
         "num_prompts": len(prompts),
@@ -53,12 +61,19 @@ def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, secon
         flat_index = 0
         for p, row in enumerate(a.samples):
             for s, smp in enumerate(row):
-                records.append({
-                    "model": a.name, "prompt_index": p, "sample": s, "prompt": prompts[p],
-                    "response": smp.text, "tokens": len(smp.response_ids),
-                    "reward": main["rewards"][p][m][s] if main["rewards"] else None,
-                    "reward2": second["rewards"][p][m][s] if second and second["rewards"] else None,
-                    "logp": a.logps[flat_index], "logp_base": a.base_logps[flat_index],
-                })
+                records.append(
+                    {
+                        "model": a.name,
+                        "prompt_index": p,
+                        "sample": s,
+                        "prompt": prompts[p],
+                        "response": smp.text,
+                        "tokens": len(smp.response_ids),
+                        "reward": main["rewards"][p][m][s] if main["rewards"] else None,
+                        "reward2": second["rewards"][p][m][s] if second and second["rewards"] else None,
+                        "logp": a.logps[flat_index],
+                        "logp_base": a.base_logps[flat_index],
+                    }
+                )
                 flat_index += 1
     return records

@@ -97,8 +97,9 @@ class EngineSampler:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.generator = make_generator(self.cfg, self.path, self.tokenizer, workdir=self.workdir)
             self.started = True
-        prompts = [Rendered(text, len(ids), ids=ids) for text in rendered
-                   for ids in [prompt_token_ids(self.tokenizer, text)]]
+        prompts = [
+            Rendered(text, len(ids), ids=ids) for text in rendered for ids in [prompt_token_ids(self.tokenizer, text)]
+        ]
         out = self.generator.generate(prompts, n, sampling)
         return [[self._sample(p.ids, c, i) for c in row] for i, (p, row) in enumerate(zip(prompts, out, strict=True))]
 
@@ -124,8 +125,9 @@ class EngineSampler:
         return self.policy()
 
 
-def eval_sampler(generate: GenerateConfig | None, backend: str, path: str, tokenizer, batch_size: int,
-                 workdir: Path) -> TransformersSampler | EngineSampler:
+def eval_sampler(
+    generate: GenerateConfig | None, backend: str, path: str, tokenizer, batch_size: int, workdir: Path
+) -> TransformersSampler | EngineSampler:
     """Model `path`'s sampler under `pofe.eval.backend` (see the module)."""
     engine = engine_for_eval(generate, backend)
     if engine is None:

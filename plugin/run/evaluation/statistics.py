@@ -52,11 +52,13 @@ lengths in tokens, eval.json's
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import Tensor
+
 from pofe.preprocess.win_rates import bradley_terry_preferences
-import numpy as np
 
 
 def block_win_matrix(pref: Tensor, num_models: int, num_samples: int) -> Tensor:
@@ -218,8 +220,9 @@ def percentile_interval(values: Tensor, level: float = LEVEL) -> tuple[Tensor, T
     return torch.nanquantile(values, tail, dim=0), torch.nanquantile(values, 1 - tail, dim=0)
 
 
-def bootstrap_win_matrix(per_prompt: Tensor, draws: int = DRAWS, seed: int = 0,
-                         level: float = LEVEL) -> tuple[Tensor, Tensor]:
+def bootstrap_win_matrix(
+    per_prompt: Tensor, draws: int = DRAWS, seed: int = 0, level: float = LEVEL
+) -> tuple[Tensor, Tensor]:
     """Interval of each W[a, b] = nanmean over prompts of per_prompt[p, a, b].
 
     Args:
@@ -235,8 +238,9 @@ def bootstrap_win_matrix(per_prompt: Tensor, draws: int = DRAWS, seed: int = 0,
     return lo, hi
 
 
-def bootstrap_lc(pref: Tensor, len_diff: Tensor, draws: int = LC_DRAWS, seed: int = 0,
-                 level: float = LEVEL) -> tuple[float | None, float | None]:
+def bootstrap_lc(
+    pref: Tensor, len_diff: Tensor, draws: int = LC_DRAWS, seed: int = 0, level: float = LEVEL
+) -> tuple[float | None, float | None]:
     """Interval of the length-controlled win rate (`fit_length_logistic`), refit on each
     resample of the prompts. pref, len_diff: (P, K), K comparisons per prompt."""
     idx = prompt_resamples(pref.shape[0], draws, seed).numpy()
@@ -258,15 +262,20 @@ def median(xs: list[float]) -> float | None:
     return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def versus(pref: Tensor, tokens: Tensor, win_matrix: Tensor, ci: tuple[Tensor, Tensor], a: int, b: int,
-           seed: int) -> dict:
+def versus(
+    pref: Tensor, tokens: Tensor, win_matrix: Tensor, ci: tuple[Tensor, Tensor], a: int, b: int, seed: int
+) -> dict:
     """Model a against model b: raw and length-controlled win rates with intervals."""
     y, d = pair_observations(pref, tokens, a, b)
     fit = fit_length_logistic(y, d)
     lo, hi = bootstrap_lc(y, d, seed=seed)
     return {
-        "raw": float(win_matrix[a, b]), "raw_ci95": [float(ci[0][a, b]), float(ci[1][a, b])],
-        "lc": fit["lc"], "lc_ci95": [lo, hi], "length_slope": fit["b"], "comparisons": fit["n"],
+        "raw": float(win_matrix[a, b]),
+        "raw_ci95": [float(ci[0][a, b]), float(ci[1][a, b])],
+        "lc": fit["lc"],
+        "lc_ci95": [lo, hi],
+        "length_slope": fit["b"],
+        "comparisons": fit["n"],
     }
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import shlex
 from collections import Counter
 
-from pofe.run.plan import estimate as mem
 from pofe.args import PofeConfig
-from pofe.run.plan.estimate import ModelSize
-
+from pofe.run.plan import estimate as mem
 from pofe.run.plan.common import VLLM_UTILIZATION, PlanOptions, candidates_per_prompt, stage
+from pofe.run.plan.estimate import ModelSize
 
 PAIRWISE_JUDGES = ("pairrm", "python_pairwise", "pairwise_llm")
 
@@ -27,8 +26,9 @@ def workers_per_gpu(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> i
     pipeline assigns them (`pofe.preprocess.parallel.assign_devices`) on --gpus visible GPUs."""
     from pofe.preprocess.parallel import assign_devices
 
-    devices = assign_devices(pcfg.candidates.num_workers, pcfg.candidates.worker_devices, group,
-                             [str(i) for i in range(options.gpus)])
+    devices = assign_devices(
+        pcfg.candidates.num_workers, pcfg.candidates.worker_devices, group, [str(i) for i in range(options.gpus)]
+    )
     return max(Counter(d.strip() for entry in devices for d in str(entry).split(",")).values())
 
 
@@ -59,19 +59,32 @@ def _served_vllm(pcfg: PofeConfig) -> tuple[dict, int] | None:
     return None
 
 
-def generate_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None,
-                   options: PlanOptions) -> tuple[dict, list[str]]:
+def generate_stage(
+    raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None, options: PlanOptions
+) -> tuple[dict, list[str]]:
     """Sampling the K candidates: vLLM's share of each GPU, or the transformers policy with its
     KV cache; (entry, warnings)."""
     g, workers, warnings = pcfg.generate, pcfg.candidates.num_workers, []
     k = candidates_per_prompt(pcfg)
-    counts = {"prompts": prompts, "candidates": None if prompts is None else prompts * k,
-              "sampled": None if prompts is None else prompts * g.num_candidates}
+    counts = {
+        "prompts": prompts,
+        "candidates": None if prompts is None else prompts * k,
+        "sampled": None if prompts is None else prompts * g.num_candidates,
+    }
     vllm = _served_vllm(pcfg) if options.device == "cuda" else None
     if g.backend == "openai" and vllm is None:
         servers = [g.base_url] if isinstance(g.base_url, str) else g.base_url or []
-        return stage("generate", t, ", ".join(servers), dtype="-", parts={}, options=options, device="remote",
-                     counts=counts, note="an OpenAI-compatible server elsewhere"), warnings
+        return stage(
+            "generate",
+            t,
+            ", ".join(servers),
+            dtype="-",
+            parts={},
+            options=options,
+            device="remote",
+            counts=counts,
+            note="an OpenAI-compatible server elsewhere",
+        ), warnings
     if vllm is not None:
         kwargs, tp = vllm
         util = float(kwargs.get("gpu_memory_utilization", VLLM_UTILIZATION))
@@ -80,8 +93,10 @@ def generate_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, 
         else:
             dtype = vllm_dtype(str(kwargs.get("dtype", "auto")), size)
             max_len = int(kwargs.get("max_model_len") or size.max_position)
-            parts = {"weights": mem.weights_bytes(size, dtype) / tp,
-                     "kv_cache_one_sequence": mem.kv_bytes_per_token(size, dtype) * max_len / tp}
+            parts = {
+                "weights": mem.weights_bytes(size, dtype) / tp,
+                "kv_cache_one_sequence": mem.kv_bytes_per_token(size, dtype) * max_len / tp,
+            }
             need = sum(parts.values()) + options.runtime
             share = util * options.gpu_memory_gb * mem.GB
             parts["reserved"] = max(share, need) - parts["weights"] - parts["kv_cache_one_sequence"]
@@ -90,10 +105,22 @@ def generate_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, 
                     f"round {t} generate: vLLM needs {need / mem.GB:.1f} GB per GPU for the weights and one "
                     f"max_model_len = {max_len} sequence's KV cache, over its gpu_memory_utilization share "
                     f"({util} x {options.gpu_memory_gb:g} GB): lower pofe.generate.vllm_kwargs.max_model_len or "
-                    "raise tensor_parallel_size / gpu_memory_utilization")
+                    "raise tensor_parallel_size / gpu_memory_utilization"
+                )
         note = "vLLM takes gpu_memory_utilization of each GPU; all but the weights is KV cache"
-        return stage("generate", t, model, dtype=dtype, parts=co_resident(parts, pcfg, options, tp), options=options,
-                     gpus=workers * tp, tp=tp, dp=workers, counts=counts, note=note), warnings
+        return stage(
+            "generate",
+            t,
+            model,
+            dtype=dtype,
+            parts=co_resident(parts, pcfg, options, tp),
+            options=options,
+            gpus=workers * tp,
+            tp=tp,
+            dp=workers,
+            counts=counts,
+            note=note,
+        ), warnings
     return _hf_generate(raw, pcfg, size, t, model, counts, options), warnings
 
 
@@ -107,11 +134,16 @@ def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
     if size is None:
         parts = _unknown(("weights", "kv_cache", "forward", "runtime"))
     else:
-        parts = {"weights": mem.weights_bytes(size, dtype), "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
-                 "forward": mem.forward_bytes(size, sequences, dtype) + mem.logit_chunk_bytes(size, sequences),
-                 "runtime": options.runtime}
+        parts = {
+            "weights": mem.weights_bytes(size, dtype),
+            "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
+            "forward": mem.forward_bytes(size, sequences, dtype) + mem.logit_chunk_bytes(size, sequences),
+            "runtime": options.runtime,
+        }
     workers = pcfg.candidates.num_workers
-    return stage("generate", t, model, dtype=dtype, parts=parts, options=options, gpus=workers, dp=workers, counts=counts)
+    return stage(
+        "generate", t, model, dtype=dtype, parts=parts, options=options, gpus=workers, dp=workers, counts=counts
+    )
 
 
 def judge_calls(pcfg: PofeConfig, prompts: int | None) -> int | None:
@@ -147,12 +179,38 @@ def judge_stage(pcfg: PofeConfig, size: ModelSize | None, t: int, prompts: int |
     judge, workers = pcfg.judge, pcfg.candidates.num_workers
     counts = {"judge_calls": judge_calls(pcfg, prompts), "pairwise": judge.type in PAIRWISE_JUDGES}
     if judge.type in ("python", "python_pairwise"):
-        return stage("judge", t, judge.function or "reward_funcs", dtype="-", parts={}, options=options, device="cpu",
-                     counts=counts, note="Python functions, no model")
+        return stage(
+            "judge",
+            t,
+            judge.function or "reward_funcs",
+            dtype="-",
+            parts={},
+            options=options,
+            device="cpu",
+            counts=counts,
+            note="Python functions, no model",
+        )
     if judge.type in ("llm", "pairwise_llm"):
-        return stage("judge", t, judge.model or "", dtype="-", parts={}, options=options, device="remote",
-                     counts=counts, note=f"an OpenAI-compatible server at {judge.base_url}")
+        return stage(
+            "judge",
+            t,
+            judge.model or "",
+            dtype="-",
+            parts={},
+            options=options,
+            device="remote",
+            counts=counts,
+            note=f"an OpenAI-compatible server at {judge.base_url}",
+        )
     dtype, parts = judge_parts(judge, size, options)
-    return stage("judge", t, judge.model, dtype=dtype, parts=co_resident(parts, pcfg, options), options=options,
-                 gpus=workers, dp=workers,
-                 counts=counts)
+    return stage(
+        "judge",
+        t,
+        judge.model,
+        dtype=dtype,
+        parts=co_resident(parts, pcfg, options),
+        options=options,
+        gpus=workers,
+        dp=workers,
+        counts=counts,
+    )

@@ -1,5 +1,4 @@
-"""What the stages of a plan share (`pofe.run.plan.planner`): the machine, the dtypes, the prompt counts, an entry.
-"""
+"""What the stages of a plan share (`pofe.run.plan.planner`): the machine, the dtypes, the prompt counts, an entry."""
 
 from __future__ import annotations
 
@@ -7,12 +6,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pofe.run.plan import estimate as mem
 from pofe.args import PofeConfig
+from pofe.run.plan import estimate as mem
 from pofe.run.plan.estimate import GB
-
-from pofe.run.prompts import held_out_count
-from pofe.run.prompts import resolve_round_prompts, split_prompts
+from pofe.run.prompts import held_out_count, resolve_round_prompts, split_prompts
 
 # A process's resident set before any model on the CPU: Python with torch 2.13 (CPU),
 # transformers and axolotl's trainer imported (measured: 0.77 GB).
@@ -52,8 +49,10 @@ def deepspeed_config(raw: dict) -> dict:
         return path.get("zero_optimization") or {}
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"deepspeed: {path!r} is not a file (relative paths count from the directory "
-                         "axolotl runs in: run from the repository root)")
+        raise ValueError(
+            f"deepspeed: {path!r} is not a file (relative paths count from the directory "
+            "axolotl runs in: run from the repository root)"
+        )
     return json.loads(file.read_text()).get("zero_optimization") or {}
 
 
@@ -80,16 +79,40 @@ def gb(value: float | None) -> float | None:
     return None if value is None else round(value / GB, 2)
 
 
-def stage(name: str, t: int | None, model: str, *, dtype: str, parts: dict[str, float], options: PlanOptions,
-          device: str | None = None, quantization: str | None = None, gpus: int = 1, tp: int = 1, dp: int = 1,
-          disk: float | None = 0.0, counts: dict | None = None, note: str = "") -> dict:
+def stage(
+    name: str,
+    t: int | None,
+    model: str,
+    *,
+    dtype: str,
+    parts: dict[str, float],
+    options: PlanOptions,
+    device: str | None = None,
+    quantization: str | None = None,
+    gpus: int = 1,
+    tp: int = 1,
+    dp: int = 1,
+    disk: float | None = 0.0,
+    counts: dict | None = None,
+    note: str = "",
+) -> dict:
     """One entry of the plan; `parts` in bytes (per GPU), shown in GB, summed to gpu_memory_gb."""
     device = device or options.device
     total = None if any(v is None for v in parts.values()) else sum(parts.values())
     return {
-        "stage": name, "round": t, "model": model, "dtype": dtype, "quantization": quantization,
-        "device": device, "gpus": gpus if device == "cuda" else 0, "tensor_parallel": tp, "data_parallel": dp,
+        "stage": name,
+        "round": t,
+        "model": model,
+        "dtype": dtype,
+        "quantization": quantization,
+        "device": device,
+        "gpus": gpus if device == "cuda" else 0,
+        "tensor_parallel": tp,
+        "data_parallel": dp,
         "gpu_memory_gb": gb(total) if device == "cuda" else 0.0,
         "cpu_memory_gb": gb(total) if device == "cpu" else None,
-        "parts_gb": {k: gb(v) for k, v in parts.items()}, "disk_gb": gb(disk), "counts": counts or {}, "note": note,
+        "parts_gb": {k: gb(v) for k, v in parts.items()},
+        "disk_gb": gb(disk),
+        "counts": counts or {},
+        "note": note,
     }

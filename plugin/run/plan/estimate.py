@@ -43,18 +43,18 @@ CUDA_CONTEXT_BYTES = 0.5 * GB
 class ModelSize:
     """A model's parameter counts and shapes (`pofe.run.plan.model_size.model_size` counts them)."""
 
-    total: int                 # every parameter
-    layer_linear: int          # the decoder layers' nn.Linear weights (what NF4 quantises)
-    largest_layer: int         # the largest module's parameters (DeepSpeed gathers one at a time)
+    total: int  # every parameter
+    layer_linear: int  # the decoder layers' nn.Linear weights (what NF4 quantises)
+    largest_layer: int  # the largest module's parameters (DeepSpeed gathers one at a time)
     lora_linears: tuple[tuple[str, int, int], ...]  # (module name, in, out) of each layer linear
     hidden: int
     layers: int
     intermediate: int
-    kv_dim: int                # kv heads x head dim
+    kv_dim: int  # kv heads x head dim
     heads: int
     vocab: int
     max_position: int
-    dtype: str                 # the checkpoint's (config.json's torch_dtype / dtype)
+    dtype: str  # the checkpoint's (config.json's torch_dtype / dtype)
 
     @property
     def other(self) -> int:
@@ -78,7 +78,8 @@ def lora_parameters(size: ModelSize, r: int, targets: list[str] | None) -> int:
     `targets` None: every linear (`lora_target_linear`); else module-name suffixes, as peft matches
     `target_modules`."""
     return sum(
-        r * (fan_in + fan_out) for name, fan_in, fan_out in size.lora_linears
+        r * (fan_in + fan_out)
+        for name, fan_in, fan_out in size.lora_linears
         if targets is None or name.rsplit(".", 1)[-1] in targets
     )
 
@@ -98,8 +99,9 @@ def optimizer_states(optimizer: str) -> float:
     return 2
 
 
-def zero3_model_states(total: int, largest_layer: int, gpus: int, offload_optimizer: bool,
-                       offload_params: bool) -> float:
+def zero3_model_states(
+    total: int, largest_layer: int, gpus: int, offload_optimizer: bool, offload_params: bool
+) -> float:
     """Per-GPU bytes of ZeRO-3's model states: DeepSpeed's own estimator
     (`estimate_zero3_model_states_mem_needs`: 18 bytes a parameter over the GPUs, plus the
     largest layer gathered in fp32 width), one node."""
@@ -110,8 +112,13 @@ def zero3_model_states(total: int, largest_layer: int, gpus: int, offload_optimi
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
-        total, largest_layer, num_gpus_per_node=gpus, num_nodes=1, cpu_offload=offload_optimizer,
-        cpu_offload_params=offload_params, zero_init=True,
+        total,
+        largest_layer,
+        num_gpus_per_node=gpus,
+        num_nodes=1,
+        cpu_offload=offload_optimizer,
+        cpu_offload_params=offload_params,
+        zero_init=True,
     )
     return float(gpu)
 
@@ -163,8 +170,9 @@ def checkpoints_kept(steps: int | None, save_steps: int | None, limit: int | Non
     return saved if limit is None else min(saved, limit)
 
 
-def checkpoint_bytes(mode: str, trainable: int, dtype: str, optimizer: str, save_only_model: bool,
-                     gather_16bit: bool = True) -> float:
+def checkpoint_bytes(
+    mode: str, trainable: int, dtype: str, optimizer: str, save_only_model: bool, gather_16bit: bool = True
+) -> float:
     """One `checkpoint-<step>/`. `mode`: "lora" (the fp32 adapter; its Adam moments unless
     save_only_model), "full" (the model; its optimiser state unless save_only_model) or "zero3"
     (DeepSpeed's full state: bf16 parameter shards, fp32 master weights and two Adam moments,

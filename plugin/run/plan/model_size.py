@@ -45,8 +45,11 @@ def model_size(config: Path, kind: str = "causal_lm") -> ModelSize:
     from accelerate.utils import calculate_maximum_sizes
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    auto = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification,
-            "encoder": AutoModel}[kind]
+    auto = {
+        "causal_lm": AutoModelForCausalLM,
+        "sequence_classification": AutoModelForSequenceClassification,
+        "encoder": AutoModel,
+    }[kind]
     cfg = AutoConfig.from_pretrained(config.parent)
     dtype = _dtype_name(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))  # before from_config sets it
     with init_empty_weights():
@@ -56,7 +59,8 @@ def model_size(config: Path, kind: str = "causal_lm") -> ModelSize:
     total = int(total_bytes // 4) - sum(b.numel() for b in model.buffers())
     output = model.get_output_embeddings() if kind == "causal_lm" else None
     linears = tuple(
-        (name, m.in_features, m.out_features) for name, m in model.named_modules()
+        (name, m.in_features, m.out_features)
+        for name, m in model.named_modules()
         if isinstance(m, torch.nn.Linear) and m is not output
     )
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg

@@ -16,11 +16,10 @@ import yaml
 
 from pofe.args import pofe_config
 from pofe.run.plan import estimate as mem
+from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
+from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
-
-from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
-from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
 from pofe.run.plan.training import merge_stage, train_stage
 
 LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
@@ -32,8 +31,11 @@ def lora_kernels_on(raw: dict) -> list[str]:
     before validation, so a POFE recipe that sets none gets them."""
     if any(raw.get(k) is not None for k in LORA_KERNELS):
         return [k for k in LORA_KERNELS if raw.get(k)]
-    auto = raw.get("adapter") in ("lora", "qlora") and not raw.get("trust_remote_code") and not (
-        raw.get("adapter") == "lora" and raw.get("load_in_8bit"))
+    auto = (
+        raw.get("adapter") in ("lora", "qlora")
+        and not raw.get("trust_remote_code")
+        and not (raw.get("adapter") == "lora" and raw.get("load_in_8bit"))
+    )
     return list(LORA_KERNELS) if auto else []
 
 
@@ -48,29 +50,54 @@ def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict
     if size is None:
         parts = dict.fromkeys(("weights", "kv_cache", "runtime"))
     else:
-        parts = {"weights": mem.weights_bytes(size, dtype),
-                 "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens, "runtime": options.runtime}
-    counts = {"models": rounds + 1, "headline_answers": rounds * ev.train_prompts * ev.train_samples,
-              "held_out_answers": (rounds + 1) * ev.held_out * ev.num_samples if ev.held_out else None}
-    answers = stage("eval-answers", None, f"pi_0..pi_{rounds}", dtype=dtype, parts=parts, options=options,
-                    counts=counts, note="one model at a time")
+        parts = {
+            "weights": mem.weights_bytes(size, dtype),
+            "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
+            "runtime": options.runtime,
+        }
+    counts = {
+        "models": rounds + 1,
+        "headline_answers": rounds * ev.train_prompts * ev.train_samples,
+        "held_out_answers": (rounds + 1) * ev.held_out * ev.num_samples if ev.held_out else None,
+    }
+    answers = stage(
+        "eval-answers",
+        None,
+        f"pi_0..pi_{rounds}",
+        dtype=dtype,
+        parts=parts,
+        options=options,
+        counts=counts,
+        note="one model at a time",
+    )
     judged = []
     for judge in (pcfg.judge, ev.judge2):
         if judge is not None and judge.type in ("reward_model", "pairrm"):
             jdtype, jparts = judge_parts(judge, sizes.get(judge.model), options)
             judged.append(stage("eval-judging", None, judge.model, dtype=jdtype, parts=jparts, options=options))
     if not judged:
-        judged.append(stage("eval-judging", None, pcfg.judge.function or pcfg.judge.model or "", dtype="-",
-                            parts={}, options=options, device="cpu", note="no model on a GPU"))
+        judged.append(
+            stage(
+                "eval-judging",
+                None,
+                pcfg.judge.function or pcfg.judge.model or "",
+                dtype="-",
+                parts={},
+                options=options,
+                device="cpu",
+                note="no model on a GPU",
+            )
+        )
     return [answers, *judged]
 
 
-def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None,
-             options: PlanOptions) -> dict:
+def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None, options: PlanOptions) -> dict:
     """The plan: {"stages": [...], "warnings": [...], ...} (entries: `plan_common.stage`)."""
     pcfg = pofe_config(raw)
     if not pcfg.method or pcfg.generate is None:
-        raise ValueError("plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)")
+        raise ValueError(
+            "plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)"
+        )
     base, adapter = str(raw["base_model"]), bool(raw.get("adapter"))
     size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
     stages, warnings = [], []
@@ -89,17 +116,26 @@ def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None,
         stages += eval_stages(raw, pcfg, sizes, options)
     warnings += memory_warnings(stages, options) + kernel_warnings(raw)
     disk = [s["disk_gb"] for s in stages]
-    return {"recipe": raw.get("output_dir"), "method": pcfg.method, "rounds": pcfg.rounds, "gpus": options.gpus,
-            "gpu_memory_gb": options.gpu_memory_gb, "device": options.device, "prompts": prompts,
-            "stages": stages, "disk_gb": None if None in disk else round(sum(disk), 2), "warnings": warnings}
+    return {
+        "recipe": raw.get("output_dir"),
+        "method": pcfg.method,
+        "rounds": pcfg.rounds,
+        "gpus": options.gpus,
+        "gpu_memory_gb": options.gpu_memory_gb,
+        "device": options.device,
+        "prompts": prompts,
+        "stages": stages,
+        "disk_gb": None if None in disk else round(sum(disk), 2),
+        "warnings": warnings,
+    }
 
 
 # the keys that shrink each stage's memory, named in its warning
 STAGE_KEYS = {
     "generate": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.generate.vllm_kwargs "
-                "(max_model_len, tensor_parallel_size) or pofe.generate.batch_size",
+    "(max_model_len, tensor_parallel_size) or pofe.generate.batch_size",
     "judge": "pofe.candidates.worker_devices / num_workers (workers sharing a GPU), pofe.judge.batch_size or "
-             "pofe.judge.max_length",
+    "pofe.judge.max_length",
     "train": "micro_batch_size, gradient_checkpointing, adapter: qlora or deepspeed",
     "merge": "merge_method: memory_efficient",
     "eval-answers": "pofe.eval.batch_size",
@@ -116,9 +152,11 @@ def memory_warnings(stages: list[dict], options: PlanOptions) -> list[str]:
         if "reserved" in s["parts_gb"] and not any(k.endswith("_on_this_gpu") for k in s["parts_gb"]):
             continue  # one vLLM engine in its share: `generate_stage` said what does not fit in it
         where = "" if s["round"] is None else f" (round {s['round']})"
-        said.append(f"{s['stage']}{where}: {s['gpu_memory_gb']} GB per GPU exceeds a {options.gpu_memory_gb:g} GB "
-                    f"GPU ({s['model']}): change {STAGE_KEYS[s['stage']]}, or use larger or more GPUs "
-                    "(--gpu-memory, --gpus)")
+        said.append(
+            f"{s['stage']}{where}: {s['gpu_memory_gb']} GB per GPU exceeds a {options.gpu_memory_gb:g} GB "
+            f"GPU ({s['model']}): change {STAGE_KEYS[s['stage']]}, or use larger or more GPUs "
+            "(--gpu-memory, --gpus)"
+        )
     return said
 
 
@@ -126,10 +164,15 @@ def kernel_warnings(raw: dict) -> list[str]:
     on = lora_kernels_on(raw)
     if not on:
         return []
-    how = "set explicitly" if any(raw.get(k) is not None for k in LORA_KERNELS) else \
-        "not set, so axolotl turns them on for LoRA/QLoRA"
-    return [f"LoRA kernels {', '.join(on)} ({how}): no POFE test trains with them; set "
-            f"{': false, '.join(LORA_KERNELS)}: false unless a GPU run showed them exact"]
+    how = (
+        "set explicitly"
+        if any(raw.get(k) is not None for k in LORA_KERNELS)
+        else "not set, so axolotl turns them on for LoRA/QLoRA"
+    )
+    return [
+        f"LoRA kernels {', '.join(on)} ({how}): no POFE test trains with them; set "
+        f"{': false, '.join(LORA_KERNELS)}: false unless a GPU run showed them exact"
+    ]
 
 
 def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict:

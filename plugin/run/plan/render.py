@@ -28,13 +28,17 @@ def _memory(entry: dict) -> str:
 
 def render_text(plan: dict) -> str:
     """One block per stage, then the totals and the warnings."""
-    lines = [f"plan: {plan['method']}, {plan['rounds']} round(s), {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
-             f"({plan['device']}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"]
+    lines = [
+        f"plan: {plan['method']}, {plan['rounds']} round(s), {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
+        f"({plan['device']}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"
+    ]
     for s in plan["stages"]:
         where = "" if s["round"] is None else f"round {s['round']} "
         quant = f" {s['quantization']}" if s["quantization"] else ""
-        lines.append(f"{where}{s['stage']}: {s['model']} [{s['dtype']}{quant}] on {_where(s)}: {_memory(s)}"
-                     + ("" if s["disk_gb"] in (0, 0.0) else f", disk {'?' if s['disk_gb'] is None else s['disk_gb']} GB"))
+        lines.append(
+            f"{where}{s['stage']}: {s['model']} [{s['dtype']}{quant}] on {_where(s)}: {_memory(s)}"
+            + ("" if s["disk_gb"] in (0, 0.0) else f", disk {'?' if s['disk_gb'] is None else s['disk_gb']} GB")
+        )
         if s["parts_gb"]:
             lines.append(f"    {_parts(s)}")
         counts = {k: v for k, v in s["counts"].items() if v is not None}
@@ -61,15 +65,23 @@ def readme_table(plans: dict[str, dict]) -> str:
     for plan in plans.values():
         names += [s["stage"] for s in plan["stages"] if s["round"] in (1, None) and s["stage"] not in names]
     first = {title: {s["stage"]: s for s in p["stages"] if s["round"] in (1, None)} for title, p in plans.items()}
-    lines = ["| stage (round 1; eval after the last) | " + " | ".join(plans) + " |",
-             "|---" * (len(plans) + 1) + "|"]
+    lines = ["| stage (round 1; eval after the last) | " + " | ".join(plans) + " |", "|---" * (len(plans) + 1) + "|"]
     lines += [f"| {name} | " + " | ".join(_cell(first[t].get(name)) for t in plans) + " |" for name in names]
-    lines.append("| disk, round 1 (checkpoints kept, model, merged model) | " + " | ".join(
-        f"{sum(s['disk_gb'] or 0 for s in p['stages'] if s['round'] == 1):g} GB" for p in plans.values()) + " |")
+    lines.append(
+        "| disk, round 1 (checkpoints kept, model, merged model) | "
+        + " | ".join(f"{sum(s['disk_gb'] or 0 for s in p['stages'] if s['round'] == 1):g} GB" for p in plans.values())
+        + " |"
+    )
     lines.append("| disk, the whole run | " + " | ".join(f"{p['disk_gb']} GB" for p in plans.values()) + " |")
-    lines.append("| round 1: prompts, candidates, judge calls | " + " | ".join(
-        f"{first[t]['generate']['counts']['prompts']}, {first[t]['generate']['counts']['candidates']}, "
-        f"{first[t]['judge']['counts']['judge_calls']}" for t in plans) + " |")
+    lines.append(
+        "| round 1: prompts, candidates, judge calls | "
+        + " | ".join(
+            f"{first[t]['generate']['counts']['prompts']}, {first[t]['generate']['counts']['candidates']}, "
+            f"{first[t]['judge']['counts']['judge_calls']}"
+            for t in plans
+        )
+        + " |"
+    )
     return "\n".join(lines)
 
 

@@ -14,9 +14,11 @@ JUDGE_KINDS = {"reward_model": "sequence_classification", "pairrm": "encoder"}
 
 
 def _not_cached(model: str, key: str) -> str:
-    return (f"{key}: {model} is not in the local cache (HF hub cache) and is not a local directory: it cannot be "
-            "sized offline, nor told missing or gated (gated models need `huggingface-cli login` and the model's "
-            f"terms accepted). Fetch its config once: huggingface-cli download {model} config.json")
+    return (
+        f"{key}: {model} is not in the local cache (HF hub cache) and is not a local directory: it cannot be "
+        "sized offline, nor told missing or gated (gated models need `huggingface-cli login` and the model's "
+        f"terms accepted). Fetch its config once: huggingface-cli download {model} config.json"
+    )
 
 
 def size_of(model: str, kind: str, key: str) -> tuple[ModelSize | None, list[str]]:
@@ -81,10 +83,12 @@ def double_bos(model: str) -> str | None:
     ids = tok(text, add_special_tokens=True).input_ids
     if ids[:2] != [tok.bos_token_id] * 2:
         return None
-    return (f"base_model: {model}'s chat template writes BOS ({tok.bos_token!r}) and its tokenizer adds one: "
-            "text sent to a backend that tokenizes with add_special_tokens=True (vLLM, /v1/completions) starts "
-            "with two BOS. Send token ids (pofe.generate.backend: vllm, in process), or a server that takes "
-            "add_special_tokens: false")
+    return (
+        f"base_model: {model}'s chat template writes BOS ({tok.bos_token!r}) and its tokenizer adds one: "
+        "text sent to a backend that tokenizes with add_special_tokens=True (vLLM, /v1/completions) starts "
+        "with two BOS. Send token ids (pofe.generate.backend: vllm, in process), or a server that takes "
+        "add_special_tokens: false"
+    )
 
 
 def free_disk(output_dir: str) -> float:
@@ -99,5 +103,7 @@ def disk_warning(plan: dict, free: float) -> list[str]:
     need = plan["disk_gb"]
     if need is None or need * GB <= free:
         return []
-    return [f"the run writes about {need} GB under output_dir ({plan['recipe']}), more than the {free / GB:.1f} GB "
-            "free there: set save_total_limit (and save_only_model for ZeRO-3), or another output_dir"]
+    return [
+        f"the run writes about {need} GB under output_dir ({plan['recipe']}), more than the {free / GB:.1f} GB "
+        "free there: set save_total_limit (and save_only_model for ZeRO-3), or another output_dir"
+    ]

@@ -3,11 +3,17 @@ round's checkpoints, model and merged model take."""
 
 from __future__ import annotations
 
-from pofe.run.plan import estimate as mem
 from pofe.args import PofeConfig
+from pofe.run.plan import estimate as mem
+from pofe.run.plan.common import (
+    MAX_SHARD_BYTES,
+    PlanOptions,
+    compute_dtype,
+    deepspeed_config,
+    stage,
+    trained_candidates,
+)
 from pofe.run.plan.estimate import ModelSize
-
-from pofe.run.plan.common import MAX_SHARD_BYTES, PlanOptions, compute_dtype, deepspeed_config, stage, trained_candidates
 
 TRAIN_PARTS = ("weights", "trainable_state", "activations", "logits", "runtime")
 
@@ -35,8 +41,12 @@ def train_memory(raw: dict, pcfg: PofeConfig, size: ModelSize, options: PlanOpti
         parts["trainable_state"] = lora_count(raw, size) * mem.LORA_STATE_BYTES
     elif zero.get("stage") == 3:
         parts["zero3_model_states"] = mem.zero3_model_states(
-            size.total, size.largest_layer, options.gpus, _offloaded(zero, "offload_optimizer"),
-            _offloaded(zero, "offload_param"))
+            size.total,
+            size.largest_layer,
+            options.gpus,
+            _offloaded(zero, "offload_optimizer"),
+            _offloaded(zero, "offload_param"),
+        )
     else:
         parts["weights"] = mem.weights_bytes(size, dtype)
         parts["trainable_state"] = mem.full_state_bytes(size.total, dtype, str(raw.get("optimizer", "")))
@@ -70,21 +80,40 @@ def train_disk(raw: dict, size: ModelSize, steps: int | None, options: PlanOptio
     else:
         mode = "zero3" if zero.get("stage") == 3 else "full"
         trainable, final = size.total, size.total * mem.DTYPE_BYTES[dtype]
-    each = mem.checkpoint_bytes(mode, trainable, dtype, str(raw.get("optimizer", "")), only_model,
-                                bool(zero.get("stage3_gather_16bit_weights_on_model_save", True)))
+    each = mem.checkpoint_bytes(
+        mode,
+        trainable,
+        dtype,
+        str(raw.get("optimizer", "")),
+        only_model,
+        bool(zero.get("stage3_gather_16bit_weights_on_model_save", True)),
+    )
     every, kept = save_points(raw, steps)
-    info = {"checkpoint_gb": round(each / mem.GB, 2), "checkpoints_kept": kept, "save_steps": every,
-            "model_gb": round(final / mem.GB, 2)}
+    info = {
+        "checkpoint_gb": round(each / mem.GB, 2),
+        "checkpoints_kept": kept,
+        "save_steps": every,
+        "model_gb": round(final / mem.GB, 2),
+    }
     return (None if kept is None else kept * each + final), info
 
 
-def train_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None,
-                options: PlanOptions) -> tuple[dict, list[str]]:
+def train_stage(
+    raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None, options: PlanOptions
+) -> tuple[dict, list[str]]:
     """Training (and SPPO's anchor table, computed by the same model before the first step)."""
     dp, warnings = options.gpus if options.device == "cuda" else 1, []
-    steps = None if prompts is None else mem.steps_per_round(
-        prompts, int(raw.get("micro_batch_size", 1)), int(raw.get("gradient_accumulation_steps", 1)), dp,
-        float(raw.get("num_epochs", 1)))
+    steps = (
+        None
+        if prompts is None
+        else mem.steps_per_round(
+            prompts,
+            int(raw.get("micro_batch_size", 1)),
+            int(raw.get("gradient_accumulation_steps", 1)),
+            dp,
+            float(raw.get("num_epochs", 1)),
+        )
+    )
     counts = {"rows": prompts, "responses_per_row": trained_candidates(pcfg), "steps": steps}
     if size is None:
         parts, disk = dict.fromkeys(TRAIN_PARTS), None
@@ -96,12 +125,24 @@ def train_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, mod
             warnings.append(
                 f"round {t} train: {info['checkpoint_gb']} GB a checkpoint, one every {info['save_steps']} steps, and "
                 "neither the step count (the prompts could not be counted: pass --prompts) nor save_total_limit "
-                "bounds them: set save_total_limit")
+                "bounds them: set save_total_limit"
+            )
     zero = deepspeed_config(raw)
     how = "ZeRO-3 shards" if zero.get("stage") == 3 else "a copy per GPU" if dp > 1 else ""
-    return stage("train", t, model, dtype=compute_dtype(raw, options.device), quantization=quantization(raw),
-                 parts=parts, options=options, gpus=dp, dp=dp, disk=disk, counts=counts,
-                 note=how), warnings
+    return stage(
+        "train",
+        t,
+        model,
+        dtype=compute_dtype(raw, options.device),
+        quantization=quantization(raw),
+        parts=parts,
+        options=options,
+        gpus=dp,
+        dp=dp,
+        disk=disk,
+        counts=counts,
+        note=how,
+    ), warnings
 
 
 def merge_stage(raw: dict, size: ModelSize | None, t: int, model: str, options: PlanOptions) -> dict:
@@ -109,8 +150,9 @@ def merge_stage(raw: dict, size: ModelSize | None, t: int, model: str, options: 
     GPU), legacy loads the whole model; round-<t>/merged is the next policy, in the base's dtype."""
     dtype = size.dtype if size is not None else "bfloat16"
     if size is None:
-        return stage("merge", t, model, dtype=dtype, parts=dict.fromkeys(("weights", "runtime")), options=options,
-                     disk=None)
+        return stage(
+            "merge", t, model, dtype=dtype, parts=dict.fromkeys(("weights", "runtime")), options=options, disk=None
+        )
     whole = mem.weights_bytes(size, dtype)
     legacy = str(raw.get("merge_method", "memory_efficient")) == "legacy"
     parts = {"weights": whole if legacy else min(whole, MAX_SHARD_BYTES), "runtime": options.runtime}

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pofe.files import write_atomic
-
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
+
 from .cells import fmt
 from .collect import collect
 from .markdown import render_markdown
@@ -37,16 +37,23 @@ class Report:
     def terminal_summary(self) -> str:
         """A few lines for the terminal: per round, per model, cycles, where the report is."""
         rep = self.data
-        lines = [f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
-                 f"{rep['final_policy']}"]
+        lines = [
+            f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
+            f"{rep['final_policy']}"
+        ]
         if rep.get("stopped"):
-            lines.append(f"  STOPPED after round {rep['stopped']['after_round']} (pofe.stop_when): "
-                         + "; ".join(f["why"] for f in rep["stopped"]["fired"]))
+            lines.append(
+                f"  STOPPED after round {rep['stopped']['after_round']} (pofe.stop_when): "
+                + "; ".join(f["why"] for f in rep["stopped"]["fired"])
+            )
         for r in rep["rounds"]:
             cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
-            trained = (f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
-                       f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
-                       if head else "")
+            trained = (
+                f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
+                f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
+                if head
+                else ""
+            )
             lines.append(
                 f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
                 f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
@@ -58,16 +65,26 @@ class Report:
         if ev:
             names = [m["name"] for m in ev["models"]]
             rewards = ev["mean_reward"] or [None] * len(names)
-            lines.append("  held-out: " + ", ".join(
-                f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"])))
+            lines.append(
+                "  held-out: "
+                + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
+            )
             if ev.get("vs_pi_0"):
-                lines.append("  vs pi_0, raw / length-controlled: " + ", ".join(
-                    f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v))
+                lines.append(
+                    "  vs pi_0, raw / length-controlled: "
+                    + ", ".join(
+                        f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v
+                    )
+                )
             choice = rep.get("choice")
             if choice:
-                lines.append(f"  use {choice['name']} (best length-controlled win rate against pi_0)" + "".join(
-                    f"; {r['model']} {'REGRESSED' if r['clear'] else 'did not improve'} against {r['previous']}"
-                    for r in choice["regressions"]))
+                lines.append(
+                    f"  use {choice['name']} (best length-controlled win rate against pi_0)"
+                    + "".join(
+                        f"; {r['model']} {'REGRESSED' if r['clear'] else 'did not improve'} against {r['previous']}"
+                        for r in choice["regressions"]
+                    )
+                )
             if ev["cycles"]:
                 lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
         else:

@@ -16,13 +16,13 @@ from typing import Any
 
 from pofe.files import read_jsonl
 from pofe.methods import method_spec
-
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
+from pofe.run.evaluation.statistics import find_cycles
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
+
 from ..provenance import round_record
-from pofe.run.evaluation.statistics import find_cycles
 from .lengths import candidate_lengths
 from .truncation import round_truncation
 
@@ -106,7 +106,9 @@ def collect(folder: RunFolder) -> dict:
     if state is None:
         raise ValueError(f"no run state at {folder.state}: nothing to report")
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
-    evaluation = _read_json(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
+    evaluation = (
+        _read_json(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
+    )
     headline = _read_json(folder.eval_dir / HEADLINE_JSON)
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
     report: dict[str, Any] = {
@@ -139,5 +141,8 @@ def sample_rows(report: dict) -> list[dict]:
     """The headline's sampled completions of every round, as plain rows: round, index (of the
     prompt in the round's candidates), sample, prompt, completion, reward, best_candidate,
     best_candidate_reward."""
-    return [{"round": r["round"], **row} for r in report["rounds"]
-            for row in (r.get("trained_on_train_prompts") or {}).get("samples", [])]
+    return [
+        {"round": r["round"], **row}
+        for r in report["rounds"]
+        for row in (r.get("trained_on_train_prompts") or {}).get("samples", [])
+    ]

@@ -15,9 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pofe.methods import method_spec
-
-from pofe.run.evaluation.statistics import median
 from pofe.run.evaluation.headline import shard_rows
+from pofe.run.evaluation.statistics import median
 
 
 def length_stats(xs: list[int]) -> dict:

@@ -48,8 +48,9 @@ def rewards_plot(rep: dict, out: Path) -> bool:
     if ev and ev.get("mean_reward"):
         series["pi_t on the held-out prompts"] = list(enumerate(ev["mean_reward"]))
     if ev and ev.get("best_of_k"):
-        series["held-out: best-of-k of round t's candidates"] = [(b["round"], b["best_of_k_reward"])
-                                                                 for b in ev["best_of_k"]]
+        series["held-out: best-of-k of round t's candidates"] = [
+            (b["round"], b["best_of_k_reward"]) for b in ev["best_of_k"]
+        ]
     series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
     if not any(series.values()):
         return False
@@ -137,8 +138,14 @@ def lengths_plot(rep: dict, out: Path) -> bool:
         if points:
             lows = [y - (ci[0] if ci[0] is not None else y) for _, y, ci in points]
             highs = [(ci[1] if ci[1] is not None else y) - y for _, y, ci in points]
-            axes[0].errorbar([x for x, _, _ in points], [y for _, y, _ in points], yerr=[lows, highs],
-                             marker="o", capsize=3, label=label)
+            axes[0].errorbar(
+                [x for x, _, _ in points],
+                [y for _, y, _ in points],
+                yerr=[lows, highs],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
     axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
     axes[0].set_ylim(0, 1)
     axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
@@ -148,8 +155,12 @@ def lengths_plot(rep: dict, out: Path) -> bool:
         if points:
             axes[1].plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"round t {label}")
     if ev.get("response_tokens"):
-        axes[1].plot(range(len(ev["response_tokens"]["mean"])), ev["response_tokens"]["mean"], marker="s",
-                     label="held-out answers of pi_t")
+        axes[1].plot(
+            range(len(ev["response_tokens"]["mean"])),
+            ev["response_tokens"]["mean"],
+            marker="s",
+            label="held-out answers of pi_t",
+        )
     axes[1].set_title("mean tokens")
     _style(axes[1], "round t / model pi_t (0 = base)")
     _save(plt, fig, out)

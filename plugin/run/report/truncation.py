@@ -46,15 +46,26 @@ def truncation_section(rep: dict) -> list[str]:
         cut = r.get("truncation")
         if cut:
             reasons = ", ".join(f"{k} {v}" for k, v in cut["rows_dropped"].items()) or "none"
-            rows.append([str(r["round"]), f"{cut['rows_over_sequence_len']} of {cut['rows']}",
-                         f"{cut['truncation']} at {cut['sequence_len']}", str(cut["rows_with_turns_cut"]),
-                         str(cut["rows_with_responses_cut"]), f"{sum(cut['rows_dropped'].values())} ({reasons})",
-                         f"`{cut['record']}`"])
+            rows.append(
+                [
+                    str(r["round"]),
+                    f"{cut['rows_over_sequence_len']} of {cut['rows']}",
+                    f"{cut['truncation']} at {cut['sequence_len']}",
+                    str(cut["rows_with_turns_cut"]),
+                    str(cut["rows_with_responses_cut"]),
+                    f"{sum(cut['rows_dropped'].values())} ({reasons})",
+                    f"`{cut['record']}`",
+                ]
+            )
     if not rows:
         return []
-    return ["### Length policy", "",
-            "Rows longer than `sequence_len` (`pofe.truncation`): kept with their oldest prompt turns cut, "
-            "kept with responses cut (trained without an end of turn, never as finished), or dropped; the "
-            "record names each row.", "",
-            table(["round", "rows over", "policy", "turns cut", "responses cut", "dropped", "per-row record"], rows),
-            ""]
+    return [
+        "### Length policy",
+        "",
+        "Rows longer than `sequence_len` (`pofe.truncation`): kept with their oldest prompt turns cut, "
+        "kept with responses cut (trained without an end of turn, never as finished), or dropped; the "
+        "record names each row.",
+        "",
+        table(["round", "rows over", "policy", "turns cut", "responses cut", "dropped", "per-row record"], rows),
+        "",
+    ]

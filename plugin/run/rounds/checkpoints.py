@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from pofe.files import file_sha256, stable_hash, write_atomic
-
 from pofe.run.folder import RunStateMismatch, checkpoints
 
 RECORD_NAME = "pofe-train.json"
@@ -67,20 +66,24 @@ def check_resume(train_dir: Path, checkpoint: Path, identity: dict[str, str], t:
     """Raise RunStateMismatch unless `checkpoint` was written by a training of `identity`,
     naming the checkpoint and the settings that differ."""
     path = train_dir / RECORD_NAME
-    fix = (f"Delete {train_dir} to train round {t} afresh with this recipe, or use a new output_dir "
-           "(or restore the recipe that wrote it).")
+    fix = (
+        f"Delete {train_dir} to train round {t} afresh with this recipe, or use a new output_dir "
+        "(or restore the recipe that wrote it)."
+    )
     try:
         recorded = json.loads(path.read_text())["keys"]
     except (OSError, ValueError, KeyError, TypeError):
         raise RunStateMismatch(
             f"round {t} would resume from {checkpoint}, but {path} (the record of the recipe that wrote "
-            "it) is missing or unreadable: another run's, or an older POFE's. " + fix) from None
+            "it) is missing or unreadable: another run's, or an older POFE's. " + fix
+        ) from None
     if stable_hash(recorded) == stable_hash(identity):
         return
     differ = sorted(k for k in set(recorded) | set(identity) if recorded.get(k) != identity.get(k))
     raise RunStateMismatch(
         f"round {t} would resume from {checkpoint}, which a training with other settings wrote "
-        f"(recorded in {path}; differs in: {', '.join(differ)}). " + fix)
+        f"(recorded in {path}; differs in: {', '.join(differ)}). " + fix
+    )
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -134,8 +137,10 @@ def deepspeed_problem(checkpoint: Path) -> str | None:
     """
     latest = checkpoint / "latest"
     if not latest.is_file():
-        return (f"{checkpoint} holds no DeepSpeed state (no `latest` file naming its global_step folder; "
-                "saved with save_only_model?)")
+        return (
+            f"{checkpoint} holds no DeepSpeed state (no `latest` file naming its global_step folder; "
+            "saved with save_only_model?)"
+        )
     tag = checkpoint / latest.read_text().strip()
     if not tag.is_dir():
         return f"{latest} names {tag.name}, which {checkpoint} lacks"

@@ -47,26 +47,33 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 import yaml
+
 from pofe.args import PofeConfig, pofe_config
 from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
-from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
-from pofe.run.prompts import held_out_count, without_held_out
+from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch, checkpoints
-from pofe.run.guards import RunLock
-from pofe.run.guards import claim_recipe_output_dir
+from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_lost_merge
+from pofe.run.prompts import held_out_count, load_round_prompts, resolve_round_prompts, split_prompts, without_held_out
 from pofe.run.provenance import stage_environment
-from pofe.run.prompts import load_round_prompts, resolve_round_prompts, split_prompts
-from pofe.run.rounds.publish import hub_dataset_repo, hub_model_repo, log_round_metrics, push_candidates, push_model, round_metrics, tracker_env, uses_wandb
-from pofe.run.rounds.round_recipe import RoundRecipe, round_recipe
 from pofe.run.recipe import load_recipe, recipe_fingerprint
 from pofe.run.report import write_report
 from pofe.run.report.collect import sample_rows
+from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
+from pofe.run.rounds.processes import axolotl_command
+from pofe.run.rounds.publish import (
+    hub_dataset_repo,
+    hub_model_repo,
+    log_round_metrics,
+    push_candidates,
+    push_model,
+    round_metrics,
+    tracker_env,
+    uses_wandb,
+)
+from pofe.run.rounds.round_recipe import RoundRecipe, round_recipe
 from pofe.run.rounds.runner import StageRunner
-from pofe.logs import Echo
-from pofe.run.rounds.processes import axolotl_command
-from pofe.run.guards import check_prompt_sources, prompt_sources, redo_lost_merge
-from pofe.run.rounds.processes import axolotl_command
 
 
 def check_iterable(cfg, pcfg: PofeConfig) -> None:
@@ -138,8 +145,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, folder: RunFolder, runner: StageRunne
         runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
         if any(removed):
             runner.echo(f"prompts: removed held-out prompts from the rounds' sets (per round: {removed})")
-        return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes,
-                "held_out_removed": removed}
+        return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes, "held_out_removed": removed}
 
     runner.run("prompts", work)
 
@@ -192,8 +198,9 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).resolve()) if Path(path).exists() else path
 
 
-def resume_point(folder: RunFolder, state: RunState, t: int, echo: Echo = print,
-                 deepspeed: bool = False) -> Path | None:
+def resume_point(
+    folder: RunFolder, state: RunState, t: int, echo: Echo = print, deepspeed: bool = False
+) -> Path | None:
     """The checkpoint round t's training resumes from: an unfinished stage's last whole one
     (`checkpoints.resumable`, with its DeepSpeed state for a `deepspeed` recipe; a finished
     stage's forced checkpoint is gone), or the one a finished stage resumed from."""
@@ -280,12 +287,20 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
         return {"merged": str(folder.merged(t))}
 
     environment = stage_environment(raw)  # what each stage's process runs with (`pofe.run.provenance`)
-    runner.run(f"round-{t}/preprocess", preprocess, says=f"{step}: generate + judge + tokenise from {plan.policy}",
-               started={"environment": environment})
+    runner.run(
+        f"round-{t}/preprocess",
+        preprocess,
+        says=f"{step}: generate + judge + tokenise from {plan.policy}",
+        started={"environment": environment},
+    )
     if not state.done(f"round-{t}/train"):
         claim_training(folder, t, derived.recipe, resume)
-    runner.run(f"round-{t}/train", train, says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
-               started={"resumed_from": str(resume) if resume else None, "environment": environment})
+    runner.run(
+        f"round-{t}/train",
+        train,
+        says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
+        started={"resumed_from": str(resume) if resume else None, "environment": environment},
+    )
     if plan.adapter:
         redo_lost_merge(folder, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
@@ -315,7 +330,9 @@ def run_rounds(
     folder.root.mkdir(parents=True, exist_ok=True)
     with RunLock.acquire(folder.lock, echo) as lock:
         state = RunState.open(
-            folder.state, fingerprint=recipe_fingerprint(raw), recipe=str(Path(recipe_path).resolve()),
+            folder.state,
+            fingerprint=recipe_fingerprint(raw),
+            recipe=str(Path(recipe_path).resolve()),
             method=pcfg.method,
         )
         runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
@@ -329,8 +346,14 @@ def run_rounds(
         base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
         state.data["stopped"] = None
         for t in range(1, pcfg.rounds + 1):
-            plan = RoundPlan(t=t, rounds=pcfg.rounds, policy=policy, adapter=bool(cfg.adapter),
-                             seed=base_seed + (t - 1), launcher=launcher)
+            plan = RoundPlan(
+                t=t,
+                rounds=pcfg.rounds,
+                policy=policy,
+                adapter=bool(cfg.adapter),
+                seed=base_seed + (t - 1),
+                launcher=launcher,
+            )
             policy = run_round(raw, folder, plan, runner)
             if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, folder, pcfg, runner, t):
                 break
@@ -349,11 +372,16 @@ def run_rounds(
 def evaluate_rounds(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRunner) -> None:
     """The eval stage, `axolotl pofe eval` in its own process; run again when the run has
     more finished rounds (other models) than the recorded evaluation."""
-    says = "evaluate: each round's headline" + (", every iterate on held-out prompts"
-                                                 if pcfg.eval.has_held_out else "")
+    says = "evaluate: each round's headline" + (
+        ", every iterate on held-out prompts" if pcfg.eval.has_held_out else ""
+    )
     command = axolotl_command("pofe", "eval", "--no-report", str(recipe_path))
-    runner.run("eval", lambda: runner.command(command, folder.root / "eval.log"), says=says,
-               inputs={"models": eval_models(runner.state, pcfg.rounds)})
+    runner.run(
+        "eval",
+        lambda: runner.command(command, folder.root / "eval.log"),
+        says=says,
+        inputs={"models": eval_models(runner.state, pcfg.rounds)},
+    )
 
 
 def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRunner, t: int) -> bool:
@@ -371,8 +399,9 @@ def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRu
         return stop_decision(json.loads(ev_path.read_text()) if ev_path.exists() else None, rule)
 
     name = f"round-{t}/stop-check"
-    runner.run(name, work, says=f"round {t}: check pofe.stop_when on the held-out prompts",
-               inputs={"rule": rule.model_dump()})
+    runner.run(
+        name, work, says=f"round {t}: check pofe.stop_when on the held-out prompts", inputs={"rule": rule.model_dump()}
+    )
     decision = {k: runner.state.data["stages"][name][k] for k in ("stop", "round", "fired", "unread")}
     for why in decision["unread"]:
         runner.echo(f"round {t}: pofe.stop_when not checked: {why}")
@@ -398,5 +427,8 @@ def log_rounds(raw: dict, report: dict, folder: RunFolder, runner: StageRunner) 
 def merge_command(recipe: Path, adapter: Path, round_dir: Path) -> list[str]:
     """The merge stage's command: `adapter` into the `recipe`'s base_model, to `round_dir/merged`."""
     return axolotl_command(
-        "merge-lora", str(recipe), f"--lora-model-dir={adapter}", f"--output-dir={round_dir}",
+        "merge-lora",
+        str(recipe),
+        f"--lora-model-dir={adapter}",
+        f"--output-dir={round_dir}",
     )

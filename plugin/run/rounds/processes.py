@@ -19,7 +19,6 @@ from pathlib import Path
 from pofe.files import private_opener
 from pofe.logs import Echo
 
-
 # Seconds a stopped stage gets between SIGTERM and SIGKILL.
 STOP_GRACE = 10.0
 
@@ -42,8 +41,14 @@ def axolotl_command(*args: str) -> list[str]:
     return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "axolotl.cli.main", *args]
 
 
-def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tuple[int, ...] = (),
-               env: dict[str, str] | None = None) -> None:
+def run_logged(
+    cmd: list[str],
+    log: Path,
+    echo: Echo,
+    stream: bool,
+    keep_fds: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
+) -> None:
     """Run `cmd` under `guard`; its output, secrets masked (`redact_text`), goes to `log` (and
     the terminal when `stream`).
 
@@ -61,8 +66,15 @@ def run_logged(cmd: list[str], log: Path, echo: Echo, stream: bool, keep_fds: tu
         # when this process ends. Its own session keeps it out of signals sent to ours
         # (`kill -9 %1` kills the runner, and the guard then ends the stage).
         with subprocess.Popen(
-            guarded, env={**child_env(), **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1, pass_fds=keep_fds, start_new_session=True,
+            guarded,
+            env={**child_env(), **(env or {})},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            pass_fds=keep_fds,
+            start_new_session=True,
         ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:

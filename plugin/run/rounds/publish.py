@@ -69,7 +69,9 @@ def push_model(api, repo_id: str, folder: Path, t: int) -> str:
     `api`: a `huggingface_hub.HfApi` (its endpoint and token say where and as whom)."""
     api.create_repo(repo_id, repo_type="model", private=True, exist_ok=True)
     commit = api.upload_folder(
-        repo_id=repo_id, folder_path=str(folder), repo_type="model",
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
         commit_message=f"POFE round {t}: the merged iterate",
     )
     return str(commit.commit_url)
@@ -86,7 +88,10 @@ def push_candidates(api, repo_id: str, candidates_dir: Path, t: int) -> str:
         CommitOperationAdd(path_in_repo="pofe/summary.json", path_or_fileobj=str(candidates_dir / "summary.json")),
     ]
     commit = api.create_commit(
-        repo_id, operations, repo_type="dataset", commit_message=f"POFE round {t}: judged candidates",
+        repo_id,
+        operations,
+        repo_type="dataset",
+        commit_message=f"POFE round {t}: judged candidates",
     )
     return str(commit.commit_url)
 
@@ -142,8 +147,9 @@ def round_metrics(report: dict) -> list[tuple[int, dict[str, float]]]:
     return out
 
 
-def log_round_metrics(raw: dict, rows: list[tuple[int, dict[str, float]]], wandb_dir: Path,
-                      samples: list[dict] | None = None) -> str:
+def log_round_metrics(
+    raw: dict, rows: list[tuple[int, dict[str, float]]], wandb_dir: Path, samples: list[dict] | None = None
+) -> str:
     """Log `rows` to the W&B run `<name>-rounds` (group `<name>`) of the recipe's project, and
     `samples` (the report's sampled completions, `report.collect.sample_rows`) as the table
     `samples` at the last step; its id. The id follows the numbers, so a rerun with the same
@@ -153,9 +159,16 @@ def log_round_metrics(raw: dict, rows: list[tuple[int, dict[str, float]]], wandb
     name = run_name(raw)
     run_id = f"{name}-rounds-{stable_hash(rows, 8)}"
     run = wandb.init(
-        project=raw["wandb_project"], entity=raw.get("wandb_entity"), name=f"{name}-rounds",
-        group=name, job_type="pofe-rounds", id=run_id, resume="allow", mode=raw.get("wandb_mode"),
-        dir=str(wandb_dir), config={"method": (raw.get("pofe") or {}).get("method") or raw.get("rl")},
+        project=raw["wandb_project"],
+        entity=raw.get("wandb_entity"),
+        name=f"{name}-rounds",
+        group=name,
+        job_type="pofe-rounds",
+        id=run_id,
+        resume="allow",
+        mode=raw.get("wandb_mode"),
+        dir=str(wandb_dir),
+        config={"method": (raw.get("pofe") or {}).get("method") or raw.get("rl")},
     )
     try:
         if samples:  # one table at the last step: W&B steps only go forward

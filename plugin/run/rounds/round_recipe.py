@@ -13,6 +13,7 @@ from typing import NamedTuple
 from pofe.run.folder import RunFolder
 from pofe.run.rounds.publish import hub_model_repo, tracker_keys
 
+
 class RoundRecipe(NamedTuple):
     """A round's recipe, and whether it saves only so that trainer_state.json exists
     (then the runner removes that checkpoint after copying the state out)."""

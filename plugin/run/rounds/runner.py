@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pofe.run.folder import RunState
 from pofe.logs import Echo
+from pofe.run.folder import RunState
 from pofe.run.rounds.processes import run_logged
 
 # What a stage's work returns: the facts its finish records (None: none).
@@ -30,8 +30,7 @@ class StageRunner:
     stage that outlives its runner still holds the output_dir).
     """
 
-    def __init__(self, state: RunState, *, echo: Echo = print, stream: bool = True,
-                 keep_fds: tuple[int, ...] = ()):
+    def __init__(self, state: RunState, *, echo: Echo = print, stream: bool = True, keep_fds: tuple[int, ...] = ()):
         self.state = state
         self.echo = echo
         self.stream = stream
@@ -42,8 +41,15 @@ class StageRunner:
         record = self.state.data["stages"].get(name, {})
         return self.state.done(name) and all(record.get(k) == v for k, v in (inputs or {}).items())
 
-    def run(self, name: str, work: Callable[[], Facts], *, says: str | None = None,
-            started: Mapping[str, Any] | None = None, inputs: Mapping[str, Any] | None = None) -> None:
+    def run(
+        self,
+        name: str,
+        work: Callable[[], Facts],
+        *,
+        says: str | None = None,
+        started: Mapping[str, Any] | None = None,
+        inputs: Mapping[str, Any] | None = None,
+    ) -> None:
         """Stage `name`: skipped when done; else echo `says`, record its start (with the facts
         in `started`), call `work()`, and record its finish with the facts `work` returns.
 
