@@ -31,13 +31,12 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.judges import interleaved, write_result
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.openai_client import OpenAIClient
 from pofe.preprocess.shards import judged_in_turn
 from tests.preprocess.test_openai_endpoint import FakeServer
-
-from .judges import interleaved, write_result
 
 ALPHA, SCALE_S = 1.5, 0.016  # Pareto: median SCALE_S * 2 ** (1 / ALPHA) ~ 25 ms
 

@@ -10,7 +10,7 @@ __all__ = ["PofePlugin", "__version__"]
 def __getattr__(name: str):
     # Lazy, so `pofe.losses` and `pofe.preprocess` import without axolotl.
     if name == "PofePlugin":
-        from .plugin import PofePlugin
+        from pofe.plugin import PofePlugin
 
         return PofePlugin
     raise AttributeError(f"module 'pofe' has no attribute {name!r}")

@@ -29,9 +29,9 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError
 from tqdm.auto import tqdm
 
-from .batching import length_sorted_batches
-from .distributed import all_ranks, merge_rows, rank_and_world
-from .logs import get_logger
+from pofe.batching import length_sorted_batches
+from pofe.distributed import all_ranks, merge_rows, rank_and_world
+from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
 

@@ -29,10 +29,10 @@ def candidates(config: str, stage: str):
     """
     from axolotl.cli.config import load_cfg
 
-    from .args import pofe_config
-    from .data.candidates import build_candidates
-    from .data.formats import RowFormat
-    from .data.sources import load_entry
+    from pofe.args import pofe_config
+    from pofe.data.candidates import build_candidates
+    from pofe.data.formats import RowFormat
+    from pofe.data.sources import load_entry
 
     cfg = load_cfg(config)
     pcfg = pofe_config(cfg)
@@ -147,8 +147,7 @@ def eval_(config: str, no_report: bool):
     """Score each round's trained model on its own prompts (the report's headline) and, with
     held-out prompts, every iterate on them (pofe.eval); then report."""
     from pofe.run.evaluation.evaluate import evaluate_run
-
-    from .run.report import write_report
+    from pofe.run.report import write_report
 
     try:
         folder = evaluate_run(config, echo=click.echo)
@@ -165,8 +164,7 @@ def report(config: str):
     import yaml
 
     from pofe.run.folder import RunFolder
-
-    from .run.report import write_report
+    from pofe.run.report import write_report
 
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
     if not out:

@@ -11,7 +11,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from .logs import get_logger
+from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
 

@@ -6,10 +6,10 @@ from importlib import import_module
 
 from axolotl.integrations.base import BasePlugin
 
-from .args import pofe_config, translate_raw_config
-from .logs import redact_logger
-from .methods import method_spec
-from .paths import check_unexpanded_paths
+from pofe.args import pofe_config, translate_raw_config
+from pofe.logs import redact_logger
+from pofe.methods import method_spec
+from pofe.paths import check_unexpanded_paths
 
 
 class PofePlugin(BasePlugin):
@@ -30,7 +30,7 @@ class PofePlugin(BasePlugin):
 
         redact_logger("axolotl.cli.config", redact_text)
         check_unexpanded_paths(cfg)
-        from .distributed import skip_deepspeed_shm_build
+        from pofe.distributed import skip_deepspeed_shm_build
 
         skip_deepspeed_shm_build(cfg)  # before load_cfg starts DeepSpeed's comm
 
@@ -40,7 +40,7 @@ class PofePlugin(BasePlugin):
     def pre_model_load(self, cfg):
         if pofe_config(cfg).method is None:
             return
-        from .distributed import place_ranks_on_cpu
+        from pofe.distributed import place_ranks_on_cpu
 
         place_ranks_on_cpu(cfg)
         if cfg.seed is not None:
@@ -54,7 +54,7 @@ class PofePlugin(BasePlugin):
         pofe = pofe_config(cfg)
         if pofe.method is None:
             return None
-        from .data.loader import load_pofe_datasets
+        from pofe.data.loader import load_pofe_datasets
 
         return load_pofe_datasets(cfg, pofe, preprocess)
 
@@ -68,7 +68,7 @@ class PofePlugin(BasePlugin):
             return None
         from axolotl.core.training_args import AxolotlTrainingArguments
 
-        from .training_args import PofeTrainingArgsMixin, pofe_training_args
+        from pofe.training_args import PofeTrainingArgsMixin, pofe_training_args
 
         # axolotl merges the mixin only if this plugin registered before that module was
         # first imported; otherwise say so, instead of the builder's "unexpected keyword"
@@ -92,7 +92,7 @@ class PofePlugin(BasePlugin):
         pofe = pofe_config(cfg)
         if pofe.method is None:
             return None
-        from .collator import KResponseCollator
-        from .prefix import prefix_sharing_enabled
+        from pofe.collator import KResponseCollator
+        from pofe.prefix import prefix_sharing_enabled
 
         return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, pofe, is_eval)}

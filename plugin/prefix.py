@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from .args import PofeConfig
-from .distributed import sum_over_ranks
-from .logs import get_logger
-from .modeling import attention_backend, model_config
+from pofe.args import PofeConfig
+from pofe.distributed import sum_over_ranks
+from pofe.logs import get_logger
+from pofe.modeling import attention_backend, model_config
 
 LOG = get_logger(__name__)
 

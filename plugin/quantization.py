@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .logs import get_logger
+from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
 

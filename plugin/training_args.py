@@ -13,7 +13,7 @@ TrainingArguments class, so it imports nothing of axolotl's.
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .args import PofeConfig
+from pofe.args import PofeConfig
 
 PREFIX = "pofe_"
 

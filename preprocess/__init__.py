@@ -5,8 +5,8 @@
 Heavy modules (backends, judges, the pipeline) are imported on first use.
 """
 
-from .config import CandidatesConfig, GenerateConfig, JudgeConfig, Sampling
-from .win_rates import bradley_terry_preferences, symmetrize_preferences, win_rates
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig, Sampling
+from pofe.preprocess.win_rates import bradley_terry_preferences, symmetrize_preferences, win_rates
 
 __all__ = [
     "win_rates",

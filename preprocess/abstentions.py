@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from .counts import reason_kind
+from pofe.preprocess.counts import reason_kind
 
 
 class NoJudgeSignal(RuntimeError):

@@ -16,11 +16,10 @@ from collections import Counter
 import torch
 
 from pofe.methods import Target, method_spec
-
-from .abstentions import AbstentionTally
-from .config import CandidatesConfig, GenerateConfig, JudgeConfig
-from .judges.pairwise import ORDER_SUM_TOLERANCE
-from .win_rates import win_rate_spread
+from pofe.preprocess.abstentions import AbstentionTally
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.judges.pairwise import ORDER_SUM_TOLERANCE
+from pofe.preprocess.win_rates import win_rate_spread
 
 
 def build_rows(

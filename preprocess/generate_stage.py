@@ -14,12 +14,11 @@ import dataclasses
 from pathlib import Path
 
 from pofe.files import write_jsonl_atomic
+from pofe.preprocess.generators import Generator, make_generator
+from pofe.preprocess.generators.hf import load_tokenizer
+from pofe.preprocess.generators.stream import ShardJob, stream_shards
 from pofe.preprocess.shard_work import StagePlan, close_generator, render_shard, shard_rows
-
-from .generators import Generator, make_generator
-from .generators.hf import load_tokenizer
-from .generators.stream import ShardJob, stream_shards
-from .shards import read_shard, shard_path
+from pofe.preprocess.shards import read_shard, shard_path
 
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 

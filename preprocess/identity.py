@@ -20,8 +20,7 @@ import importlib.util
 from pathlib import Path
 
 from pofe.files import file_sha256, stable_hash
-
-from .config import FUNCTION_JUDGES, JudgeConfig
+from pofe.preprocess.config import FUNCTION_JUDGES, JudgeConfig
 
 CONTENT_HASH_CAP = 64 * 2**20
 WEIGHTED_JUDGES = ("reward_model", "pairrm")

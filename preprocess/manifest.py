@@ -18,10 +18,9 @@ from pathlib import Path
 
 from pofe.files import stable_hash, write_atomic
 from pofe.logs import logger_name
-
-from .config import GenerateConfig, JudgeConfig, redact
-from .config.generate import SERVE_RUNTIME_KEYS
-from .identity import judge_identity
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, redact
+from pofe.preprocess.config.generate import SERVE_RUNTIME_KEYS
+from pofe.preprocess.identity import judge_identity
 
 MANIFEST_VERSION = 2
 LOG = logging.getLogger(logger_name(__name__))

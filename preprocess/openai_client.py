@@ -23,8 +23,8 @@ from typing import ClassVar
 
 import httpx
 
-from .config import GenerateConfig, JudgeConfig, read_api_key
-from .counts import Counts
+from pofe.preprocess.config import GenerateConfig, JudgeConfig, read_api_key
+from pofe.preprocess.counts import Counts
 
 # The longest wait a server's `Retry-After` gets: a longer one is cut to this, so a
 # misconfigured server cannot park the run for hours.

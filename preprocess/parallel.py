@@ -31,9 +31,8 @@ from pathlib import Path
 
 from pofe.files import write_atomic
 from pofe.logs import logger_name
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig
 from pofe.preprocess.shard_work import StagePlan
-
-from .config import CandidatesConfig, GenerateConfig
 
 LOG = logging.getLogger(logger_name(__name__))
 WORKER_MODULE = "pofe.preprocess.worker"

@@ -44,17 +44,16 @@ from typing import Literal
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
+from pofe.preprocess.abstentions import AbstentionTally, check_abstentions
+from pofe.preprocess.build import build_rows, order_sum_warning, summarise
+from pofe.preprocess.config import FUNCTION_JUDGES, CandidatesConfig, GenerateConfig, JudgeConfig, redact
+from pofe.preprocess.generate_stage import SHARD_SEED_STRIDE, generate_missing
+from pofe.preprocess.generators import Generator
+from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
+from pofe.preprocess.manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
+from pofe.preprocess.parallel import check_parallel, run_workers, worker_devices
 from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory, judge_shard
-
-from .abstentions import AbstentionTally, check_abstentions
-from .build import build_rows, order_sum_warning, summarise
-from .config import FUNCTION_JUDGES, CandidatesConfig, GenerateConfig, JudgeConfig, redact
-from .generate_stage import SHARD_SEED_STRIDE, generate_missing
-from .generators import Generator
-from .judges import PairwiseJudge, ScalarJudge, make_judge
-from .manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
-from .parallel import check_parallel, run_workers, worker_devices
-from .shards import (
+from pofe.preprocess.shards import (
     check_generate_shard,
     check_judge_shard,
     clean_tmp,

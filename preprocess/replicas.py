@@ -16,9 +16,8 @@ import logging
 import threading
 
 from pofe.logs import logger_name
-
-from .config import GenerateConfig, JudgeConfig
-from .openai_client import EndpointError, OpenAIClient
+from pofe.preprocess.config import GenerateConfig, JudgeConfig
+from pofe.preprocess.openai_client import EndpointError, OpenAIClient
 
 LOG = logging.getLogger(logger_name(__name__))
 

@@ -17,8 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
-from .parallel import owned_shards, write_report
-from .pipeline import run_stages
+from pofe.preprocess.parallel import owned_shards, write_report
+from pofe.preprocess.pipeline import run_stages
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

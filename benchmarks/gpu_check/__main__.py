@@ -17,7 +17,7 @@ def plan_rows(rows: list[dict], runs: dict, vllm: dict | None, max_tokens: int, 
     memory rows appended to `rows`."""
     import torch
 
-    from . import generate, plan
+    from benchmarks.gpu_check import generate, plan
 
     gpu_gb = torch.cuda.get_device_properties(0).total_memory / 1e9 if cuda else 0.0
     plans = {
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from . import generate, judges, prefix, speed, train
-    from .model import bos_behaviour, build_model, build_tokenizer
-    from .report import row, table, write
+    from benchmarks.gpu_check import generate, judges, prefix, speed, train
+    from benchmarks.gpu_check.model import bos_behaviour, build_model, build_tokenizer
+    from benchmarks.gpu_check.report import row, table, write
 
     cuda = not args.tiny
     if cuda and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):

@@ -94,9 +94,8 @@ def run(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> dict:
 
 
 def checks(res: dict, bos: int) -> list[dict]:
+    from benchmarks.gpu_check.report import row
     from pofe.preprocess.generators.base import check_prompt_seen
-
-    from .report import row
 
     if "skipped" in res:
         return [row("vLLM K=5 x 64 from token ids", f"skipped: {res['skipped']}")]

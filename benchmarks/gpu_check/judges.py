@@ -27,9 +27,8 @@ def run(work: Path, cuda: bool) -> dict:
 def checks(report: dict) -> list[dict]:
     import torch
 
+    from benchmarks.gpu_check.report import row
     from tests.helpers import float_tolerance
-
-    from .report import row
 
     rm, anchor = report["reward_model"], report["anchor_pass"]
     speed = rm["speed_pofe_over"]

@@ -40,7 +40,7 @@ def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: f
 
 def check(name: str, stage: dict, measured_gib: float | None, cuda: bool, allocator: bool) -> dict:
     """`allocator`: the measured figure is torch's allocator peak, which leaves out the context."""
-    from .report import row
+    from benchmarks.gpu_check.report import row
 
     key = "gpu_memory_gb" if cuda else "cpu_memory_gb"
     estimate = stage.get(key)

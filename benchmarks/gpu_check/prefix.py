@@ -80,7 +80,7 @@ def load(model_dir, attn: str, dtype, device: str):
 def check_backend(model_dir, feats, batches, attn: str, reference) -> list[dict]:
     """The rows for one backend: each shared layout against the unshared one. `reference`: the
     unshared layout in float32 (GPU), or None (CPU, float32 throughout)."""
-    from .report import row
+    from benchmarks.gpu_check.report import row
 
     cuda = reference is not None
     unshared, shared = batches
@@ -133,9 +133,8 @@ def available(attn: str, cuda: bool) -> str | None:
 
 
 def checks(model_dir, tokenizer, cuda: bool) -> list[dict]:
+    from benchmarks.gpu_check.report import row
     from pofe.collator import KResponseCollator
-
-    from .report import row
 
     device = "cuda" if cuda else "cpu"
     feats = features(vocab=len(tokenizer))

@@ -24,9 +24,8 @@ def run(out: Path, cuda: bool) -> dict:
 
 
 def checks(report: dict) -> list[dict]:
+    from benchmarks.gpu_check.report import row
     from benchmarks.run import TARGETS
-
-    from .report import row
 
     rows = []
     for r in report["runs"]["full"]:

@@ -172,7 +172,7 @@ def wait(proc: subprocess.Popen, deadline: float) -> int:
 
 def checks(results: dict) -> list[dict]:
     """The table's rows for the training runs."""
-    from .report import row
+    from benchmarks.gpu_check.report import row
 
     rows = []
     for method in ("sppo", "rrhf"):

@@ -16,10 +16,10 @@ from axolotl.loaders import load_tokenizer
 from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
-from ..args import PofeConfig
-from ..logs import get_logger
-from .formats import RowFormat, prompt_row
-from .sources import read_json_rows
+from pofe.args import PofeConfig
+from pofe.data.formats import RowFormat, prompt_row
+from pofe.data.sources import read_json_rows
+from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
 

@@ -24,9 +24,8 @@ from typing import Any
 import numpy as np
 
 from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
-
-from ..methods import Target, method_spec
-from .transcripts import hh_row
+from pofe.data.transcripts import hh_row
+from pofe.methods import Target, method_spec
 
 PROMPT_FORMATS = ("chat", "hh")
 # The roles a prompt message may have: chat templates render whatever role they are given, so a

@@ -29,18 +29,17 @@ from axolotl.utils.data.shared import (
 from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
+from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS
+from pofe.data.candidates import candidates_from_prompts
+from pofe.data.formats import RowFormat, candidate_row, check_columns, normalize_row
+from pofe.data.label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
+from pofe.data.sources import load_entry, local_files_digest
+from pofe.data.tokenize import tokenize_row
+from pofe.files import write_atomic
 from pofe.length_policy import entry_summary, summary_message
-
-from ..args import PofeConfig
-from ..files import write_atomic
-from ..logs import get_logger
-from ..methods import MethodSpec, method_spec
-from .candidates import candidates_from_prompts
-from .formats import RowFormat, candidate_row, check_columns, normalize_row
-from .label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
-from .sources import load_entry, local_files_digest
-from .tokenize import tokenize_row
+from pofe.logs import get_logger
+from pofe.methods import MethodSpec, method_spec
 
 LOG = get_logger(__name__)
 

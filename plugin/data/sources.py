@@ -20,7 +20,7 @@ import pyarrow as pa
 from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
 from datasets import Dataset, Json, ReadInstruction
 
-from .formats import PofeDataError
+from pofe.data.formats import PofeDataError
 
 
 def load_entry(entry, use_auth_token) -> Dataset:

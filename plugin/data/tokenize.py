@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 from pofe.columns import ANCHOR_LOGPS, candidate_float_columns
 from pofe.length_policy import PROMPT_TOO_LONG, TOO_LONG, cut_collision, cut_response, fit_turns
+from pofe.methods import label_columns
 from pofe.preprocess.token_ids import end_of_turn_ids, response_text
-
-from ..methods import label_columns
 
 
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:

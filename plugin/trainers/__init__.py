@@ -1,6 +1,6 @@
 """POFE trainers: axolotl trainers whose loss ranks or regresses k responses per prompt."""
 
-from .rrhf import RRHFTrainer
-from .sppo import SPPOTrainer
+from pofe.trainers.rrhf import RRHFTrainer
+from pofe.trainers.sppo import SPPOTrainer
 
 __all__ = ["RRHFTrainer", "SPPOTrainer"]

@@ -6,14 +6,13 @@ import torch
 from axolotl.core.trainers.base import AxolotlTrainer
 from transformers import Trainer
 
+from pofe.anchor import AnchorLogps
 from pofe.columns import tokenized_columns
-
-from ..anchor import AnchorLogps
-from ..distributed import deepspeed_on_cpu_ranks, sum_over_ranks
-from ..methods import method_spec
-from ..quantization import keep_4bit_trainable
-from ..scoring import score_candidates as score_batch
-from .metrics import PairMetrics
+from pofe.distributed import deepspeed_on_cpu_ranks, sum_over_ranks
+from pofe.methods import method_spec
+from pofe.quantization import keep_4bit_trainable
+from pofe.scoring import score_candidates as score_batch
+from pofe.trainers.metrics import PairMetrics
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 # what to do when the policy's own log-probs (or a loss from finite inputs) are not finite

@@ -8,9 +8,9 @@ logp_sum / length ** length_penalty, not a beta-scaled log-ratio.
 
 from __future__ import annotations
 
-from ..losses import rrhf_loss
-from .base import LOGP_HINT, LOSS_HINT, KResponseTrainer
-from .metrics import best_worst_metrics
+from pofe.losses import rrhf_loss
+from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
+from pofe.trainers.metrics import best_worst_metrics
 
 
 class RRHFTrainer(KResponseTrainer):

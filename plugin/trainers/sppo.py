@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..losses import sppo_hard_loss, sppo_loss
-from .base import LOGP_HINT, LOSS_HINT, KResponseTrainer
-from .metrics import best_worst_metrics
+from pofe.losses import sppo_hard_loss, sppo_loss
+from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
+from pofe.trainers.metrics import best_worst_metrics
 
 
 class SPPOTrainer(KResponseTrainer):

@@ -11,7 +11,7 @@ These are the `pofe.generate`, `pofe.judge` and `pofe.candidates` blocks of the 
 only the NAME of the environment variable that holds one (`api_key_env`).
 """
 
-from .base import (
+from pofe.preprocess.config.base import (
     STRATEGY_BACKENDS,
     Backend,
     BatchSize,
@@ -22,10 +22,23 @@ from .base import (
     Temperature,
     TopP,
 )
-from .candidates import CandidatesConfig
-from .credentials import looks_like_key, read_api_key, redact, redact_text, redact_url, resolve_env
-from .generate import GenerateConfig
-from .judge import FUNCTION_JUDGES, JUDGE_PREFERENCES, PAIRWISE_JUDGES, SCALAR_JUDGES, JudgeConfig
+from pofe.preprocess.config.candidates import CandidatesConfig
+from pofe.preprocess.config.credentials import (
+    looks_like_key,
+    read_api_key,
+    redact,
+    redact_text,
+    redact_url,
+    resolve_env,
+)
+from pofe.preprocess.config.generate import GenerateConfig
+from pofe.preprocess.config.judge import (
+    FUNCTION_JUDGES,
+    JUDGE_PREFERENCES,
+    PAIRWISE_JUDGES,
+    SCALAR_JUDGES,
+    JudgeConfig,
+)
 
 __all__ = [
     "BatchSize",

@@ -9,8 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pofe.methods import method_spec
-
-from .base import (
+from pofe.preprocess.config.base import (
     STRATEGY_BACKENDS,
     Backend,
     BatchSize,
@@ -22,7 +21,7 @@ from .base import (
     Temperature,
     TopP,
 )
-from .credentials import check_base_url, check_key_env, check_serve_env, redact
+from pofe.preprocess.config.credentials import check_base_url, check_key_env, check_serve_env, redact
 
 # What POFE fills into generate.serve.command for each stage's policy. `lora_modules` stands
 # alone as a word and becomes several (vLLM's `--enable-lora --lora-modules NAME=PATH

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import StrictConfig
-from .credentials import check_base_url, check_key_env
+from pofe.preprocess.config.base import StrictConfig
+from pofe.preprocess.config.credentials import check_base_url, check_key_env
 
 JudgeType = Literal["python", "python_pairwise", "reward_model", "llm", "pairwise_llm", "pairrm"]
 Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # formulas: win_rates.py, judges/pairrm.py

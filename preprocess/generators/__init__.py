@@ -15,8 +15,8 @@ A new backend is one module here implementing `base.Generator`, and one branch b
 
 from __future__ import annotations
 
-from ..config import GenerateConfig
-from .base import Completion, Generator, finish_reason, sampled_ids
+from pofe.preprocess.config import GenerateConfig
+from pofe.preprocess.generators.base import Completion, Generator, finish_reason, sampled_ids
 
 
 def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdir=None) -> Generator:
@@ -25,23 +25,23 @@ def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdi
     `workdir`: where a served policy's server log goes (a temporary folder when None)."""
     model = cfg.model or policy_path
     if cfg.serve is not None:
-        from .served import ServedGenerator
+        from pofe.preprocess.generators.served import ServedGenerator
 
         return ServedGenerator(cfg, model, workdir)
     if cfg.backend == "transformers":
-        from .hf import TransformersGenerator
+        from pofe.preprocess.generators.hf import TransformersGenerator
 
         return TransformersGenerator(model, batch_size=cfg.batch_size, tokenizer=tokenizer)
     if cfg.backend == "openai":
-        from ..replicas import base_urls, client_for
-        from .openai import OpenAIGenerator
+        from pofe.preprocess.generators.openai import OpenAIGenerator
+        from pofe.preprocess.replicas import base_urls, client_for
 
         # the stage's window: as set, else batch_size per server (a server's capacity is not
         # discoverable through the OpenAI API)
         window = cfg.in_flight or cfg.batch_size * len(base_urls(cfg.base_url))
         return OpenAIGenerator(client_for(cfg), model, concurrency=window, prompt_as=cfg.openai_prompt)
     if cfg.backend == "vllm":
-        from .vllm import VLLMGenerator
+        from pofe.preprocess.generators.vllm import VLLMGenerator
 
         return VLLMGenerator(model, in_flight=cfg.in_flight, seed=cfg.seed, **cfg.vllm_kwargs)
     raise ValueError(f"unknown generate.backend {cfg.backend!r}")

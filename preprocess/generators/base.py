@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..config import Sampling
-from ..render import Rendered
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.render import Rendered
 
 
 class Completion(str):

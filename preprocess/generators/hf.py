@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import Sampling
-from ..render import Rendered, prompt_token_ids
-from .base import Completion
-from .diverse_beam import diverse_beam_search
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.base import Completion
+from pofe.preprocess.generators.diverse_beam import diverse_beam_search
+from pofe.preprocess.render import Rendered, prompt_token_ids
 
 
 def load_policy(path: str, *, device=None, dtype=None) -> torch.nn.Module:

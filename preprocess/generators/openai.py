@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
-from ..config import Sampling
-from ..openai_client import EndpointError, OpenAIClient
-from ..render import Rendered
-from .base import Completion, check_prompt_seen
-from .stream import Finished, ShardJob, one_job, run_window
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.base import Completion, check_prompt_seen
+from pofe.preprocess.generators.stream import Finished, ShardJob, one_job, run_window
+from pofe.preprocess.openai_client import EndpointError, OpenAIClient
+from pofe.preprocess.render import Rendered
 
 
 class OpenAIGenerator:

@@ -37,14 +37,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pofe.files import private_opener
-
-from ..config import GenerateConfig, Sampling, read_api_key, redact_text, resolve_env
-from ..config.credentials import command_secrets, env_reference
-from ..openai_client import EndpointError, OpenAIClient, status_hint
-from ..render import Rendered
-from .adapters import max_lora_rank, read_adapter
-from .openai import OpenAIGenerator
-from .stream import ShardJob, one_job
+from pofe.preprocess.config import GenerateConfig, Sampling, read_api_key, redact_text, resolve_env
+from pofe.preprocess.config.credentials import command_secrets, env_reference
+from pofe.preprocess.generators.adapters import max_lora_rank, read_adapter
+from pofe.preprocess.generators.openai import OpenAIGenerator
+from pofe.preprocess.generators.stream import ShardJob, one_job
+from pofe.preprocess.openai_client import EndpointError, OpenAIClient, status_hint
+from pofe.preprocess.render import Rendered
 
 LOG_NAME = "server.log"
 

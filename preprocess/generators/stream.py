@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from ..config import Sampling
-from ..render import Rendered
-from .base import Generator
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.base import Generator
+from pofe.preprocess.render import Rendered
 
 # (shard key, prompt's place in the shard, its n candidates)
 Finished = tuple[int, int, list]

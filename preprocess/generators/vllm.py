@@ -10,11 +10,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
-from ..config import Sampling
-from ..render import Rendered
-from .adapters import max_lora_rank, read_adapter
-from .base import Completion, check_prompt_seen
-from .stream import Finished, ShardJob, one_job, run_window
+from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.adapters import max_lora_rank, read_adapter
+from pofe.preprocess.generators.base import Completion, check_prompt_seen
+from pofe.preprocess.generators.stream import Finished, ShardJob, one_job, run_window
+from pofe.preprocess.render import Rendered
 
 INSTALL_HINT = (
     "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "

@@ -13,9 +13,9 @@ value in config.py, and one branch below. Heavy imports happen only for the chos
 
 from __future__ import annotations
 
-from ..config import JudgeConfig
-from .apply import apply_judge
-from .base import (
+from pofe.preprocess.config import JudgeConfig
+from pofe.preprocess.judges.apply import apply_judge
+from pofe.preprocess.judges.base import (
     Abstain,
     JudgeError,
     JudgeStats,
@@ -31,7 +31,7 @@ from .base import (
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     """Build the configured judge."""
     if cfg.type == "python" and cfg.reward_funcs:
-        from .reward_funcs import RewardFuncsJudge
+        from pofe.preprocess.judges.reward_funcs import RewardFuncsJudge
 
         return RewardFuncsJudge.from_paths(
             cfg.reward_funcs,
@@ -41,8 +41,8 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             stage_timeout=cfg.stage_timeout,
         )
     if cfg.type == "python":
-        from .base import load_function
-        from .python import PythonJudge
+        from pofe.preprocess.judges.base import load_function
+        from pofe.preprocess.judges.python import PythonJudge
 
         return PythonJudge(
             load_function(cfg.function),
@@ -52,8 +52,8 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             stage_timeout=cfg.stage_timeout,
         )
     if cfg.type == "python_pairwise":
-        from .base import load_function
-        from .python import PythonPairwiseJudge
+        from pofe.preprocess.judges.base import load_function
+        from pofe.preprocess.judges.python import PythonPairwiseJudge
 
         return PythonPairwiseJudge(
             load_function(cfg.function),
@@ -63,7 +63,7 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             stage_timeout=cfg.stage_timeout,
         )
     if cfg.type == "reward_model":
-        from .reward_model import RewardModelJudge
+        from pofe.preprocess.judges.reward_model import RewardModelJudge
 
         return RewardModelJudge(
             cfg.model,
@@ -78,14 +78,14 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
             prefix_sharing=cfg.prefix_sharing,
         )
     if cfg.type in ("llm", "pairwise_llm"):
-        from ..replicas import client_for
-        from .llm import LLMRubricJudge
-        from .pairwise import PairwiseLLMJudge
+        from pofe.preprocess.judges.llm import LLMRubricJudge
+        from pofe.preprocess.judges.pairwise import PairwiseLLMJudge
+        from pofe.preprocess.replicas import client_for
 
         cls = LLMRubricJudge if cfg.type == "llm" else PairwiseLLMJudge
         return cls(client_for(cfg), cfg)
     if cfg.type == "pairrm":
-        from .pairrm import PairRMJudge
+        from pofe.preprocess.judges.pairrm import PairRMJudge
 
         # judge.max_length caps PairRM's input only when set; else the checkpoint's lengths (1224 + 2 x 412)
         max_length = cfg.max_length if "max_length" in cfg.model_fields_set else None

@@ -7,8 +7,8 @@ here those flags pick its inputs, so that a judge sees the same thing in the pip
 
 from __future__ import annotations
 
-from ..render import Prompt
-from .base import JudgeError, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
+from pofe.preprocess.judges.base import JudgeError, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
+from pofe.preprocess.render import Prompt
 
 
 def apply_judge(

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..counts import Counts
-from ..render import Prompt
+from pofe.preprocess.counts import Counts
+from pofe.preprocess.render import Prompt
 
 
 @dataclass(frozen=True)

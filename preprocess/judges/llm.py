@@ -17,12 +17,12 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..config import JudgeConfig
-from ..config.judge import fill_rubric
-from ..openai_client import OpenAIClient
-from ..render import Prompt, prompt_text
-from ..replicas import base_urls
-from .base import JudgeStats, Score
+from pofe.preprocess.config import JudgeConfig
+from pofe.preprocess.config.judge import fill_rubric
+from pofe.preprocess.judges.base import JudgeStats, Score
+from pofe.preprocess.openai_client import OpenAIClient
+from pofe.preprocess.render import Prompt, prompt_text
+from pofe.preprocess.replicas import base_urls
 
 DEFAULT_RUBRIC = (
     "Rate how well the response answers the request, on a scale from {low:g} to {high:g} "

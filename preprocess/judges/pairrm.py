@@ -47,11 +47,17 @@ import torch
 from torch import nn
 
 from pofe.batching import length_sorted_batches
-
-from ..render import Prompt, prompt_text
-from ..win_rates import symmetrize_preferences
-from .base import JudgeStats, PairwiseVerdict
-from .pairrm_inputs import CAND1_PREFIX, CAND2_PREFIX, PREFIX_TOKENS, SOURCE_PREFIX, encode_pair, encode_prompts
+from pofe.preprocess.judges.base import JudgeStats, PairwiseVerdict
+from pofe.preprocess.judges.pairrm_inputs import (
+    CAND1_PREFIX,
+    CAND2_PREFIX,
+    PREFIX_TOKENS,
+    SOURCE_PREFIX,
+    encode_pair,
+    encode_prompts,
+)
+from pofe.preprocess.render import Prompt, prompt_text
+from pofe.preprocess.win_rates import symmetrize_preferences
 
 PreferenceMode = Literal["authors", "both_orders"]
 

@@ -24,11 +24,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..config.judge import fill_rubric
-from ..render import Prompt, prompt_text
-from ..win_rates import symmetrize_preferences
-from .base import Abstain, JudgeError, JudgeStats, PairwiseVerdict
-from .llm import ChatJudge, UnreadableReply
+from pofe.preprocess.config.judge import fill_rubric
+from pofe.preprocess.judges.base import Abstain, JudgeError, JudgeStats, PairwiseVerdict
+from pofe.preprocess.judges.llm import ChatJudge, UnreadableReply
+from pofe.preprocess.render import Prompt, prompt_text
+from pofe.preprocess.win_rates import symmetrize_preferences
 
 PairFn = Callable[[list[tuple[Prompt, str, str]]], list["float | Abstain"]]
 

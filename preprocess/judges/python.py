@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..render import Prompt, prompt_text
-from .base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
-from .pairwise import preferences_both_orders
-from .timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe.preprocess.judges.base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
+from pofe.preprocess.judges.pairwise import preferences_both_orders
+from pofe.preprocess.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe.preprocess.render import Prompt, prompt_text
 
 
 class PythonJudge:

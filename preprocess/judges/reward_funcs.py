@@ -32,9 +32,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ..render import Prompt
-from .base import JudgeStats, Score, as_number, load_dotted, unusable_score
-from .timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe.preprocess.judges.base import JudgeStats, Score, as_number, load_dotted, unusable_score
+from pofe.preprocess.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe.preprocess.render import Prompt
 
 RESERVED = ("prompts", "completions")  # TRL's own arguments; a dataset column cannot reuse them
 

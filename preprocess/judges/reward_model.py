@@ -27,10 +27,9 @@ import torch
 
 from pofe.batching import length_sorted_batches
 from pofe.logs import logger_name
-
-from ..render import Prompt, as_messages, prompt_text
-from .base import JudgeStats, PromptCut, Score
-from .shared_prefix import common_prefix, prefix_shared_forwards, reads_causally
+from pofe.preprocess.judges.base import JudgeStats, PromptCut, Score
+from pofe.preprocess.judges.shared_prefix import common_prefix, prefix_shared_forwards, reads_causally
+from pofe.preprocess.render import Prompt, as_messages, prompt_text
 
 LOG = logging.getLogger(logger_name(__name__))
 # an abstention's reason starts with this (its kind in summary.json's judge_abstention_reasons)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import JudgeError
+from pofe.preprocess.judges.base import JudgeError
 
 
 class JudgeTimeout(JudgeError):

@@ -33,8 +33,7 @@ from pofe.preprocess.judges.pairrm import (
 )
 from pofe.preprocess.judges.pairrm_inputs import encode_prompts
 from tests.helpers import assert_float_close, float_tolerance
-
-from . import make_pairrm_reference as reference
+from tests.preprocess import make_pairrm_reference as reference
 
 # float32 sums behind one pair's logit on the tiny PairRM: the width 32 x the longest pair (<= 48 tokens)
 PAIR_TERMS = 32 * 48

@@ -15,11 +15,10 @@ from pathlib import Path
 from pofe.files import write_atomic
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-
-from .cells import fmt
-from .collect import collect
-from .markdown import render_markdown
-from .plots import make_plots
+from pofe.run.report.cells import fmt
+from pofe.run.report.collect import collect
+from pofe.run.report.markdown import render_markdown
+from pofe.run.report.plots import make_plots
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"

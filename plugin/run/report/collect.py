@@ -21,10 +21,9 @@ from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_h
 from pofe.run.evaluation.statistics import find_cycles
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-
-from ..provenance import round_record
-from .lengths import candidate_lengths
-from .truncation import round_truncation
+from pofe.run.provenance import round_record
+from pofe.run.report.lengths import candidate_lengths
+from pofe.run.report.truncation import round_truncation
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:

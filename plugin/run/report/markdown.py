@@ -6,10 +6,9 @@ import json
 
 from pofe.methods import method_spec
 from pofe.preprocess.render import prompt_text
-
-from .cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_cell
-from .collect import sample_rows
-from .truncation import truncation_section
+from pofe.run.report.cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_cell
+from pofe.run.report.collect import sample_rows
+from pofe.run.report.truncation import truncation_section
 
 
 def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:

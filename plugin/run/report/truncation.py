@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cells import table
+from pofe.run.report.cells import table
 
 COUNTS = ("rows", "rows_over_sequence_len", "rows_with_turns_cut", "rows_with_responses_cut")
 
