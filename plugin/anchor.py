@@ -5,7 +5,7 @@ itself, before its first update, gives every anchor log-prob; no second model si
 memory. With a fresh LoRA/QLoRA adapter (B = 0) the adapted policy equals its base;
 with a loaded adapter (`lora_model_dir`, the previous SPPO iterate) it is that iterate,
 which is the anchor SPPO asks for. The table is cached beside the prepared data, keyed
-on the model's weight files as well as the config (`weights_identity`), and on the
+on the model's weights as well as the config (`pofe.files.weights_fingerprint`), and on the
 tokenised rows' content (`rows_digest`).
 
 Under several processes each scores its share of the batches and the table is merged,
@@ -15,7 +15,6 @@ so every rank holds the same table as a one-process run (`pofe.distributed`).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import pickle
@@ -25,12 +24,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import torch
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import HFValidationError
 from tqdm.auto import tqdm
 
 from pofe.batching import length_sorted_batches
 from pofe.distributed import all_ranks, merge_rows, rank_and_world
+from pofe.files import stable_hash, weights_fingerprint
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
@@ -49,8 +47,6 @@ MODEL_IDENTITY_KEYS = (
     "chat_template",
     "sequence_len",
 )
-# Bytes hashed from each weight file: its start (the safetensors header), middle and end.
-SAMPLE_BYTES = 1 << 20
 
 
 class AnchorLogps:
@@ -87,11 +83,10 @@ class AnchorLogps:
         identity = {key: str(cfg.get(key)) for key in MODEL_IDENTITY_KEYS}
         identity["data"] = [rows_digest(d) for d in self._datasets()]
         identity["weights"] = [
-            weights_identity(cfg.base_model, cfg.revision_of_model),
-            weights_identity(cfg.lora_model_dir),
+            weights_fingerprint(cfg.base_model, cfg.revision_of_model),
+            weights_fingerprint(cfg.lora_model_dir) if cfg.lora_model_dir else None,
         ]
-        digest = hashlib.md5(json.dumps(identity, sort_keys=True).encode(), usedforsecurity=False).hexdigest()
-        return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-anchor-{digest}.pt"
+        return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-anchor-{stable_hash(identity, 32)}.pt"
 
     def _load_or_compute(self, model) -> torch.Tensor:
         path = self.path = self._cache_path()
@@ -264,33 +259,3 @@ def rows_digest(dataset, columns=("row_id", "prompt_ids", "response_ids")) -> st
             writer.write_table(batch)
         digest.update(sink.getvalue())
     return digest.hexdigest()
-
-
-def weights_identity(source: str | None, revision: str | None = None) -> list | None:
-    """What a model folder holds: each file's name, size, mtime and a hash of sampled bytes.
-
-    Chosen over a checksum of the live model because a resumed run's model is already
-    trained, while its anchor must stay the one computed at step 0; and over a full hash
-    because a 70B checkpoint's files would take minutes to read. New weights written to
-    the same path change size, mtime or the sampled bytes; a hub id resolves to its
-    cached snapshot, whose folder names the commit. None when nothing local is found
-    (the config strings are then the only key).
-    """
-    if not source:
-        return None
-    folder = Path(source)
-    if not folder.is_dir():
-        try:
-            folder = Path(snapshot_download(source, revision=revision, local_files_only=True))
-        except (FileNotFoundError, HFValidationError):
-            return None
-    files = []
-    for file in sorted(p for p in folder.iterdir() if p.is_file()):
-        stat = file.stat()
-        digest = hashlib.sha256()
-        with file.open("rb") as f:
-            for offset in (0, stat.st_size // 2, max(stat.st_size - SAMPLE_BYTES, 0)):
-                f.seek(offset)
-                digest.update(f.read(SAMPLE_BYTES))
-        files.append([file.name, stat.st_size, stat.st_mtime_ns, digest.hexdigest()])
-    return [str(folder), files]

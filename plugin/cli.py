@@ -6,8 +6,24 @@ from pathlib import Path
 
 import click
 
+from pofe.errors import PofeError
 
-@click.group(help="POFE (RRHF / SPPO) tools.")
+
+class PofeGroup(click.Group):
+    """`axolotl pofe`: a POFE error, or bad input, is shown as its message, not a traceback.
+
+    Bad input includes `ValueError`: a recipe that fails validation (pydantic's errors name
+    the key) and a value POFE refuses both raise one, with the fix in the message.
+    """
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (PofeError, ValueError) as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=PofeGroup, help="POFE (RRHF / SPPO) tools.")
 def pofe():
     pass
 
@@ -77,15 +93,9 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
     training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
     """
-    from pofe.run.folder import RunStateMismatch
-    from pofe.run.guards import RunLocked
     from pofe.run.rounds.loop import run_rounds
-    from pofe.run.rounds.processes import StageFailed
 
-    try:
-        run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
-    except (RunLocked, RunStateMismatch, StageFailed, ValueError) as e:
-        raise click.ClickException(str(e)) from e
+    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
 
 
 @pofe.command()
@@ -131,10 +141,7 @@ def plan(
     from pofe.run.plan.planner import plan_recipe
     from pofe.run.plan.render import render_text
 
-    try:
-        result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+    result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
     if output:
         Path(output).write_text(json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
@@ -149,10 +156,7 @@ def eval_(config: str, no_report: bool):
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
-    try:
-        folder = evaluate_run(config, echo=click.echo)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+    folder = evaluate_run(config, echo=click.echo)
     if not no_report:
         click.echo(write_report(folder).terminal_summary())
 
@@ -169,8 +173,4 @@ def report(config: str):
     out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
     if not out:
         raise click.UsageError(f"{config} sets no output_dir")
-    try:
-        rep = write_report(RunFolder(Path(out).resolve()))
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
-    click.echo(rep.terminal_summary())
+    click.echo(write_report(RunFolder(Path(out).resolve())).terminal_summary())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from pofe.args import pofe_config, translate_raw_config
+from pofe.args import PofeConfig, pofe_config, translate_raw_config
 from pofe.logs import redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
@@ -14,6 +15,17 @@ from pofe.paths import check_unexpanded_paths
 
 class PofePlugin(BasePlugin):
     """Adds `rl: rrhf` and `rl: sppo` to axolotl. Every hook is a no-op unless one is set."""
+
+    # the last validated cfg and its `pofe:` block: axolotl hands every hook after `register`
+    # the same validated cfg, so its block is validated once, not once per hook
+    _validated: tuple[Any, PofeConfig] | None = None
+
+    def _pofe(self, cfg) -> PofeConfig:
+        """The validated `pofe:` block of `cfg` (one process may run several jobs, each with
+        its own cfg: a new cfg is validated anew)."""
+        if self._validated is None or self._validated[0] is not cfg:
+            self._validated = (cfg, pofe_config(cfg))
+        return self._validated[1]
 
     def register(self, cfg: dict):
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
@@ -38,7 +50,7 @@ class PofePlugin(BasePlugin):
         return "pofe.args.PofeArgs"
 
     def pre_model_load(self, cfg):
-        if pofe_config(cfg).method is None:
+        if self._pofe(cfg).method is None:
             return
         from pofe.distributed import place_ranks_on_cpu
 
@@ -51,7 +63,7 @@ class PofePlugin(BasePlugin):
             set_seed(cfg.seed)
 
     def load_datasets(self, cfg, preprocess: bool = False):
-        pofe = pofe_config(cfg)
+        pofe = self._pofe(cfg)
         if pofe.method is None:
             return None
         from pofe.data.loader import load_pofe_datasets
@@ -63,7 +75,7 @@ class PofePlugin(BasePlugin):
         return "pofe.training_args.PofeTrainingArgsMixin"
 
     def get_training_args(self, cfg):
-        pofe = pofe_config(cfg)
+        pofe = self._pofe(cfg)
         if pofe.method is None:
             return None
         from axolotl.core.training_args import AxolotlTrainingArguments
@@ -81,7 +93,7 @@ class PofePlugin(BasePlugin):
         return pofe_training_args(pofe)
 
     def get_trainer_cls(self, cfg):
-        method = pofe_config(cfg).method
+        method = self._pofe(cfg).method
         if method is None:
             return None
         # imported only now: a trainer module pulls in the training stack
@@ -89,7 +101,7 @@ class PofePlugin(BasePlugin):
         return getattr(import_module(module), name)
 
     def get_collator_cls_and_kwargs(self, cfg, is_eval: bool = False):
-        pofe = pofe_config(cfg)
+        pofe = self._pofe(cfg)
         if pofe.method is None:
             return None
         from pofe.collator import KResponseCollator

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from pofe.errors import PofeError
 from pofe.preprocess.counts import reason_kind
 
 
-class NoJudgeSignal(RuntimeError):
+class NoJudgeSignal(PofeError, RuntimeError):
     """The judge abstained on every verdict, or on more than the allowed share."""
 
 

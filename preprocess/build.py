@@ -19,7 +19,7 @@ from pofe.methods import Target, method_spec
 from pofe.preprocess.abstentions import AbstentionTally
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.judges.pairwise import ORDER_SUM_TOLERANCE
-from pofe.preprocess.win_rates import win_rate_spread
+from pofe.preprocess.win_rates import nan_mean, win_rate_spread
 
 
 def build_rows(
@@ -106,24 +106,24 @@ def summarise(
         "rows": len(data),
         "rows_dropped": dict(dropped),
         "prompts_truncated": sum(1 for g in live if g.get("truncated")),
-        "candidates_per_prompt": {"mean": _mean(k), "min": min(k, default=0), "max": max(k, default=0)},
+        "candidates_per_prompt": {"mean": nan_mean(k), "min": min(k, default=0), "max": max(k, default=0)},
         "candidates_by_source": dict(by_source),
         "duplicates_removed": {
             "exact": sum(g["exact_dups"] for g in generated),
             "near": sum(g["near_dups"] for g in generated),
         },
         "empty_candidates_removed": sum(g.get("empty", 0) for g in generated),
-        "mean_candidate_reward": _mean([x for rs in rewards for x in rs]),
-        "mean_best_of_k_reward": _mean([max(rs) for rs in rewards]),
-        "mean_candidate_tokens": _mean(tokens),
+        "mean_candidate_reward": nan_mean([x for rs in rewards for x in rs]),
+        "mean_best_of_k_reward": nan_mean([max(rs) for rs in rewards]),
+        "mean_candidate_tokens": nan_mean(tokens),
         # policy candidates trained on their sampled ids, those the backend gave none for (trained
         # on their text, tokenised again), and how many of the first the text would have changed
         "candidates_with_sampled_ids": _sampled(live, True),
         "candidates_without_sampled_ids": _sampled(live, False),
         "candidates_retokenized_differently": sum(g.get("retokenized_differently") or 0 for g in live),
-        "mean_candidate_chars": _mean(chars),
-        "mean_best_win_rate": _mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
-        "mean_win_rate_spread": _mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
+        "mean_candidate_chars": nan_mean(chars),
+        "mean_best_win_rate": nan_mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
+        "mean_win_rate_spread": nan_mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,
@@ -174,7 +174,3 @@ def _sampled(live: list[dict], with_ids: bool) -> int:
 
 def _spread(rates: list[float]) -> float:
     return win_rate_spread(torch.tensor(rates, dtype=torch.float64)).item()
-
-
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None

@@ -11,6 +11,8 @@ does not depend on which other shards were in the engine with it.
 from __future__ import annotations
 
 import dataclasses
+import math
+from functools import partial
 from pathlib import Path
 
 from pofe.files import write_jsonl_atomic
@@ -18,7 +20,7 @@ from pofe.preprocess.generators import Generator, make_generator
 from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.generators.stream import ShardJob, stream_shards
 from pofe.preprocess.shard_work import StagePlan, close_generator, render_shard, shard_rows
-from pofe.preprocess.shards import read_shard, shard_path
+from pofe.preprocess.shards import check_generate_shard, progress_bar, read_shard, reuse_shard, shard_path
 
 SHARD_SEED_STRIDE = 1_000_003  # > any shard size: per-prompt seeds never collide across shards
 
@@ -68,3 +70,37 @@ def generate_missing(
             close_generator(generator)  # a served policy's server stops with its failed stage too
         raise
     return generator
+
+
+def generate_stage(
+    plan: StagePlan,
+    owned: list[int] | None,
+    generator: Generator | None,
+    redone: dict[str, int],
+    tokenizer,
+    workdir: Path,
+) -> tuple[list[list[dict] | None], Generator | None]:
+    """The owned generate shards' rows (None elsewhere), writing the missing (or damaged)
+    ones; and the generator used (None if none was needed)."""
+    rows, gen_dir = plan.rows, plan.gen_dir
+    size = plan.candidates.shard_size
+    n_shards = math.ceil(len(rows) / size)
+    mine = list(range(n_shards)) if owned is None else owned
+    shards: list[list[dict] | None] = [None] * n_shards
+    for s in mine:
+        planned = prompts_in([s], size, len(rows))
+        shards[s] = reuse_shard(
+            gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=planned), redone
+        )
+    todo = [s for s in mine if shards[s] is None]
+    total = prompts_in(mine, size, len(rows))
+    with progress_bar(
+        plan.candidates.progress, total, "generate", done=total - prompts_in(todo, size, len(rows))
+    ) as bar:
+        generator = generate_missing(plan, todo, shards, generator, tokenizer, workdir, bar)
+    return shards, generator
+
+
+def prompts_in(shards: list[int], shard_size: int, n: int) -> int:
+    """How many of the `n` prompts the `shards` (of `shard_size` each) hold."""
+    return sum(min(shard_size, n - s * shard_size) for s in shards)

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from pofe.errors import PofeError
 from pofe.files import stable_hash, write_atomic
 from pofe.logs import logger_name
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, redact
@@ -26,7 +27,7 @@ MANIFEST_VERSION = 2
 LOG = logging.getLogger(logger_name(__name__))
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(PofeError, RuntimeError):
     """out_dir holds shards built from different inputs or settings."""
 
 

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import httpx
 
+from pofe.errors import PofeError
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, read_api_key
 from pofe.preprocess.counts import Counts
 
@@ -41,7 +42,7 @@ NETWORK_HINT = (
 NOT_OPENAI_HINT = "Check that base_url is the root of an OpenAI-compatible API (usually ending in /v1)."
 
 
-class EndpointError(RuntimeError):
+class EndpointError(PofeError, RuntimeError):
     """A request that failed for good (after retries, or at once for most 4xx)."""
 
     def __init__(self, url: str, cause: str, tries: int, hint: str = NETWORK_HINT, *, transient: bool = False):

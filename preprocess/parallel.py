@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from pofe.errors import PofeError
 from pofe.files import write_atomic
 from pofe.logs import logger_name
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig
@@ -39,7 +40,7 @@ WORKER_MODULE = "pofe.preprocess.worker"
 LOG_TAIL_LINES = 30
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(PofeError, RuntimeError):
     """A candidate worker process exited with an error (or was killed)."""
 
 

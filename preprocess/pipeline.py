@@ -35,32 +35,24 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
-from pofe.preprocess.abstentions import AbstentionTally, check_abstentions
 from pofe.preprocess.build import build_rows, order_sum_warning, summarise
 from pofe.preprocess.config import FUNCTION_JUDGES, CandidatesConfig, GenerateConfig, JudgeConfig, redact
-from pofe.preprocess.generate_stage import SHARD_SEED_STRIDE, generate_missing
+from pofe.preprocess.generate_stage import SHARD_SEED_STRIDE, generate_stage
 from pofe.preprocess.generators import Generator
+from pofe.preprocess.judge_stage import judge_stage
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.manifest import check_manifest, generate_manifest, judge_manifest, select_judge_dir
 from pofe.preprocess.parallel import check_parallel, run_workers, worker_devices
-from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory, judge_shard
+from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts, free_memory
 from pofe.preprocess.shards import (
-    check_generate_shard,
-    check_judge_shard,
     clean_tmp,
-    judged_in_turn,
-    read_shard,
-    read_verified,
-    shard_path,
 )
 
 LOG = logging.getLogger(logger_name(__name__))
@@ -273,7 +265,7 @@ def run_stages(
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     built = generator is None
-    generated, generator = _generate_stage(plan, owned, generator, redone, tokenizer, workdir or plan.gen_dir)
+    generated, generator = generate_stage(plan, owned, generator, redone, tokenizer, workdir or plan.gen_dir)
     timings["generate_s"] = time.monotonic() - t0
     requests = _request_stats("generate_client", generator)
     if built and generator is not None:
@@ -283,7 +275,7 @@ def run_stages(
     if stop_after == "generate":
         return StagesDone(generated, None, timings, redone, requests)
     t0 = time.monotonic()
-    judged, judge_impl = _judge_stage(plan, generated, judge_impl, redone, final=owned is None)
+    judged, judge_impl = judge_stage(plan, generated, judge_impl, redone, final=owned is None)
     timings["judge_s"] = time.monotonic() - t0
     return StagesDone(generated, judged, timings, redone, {**requests, **_request_stats("judge", judge_impl)})
 
@@ -292,90 +284,6 @@ def _request_stats(name: str, obj) -> dict[str, dict]:
     """An API client's request counts (OpenAI-compatible backends and judges), by stage."""
     client = getattr(obj, "client", None)
     return {name: client.stats.as_dict()} if client is not None and hasattr(client, "stats") else {}
-
-
-def _generate_stage(
-    plan: StagePlan,
-    owned: list[int] | None,
-    generator: Generator | None,
-    redone: dict[str, int],
-    tokenizer,
-    workdir: Path,
-) -> tuple[list[list[dict] | None], Generator | None]:
-    """The owned generate shards' rows (None elsewhere), writing the missing (or damaged)
-    ones; and the generator used (None if none was needed)."""
-    rows, gen_dir = plan.rows, plan.gen_dir
-    size = plan.candidates.shard_size
-    n_shards = math.ceil(len(rows) / size)
-    mine = list(range(n_shards)) if owned is None else owned
-    shards: list[list[dict] | None] = [None] * n_shards
-    for s in mine:
-        planned = _prompts_in([s], size, len(rows))
-        shards[s] = _reuse(gen_dir, s, partial(check_generate_shard, first_index=s * size, planned=planned), redone)
-    todo = [s for s in mine if shards[s] is None]
-    total = _prompts_in(mine, size, len(rows))
-    with _bar(plan.candidates.progress, total, "generate", done=total - _prompts_in(todo, size, len(rows))) as bar:
-        generator = generate_missing(plan, todo, shards, generator, tokenizer, workdir, bar)
-    return shards, generator
-
-
-def _judge_stage(
-    plan: StagePlan,
-    generated: list[list[dict] | None],
-    judge_impl: ScalarJudge | PairwiseJudge | None,
-    redone: dict[str, int],
-    final: bool,
-) -> tuple[list[list[dict] | None], ScalarJudge | PairwiseJudge | None]:
-    """The judge shards' rows for every generated shard (None elsewhere), writing the missing
-    (or damaged) ones; and the judge used. Stops (abstentions.py) when the judge gives too
-    little signal: over the limit on the shards seen so far, or (`final`: this process saw
-    every shard) abstaining on everything."""
-    cfg, judge_dir = plan.judge, plan.judge_dir
-    mine = [s for s, g in enumerate(generated) if g is not None]
-    shards: list[list[dict] | None] = [None] * len(generated)
-    for s in mine:
-        shards[s] = _reuse(judge_dir, s, partial(check_judge_shard, generated=generated[s]), redone)
-    todo = [s for s in mine if shards[s] is None]
-    if todo and judge_impl is None:
-        judge_impl = make_judge(cfg)
-    unit = "pairs" if cfg.is_pairwise else "candidates"
-    check = dict(limit=cfg.max_abstention_rate, judge=cfg.function or cfg.type, unit=unit)
-    tally = AbstentionTally().plus([r for shard in shards if shard is not None for r in shard])
-    total = sum(len(generated[s]) for s in mine)
-
-    def judge_one(s: int) -> list[dict]:
-        # each row's other dataset columns: TRL-style reward functions take them as kwargs
-        rows = [plan.rows[r["index"]] for r in generated[s]]
-        columns = [{c: v for c, v in r.items() if c != plan.prompt_column} for r in rows]
-        return judge_shard(generated[s], judge_impl, plan.target, cfg, columns)
-
-    side_by_side = 2 if getattr(judge_impl, "overlaps_shards", False) else 1
-    done = total - sum(len(generated[s]) for s in todo)
-    # closing: a stop below cancels the shards not yet started now, not when the traceback goes
-    with (
-        _bar(plan.candidates.progress, total, "judge", done=done) as bar,
-        closing(judged_in_turn(todo, judge_one, side_by_side)) as judged,
-    ):
-        for s, out_rows in judged:
-            tally = tally.plus(out_rows)
-            check_abstentions(tally, **check, final=False)  # before writing: a fixed judge redoes it
-            write_jsonl_atomic(shard_path(judge_dir, s), out_rows)
-            shards[s] = read_shard(shard_path(judge_dir, s))
-            bar.update(len(generated[s]))
-    if final:
-        check_abstentions(tally, **check, final=True)
-    return shards, judge_impl
-
-
-def _reuse(stage_dir: Path, s: int, check, redone: dict[str, int]) -> list[dict] | None:
-    """Shard s's rows if it exists and passes `check`; a damaged one is removed and counted
-    in `redone` under its stage's name."""
-    path = shard_path(stage_dir, s)
-    rows, why = read_verified(path, check)
-    if why is not None:
-        LOG.warning(f"POFE: {path} is damaged ({why}); redoing it")
-        redone[stage_dir.name] = redone.get(stage_dir.name, 0) + 1
-    return rows
 
 
 def _check_inputs(
@@ -403,16 +311,6 @@ def _check_inputs(
             f"per prompt, fewer than candidates.min_candidates={candidates.min_candidates}: every row would be "
             "dropped. Raise num_candidates, or add dataset responses (generate.include_dataset_responses)."
         )
-
-
-def _prompts_in(shards: list[int], shard_size: int, n: int) -> int:
-    return sum(min(shard_size, n - s * shard_size) for s in shards)
-
-
-def _bar(enabled: bool, total: int, desc: str, done: int = 0):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=done, desc=f"pofe {desc}", unit="prompt", disable=not enabled, dynamic_ncols=True)
 
 
 __all__ = ["run_pipeline", "run_stages", "PipelineResult", "SHARD_SEED_STRIDE", "StagesDone"]

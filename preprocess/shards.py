@@ -8,12 +8,16 @@ line boundary, emptied, edited) is caught on resume by the checks below and redo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
 from pofe.files import read_jsonl
+from pofe.logs import logger_name
+
+LOG = logging.getLogger(logger_name(__name__))
 
 T = TypeVar("T")
 
@@ -102,3 +106,21 @@ def judged_in_turn(todo: list[int], work: Callable[[int], T], side_by_side: int 
                 yield running.pop(future), future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def reuse_shard(stage_dir: Path, s: int, check, redone: dict[str, int]) -> list[dict] | None:
+    """Shard s's rows if it exists and passes `check`; a damaged one is removed and counted
+    in `redone` under its stage's name."""
+    path = shard_path(stage_dir, s)
+    rows, why = read_verified(path, check)
+    if why is not None:
+        LOG.warning(f"POFE: {path} is damaged ({why}); redoing it")
+        redone[stage_dir.name] = redone.get(stage_dir.name, 0) + 1
+    return rows
+
+
+def progress_bar(enabled: bool, total: int, desc: str, done: int = 0):
+    """A stage's tqdm bar over its prompts (`candidates.progress`), started at those already done."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=done, desc=f"pofe {desc}", unit="prompt", disable=not enabled, dynamic_ncols=True)

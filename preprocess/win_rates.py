@@ -6,6 +6,9 @@ one prompt, (B, K, K) for a batch. Pure torch.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -126,3 +129,9 @@ def _float_rewards(rewards: Tensor) -> Tensor:
     if rewards.dim() not in (1, 2):
         raise ValueError(f"rewards must be (K,) or (B, K), got shape {tuple(rewards.shape)}")
     return rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # int rewards too
+
+
+def nan_mean(xs: Sequence[float | None]) -> float | None:
+    """Mean of the scores that are neither None nor NaN (abstentions); None when there are none."""
+    vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(vals) / len(vals) if vals else None

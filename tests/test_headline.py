@@ -295,7 +295,7 @@ def test_held_out_rows_read_as_their_dataset_entry_reads_them():
     """Held-out rows from the dataset follow its `prompt_format`: an HH transcript becomes
     chat turns (the final empty `Assistant:` the generation point), a plain prompt stays as
     it is, and a malformed transcript names the file, row and field."""
-    from pofe.run.evaluation.evaluate import dataset_prompts
+    from pofe.run.evaluation.inputs import dataset_prompts
 
     rows = [
         {"prompt": "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2+2?\n\nAssistant:"},

@@ -10,11 +10,13 @@ import pytest
 import yaml
 
 from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
+from pofe.args import LORA_KERNELS
 from pofe.run.plan.common import PlanOptions
 from pofe.run.plan.estimate import GB
 from pofe.run.plan.planner import plan_recipe, plan_run
 from pofe.run.plan.render import BEGIN, END, readme_table
 from pofe.run.plan.sources import disk_warning, double_bos, model_sizes
+from pofe.run.recipe import translated_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o
@@ -116,15 +118,31 @@ def mistral_sizes(tmp_path_factory):
     return sizes
 
 
-def test_lora_kernels_warn_unless_turned_off(mistral_sizes):
-    kernels = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
-    unset = dict.fromkeys(kernels)
-    said = plan_run(_recipe(**unset), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
-    assert [w for w in said if "axolotl turns them on" in w and "lora_mlp_kernel: false" in w]
-    off = plan_run(_recipe(**dict.fromkeys(kernels, False)), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
+def plan_of(raw: dict, sizes: dict, prompts: int | None, options: PlanOptions) -> dict:
+    """`plan_run` of a recipe's YAML as `plan_recipe` plans it: translated as POFE translates it."""
+    return plan_run(*translated_recipe(raw), sizes, prompts, options)
+
+
+@pytest.mark.parametrize("name", ["sppo-qlora", "rrhf-qlora"])
+def test_shipped_qlora_recipes_plan_no_lora_kernel_warning(name, mistral_sizes):
+    """The shipped QLoRA recipes plan no LoRA-kernel warning, as written (all four off) and
+    with the four keys deleted: POFE then turns them off (`keep_lora_kernels_off`), as the
+    run will, where axolotl alone would turn them on."""
+    raw = yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text())
+    unset = {k: v for k, v in raw.items() if k not in LORA_KERNELS}
+    for recipe in (raw, unset):
+        said = plan_of(recipe, mistral_sizes, PROMPTS, PlanOptions())["warnings"]
+        assert not [w for w in said if "LoRA kernels" in w], said
+
+
+def test_lora_kernels_warn_only_when_a_recipe_turns_them_on(mistral_sizes):
+    unset = dict.fromkeys(LORA_KERNELS)
+    said = plan_of(_recipe(**unset), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
+    assert not [w for w in said if "LoRA kernels" in w]  # None is unset: POFE turns them off
+    off = plan_of(_recipe(**dict.fromkeys(LORA_KERNELS, False)), mistral_sizes, PROMPTS, PlanOptions())["warnings"]
     assert not [w for w in off if "LoRA kernels" in w]
-    one = plan_run(
-        _recipe(**{**dict.fromkeys(kernels, False), "lora_o_kernel": True}), mistral_sizes, PROMPTS, PlanOptions()
+    one = plan_of(
+        _recipe(**{**dict.fromkeys(LORA_KERNELS, False), "lora_o_kernel": True}), mistral_sizes, PROMPTS, PlanOptions()
     )["warnings"]
     assert [w for w in one if w.startswith("LoRA kernels lora_o_kernel (set explicitly)")]
 
@@ -132,11 +150,11 @@ def test_lora_kernels_warn_unless_turned_off(mistral_sizes):
 def test_a_gpu_too_small_is_named_with_the_key(mistral_sizes):
     """On a 16 GB GPU vLLM's 0.9 share (14.4 GB) cannot hold bf16 Mistral (14.5 GB) and a 32k
     sequence's KV cache (4.3 GB); training (about 7 GB) fits."""
-    plan = plan_run(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=16))
+    plan = plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=16))
     said = [w for w in plan["warnings"] if "generate" in w]
     assert len(said) == 3 and all("pofe.generate.vllm_kwargs.max_model_len" in w for w in said)
     assert not [w for w in plan["warnings"] if w.startswith("train")]
-    small = plan_run(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=6))
+    small = plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=6))
     assert [w for w in small["warnings"] if w.startswith("train (round 1)") and "micro_batch_size" in w]
 
 
@@ -154,13 +172,13 @@ def test_zero3_checkpoints_without_a_limit_take_the_full_state(mistral_sizes):
     raw.update(save_steps=10, deepspeed=str(ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"))
     raw.pop("save_total_limit", None)
     raw.pop("save_only_model", None)
-    train = plan_run(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
+    train = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert train["counts"]["checkpoint_gb"] == round(16 * TOTAL / GB, 2)
     assert train["counts"]["checkpoints_kept"] == 31
     assert train["disk_gb"] == round((31 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
-    kept = plan_run({**raw, "save_total_limit": 2}, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
+    kept = plan_of({**raw, "save_total_limit": 2}, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert kept["counts"]["checkpoints_kept"] == 2
-    unknown = plan_run(raw, mistral_sizes, None, PlanOptions(gpus=8))
+    unknown = plan_of(raw, mistral_sizes, None, PlanOptions(gpus=8))
     assert unknown["disk_gb"] is None and [w for w in unknown["warnings"] if "set save_total_limit" in w]
 
 
@@ -231,7 +249,7 @@ def test_tiny_recipes_plan_on_the_cpu(name, tiny_model):
     raw["base_model"] = str(tiny_model)
     sizes, warnings = model_sizes(raw, pofe_config(raw))
     assert warnings == []
-    plan = plan_run(raw, sizes, 60, PlanOptions(device="cpu"))
+    plan = plan_of(raw, sizes, 60, PlanOptions(device="cpu"))
     for s in plan["stages"]:
         assert s["gpu_memory_gb"] == 0.0 and s["device"] == "cpu", s
         assert s["cpu_memory_gb"] is not None or not s["parts_gb"], s
@@ -249,7 +267,7 @@ def test_workers_sharing_a_gpu_add_up(mistral_sizes):
         **shared["pofe"],
         "candidates": {**shared["pofe"]["candidates"], "num_workers": 2, "worker_devices": ["0", "0"]},
     }
-    plan = plan_run(shared, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    plan = plan_of(shared, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
     generate, judge = plan["stages"][0], plan["stages"][1]
     assert generate["gpu_memory_gb"] == 2 * 72.0 and generate["data_parallel"] == 2
     assert abs(judge["parts_gb"]["1_more_workers_on_this_gpu"] - judge["gpu_memory_gb"] / 2) <= 0.01  # GB rounding
@@ -258,7 +276,7 @@ def test_workers_sharing_a_gpu_add_up(mistral_sizes):
         **shared,
         "pofe": {**shared["pofe"], "candidates": {**shared["pofe"]["candidates"], "worker_devices": None}},
     }
-    spread = plan_run(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
+    spread = plan_of(apart, mistral_sizes, PROMPTS, PlanOptions(gpus=2))
     assert spread["stages"][0]["gpu_memory_gb"] == 72.0 and not [w for w in spread["warnings"] if "generate" in w]
 
 
@@ -276,7 +294,7 @@ def test_a_reward_model_judge_counts_its_shared_prompt_keys(mistral_sizes):
     stages = {}
     for sharing in (True, False):
         raw = {**base, "pofe": {**base["pofe"], "judge": {**judge, "prefix_sharing": sharing}}}
-        stages[sharing] = plan_run(raw, mistral_sizes, PROMPTS, PlanOptions())["stages"][1]
+        stages[sharing] = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions())["stages"][1]
     expected = 2 * (2 * 32 * 1024 * 2) * 8 * 1024 / GB
     assert stages[True]["stage"] == "judge" and stages[True]["parts_gb"]["prefix_kv"] == round(expected, 2)
     assert "prefix_kv" not in stages[False]["parts_gb"]

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from huggingface_hub import HfApi
 
 from pofe import PofePlugin
 from pofe.args import PofeConfig
 from pofe.run.folder import RunFolder, RunState
 from pofe.run.recipe import load_recipe
 from pofe.run.report.collect import sample_rows
-from pofe.run.rounds.loop import RoundPlan, push_round
-from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, round_metrics, tracker_env
+from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, push_round, round_metrics, tracker_env
 from pofe.run.rounds.round_recipe import round_recipe
 from pofe.run.rounds.runner import StageRunner
 from tests.helpers import prompts_in, prompts_stage
@@ -63,11 +61,6 @@ def test_round_recipes_name_hub_repos_and_tracker_runs_per_round():
     assert hub_dataset_repo(off, 1) is None
 
 
-def plan(t: int, adapter: bool, hub: HfApi) -> RoundPlan:
-    """Round t's plan as far as its push stage reads it."""
-    return RoundPlan(t=t, rounds=3, policy="/m/base", adapter=adapter, seed=7, hub=hub)
-
-
 def write_round(folder: RunFolder, t: int) -> None:
     cands, merged = folder.candidates(t), folder.merged(t)
     cands.mkdir(parents=True)
@@ -89,7 +82,19 @@ def hub_reachable(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
 
-def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path):
+@pytest.fixture
+def loopback_hub(monkeypatch):
+    """A `HubServer` that `HfApi()` talks to, as HF_ENDPOINT and HF_TOKEN would point it
+    (huggingface_hub reads the endpoint once, at import; the token at each call)."""
+    from huggingface_hub import constants
+
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_test")
+        yield hub
+
+
+def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path, loopback_hub):
     """Through huggingface_hub's HfApi to a loopback hub: round t's candidates go to
     `org/tldr-iter<t>-data` as data/train.jsonl (+ pofe/summary.json), its merged iterate to
     `org/tldr-iter<t>`, byte for byte, private; a finished push stage is not redone."""
@@ -97,14 +102,13 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
     state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
     said = []
     runner = StageRunner(state, echo=said.append)
-    with HubServer() as hub:
-        api = HfApi(endpoint=hub.url, token="hf_test")
-        for t in (1, 2):
-            write_round(folder, t)
-            push_round({**RAW, "adapter": "lora"}, folder, plan(t, True, api), runner)
-        push_round({**RAW, "adapter": "lora"}, folder, plan(2, True, api), runner)  # done: skipped
-        assert hub.unknown == []
-        assert len(hub.commits) == 4
+    hub = loopback_hub
+    for t in (1, 2):
+        write_round(folder, t)
+        push_round({**RAW, "adapter": "lora"}, folder, t, True, runner)
+    push_round({**RAW, "adapter": "lora"}, folder, 2, True, runner)  # done: skipped
+    assert hub.unknown == []
+    assert len(hub.commits) == 4
     for t in (1, 2):
         cands, merged = folder.candidates(t), folder.merged(t)
         assert hub.created[f"org/tldr-iter{t}-data"] == {"type": "dataset", "visibility": "private"}
@@ -114,25 +118,24 @@ def test_push_stage_sends_each_rounds_model_and_candidates_to_its_repos(tmp_path
             "pofe/summary.json": (cands / "summary.json").read_bytes(),
         }
         assert hub.files[("model", f"org/tldr-iter{t}")] == {p.name: p.read_bytes() for p in merged.iterdir()}
-        record = state.data["stages"][f"round-{t}/push"]
+        record = state.stages[f"round-{t}/push"]
         assert record["status"] == "done" and record["model"][0] == f"org/tldr-iter{t}"
         assert record["dataset"][1].startswith(f"{hub.url}/org/tldr-iter{t}-data/commit/")
     assert said[0] == "round 1: push the candidates to the dataset repo org/tldr-iter1-data"
 
 
-def test_full_fine_tune_pushes_only_the_candidates(tmp_path):
+def test_full_fine_tune_pushes_only_the_candidates(tmp_path, loopback_hub):
     """Without an adapter axolotl's trainer pushed the model; the runner sends the data only,
     to `pofe.hub_dataset_id`'s repo; a recipe with neither key pushes nothing."""
     folder = RunFolder(tmp_path)
     state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
     write_round(folder, 1)
     raw = {**RAW, "pofe": {**RAW["pofe"], "hub_dataset_id": "org/cands"}}
-    with HubServer() as hub:
-        api = HfApi(endpoint=hub.url, token="hf_test")
-        runner = StageRunner(state)
-        push_round(raw, folder, plan(1, False, api), runner)
-        push_round({**RAW, "hub_model_id": None}, folder, plan(2, False, api), runner)
-    assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.data["stages"]
+    hub = loopback_hub
+    runner = StageRunner(state)
+    push_round(raw, folder, 1, False, runner)
+    push_round({**RAW, "hub_model_id": None}, folder, 2, False, runner)
+    assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.stages
     assert list(hub.files) == [("dataset", "org/cands-iter1")] and len(hub.commits) == 1
 
 
@@ -307,7 +310,7 @@ def test_one_prompt_file_per_round(tmp_path):
     assert prompts_in(folder.round_prompts(1)) == ["r1-0", "r1-1"]
     assert prompts_in(folder.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
     assert prompts_in(folder.held_out_prompts) == ["b3", "b4"]
-    assert state.data["prompt_mode"] == "files"
+    assert state.prompt_mode == "files"
     assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt sets for pofe.rounds: 3"):
         PofeConfig(rounds=3, round_prompts=files)

@@ -11,6 +11,8 @@ from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault
 
+from pofe.args import LORA_KERNELS
+
 RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yml"))
 H100 = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
 CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
@@ -80,9 +82,6 @@ def test_iterated_rounds_keep_the_prompt_format(tmp_path):
     recipe, _ = round_recipe(raw, RunFolder(tmp_path), 2, "/m/round-1", seed=1)
     (entry,) = recipe["datasets"]
     assert entry["prompt_format"] == "hh" and entry["type"] == "pofe.prompts"
-
-
-LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
 
 def _validated(raw: dict, caps=H100):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pofe.run.evaluation.statistics import find_cycles
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
@@ -73,9 +73,7 @@ def test_non_square_is_refused():
 def test_report_without_rounds_or_eval_says_so(tmp_path):
     """A run whose state exists but has no finished stage: every section says 'no data'."""
     folder = RunFolder(tmp_path)
-    folder.state.write_text(
-        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 2})
-    )
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
     rep = write_report(folder)
     md = rep.markdown_path.read_text()
     assert "No round has started." in md
@@ -132,11 +130,8 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     """SPPO rounds carry summary.json's mean_win_rate_spread into report.json and a table
     column; a round without it (an older summary) shows '-'. RRHF's table has no such column."""
     folder = RunFolder(tmp_path)
-    folder.state.write_text(
-        json.dumps(
-            {"method": "sppo", "rounds": {"1": {}, "2": {}}, "stages": {}, "starts": [1.0], "rounds_planned": 2}
-        )
-    )
+    rounds = {"1": RoundRecord(), "2": RoundRecord()}
+    RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=2).save()
     summary = {
         "rows": 3,
         "candidates_per_prompt": {"mean": 5.0},
@@ -200,9 +195,7 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
         **comparisons,
     }
     folder = RunFolder(tmp_path)
-    folder.state.write_text(
-        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 2})
-    )
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
     folder.eval_dir.mkdir()
     (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
     (folder.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))

@@ -138,5 +138,5 @@ def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tm
     assert prompts_in(folder.held_out_prompts) == ["p16", "p17", "p18", "p19"]
     assert prompts_in(folder.round_prompts(1)) == [f"p{i}" for i in range(16)]
     assert prompts_in(folder.round_prompts(2)) == ["a0", "a1"]
-    assert state.data["stages"]["prompts"]["held_out_removed"] == [4, 0]
+    assert state.stages["prompts"]["held_out_removed"] == [4, 0]
     assert any("per round: [4, 0]" in line for line in said)

@@ -88,8 +88,8 @@ def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
     st.start("round-1/train")
     st.finish("round-1/train", output_dir="o")
     again = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
-    assert again.done("round-1/train") and again.data["stages"]["round-1/train"]["output_dir"] == "o"
-    assert len(again.data["starts"]) == 3
+    assert again.done("round-1/train") and again.stages["round-1/train"]["output_dir"] == "o"
+    assert len(again.starts) == 3
     assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporary files
     with pytest.raises(RunStateMismatch, match="different recipe"):
         RunState.open(path, fingerprint="b", recipe="r.yml", method="rrhf")
@@ -278,7 +278,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     resumed = str(train / "checkpoint-10")
     assert ran == [("train", resumed, (5,))]
     assert said == [f"round 1/1: train, resuming from {resumed}"]
-    record = state.data["stages"]["round-1/train"]
+    record = state.stages["round-1/train"]
     assert record["status"] == "done" and record["resumed_from"] == resumed
     assert json.loads(folder.trainer_state(1).read_text()) == {"global_step": 20}
     assert not list(train.glob("checkpoint-*"))  # the forced save's cleanup, after the stage
@@ -348,7 +348,7 @@ def test_another_recipes_checkpoint_is_not_resumed(tmp_path, monkeypatch, change
         RunStateMismatch, match=rf"round 1 would resume from {re.escape(str(checkpoint))}.*{says}.*Delete "
     ):
         rounds.run_round(raw, folder, plan, runner.StageRunner(state, echo=lambda _: None, stream=False))
-    assert ran == [] and not state.data["stages"].get("round-1/train")
+    assert ran == [] and not state.stages.get("round-1/train")
 
 
 def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
@@ -426,7 +426,7 @@ def test_a_replaced_prompt_file_is_named_at_the_next_start(tmp_path):
     pcfg = PofeConfig(method="rrhf")
     state = RunState.open(tmp_path / "pofe-run.json", fingerprint="a", recipe="r.yml", method="rrhf")
     check_prompt_sources(prompt_sources(cfg, pcfg), state)
-    assert list(state.data["prompt_sources"]) == [str(prompts)]
+    assert list(state.prompt_sources) == [str(prompts)]
     check_prompt_sources(prompt_sources(cfg, pcfg), RunState.read(state.path))  # unchanged: fine
     prompts.write_text('{"q": "b"}\n')
     with pytest.raises(RunStateMismatch, match=rf"the prompt file {re.escape(str(prompts))} changed since"):

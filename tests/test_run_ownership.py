@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RunFolder, RunState
 from pofe.run.guards import PREEXISTING_NAME, OutputDirRefused, claim_output_dir, pofe_wrote
 from pofe.run.report import write_report
 
@@ -80,9 +80,7 @@ def test_overwrite_records_what_was_there_and_the_report_keeps_it(tmp_path):
         folder, tmp_path / "report-rewards.png"
     )
 
-    folder.state.write_text(
-        json.dumps({"method": "sppo", "rounds": {}, "stages": {}, "starts": [1.0], "rounds_planned": 1})
-    )
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=1).save()
     report = write_report(folder)
     assert (tmp_path / "report-old.png").read_text() == "png"
     assert not (tmp_path / "report-rewards.png").exists()

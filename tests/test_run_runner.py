@@ -43,6 +43,10 @@ def expected(stages: dict) -> dict:
         "stages": stages,
         "rounds": {},
         "starts": [100.0],
+        # what the prompts stage and the round loop set: unset in a runner's own test
+        **dict.fromkeys(
+            ("prompt_mode", "rounds_planned", "prompt_sources", "base_model", "pi_0", "stopped", "final_policy")
+        ),
     }
 
 

@@ -133,19 +133,19 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
 
     def run_round(raw, folder, plan, runner):
         trained.append(plan.t)
-        runner.state.round(plan.t)["policy_out"] = f"/models/round-{plan.t}"
+        runner.state.round(plan.t).policy_out = f"/models/round-{plan.t}"
         runner.state.save()
         return f"/models/round-{plan.t}"
 
     def evaluate_rounds(recipe_path, folder, pcfg, runner):
         def work():
-            T = len(rounds_module.eval_models(runner.state, pcfg.rounds)) - 1
+            T = len(runner.state.models(pcfg.rounds)) - 1
             evaluated.append(T)
             ev = evaluation([0.7, 0.3, 0.8][:T], None, lc_vs_pi_0=[0.7, 0.6, 0.75][:T])
             folder.eval_dir.mkdir(parents=True, exist_ok=True)
             (folder.eval_dir / "eval.json").write_text(json.dumps({**ev, **report_fields(T + 1)}))
 
-        runner.run("eval", work, inputs={"models": rounds_module.eval_models(runner.state, pcfg.rounds)})
+        runner.run("eval", work, inputs={"models": runner.state.models(pcfg.rounds)})
 
     monkeypatch.setattr(rounds_module, "run_round", run_round)
     monkeypatch.setattr(rounds_module, "evaluate_rounds", evaluate_rounds)

@@ -22,10 +22,10 @@ GIB = 2**30
 
 def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: float, device: str) -> dict:
     """The plan's generate and train entries of round 1 for `train_recipe` with `generate` added."""
-    from pofe.args import pofe_config
     from pofe.run.plan.common import PlanOptions
     from pofe.run.plan.planner import plan_run
     from pofe.run.plan.sources import model_sizes
+    from pofe.run.recipe import translated_recipe
 
     raw = yaml.safe_load(train_recipe.read_text())
     raw["pofe"] = {
@@ -33,8 +33,9 @@ def estimates(train_recipe: Path, generate: dict, prompts: int, gpu_memory_gb: f
         "generate": generate,
         "judge": {"type": "python", "function": "pofe.demo.task:reward"},
     }
-    sizes, _ = model_sizes(raw, pofe_config(raw))
-    plan = plan_run(raw, sizes, prompts, PlanOptions(gpus=1, gpu_memory_gb=gpu_memory_gb, device=device))
+    raw, pcfg = translated_recipe(raw)
+    sizes, _ = model_sizes(raw, pcfg)
+    plan = plan_run(raw, pcfg, sizes, prompts, PlanOptions(gpus=1, gpu_memory_gb=gpu_memory_gb, device=device))
     return {s["stage"]: s for s in plan["stages"] if s["round"] == 1 and s["stage"] in ("generate", "train")}
 
 

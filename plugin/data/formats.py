@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
+from pofe.data.label_checks import check_labels
 from pofe.data.transcripts import hh_row
+from pofe.errors import PofeError
 from pofe.methods import Target, method_spec
 
 PROMPT_FORMATS = ("chat", "hh")
@@ -36,7 +38,7 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 LOGP_ROUNDING = 1e-3
 
 
-class PofeDataError(ValueError):
+class PofeDataError(PofeError, ValueError):
     """A dataset row POFE cannot train on."""
 
 
@@ -141,7 +143,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     responses, names = _responses(row, fmt, fail)
     spec = method_spec(fmt.method)
     labels, label_names = _labels(row, fmt, len(responses), fail)
-    _check_labels(spec.target, labels, label_names, responses, names, fail)
+    check_labels(spec.target, labels, label_names, responses, names, fail)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses, spec.target.column: labels}
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
@@ -226,27 +228,6 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
                 )
         labels = [-r for r in ranks]
     return labels, [f"{col}[{j}]" for j in range(k)]
-
-
-def _check_labels(
-    target: Target, labels: list[float], label_names: list[str], responses: list[dict], names: list[str], fail
-) -> None:
-    """The target's rules: its range, one label per distinct text, float32-distinct labels.
-    `label_names` / `names`: each label's / response's field, for errors."""
-    if target.bounds is not None:
-        low, high = target.bounds
-        for name, value in zip(label_names, labels):
-            if not low <= value <= high:
-                raise fail(
-                    name,
-                    f"{target.noun[:-1]} {value} is outside [{low:g}, {high:g}]",
-                    f"{target.noun.capitalize()} are probabilities; recompute them."
-                    if (low, high) == (0.0, 1.0)
-                    else "Rescale or fix this row's labels.",
-                )
-    _check_duplicates(responses, labels, names, target.noun, fail)
-    if target.distinct_in_float32:
-        _check_float32_ties(labels, names, fail)
 
 
 def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
@@ -376,34 +357,3 @@ def _log_probs(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
                 "column to let the trainer compute the anchor.",
             )
     return values
-
-
-def _check_duplicates(responses: list[dict], labels: list[float], names: list[str], label: str, fail) -> None:
-    """The same text cannot be both better and worse than itself."""
-    first: dict[str, int] = {}
-    for j, message in enumerate(responses):
-        i = first.setdefault(message["content"], j)
-        if labels[i] != labels[j]:
-            raise fail(
-                names[j],
-                f"the same text as {names[i]} but {label} {labels[j]} vs {labels[i]}",
-                "Remove the duplicate, or give both the same value.",
-            )
-
-
-def _check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
-    """Rewards that differ but round to one float32 would silently tie in training.
-    Differences at float64's own rounding level (0.1 + 0.2 vs 0.3) are arithmetic noise,
-    not a ranking, and pass."""
-    as32 = np.asarray(rewards, dtype=np.float32)
-    for j in range(len(rewards)):
-        for i in range(j):
-            a, b = rewards[i], rewards[j]
-            if as32[i] == as32[j] and abs(a - b) > 1e-12 * max(abs(a), abs(b)):
-                raise fail(
-                    names[j],
-                    f"reward {b!r} differs from {names[i]}'s {a!r} but both "
-                    f"are {float(as32[j])!r} in float32 (training's precision), so they tie",
-                    "Shift or rescale this row's rewards (e.g. subtract the row's "
-                    "mean) so their differences survive float32.",
-                )

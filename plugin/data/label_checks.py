@@ -1,7 +1,10 @@
-"""Label checks across a dataset's rows: suspicious, not impossible, so warned about with a count.
+"""Label checks: within a row, what cannot be trained on; across rows, what is suspicious.
 
-Per-row checks (`formats.py`) refuse what cannot be trained on; these look at rows together,
-or at a label order that is legal but rarely meant:
+Within a row (`check_labels`, called by `pofe.data.formats` on each row), an error naming
+the row and field: a label outside its target's range, one text with two labels, labels that
+differ but tie in float32 (training's precision).
+
+Across rows, suspicious but not impossible, so warned about with a count:
 
 - `conflicting_rows`: the same prompt in two rows ranks the same two responses in opposite
   orders (one row says a > b, the other b > a); training pulls both ways and learns noise.
@@ -18,6 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+
+import numpy as np
+
+from pofe.methods import Target
 
 # rows named in a warning, at most
 SHOWN = 5
@@ -62,3 +69,55 @@ def shown(items: list) -> str:
     """The first few of `items` for a message, and how many more there are."""
     more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
     return ", ".join(str(x) for x in items[:SHOWN]) + more
+
+
+def check_labels(
+    target: Target, labels: list[float], label_names: list[str], responses: list[dict], names: list[str], fail
+) -> None:
+    """The target's rules: its range, one label per distinct text, float32-distinct labels.
+    `label_names` / `names`: each label's / response's field, for errors."""
+    if target.bounds is not None:
+        low, high = target.bounds
+        for name, value in zip(label_names, labels):
+            if not low <= value <= high:
+                raise fail(
+                    name,
+                    f"{target.noun[:-1]} {value} is outside [{low:g}, {high:g}]",
+                    f"{target.noun.capitalize()} are probabilities; recompute them."
+                    if (low, high) == (0.0, 1.0)
+                    else "Rescale or fix this row's labels.",
+                )
+    check_duplicates(responses, labels, names, target.noun, fail)
+    if target.distinct_in_float32:
+        check_float32_ties(labels, names, fail)
+
+
+def check_duplicates(responses: list[dict], labels: list[float], names: list[str], label: str, fail) -> None:
+    """The same text cannot be both better and worse than itself."""
+    first: dict[str, int] = {}
+    for j, message in enumerate(responses):
+        i = first.setdefault(message["content"], j)
+        if labels[i] != labels[j]:
+            raise fail(
+                names[j],
+                f"the same text as {names[i]} but {label} {labels[j]} vs {labels[i]}",
+                "Remove the duplicate, or give both the same value.",
+            )
+
+
+def check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
+    """Rewards that differ but round to one float32 would silently tie in training.
+    Differences at float64's own rounding level (0.1 + 0.2 vs 0.3) are arithmetic noise,
+    not a ranking, and pass."""
+    as32 = np.asarray(rewards, dtype=np.float32)
+    for j in range(len(rewards)):
+        for i in range(j):
+            a, b = rewards[i], rewards[j]
+            if as32[i] == as32[j] and abs(a - b) > 1e-12 * max(abs(a), abs(b)):
+                raise fail(
+                    names[j],
+                    f"reward {b!r} differs from {names[i]}'s {a!r} but both "
+                    f"are {float(as32[j])!r} in float32 (training's precision), so they tie",
+                    "Shift or rescale this row's rewards (e.g. subtract the row's "
+                    "mean) so their differences survive float32.",
+                )

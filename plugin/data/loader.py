@@ -178,19 +178,8 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
     dataset = merge_datasets(parts, cfg)
     dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, "prompt_key", "response_keys"])
     if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
-        write_atomic(
-            policy_path,
-            json.dumps(
-                {
-                    "sequence_len": cfg.sequence_len,
-                    "max_prompt_len": max_prompt_len,
-                    "truncation": pofe.truncation,
-                    "datasets": policy,
-                },
-                indent=2,
-            )
-            + "\n",
-        )
+        record = {"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len, "truncation": pofe.truncation}
+        write_atomic(policy_path, json.dumps({**record, "datasets": policy}, indent=2) + "\n")
     if len(dataset) == 0:
         raise ValueError(
             "no rows left to train on after the length policy; raise sequence_len or set pofe.truncation: truncate"

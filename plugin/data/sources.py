@@ -21,6 +21,7 @@ from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
 from datasets import Dataset, Json, ReadInstruction
 
 from pofe.data.formats import PofeDataError
+from pofe.files import ONE_OBJECT, UnreadableFile, check_unicode, read_jsonl, read_utf8
 
 
 def load_entry(entry, use_auth_token) -> Dataset:
@@ -60,80 +61,33 @@ def read_json_rows(path: str | Path, split: str | None = None) -> Dataset:
 
 
 def _parse_objects(path: Path) -> list[dict[str, Any]]:
-    def fail(line: int, what: str) -> PofeDataError:
-        return PofeDataError(
-            f"dataset {path}, line {line}: {what}. Each line must be one JSON object "
-            "(JSON Lines), or the whole file one JSON list of objects."
-        )
-
-    raw = path.read_bytes()
+    """The rows of a JSON Lines file, or of a file that is one JSON list of objects."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
+        text = read_utf8(path)
+        if not text.lstrip().startswith("["):
+            return read_jsonl(path)
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
         raise PofeDataError(
-            f"dataset {path}, line {line}: byte {raw[e.start : e.start + 1]!r} at offset {e.start} is not UTF-8 "
-            f"({e.reason}). JSON files must be UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8) or fix "
-            "that line."
+            f"dataset {path}, line {e.lineno}: not valid JSON ({e.msg}, column {e.colno}). {EITHER}"
         ) from None
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise fail(e.lineno, f"not valid JSON ({e.msg}, column {e.colno})") from None
-        escapes = _has_surrogate_escape(text)
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise PofeDataError(
-                    f"dataset {path}, row {i} (0-based): expected a JSON object, got {type(row).__name__}"
-                )
-            if escapes:
-                _check_unicode(row, f"dataset {path}, row {i} (0-based)")
-        return rows
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise fail(n, f"not valid JSON ({e.msg}, column {e.colno})") from None
+    except UnreadableFile as e:
+        raise PofeDataError(f"dataset {e}" + (f", {LIST}" if ONE_OBJECT in str(e) else "")) from None
+    escapes = "\\ud" in text or "\\uD" in text  # the only way decoded UTF-8 text holds a surrogate
+    for i, row in enumerate(rows):
+        where = f"dataset {path}, row {i} (0-based)"
         if not isinstance(row, dict):
-            raise fail(n, f"expected a JSON object, got {type(row).__name__}")
-        if _has_surrogate_escape(line):
-            _check_unicode(row, f"dataset {path}, line {n}")
-        rows.append(row)
+            raise PofeDataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        try:
+            if escapes:
+                check_unicode(row, where)
+        except UnreadableFile as e:
+            raise PofeDataError(str(e)) from None
     return rows
 
 
-def _has_surrogate_escape(text: str) -> bool:
-    """Whether `text` has a \\uD800-\\uDFFF escape: the only way decoded UTF-8 text gives a
-    surrogate, so only such rows need `_check_unicode`."""
-    return "\\ud" in text or "\\uD" in text
-
-
-def _check_unicode(row: dict, where: str) -> None:
-    """Raise PofeDataError if a string in `row` holds a lone surrogate ("\\ud800": valid JSON,
-    not valid Unicode; tokenizers fail on it with an unrelated TypeError)."""
-
-    def walk(value, field: str) -> None:
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise PofeDataError(
-                    f"{where}, field {field!r}: {e.reason} at character {e.start} "
-                    f"({value[max(0, e.start - 20) : e.end]!r}), not valid Unicode. Fix the text (a surrogate "
-                    "pair \\ud83d\\ude00 is fine; half of one is not) or remove the row."
-                ) from None
-        elif isinstance(value, dict):
-            for key, v in value.items():
-                walk(v, f"{field}.{key}" if field else str(key))
-        elif isinstance(value, list):
-            for j, v in enumerate(value):
-                walk(v, f"{field}[{j}]")
-
-    walk(row, "")
+LIST = "or the whole file one JSON list of objects."
+EITHER = f"{ONE_OBJECT}, {LIST}"
 
 
 def local_files_digest(entries) -> list[str | None]:

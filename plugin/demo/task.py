@@ -6,11 +6,12 @@ win rates) can be written for any number of prompts without a judge or a downloa
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Iterable
 from pathlib import Path
+
+from pofe.files import write_jsonl_atomic
 
 MAX_OPERAND = 20
 # Wrong candidates lie within this distance of the sum, so their rewards stay graded.
@@ -134,10 +135,6 @@ def make_sppo_rows(n_prompts: int, k: int = 4, seed: int = 0, scale: float = DEF
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> Path:
-    """Write one JSON object per line; create parent folders; return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
+    """Write one JSON object per line (`pofe.files.write_jsonl_atomic`); return the path."""
+    write_jsonl_atomic(Path(path), rows)
+    return Path(path)

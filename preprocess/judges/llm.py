@@ -17,6 +17,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from pofe.errors import PofeError
 from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.config.judge import fill_rubric
 from pofe.preprocess.judges.base import JudgeStats, Score
@@ -43,7 +44,7 @@ def parse_score(text: str, low: float, high: float) -> float | str:
     return v
 
 
-class UnreadableReply(Exception):
+class UnreadableReply(PofeError):
     """The server answered, but not with a chat completion: an abstention, not a failure."""
 
 

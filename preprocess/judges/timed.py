@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pofe.errors import PofeError
 from pofe.preprocess.judges.base import JudgeError
 
 
@@ -34,7 +35,7 @@ class JudgeTimeout(JudgeError):
         return JudgeTimeout(self.reason, self.where, row=row)
 
 
-class RemoteError(Exception):
+class RemoteError(PofeError):
     """The judge function raised in the worker: `str(self)` is "Type: message"."""
 
 

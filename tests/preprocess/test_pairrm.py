@@ -391,7 +391,7 @@ def test_pipeline_and_evaluation_give_pairrm_the_same_chat_templated_prompt(pair
     from pofe.preprocess.config import CandidatesConfig, GenerateConfig
     from pofe.preprocess.pipeline import run_pipeline
     from pofe.preprocess.render import render_prompt
-    from pofe.run.evaluation.evaluate import render_prompts
+    from pofe.run.evaluation.inputs import render_prompts
     from pofe.run.evaluation.judging import judge_models
 
     judge = PairRMJudge.from_pretrained(str(pairrm_dir))

@@ -597,10 +597,12 @@ def test_an_edited_judge_function_judges_again(tiny_policy, tmp_path, monkeypatc
 
 
 def test_judge_identity_follows_code_and_weights(tmp_path, monkeypatch):
-    """A reward model folder is known by its files' contents, one over the size cap by its size
-    and mtime; a reward_funcs judge by each function's module file."""
+    """A reward model folder is known by its files' contents, one over the size cap by its size,
+    mtime and sampled bytes (`pofe.files.weights_fingerprint`); a reward_funcs judge by each
+    function's module file."""
     import os
 
+    from pofe import files
     from pofe.preprocess import identity
 
     model = tmp_path / "rm"
@@ -612,7 +614,7 @@ def test_judge_identity_follows_code_and_weights(tmp_path, monkeypatch):
     (model / "model.safetensors").write_bytes(b"b" * 100)
     changed = identity.judge_identity(rm)
     assert before != changed and list(changed) == [str(model)]
-    monkeypatch.setattr(identity, "CONTENT_HASH_CAP", 10)  # now by size and mtime
+    monkeypatch.setattr(files, "CONTENT_HASH_CAP", 10)  # now by size, mtime and sampled bytes
     big = identity.judge_identity(rm)
     stat = (model / "model.safetensors").stat()
     os.utime(model / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))

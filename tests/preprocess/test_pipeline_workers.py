@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from pofe.preprocess import generate_stage, pipeline
+from pofe.preprocess import generate_stage, judge_stage
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.generators.hf import TransformersGenerator, load_tokenizer
 from pofe.preprocess.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
@@ -111,8 +111,8 @@ def test_two_workers_write_the_one_process_file_and_resume_after_a_killed_worker
 
 def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_reward_model, tmp_path, monkeypatch):
     seen: dict = {}
-    # the generate stage builds the generator (generate_stage.py), the pipeline the judge
-    make_generator, make_judge = generate_stage.make_generator, pipeline.make_judge
+    # the generate stage builds the generator (generate_stage.py), the judge stage the judge
+    make_generator, make_judge = generate_stage.make_generator, judge_stage.make_judge
 
     def spy_generator(*args, **kwargs):
         generator = make_generator(*args, **kwargs)
@@ -124,7 +124,7 @@ def test_the_generator_is_gone_before_the_judge_is_built(tiny_policy, tiny_rewar
         return make_judge(cfg)
 
     monkeypatch.setattr(generate_stage, "make_generator", spy_generator)
-    monkeypatch.setattr(pipeline, "make_judge", spy_judge)
+    monkeypatch.setattr(judge_stage, "make_judge", spy_judge)
     judge = JudgeConfig(type="reward_model", model=str(tiny_reward_model))
     kw = dict(policy_path=str(tiny_policy), method="rrhf", generate=GEN, judge=judge)
     run_pipeline(ROWS[:4], candidates=CandidatesConfig(out_dir=str(tmp_path / "built"), progress=False), **kw)

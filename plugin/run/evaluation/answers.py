@@ -18,8 +18,8 @@ answers) is stored under a key of exactly those, and a later evaluation reads th
 instead of loading the model. A weight file written again (a round trained anew), another
 prompt, or another decoding setting changes the key: that part is answered again.
 
-A local model is identified by the size and modification time of its top-level files
-(what `from_pretrained` reads; checkpoint folders are not), a hub model by its id.
+A model is identified by `pofe.files.weights_fingerprint` (a local folder by its files, a
+hub model by its cached commit).
 """
 
 from __future__ import annotations
@@ -146,15 +146,6 @@ def score_under_base(base, answers: list[ModelAnswers], batch_size: int) -> None
     for a in answers[1:]:
         flat = a.flat
         a.base_logps = sequence_logps(base, [s.prompt_ids for s in flat], [s.response_ids for s in flat], batch_size)
-
-
-def model_identity(path: str) -> Any:
-    """What changes when the weights at `path` change: [name, size, mtime_ns] of a local
-    folder's files, or the hub id."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return path
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(folder.iterdir()) if f.is_file()]
 
 
 def samples_to_json(samples: list[list[Sample]]) -> list[list[dict]]:

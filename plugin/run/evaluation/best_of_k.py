@@ -19,8 +19,8 @@ from dataclasses import replace
 
 from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators.hf import Sample
+from pofe.preprocess.win_rates import nan_mean
 from pofe.run.evaluation.judging import scalar_scores
-from pofe.run.evaluation.statistics import nan_mean
 
 
 def round_sampling(generate: GenerateConfig, t: int) -> Sampling:

@@ -56,17 +56,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pofe.args import PofeConfig, pofe_config
 from pofe.args.rounds import EvalConfig
-from pofe.data.formats import RowFormat, prompt_row
-from pofe.files import read_jsonl, write_atomic
+from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.preprocess.config import Sampling
-from pofe.preprocess.generators.hf import Sample, load_policy, load_tokenizer
+from pofe.preprocess.generators.hf import Sample, load_policy
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
-from pofe.preprocess.render import render_prompt
 from pofe.preprocess.shard_work import free_memory
 from pofe.run.evaluation.answers import (
     AnswerStore,
@@ -76,8 +72,6 @@ from pofe.run.evaluation.answers import (
     answers_from_json,
     answers_to_json,
     held_out_sampling,
-    model_identity,
-    reference_pairs,
     samples_from_json,
     samples_to_json,
     score_under_base,
@@ -89,16 +83,16 @@ from pofe.run.evaluation.headline import (
     headline_record,
     headline_skipped,
     round_columns,
-    round_prompt_column,
 )
+from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
 from pofe.run.evaluation.sampler import eval_sampler
-from pofe.run.folder import RunFolder, RunState
+from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.recipe import load_recipe
-from pofe.run.rounds.loop import eval_models
+
+# ---- the headline: each round's model on its own round's prompts --------------------------------
 
 
 def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
@@ -107,57 +101,6 @@ def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
     return Sampling(
         temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens, seed=ecfg.seed
     )
-
-
-def render_prompts(tokenizer, prompts: list) -> list[str]:
-    """Each prompt rendered with the chat template as the pipeline's generate stage renders
-    it: the text the models sample from, and the `rendered` prompt judges may read."""
-    return [render_prompt(tokenizer, p).text for p in prompts]
-
-
-# ---- held-out rows ------------------------------------------------
-
-
-def _load_rows(path: str | Path) -> list[dict]:
-    from datasets import load_dataset
-
-    path = str(path)
-    kind = "parquet" if path.endswith(".parquet") else "csv" if path.endswith(".csv") else "json"
-    return load_dataset(kind, data_files=path, split="train").to_list()
-
-
-def dataset_prompts(rows: list[dict], column: str, fields: dict, source: str, method: str) -> list:
-    """Each row's prompt as the pipeline reads a `pofe.prompts` row of that dataset entry:
-    with `prompt_format: hh`, an HH transcript becomes chat messages."""
-    fmt = RowFormat(dataset=source, type="pofe.prompts", method=method, fields={**fields, "field_prompt": column})
-    return [prompt_row(r, i, fmt, [])[column] for i, r in enumerate(rows)]
-
-
-@dataclass(frozen=True)
-class EvalRun:
-    """What both parts of an evaluation work from."""
-
-    pcfg: PofeConfig
-    folder: RunFolder
-    models: list[list[str]]  # [[name, path], ...]: pi_0, then each finished round's model
-    tokenizer: Any  # pi_0's: renders every prompt, for every model, as the pipeline renders it
-    prompt_column: str  # the rounds' prompt column (`round_prompt_column`)
-
-
-def open_run(recipe_path: str | Path) -> EvalRun:
-    """The run of a recipe, checked: evaluation is on and the run has started."""
-    _, cfg = load_recipe(recipe_path)
-    pcfg = pofe_config(cfg)
-    if not pcfg.eval:
-        raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
-    folder = RunFolder(Path(cfg.output_dir).resolve())
-    if not folder.state.exists():
-        raise ValueError(f"no run state at {folder.state}: run `axolotl pofe run {recipe_path}` first")
-    models = eval_models(RunState.read(folder.state))
-    return EvalRun(pcfg, folder, models, load_tokenizer(models[0][1]), round_prompt_column(cfg))
-
-
-# ---- the headline: each round's model on its own round's prompts --------------------------------
 
 
 @dataclass(frozen=True)
@@ -235,25 +178,6 @@ def write_headline(
 # ---- held-out prompts: every iterate on the same prompts ----------------------------------------
 
 
-def held_out_set(run: EvalRun) -> HeldOut | None:
-    """The held-out prompts: `pofe.eval.prompts`, or the rows the run held out of its dataset;
-    None when there are none (`held_out: 0`, or a pool too small for the default slice)."""
-    ecfg = run.pcfg.eval
-    if not ecfg.has_held_out or not (ecfg.prompts or run.folder.held_out_prompts.exists()):
-        return None
-    if ecfg.prompts:
-        rows = _load_rows(ecfg.prompts)
-        prompts = [r[ecfg.prompt_column] for r in rows]
-    else:  # the dataset's own rows: read as its entry reads them (`prompt_format`)
-        rows = read_jsonl(run.folder.held_out_prompts)
-        fields = run.pcfg.dataset_fields[0] if run.pcfg.dataset_fields else {}
-        prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.folder.held_out_prompts), run.pcfg.method)
-    references = reference_pairs(run.tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
-    return HeldOut(
-        prompts, render_prompts(run.tokenizer, prompts), references, ecfg.prompts or str(run.folder.held_out_prompts)
-    )
-
-
 def judge_held_out(
     held_out: HeldOut,
     answers: list[ModelAnswers],
@@ -286,9 +210,9 @@ def write_held_out(
         answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second, len(held_out.references)
     )
     result.update(extra)
-    # NaN rewards (abstentions) are written as NaN, as json.dumps does by default
+    # NaN rewards (abstentions) are written as NaN
     records = sample_records(answers, held_out.prompts, main, second)
-    write_atomic(run.folder.eval_dir / "samples.jsonl", "".join(json.dumps(r, allow_nan=True) + "\n" for r in records))
+    write_jsonl_atomic(run.folder.eval_dir / "samples.jsonl", records, allow_nan=True)
     out = run.folder.eval_dir / "eval.json"
     write_atomic(out, json.dumps(result, indent=2) + "\n")
     echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
@@ -327,8 +251,8 @@ def answer_with(
         run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size, run.folder.eval_dir / "engine" / name
     )
     base = {
-        "model": model_identity(path),
-        "tokenizer": model_identity(run.models[0][1]),
+        "model": weights_fingerprint(path),
+        "tokenizer": weights_fingerprint(run.models[0][1]),
         "batch_size": ecfg.batch_size,
         "sampler": sampler.identity,
     }
@@ -425,7 +349,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
     if held_out:
         trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
         rounds_bok, records = best_of_k(judge, held_out.prompts, held_out.rendered, answers.candidates, trained)
-        write_atomic(run.folder.eval_dir / "candidates.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        write_jsonl_atomic(run.folder.eval_dir / "candidates.jsonl", records, allow_nan=True)
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)
     if held_out:

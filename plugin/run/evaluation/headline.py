@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pofe.files import read_jsonl
-from pofe.run.evaluation.statistics import nan_mean
+from pofe.preprocess.win_rates import nan_mean
 
 if TYPE_CHECKING:
     from pofe.args.rounds import EvalConfig
@@ -41,12 +41,6 @@ def judged_rows(cand_dir: Path) -> list[dict]:
 def headline_prompts(cand_dir: Path, n: int) -> list[dict]:
     """The headline's prompts of a round: its first `n` judged rows ({"index", "prompt"})."""
     return [{"index": r["index"], "prompt": r["prompt"]} for r in judged_rows(cand_dir)[:n]]
-
-
-def round_prompt_column(cfg) -> str:
-    """The prompt column of the run's `pofe.prompts` entry (each round's recipe keeps it)."""
-    (entry,) = cfg.datasets
-    return entry.get("field_prompt") or "prompt"
 
 
 def round_columns(prompts_file: Path, headline: list[dict], prompt_column: str) -> list[dict]:

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from pofe.preprocess.judges import Abstain, PairwiseJudge, ScalarJudge, apply_judge, is_pairwise
-from pofe.preprocess.win_rates import bradley_terry_preferences
-from pofe.run.evaluation.statistics import block_win_matrix, nan_mean, win_matrix_from_rewards
+from pofe.preprocess.win_rates import bradley_terry_preferences, nan_mean
+from pofe.run.evaluation.statistics import block_win_matrix, win_matrix_from_rewards
 
 
 def scalar_scores(

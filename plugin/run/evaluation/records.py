@@ -10,9 +10,10 @@ import torch
 
 from pofe.args.rounds import EvalConfig
 from pofe.preprocess.config import JudgeConfig
+from pofe.preprocess.win_rates import nan_mean
 from pofe.run.evaluation.answers import ModelAnswers
 from pofe.run.evaluation.judging import mean_reward_per_model
-from pofe.run.evaluation.statistics import compare_iterates, nan_mean
+from pofe.run.evaluation.statistics import compare_iterates
 
 
 def summarise(

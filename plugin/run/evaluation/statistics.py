@@ -51,8 +51,7 @@ lengths in tokens, eval.json's
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import statistics
 
 import numpy as np
 import torch
@@ -122,12 +121,6 @@ def find_cycles(win_matrix, threshold: float = 0.5) -> list[tuple[int, int, int]
                 if b != c and beats[a][b] and beats[b][c] and beats[c][a]:
                     cycles.append((a, b, c))
     return sorted(cycles)
-
-
-def nan_mean(xs: Sequence[float | None]) -> float | None:
-    """Mean of the values that are neither None nor NaN; None when there are none."""
-    vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return sum(vals) / len(vals) if vals else None
 
 
 RIDGE = 1e-3  # on the slope only: keeps it finite under perfect separation, ~no effect otherwise
@@ -253,15 +246,6 @@ def bootstrap_lc(
     return float(lo), float(hi)
 
 
-def median(xs: list[float]) -> float | None:
-    """The middle value (the mean of the two middle ones for an even count); None if empty."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    mid = len(s) // 2
-    return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
 def versus(
     pref: Tensor, tokens: Tensor, win_matrix: Tensor, ci: tuple[Tensor, Tensor], a: int, b: int, seed: int
 ) -> dict:
@@ -298,5 +282,8 @@ def compare_iterates(pref: Tensor, tokens: Tensor, seed: int = 0) -> dict:
         "win_matrix_ci95": torch.stack(ci, dim=-1).tolist(),
         "vs_pi_0": vs_base,
         "vs_previous": vs_prev,
-        "response_tokens": {"mean": [sum(x) / len(x) for x in per_model], "median": [median(x) for x in per_model]},
+        "response_tokens": {
+            "mean": [sum(x) / len(x) for x in per_model],
+            "median": [float(statistics.median(x)) if x else None for x in per_model],
+        },
     }

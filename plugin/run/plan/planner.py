@@ -14,29 +14,20 @@ from pathlib import Path
 
 import yaml
 
-from pofe.args import pofe_config
+from pofe.args import LORA_KERNELS, PofeConfig
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
 from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
 from pofe.run.plan.training import merge_stage, train_stage
+from pofe.run.recipe import translated_recipe
 
-LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
-
-def lora_kernels_on(raw: dict) -> list[str]:
-    """The LoRA kernel keys that will be on. axolotl (`check_auto_enable_lora_kernels`) turns
-    all four on for LoRA/QLoRA when none is set, unless `rl` is set; POFE removes `rl: rrhf|sppo`
-    before validation, so a POFE recipe that sets none gets them."""
-    if any(raw.get(k) is not None for k in LORA_KERNELS):
-        return [k for k in LORA_KERNELS if raw.get(k)]
-    auto = (
-        raw.get("adapter") in ("lora", "qlora")
-        and not raw.get("trust_remote_code")
-        and not (raw.get("adapter") == "lora" and raw.get("load_in_8bit"))
-    )
-    return list(LORA_KERNELS) if auto else []
+def lora_kernels_on(recipe: dict) -> list[str]:
+    """The LoRA kernel keys a translated recipe turns on (`translate_raw_config` turns all four
+    off for a LoRA / QLoRA recipe that sets none, so only keys the recipe sets are on)."""
+    return [k for k in LORA_KERNELS if recipe.get(k)]
 
 
 def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict]:
@@ -91,9 +82,14 @@ def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict
     return [answers, *judged]
 
 
-def plan_run(raw: dict, sizes: dict[str, ModelSize | None], prompts: int | None, options: PlanOptions) -> dict:
-    """The plan: {"stages": [...], "warnings": [...], ...} (entries: `plan_common.stage`)."""
-    pcfg = pofe_config(raw)
+def plan_run(
+    raw: dict, pcfg: PofeConfig, sizes: dict[str, ModelSize | None], prompts: int | None, options: PlanOptions
+) -> dict:
+    """The plan: {"stages": [...], "warnings": [...], ...} (entries: `pofe.run.plan.common.stage`).
+
+    `raw` is the recipe as POFE translates it (`pofe.run.recipe.translated_recipe`), so the plan is
+    of the run `axolotl train` makes of it; `pcfg` is its validated `pofe:` block.
+    """
     if not pcfg.method or pcfg.generate is None:
         raise ValueError(
             "plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)"
@@ -164,13 +160,8 @@ def kernel_warnings(raw: dict) -> list[str]:
     on = lora_kernels_on(raw)
     if not on:
         return []
-    how = (
-        "set explicitly"
-        if any(raw.get(k) is not None for k in LORA_KERNELS)
-        else "not set, so axolotl turns them on for LoRA/QLoRA"
-    )
     return [
-        f"LoRA kernels {', '.join(on)} ({how}): no POFE test trains with them; set "
+        f"LoRA kernels {', '.join(on)} (set explicitly): no POFE test trains with them; set "
         f"{': false, '.join(LORA_KERNELS)}: false unless a GPU run showed them exact"
     ]
 
@@ -179,12 +170,11 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict
     """The plan of the recipe file `recipe` (`plan_run`) with what only the disk
     tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows),
     a double BOS, and the free disk under output_dir."""
-    raw = yaml.safe_load(Path(recipe).read_text())
-    pcfg = pofe_config(raw)
+    raw, pcfg = translated_recipe(yaml.safe_load(Path(recipe).read_text()))
     if pcfg.generate is None:
         raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
     sizes, warnings = model_sizes(raw, pcfg)
-    plan = plan_run(raw, sizes, prompts if prompts is not None else count_prompts(raw), options)
+    plan = plan_run(raw, pcfg, sizes, prompts if prompts is not None else count_prompts(raw), options)
     bos = double_bos(str(raw["base_model"]))
     free = free_disk(str(raw.get("output_dir") or "."))
     plan["free_disk_gb"] = round(free / GB, 1)

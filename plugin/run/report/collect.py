@@ -19,7 +19,7 @@ from pofe.methods import method_spec
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
 from pofe.run.evaluation.statistics import find_cycles
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RunFolder, RunState
 from pofe.run.guards import pofe_wrote
 from pofe.run.provenance import round_record
 from pofe.run.report.lengths import candidate_lengths
@@ -57,24 +57,24 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def round_stats(folder: RunFolder, state: dict, t: int, headline: dict | None) -> dict:
+def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | None) -> dict:
     """One round's row of the report."""
-    info = state["rounds"][str(t)]
+    info = state.round(t)
     prompts = folder.round_prompts(t)
     record: dict[str, Any] = {
         "round": t,
-        "policy_in": info.get("policy_in"),
-        "policy_out": info.get("policy_out"),
-        "generate_seed": info.get("generate_seed"),
+        "policy_in": info.policy_in,
+        "policy_out": info.policy_out,
+        "generate_seed": info.generate_seed,
         "prompts": len(read_jsonl(prompts)) if prompts.exists() else None,
         "stage_seconds": {
             name.split("/")[1]: stage.get("seconds")
-            for name, stage in state["stages"].items()
+            for name, stage in state.stages.items()
             if name.startswith(f"round-{t}/") and stage.get("status") == "done"
         },
         "candidates": None,
-        "train": training_stats(folder.trainer_state(t), state["method"]),
-        "lengths": candidate_lengths(folder.candidates(t), state["method"]),
+        "train": training_stats(folder.trainer_state(t), state.method),
+        "lengths": candidate_lengths(folder.candidates(t), state.method),
         "truncation": round_truncation(folder.prepared(t)),
         "trained_on_train_prompts": None,
         "reproduce": round_record(folder, state, t),
@@ -101,24 +101,24 @@ def round_stats(folder: RunFolder, state: dict, t: int, headline: dict | None) -
 
 def collect(folder: RunFolder) -> dict:
     """Everything the report shows, as one JSON-able dict."""
-    state = _read_json(folder.state)
-    if state is None:
+    if not folder.state.exists():
         raise ValueError(f"no run state at {folder.state}: nothing to report")
+    state = RunState.read(folder.state)
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
     evaluation = (
         _read_json(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
     )
     headline = _read_json(folder.eval_dir / HEADLINE_JSON)
-    rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state["rounds"], key=int)]
+    rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]
     report: dict[str, Any] = {
         "output_dir": str(folder.root),
-        "method": state["method"],
-        "rounds_planned": state.get("rounds_planned"),
+        "method": state.method,
+        "rounds_planned": state.rounds_planned,
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
-        "final_policy": state.get("final_policy"),
-        "starts": len(state.get("starts", [])),
+        "final_policy": state.final_policy,
+        "starts": len(state.starts),
         # the run ended after this round by `pofe.stop_when` (`pofe.run.evaluation.decision`); None: it did not
-        "stopped": state.get("stopped"),
+        "stopped": state.stopped,
         "rounds": rounds,
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
         "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,

@@ -12,16 +12,20 @@ first: the best candidates grow longer than the worst.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from pofe.methods import method_spec
 from pofe.run.evaluation.headline import shard_rows
-from pofe.run.evaluation.statistics import median
 
 
 def length_stats(xs: list[int]) -> dict:
     """{"mean", "median", "count"} of token counts (None for none)."""
-    return {"mean": sum(xs) / len(xs) if xs else None, "median": median(xs), "count": len(xs)}
+    return {
+        "mean": sum(xs) / len(xs) if xs else None,
+        "median": float(statistics.median(xs)) if xs else None,
+        "count": len(xs),
+    }
 
 
 def candidate_lengths(cand_dir: Path, method: str) -> dict | None:

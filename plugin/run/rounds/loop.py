@@ -46,12 +46,11 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from pofe.args import PofeConfig, pofe_config
-from pofe.files import stable_hash, write_atomic, write_jsonl_atomic
+from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch, checkpoints
 from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_lost_merge
@@ -59,16 +58,11 @@ from pofe.run.prompts import held_out_count, load_round_prompts, resolve_round_p
 from pofe.run.provenance import stage_environment
 from pofe.run.recipe import load_recipe, recipe_fingerprint
 from pofe.run.report import write_report
-from pofe.run.report.collect import sample_rows
 from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
 from pofe.run.rounds.processes import axolotl_command
 from pofe.run.rounds.publish import (
-    hub_dataset_repo,
-    hub_model_repo,
-    log_round_metrics,
-    push_candidates,
-    push_model,
-    round_metrics,
+    log_rounds,
+    push_round,
     tracker_env,
     uses_wandb,
 )
@@ -92,8 +86,7 @@ def check_iterable(cfg, pcfg: PofeConfig) -> None:
 class RoundPlan:
     """What round `t` of `rounds` starts from: its policy (a local path or hub id), whether
     it trains an adapter (then merged before the next round), its generation seed, the
-    `axolotl train --launcher` (None: axolotl's default) and, for the push stage, an
-    `huggingface_hub.HfApi` (None: `HfApi()`, made when a push runs)."""
+    `axolotl train --launcher` (None: axolotl's default)."""
 
     t: int
     rounds: int
@@ -101,7 +94,6 @@ class RoundPlan:
     adapter: bool
     seed: int
     launcher: str | None = None
-    hub: Any = None
 
 
 def policy_dir(folder: RunFolder, t: int, adapter: bool) -> Path:
@@ -139,8 +131,8 @@ def prepare_prompts(cfg, pcfg: PofeConfig, folder: RunFolder, runner: StageRunne
             sizes = [[0, len(r)] for r in per_round]
         for t, round_rows in enumerate(per_round, start=1):
             write_jsonl_atomic(folder.round_prompts(t), round_rows)
-        runner.state.data["prompt_mode"] = mode
-        runner.state.data["rounds_planned"] = pcfg.rounds
+        runner.state.prompt_mode = mode
+        runner.state.rounds_planned = pcfg.rounds
         trained = len(per_round[0]) if mode == "all" else sum(len(r) for r in per_round)
         runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
         if any(removed):
@@ -153,10 +145,10 @@ def prepare_prompts(cfg, pcfg: PofeConfig, folder: RunFolder, runner: StageRunne
 def check_rounds(rounds: int, state: RunState, folder: RunFolder) -> None:
     """`pofe.rounds` more than planned: fine with `all` (write the new rounds' prompts); a
     split depends on the number of rounds, so it cannot change once prompts are written."""
-    planned = state.data.get("rounds_planned")
+    planned = state.rounds_planned
     if planned is None or planned == rounds:
         return
-    if state.data.get("prompt_mode") in ("split", "files"):
+    if state.prompt_mode in ("split", "files"):
         raise RunStateMismatch(
             f"this run split its prompts into {planned} rounds; pofe.rounds: {rounds} "
             "would need another split. Use a new output_dir (or round_prompts: all)."
@@ -164,7 +156,7 @@ def check_rounds(rounds: int, state: RunState, folder: RunFolder) -> None:
     for t in range(planned + 1, rounds + 1):
         if not folder.round_prompts(t).exists():
             shutil.copyfile(folder.round_prompts(1), folder.round_prompts(t))
-    state.data["rounds_planned"] = max(planned, rounds)
+    state.rounds_planned = max(planned, rounds)
     state.save()
 
 
@@ -182,17 +174,6 @@ def collect_trainer_state(folder: RunFolder, t: int, forced_save: bool) -> Path 
     return dest
 
 
-def eval_models(state: RunState, rounds: int | None = None) -> list[list[str]]:
-    """[[name, path], ...]: pi_0 (the recipe's base_model) and every finished round's model."""
-    models = [["pi_0", state.data.get("pi_0", state.data["base_model"])]]
-    for t in range(1, (rounds or len(state.data["rounds"])) + 1):
-        out = state.data["rounds"].get(str(t), {}).get("policy_out")
-        if out is None:
-            break
-        models.append([f"pi_{t}", out])
-    return models
-
-
 def _local_or_hub(path: str) -> str:
     """An existing local path made absolute (derived recipes live elsewhere); else a hub id."""
     return str(Path(path).resolve()) if Path(path).exists() else path
@@ -206,7 +187,7 @@ def resume_point(
     stage's forced checkpoint is gone), or the one a finished stage resumed from."""
     stage = f"round-{t}/train"
     if state.done(stage):
-        resumed = state.data["stages"][stage].get("resumed_from")
+        resumed = state.stages[stage].get("resumed_from")
         return Path(resumed) if resumed else None
     return resumable(folder.train(t), echo, deepspeed)
 
@@ -220,33 +201,6 @@ def claim_training(folder: RunFolder, t: int, recipe: dict, resume: Path | None)
         check_resume(folder.train(t), resume, identity, t)
     else:
         record_training(folder.train(t), identity)
-
-
-def push_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner) -> None:
-    """Round t's push stage: its candidates and (LoRA) its merged iterate to their hub repos;
-    a full fine-tune's model axolotl's trainer pushed already."""
-    t = plan.t
-    model_repo = hub_model_repo(raw, t) if plan.adapter else None
-    data_repo = hub_dataset_repo(raw, t)
-    if not (model_repo or data_repo):
-        return
-
-    def work() -> dict:
-        hub = plan.hub
-        if hub is None:
-            from huggingface_hub import HfApi
-
-            hub = HfApi()
-        pushed = {}
-        if data_repo:
-            runner.echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
-            pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, folder.candidates(t), t)]
-        if model_repo:
-            runner.echo(f"round {t}: push the merged iterate to {model_repo}")
-            pushed["model"] = [model_repo, push_model(hub, model_repo, folder.merged(t), t)]
-        return pushed
-
-    runner.run(f"round-{t}/push", work)
 
 
 def write_round_recipe(raw: dict, folder: RunFolder, plan: RoundPlan, resume: Path | None) -> tuple[Path, RoundRecipe]:
@@ -264,8 +218,8 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
     """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
     done; returns the round's model (the next round's policy)."""
     t, state = plan.t, runner.state
-    info = state.round(t)
-    info.update(policy_in=plan.policy, generate_seed=plan.seed)
+    record = state.round(t)
+    record.policy_in, record.generate_seed = plan.policy, plan.seed
     resume = resume_point(folder, state, t, runner.echo, deepspeed=bool(raw.get("deepspeed")))
     recipe, derived = write_round_recipe(raw, folder, plan, resume)
     round_dir = folder.round_dir(t)
@@ -304,10 +258,10 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
     if plan.adapter:
         redo_lost_merge(folder, state, t, runner.echo)
         runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
-    push_round(raw, folder, plan, runner)
+    push_round(raw, folder, t, plan.adapter, runner)
 
     policy = str(policy_dir(folder, t, plan.adapter))
-    info["policy_out"] = policy
+    record.policy_out = policy
     state.save()
     return policy
 
@@ -340,11 +294,11 @@ def run_rounds(
         check_prompt_sources(prompt_sources(cfg, pcfg), state)
         check_rounds(pcfg.rounds, state, folder)
         policy = _local_or_hub(str(raw["base_model"]))
-        state.data["base_model"] = policy
+        state.base_model = policy
         # pi_0 of the evaluation: the policy round 1 starts from (with its adapter, if any)
-        state.data["pi_0"] = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
+        state.pi_0 = _local_or_hub(str(raw["lora_model_dir"])) if raw.get("lora_model_dir") else policy
         base_seed = int(pcfg.generate.seed if pcfg.generate else 0)
-        state.data["stopped"] = None
+        state.stopped = None
         for t in range(1, pcfg.rounds + 1):
             plan = RoundPlan(
                 t=t,
@@ -357,7 +311,7 @@ def run_rounds(
             policy = run_round(raw, folder, plan, runner)
             if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, folder, pcfg, runner, t):
                 break
-        state.data["final_policy"] = policy
+        state.final_policy = policy
         state.save()
 
         if evaluate and pcfg.eval:  # on unless `pofe.eval: false`: the headline at least
@@ -380,7 +334,7 @@ def evaluate_rounds(recipe_path: str | Path, folder: RunFolder, pcfg, runner: St
         "eval",
         lambda: runner.command(command, folder.root / "eval.log"),
         says=says,
-        inputs={"models": eval_models(runner.state, pcfg.rounds)},
+        inputs={"models": runner.state.models(pcfg.rounds)},
     )
 
 
@@ -402,26 +356,13 @@ def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRu
     runner.run(
         name, work, says=f"round {t}: check pofe.stop_when on the held-out prompts", inputs={"rule": rule.model_dump()}
     )
-    decision = {k: runner.state.data["stages"][name][k] for k in ("stop", "round", "fired", "unread")}
+    decision = {k: runner.state.stages[name][k] for k in ("stop", "round", "fired", "unread")}
     for why in decision["unread"]:
         runner.echo(f"round {t}: pofe.stop_when not checked: {why}")
     if decision["stop"]:
-        runner.state.data["stopped"] = {"after_round": t, "rounds_planned": pcfg.rounds, **decision}
+        runner.state.stopped = {"after_round": t, "rounds_planned": pcfg.rounds, **decision}
         runner.echo(f"round {t}: STOP (pofe.stop_when): " + "; ".join(f["why"] for f in decision["fired"]))
     return decision["stop"]
-
-
-def log_rounds(raw: dict, report: dict, folder: RunFolder, runner: StageRunner) -> None:
-    """The tracker stage: the report's round-level numbers to W&B (`pofe.run.rounds.publish`), once
-    per set of numbers."""
-    rows = round_metrics(report)
-
-    def work() -> dict:
-        run_id = log_round_metrics(raw, rows, folder.root, sample_rows(report))
-        runner.echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")
-        return {"run_id": run_id}
-
-    runner.run("tracker", work, inputs={"rows_hash": stable_hash(rows)})
 
 
 def merge_command(recipe: Path, adapter: Path, round_dir: Path) -> list[str]:

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from pofe.errors import PofeError
 from pofe.files import private_opener
 from pofe.logs import Echo
 
@@ -23,7 +24,7 @@ from pofe.logs import Echo
 STOP_GRACE = 10.0
 
 
-class StageFailed(RuntimeError):
+class StageFailed(PofeError, RuntimeError):
     """A stage's process exited with an error."""
 
 

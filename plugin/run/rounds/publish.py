@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from pofe.files import stable_hash
+from pofe.run.folder import RunFolder
+from pofe.run.report.collect import sample_rows
+from pofe.run.rounds.runner import StageRunner
 
 
 def run_name(raw: dict) -> str:
@@ -180,3 +183,41 @@ def log_round_metrics(
     finally:
         run.finish()
     return run_id
+
+
+def push_round(raw: dict, folder: RunFolder, t: int, adapter: bool, runner: StageRunner) -> None:
+    """Round t's push stage: its candidates and (`adapter`) its merged iterate to their hub
+    repos, through `huggingface_hub.HfApi` as the environment configures it (`HF_TOKEN`,
+    `HF_ENDPOINT`); a full fine-tune's model axolotl's trainer pushed already."""
+    model_repo = hub_model_repo(raw, t) if adapter else None
+    data_repo = hub_dataset_repo(raw, t)
+    if not (model_repo or data_repo):
+        return
+
+    def work() -> dict:
+        from huggingface_hub import HfApi
+
+        hub = HfApi()
+        pushed = {}
+        if data_repo:
+            runner.echo(f"round {t}: push the candidates to the dataset repo {data_repo}")
+            pushed["dataset"] = [data_repo, push_candidates(hub, data_repo, folder.candidates(t), t)]
+        if model_repo:
+            runner.echo(f"round {t}: push the merged iterate to {model_repo}")
+            pushed["model"] = [model_repo, push_model(hub, model_repo, folder.merged(t), t)]
+        return pushed
+
+    runner.run(f"round-{t}/push", work)
+
+
+def log_rounds(raw: dict, report: dict, folder: RunFolder, runner: StageRunner) -> None:
+    """The tracker stage: the report's round-level numbers to W&B (`log_round_metrics`), once
+    per set of numbers."""
+    rows = round_metrics(report)
+
+    def work() -> dict:
+        run_id = log_round_metrics(raw, rows, folder.root, sample_rows(report))
+        runner.echo(f"round-level numbers logged to W&B run {run_id} (project {raw['wandb_project']})")
+        return {"run_id": run_id}
+
+    runner.run("tracker", work, inputs={"rows_hash": stable_hash(rows)})

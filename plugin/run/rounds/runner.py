@@ -38,7 +38,7 @@ class StageRunner:
 
     def done(self, name: str, inputs: Mapping[str, Any] | None = None) -> bool:
         """Whether stage `name` is recorded as finished, with the same `inputs` when given."""
-        record = self.state.data["stages"].get(name, {})
+        record = self.state.stages.get(name, {})
         return self.state.done(name) and all(record.get(k) == v for k, v in (inputs or {}).items())
 
     def run(

@@ -1,0 +1,275 @@
+"""report.md's sections on the held-out evaluation (eval.json): which model to use, every
+iterate against pi_0 and its predecessor (raw and length-controlled, with intervals), the
+win-rate matrix and its cycles, best-of-k against the trained model, lengths."""
+
+from __future__ import annotations
+
+from pofe.run.report.cells import fmt, table
+
+
+def stopped_line(rep: dict) -> list[str]:
+    """Why the run ended early (`pofe.stop_when`), or nothing."""
+    stopped = rep.get("stopped")
+    if not stopped:
+        return []
+    return [
+        f"**Stopped after round {stopped['after_round']} of {stopped['rounds_planned']}** (`pofe.stop_when`): "
+        + "; ".join(f["why"] for f in stopped["fired"])
+        + ".",
+        "",
+    ]
+
+
+def choice_section(rep: dict) -> list[str]:
+    """## Which model to use: the best iterate by the held-out comparisons, regressions, and
+    why the run stopped early."""
+    choice = rep.get("choice")
+    if not choice:
+        return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
+    md = ["## Which model to use", "", *stopped_line(rep)]
+    if choice["best"] == 0:
+        md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
+    else:
+        md.append(
+            f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
+            f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
+            + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0.")
+        )
+    for r in choice["regressions"]:
+        how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
+        md.append(
+            f"- {r['model']} {how} against {r['previous']}: length-controlled win rate {fmt(r['lc'])} "
+            f"[{fmt(r['lc_ci95'][0])}, {fmt(r['lc_ci95'][1])}]."
+        )
+    return md + [""]
+
+
+def models_table(ev: dict, names: list[str]) -> str:
+    """One row per model: rewards, win rates against earlier iterates, drift."""
+    w = ev["win_matrix"]
+    header = [
+        "model",
+        "mean reward",
+        "2nd judge reward",
+        "win vs pi_0",
+        "win vs previous",
+        "win vs 2 back",
+        "mean tokens",
+        "mean chars",
+        "KL to pi_0",
+        "ref. perplexity",
+    ]
+    missing = [None] * len(names)
+    rows = []
+    for i, name in enumerate(names):
+        rows.append(
+            [
+                name,
+                fmt((ev["mean_reward"] or missing)[i]),
+                fmt((ev["mean_reward_judge2"] or missing)[i]),
+                fmt(w[i][0]) if i >= 1 else "-",
+                fmt(w[i][i - 1]) if i >= 1 else "-",
+                fmt(w[i][i - 2]) if i >= 2 else "-",
+                fmt(ev["mean_response_tokens"][i], 2),
+                fmt(ev["mean_response_chars"][i], 2),
+                fmt(ev["kl_to_base"][i]),
+                fmt((ev["perplexity"] or missing)[i]),
+            ]
+        )
+    return table(header, rows)
+
+
+def with_ci(x, ci) -> str:
+    """A rate with its interval: `0.620 [0.510, 0.730]`."""
+    return fmt(x) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci and None not in ci else "")
+
+
+def iterate_wins_table(ev: dict) -> str:
+    """Per round t: pi_t's raw and length-controlled win rates against pi_0 and pi_{t-1}."""
+    names = [m["name"] for m in ev["models"]]
+    rows = []
+    for m in range(1, len(names)):
+        base, prev = ev["vs_pi_0"][m], ev["vs_previous"][m]
+        rows.append(
+            [
+                str(m),
+                names[m],
+                with_ci(base["raw"], base["raw_ci95"]),
+                with_ci(base["lc"], base["lc_ci95"]),
+                with_ci(prev["raw"], prev["raw_ci95"]),
+                with_ci(prev["lc"], prev["lc_ci95"]),
+            ]
+        )
+    return table(
+        [
+            "round",
+            "model",
+            "win vs pi_0",
+            "length-controlled vs pi_0",
+            "win vs pi_{t-1}",
+            "length-controlled vs pi_{t-1}",
+        ],
+        rows,
+    )
+
+
+def length_section(ev: dict) -> list[str]:
+    """### Better, or only longer? Held-out lengths and length-controlled win rates."""
+    names = [m["name"] for m in ev["models"]]
+    if not ev.get("vs_pi_0"):
+        return []
+    md = [
+        "### Better, or only longer?",
+        "",
+        "Length-controlled win rate (AlpacaEval 2's method, simplified): a logistic regression of the "
+        "judge's preference for the model's answer on the length difference, P(win) = "
+        "sigmoid(a + b tanh(d / sd(d))), d in tokens; reported: sigmoid(a), the win rate at equal length. "
+        "A model that only got longer has a high raw and a ~0.5 length-controlled rate. Brackets: "
+        "bootstrap 95 % intervals over prompts.",
+        "",
+        iterate_wins_table(ev),
+        "",
+    ]
+    tokens = ev["response_tokens"]
+    rows = [
+        [
+            n,
+            fmt(tokens["mean"][i], 2),
+            fmt(tokens["median"][i], 1),
+            fmt((ev["vs_pi_0"][i] or {}).get("length_slope"), 2),
+        ]
+        for i, n in enumerate(names)
+    ]
+    md += [
+        table(["model", "held-out mean tokens", "median tokens", "length slope b vs pi_0"], rows),
+        "",
+        "Held-out tokens count the end-of-turn token when the model stopped; candidate lengths do not.",
+        "",
+    ]
+    return md
+
+
+def best_of_k_section(ev: dict) -> list[str]:
+    """### Trained model vs best-of-k, on the held-out prompts."""
+    if not ev.get("best_of_k"):
+        return []
+    rows = [
+        [
+            str(b["round"]),
+            f"pi_{b['round'] - 1}",
+            str(b["k"]),
+            fmt(b["mean_candidate_reward"]),
+            fmt(b["best_of_k_reward"]),
+            f"pi_{b['round']}",
+            fmt(b["trained_mean_reward"]),
+            fmt(b["trained_minus_best_of_k"]),
+        ]
+        for b in ev["best_of_k"]
+    ]
+    return [
+        "### Trained model vs best-of-k, on the held-out prompts",
+        "",
+        "Round t's K candidates for each held-out prompt, sampled from the policy the round started from "
+        "with the round's decoding and seed, for evaluation only (no round trains on these prompts); "
+        "best-of-k: the mean over prompts of the best candidate's reward. The trained model's reward is at "
+        "the held-out decoding above.",
+        "",
+        table(
+            [
+                "round",
+                "candidates from",
+                "k",
+                "candidates' mean reward",
+                "best-of-k",
+                "trained model",
+                "its mean reward",
+                "trained - best-of-k",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
+    """### Win rates (and the second judge's): the matrix and its cycles."""
+    md: list[str] = []
+    for label, matrix, cycles in (
+        ("", ev["win_matrix"], ev["cycles"]),
+        (" (second judge)", ev.get("win_matrix_judge2"), ev.get("cycles_judge2")),
+    ):
+        if matrix is None:
+            if label:
+                md += [f"### Win rates{label}", "", "No second judge (`pofe.eval.judge2`) was set.", ""]
+            continue
+        md += [f"### Win rates{label}", ""]
+        how = (
+            "Bradley-Terry on the scalar rewards, sigmoid(r_row - r_col)"
+            if ev["win_matrix_method"] == "bradley_terry" or label
+            else "the pairwise judge, both orders"
+        )
+        md.append(f"Row beats column, averaged over prompts and sample pairs ({how}).")
+        cis = ev.get("win_matrix_ci95") if not label else None
+        cells = [
+            [with_ci(x, cis[i][j] if cis and i != j else None) for j, x in enumerate(row)]
+            for i, row in enumerate(matrix)
+        ]
+        if cis:
+            md.append("In brackets: a bootstrap 95 % interval over prompts.")
+        md += ["", table(["", *names], [[n, *row] for n, row in zip(names, cells)]), ""]
+        threshold = ev.get("cycle_threshold", 0.5)
+        if cycles:
+            listed = "; ".join(f"{names[a]} > {names[b]} > {names[c]} > {names[a]}" for a, b, c in cycles)
+            md += [f"**CYCLE**: {listed} (a beats b when W[a, b] > {threshold}).", ""]
+        else:
+            md += [f"No cycle (3-cycles of 'W[a, b] > {threshold}'); the iterates are ordered transitively.", ""]
+    return md
+
+
+def eval_section(ev: dict | None, plots: dict[str, str]) -> list[str]:
+    """## Held-out evaluation."""
+    md = ["## Held-out evaluation", ""]
+    if ev is None:
+        return md + [
+            "No held-out evaluation: the recipe sets no held-out prompts (`pofe.eval.held_out` or "
+            "`pofe.eval.prompts`), or `axolotl pofe eval` has not run.",
+            "",
+        ]
+    names = [m["name"] for m in ev["models"]]
+    decoding, judge = ev["decoding"], ev["judge"]
+    md.append(
+        f"{ev['num_prompts']} prompts from `{ev['prompts_source']}`, {decoding['num_samples']} sample(s) each "
+        f"at temperature {decoding['temperature']}, top_p {decoding['top_p']}, seed {decoding['seed']}; "
+        f"judge `{judge['type']}`"
+        + (f" ({judge.get('function') or judge.get('model')})" if judge else "")
+        + (f", second judge `{ev['judge2']['type']}`" if ev.get("judge2") else ", no second judge")
+        + "."
+    )
+    md += ["", models_table(ev, names), ""]
+    if ev["mean_reward"] is None:
+        md.append("Mean reward: none (the judge is pairwise and gives no scalar reward).")
+    kl_note = (
+        "an unbiased estimate of KL(pi_t || pi_0)"
+        if ev.get("kl_is_unbiased")
+        else "the mean log-ratio on the decoded samples (not an unbiased KL: temperature or top_p != 1)"
+    )
+    md.append(
+        f"KL to pi_0: mean over the model's own samples of log pi_t(y|x) - log pi_0(y|x), {kl_note}. "
+        + (
+            f"Perplexity: of the held-out reference responses ({ev['reference_count']} prompts have one)."
+            if ev.get("perplexity")
+            else "Perplexity: no reference responses in the held-out prompts."
+        )
+    )
+    md.append("")
+    md += best_of_k_section(ev)
+    md += win_rate_sections(ev, names)
+    md += length_section(ev)
+    for key, alt in (
+        ("winrate", "win-rate matrix"),
+        ("lengths", "win rates against pi_0 and lengths per round"),
+        ("drift", "length, KL and perplexity per iterate"),
+    ):
+        if key in plots:
+            md += [f"![{alt}]({plots[key]})", ""]
+    return md
