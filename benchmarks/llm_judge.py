@@ -36,7 +36,7 @@ from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.openai_client import OpenAIClient
 from pofe.preprocess.shards import judged_in_turn
-from tests.preprocess.test_openai_endpoint import FakeServer
+from tests.openai_server import FakeServer
 
 ALPHA, SCALE_S = 1.5, 0.016  # Pareto: median SCALE_S * 2 ** (1 / ALPHA) ~ 25 ms
 

@@ -5,11 +5,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+import torch
+import torch.multiprocessing as mp
 import yaml
+from axolotl.cli.config import prepare_plugins
+from axolotl.utils.config import validate_config
+from axolotl.utils.dict import DictDefault
+
+from pofe.args import pofe_config
+from pofe.demo.task import answer, make_prompt_rows, make_prompts, write_jsonl
+from pofe.run.folder import RunFolder, RunState
+from pofe.run.rounds.runner import StageRunner
+
+# the repository, whatever folder a test module sits in
+ROOT = Path(__file__).resolve().parents[1]
 
 # axolotl runs offline, on the CPU, without telemetry.
 AXOLOTL_ENV = {
@@ -163,10 +179,7 @@ def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
     with the `pofe:` block `pofe`, in tmp_path/run: (folder, state, the lines it echoed)."""
     from axolotl.utils.dict import DictDefault
 
-    from pofe.args import pofe_config
-    from pofe.run.folder import RunFolder, RunState
     from pofe.run.rounds.loop import prepare_prompts
-    from pofe.run.rounds.runner import StageRunner
 
     cfg = DictDefault(
         {"rl": method, "datasets": [DictDefault({"path": str(pool), "type": "pofe.prompts"})], "pofe": pofe}
@@ -181,3 +194,186 @@ def prompts_stage(tmp_path: Path, method: str, pool: Path, pofe: dict) -> tuple:
 def prompts_in(path: Path) -> list:
     """The `prompt` of each row of a JSONL prompt file."""
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+
+
+def read_wandb_history(run_dir: Path) -> tuple[dict, dict[int, dict], bool]:
+    """The run record, {step: {key: value}} and whether the run's exit record is written, of
+    an offline W&B run, read from its .wandb file: 7-byte file header, then 32 KiB blocks of
+    records (crc32, length, type: 1 full, 2 first, 3 middle, 4 last), each a `Record` protobuf."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending, run, history, exited = 7, 32768, b"", {}, {}, False
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0:
+            break
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.HasField("run"):
+                run = {"name": record.run.display_name, "group": record.run.run_group, "id": record.run.run_id}
+            exited = exited or record.HasField("exit")
+            if record.HasField("history"):
+                # "a/b" keys come as nested_key ["a", "b"]; "_step", "_runtime"... are wandb's own
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return run, history, exited
+
+
+# `write_rounds_recipe`: the prompt pool and the held-out slice its eval keys set
+NUM_PROMPTS, HELD_OUT = 14, 4
+# the SPPO run sets no eval keys: the default slice, 5 % of 14 is under 16, a fifth of 14 is 2
+DEFAULT_HELD_OUT = 2
+
+
+def write_rounds_recipe(root: Path, model: Path, method: str, eval_keys: bool = True, **extra) -> Path:
+    rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=1)
+    for r in rows:
+        r["reference"] = r["answer"]  # held-out perplexity needs a reference response
+    write_jsonl(rows, root / "prompts.jsonl")
+    cfg = {
+        "base_model": str(model),
+        "plugins": ["pofe.PofePlugin"],
+        "rl": method,
+        "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
+        "dataset_prepared_path": str(root / "prepared"),
+        "output_dir": str(root / "run"),
+        "sequence_len": 64,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 2,
+        "learning_rate": 3e-3,
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": 0,
+        **CPU_SETTINGS,
+        "pofe": {
+            "rounds": 2,
+            "generate": {
+                "backend": "transformers",
+                "num_candidates": 3,
+                "temperature": 1.0,
+                "max_new_tokens": 4,
+                "seed": 0,
+                "include_dataset_responses": ["answer", "near_misses"],
+            },
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+            **(
+                {"eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3}}
+                if eval_keys
+                else {}
+            ),
+            **({"eta": 10.0} if method == "sppo" else {}),
+        },
+        **extra,
+    }
+    path = root / "recipe.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_state(run: Path) -> dict:
+    return json.loads((run / "pofe-run.json").read_text())
+
+
+def features(seed=0, prompt_lens=(5, 9, 3, 12), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5), (2, 8, 3))):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda n: torch.randint(7, 100, (n,), generator=g).tolist()  # noqa: E731
+    rows = []
+    for p, lens in zip(prompt_lens, k_lens):
+        rewards = torch.randn(len(lens), generator=g).tolist()
+        rows.append({"prompt_ids": rand(p), "response_ids": [rand(n) for n in lens], "rewards": rewards})
+    return rows
+
+
+def n_terms(feats) -> int:
+    """Terms in the sums behind a value or a weight's gradient: width x the batch's unshared
+    tokens (every candidate with its prompt), the larger of the two layouts."""
+    tokens = sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
+    return HIDDEN * tokens
+
+
+WORLD = 2
+
+
+TIMEOUT_S = 600  # spawning imports torch, transformers and axolotl in each worker
+
+
+def spawn_ranks(worker, out, *args) -> list:
+    """Run `worker(rank, store, *args)` on WORLD spawned processes; what each saved to out/rank<r>.pt.
+
+    A worker that hangs in a collective (unpaired calls across ranks) fails the test
+    after TIMEOUT_S instead of blocking the suite.
+    """
+    context = mp.spawn(worker, args=(str(out / "store"), *args), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=1):  # raises with the worker's traceback if one fails
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{WORLD} gloo workers did not finish within {TIMEOUT_S} s")
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+H100 = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
+
+
+def validated_recipe(raw: dict, caps=H100):
+    cfg = DictDefault(raw)
+    prepare_plugins(cfg)
+    return validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
+
+
+def prompts_file(tmp_path):
+    rows = [{"prompt": p, "answer": str(answer(p))} for p in make_prompts(12, seed=3)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, rows
+
+
+def pofe_block(method):
+    return {
+        # the dataset's reference answer joins the sampled candidates, as in the RRHF paper
+        "generate": {
+            "backend": "transformers",
+            "num_candidates": 3,
+            "temperature": 1.0,
+            "max_new_tokens": 4,
+            "seed": 0,
+            "include_dataset_responses": ["answer"],
+        },
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        **({"eta": 10.0} if method == "sppo" else {}),
+    }
+
+
+HIDDEN = 64  # tiny64_model's width
+
+
+# an iterated SPPO run's recipe, for the tests that derive its rounds without training
+ITERATED_RAW = {
+    "base_model": "/m/base",
+    "lora_model_dir": "/m/adapter",
+    "rl": "sppo",
+    "datasets": [{"path": "data/p.jsonl", "type": "pofe.prompts", "field_prompt": "q", "split": "train"}],
+    "output_dir": "/runs/x",
+    "dataset_prepared_path": "/prep",
+    "save_strategy": "no",
+    "pofe": {
+        "rounds": 3,
+        "eval": {"held_out": 4},
+        "generate": {"backend": "transformers", "seed": 7},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+    },
+}

@@ -14,13 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.helpers import assert_float_close, float_tolerance
+from tests.helpers import TIMEOUT_S, WORLD, assert_float_close, float_tolerance, spawn_ranks
 
-WORLD = 2
 BATCH = 2
-TIMEOUT_S = 600  # spawning imports torch, transformers and axolotl in each worker
 # prompts per rank for the metrics: unequal, so an unweighted mean of ranks is wrong
 METRIC_SPLIT = (2, 4)
 
@@ -119,22 +116,6 @@ def _worker(rank, store, model_path, prep, out):
         )
     finally:
         dist.destroy_process_group()
-
-
-def spawn_ranks(worker, out, *args) -> list:
-    """Run `worker(rank, store, *args)` on WORLD spawned processes; what each saved to out/rank<r>.pt.
-
-    A worker that hangs in a collective (unpaired calls across ranks) fails the test
-    after TIMEOUT_S instead of blocking the suite.
-    """
-    context = mp.spawn(worker, args=(str(out / "store"), *args), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=1):  # raises with the worker's traceback if one fails
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"{WORLD} gloo workers did not finish within {TIMEOUT_S} s")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")

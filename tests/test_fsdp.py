@@ -20,9 +20,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.helpers import assert_float_close
-from tests.test_distributed import TIMEOUT_S, WORLD, spawn_ranks
-from tests.test_prefix_sharing import features, n_terms
+from tests.helpers import TIMEOUT_S, WORLD, assert_float_close, features, n_terms, spawn_ranks
 
 LAYOUTS = {"unshared": ("auto", False), "packed": ("packed", True), "cache": ("cache", True)}
 SHARDINGS = ("root_head", "head_apart")

@@ -112,9 +112,9 @@ def test_the_gpu_recipes_validate_with_the_kernels_as_set(tmp_path, tiny_model, 
     import yaml
 
     from pofe.args import LORA_KERNELS
-    from tests.test_recipes import H100, _validated
+    from tests.helpers import H100, validated_recipe
 
-    cfg = _validated(
+    cfg = validated_recipe(
         yaml.safe_load(train.recipe(tmp_path, tiny_model, method, kernels, 20, cuda=True).read_text()), H100
     )
     assert {k: bool(cfg[k]) for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, kernels)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from tests.helpers import AXOLOTL_ENV
+from tests.helpers import AXOLOTL_ENV, ROOT
 
 MODULES = ("pofe.data.loader", "pofe.anchor", "pofe.scoring", "pofe.quantization", "pofe.prefix")
 
@@ -33,7 +32,7 @@ def test_pofe_info_lines_show_under_axolotl_logging():
 
 def test_every_pofe_logger_is_named_under_axolotl():
     """A module taking axolotl's get_logger directly would log as `pofe.*` again."""
-    root = Path(__file__).parents[1]
+    root = ROOT
     direct = [
         str(p.relative_to(root))
         for folder in ("plugin", "preprocess")

@@ -17,8 +17,7 @@ import yaml
 from packaging.version import Version
 
 from pofe.demo.task import reward
-from tests.helpers import log_history, recipe, run_axolotl
-from tests.test_rounds_e2e import write_recipe
+from tests.helpers import log_history, recipe, run_axolotl, write_rounds_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.newest]
 
@@ -71,7 +70,7 @@ def test_no_token_perplexity_in_log(tmp_path, tiny_model, rrhf_jsonl):
 
 def test_one_round_pofe_run(tmp_path, tiny_model):
     """`axolotl pofe run` for one round: prompts, candidates, training, eval, report."""
-    path = write_recipe(tmp_path, tiny_model, "rrhf")
+    path = write_rounds_recipe(tmp_path, tiny_model, "rrhf")
     raw = yaml.safe_load(path.read_text())
     raw["pofe"]["rounds"] = 1
     path.write_text(yaml.safe_dump(raw))

@@ -18,8 +18,7 @@ from pofe.collator import KResponseCollator
 from pofe.prefix import CACHE_FACTOR, attention_scores, choose_layout
 from pofe.prefix_cache import split_packed
 from pofe.scoring import score_candidates
-from tests.helpers import load_llama
-from tests.test_prefix_sharing import features
+from tests.helpers import features, load_llama
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

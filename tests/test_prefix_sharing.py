@@ -19,23 +19,12 @@ from pofe.columns import IGNORE_INDEX, pack_prompt
 from pofe.losses import rrhf_loss
 from pofe.prefix import block_attention_mask, prefix_sharing_enabled
 from pofe.scoring import score_candidates, scored_positions_packed
-from tests.helpers import assert_float_close, load_llama
+from tests.helpers import assert_float_close, features, load_llama, n_terms
 
-HIDDEN = 64  # tiny64_model's width
 LAYOUTS = ("packed", "cache")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def features(seed=0, prompt_lens=(5, 9, 3, 12), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5), (2, 8, 3))):
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda n: torch.randint(7, 100, (n,), generator=g).tolist()  # noqa: E731
-    rows = []
-    for p, lens in zip(prompt_lens, k_lens):
-        rewards = torch.randn(len(lens), generator=g).tolist()
-        rows.append({"prompt_ids": rand(p), "response_ids": [rand(n) for n in lens], "rewards": rewards})
-    return rows
 
 
 def run(model, fn):
@@ -45,13 +34,6 @@ def run(model, fn):
     weights = torch.linspace(0.5, 1.5, value.numel()).view_as(value)
     (weights * value).sum().backward()
     return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def n_terms(feats) -> int:
-    """Terms in the sums behind a value or a weight's gradient: width x the batch's unshared
-    tokens (every candidate with its prompt), the larger of the two layouts."""
-    tokens = sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
-    return HIDDEN * tokens
 
 
 def assert_same(a, b, feats):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,9 +11,9 @@ from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault
 
 from pofe.args import LORA_KERNELS
+from tests.helpers import H100, ROOT, validated_recipe
 
-RECIPES = sorted((Path(__file__).parents[1] / "recipes").glob("*.yml"))
-H100 = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
+RECIPES = sorted((ROOT / "recipes").glob("*.yml"))
 CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
 
 
@@ -84,12 +83,6 @@ def test_iterated_rounds_keep_the_prompt_format(tmp_path):
     assert entry["prompt_format"] == "hh" and entry["type"] == "pofe.prompts"
 
 
-def _validated(raw: dict, caps=H100):
-    cfg = DictDefault(raw)
-    prepare_plugins(cfg)
-    return validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
-
-
 def _raw(name: str) -> dict:
     return yaml.safe_load((RECIPES[0].parent / f"{name}.yml").read_text())
 
@@ -98,7 +91,7 @@ def _raw(name: str) -> dict:
 def test_qlora_recipes_state_the_lora_kernels_off(name):
     raw = _raw(name)
     assert {k: raw[k] for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, False)
-    cfg = _validated(raw)
+    cfg = validated_recipe(raw)
     assert not any(cfg[k] for k in LORA_KERNELS)
 
 
@@ -106,19 +99,19 @@ def test_a_lora_recipe_without_kernel_keys_keeps_them_off_and_an_explicit_one_st
     """axolotl turns the kernels on for LoRA unless `rl` is set; POFE removes `rl`, so it keeps
     them off itself, as axolotl does for its own RL trainers; a recipe's own choice stands."""
     raw = {k: v for k, v in _raw("sppo-qlora").items() if k not in LORA_KERNELS}
-    cfg = _validated(dict(raw))
+    cfg = validated_recipe(dict(raw))
     assert [cfg[k] for k in LORA_KERNELS] == [False] * 4
-    chosen = _validated({**raw, "lora_mlp_kernel": True})
+    chosen = validated_recipe({**raw, "lora_mlp_kernel": True})
     assert chosen.lora_mlp_kernel is True and not any(chosen[k] for k in LORA_KERNELS[1:])
     # without POFE (plain SFT), the same keys come back on: the behaviour POFE stops
     sft = {k: v for k, v in raw.items() if k not in ("rl", "pofe", "plugins")}
     sft["datasets"] = [{"path": "x.jsonl", "type": "alpaca"}]
-    assert all(_validated(sft)[k] for k in LORA_KERNELS)
+    assert all(validated_recipe(sft)[k] for k in LORA_KERNELS)
 
 
 def test_the_zero3_recipes_bound_their_checkpoints_and_use_every_gpu():
     for name in ("rrhf-zero3", "sppo-zero3"):
-        cfg = _validated(_raw(name))
+        cfg = validated_recipe(_raw(name))
         # one full checkpoint (a ZeRO-3 7-8B one with its optimiser state is over 100 GB), and a
         # resumable one: DeepSpeed resumes only from its own optimiser state
         assert cfg.save_total_limit == 1 and cfg.save_only_model is False
@@ -137,9 +130,9 @@ def test_recipe_facts_the_papers_fix():
     # QLoRA at 10x the full fine-tuning rate, for both methods
     assert _raw("rrhf-qlora")["learning_rate"] == pytest.approx(10 * _raw("rrhf-zero3")["learning_rate"])
     assert _raw("sppo-qlora")["learning_rate"] == pytest.approx(10 * _raw("sppo-zero3")["learning_rate"])
-    assert _validated(_raw("sppo-qlora")).merge_method == "legacy"  # 3 rounds: no NF4 round trips
+    assert validated_recipe(_raw("sppo-qlora")).merge_method == "legacy"  # 3 rounds: no NF4 round trips
     for name in ("sppo-qlora", "sppo-zero3"):
-        pofe = pofe_config(_validated(_raw(name)))
+        pofe = pofe_config(validated_recipe(_raw(name)))
         assert pofe.rounds == 3 and pofe.round_prompts == [
             RoundPromptSet(path=f"UCLA-AGI/data-mistral-7b-instruct-sppo-iter{t}", split="train") for t in (1, 2, 3)
         ]

@@ -21,8 +21,7 @@ from pofe.scoring import (
     scored_positions_unshared,
     token_logps,
 )
-from tests.helpers import assert_float_close, load_llama
-from tests.test_prefix_sharing import n_terms
+from tests.helpers import assert_float_close, load_llama, n_terms
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

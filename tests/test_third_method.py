@@ -17,11 +17,11 @@ import pytest
 
 from pofe.demo.task import make_prompt_rows, reward, write_jsonl
 from pofe.methods import METHODS
-from tests.helpers import log_history, recipe, run_axolotl
+from tests.helpers import ROOT, log_history, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 
 
 def listnet(model_path: Path, rows: list[dict]) -> float:

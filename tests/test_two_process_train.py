@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import AXOLOTL_ENV, assert_float_close, log_history, recipe
+from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, log_history, recipe
 
 STEPS = 3
 LR = 3e-3  # tests.helpers.recipe's learning_rate
 ROWS = 32  # rows of the conftest datasets
-ZERO3 = Path(__file__).parents[1] / "recipes" / "deepspeed" / "zero3_bf16.json"
+ZERO3 = ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"
 RESUME_AT = 1  # the killed ZeRO-3 run's last checkpoint: steps 2 and 3 test the restored state
 # float32 sums behind a logged loss or gradient: width 64 x the global batch's tokens
 # (4 prompts x 4 responses, up to 64 tokens each); Adam's few steps carry them along

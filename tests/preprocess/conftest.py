@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+from tests.vllm_server import VLLM_READY_TIMEOUT_S
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -53,10 +56,7 @@ def pair_reward_model(tiny_reward_model, tmp_path_factory) -> Path:
 
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_READY_TIMEOUT_S = (
-    600  # ~30-60 s on 2 cores (more beside a second xdist worker); bounded so a broken server fails the run
-)
+REPO = ROOT
 
 
 def _vllm_python() -> Path:

@@ -19,7 +19,7 @@ from pofe.preprocess.openai_client import EndpointError
 from pofe.preprocess.render import Rendered
 from pofe.preprocess.replicas import ReplicaClient, client_for
 from pofe.preprocess.shards import judged_in_turn
-from tests.preprocess.test_openai_endpoint import FakeServer, _chat, _client, completions_ok
+from tests.openai_server import FakeServer, chat_reply, completions_ok, openai_client
 
 
 def _jobs(sizes, seed=0):
@@ -81,7 +81,7 @@ def test_openai_stream_keeps_the_window_full_across_shards():
         return status, text, 0.6 if body["prompt"] == [0, 0] else 0.05
 
     with FakeServer(slow_first) as srv:
-        gen = OpenAIGenerator(_client(srv.url), "m", concurrency=3)
+        gen = OpenAIGenerator(openai_client(srv.url), "m", concurrency=3)
         jobs = _jobs([2, 2], seed=7)
         out = list(gen.generate_stream(jobs, 2))
         alone = [gen.generate(j.prompts, 2, j.sampling) for j in jobs]
@@ -122,10 +122,10 @@ def test_a_dead_server_s_requests_go_to_the_others_and_samples_do_not_change():
     with FakeServer(completions_ok) as gone:
         dead_url = gone.url  # closed on leaving: connections are refused
     with FakeServer(completions_ok) as live:
-        client = ReplicaClient([_client(dead_url, max_retries=1), _client(live.url)])
+        client = ReplicaClient([openai_client(dead_url, max_retries=1), openai_client(live.url)])
         jobs = _jobs([3, 2], seed=11)
         both = dict(OpenAIGenerator(client, "m", concurrency=4).generate_stream(jobs, 2))
-        one = dict(OpenAIGenerator(_client(live.url), "m", concurrency=4).generate_stream(jobs, 2))
+        one = dict(OpenAIGenerator(openai_client(live.url), "m", concurrency=4).generate_stream(jobs, 2))
     assert both == one and sorted(both) == [0, 1]
     assert client.dead == {0}
     assert client.stats.failures >= 1 and client.stats.retries >= 1  # the dead one's, counted for the stage
@@ -158,7 +158,7 @@ def test_requests_are_spread_over_live_servers_and_4xx_is_not_failed_over():
 
     bad = FakeServer(lambda path, body, attempt: (400, json.dumps({"error": "bad"}), 0.0))
     with bad, FakeServer(completions_ok) as ok:
-        client = ReplicaClient([_client(bad.url), _client(ok.url)])
+        client = ReplicaClient([openai_client(bad.url), openai_client(ok.url)])
         client.busy = [0, 1]  # the bad one is picked first
         with pytest.raises(EndpointError, match="HTTP 400"):
             client.completions({"n": 1})
@@ -208,11 +208,11 @@ def test_llm_judge_window_stays_full_across_shards():
         with lock:
             live[0] -= 1
             log.append(("end", response, time.monotonic()))
-        return 200, _chat(f"Score: {len(response)}"), 0.0
+        return 200, chat_reply(f"Score: {len(response)}"), 0.0
 
     shards = {0: (["q0"], [["slow", "ab", "abc"]]), 1: (["q1"], [["a", "abcd", "abcde", "ab", "abc", "abcdef"]])}
     with FakeServer(serve) as srv:
-        judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, batch_size=3))
+        judge = LLMRubricJudge(openai_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, batch_size=3))
         assert judge.overlaps_shards
         out = list(judged_in_turn([0, 1], lambda s: judge.score(*shards[s]), side_by_side=2))
     assert [s for s, _ in out] == [1, 0]

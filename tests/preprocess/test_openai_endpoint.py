@@ -19,63 +19,10 @@ from pofe.preprocess.generators.openai import OpenAIGenerator
 from pofe.preprocess.judges import Abstain
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.judges.pairwise import PairwiseLLMJudge
-from pofe.preprocess.openai_client import EndpointError, OpenAIClient, retry_after_seconds
+from pofe.preprocess.openai_client import EndpointError, retry_after_seconds
 from pofe.preprocess.render import Rendered
 from pofe.preprocess.win_rates import win_rates
-
-
-class FakeServer:
-    """A scripted OpenAI-ish server. `behaviour(path, body, attempt) -> (status, text, delay_s)`,
-    or `(status, text, delay_s, response_headers)`; `request_headers` records what came in."""
-
-    def __init__(self, behaviour):
-        self.behaviour = behaviour
-        self.requests: list[tuple[str, dict]] = []
-        self.request_headers: list[dict[str, str]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, body))
-                outer.request_headers.append(dict(self.headers))
-                status, text, delay, *extra = outer.behaviour(self.path, body, len(outer.requests))
-                time.sleep(delay)
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    for name, value in (extra[0] if extra else {}).items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(text.encode())
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and left
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def completions_ok(path, body, attempt):
-    choices = [{"index": i, "text": f"cand {body['seed']}-{i}"} for i in range(body["n"])]
-    return 200, json.dumps({"choices": list(reversed(choices))}), 0.0
-
-
-def _client(url, **kw):
-    kw.setdefault("backoff", 0.01)
-    return OpenAIClient(url, **kw)
+from tests.openai_server import FakeServer, chat_reply, completions_ok, openai_client
 
 
 def _rendered(*texts):
@@ -89,7 +36,7 @@ def _sampling(n=3, seed=10):
 
 def test_generate_ok_order_and_seeds():
     with FakeServer(completions_ok) as srv:
-        gen = OpenAIGenerator(_client(srv.url), "m")
+        gen = OpenAIGenerator(openai_client(srv.url), "m")
         out = gen.generate(_rendered("p0", "p1"), 3, _sampling())
     assert out == [["cand 10-0", "cand 10-1", "cand 10-2"], ["cand 11-0", "cand 11-1", "cand 11-2"]]
     assert sorted(b["prompt"] for _, b in srv.requests) == [[0, 2], [1, 2]]  # the token ids, not the text
@@ -114,7 +61,7 @@ def test_connection_refused_names_url_after_bounded_retries():
 
 def test_slow_server_times_out():
     with FakeServer(lambda p, b, a: (200, "{}", 1.5)) as srv:
-        c = _client(srv.url, timeout=0.2, max_retries=1)
+        c = openai_client(srv.url, timeout=0.2, max_retries=1)
         t = time.monotonic()
         with pytest.raises(EndpointError, match="timeout: no answer within 0.2s"):
             c.completions({"prompt": "p", "n": 1})
@@ -124,7 +71,7 @@ def test_slow_server_times_out():
 
 def test_garbage_is_retried_then_reported():
     with FakeServer(lambda p, b, a: (200, "<html>not json</html>", 0.0)) as srv:
-        c = _client(srv.url, max_retries=2)
+        c = openai_client(srv.url, max_retries=2)
         with pytest.raises(EndpointError, match="invalid JSON"):
             c.completions({"n": 1})
     assert c.stats.requests == 3 and c.stats.failures == 1
@@ -133,7 +80,7 @@ def test_garbage_is_retried_then_reported():
 def test_wrong_number_of_choices_is_an_error():
     with FakeServer(lambda p, b, a: (200, json.dumps({"choices": [{"index": 0, "text": "x"}]}), 0.0)) as srv:
         with pytest.raises(EndpointError, match="asked for n=3 completions, got 1"):
-            OpenAIGenerator(_client(srv.url), "m").generate(_rendered("p"), 3, _sampling())
+            OpenAIGenerator(openai_client(srv.url), "m").generate(_rendered("p"), 3, _sampling())
 
 
 def test_500_then_recovers_with_counts():
@@ -141,7 +88,7 @@ def test_500_then_recovers_with_counts():
         return (500, "overloaded", 0.0) if attempt <= 2 else completions_ok(path, body, attempt)
 
     with FakeServer(flaky) as srv:
-        gen = OpenAIGenerator(_client(srv.url, max_retries=3), "m", concurrency=1)
+        gen = OpenAIGenerator(openai_client(srv.url, max_retries=3), "m", concurrency=1)
         out = gen.generate(_rendered("p"), 2, _sampling(n=2))
     assert out == [["cand 10-0", "cand 10-1"]]
     assert gen.client.stats.as_dict() == {"requests": 3, "retries": 2, "failures": 0, "causes": {}}
@@ -149,12 +96,12 @@ def test_500_then_recovers_with_counts():
 
 def test_500_forever_and_400_not_retried():
     with FakeServer(lambda p, b, a: (500, "boom", 0.0)) as srv:
-        c = _client(srv.url, max_retries=2)
+        c = openai_client(srv.url, max_retries=2)
         with pytest.raises(EndpointError, match="HTTP 500: boom"):
             c.completions({})
     assert c.stats.requests == 3
     with FakeServer(lambda p, b, a: (400, '{"error": "bad model"}', 0.0)) as srv:
-        c = _client(srv.url, max_retries=5)
+        c = openai_client(srv.url, max_retries=5)
         with pytest.raises(EndpointError, match="failed after 1 try: HTTP 400"):
             c.completions({})
     assert c.stats.requests == 1
@@ -217,7 +164,7 @@ def test_429_waits_as_long_as_retry_after_says_within_the_cap():
 
     waits = Waits()
     with FakeServer(limited) as srv:
-        c = _client(srv.url, max_retries=3, sleep=waits)
+        c = openai_client(srv.url, max_retries=3, sleep=waits)
         assert len(c.completions({"n": 1, "seed": 0})) == 1
     assert waits.delays == [3.0, 60.0, 0.0]
     assert c.stats.as_dict() == {"requests": 4, "retries": 3, "failures": 0, "causes": {}}
@@ -229,7 +176,7 @@ def test_backoff_is_exponential_capped_and_jittered():
     waits 0.005, 0.02, 0.0225, 0.0225."""
     waits = Waits()
     with FakeServer(lambda p, b, a: (503, "busy", 0.0)) as srv:
-        c = _client(srv.url, max_retries=4, max_backoff=0.03, sleep=waits, rng=FixedRandom(0.0, 1.0, 0.5, 0.5))
+        c = openai_client(srv.url, max_retries=4, max_backoff=0.03, sleep=waits, rng=FixedRandom(0.0, 1.0, 0.5, 0.5))
         with pytest.raises(EndpointError, match="failed after 5 tries: HTTP 503: busy. Server error"):
             c.completions({})
     assert waits.delays == pytest.approx([0.005, 0.02, 0.0225, 0.0225])
@@ -277,7 +224,7 @@ def test_request_timeout_bounds_the_whole_request_not_each_read():
     """Each byte comes within 0.4 s, so no single read ever times out; the 30-byte body takes
     12 s, far past request_timeout=1: the try must end as a timeout, not as a success."""
     with TrickleServer(gap_s=0.4, size=30) as srv:
-        c = _client(srv.url, timeout=1.0, max_retries=0)
+        c = openai_client(srv.url, timeout=1.0, max_retries=0)
         with pytest.raises(EndpointError, match=r"failed after 1 try: timeout: no answer within 1.0s"):
             c.completions({"n": 1})
     assert c.stats.as_dict() == {"requests": 1, "retries": 0, "failures": 1, "causes": {"timeout": 1}}
@@ -301,7 +248,7 @@ def test_request_timeout_bounds_the_whole_request_not_each_read():
 def test_http_errors_say_what_the_status_means(status, key_env, says, monkeypatch):
     monkeypatch.setenv("POFE_TEST_KEY", "secret-123")
     with FakeServer(lambda p, b, a: (status, '{"error": "no"}', 0.0)) as srv:
-        c = _client(srv.url, key_env=key_env, api_key="secret-123" if key_env else None, max_retries=0)
+        c = openai_client(srv.url, key_env=key_env, api_key="secret-123" if key_env else None, max_retries=0)
         with pytest.raises(EndpointError, match=says) as e:
             c.completions({"model": "m"})
     assert f"HTTP {status}" in str(e.value)
@@ -311,26 +258,17 @@ def test_http_errors_say_what_the_status_means(status, key_env, says, monkeypatc
 # ---- LLM judges against the fake server --------------------------------------------------
 
 
-def _chat(content, top=None):
-    choice = {"index": 0, "message": {"role": "assistant", "content": content}}
-    if top is not None:
-        choice["logprobs"] = {
-            "content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]
-        }
-    return json.dumps({"choices": [choice]})
-
-
 def test_llm_rubric_judge_scores_and_abstains():
     replies = {"good": "Score: 8", "meh": "I'd say 3.5", "chatty": "It is great!", "huge": "99"}
 
     def srv_fn(path, body, attempt):
         text = body["messages"][0]["content"]
         key = next(k for k in replies if f"[Response]\n{k}\n" in text)
-        return 200, _chat(replies[key]), 0.0
+        return 200, chat_reply(replies[key]), 0.0
 
     with FakeServer(srv_fn) as srv:
         cfg = JudgeConfig(type="llm", base_url=srv.url, score_range=(1, 10))
-        j = LLMRubricJudge(_client(srv.url), cfg)
+        j = LLMRubricJudge(openai_client(srv.url), cfg)
         out = j.score(["q"], [["good", "meh", "chatty", "huge"]])
     assert out[0][:2] == [8.0, 3.5]
     assert isinstance(out[0][2], Abstain) and "unparseable" in out[0][2].reason
@@ -345,11 +283,12 @@ def test_rubrics_with_literal_braces_are_sent_as_written():
     the rubric and in a response ("{prompt}") are kept as written."""
     rubric = 'Reply as JSON, e.g. {"score": 7}, from {low:g} to {high:g}.\n[Q] {prompt}\n[R] {response}'
     pairwise = '{"winner": "A"} or {"winner": "B"}?\n{prompt}\nA: {response_a}\nB: {response_b}'
-    with FakeServer(lambda path, body, attempt: (200, _chat("7"), 0.0)) as srv:
-        judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, rubric=rubric))
+    with FakeServer(lambda path, body, attempt: (200, chat_reply("7"), 0.0)) as srv:
+        judge = LLMRubricJudge(openai_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, rubric=rubric))
         assert judge.score(["q?"], [["see {prompt}"]]) == [[7.0]]
         pair = PairwiseLLMJudge(
-            _client(srv.url), JudgeConfig(type="pairwise_llm", base_url=srv.url, rubric=pairwise, use_logprobs=False)
+            openai_client(srv.url),
+            JudgeConfig(type="pairwise_llm", base_url=srv.url, rubric=pairwise, use_logprobs=False),
         )
         pair.judge_pairs([("q?", "x", "y")])
     sent = [b["messages"][0]["content"] for _, b in srv.requests]
@@ -382,11 +321,11 @@ def test_pairwise_llm_judge_logprobs_both_orders_remove_position_bias():
         b = text.split("[Response B]\n")[1].split("\n\nBetter")[0]
         p_a = (0.8 if len(a) > len(b) else 0.2) + 0.1
         top = [{"token": "A", "logprob": math.log(p_a)}, {"token": " B", "logprob": math.log(1 - p_a)}]
-        return 200, _chat("A", top), 0.0
+        return 200, chat_reply("A", top), 0.0
 
     with FakeServer(srv_fn) as srv:
         cfg = JudgeConfig(type="pairwise_llm", base_url=srv.url)
-        j = PairwiseLLMJudge(_client(srv.url), cfg)
+        j = PairwiseLLMJudge(openai_client(srv.url), cfg)
         (v,) = j.preferences(["q"], [["x", "xxx", "xx"]])
     assert len(srv.requests) == 6 and all(b["logprobs"] and b["top_logprobs"] == 20 for _, b in srv.requests)
     P = v.matrix
@@ -402,11 +341,11 @@ def test_pairwise_llm_judge_text_fallback_and_abstain():
     def srv_fn(path, body, attempt):
         text = body["messages"][0]["content"]
         a = text.split("[Response A]\n")[1].split("\n\n")[0]
-        return 200, _chat("[[B]]" if a == "one" else "no idea"), 0.0
+        return 200, chat_reply("[[B]]" if a == "one" else "no idea"), 0.0
 
     with FakeServer(srv_fn) as srv:
         cfg = JudgeConfig(type="pairwise_llm", base_url=srv.url, use_logprobs=False)
-        j = PairwiseLLMJudge(_client(srv.url), cfg)
+        j = PairwiseLLMJudge(openai_client(srv.url), cfg)
         (v,) = j.preferences(["q"], [["one", "two"]])
     # (one, two) -> B: P_first = 0;  (two, one) -> abstain: single order gives P[two, one] = 1.
     assert v.matrix[1, 0].item() == 1.0 and v.abstained_pairs == 0 and j.stats.abstentions == 1
@@ -421,7 +360,7 @@ def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the
     ):
         reply = json.dumps({"choices": [{"index": 0, "text": "ok"}, {"index": 1, "text": text}]})
         with FakeServer(lambda p, b, a, reply=reply: (200, reply, 0.0)) as srv:
-            c = _client(srv.url)
+            c = openai_client(srv.url)
             with pytest.raises(
                 EndpointError, match=rf"POST {srv.url}/completions failed after 1 try: bad response: {needle}"
             ):
@@ -429,15 +368,15 @@ def test_a_null_completion_or_one_too_long_for_max_tokens_is_an_error_naming_the
         assert c.stats.failures == 1
     reply = json.dumps({"choices": [{"index": 0, "text": "y" * 1024}]})
     with FakeServer(lambda p, b, a: (200, reply, 0.0)) as srv:
-        assert _client(srv.url).completions({"n": 1, "max_tokens": 4})[0]["text"] == "y" * 1024
+        assert openai_client(srv.url).completions({"n": 1, "max_tokens": 4})[0]["text"] == "y" * 1024
 
 
 def test_an_llm_judge_reply_too_long_for_max_tokens_is_an_error_naming_the_server():
     """The chat route had no cap: 300k characters for max_new_tokens 4 were parsed for a score.
     The same check as for completions (4 x 256 = 1024 characters at most)."""
     for content, ok in (("7" + " " * 1023, True), ("7" + "x" * 299_999, False)):
-        with FakeServer(lambda p, b, a, content=content: (200, _chat(content), 0.0)) as srv:
-            judge = LLMRubricJudge(_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, max_new_tokens=4))
+        with FakeServer(lambda p, b, a, content=content: (200, chat_reply(content), 0.0)) as srv:
+            judge = LLMRubricJudge(openai_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, max_new_tokens=4))
             if ok:
                 assert judge.score(["q"], [["a"]]) == [[7.0]]
                 continue

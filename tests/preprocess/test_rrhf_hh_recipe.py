@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import CPU_SETTINGS, log_history, run_axolotl
+from tests.helpers import CPU_SETTINGS, ROOT, log_history, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
-RECIPE = Path(__file__).parents[2] / "recipes" / "rrhf-qlora.yml"
+RECIPE = ROOT / "recipes" / "rrhf-qlora.yml"
 # Dahoas/rm-static's layout: an HH prompt up to the final "Assistant:", responses after it
 ROWS = [
     {

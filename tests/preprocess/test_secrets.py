@@ -3,8 +3,6 @@ pydantic's (`input_value=...`), not by axolotl's when the recipe goes through th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -21,12 +19,13 @@ from pofe.preprocess.config import (
     redact_url,
     resolve_env,
 )
+from tests.helpers import ROOT
 
 KEY = "sk-proj-Zq81vPx0aLm4Tr7YbN2cWd9EeKf3"
 HF_KEY = "hf_QwErTyUiOpAsDfGhJkLzXcVbNm1234567"
 PASSWORD = "hunter2-Pw0rd"
 OPENAI = {"backend": "openai", "base_url": "http://127.0.0.1:8000/v1"}
-RECIPE = Path(__file__).parents[2] / "recipes" / "tiny-rrhf-cpu.yml"
+RECIPE = ROOT / "recipes" / "tiny-rrhf-cpu.yml"
 
 
 def _refused(build, *secrets: str, match: str) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import run_axolotl
-from tests.test_rounds_e2e import read_jsonl, state, write_recipe
+from pofe.files import read_jsonl
+from tests.helpers import run_axolotl, run_state, write_rounds_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -38,7 +38,7 @@ def _processes_naming(text: str) -> list[int]:
 def test_two_rounds_each_serve_their_policy(vllm_python, tiny_model, tmp_path):
     from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
 
-    recipe = write_recipe(tmp_path, tiny_model, "rrhf")
+    recipe = write_rounds_recipe(tmp_path, tiny_model, "rrhf")
     raw = yaml.safe_load(recipe.read_text())
     # one request at a time: what vLLM batches together changes its float sums, so the samples
     raw["pofe"]["generate"].update(backend="openai", serve=_serve_block(vllm_python), in_flight=1)
@@ -87,7 +87,7 @@ def _check_eval_answers_came_from_vllm(run: Path, vllm_python: Path, tmp_path: P
     from pofe.run.evaluation.answers import sequence_logps
     from tests.vllm_server import vllm_server
 
-    st = state(run)
+    st = run_state(run)
     paths = {"pi_0": st.get("pi_0", st["base_model"]), **{f"pi_{t}": r["policy_out"] for t, r in st["rounds"].items()}}
     assert len(paths) == 3
     for name, path in paths.items():

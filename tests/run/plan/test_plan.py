@@ -17,8 +17,8 @@ from pofe.run.plan.planner import plan_recipe, plan_run
 from pofe.run.plan.render import BEGIN, END, readme_table
 from pofe.run.plan.sources import disk_warning, double_bos, model_sizes
 from pofe.run.recipe import translated_recipe
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 # Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o
 # 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336; embeddings and lm_head 32000 x 4096;
 # two RMSNorms a layer and a final one

@@ -1,6 +1,7 @@
-"""`pofe.round_prompts` names dataset specs as a `datasets:` entry does (path, name, split,
-data_files): a folder of data files, a `save_to_disk` folder, a dataset repo's folder loaded by
-path as a hub id is; a spec that does not load names its round."""
+"""Which prompts each round trains on and which are held out (`pofe.run.prompts`): splits, the
+default held-out slice, and `pofe.round_prompts` naming dataset specs as a `datasets:` entry
+does (path, name, split, data_files): a folder of data files, a `save_to_disk` folder, a
+dataset repo's folder loaded by path as a hub id is; a spec that does not load names its round."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datasets import Dataset, DatasetDict
 
 from pofe.args import PofeConfig
 from pofe.args.rounds import RoundPromptSet
-from pofe.run.prompts import load_round_prompts
+from pofe.run.prompts import load_round_prompts, resolve_round_prompts, split_prompts
 from tests.helpers import prompts_in, prompts_stage
 
 # a dataset repo's README: two configurations, each with a train and a test split
@@ -140,3 +141,58 @@ def test_held_out_prompts_leave_a_round_set_drawn_from_the_same_pool(sources, tm
     assert prompts_in(folder.round_prompts(2)) == ["a0", "a1"]
     assert state.stages["prompts"]["held_out_removed"] == [4, 0]
     assert any("per round: [4, 0]" in line for line in said)
+
+
+def test_split_prompts_disjoint_and_covering():
+    """10 prompts over 3 rounds: sizes 4, 3, 3; disjoint; together every prompt once."""
+    parts = split_prompts(10, 3, "split")
+    assert [list(p) for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [list(p) for p in split_prompts(5, 2, "all")] == [list(range(5))] * 2
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_prompts(2, 3, "split")
+
+
+def test_auto_round_prompts():
+    assert resolve_round_prompts("sppo", "auto") == "split"
+    assert resolve_round_prompts("rrhf", "auto") == "all"
+    assert resolve_round_prompts("rrhf", "split") == "split"
+
+
+def test_default_held_out_size_by_hand():
+    """5 % of the pool, at least 16, at most 256, never more than a fifth of the pool."""
+    from pofe.run.prompts import default_held_out, held_out_count
+
+    by_hand = {0: 0, 4: 0, 5: 1, 14: 2, 40: 8, 80: 16, 100: 16, 320: 16, 339: 17, 1000: 50, 5120: 256, 100000: 256}
+    assert {n: default_held_out(n) for n in by_hand} == by_hand
+    assert held_out_count(100, None, has_own_prompts=False) == 16
+    assert held_out_count(100, 0, has_own_prompts=False) == 0  # `held_out: 0`: off
+    assert held_out_count(100, 30, has_own_prompts=False) == 30
+    assert held_out_count(100, None, has_own_prompts=True) == 0  # the recipe's own held-out file
+    with pytest.raises(ValueError, match="held_out=14 leaves none of the 14 prompts"):
+        held_out_count(14, 14, has_own_prompts=False)
+
+
+@pytest.mark.parametrize(
+    ("pool", "eval_keys", "held"),
+    [(100, None, 16), (14, None, 2), (4, None, 0), (100, {"held_out": 0}, 0), (100, {"held_out": 7}, 7)],
+)
+def test_held_out_rows_never_reach_a_round(tmp_path, pool, eval_keys, held):
+    """The prompts stage holds out the pool's last rows (the default slice with no eval keys):
+    no round's prompt file holds any of them; `held_out: 0` writes no held-out file."""
+    from tests.helpers import prompts_in, prompts_stage
+
+    base = tmp_path / "pool.jsonl"
+    base.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(pool)))
+    pofe = {
+        "rounds": 2,
+        "generate": {"backend": "transformers"},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        **({"eval": eval_keys} if eval_keys else {}),
+    }
+    folder, _, _ = prompts_stage(tmp_path, "sppo", base, pofe)
+    trained = prompts_in(folder.round_prompts(1)) + prompts_in(folder.round_prompts(2))
+    assert trained == [f"p{i}" for i in range(pool - held)]  # SPPO's split: every other row once
+    if held:
+        assert prompts_in(folder.held_out_prompts) == [f"p{i}" for i in range(pool - held, pool)]
+    else:
+        assert not folder.held_out_prompts.exists()

@@ -5,7 +5,6 @@ round-level numbers read back from an offline W&B run, and one prompt file per r
 from __future__ import annotations
 
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pofe.run.report.collect import sample_rows
 from pofe.run.rounds.publish import hub_dataset_repo, log_round_metrics, push_round, round_metrics, tracker_env
 from pofe.run.rounds.round_recipe import round_recipe
 from pofe.run.rounds.runner import StageRunner
-from tests.helpers import prompts_in, prompts_stage
+from tests.helpers import prompts_in, prompts_stage, read_wandb_history
 from tests.hub_server import HubServer
 
 RAW = {
@@ -137,39 +136,6 @@ def test_full_fine_tune_pushes_only_the_candidates(tmp_path, loopback_hub):
     push_round({**RAW, "hub_model_id": None}, folder, 2, False, runner)
     assert list(hub.created) == ["org/cands-iter1"] and "round-2/push" not in state.stages
     assert list(hub.files) == [("dataset", "org/cands-iter1")] and len(hub.commits) == 1
-
-
-def read_wandb_history(run_dir: Path) -> tuple[dict, dict[int, dict], bool]:
-    """The run record, {step: {key: value}} and whether the run's exit record is written, of
-    an offline W&B run, read from its .wandb file: 7-byte file header, then 32 KiB blocks of
-    records (crc32, length, type: 1 full, 2 first, 3 middle, 4 last), each a `Record` protobuf."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    (path,) = run_dir.glob("run-*.wandb")
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, pending, run, history, exited = 7, 32768, b"", {}, {}, False
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:
-            break
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pending)
-            pending = b""
-            if record.HasField("run"):
-                run = {"name": record.run.display_name, "group": record.run.run_group, "id": record.run.run_id}
-            exited = exited or record.HasField("exit")
-            if record.HasField("history"):
-                # "a/b" keys come as nested_key ["a", "b"]; "_step", "_runtime"... are wandb's own
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
-    return run, history, exited
 
 
 REPORT = {

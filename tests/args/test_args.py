@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from pofe.args import PofeArgs, PofeConfig, pofe_config, translate_raw_config
+from tests.helpers import ROOT
 
 
 def test_rl_moves_under_pofe_with_dataset_fields():
@@ -103,9 +104,8 @@ def test_sample_packing_is_refused():
 
 def test_every_pofe_key_is_in_the_readme_table():
     """Each key of the pofe: block (nested blocks too) has a row in the README table."""
-    from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")}
 
     def keys(model, prefix):

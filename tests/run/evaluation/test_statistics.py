@@ -1,5 +1,5 @@
-"""Length-controlled win rates (`pofe.run.evaluation.statistics`) and bootstrap intervals
-(`pofe.run.evaluation.statistics`): judges that prefer length, quality, or both."""
+"""Evaluation's statistics (`pofe.run.evaluation.statistics`): length-controlled win rates and
+bootstrap intervals, for judges that prefer length, quality, or both."""
 
 from __future__ import annotations
 

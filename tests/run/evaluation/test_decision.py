@@ -4,7 +4,6 @@ runner ending a run after the round that fails (rounds and evaluation stubbed)."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,8 +12,9 @@ from pofe.args import PofeConfig
 from pofe.args.rounds import StopWhen
 from pofe.run.evaluation.decision import stop_decision
 from pofe.run.rounds import loop as rounds_module
+from tests.helpers import ROOT
 
-RECIPE = Path(__file__).parents[1] / "recipes" / "tiny-rrhf-cpu.yml"
+RECIPE = ROOT / "recipes" / "tiny-rrhf-cpu.yml"
 NAN = float("nan")
 
 

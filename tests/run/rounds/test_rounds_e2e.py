@@ -16,73 +16,23 @@ import pytest
 import torch
 import yaml
 
-from pofe.demo.task import make_prompt_rows, reward, write_jsonl
+from pofe.demo.task import reward
+from pofe.files import read_jsonl
 from pofe.run.evaluation.answers import sequence_logps
-from tests.helpers import AXOLOTL_ENV, CPU_SETTINGS, assert_float_close, run_axolotl
+from tests.helpers import (
+    AXOLOTL_ENV,
+    DEFAULT_HELD_OUT,
+    HELD_OUT,
+    NUM_PROMPTS,
+    assert_float_close,
+    read_wandb_history,
+    run_axolotl,
+    run_state,
+    write_rounds_recipe,
+)
 from tests.hub_server import HubServer
-from tests.test_publish import read_wandb_history
 
 pytestmark = pytest.mark.e2e
-
-NUM_PROMPTS, HELD_OUT = 14, 4
-# the SPPO run sets no eval keys: the default slice, 5 % of 14 is under 16, a fifth of 14 is 2
-DEFAULT_HELD_OUT = 2
-
-
-def write_recipe(root: Path, model: Path, method: str, eval_keys: bool = True, **extra) -> Path:
-    rows = make_prompt_rows(NUM_PROMPTS, k_wrong=2, seed=1)
-    for r in rows:
-        r["reference"] = r["answer"]  # held-out perplexity needs a reference response
-    write_jsonl(rows, root / "prompts.jsonl")
-    cfg = {
-        "base_model": str(model),
-        "plugins": ["pofe.PofePlugin"],
-        "rl": method,
-        "datasets": [{"path": str(root / "prompts.jsonl"), "type": "pofe.prompts"}],
-        "dataset_prepared_path": str(root / "prepared"),
-        "output_dir": str(root / "run"),
-        "sequence_len": 64,
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 1,
-        "num_epochs": 2,
-        "learning_rate": 3e-3,
-        "lr_scheduler": "constant",
-        "warmup_steps": 0,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "seed": 0,
-        **CPU_SETTINGS,
-        "pofe": {
-            "rounds": 2,
-            "generate": {
-                "backend": "transformers",
-                "num_candidates": 3,
-                "temperature": 1.0,
-                "max_new_tokens": 4,
-                "seed": 0,
-                "include_dataset_responses": ["answer", "near_misses"],
-            },
-            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-            **(
-                {"eval": {"held_out": HELD_OUT, "num_samples": 2, "max_new_tokens": 4, "train_prompts": 3}}
-                if eval_keys
-                else {}
-            ),
-            **({"eta": 10.0} if method == "sppo" else {}),
-        },
-        **extra,
-    }
-    path = root / "recipe.yml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def state(run: Path) -> dict:
-    return json.loads((run / "pofe-run.json").read_text())
 
 
 def wait_until_unlocked(lock: Path, seconds: float = 120.0) -> None:
@@ -105,7 +55,7 @@ def rrhf_run(tmp_path_factory, tiny_model):
     """Start a two-round RRHF run, SIGKILL it (with its stage process) as soon as round 1's
     training is recorded, note round 1's files, then start it again to the end."""
     root = tmp_path_factory.mktemp("rrhf_rounds")
-    recipe = write_recipe(root, tiny_model, "rrhf")
+    recipe = write_rounds_recipe(root, tiny_model, "rrhf")
     run = root / "run"
     cmd = [str(Path(sys.executable).parent / "axolotl"), "pofe", "run", str(recipe), "--launcher", "python", "--quiet"]
     env = {**os.environ, **AXOLOTL_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -113,7 +63,7 @@ def rrhf_run(tmp_path_factory, tiny_model):
     deadline = time.monotonic() + 400
     try:
         while True:
-            st = state(run) if (run / "pofe-run.json").exists() else {"stages": {}}
+            st = run_state(run) if (run / "pofe-run.json").exists() else {"stages": {}}
             if st["stages"].get("round-1/train", {}).get("status") == "done":
                 break
             assert proc.poll() is None, "the run ended before round 1's training was recorded"
@@ -123,7 +73,7 @@ def rrhf_run(tmp_path_factory, tiny_model):
         os.killpg(proc.pid, signal.SIGKILL)  # the runner; the stage's guard then ends the stage
         proc.wait()
     wait_until_unlocked(run / "pofe-run.lock")
-    killed = state(run)
+    killed = run_state(run)
     round1 = [
         run / "round-1" / f
         for f in ("candidates/data.jsonl", "candidates/summary.json", "train/model.safetensors", "trainer_state.json")
@@ -138,7 +88,7 @@ def test_resume_skips_round_1(rrhf_run):
     assert not any(killed["stages"].get(s, {}).get("status") == "done" for s in ("round-2/train", "eval")), (
         "killed too late to test a resume"
     )
-    final = state(run)
+    final = run_state(run)
     assert len(final["starts"]) == 2
     for stage in ("prompts", "round-1/preprocess", "round-1/train"):
         assert final["stages"][stage] == killed["stages"][stage]  # same record, not redone
@@ -157,7 +107,7 @@ def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     run = rrhf_run["run"]
     r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
     assert r2["base_model"] == r2["pofe"]["generate"]["model"] == str(run / "round-1" / "train")
-    assert r2["pofe"]["generate"]["seed"] == state(run)["rounds"]["2"]["generate_seed"] == 1
+    assert r2["pofe"]["generate"]["seed"] == run_state(run)["rounds"]["2"]["generate_seed"] == 1
     prompts = read_jsonl(run / "prompts" / "round-2.jsonl")
     shards = lambda d: [r["candidates"] for p in sorted((d / "generate").glob("shard-*.jsonl")) for r in read_jsonl(p)]  # noqa: E731
     recorded = shards(run / "round-2" / "candidates")
@@ -177,7 +127,7 @@ def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     assert regenerate(str(run / "round-1" / "train"), tmp_path / "again") == recorded
     gen = dict(r2["pofe"]["generate"], model=None)
     r2["pofe"]["generate"] = gen
-    assert regenerate(state(run)["base_model"], tmp_path / "base") != recorded
+    assert regenerate(run_state(run)["base_model"], tmp_path / "base") != recorded
 
 
 def test_report_holds_the_run_numbers(rrhf_run):
@@ -238,7 +188,7 @@ def sppo_published(tmp_path_factory, tiny_model):
     """Two SPPO LoRA rounds that publish: `hub_model_id` against a loopback hub (HF_ENDPOINT),
     W&B offline into the test's folder."""
     root = tmp_path_factory.mktemp("sppo_rounds")
-    recipe = write_recipe(
+    recipe = write_rounds_recipe(
         root,
         tiny_model,
         "sppo",
@@ -302,7 +252,7 @@ def test_sppo_round_2_is_anchored_on_round_1(sppo_run):
 
     model = AutoModelForCausalLM.from_pretrained(merged1, dtype=torch.float32).eval()
     # the merged model is round 1's adapter on the base, merged
-    base = AutoModelForCausalLM.from_pretrained(state(sppo_run)["base_model"], dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(run_state(sppo_run)["base_model"], dtype=torch.float32)
     ref = PeftModel.from_pretrained(base, sppo_run / "round-1" / "train").merge_and_unload()
     ids = torch.tensor([[1, 10, 20, 30, 40]])
     with torch.no_grad():  # float32 sums over the MLP's width, the widest reduction

@@ -7,34 +7,11 @@ import json
 import pytest
 import torch
 
-from pofe.demo.task import answer, make_prompts, reward
+from pofe.demo.task import answer, reward
 from pofe.preprocess import bradley_terry_preferences, win_rates
-from tests.helpers import log_history, recipe, run_axolotl
+from tests.helpers import log_history, pofe_block, prompts_file, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
-
-
-def prompts_file(tmp_path):
-    rows = [{"prompt": p, "answer": str(answer(p))} for p in make_prompts(12, seed=3)]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path, rows
-
-
-def pofe_block(method):
-    return {
-        # the dataset's reference answer joins the sampled candidates, as in the RRHF paper
-        "generate": {
-            "backend": "transformers",
-            "num_candidates": 3,
-            "temperature": 1.0,
-            "max_new_tokens": 4,
-            "seed": 0,
-            "include_dataset_responses": ["answer"],
-        },
-        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
-        **({"eta": 10.0} if method == "sppo" else {}),
-    }
 
 
 @pytest.mark.newest

@@ -1,0 +1,24 @@
+"""The run's state file (`pofe.run.folder.RunState`): stages recorded, another recipe's refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from pofe.run.folder import RunState, RunStateMismatch
+
+
+def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
+    path = tmp_path / "pofe-run.json"
+    st = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    st.start("round-1/train")
+    # killed here: a restart sees the stage as unfinished
+    st = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    assert not st.done("round-1/train")
+    st.start("round-1/train")
+    st.finish("round-1/train", output_dir="o")
+    again = RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    assert again.done("round-1/train") and again.stages["round-1/train"]["output_dir"] == "o"
+    assert len(again.starts) == 3
+    assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporary files
+    with pytest.raises(RunStateMismatch, match="different recipe"):
+        RunState.open(path, fingerprint="b", recipe="r.yml", method="rrhf")
