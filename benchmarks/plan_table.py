@@ -5,7 +5,7 @@
 
 No download: the models' published config.json files (Mistral-7B-Instruct-v0.2, PairRM's ranker
 config and its DeBERTa-v3-large backbone) are written into a temporary hub cache, which `plan`
-reads as it reads the real one. tests/test_plan.py checks that README.md holds this table.
+reads as it reads the real one. tests/run/plan/test_plan.py checks that README.md holds this table.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The plan is `pofe.run.plan.planner.plan_run` on the check's own QLoRA recipe, given a generate section
 (vLLM, K = 5, the check's `gpu_memory_utilization` and `max_model_len`) and a judge that loads
 nothing, for the check's 64 prompts on this GPU. A stage passes when its measured peak is within
-a factor 1.5 of the estimate (the factor tests/test_plan.py holds the CPU recipes to). Measured:
+a factor 1.5 of the estimate (the factor tests/run/plan/test_plan.py holds the CPU recipes to). Measured:
 training, axolotl's `memory/max_allocated (GiB)` (the torch allocator's peak), against the
 estimate less its `runtime` part (the CUDA context, which the allocator does not count);
 generation, the device memory in use while vLLM ran (it reserves its `gpu_memory_utilization`

@@ -5,7 +5,7 @@
   pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.guards`)
   pofe-preexisting.json      pofe.overwrite_output_dir: the files found there first (`pofe.run.guards`)
   prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
-  round-<t>/recipe.yml       the derived recipe (`pofe.run.recipe.round_recipe`)
+  round-<t>/recipe.yml       the derived recipe (`pofe.run.rounds.round_recipe`)
   round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
   round-<t>/prepared/        tokenised rows (and SPPO's anchor table)
   round-<t>/train/           axolotl's output_dir (the model, or the LoRA adapter; checkpoint-<step>/;

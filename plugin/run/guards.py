@@ -1,15 +1,14 @@
-"""One runner per output_dir: `<output_dir>/pofe-run.lock`.
+"""What a run checks before it writes into its output_dir, or trusts what is there.
 
-An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
+One runner per output_dir (`RunLock`, `<output_dir>/pofe-run.lock`). An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
 kernel releases the lock when the last process holding it ends. Stages inherit it
 (`pofe.run.rounds.processes.run_logged`'s `keep_fds`), so a trainer that outlives its runner still
 holds it. The file names the holder (PID, host, start) for the error a second run gets,
 and records a clean release (`ended`), so a record without one found unlocked is a
 crashed run's.
 
-Which output_dir an iterated run may write into, and which files in it are POFE's.
-
-`axolotl pofe run` writes its files (`pofe.run.folder`) into the recipe's output_dir and
+Which output_dir a run may write into, and which files in it are POFE's (`claim_output_dir`,
+`pofe_wrote`). `axolotl pofe run` writes its files (`pofe.run.folder`) into the recipe's output_dir and
 later replaces or deletes some of its own files (a stale `eval/eval.json`, old
 `report-*.png`). Into a folder that holds files but no POFE run (no `pofe-run.json` or
 `pofe-run.lock`) it would overwrite and delete someone else's, so such a folder is refused
@@ -17,8 +16,8 @@ later replaces or deletes some of its own files (a stale `eval/eval.json`, old
 files found there are recorded in `pofe-preexisting.json`, and `pofe_wrote` is False for
 them: POFE overwrites a same-named file (what the key asks for) but deletes none.
 
-What a restarted run checks before it trusts a finished stage: that its inputs did not
-change and its output is still there.
+What a restart checks before it trusts a finished stage: that its inputs did not change and
+its output is still there.
 
 - The prompt files (`check_prompt_sources`): the `prompts` stage copies the recipe's prompt
   dataset into `prompts/round-<t>.jsonl` once. A prompt file replaced afterwards would be

@@ -1,4 +1,4 @@
-"""Which prompts each round trains on (`pofe.round_prompts`).
+"""Which prompts each round trains on (`pofe.round_prompts`), and which are held out.
 
 SPPO uses disjoint splits (round t trains on slice t of T contiguous slices, as in the
 paper); RRHF's iterated variant (IP-n) resamples the same prompts. `auto` takes the
@@ -6,9 +6,8 @@ method's default from `pofe.methods`. A list names one prompt set per round (the
 authors draw a new one per iteration): a local file, or a dataset spec, read as the recipe's
 `datasets:` entry would read it (`load_round_prompts`).
 
-How many of the prompt pool an iterated run holds out (`pofe.eval.held_out`).
-
-Unset (the default), a fixed slice: 5 % of the pool, at least 16 and at most 256 prompts,
+How many of the prompt pool a run holds out (`pofe.eval.held_out`). Unset (the default), a
+fixed slice: 5 % of the pool, at least 16 and at most 256 prompts,
 and never more than a fifth of a small pool (a pool under 5 prompts holds none out). The
 slice is the pool's last rows: no round trains on them, and every model of the run answers
 them (`pofe.run.evaluation.evaluate`). An explicit n holds out the last n rows; 0 holds out none. A

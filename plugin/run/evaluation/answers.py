@@ -7,8 +7,7 @@ and pi_0's log-probs of every model's samples (the KL estimate). Each function t
 its caller loaded; evaluation loads one at a time and frees it before the next, and builds
 the judges only after all of them.
 
-Evaluation's answers kept between evaluations of one run, in `eval/answers/<model>.json`.
-
+The answers are kept between evaluations of one run (`AnswerStore`, `eval/answers/<model>.json`).
 A run with `pofe.stop_when` evaluates every finished iterate after each round: without a
 store, pi_0 answers the held-out prompts T times in a T-round run, and round t's model
 T - t + 1 times. A model's answers are a function of its weights, the prompts, the

@@ -1,15 +1,14 @@
-"""Which iterate to use, and which rounds regressed: read off the held-out comparisons.
+"""Decisions read off eval.json: which iterate to use, which rounds regressed, and whether
+`pofe.stop_when` ends the run.
 
-The best model is the one with the highest length-controlled win rate against pi_0 on the
+Which iterate to use (`choose_model`). The best model is the one with the highest length-controlled win rate against pi_0 on the
 held-out prompts (pi_0 itself counts 1/2; the first of equals), so that a round that only
 made answers longer does not win; "clearly" better when its whole 95 % interval is above
 1/2. A round regresses when its model's length-controlled win rate against the iterate
 before it is below 1/2: "clearly" when the whole 95 % interval is, otherwise within noise.
-The report warns about each; only `pofe.stop_when` (`pofe.run.evaluation.decision`) ends a run on one.
+The report warns about each; only `pofe.stop_when` ends a run on one.
 
-`pofe.stop_when`: whether an iterated run ends after its latest round.
-
-With the rule set, the runner evaluates every finished iterate on the held-out prompts after
+Whether a run ends after its latest round (`stop_decision`, `pofe.stop_when`). With the rule set, the runner evaluates every finished iterate on the held-out prompts after
 each round (`axolotl pofe eval`, as after the last round) and asks `stop_decision` of the
 newest one, pi_t, against pi_{t-1}:
 
@@ -18,7 +17,7 @@ newest one, pi_t, against pi_{t-1}:
 - `held_out_reward_falls: true`: pi_t's mean held-out reward is below pi_{t-1}'s.
 
 A rule that fires ends the run after that round (its model stays, and the report says which
-model to use, `pofe.run.evaluation.decision`); a rule that cannot be read (no held-out file, a NaN reward)
+model to use, `choose_model`); a rule that cannot be read (no held-out file, a NaN reward)
 does not fire, and says why.
 """
 

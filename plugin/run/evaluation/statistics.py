@@ -1,6 +1,7 @@
-"""Tournament maths of the evaluation: model-vs-model win rates and their cycles.
+"""Evaluation's statistics: the win-rate matrix and its cycles, length-controlled win rates,
+bootstrap intervals, and the comparisons between iterates eval.json reports.
 
-W[a, b] = P(a's response beats b's), averaged over prompts and over all sample pairs.
+The win-rate matrix. W[a, b] = P(a's response beats b's), averaged over prompts and over all sample pairs.
 Scalar judges give W through Bradley-Terry on the rewards, sigmoid(r_a - r_b); pairwise
 judges give it directly, from the judge's preference matrix over all models' responses.
 
@@ -10,7 +11,6 @@ raises it to ignore noise). `find_cycles` lists every 3-cycle a > b > c > a. A t
 flag any cycle there.
 
 Length-controlled win rates: did a model win by being better, or only by being longer?
-
 AlpacaEval 2's method, simplified to one comparison: a logistic regression of the judge's
 preference for model A's response over model B's on their length difference,
 
@@ -28,24 +28,20 @@ halving: deterministic, and finite when length separates the verdicts perfectly.
 preferences (abstentions) are left out. NumPy for the fit (small arrays: little overhead per
 step), torch in `pair_observations`; no model code.
 
-Bootstrap 95 % intervals over prompts for evaluation's win rates (seeded, deterministic).
-
-A win rate is a mean over prompts of per-prompt win rates; its interval resamples the
+Bootstrap 95 % intervals over prompts (seeded, deterministic). A win rate is a mean over prompts of per-prompt win rates; its interval resamples the
 prompts with replacement (`draws` times, from `torch.Generator().manual_seed(seed)`), takes
 the statistic of each resample, and reports the 2.5 % and 97.5 % quantiles (the percentile
 bootstrap). Samples within a prompt stay together: they share the prompt's difficulty.
 
-Evaluation's comparisons between iterates: intervals, lengths, length-controlled rates.
-
-From the judge's response preferences on the held-out prompts (any judge: a pairwise
+The comparisons between iterates (`compare_iterates`). From the judge's response preferences on the held-out prompts (any judge: a pairwise
 judge's own, a scalar judge's through Bradley-Terry, `pofe.run.evaluation.judging`) and the answers'
 lengths in tokens, eval.json's
 
 - `win_matrix_ci95`: [M][M][lower, upper], a bootstrap 95 % interval over prompts of each
-  W[a, b] (`pofe.run.evaluation.statistics`);
+  W[a, b];
 - `vs_pi_0` and `vs_previous`: per model (None for pi_0), its raw win rate against pi_0 and
-  against the iterate before it (W[t, 0], W[t, t-1]) beside the length-controlled one
-  (`pofe.run.evaluation.statistics`), each with its interval, and the fitted length slope;
+  against the iterate before it (W[t, 0], W[t, t-1]) beside the length-controlled one, each
+  with its interval, and the fitted length slope;
 - `response_tokens`: each model's mean and median answer length.
 """
 

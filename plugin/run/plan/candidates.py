@@ -1,4 +1,5 @@
-"""The stages of a plan (`pofe.run.plan.planner`): one function per stage, each a `stage(...)` entry.
+"""The generate and judge stages of a plan (`pofe.run.plan.planner`): one function per stage,
+each a `stage(...)` entry.
 
 `size` is the stage's model (`pofe.run.plan.estimate.ModelSize`), None when it could not be
 sized offline: the entry then has no memory figure (its parts are None).

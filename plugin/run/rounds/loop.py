@@ -1,16 +1,16 @@
-"""Iterated runs: `axolotl pofe run recipe.yml`.
+"""The round loop: `axolotl pofe run recipe.yml`.
 
 For t = 1..T (`pofe.rounds`): generate candidates from the current policy, judge them,
 build rows (`axolotl preprocess`), train (`axolotl train`), and make the trained model the
 next round's policy. Every stage goes through the run's `StageRunner` (`pofe.run.rounds.runner`);
 most are a process of their own (`pofe.run.rounds.processes`). Each round gets a derived recipe
-(`pofe.run.recipe`), written into the run's output dir (`pofe.run.folder`), that differs
+(`pofe.run.rounds.round_recipe`), written into the run's output dir (`pofe.run.folder`), that differs
 from the user's recipe only in where things are.
 
 Prompts per round: `pofe.run.prompts`. SPPO re-anchors on each round's starting policy for
 free: the anchor pass uses the policy as loaded, and round t loads round t-1's (merged)
-model. LoRA / QLoRA: between rounds the adapter is merged into the round's base
-(`pofe.run.rounds.loop`), the next round's `base_model`, which trains a fresh adapter.
+model. LoRA / QLoRA: between rounds the adapter is merged into the round's base (below),
+the next round's `base_model`, which trains a fresh adapter.
 Each round publishes as the SPPO authors' iterations do (`pofe.run.rounds.publish`): hub repos
 `<hub_model_id>-iter<t>` (the model) and `...-iter<t>-data` (its candidates), tracker runs
 `<name>-iter<t>`, and the round-level numbers in one W&B run after the report.
@@ -23,9 +23,8 @@ After the rounds: the held-out evaluation (`axolotl pofe eval`, its own process)
 report, written once. With `pofe.stop_when`, the evaluation also runs after each round but
 the last, and a round whose model fails the rule ends the run (`check_stop`, `pofe.run.evaluation.decision`).
 
-LoRA / QLoRA between rounds: axolotl's `merge-lora` merges the adapter into the round's base.
-
-The merged model becomes the next round's `base_model` (which trains a fresh adapter). The
+The LoRA merge (`merge_command`): axolotl's `merge-lora` merges the adapter into the round's
+base. The merged model becomes the next round's `base_model` (which trains a fresh adapter). The
 runner's merge stage is
 
     axolotl merge-lora round-<t>/recipe.yml --lora-model-dir round-<t>/train --output-dir round-<t>
