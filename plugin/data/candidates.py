@@ -8,8 +8,6 @@ run (or resumed) with the recipe's tokenizer.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from axolotl.loaders import load_tokenizer
@@ -19,6 +17,7 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.data.sources import read_json_rows
+from pofe.files import stable_hash
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
@@ -78,9 +77,7 @@ def build_candidates(
         ]
         # appended only when not the default, so caches built before the option keep their key
         parts += [prompt_format] if prompt_format != "chat" else []
-        key = json.dumps(parts, sort_keys=True, default=str)
-        digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-        out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{digest}"
+        out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{stable_hash(parts, 32)}"
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
         rows,

@@ -18,12 +18,11 @@ Rows are compared by digests of their texts (`text_keys`), so the check keeps no
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import numpy as np
 
+from pofe.files import stable_hash
 from pofe.methods import Target
 
 # rows named in a warning, at most
@@ -33,10 +32,10 @@ SHOWN = 5
 def text_keys(row: dict[str, Any]) -> dict[str, Any]:
     """Digests of a canonical row's prompt and of each response's text."""
 
-    def digest(value: Any) -> str:
-        return hashlib.md5(json.dumps(value, sort_keys=True).encode(), usedforsecurity=False).hexdigest()
-
-    return {"prompt_key": digest(row["prompt"]), "response_keys": [digest(r["content"]) for r in row["responses"]]}
+    return {
+        "prompt_key": stable_hash(row["prompt"], 32),
+        "response_keys": [stable_hash(r["content"], 32) for r in row["responses"]],
+    }
 
 
 def conflicting_rows(

@@ -8,7 +8,6 @@ entry's rows come from the candidate pipeline (`candidates.py`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from functools import partial
@@ -36,7 +35,7 @@ from pofe.data.formats import RowFormat, candidate_row, check_columns, normalize
 from pofe.data.label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
 from pofe.data.tokenize import tokenize_row
-from pofe.files import write_atomic
+from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, summary_message
 from pofe.logs import get_logger
 from pofe.methods import MethodSpec, method_spec
@@ -102,8 +101,7 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
         # axolotl's hash names the files; this is what they hold (edited in place)
         "data": local_files_digest(cfg.datasets),
     }
-    payload = base + json.dumps(extra, sort_keys=True, default=str)
-    return "pofe-" + hashlib.md5(payload.encode(), usedforsecurity=False).hexdigest()
+    return "pofe-" + stable_hash([base, extra], 32)
 
 
 def _load_or_prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, dataset_hash: str) -> Dataset:

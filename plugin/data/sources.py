@@ -11,7 +11,6 @@ traceback. Everything else (hub, remote, parquet, saved datasets) goes through a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
 from datasets import Dataset, Json, ReadInstruction
 
 from pofe.data.formats import PofeDataError
-from pofe.files import ONE_OBJECT, UnreadableFile, check_unicode, read_jsonl, read_utf8
+from pofe.files import ONE_OBJECT, UnreadableFile, check_unicode, file_sha256, read_jsonl, read_utf8, stable_hash
 
 
 def load_entry(entry, use_auth_token) -> Dataset:
@@ -104,12 +103,5 @@ def local_files_digest(entries) -> list[str | None]:
             digests.append(None)
             continue
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        digest = hashlib.sha256()
-        for file in files:
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
-            with file.open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-            digest.update(b"\0")
-        digests.append(digest.hexdigest())
+        digests.append(stable_hash([[str(f.relative_to(path)), file_sha256(f)] for f in files]))
     return digests

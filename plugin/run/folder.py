@@ -28,7 +28,9 @@ from typing import Any
 from pofe.errors import PofeError
 from pofe.files import write_atomic
 
-STATE_VERSION = 1
+# 2: prompt_sources digests are pofe.files.stable_hash over (name, sha256) pairs, and the caches
+# a resumed round reads (prepared rows, SPPO's anchor table) are keyed by pofe.files' hashes
+STATE_VERSION = 2
 STATE_NAME = "pofe-run.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 
@@ -136,6 +138,12 @@ class RunState:
         """Load the state (refusing another recipe's) or start one; records this start."""
         if path.exists():
             state = cls.read(path)
+            if state.version != STATE_VERSION:
+                raise RunStateMismatch(
+                    f"{path} was written by a POFE whose run state is version {state.version}; this one "
+                    f"reads version {STATE_VERSION} (its caches are keyed differently). Finish the run with "
+                    "that POFE, or start it again in a new output_dir."
+                )
             if state.recipe_fingerprint != fingerprint:
                 raise RunStateMismatch(
                     f"{path} belongs to a run of a different recipe (its settings changed since "

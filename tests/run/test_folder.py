@@ -1,6 +1,9 @@
-"""The run's state file (`pofe.run.folder.RunState`): stages recorded, another recipe's refused."""
+"""The run's state file (`pofe.run.folder.RunState`): stages recorded, another recipe's or another
+version's refused."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -22,3 +25,14 @@ def test_state_file_records_stages_and_refuses_another_recipe(tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))  # atomic writes leave no temporary files
     with pytest.raises(RunStateMismatch, match="different recipe"):
         RunState.open(path, fingerprint="b", recipe="r.yml", method="rrhf")
+
+
+def test_a_state_file_of_another_version_is_refused_naming_both(tmp_path):
+    """Version 1 state files keyed their prompt files and caches by other hashes: a restart
+    under this POFE would re-check them wrongly, so it stops and says what to do."""
+    path = tmp_path / "pofe-run.json"
+    RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")
+    old = {**json.loads(path.read_text()), "version": 1}
+    path.write_text(json.dumps(old))
+    with pytest.raises(RunStateMismatch, match=r"run state is version 1; this one reads version 2 .* new output_dir"):
+        RunState.open(path, fingerprint="a", recipe="r.yml", method="rrhf")

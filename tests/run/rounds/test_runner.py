@@ -36,7 +36,7 @@ def on_disk(state: RunState) -> dict:
 def expected(stages: dict) -> dict:
     """The whole state file of a run started at 100.0 holding `stages`."""
     return {
-        "version": 1,
+        "version": 2,
         "recipe": "r.yml",
         "recipe_fingerprint": "f",
         "method": "rrhf",

@@ -1,0 +1,61 @@
+"""The docs name only what exists: every `pofe.<...>` a doc puts in backticks is a module (or
+an attribute of one), a key of the `pofe:` block, or a dataset type. A module moved or a key
+renamed fails here until the docs follow."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+from pofe.args import PofeConfig
+from pofe.methods import DATASET_TYPES
+from tests.helpers import ROOT
+
+DOCS = [ROOT / "README.md", ROOT / "preprocess" / "README.md", ROOT / "benchmarks" / "README.md"]
+DOCS += sorted((ROOT / "docs").glob("*.md"))
+NAME = re.compile(r"`(pofe(?:\.\w+)+)")
+
+
+def _model_of(annotation):
+    """The pydantic block a field holds (through Optional and unions), or None."""
+    found = [a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")]
+    return found[0] if found else None
+
+
+def _is_key(parts: list[str]) -> bool:
+    """`pofe.a.b`: a key of the `pofe:` block, block by block."""
+    model = PofeConfig
+    for part in parts:
+        if model is dict:  # a mapping key (`generate.vllm_kwargs.max_model_len`): the engine's own
+            return True
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        model = dict if "dict" in str(annotation) else _model_of(annotation)
+    return True
+
+
+def _is_code(parts: list[str]) -> bool:
+    """`pofe.a.b.c`: the longest prefix that imports as a module, the rest attributes of it."""
+    for cut in range(len(parts), -1, -1):
+        try:
+            obj = importlib.import_module(".".join(["pofe", *parts[:cut]]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_docs_name_only_modules_and_keys_that_exist():
+    stale = []
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text().splitlines(), start=1):
+            for name in NAME.findall(line):
+                parts = name.split(".")[1:]
+                if not (name in DATASET_TYPES or _is_key(parts) or _is_code(parts)):
+                    stale.append(f"{doc.relative_to(ROOT)}:{n}: {name}")
+    assert not stale, "\n".join(stale)
