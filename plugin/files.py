@@ -153,7 +153,7 @@ def _file_fingerprint(path: Path) -> str:
         return file_sha256(path)
     digest = hashlib.sha256(f"{stat.st_size} {stat.st_mtime_ns}".encode())
     with open(path, "rb") as f:
-        for offset in (0, stat.st_size // 2, stat.st_size - SAMPLE_BYTES):
+        for offset in (0, stat.st_size // 2, max(stat.st_size - SAMPLE_BYTES, 0)):
             f.seek(offset)
             digest.update(f.read(SAMPLE_BYTES))
     return digest.hexdigest()

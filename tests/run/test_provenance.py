@@ -15,7 +15,7 @@ from pofe.preprocess.config import JudgeConfig
 from pofe.preprocess.generators.hf import Sample
 from pofe.preprocess.judges import make_judge
 from pofe.run.evaluation.best_of_k import best_of_k
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.provenance import package_versions, round_record, served_site_packages, stage_environment
 
 
@@ -60,10 +60,14 @@ def test_round_record_digests_and_masks(tmp_path):
     (cands / "generate" / "shard-00000.jsonl").write_text("a\n")
     (cands / "judge" / "manifest.json").write_text(json.dumps({"judge_identity": {"function_sha256": "abc"}}))
     folder.recipe(1).write_text("seed: 3\npofe:\n  generate:\n    api_key: sk-abcdefghijklmnopqrstuvwx\n")
-    state = {
-        "rounds": {"1": {"generate_seed": 7}},
-        "stages": {"round-1/train": {"environment": {"pofe": {"version": "x"}}}},
-    }
+    state = RunState(
+        folder.state,
+        "r.yml",
+        "f",
+        "rrhf",
+        rounds={"1": RoundRecord(generate_seed=7)},
+        stages={"round-1/train": {"environment": {"pofe": {"version": "x"}}}},
+    )
     rec = round_record(folder, state, 1)
     assert rec["sha256"]["prompts"] == hashlib.sha256(b'{"prompt": "1+1="}\n').hexdigest()
     assert rec["sha256"]["candidates"] == hashlib.sha256(b"a\nb\n").hexdigest()
@@ -114,18 +118,16 @@ def test_evaluation_writes_the_held_out_best_of_k(tmp_path, tiny_model):
     rows = [{"prompt": "2+3="}, {"prompt": "1+1="}]
     folder.held_out_prompts.parent.mkdir(parents=True)
     folder.held_out_prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    folder.state.write_text(
-        json.dumps(
-            {
-                "method": "rrhf",
-                "base_model": str(tiny_model),
-                "stages": {},
-                "starts": [1.0],
-                "rounds_planned": 1,
-                "rounds": {"1": {"policy_in": str(tiny_model), "policy_out": str(tiny_model), "generate_seed": 0}},
-            }
-        )
-    )
+    RunState(
+        folder.state,
+        "recipe.yml",
+        "f",
+        "rrhf",
+        base_model=str(tiny_model),
+        starts=[1.0],
+        rounds_planned=1,
+        rounds={"1": RoundRecord(policy_in=str(tiny_model), policy_out=str(tiny_model), generate_seed=0)},
+    ).save()
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows * 3))
     recipe = tmp_path / "recipe.yml"
     recipe.write_text(

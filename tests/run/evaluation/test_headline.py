@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from pofe.demo.task import make_prompt_rows, reward
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RoundRecord, RunFolder, RunState
 from tests.helpers import CPU_SETTINGS
 
 NUM_PROMPTS, HEADLINE_PROMPTS = 20, 16  # more prompts than the default headline takes
@@ -59,19 +59,17 @@ def headline_run(tmp_path_factory, tiny_model, tiny64_model):
             judge=JudgeConfig(**pofe["judge"]),
             candidates=CandidatesConfig(out_dir=str(folder.candidates(t)), progress=False),
         )
-    folder.state.write_text(
-        json.dumps(
-            {
-                "method": "rrhf",
-                "base_model": str(tiny_model),
-                "stages": {},
-                "starts": [time.time()],
-                "rounds_planned": 2,
-                "final_policy": models[2],
-                "rounds": {str(t): {"policy_in": str(tiny_model), "policy_out": path} for t, path in models.items()},
-            }
-        )
-    )
+    RunState(
+        folder.state,
+        "recipe.yml",
+        "f",
+        "rrhf",
+        base_model=str(tiny_model),
+        starts=[time.time()],
+        rounds_planned=2,
+        final_policy=models[2],
+        rounds={str(t): RoundRecord(policy_in=str(tiny_model), policy_out=path) for t, path in models.items()},
+    ).save()
     recipe = root / "recipe.yml"
     recipe.write_text(
         yaml.safe_dump(
@@ -276,7 +274,7 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
     recipe["output_dir"] = str(folder.root)
     recipe["pofe"]["judge"] = {
         "type": "python",
-        "reward_funcs": ["tests.test_headline.answer_length_gap"],
+        "reward_funcs": ["tests.run.evaluation.test_headline.answer_length_gap"],
         "reward_weights": [2.0],
     }
     (tmp_path / "funcs.yml").write_text(yaml.safe_dump(recipe))
@@ -337,7 +335,7 @@ def _held_out_run(headline_run, tmp_path):
         "num_samples": 1,
         "temperature": 0.0,
         "max_new_tokens": 4,
-        "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
+        "judge2": {"type": "python_pairwise", "function": "tests.run.evaluation.test_headline:longer_wins"},
     }
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
     return folder, recipe, held_out
