@@ -11,7 +11,7 @@ from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
 from pofe.length_policy import cut_collision, cut_response, fit_turns
-from pofe.run.folder import RunFolder
+from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
 from tests.helpers import recipe
@@ -74,9 +74,7 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     assert "1 of 3 rows of" in caplog.text and "dropped 1 (prompt_too_long 1)" in caplog.text
     assert str(record) in caplog.text
 
-    folder.state.write_text(
-        json.dumps({"method": "rrhf", "rounds": {"1": {}}, "stages": {}, "starts": [1.0], "rounds_planned": 1})
-    )
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds={"1": RoundRecord()}, starts=[1.0], rounds_planned=1).save()
     (cut,) = [r["truncation"] for r in collect(folder)["rounds"]]
     assert cut == {
         "record": str(record),
