@@ -131,6 +131,8 @@ def load(model_dir, attn: str, dtype, device: str):
 def check_backend(model_dir, feats, batches, timing_batches, attn: str, reference) -> list[dict]:
     """The rows for one backend: each shared layout against the unshared one, in numbers and in
     time. `reference`: the unshared layout in float32 (GPU), or None (CPU, float32 throughout)."""
+    from benchmarks.gpu_check.report import row
+
     cuda = reference is not None
     unshared, shared = batches
     model = load(model_dir, attn, torch.bfloat16 if cuda else torch.float32, "cuda" if cuda else "cpu")
@@ -138,13 +140,18 @@ def check_backend(model_dir, feats, batches, timing_batches, attn: str, referenc
     layouts = ("packed", "cache") if attn == "sdpa" else ("cache",)
     runs = {layout: value_and_grads(model, shared, layout) for layout in layouts}
     model.zero_grad(set_to_none=True)
-    speed = timed(model, timing_batches, layouts, cuda)
+    try:
+        speed = timed(model, timing_batches, layouts, cuda)
+    except Exception as err:  # noqa: BLE001 - the numbers above stand; the timing's failure is its own row
+        speed = err
     width = model.config.hidden_size
     del model
     if cuda:
         torch.cuda.empty_cache()
     n = width * sum(len(f["prompt_ids"]) * len(f["response_ids"]) + sum(map(len, f["response_ids"])) for f in feats)
     rows = [equality_row(attn, layout, got, base, reference, n) for layout, got in runs.items()]
+    if isinstance(speed, Exception):
+        return rows + [row(f"prefix speed {attn}", "FAIL", f"{type(speed).__name__}: {speed}"[:300])]
     return rows + speed_rows(attn, speed, cuda)
 
 
