@@ -1,12 +1,14 @@
-"""QLoRA SPPO and RRHF through the real `axolotl train`, axolotl's LoRA kernels on and off.
+"""SPPO and RRHF through the real `axolotl train`: full fine-tuning, and QLoRA with axolotl's LoRA
+kernels off and on (six runs side by side on the one GPU).
 
 What each run must show:
 - SPPO's step-1 log-ratio is 0: the anchor table and the first training forward score the same
   adapter-free policy (LoRA's B starts at 0), so any other value means the anchor pass and the
   training forward see different weights or kernels (issue 10's repacked 4-bit layers did that).
+  Full fine-tuning too: no step has run when the table is made.
   Tolerance: each response token's log-prob rounds once, by eps(dtype) times its size m; L
   tokens of such errors add up like a random walk: 4 eps sqrt(L) m, m = |logps/chosen| / L.
-- Kernels on equal kernels off: `loss` and `logps/chosen` at every step within
+- QLoRA kernels on equal kernels off: `loss` and `logps/chosen` at every step within
   rtol = 4 eps(bf16) = 0.031 (the kernels reorder bf16 matmuls and fuse their casts). axolotl's
   kernels are Triton: on the CPU the kernels-on runs are `needs GPU`.
 - No 4-bit repack: POFE's warning that a no-grad pass had repacked 4-bit layers for
@@ -31,7 +33,12 @@ from pofe.args import LORA_KERNELS
 EPS = {"bfloat16": 2.0**-7, "float32": 2.0**-23}
 KERNEL_RTOL = 4 * EPS["bfloat16"]
 REPACK_WARNING = "repacked for bitsandbytes"
-TIMEOUT_S = 360  # all runs together: the check's 8 minutes leave them about 3 (a timed-out run FAILs)
+TIMEOUT_S = 360  # all runs together: about 2 minutes on an H200 (estimated); a timed-out run FAILs
+# (method, adapter, LoRA kernels): the runs, named as `run_name` writes them
+RUNS = [(m, a, k) for m in ("sppo", "rrhf") for a, k in (("full", False), ("qlora", False), ("qlora", True))]
+# the CPU path (2 cores, the test's time): one QLoRA run (SPPO's: its anchor pass is where 4-bit
+# layers were repacked) and one full fine-tuning; the kernels-on runs need CUDA
+CPU_RUNS = {("sppo", "qlora", False), ("rrhf", "full", False)}
 ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -49,11 +56,19 @@ def write_data(out: Path, method: str, rows: int) -> Path:
     )
 
 
-def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda: bool) -> Path:
-    """The QLoRA recipe of one run; also what `plan` estimates (with a generate and judge section)."""
+def run_name(method: str, adapter: str, kernels: bool) -> str:
+    return f"{method}-full" if adapter == "full" else f"{method}-{adapter}-kernels-{'on' if kernels else 'off'}"
+
+
+def recipe(out: Path, model: Path, method: str, adapter: str, kernels: bool, steps: int, cuda: bool) -> Path:
+    """The recipe of one run (`adapter`: full or qlora); also what `plan` estimates (with a
+    generate and judge section added)."""
     micro = 4
     data = write_data(out, method, steps * micro)
-    name = f"{method}-kernels-{'on' if kernels else 'off'}"
+    name = run_name(method, adapter, kernels)
+    qlora = dict(
+        adapter="qlora", load_in_4bit=True, lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_target_linear=True
+    )
     cfg = {
         "base_model": str(model),
         "plugins": ["pofe.PofePlugin"],
@@ -61,12 +76,7 @@ def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda:
         "datasets": [{"path": str(data), "type": f"pofe.{method}"}],
         "dataset_prepared_path": str(out / "prepared" / name),
         "output_dir": str(out / name),
-        "adapter": "qlora",
-        "load_in_4bit": True,
-        "lora_r": 16,
-        "lora_alpha": 32,
-        "lora_dropout": 0.0,
-        "lora_target_linear": True,
+        **(qlora if adapter == "qlora" else {}),
         **dict.fromkeys(LORA_KERNELS, kernels),
         "sequence_len": 256,
         "micro_batch_size": micro,
@@ -79,6 +89,7 @@ def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda:
         "logging_steps": 1,
         "save_strategy": "steps",
         "save_steps": steps,
+        "save_only_model": True,  # trainer_state.json is what is read; full fine-tuning's optimizer state is 2x the model
         "seed": 0,
         "bf16": cuda,
         "fp16": False,
@@ -96,12 +107,16 @@ def recipe(out: Path, model: Path, method: str, kernels: bool, steps: int, cuda:
 
 
 def launch(path: Path) -> subprocess.Popen:
-    """`axolotl train` on `path` in one process (the python launcher), its log beside it."""
-    axolotl = Path(sys.executable).parent / "axolotl"
+    """`axolotl train` on `path` in one process (the python launcher), its log beside it. Run as
+    `python -m axolotl.cli.main`: where the bundle is installed with `pip --target` (the GPU
+    machine) no `axolotl` script sits beside the interpreter."""
     env = {**os.environ, **ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = path.with_suffix(".log").open("w")
     return subprocess.Popen(
-        [str(axolotl), "train", str(path), "--launcher", "python"], env=env, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "axolotl.cli.main", "train", str(path), "--launcher", "python"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -148,16 +163,14 @@ def kernels_equal(on: dict, off: dict) -> tuple[bool, float]:
 
 
 def run_all(out: Path, model: Path, steps: int, cuda: bool) -> dict:
-    """Every run at once (separate processes; an H200 holds four 1B QLoRA runs), then their results.
-    Kernels-on runs need CUDA (Triton): on the CPU they are recorded as not run."""
-    runs = {
-        (m, k): recipe(out, model, m, k, steps, cuda) for m in ("sppo", "rrhf") for k in (False, True) if cuda or not k
-    }
+    """Every run at once (separate processes; an H200 holds six 1B runs: two full fine-tunings of
+    ~10 GB and four QLoRA runs of ~3 GB), then their results; on the CPU, CPU_RUNS."""
+    runs = {run_name(*r): recipe(out, model, *r, steps, cuda) for r in RUNS if cuda or r in CPU_RUNS}
     for path in runs.values():  # a checkpoint left by an earlier check must not stand in for this run's
         shutil.rmtree(yaml.safe_load(path.read_text())["output_dir"], ignore_errors=True)
-    procs = {key: launch(path) for key, path in runs.items()}
+    procs = {name: launch(path) for name, path in runs.items()}
     deadline = time.monotonic() + (TIMEOUT_S if cuda else 3 * TIMEOUT_S)  # on the CPU, only a hang guard
-    return {f"{m}-kernels-{'on' if k else 'off'}": result(runs[m, k], wait(procs[m, k], deadline)) for m, k in runs}
+    return {name: result(path, wait(procs[name], deadline)) for name, path in runs.items()}
 
 
 def wait(proc: subprocess.Popen, deadline: float) -> int:
@@ -176,11 +189,13 @@ def checks(results: dict) -> list[dict]:
 
     rows = []
     for method in ("sppo", "rrhf"):
-        for kernels in ("off", "on"):
-            name = f"{method}-kernels-{kernels}"
+        for name in (run_name(method, a, k) for m, a, k in RUNS if m == method):
             r = results.get(name)
-            if r is None:
+            if r is None and name.endswith("kernels-on"):
                 rows.append(row(f"train {name}", "needs GPU", "axolotl's LoRA kernels are Triton (CUDA)"))
+                continue
+            if r is None:
+                rows.append(row(f"train {name}", "skipped: the CPU path runs one full and one QLoRA run"))
                 continue
             if r["returncode"] != 0:
                 why = "was killed at the stage's time limit" if r["returncode"] == -9 else f"exited {r['returncode']}"
@@ -197,16 +212,16 @@ def checks(results: dict) -> list[dict]:
                     f"; step-1 log-ratio {r['step1_logratio']:.2e} (tolerance {r['step1_logratio_tolerance']:.1e})"
                 )
             rows.append(row(f"train {name}", "pass" if ok else "FAIL", detail))
-        on, off = results.get(f"{method}-kernels-on"), results.get(f"{method}-kernels-off")
-        if on is None:
-            rows.append(row(f"train {method} kernels on == off", "needs GPU", "kernels-on needs CUDA"))
+        on, off = results.get(run_name(method, "qlora", True)), results.get(run_name(method, "qlora", False))
+        if on is None or off is None:
+            rows.append(row(f"train {method} qlora kernels on == off", "needs GPU", "kernels-on needs CUDA"))
         elif on["returncode"] or off["returncode"]:
-            rows.append(row(f"train {method} kernels on == off", "FAIL", "a run failed"))
+            rows.append(row(f"train {method} qlora kernels on == off", "FAIL", "a run failed"))
         else:
             ok, gap = kernels_equal(on, off)
             rows.append(
                 row(
-                    f"train {method} kernels on == off",
+                    f"train {method} qlora kernels on == off",
                     "pass" if ok else "FAIL",
                     f"loss and logps/chosen, every step: largest relative gap {gap:.2e} "
                     f"(rtol {KERNEL_RTOL:.3f} = 4 eps(bf16))",
