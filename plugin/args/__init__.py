@@ -24,6 +24,7 @@ from pofe.args.rounds import (
 from pofe.columns import DEFAULT_FIELDS, DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.win_rates import SATURATION_BAND
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -73,6 +74,13 @@ class PofeConfig(BaseModel):
         default=None,
         description="pi_0 for anchor_mix: a model folder, hub id or adapter folder (unset: the recipe's "
         "base_model; an iterated run sets it to its first policy).",
+    )
+    saturation_band: float = Field(
+        default=SATURATION_BAND,
+        gt=0.0,
+        lt=0.5,
+        description="A prompt is saturated when all its candidates' win rates lie within this of 1/2 "
+        "(summary.json and the run report count them per round).",
     )
     # Performance (both leave the scores unchanged, up to float rounding)
     prefix_sharing: bool = Field(

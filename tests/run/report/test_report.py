@@ -157,6 +157,39 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     assert "win-rate spread" not in next(line for line in rrhf if line.startswith("| round |"))
 
 
+def test_report_shows_each_rounds_saturation(tmp_path):
+    """summary.json's saturation per round: a table (prompts, saturated with its share, mean
+    |w - 1/2|) and, for round 2 (3 of 4 saturated, above half), a warning naming the remedies,
+    in report.md and the terminal summary; a round without it (an older summary) has no row."""
+    folder = RunFolder(tmp_path)
+    rounds = {str(t): RoundRecord() for t in (1, 2, 3)}
+    RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
+    summary = {
+        "rows": 4,
+        "candidates_per_prompt": {"mean": 4.0},
+        "mean_candidate_reward": 0.5,
+        "mean_best_of_k_reward": 1.0,
+        "mean_candidate_tokens": 7.0,
+        "judge_abstentions": 0,
+    }
+    sat = {"band": 0.05, "prompts": 4, "saturated_prompts": 1, "saturated_share": 0.25, "mean_abs_deviation": 0.2}
+    per_round = {1: sat, 2: {**sat, "saturated_prompts": 3, "saturated_share": 0.75, "mean_abs_deviation": 0.03}}
+    for t in (1, 2, 3):
+        folder.candidates(t).mkdir(parents=True)
+        extra = {"saturation": per_round[t]} if t in per_round else {}
+        (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+    rep = write_report(folder)
+    assert [r["candidates"]["saturation"] for r in rep.data["rounds"]] == [per_round[1], per_round[2], None]
+    md = rep.markdown_path.read_text()
+    section = md.split("### Saturation")[1].split("\n### ")[0]
+    assert "| 1 | 4 | 1 (25.0 %) | 0.200 |" in section and "| 2 | 4 | 3 (75.0 %) | 0.030 |" in section
+    assert "| 3 |" not in section
+    assert "**Round 2: 3 of 4 prompts (75%, above 50%) are saturated" in section
+    assert "Round 1:" not in section and "stronger judge" in section
+    terminal = rep.terminal_summary()
+    assert "round 2: SATURATED" in terminal and "round 1: SATURATED" not in terminal
+
+
 def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
     """A pairwise-judged run has no reward headline: the report's headline is each round's
     win rate against pi_0 and against pi_{t-1}, raw and length-controlled with intervals,
