@@ -68,13 +68,33 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     md.append("")
     if "rewards" in plots:
         md += [f"![rewards per round]({plots['rewards']})", ""]
-    md += saturation_section(rep) + round_lengths_section(rep) + truncation_section(rep)
+    md += round_details(rep)
     md += ["### Loss curves", ""]
     if "loss" in plots:
         md += [f"![loss curves]({plots['loss']})", ""]
     else:
         md += ["No loss curves: no round has a trainer_state.json.", ""]
     return md
+
+
+def round_details(rep: dict) -> list[str]:
+    """What the rounds table leaves out: the anchor's mixture, saturation, lengths, cuts."""
+    return anchor_mix_note(rep) + saturation_section(rep) + round_lengths_section(rep) + truncation_section(rep)
+
+
+def anchor_mix_note(rep: dict) -> list[str]:
+    """The anchor SPPO's rounds regressed onto, when `pofe.anchor_mix` mixed it toward pi_0."""
+    recipes = [(r.get("reproduce") or {}).get("recipe") or {} for r in rep["rounds"]]
+    pofe = (recipes[0].get("pofe") or {}) if recipes else {}
+    if not pofe.get("anchor_mix"):
+        return []
+    beta = pofe["anchor_mix"]
+    return [
+        f"Each round's anchor was (1 - {beta}) log pi_t + {beta} log pi_0 (`pofe.anchor_mix`: {beta}), pi_0 = "
+        f"`{pofe.get('anchor_base')}`: every round regresses toward the same first policy, and round 1's pi_t "
+        "is pi_0 itself.",
+        "",
+    ]
 
 
 def saturation_section(rep: dict) -> list[str]:

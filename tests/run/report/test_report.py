@@ -340,3 +340,19 @@ def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
     rep = write_report(folder)
     assert rep.data["choice"]["name"] == "pi_avg"
     assert {"drift", "lengths", "rewards", "winrate"} <= set(rep.plots)
+
+
+def test_report_says_the_anchor_was_mixed_toward_pi_0(tmp_path):
+    """A run whose round recipes set pofe.anchor_mix says so under the rounds table, naming beta
+    and pi_0 (the recipe's anchor_base); a run without it says nothing of the kind."""
+    import yaml
+
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "sppo", rounds={"1": RoundRecord()}, starts=[1.0], rounds_planned=1).save()
+    folder.round_dir(1).mkdir(parents=True)
+    recipe = {"seed": 0, "pofe": {"anchor_mix": 0.2, "anchor_base": "/m/sft"}}
+    folder.recipe(1).write_text(yaml.safe_dump(recipe))
+    md = write_report(folder).markdown_path.read_text()
+    assert "Each round's anchor was (1 - 0.2) log pi_t + 0.2 log pi_0 (`pofe.anchor_mix`: 0.2), pi_0 = `/m/sft`" in md
+    folder.recipe(1).write_text(yaml.safe_dump({"seed": 0, "pofe": {}}))
+    assert "anchor was" not in write_report(folder).markdown_path.read_text()
