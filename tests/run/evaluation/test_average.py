@@ -4,9 +4,11 @@ checked against transformers' own state dicts averaged in float64."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from pofe.demo.tiny import build_tiny_model
@@ -87,3 +89,70 @@ def test_iterates_that_do_not_average_are_refused(tmp_path):
     (bare / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(AverageError, match=r"bare holds no model.safetensors .*save_safetensors: true"):
         average_weights([("pi_1", small), ("pi_2", bare)], tmp_path / "pi_avg")
+
+
+def test_pi_avg_is_evaluated_like_an_iterate(tmp_path, one_torch_thread):
+    """A real `axolotl pofe eval` pass (`evaluate_run`, no training: the iterates pi_1, pi_2 are
+    tiny models of other seeds) with `pofe.eval.average_iterates`: pi_avg is built from pi_1 and
+    pi_2, answers the held-out prompts, is scored under pi_0 for its KL and joins the 4 x 4
+    win-rate matrix; eval.json's `average` names it, samples.jsonl holds its answers, and the
+    report and its choice include it. Without the key: three models, no pi_avg folder."""
+    from pofe.demo.task import make_prompt_rows, write_jsonl
+    from pofe.run.evaluation.evaluate import evaluate_run
+    from pofe.run.folder import RunFolder, RunState
+    from pofe.run.report import write_report
+    from tests.helpers import CPU_SETTINGS
+
+    models = [build_tiny_model(tmp_path / f"m{t}", hidden_size=64, seed=t) for t in range(3)]
+    folder = RunFolder(tmp_path / "run")
+    folder.root.mkdir()
+    write_jsonl(make_prompt_rows(3, k_wrong=1, seed=5), folder.held_out_prompts)
+    state = RunState.open(folder.state, fingerprint="f", recipe="r.yml", method="sppo")
+    state.base_model = state.pi_0 = str(models[0])
+    for t in (1, 2):
+        state.round(t).policy_out = str(models[t])
+    state.save()
+    pofe = {
+        "generate": {"backend": "transformers", "num_candidates": 2, "max_new_tokens": 4},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        "eta": 10.0,
+        "eval": {"held_out": 3, "num_samples": 2, "train_prompts": 0, "average_iterates": True},
+    }
+    raw = {
+        "base_model": str(models[0]),
+        "plugins": ["pofe.PofePlugin"],
+        "rl": "sppo",
+        "datasets": [{"path": str(folder.held_out_prompts), "type": "pofe.prompts"}],
+        "output_dir": str(folder.root),
+        "sequence_len": 64,
+        "micro_batch_size": 1,
+        "num_epochs": 1,
+        "learning_rate": 1e-3,
+        **CPU_SETTINGS,
+        "pofe": pofe,
+    }
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    evaluate_run(recipe, echo=lambda _: None)
+    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1", "pi_2", "pi_avg"]
+    assert ev["models"][3]["path"] == str(folder.eval_dir / "pi_avg")
+    assert ev["average"] == {"index": 3, "of": ["pi_1", "pi_2"]} and ev["kl_ceiling"] is None
+    assert len(ev["win_matrix"]) == 4 and len(ev["kl_to_base"]) == 4 and ev["kl_to_base"][3] > 0
+    expected = (_state(models[1])["lm_head.weight"] + _state(models[2])["lm_head.weight"]) / 2
+    torch.testing.assert_close(_state(folder.eval_dir / "pi_avg")["lm_head.weight"], expected)
+    samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
+    assert sum(s["model"] == "pi_avg" for s in samples) == 3 * 2
+    # the held-out best-of-k stays per round: candidates of rounds 1 and 2, none from pi_avg
+    assert [b["round"] for b in ev["best_of_k"]] == [1, 2]
+    report = write_report(folder)
+    assert report.data["choice"]["name"] in ("pi_0", "pi_1", "pi_2", "pi_avg")
+    assert "| avg | pi_avg | " in report.markdown_path.read_text()
+
+    raw["pofe"]["eval"]["average_iterates"] = False
+    recipe.write_text(yaml.safe_dump(raw))
+    shutil.rmtree(folder.eval_dir)
+    evaluate_run(recipe, echo=lambda _: None)
+    plain = json.loads((folder.eval_dir / "eval.json").read_text())
+    assert [m["name"] for m in plain["models"]] == ["pi_0", "pi_1", "pi_2"] and plain["average"] is None
+    assert not (folder.eval_dir / "pi_avg").exists()
