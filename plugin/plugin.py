@@ -68,7 +68,10 @@ class PofePlugin(BasePlugin):
             return None
         from pofe.data.loader import load_pofe_datasets
 
-        return load_pofe_datasets(cfg, pofe, preprocess)
+        meta = load_pofe_datasets(cfg, pofe, preprocess)
+        if pofe.anchor_mix > 0:
+            _prepare_pi_0_table(cfg, pofe, meta)
+        return meta
 
     def get_training_args_mixin(self) -> str:
         # merged into axolotl's TrainingArguments when axolotl.core.training_args is imported
@@ -108,3 +111,30 @@ class PofePlugin(BasePlugin):
         from pofe.prefix import prefix_sharing_enabled
 
         return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, pofe, is_eval)}
+
+
+def _prepare_pi_0_table(cfg, pofe: PofeConfig, meta) -> None:
+    """pi_0's log-probs of the rows (`pofe.anchor_mix`), when pi_0 loads apart from the policy:
+    now, before the policy loads (`pofe.anchor.pi_0.prepare_base_table`), scored as the
+    trainer scores (its collator, `pofe.scoring`, its eval batch size)."""
+    import os
+
+    import torch
+    from axolotl.loaders import load_tokenizer
+
+    from pofe.anchor.pi_0 import prepare_base_table
+    from pofe.anchor.table import RowScorer
+    from pofe.collator import KResponseCollator
+    from pofe.prefix import prefix_sharing_enabled
+    from pofe.scoring import score_candidates
+
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    scorer = RowScorer(
+        collate=KResponseCollator(load_tokenizer(cfg), prefix_sharing=prefix_sharing_enabled(cfg, pofe, is_eval=True)),
+        score=lambda model, batch: score_candidates(
+            model, batch, chunk_size=pofe.logit_chunk_size, prefix_layout=pofe.prefix_layout
+        ),
+        batch_size=cfg.eval_batch_size or cfg.micro_batch_size or 1,
+        device=torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu"),
+    )
+    prepare_base_table(cfg, pofe.anchor_base, [meta.train_dataset, meta.eval_dataset], scorer)

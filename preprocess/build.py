@@ -19,7 +19,7 @@ from pofe.methods import Target, method_spec
 from pofe.preprocess.abstentions import AbstentionTally
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.judges.pairwise import ORDER_SUM_TOLERANCE
-from pofe.preprocess.win_rates import nan_mean, win_rate_spread
+from pofe.preprocess.win_rates import SATURATION_BAND, nan_mean, saturation, win_rate_spread
 
 
 def build_rows(
@@ -82,6 +82,7 @@ def summarise(
     generate: GenerateConfig,
     judge: JudgeConfig,
     candidates: CandidatesConfig,
+    saturation_band: float = SATURATION_BAND,
 ) -> dict:
     """Counts and statistics, computed from the shards only (resume-proof). Every prompt is
     either a row or a counted drop: rows_in == rows + sum(rows_dropped.values()).
@@ -90,6 +91,8 @@ def summarise(
     tends towards the best candidate's); only for scalar judges.
     mean_win_rate_spread: mean over rows of max - min win rate (`win_rate_spread`): near 0, SPPO's
     targets eta (w - 1/2) carry no signal (e.g. a verifier under unit-scale Bradley-Terry).
+    saturation: the judged prompts' K win rates (all of them, before `candidates.keep`) against
+    `saturation_band` (`pofe.preprocess.win_rates.saturation`); None for methods on rewards.
     """
     live = [g for g in generated if g["dropped"] is None]
     rewards = [r["rewards"] for r in judged if r.get("rewards")]
@@ -124,6 +127,7 @@ def summarise(
         "mean_candidate_chars": nan_mean(chars),
         "mean_best_win_rate": nan_mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "mean_win_rate_spread": nan_mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
+        "saturation": saturation(_judged_win_rates(judged), saturation_band) if trains_on_win_rates else None,
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,
@@ -160,6 +164,11 @@ def _worst_order_sum(judged: list[dict]) -> dict | None:
         return None
     value, row = max(sums, key=lambda s: abs(s[0] - 1.0))
     return {"sum": value, "row": row}
+
+
+def _judged_win_rates(judged: list[dict]) -> list[list[float]]:
+    """The win rates of every judged prompt that was not dropped (None for abstained ones)."""
+    return [r["win_rates"] for r in judged if r["dropped"] is None and r.get("win_rates")]
 
 
 def _sampled(live: list[dict], with_ids: bool) -> int:

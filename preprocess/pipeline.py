@@ -54,6 +54,7 @@ from pofe.preprocess.shard_work import StagePlan, close_generator, column_texts,
 from pofe.preprocess.shards import (
     clean_tmp,
 )
+from pofe.preprocess.win_rates import SATURATION_BAND, saturation_warning
 
 LOG = logging.getLogger(logger_name(__name__))
 
@@ -91,6 +92,7 @@ def run_pipeline(
     judge_impl: ScalarJudge | PairwiseJudge | None = None,
     stop_after: Literal["generate", "judge"] | None = None,
     tokenizer=None,
+    saturation_band: float = SATURATION_BAND,
 ) -> PipelineResult | None:
     """Generate, judge and build the candidate dataset; resume from whatever shards exist.
 
@@ -109,6 +111,7 @@ def run_pipeline(
             passed one belongs to the caller.
         stop_after: run the stages up to this one only (their shards stay for a later run);
             then nothing is built and None is returned.
+        saturation_band: summary.json's saturation (`pofe.saturation_band`, win-rate methods).
         tokenizer: what prompts are rendered with (and the transformers backend decodes with);
             None: policy_path's own (AutoTokenizer). Inside axolotl it is the training one
             (axolotl's load_tokenizer: the recipe's chat_template and its settings).
@@ -165,7 +168,7 @@ def run_pipeline(
     done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
     if stop_after is not None:
         return None
-    return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s))
+    return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s), saturation_band)
 
 
 def _ready_out_dir(out: Path, gen_manifest: dict, judge_fields: dict) -> tuple[Path, Path]:
@@ -197,7 +200,7 @@ def _last_run_facts(done: StagesDone, reports: list[dict], workers_s: float) -> 
     return facts
 
 
-def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> PipelineResult:
+def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation_band: float) -> PipelineResult:
     """Build data.jsonl and summary.json (with the `last_run` facts) from the shards alone (as
     read back from disk), so a resumed run's outputs cannot depend on what happened in memory
     before the kill. Raises, after writing both, when no prompt gave a training row."""
@@ -217,6 +220,7 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
         generate=plan.generate,
         judge=plan.judge,
         candidates=candidates,
+        saturation_band=saturation_band,
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
     summary.update(last_run)
@@ -237,6 +241,9 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict) -> Pipelin
         )
     if summary["judge_pairs_order_sum_off"]:
         LOG.warning(order_sum_warning(summary, plan.judge.type, summary_path))
+    saturated = saturation_warning(summary["saturation"] or {}, f"POFE: {summary_path}")
+    if saturated:
+        LOG.warning(saturated)
     if summary["rows_with_equal_labels"]:
         LOG.warning(
             f"POFE: {summary['rows_with_equal_labels']} of {len(data)} rows in {data_path} have all-equal "

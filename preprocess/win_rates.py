@@ -125,6 +125,60 @@ def win_rate_spread(rates: Tensor) -> Tensor:
     return rates.amax(dim=-1) - rates.amin(dim=-1)
 
 
+# `pofe.saturation_band`'s default: a prompt whose win rates all lie this close to 1/2 is saturated
+SATURATION_BAND = 0.05
+# above this share of a round's prompts saturated, the candidate pipeline and the run report warn
+SATURATION_WARN_SHARE = 0.5
+
+
+def saturation(win_rates: Sequence[Sequence[float]], band: float = SATURATION_BAND) -> dict:
+    """How much signal a round's win rates still carry (the SPPO seed's "win-rate saturation":
+    as the policy improves its samples look alike to the judge, w -> 1/2 for all, and SPPO's
+    targets eta (w - 1/2), with the gradient, vanish).
+
+        saturated_share    = mean over prompts of [ max_i |w_i - 1/2| <= band ]  (the edge inside)
+        mean_abs_deviation = mean over every candidate of every prompt of |w_i - 1/2|
+
+    Args:
+        win_rates: one list per prompt, its K candidates' win rates in [0, 1] (K may vary;
+            NaN entries, e.g. abstentions, are left out; a prompt left empty is not counted).
+        band: in (0, 1/2).
+    Returns:
+        {"band", "prompts": counted, "saturated_prompts", "saturated_share",
+        "mean_abs_deviation"}; the share and the mean are None without a prompt.
+    """
+    if not 0.0 < band < 0.5:
+        raise ValueError(f"band must be in (0, 1/2), got {band}")
+    deviations = [[abs(w - 0.5) for w in rates if not math.isnan(w)] for rates in win_rates]
+    deviations = [d for d in deviations if d]
+    # 0.55 - 0.5 is 0.050000000000000044 in float64: a win rate on the band's edge counts inside
+    saturated = sum(max(d) <= band + 1e-12 for d in deviations)
+    flat = [x for d in deviations for x in d]
+    return {
+        "band": band,
+        "prompts": len(deviations),
+        "saturated_prompts": saturated,
+        "saturated_share": saturated / len(deviations) if deviations else None,
+        "mean_abs_deviation": sum(flat) / len(flat) if flat else None,
+    }
+
+
+def saturation_warning(sat: dict, where: str) -> str | None:
+    """The warning for a round whose saturated share passes `SATURATION_WARN_SHARE`, naming the
+    remedies; None below it. `where`: the round or file the numbers belong to."""
+    share = sat.get("saturated_share")
+    if share is None or share <= SATURATION_WARN_SHARE:
+        return None
+    return (
+        f"{where}: {sat['saturated_prompts']} of {sat['prompts']} prompts ({share:.0%}, above "
+        f"{SATURATION_WARN_SHARE:.0%}) are saturated: all their candidates' win rates lie within "
+        f"{sat['band']} of 1/2 (mean |w - 1/2| {sat['mean_abs_deviation']:.3f}), so SPPO's targets "
+        "eta (w - 1/2) and its gradient nearly vanish. Remedies: sample more diverse candidates (a higher "
+        "pofe.generate.temperature or more num_candidates), more diverse or harder prompts, or a stronger "
+        "judge that tells the candidates apart."
+    )
+
+
 def _float_rewards(rewards: Tensor) -> Tensor:
     if rewards.dim() not in (1, 2):
         raise ValueError(f"rewards must be (K,) or (B, K), got shape {tuple(rewards.shape)}")

@@ -377,3 +377,28 @@ ITERATED_RAW = {
         "judge": {"type": "python", "function": "pofe.demo.task:reward"},
     },
 }
+
+
+@torch.no_grad()
+def naive_logps(model, rows) -> torch.Tensor:
+    """(num_rows, K_max) summed log-probs of each response under `model`, NaN where a row has
+    no candidate, indexed by `row_id`: for each response alone, one full forward of its prompt
+    and response ids and a whole log-softmax; no prefix sharing, no chunking, no batching
+    (independent of `pofe.scoring`). `rows`: tokenised rows (row_id, prompt_ids, response_ids)."""
+    rows = list(rows)
+    table = torch.full((1 + max(r["row_id"] for r in rows), max(len(r["response_ids"]) for r in rows)), float("nan"))
+    for row in rows:
+        for k, response in enumerate(row["response_ids"]):
+            ids = torch.tensor([row["prompt_ids"] + response])
+            logp = model(ids).logits[0, :-1].float().log_softmax(-1)  # (T - 1, V)
+            token_logps = logp.gather(-1, ids[0, 1:, None])[:, 0][len(row["prompt_ids"]) - 1 :]
+            table[row["row_id"], k] = token_logps.sum()
+    return table
+
+
+def prepared_rows(prepared: Path):
+    """The tokenised rows `axolotl preprocess` / `train` saved under a `dataset_prepared_path`."""
+    from datasets import load_from_disk
+
+    (folder,) = [p for p in prepared.iterdir() if p.name.startswith("pofe-") and p.is_dir()]
+    return load_from_disk(str(folder))

@@ -8,7 +8,7 @@ import sys
 
 from tests.helpers import AXOLOTL_ENV, ROOT
 
-MODULES = ("pofe.data.loader", "pofe.anchor", "pofe.scoring", "pofe.quantization", "pofe.prefix")
+MODULES = ("pofe.data.loader", "pofe.anchor.logps", "pofe.scoring", "pofe.quantization", "pofe.prefix")
 
 
 def test_pofe_info_lines_show_under_axolotl_logging():

@@ -24,6 +24,7 @@ from pofe.args.rounds import (
 from pofe.columns import DEFAULT_FIELDS, DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.win_rates import SATURATION_BAND
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -60,6 +61,26 @@ class PofeConfig(BaseModel):
     sppo_loss: Literal["soft", "hard"] = Field(
         default="soft",
         description="`soft`: regression on win rates; `hard`: TRL's sppo_hard on pairs.",
+    )
+    anchor_mix: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="SPPO regresses log pi - [(1 - anchor_mix) log pi_t + anchor_mix log pi_0] (Nash-MD's "
+        "geometric mixture; anchor_mix = Nash-MD's eta * tau): a pull toward pi_0 against last-iterate "
+        "cycles and drift. 0: the paper (anchor pi_t only).",
+    )
+    anchor_base: str | None = Field(
+        default=None,
+        description="pi_0 for anchor_mix: a model folder, hub id or adapter folder (unset: the recipe's "
+        "base_model; an iterated run sets it to its first policy).",
+    )
+    saturation_band: float = Field(
+        default=SATURATION_BAND,
+        gt=0.0,
+        lt=0.5,
+        description="A prompt is saturated when all its candidates' win rates lie within this of 1/2 "
+        "(summary.json and the run report count them per round).",
     )
     # Performance (both leave the scores unchanged, up to float rounding)
     prefix_sharing: bool = Field(
@@ -166,6 +187,11 @@ class PofeConfig(BaseModel):
     def _cross_field_rules(self) -> PofeConfig:
         if self.method is not None:
             self._check_own_keys()
+        if self.anchor_base is not None and self.anchor_mix == 0.0:
+            raise ValueError(
+                f"pofe.anchor_base ({self.anchor_base}) names pi_0 for pofe.anchor_mix, which is 0 (the "
+                "anchor is pi_t alone): set anchor_mix (e.g. 0.1), or drop anchor_base"
+            )
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
         if self.method is not None:

@@ -78,6 +78,7 @@ HELD_OUT_ONLY = (
     "max_new_tokens",
     "judge2",
     "cycle_threshold",
+    "average_iterates",
 )
 
 
@@ -99,13 +100,19 @@ class StopWhen(BaseModel):
         False,
         description="Stop after round t when pi_t's mean held-out reward (scalar judge) is below pi_{t-1}'s.",
     )
+    kl_to_pi_0_above: float | None = Field(
+        None,
+        gt=0.0,
+        description="A ceiling on drift: stop after round t when pi_t's KL to pi_0 on the held-out prompts is "
+        "above this (nats per response); 'which model to use' then keeps the best model under it.",
+    )
 
     @model_validator(mode="after")
     def _some_rule(self) -> StopWhen:
-        if self.lc_vs_previous_below is None and not self.held_out_reward_falls:
+        if self.lc_vs_previous_below is None and not self.held_out_reward_falls and self.kl_to_pi_0_above is None:
             raise ValueError(
-                "pofe.stop_when sets no rule: give `lc_vs_previous_below: 0.5` and/or "
-                "`held_out_reward_falls: true` (or drop the key: regressions are then only flagged)"
+                "pofe.stop_when sets no rule: give `lc_vs_previous_below: 0.5`, `held_out_reward_falls: true` "
+                "and/or `kl_to_pi_0_above: <nats>` (or drop the key: regressions are then only flagged)"
             )
         return self
 
@@ -179,6 +186,11 @@ class EvalConfig(BaseModel):
         ge=0.5,
         lt=1.0,
         description="Model a 'beats' b when win[a, b] > this; the report flags 3-cycles.",
+    )
+    average_iterates: bool = Field(
+        False,
+        description="Add pi_avg, the weights of pi_1..pi_T averaged (LoRA: the merged iterates'), as one more "
+        "model: in the win-rate matrix, the lengths and the choice of which model to use (needs 2 rounds).",
     )
 
     def held_out_tokens(self, generate: GenerateConfig | None) -> int:

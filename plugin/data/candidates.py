@@ -89,6 +89,7 @@ def build_candidates(
         prompt_column=prompt_column,
         stop_after=stop_after,
         tokenizer=tokenizer,
+        saturation_band=pofe.saturation_band,
     )
     if result is None:
         LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {candidates.out_dir}")

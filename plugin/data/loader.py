@@ -43,7 +43,8 @@ from pofe.methods import MethodSpec, method_spec
 LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
-PREPARED_FORMAT_VERSION = 3  # 2: sampled response ids trained as they are; 3: whole turns cut
+# 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row
+PREPARED_FORMAT_VERSION = 4
 # the length policy's record of each tokenised row (`tokenize.tokenize_row`)
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
@@ -202,12 +203,13 @@ def _record_in_summary(summary_path: Path, entry: dict, sequence_len: int, trunc
 
 
 def _settle_anchor_column(dataset: Dataset) -> Dataset:
-    """Keep given anchor log-probs only when every row has them; else mark rows for
-    the trainer's one-off anchor pass (which then covers every row, so all log-ratios
-    share one anchor)."""
+    """Keep given anchor log-probs only when every row has them; else the trainer's one-off
+    anchor pass covers every row, so all log-ratios share one anchor. Every row gets its
+    `row_id`, which the anchor's and pi_0's tables are indexed by (`pofe.anchor`): pi_0's
+    table (`pofe.anchor_mix`) is computed whether the anchors are given or not."""
     given = sum(a is not None for a in dataset[ANCHOR_LOGPS]) if ANCHOR_LOGPS in dataset.column_names else 0
     if given == len(dataset):
-        return dataset
+        return dataset.add_column("row_id", list(range(len(dataset))))
     if given:
         LOG.warning(
             f"POFE: {given} of {len(dataset)} rows carry anchor_logps; computing the "

@@ -5,13 +5,16 @@ win-rate candidate of each prompt (`best_worst_metrics`; with `sppo_loss: hard`,
 0 and 1, the chosen and rejected response the loss reads): rewards are
 beta * (log pi - log pi_t) with beta = 1/eta, as TRL's DPOTrainer computes them for
 `loss_type="sppo_hard"`.
+
+With `pofe.anchor_mix` = beta > 0 the anchor is `mixed_anchor`: (1 - beta) log pi_t + beta
+log pi_0 (pi_0's table: `pofe.anchor.pi_0`), for both losses and the implicit rewards.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pofe.losses import sppo_hard_loss, sppo_loss
+from pofe.losses import mixed_anchor, sppo_hard_loss, sppo_loss
 from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from pofe.trainers.metrics import best_worst_metrics
 
@@ -21,7 +24,11 @@ class SPPOTrainer(KResponseTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logp, _ = self.score_candidates(model, inputs)  # (B, K)
-        anchor = self.anchor.lookup(model, inputs)  # (B, K)
+        anchor = self.anchor.lookup(model, inputs)  # (B, K): log pi_t
+        finite = {"logp": logp, "anchor": anchor}
+        if self.args.pofe_anchor_mix:
+            finite["pi_0"] = self.anchor.lookup_base(model, inputs)  # (B, K)
+            anchor = mixed_anchor(anchor, finite["pi_0"], self.args.pofe_anchor_mix)  # (B, K)
         mask = inputs["candidate_mask"]
         if self.args.pofe_sppo_loss == "hard":
             if mask.shape[1] != 2 or not bool(mask.all()):
@@ -42,9 +49,8 @@ class SPPOTrainer(KResponseTrainer):
             if "anchor_logps" in inputs
             else self.anchor.fix_hint()
         )
-        self.check_finite(
-            inputs, loss, {"logp": LOGP_HINT, "anchor": anchor_hint, "loss": LOSS_HINT}, logp=logp, anchor=anchor
-        )
+        hints = {"logp": LOGP_HINT, "anchor": anchor_hint, "pi_0": self.anchor.fix_hint(base=True), "loss": LOSS_HINT}
+        self.check_finite(inputs, loss, hints, **finite)
         implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
         pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)

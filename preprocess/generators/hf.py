@@ -23,24 +23,27 @@ from pofe.preprocess.generators.diverse_beam import diverse_beam_search
 from pofe.preprocess.render import Rendered, prompt_token_ids
 
 
-def load_policy(path: str, *, device=None, dtype=None) -> torch.nn.Module:
+def load_policy(path: str, *, device=None, dtype=None, quantization=None) -> torch.nn.Module:
     """A full model folder or hub id, or a PEFT adapter folder on its base; eval mode.
 
     dtype defaults to float32 on CPU and bfloat16 on CUDA ("auto" keeps the checkpoint's);
-    device defaults to cuda when available.
+    device defaults to cuda when available. `quantization`: a transformers quantization config
+    (bitsandbytes' 4 or 8 bits), the weights then quantised as they load onto `device`.
     """
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    # a quantised model is placed as it loads (bitsandbytes refuses `.to` on it)
+    placed = {"quantization_config": quantization, "device_map": {"": device}} if quantization else {}
     if (Path(path) / "adapter_config.json").exists():
         from peft import AutoPeftModelForCausalLM  # only adapter folders need peft
 
-        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype, **placed)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **placed)
+    return (model if quantization else model.to(device)).eval()
 
 
 def load_tokenizer(path: str):

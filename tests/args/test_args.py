@@ -71,6 +71,26 @@ def test_bounds_and_cross_field_rules():
         PofeConfig(rank_wieght=2.0)
 
 
+def test_anchor_mix_rules():
+    """anchor_mix is a weight in [0, 1], SPPO's only; anchor_base names pi_0 for it and does
+    nothing without it; saturation_band lies in (0, 1/2)."""
+    assert PofeConfig(method="sppo", anchor_mix=0.2, anchor_base="/m/sft").anchor_mix == 0.2
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValidationError, match="anchor_mix"):
+            PofeConfig(method="sppo", anchor_mix=bad)
+    with pytest.raises(ValidationError, match="pofe.anchor_mix: 0.2 applies to `rl: sppo` only"):
+        PofeConfig(method="rrhf", anchor_mix=0.2)
+    with pytest.raises(
+        ValidationError, match=r"pofe.anchor_base \(/m/sft\) names pi_0 for pofe.anchor_mix, which is 0"
+    ):
+        PofeConfig(method="sppo", anchor_base="/m/sft")
+    with pytest.raises(ValidationError, match="pofe.saturation_band: 0.1 applies to `rl: sppo` only"):
+        PofeConfig(method="rrhf", saturation_band=0.1)
+    for bad in (0.0, 0.5):
+        with pytest.raises(ValidationError, match="saturation_band"):
+            PofeConfig(method="sppo", saturation_band=bad)
+
+
 def test_method_judge_and_keep_rules():
     """The rule pofe.methods.check_candidate_rules declares once, as the config sees it."""
     judge = {"type": "pairrm", "model": "llm-blender/PairRM"}

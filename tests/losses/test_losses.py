@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pofe.losses import rrhf_loss, sppo_hard_loss, sppo_loss
+from pofe.losses import mixed_anchor, rrhf_loss, sppo_hard_loss, sppo_loss
 
 
 # ---------------------------------------------------------------- naive references
@@ -301,3 +301,42 @@ def test_sppo_bad_args_raise():
         sppo_hard_loss(x, x, x, x, beta=0.0)
     with pytest.raises(ValueError, match="rejected_logp"):
         sppo_hard_loss(x, x, torch.zeros(2), x)
+
+
+# ---------------------------------------------------------------- SPPO's anchor mixed toward pi_0
+def test_mixed_anchor_worked_example():
+    """beta 0.25: anchor [-2, -4], base [-1, -8] -> 0.75 * anchor + 0.25 * base = [-1.75, -5];
+    beta 1 is the base itself. Through sppo_loss (eta 4, w = [0.75, 0.25], logp [-1, -6]):
+    logratio to the mixed anchor [0.75, -1], target [1, -1], residuals [-0.25, 0]: mean 1/32."""
+    anchor, base = torch.tensor([-2.0, -4.0]), torch.tensor([-1.0, -8.0])
+    mixed = mixed_anchor(anchor, base, 0.25)
+    torch.testing.assert_close(mixed, torch.tensor([-1.75, -5.0]))
+    torch.testing.assert_close(mixed_anchor(anchor, base, 1.0), base)
+    loss, _ = sppo_loss(torch.tensor([-1.0, -6.0]), mixed, torch.tensor([0.75, 0.25]), eta=4.0)
+    assert loss.item() == pytest.approx(1 / 32)
+
+
+def test_mixed_anchor_beta_0_is_the_paper_and_reads_no_base():
+    """beta 0 returns the anchor itself, even where the base is NaN (a row never scored under
+    pi_0); a positive beta carries a NaN base into that slot, for the loss's mask to drop."""
+    anchor = torch.tensor([[-2.0, -3.0]])
+    base = torch.tensor([[float("nan"), -1.0]])
+    assert mixed_anchor(anchor, base, 0.0) is anchor
+    assert torch.isnan(mixed_anchor(anchor, base, 0.5)[0, 0])
+    loss, _ = sppo_loss(
+        torch.tensor([[-2.0, -1.0]]),
+        mixed_anchor(anchor, base, 0.5),
+        torch.tensor([[0.5, 0.5]]),
+        mask=torch.tensor([[False, True]]),
+    )
+    assert loss.item() == pytest.approx((-1.0 - (0.5 * -3.0 + 0.5 * -1.0)) ** 2)
+
+
+def test_mixed_anchor_bad_args_raise():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="beta"):
+        mixed_anchor(x, x, 1.5)
+    with pytest.raises(ValueError, match="beta"):
+        mixed_anchor(x, x, -0.1)
+    with pytest.raises(ValueError, match="base_logps has shape"):
+        mixed_anchor(x, torch.zeros(2, 4), 0.1)

@@ -861,3 +861,51 @@ def test_invalid_unicode_from_a_server_names_the_server_row_and_shard(tiny_polic
                 # the prompt as text, so the fake server can tell the prompts apart
                 generator=OpenAIGenerator(OpenAIClient(srv.url, max_retries=0), "policy", prompt_as="text"),
             )
+
+
+def test_saturation_in_summary_and_warned(tiny_policy, tmp_path, caplog):
+    """Rock-paper-scissors (rock, rock, paper, scissors): win rates (0.5, 0.5, 0.625, 0.375) on
+    both prompts, max |w - 1/2| = 0.125 (exact in binary). Default band 0.05: no prompt saturated,
+    mean |w - 1/2| = (0 + 0 + 0.125 + 0.125) / 4 = 0.0625, no warning. Band 0.125: both saturated
+    (share 1 > 1/2), warned with the remedies. RRHF's summary has none (rewards, not win rates)."""
+    judge = JudgeConfig(type="python_pairwise", function="tests.preprocess.test_judges:rps")
+
+    def run(out, **kw):
+        return run_pipeline(
+            PROMPTS,
+            policy_path=str(tiny_policy),
+            method="sppo",
+            judge=judge,
+            generate=GenerateConfig(num_candidates=4, max_new_tokens=4),
+            candidates=CandidatesConfig(out_dir=str(tmp_path / out), progress=False),
+            generator=HandsGenerator(),
+            **kw,
+        )
+
+    logger = "axolotl.integrations.pofe.preprocess.pipeline"
+    with caplog.at_level("WARNING", logger=logger):
+        default = run("default").summary["saturation"]
+    assert default == {
+        "band": 0.05,
+        "prompts": 2,
+        "saturated_prompts": 0,
+        "saturated_share": 0.0,
+        "mean_abs_deviation": 0.0625,
+    }
+    assert "saturated" not in caplog.text
+    with caplog.at_level("WARNING", logger=logger):
+        wide = run("wide", saturation_band=0.125)
+    assert wide.summary["saturation"]["saturated_share"] == 1.0
+    assert json.loads(wide.summary_path.read_text())["saturation"]["saturated_prompts"] == 2
+    assert f"{wide.summary_path}: 2 of 2 prompts (100%, above 50%) are saturated" in caplog.text
+    assert "pofe.generate.temperature" in caplog.text
+    rrhf = run_pipeline(
+        ROWS,
+        policy_path=str(tiny_policy),
+        method="rrhf",
+        generate=GEN,
+        judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+        candidates=CandidatesConfig(out_dir=str(tmp_path / "r"), progress=False),
+        generator=ScriptedGenerator(),
+    )
+    assert rrhf.summary["saturation"] is None

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from pofe.preprocess import bradley_terry_preferences, symmetrize_preferences, win_rates
-from pofe.preprocess.win_rates import hard_preferences, scalar_preferences, win_rate_spread
+from pofe.preprocess.win_rates import (
+    hard_preferences,
+    saturation,
+    saturation_warning,
+    scalar_preferences,
+    win_rate_spread,
+)
 
 NAN = float("nan")
 
@@ -156,3 +162,34 @@ def test_win_rate_spread_hand_values():
     assert win_rate_spread(rates[0]).item() == 0.625
     with pytest.raises(ValueError, match="K >= 1"):
         win_rate_spread(torch.zeros(2, 0))
+
+
+def test_saturation_hand_values():
+    """Band 0.05. Prompt 1 (0.52, 0.47, 0.5): max |w - 1/2| 0.03, saturated; prompt 2 (0.9, 0.1):
+    0.4, not; prompt 3 (0.55, NaN, 0.45): the NaN left out, max 0.05 <= band, saturated (the
+    band's edge counts, though 0.55 - 0.5 rounds to 0.05000000000000004 in float64); prompt 4
+    (NaN,): nothing left, not counted.
+    Share 2/3; mean |w - 1/2| over the 7 counted candidates
+    (0.02 + 0.03 + 0 + 0.4 + 0.4 + 0.05 + 0.05) / 7 = 0.95 / 7."""
+    rates = [[0.52, 0.47, 0.5], [0.9, 0.1], [0.55, NAN, 0.45], [NAN]]
+    sat = saturation(rates, 0.05)
+    assert sat["prompts"] == 3 and sat["saturated_prompts"] == 2
+    assert sat["saturated_share"] == pytest.approx(2 / 3)
+    assert sat["mean_abs_deviation"] == pytest.approx(0.95 / 7)
+    assert saturation(rates, 0.04)["saturated_prompts"] == 1  # prompt 3 falls out at a narrower band
+    empty = saturation([], 0.05)
+    assert empty["prompts"] == 0 and empty["saturated_share"] is None and empty["mean_abs_deviation"] is None
+    with pytest.raises(ValueError, match="band"):
+        saturation(rates, 0.5)
+
+
+def test_saturation_warning_names_the_remedies_above_half():
+    """Warned above 50 % of the prompts saturated, not at it; the message names the numbers and
+    the remedies (temperature, prompts, judge)."""
+    half = saturation([[0.5, 0.5], [0.9, 0.1]], 0.05)
+    assert half["saturated_share"] == 0.5 and saturation_warning(half, "round 1") is None
+    most = saturation([[0.5, 0.5], [0.51, 0.49], [0.9, 0.1]], 0.05)
+    warning = saturation_warning(most, "round 2")
+    assert warning.startswith("round 2: 2 of 3 prompts (67%, above 50%) are saturated")
+    for remedy in ("pofe.generate.temperature", "harder prompts", "stronger judge"):
+        assert remedy in warning

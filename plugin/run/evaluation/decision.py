@@ -6,7 +6,10 @@ held-out prompts (pi_0 itself counts 1/2; the first of equals), so that a round 
 made answers longer does not win; "clearly" better when its whole 95 % interval is above
 1/2. A round regresses when its model's length-controlled win rate against the iterate
 before it is below 1/2: "clearly" when the whole 95 % interval is, otherwise within noise.
-The report warns about each; only `pofe.stop_when` ends a run on one.
+The report warns about each; only `pofe.stop_when` ends a run on one. pi_avg
+(`pofe.eval.average_iterates`, eval.json's `average`) is a candidate like any iterate; it
+regresses against nothing (its "previous" is pi_T). With a KL ceiling (`pofe.stop_when`'s
+`kl_to_pi_0_above`, eval.json's `kl_ceiling`) only models whose KL to pi_0 is under it count.
 
 Whether a run ends after its latest round (`stop_decision`, `pofe.stop_when`). With the rule set, the runner evaluates every finished iterate on the held-out prompts after
 each round (`axolotl pofe eval`, as after the last round) and asks `stop_decision` of the
@@ -14,7 +17,8 @@ newest one, pi_t, against pi_{t-1}:
 
 - `lc_vs_previous_below: x`: pi_t's length-controlled win rate against pi_{t-1}
   (eval.json's `vs_previous`, `pofe.run.evaluation.statistics`) is below x;
-- `held_out_reward_falls: true`: pi_t's mean held-out reward is below pi_{t-1}'s.
+- `held_out_reward_falls: true`: pi_t's mean held-out reward is below pi_{t-1}'s;
+- `kl_to_pi_0_above: x`: pi_t's KL to pi_0 (eval.json's `kl_to_base`) is above x.
 
 A rule that fires ends the run after that round (its model stays, and the report says which
 model to use, `choose_model`); a rule that cannot be read (no held-out file, a NaN reward)
@@ -28,17 +32,32 @@ import math
 from pofe.args.rounds import StopWhen
 
 
+def last_iterate(ev: dict) -> int:
+    """The index of the newest round's model pi_T in eval.json's models (pi_avg comes after it)."""
+    average = ev.get("average")
+    return average["index"] - 1 if average else len(ev["models"]) - 1
+
+
+def over_ceiling(ev: dict) -> list[int]:
+    """The models whose KL to pi_0 is above eval.json's `kl_ceiling` (none without one)."""
+    ceiling = ev.get("kl_ceiling")
+    kl = ev.get("kl_to_base") or []
+    return [m for m, x in enumerate(kl) if ceiling is not None and _number(x) is not None and x > ceiling]
+
+
 def choose_model(ev: dict | None) -> dict | None:
     """{"best": model index, "name", "lc_vs_pi_0" (and its "lc_ci95"), "raw_vs_pi_0", "clear"
-    (the interval's lower end above 1/2), "regressions": [...]} from
-    eval.json's `vs_pi_0` / `vs_previous` (`pofe.run.evaluation.statistics`); None without them."""
+    (the interval's lower end above 1/2), "regressions": [...], "over_kl_ceiling": [names]} from
+    eval.json's `vs_pi_0` / `vs_previous` (`pofe.run.evaluation.statistics`); None without them.
+    Models over the KL ceiling are not chosen."""
     if not ev or not ev.get("vs_pi_0"):
         return None
     names = [m["name"] for m in ev["models"]]
+    excluded = over_ceiling(ev)
     scores = [0.5] + [v["lc"] if v and v["lc"] is not None else float("-inf") for v in ev["vs_pi_0"][1:]]
-    best = max(range(len(scores)), key=lambda m: (scores[m], -m))
+    best = max((m for m in range(len(scores)) if m not in excluded), key=lambda m: (scores[m], -m))
     regressions = []
-    for m, v in enumerate(ev["vs_previous"]):
+    for m, v in enumerate(ev["vs_previous"][: last_iterate(ev) + 1]):
         if v and v["lc"] is not None and v["lc"] < 0.5:
             upper = v["lc_ci95"][1]
             regressions.append(
@@ -60,6 +79,8 @@ def choose_model(ev: dict | None) -> dict | None:
         "raw_vs_pi_0": chosen.get("raw"),
         "clear": lower is not None and lower > 0.5,
         "regressions": regressions,
+        "over_kl_ceiling": [names[m] for m in excluded],
+        "kl_ceiling": ev.get("kl_ceiling"),
     }
 
 
@@ -72,7 +93,7 @@ def stop_decision(ev: dict | None, rule: StopWhen) -> dict:
     "unread": [why a rule could not be read]} for the newest model of eval.json's `ev`."""
     if not ev or len(ev.get("models", [])) < 2:
         return {"stop": False, "round": None, "fired": [], "unread": ["no held-out evaluation of a trained model"]}
-    t = len(ev["models"]) - 1
+    t = last_iterate(ev)
     fired, unread = [], []
     if rule.lc_vs_previous_below is not None:
         lc = _number((ev["vs_previous"][t] or {}).get("lc"))
@@ -100,6 +121,19 @@ def stop_decision(ev: dict | None, rule: StopWhen) -> dict:
                     "value": now,
                     "previous": before,
                     "why": f"pi_{t}'s mean held-out reward {now:.3f} is below pi_{t - 1}'s {before:.3f}",
+                }
+            )
+    if rule.kl_to_pi_0_above is not None:
+        kl = _number((ev.get("kl_to_base") or [None] * (t + 1))[t])
+        if kl is None:
+            unread.append(f"no KL to pi_0 of pi_{t}")
+        elif kl > rule.kl_to_pi_0_above:
+            fired.append(
+                {
+                    "rule": "kl_to_pi_0_above",
+                    "value": kl,
+                    "threshold": rule.kl_to_pi_0_above,
+                    "why": f"pi_{t}'s KL to pi_0 is {kl:.3f}, above the ceiling {rule.kl_to_pi_0_above}",
                 }
             )
     return {"stop": bool(fired), "round": t, "fired": fired, "unread": unread}

@@ -84,7 +84,7 @@ from pofe.run.evaluation.headline import (
     headline_skipped,
     round_columns,
 )
-from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts
+from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts, with_average
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
@@ -121,7 +121,7 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
         if skipped
         else {
             m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
-            for m in range(1, len(run.models))
+            for m in range(1, run.rounds + 1)
         }
     )
     return skipped, on_train
@@ -218,6 +218,13 @@ def write_held_out(
     echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
 
 
+def decision_inputs(run: EvalRun) -> dict:
+    """What `pofe.run.evaluation.decision` reads besides the comparisons: which model is pi_avg,
+    and the KL ceiling of `pofe.stop_when` (the choice keeps to the models under it)."""
+    rule = run.pcfg.stop_when
+    return {"average": run.average, "kl_ceiling": rule.kl_to_pi_0_above if rule else None}
+
+
 # ---- every model's answers, one model in memory at a time -------------------------------------
 
 
@@ -267,7 +274,7 @@ def answer_with(
             )
             rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
             answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
-        if held_out and m + 1 < len(run.models) and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
+        if held_out and m < run.rounds and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
             gen = run.pcfg.generate
             key = {
                 **base,
@@ -338,6 +345,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
     ecfg, pcfg = run.pcfg.eval, run.pcfg
     skipped, on_train = headline_plan(run)
     held_out = held_out_set(run)
+    run = with_average(run, echo) if held_out else run
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.held_out_tokens(None))
     memory = PeakMemory()
     answers = all_answers(run, held_out, on_train, sampling, echo)
@@ -358,7 +366,7 @@ def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
             held_out,
             answers.held_out,
             *verdicts,
-            {"best_of_k": rounds_bok or None, "peak_memory": memory.record()},
+            {"best_of_k": rounds_bok or None, "peak_memory": memory.record(), **decision_inputs(run)},
             echo,
         )
     else:

@@ -4,16 +4,18 @@ as the pipeline's generate stage renders it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl
+from pofe.logs import Echo
 from pofe.preprocess.generators.hf import load_tokenizer
 from pofe.preprocess.render import render_prompt
 from pofe.run.evaluation.answers import HeldOut, reference_pairs
+from pofe.run.evaluation.average import average_weights
 from pofe.run.folder import RunFolder, RunState
 from pofe.run.recipe import load_recipe
 
@@ -45,9 +47,19 @@ class EvalRun:
 
     pcfg: PofeConfig
     folder: RunFolder
-    models: list[list[str]]  # [[name, path], ...]: pi_0, then each finished round's model
+    # [[name, path], ...]: pi_0, then each finished round's model (models[t] is pi_t), then pi_avg
+    # when averaged (`with_average`)
+    models: list[list[str]]
     tokenizer: Any  # pi_0's: renders every prompt, for every model, as the pipeline renders it
     prompt_column: str  # the rounds' prompt column (`round_prompt_column`)
+    rounds: int  # finished rounds T: models[1..T] are their iterates
+
+    @property
+    def average(self) -> dict | None:
+        """eval.json's `average`: pi_avg's index among the models and the iterates it averages."""
+        if len(self.models) == self.rounds + 1:
+            return None
+        return {"index": self.rounds + 1, "of": [name for name, _ in self.models[1 : self.rounds + 1]]}
 
 
 def open_run(recipe_path: str | Path) -> EvalRun:
@@ -60,7 +72,20 @@ def open_run(recipe_path: str | Path) -> EvalRun:
     if not folder.state.exists():
         raise ValueError(f"no run state at {folder.state}: run `axolotl pofe run {recipe_path}` first")
     models = RunState.read(folder.state).models()
-    return EvalRun(pcfg, folder, models, load_tokenizer(models[0][1]), round_prompt_column(cfg))
+    return EvalRun(pcfg, folder, models, load_tokenizer(models[0][1]), round_prompt_column(cfg), len(models) - 1)
+
+
+def with_average(run: EvalRun, echo: Echo) -> EvalRun:
+    """`run` with pi_avg (`pofe.run.evaluation.average`) after its iterates, when
+    `pofe.eval.average_iterates` asks for it and two rounds or more have finished."""
+    if not run.pcfg.eval.average_iterates:
+        return run
+    if run.rounds < 2:
+        echo(f"eval: no pi_avg (pofe.eval.average_iterates): {run.rounds} round(s) finished, it averages 2 or more")
+        return run
+    iterates = [(name, Path(path)) for name, path in run.models[1 : run.rounds + 1]]
+    path = average_weights(iterates, run.folder.eval_dir / "pi_avg", echo)
+    return replace(run, models=[*run.models, ["pi_avg", str(path)]])
 
 
 def round_prompt_column(cfg) -> str:

@@ -20,7 +20,7 @@ from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
 from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
-from pofe.run.plan.training import merge_stage, train_stage
+from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
 from pofe.run.recipe import translated_recipe
 
 
@@ -103,6 +103,8 @@ def plan_run(
         stages.append(entry)
         warnings += said
         stages.append(judge_stage(pcfg, judge_size, t, count, options))
+        if t > 1 and pcfg.anchor_mix:  # round 1's pi_t is pi_0: its anchor pass serves
+            stages.append(pi_0_stage(raw, pcfg, size, t, base, options))
         entry, said = train_stage(raw, pcfg, size, t, model, count, options)
         stages.append(entry)
         warnings += said
@@ -134,6 +136,7 @@ STAGE_KEYS = {
     "pofe.judge.max_length",
     "train": "micro_batch_size, gradient_checkpointing, adapter: qlora or deepspeed",
     "merge": "merge_method: memory_efficient",
+    "pi_0": "eval_batch_size (or micro_batch_size), sequence_len, or pofe.logit_chunk_size",
     "eval-answers": "pofe.eval.batch_size",
     "eval-judging": "pofe.judge.batch_size or pofe.judge.max_length",
 }

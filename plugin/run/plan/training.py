@@ -158,3 +158,26 @@ def merge_stage(raw: dict, size: ModelSize | None, t: int, model: str, options: 
     parts = {"weights": whole if legacy else min(whole, MAX_SHARD_BYTES), "runtime": options.runtime}
     note = "the whole model" if legacy else "shard by shard (merge_method: memory_efficient)"
     return stage("merge", t, model, dtype=dtype, parts=parts, options=options, disk=whole, note=note)
+
+
+def pi_0_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, options: PlanOptions) -> dict:
+    """`pofe.anchor_mix` in rounds 2..T: pi_0 (the run's base model) loaded on its own in the
+    round's preprocess stage, after the judge, to score the round's candidates without gradients
+    (`pofe.anchor.pi_0`): its weights as the policy loads them, one decoder layer's values for
+    an eval batch of rows (no graph is kept), one chunk of logits."""
+    dtype = compute_dtype(raw, options.device)
+    note = "pofe.anchor_mix: pi_0's log-probs of the round's candidates, in its preprocess stage"
+    names = ("weights", "activations", "logits", "runtime")
+    if size is None:
+        return stage("pi_0", t, model, dtype=dtype, parts=dict.fromkeys(names), options=options, note=note)
+    rows = int(raw.get("eval_batch_size") or raw.get("micro_batch_size", 1))
+    tokens = rows * trained_candidates(pcfg) * int(raw.get("sequence_len", 2048))
+    parts = {
+        "weights": mem.weights_bytes(size, dtype, quantization(raw)),
+        "activations": mem.layer_values_per_token(size) * mem.DTYPE_BYTES[dtype] * tokens,
+        "logits": mem.logit_chunk_bytes(size, pcfg.logit_chunk_size),
+        "runtime": options.runtime,
+    }
+    return stage(
+        "pi_0", t, model, dtype=dtype, quantization=quantization(raw), parts=parts, options=options, note=note
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pofe.files import write_atomic
+from pofe.preprocess.win_rates import saturation_warning
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.report.cells import fmt
@@ -53,11 +54,15 @@ class Report:
                 if head
                 else ""
             )
+            sat = cands.get("saturation") or {}
+            saturated = f"; saturated prompts {fmt(sat['saturated_share'])}" if sat.get("prompts") else ""
             lines.append(
                 f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
                 f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
-                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}"
+                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}{saturated}"
             )
+            if saturation_warning(sat, ""):
+                lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
         if (rep["headline"] or {}).get("skipped"):
             lines.append(f"  no headline: {rep['headline']['skipped']}")
         ev = rep["eval"]

@@ -91,6 +91,7 @@ def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | Non
             "mean_tokens": summary["mean_candidate_tokens"],
             "mean_best_win_rate": summary.get("mean_best_win_rate"),
             "win_rate_spread": summary.get("mean_win_rate_spread"),  # absent in older summaries
+            "saturation": summary.get("saturation"),  # win-rate methods; absent in older summaries
             "judge_abstentions": summary["judge_abstentions"],
         }
     recorded = (headline or {}).get("rounds", {}).get(str(t))

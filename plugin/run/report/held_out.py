@@ -27,6 +27,7 @@ def choice_section(rep: dict) -> list[str]:
     if not choice:
         return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
     md = ["## Which model to use", "", *stopped_line(rep)]
+    average = ((rep.get("eval") or {}).get("average") or {}).get("of")
     if choice["best"] == 0:
         md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
     else:
@@ -34,6 +35,13 @@ def choice_section(rep: dict) -> list[str]:
             f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
             f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
             + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0.")
+            + (f" pi_avg is the average of {', '.join(average)}'s weights." if choice["name"] == "pi_avg" else "")
+        )
+    if choice.get("over_kl_ceiling"):
+        md.append(
+            f"- Not chosen, over the KL ceiling {choice['kl_ceiling']} (`pofe.stop_when.kl_to_pi_0_above`): "
+            + ", ".join(choice["over_kl_ceiling"])
+            + "."
         )
     for r in choice["regressions"]:
         how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
@@ -87,12 +95,13 @@ def with_ci(x, ci) -> str:
 def iterate_wins_table(ev: dict) -> str:
     """Per round t: pi_t's raw and length-controlled win rates against pi_0 and pi_{t-1}."""
     names = [m["name"] for m in ev["models"]]
+    average = (ev.get("average") or {}).get("index")
     rows = []
     for m in range(1, len(names)):
         base, prev = ev["vs_pi_0"][m], ev["vs_previous"][m]
         rows.append(
             [
-                str(m),
+                "avg" if m == average else str(m),
                 names[m],
                 with_ci(base["raw"], base["raw_ci95"]),
                 with_ci(base["lc"], base["lc_ci95"]),
@@ -130,6 +139,13 @@ def length_section(ev: dict) -> list[str]:
         iterate_wins_table(ev),
         "",
     ]
+    average = ev.get("average")
+    if average:
+        md += [
+            f"Row avg: pi_avg, the average of {', '.join(average['of'])}'s weights (`pofe.eval.average_iterates`); "
+            f"its pi_{{t-1}} columns compare it with the last iterate, {average['of'][-1]}.",
+            "",
+        ]
     tokens = ev["response_tokens"]
     rows = [
         [

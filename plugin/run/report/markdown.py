@@ -6,6 +6,7 @@ import json
 
 from pofe.methods import method_spec
 from pofe.preprocess.render import prompt_text
+from pofe.preprocess.win_rates import saturation_warning
 from pofe.run.report.cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_cell
 from pofe.run.report.collect import sample_rows
 from pofe.run.report.held_out import choice_section, eval_section, iterate_wins_table
@@ -67,14 +68,69 @@ def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
     md.append("")
     if "rewards" in plots:
         md += [f"![rewards per round]({plots['rewards']})", ""]
-    md += round_lengths_section(rep)
-    md += truncation_section(rep)
+    md += round_details(rep)
     md += ["### Loss curves", ""]
     if "loss" in plots:
         md += [f"![loss curves]({plots['loss']})", ""]
     else:
         md += ["No loss curves: no round has a trainer_state.json.", ""]
     return md
+
+
+def round_details(rep: dict) -> list[str]:
+    """What the rounds table leaves out: the anchor's mixture, saturation, lengths, cuts."""
+    return anchor_mix_note(rep) + saturation_section(rep) + round_lengths_section(rep) + truncation_section(rep)
+
+
+def anchor_mix_note(rep: dict) -> list[str]:
+    """The anchor SPPO's rounds regressed onto, when `pofe.anchor_mix` mixed it toward pi_0."""
+    recipes = [(r.get("reproduce") or {}).get("recipe") or {} for r in rep["rounds"]]
+    pofe = (recipes[0].get("pofe") or {}) if recipes else {}
+    if not pofe.get("anchor_mix"):
+        return []
+    beta = pofe["anchor_mix"]
+    return [
+        f"Each round's anchor was (1 - {beta}) log pi_t + {beta} log pi_0 (`pofe.anchor_mix`: {beta}), pi_0 = "
+        f"`{pofe.get('anchor_base')}`: every round regresses toward the same first policy, and round 1's pi_t "
+        "is pi_0 itself.",
+        "",
+    ]
+
+
+def saturation_section(rep: dict) -> list[str]:
+    """### Saturation: per round, the share of prompts whose win rates all sit near 1/2."""
+    rows, warnings = [], []
+    for r in rep["rounds"]:
+        sat = (r["candidates"] or {}).get("saturation")
+        if not sat:
+            continue
+        band = sat["band"]
+        share = sat["saturated_share"]
+        rows.append(
+            [
+                str(r["round"]),
+                fmt(sat["prompts"]),
+                f"{sat['saturated_prompts']} ({fmt(100 * share, 1) if share is not None else '-'} %)",
+                fmt(sat["mean_abs_deviation"]),
+            ]
+        )
+        warning = saturation_warning(sat, f"Round {r['round']}")
+        if warning:
+            warnings.append(f"- **{warning}**")
+    if not rows:
+        return []
+    return [
+        "### Saturation",
+        "",
+        f"A prompt is saturated when all its candidates' win rates lie within {band} of 1/2 "
+        "(`pofe.saturation_band`): the judge sees no difference, SPPO's targets eta (w - 1/2) are near 0 "
+        "and so is the gradient. From each round's `summary.json`, over every judged candidate.",
+        "",
+        table(["round", "prompts", "saturated", "mean abs(w - 1/2)"], rows),
+        "",
+        *warnings,
+        *([""] if warnings else []),
+    ]
 
 
 def round_lengths_section(rep: dict) -> list[str]:

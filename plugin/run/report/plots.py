@@ -34,6 +34,21 @@ def _style(ax, xlabel: str) -> None:
     ax.grid(alpha=0.3)
 
 
+def split_average(values: list, ev: dict) -> tuple[list, object]:
+    """Per-model `values` of eval.json as (pi_0..pi_T's, pi_avg's or None): pi_avg is drawn as
+    a point of its own, not as one more iterate on the rounds' axis."""
+    index = (ev.get("average") or {}).get("index")
+    if index is None:
+        return list(values), None
+    return list(values[:index]), values[index]
+
+
+def _average_mark(ax, y, label: str = "pi_avg") -> None:
+    """pi_avg's value as a dashed line across the iterates."""
+    if y is not None:
+        ax.axhline(y, color="purple", lw=1.0, ls=":", label=label)
+
+
 def rewards_plot(rep: dict, out: Path) -> bool:
     """Candidate, policy-sample, trained-model and held-out rewards against the round."""
     rounds, ev = rep["rounds"], rep["eval"]
@@ -45,8 +60,10 @@ def rewards_plot(rep: dict, out: Path) -> bool:
             (r["round"], (r["trained_on_train_prompts"] or {}).get("model_mean_reward")) for r in rounds
         ],
     }
+    average = None
     if ev and ev.get("mean_reward"):
-        series["pi_t on the held-out prompts"] = list(enumerate(ev["mean_reward"]))
+        held_out, average = split_average(ev["mean_reward"], ev)
+        series["pi_t on the held-out prompts"] = list(enumerate(held_out))
     if ev and ev.get("best_of_k"):
         series["held-out: best-of-k of round t's candidates"] = [
             (b["round"], b["best_of_k_reward"]) for b in ev["best_of_k"]
@@ -59,6 +76,7 @@ def rewards_plot(rep: dict, out: Path) -> bool:
     for name, points in series.items():
         if points:
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+    _average_mark(ax, average, "pi_avg on the held-out prompts")
     # candidates of round t come from pi_{t-1}; the trained model of round t is pi_t
     _style(ax, "round t (models: pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
@@ -109,17 +127,21 @@ def winrate_plot(ev: dict, out: Path) -> None:
 
 def drift_plot(ev: dict, out: Path) -> None:
     """Response length, KL to pi_0 and (with references) perplexity per iterate."""
-    names = [m["name"] for m in ev["models"]]
+    names, _ = split_average([m["name"] for m in ev["models"]], ev)
     panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_base"])]
     if ev.get("perplexity"):
         panels.append(("reference perplexity", ev["perplexity"]))
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
-    for ax, (title, ys) in zip(axes, panels):
+    for ax, (title, values) in zip(axes, panels):
+        ys, average = split_average(values, ev)
         ax.plot(range(len(ys)), ys, marker="o")
+        _average_mark(ax, average)
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
         ax.grid(alpha=0.3)
+        if average is not None:
+            ax.legend(fontsize=8)
     _save(plt, fig, out)
 
 
@@ -127,7 +149,8 @@ def lengths_plot(rep: dict, out: Path) -> bool:
     """Each iterate's held-out win rate against pi_0, raw and length-controlled, with their
     intervals; and mean tokens per round: candidates, best and worst, held-out answers."""
     ev = rep["eval"] or {}
-    wins = [(m, v) for m, v in enumerate(ev.get("vs_pi_0") or []) if v]
+    versus_pi_0, average = split_average(ev.get("vs_pi_0") or [], ev)
+    wins = [(m, v) for m, v in enumerate(versus_pi_0) if v]
     per_round = [(r["round"], r["lengths"]) for r in rep["rounds"] if r.get("lengths")]
     if not wins and not per_round:
         return False
@@ -146,6 +169,7 @@ def lengths_plot(rep: dict, out: Path) -> bool:
                 capsize=3,
                 label=label,
             )
+    _average_mark(axes[0], (average or {}).get("lc"), "pi_avg, length-controlled")
     axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
     axes[0].set_ylim(0, 1)
     axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
@@ -155,12 +179,9 @@ def lengths_plot(rep: dict, out: Path) -> bool:
         if points:
             axes[1].plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"round t {label}")
     if ev.get("response_tokens"):
-        axes[1].plot(
-            range(len(ev["response_tokens"]["mean"])),
-            ev["response_tokens"]["mean"],
-            marker="s",
-            label="held-out answers of pi_t",
-        )
+        tokens, average_tokens = split_average(ev["response_tokens"]["mean"], ev)
+        axes[1].plot(range(len(tokens)), tokens, marker="s", label="held-out answers of pi_t")
+        _average_mark(axes[1], average_tokens, "held-out answers of pi_avg")
     axes[1].set_title("mean tokens")
     _style(axes[1], "round t / model pi_t (0 = base)")
     _save(plt, fig, out)

@@ -85,7 +85,7 @@ def check_iterable(cfg, pcfg: PofeConfig) -> None:
 class RoundPlan:
     """What round `t` of `rounds` starts from: its policy (a local path or hub id), whether
     it trains an adapter (then merged before the next round), its generation seed, the
-    `axolotl train --launcher` (None: axolotl's default)."""
+    `axolotl train --launcher` (None: axolotl's default), the run's first policy pi_0."""
 
     t: int
     rounds: int
@@ -93,6 +93,7 @@ class RoundPlan:
     adapter: bool
     seed: int
     launcher: str | None = None
+    pi_0: str | None = None
 
 
 def policy_dir(folder: RunFolder, t: int, adapter: bool) -> Path:
@@ -205,7 +206,7 @@ def claim_training(folder: RunFolder, t: int, recipe: dict, resume: Path | None)
 def write_round_recipe(raw: dict, folder: RunFolder, plan: RoundPlan, resume: Path | None) -> tuple[Path, RoundRecipe]:
     """Write round t's derived recipe (only when its text changed: a restart leaves a finished
     round's file as it ran); its path and the derived recipe."""
-    derived = round_recipe(raw, folder, plan.t, plan.policy, plan.seed, resume)
+    derived = round_recipe(raw, folder, plan.t, plan.policy, plan.seed, resume, pi_0=plan.pi_0)
     text = yaml.safe_dump(derived.recipe, sort_keys=False)
     recipe = folder.recipe(plan.t)
     if not recipe.exists() or recipe.read_text() != text:
@@ -306,6 +307,7 @@ def run_rounds(
                 adapter=bool(cfg.adapter),
                 seed=base_seed + (t - 1),
                 launcher=launcher,
+                pi_0=state.pi_0,
             )
             policy = run_round(raw, folder, plan, runner)
             if evaluate and pcfg.stop_when and t < pcfg.rounds and check_stop(recipe_path, folder, pcfg, runner, t):

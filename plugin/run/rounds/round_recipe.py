@@ -23,7 +23,13 @@ class RoundRecipe(NamedTuple):
 
 
 def round_recipe(
-    raw: dict, folder: RunFolder, t: int, policy: str, seed: int, resume_from: Path | None = None
+    raw: dict,
+    folder: RunFolder,
+    t: int,
+    policy: str,
+    seed: int,
+    resume_from: Path | None = None,
+    pi_0: str | None = None,
 ) -> RoundRecipe:
     """Round t's recipe: the user's, pointed at round t's policy, prompts and folders.
 
@@ -31,7 +37,9 @@ def round_recipe(
     `save_only_model`), so trainer_state.json (the loss curve) exists. `resume_from`: the
     checkpoint a killed train stage left, which the restarted one resumes from
     (`resume_from_checkpoint`). Tracker runs and hub repos are named per round
-    (`pofe.run.rounds.publish`). `raw` is not changed.
+    (`pofe.run.rounds.publish`). With `pofe.anchor_mix`, every round mixes its own pi_t with the
+    same pi_0, the run's first policy (`pi_0`), named as `pofe.anchor_base` unless the recipe
+    names one itself. `raw` is not changed.
     """
     recipe = copy.deepcopy(raw)
     recipe["base_model"] = policy
@@ -54,6 +62,8 @@ def round_recipe(
         recipe["hub_model_id"] = model_repo  # axolotl's trainer pushes the round's model
     else:
         recipe.pop("hub_model_id", None)  # an adapter: the runner pushes the merged iterate
+    if pofe.get("anchor_mix") and not pofe.get("anchor_base") and pi_0:
+        pofe["anchor_base"] = pi_0
     pofe["generate"] = {**pofe["generate"], "model": policy, "seed": seed}
     pofe["candidates"] = {**(pofe.get("candidates") or {}), "out_dir": str(folder.candidates(t))}
     forced_save = str(recipe.get("save_strategy", "")).lower() in ("no", "false")

@@ -10,7 +10,7 @@ import yaml
 
 from pofe.args import PofeConfig
 from pofe.args.rounds import StopWhen
-from pofe.run.evaluation.decision import stop_decision
+from pofe.run.evaluation.decision import choose_model, stop_decision
 from pofe.run.rounds import loop as rounds_module
 from tests.helpers import ROOT
 
@@ -70,9 +70,48 @@ def test_a_falling_held_out_reward_stops_and_a_missing_one_says_why():
     assert stop_decision(None, rule)["unread"] == ["no held-out evaluation of a trained model"]
 
 
+def test_a_kl_ceiling_stops_and_the_choice_keeps_under_it():
+    """KL to pi_0: pi_1 0.8, pi_2 2.5, ceiling 2.0. After round 1 nothing fires; after round 2 the
+    ceiling does (2.5 > 2.0), naming the value. pi_2 has the best length-controlled win rate
+    against pi_0 (0.80 over 0.70), but it is over the ceiling: the choice is pi_1, and says why."""
+    rule = StopWhen(kl_to_pi_0_above=2.0)
+    ev = {**evaluation([0.7, 0.6], None, lc_vs_pi_0=[0.7, 0.8]), "kl_to_base": [0.0, 0.8, 2.5]}
+    first = {**evaluation([0.7], None), "kl_to_base": [0.0, 0.8]}
+    assert not stop_decision(first, rule)["stop"]
+    d = stop_decision(ev, rule)
+    (fired,) = d["fired"]
+    assert d["stop"] and fired["rule"] == "kl_to_pi_0_above" and fired["value"] == 2.5
+    assert fired["why"] == "pi_2's KL to pi_0 is 2.500, above the ceiling 2.0"
+    assert stop_decision({**ev, "kl_to_base": [0.0, 0.8, NAN]}, rule)["unread"] == ["no KL to pi_0 of pi_2"]
+    assert choose_model(ev)["name"] == "pi_2"  # no ceiling recorded: the best rate wins
+    choice = choose_model({**ev, "kl_ceiling": 2.0})
+    assert choice["name"] == "pi_1" and choice["over_kl_ceiling"] == ["pi_2"] and choice["kl_ceiling"] == 2.0
+    # every iterate over it: pi_0 (KL 0) is the model to use
+    assert choose_model({**ev, "kl_ceiling": 0.5})["name"] == "pi_0"
+
+
+def test_pi_avg_is_chosen_like_an_iterate_and_never_decides_a_stop():
+    """Models pi_0, pi_1, pi_2, pi_avg (eval.json's `average`: index 3). The stop rules read pi_2,
+    the newest round's model, not pi_avg (whose KL 5.0 is over the ceiling and whose lc against
+    pi_2 is 0.2); pi_avg has the best length-controlled rate against pi_0 (0.9) and is chosen
+    when under the ceiling, and is no regression of a round."""
+    ev = evaluation([0.7, 0.6, 0.2], [0.5, 0.6, 0.7, 0.4], lc_vs_pi_0=[0.7, 0.8, 0.9])
+    ev["models"][3]["name"] = "pi_avg"
+    ev.update(average={"index": 3, "of": ["pi_1", "pi_2"]}, kl_to_base=[0.0, 0.5, 1.0, 5.0])
+    rule = StopWhen(lc_vs_previous_below=0.5, held_out_reward_falls=True, kl_to_pi_0_above=2.0)
+    d = stop_decision(ev, rule)
+    assert d["round"] == 2 and not d["stop"] and d["unread"] == []
+    assert choose_model(ev)["name"] == "pi_avg" and choose_model(ev)["regressions"] == []
+    assert choose_model({**ev, "kl_ceiling": 2.0})["name"] == "pi_2"
+
+
 def test_stop_when_config_rules():
     with pytest.raises(ValueError, match="sets no rule"):
         StopWhen()
+    with pytest.raises(ValueError, match="greater than 0"):
+        StopWhen(kl_to_pi_0_above=0.0)
+    with pytest.raises(ValueError, match="average_iterates shapes the held-out evaluation"):
+        PofeConfig(method="sppo", rounds=3, eval={"held_out": 0, "average_iterates": True})
     with pytest.raises(ValueError, match="less than 1"):
         StopWhen(lc_vs_previous_below=1.0)
     with pytest.raises(ValueError, match="turns off"):

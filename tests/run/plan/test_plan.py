@@ -299,3 +299,26 @@ def test_a_reward_model_judge_counts_its_shared_prompt_keys(mistral_sizes):
     assert stages[True]["stage"] == "judge" and stages[True]["parts_gb"]["prefix_kv"] == round(expected, 2)
     assert "prefix_kv" not in stages[False]["parts_gb"]
     assert abs(stages[True]["gpu_memory_gb"] - stages[False]["gpu_memory_gb"] - expected) <= 0.01  # GB rounding
+
+
+def test_anchor_mix_plans_pi_0s_pass_in_rounds_2_on(mistral_sizes):
+    """sppo-qlora with pofe.anchor_mix: rounds 2 and 3 load pi_0 (the base model, NF4 like the
+    policy) in their preprocess stage, after the judge; round 1 does not (its pi_t is pi_0). Its
+    memory by hand: the NF4 weights of test_qlora_training_memory_is_the_hand_computed_one, one
+    layer's bfloat16 values for micro_batch_size 2 rows x 2 responses (best_worst) x 1024 tokens,
+    one chunk of fp32 logits (1024 x 32000) and the runtime."""
+    raw = _recipe()
+    raw["pofe"] = {**raw["pofe"], "anchor_mix": 0.1}
+    plan = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions())
+    names = [(s["stage"], s["round"]) for s in plan["stages"] if s["round"] is not None]
+    assert ("pi_0", 1) not in names
+    for t in (2, 3):
+        assert names.index(("pi_0", t)) == names.index(("judge", t)) + 1
+    entry = next(s for s in plan["stages"] if s["stage"] == "pi_0")
+    assert entry["model"] == "mistralai/Mistral-7B-Instruct-v0.2" and entry["quantization"] == "nf4"
+    nf4 = LAYER_LINEAR * (0.5 + 1 / 64 + 4 / (64 * 256)) + OTHER * 2
+    layer = 2 * 2 * 1024 * (9 * 4096 + 2 * 1024 + 4 * 14336) * 2
+    expected = (nf4 + layer + 1024 * 32000 * 4 + 0.5 * GB) / GB
+    assert abs(entry["gpu_memory_gb"] - expected) <= 0.01  # GB rounding
+    plain = plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions())
+    assert not [s for s in plain["stages"] if s["stage"] == "pi_0"]

@@ -157,6 +157,39 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     assert "win-rate spread" not in next(line for line in rrhf if line.startswith("| round |"))
 
 
+def test_report_shows_each_rounds_saturation(tmp_path):
+    """summary.json's saturation per round: a table (prompts, saturated with its share, mean
+    |w - 1/2|) and, for round 2 (3 of 4 saturated, above half), a warning naming the remedies,
+    in report.md and the terminal summary; a round without it (an older summary) has no row."""
+    folder = RunFolder(tmp_path)
+    rounds = {str(t): RoundRecord() for t in (1, 2, 3)}
+    RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
+    summary = {
+        "rows": 4,
+        "candidates_per_prompt": {"mean": 4.0},
+        "mean_candidate_reward": 0.5,
+        "mean_best_of_k_reward": 1.0,
+        "mean_candidate_tokens": 7.0,
+        "judge_abstentions": 0,
+    }
+    sat = {"band": 0.05, "prompts": 4, "saturated_prompts": 1, "saturated_share": 0.25, "mean_abs_deviation": 0.2}
+    per_round = {1: sat, 2: {**sat, "saturated_prompts": 3, "saturated_share": 0.75, "mean_abs_deviation": 0.03}}
+    for t in (1, 2, 3):
+        folder.candidates(t).mkdir(parents=True)
+        extra = {"saturation": per_round[t]} if t in per_round else {}
+        (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+    rep = write_report(folder)
+    assert [r["candidates"]["saturation"] for r in rep.data["rounds"]] == [per_round[1], per_round[2], None]
+    md = rep.markdown_path.read_text()
+    section = md.split("### Saturation")[1].split("\n### ")[0]
+    assert "| 1 | 4 | 1 (25.0 %) | 0.200 |" in section and "| 2 | 4 | 3 (75.0 %) | 0.030 |" in section
+    assert "| 3 |" not in section
+    assert "**Round 2: 3 of 4 prompts (75%, above 50%) are saturated" in section
+    assert "Round 1:" not in section and "stronger judge" in section
+    terminal = rep.terminal_summary()
+    assert "round 2: SATURATED" in terminal and "round 1: SATURATED" not in terminal
+
+
 def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
     """A pairwise-judged run has no reward headline: the report's headline is each round's
     win rate against pi_0 and against pi_{t-1}, raw and length-controlled with intervals,
@@ -249,3 +282,77 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
     assert not choose_model(noisy)["clear"]
     assert "not clearly better than pi_0" in "\n".join(choice_section({"choice": choose_model(noisy)}))
     assert choose_model(None) is None and choose_model({"models": [], "win_matrix": []}) is None
+
+
+def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
+    """eval.json with pi_avg (models pi_0, pi_1, pi_2, pi_avg) and a KL ceiling 1.0 that pi_2 (KL
+    1.5) passes: the choice is pi_avg (lc 0.8 against pi_0, KL 0.9), said to average pi_1 and
+    pi_2; pi_2 is listed as over the ceiling; the win-rate table's row for pi_avg reads "avg";
+    the drift, lengths and rewards plots are drawn with pi_avg apart from the rounds' axis."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.evaluation.statistics import compare_iterates
+    from pofe.run.report.held_out import choice_section, length_section
+
+    g = torch.Generator().manual_seed(0)
+    P, M, S = 8, 4, 2
+    tokens = torch.randint(1, 30, (P, M, S), generator=g).double()
+    rewards = torch.randn(P, M * S, generator=g, dtype=torch.float64)
+    rewards[:, 3 * S :] += 2.0  # pi_avg answers best
+    from pofe.preprocess.win_rates import bradley_terry_preferences
+
+    comparisons = compare_iterates(bradley_terry_preferences(rewards), tokens, seed=0)
+    ev = {
+        "models": [{"name": n, "path": "x"} for n in ("pi_0", "pi_1", "pi_2", "pi_avg")],
+        "num_prompts": P,
+        "prompts_source": "p.jsonl",
+        "decoding": {"num_samples": S, "temperature": 1.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
+        "judge": {"type": "python", "function": "m:f"},
+        "judge2": None,
+        "win_matrix_method": "bradley_terry",
+        "win_matrix": [[0.5] * M] * M,
+        "mean_reward": [0.1, 0.2, 0.3, 0.5],
+        "win_matrix_judge2": None,
+        "mean_reward_judge2": None,
+        "mean_response_tokens": comparisons["response_tokens"]["mean"],
+        "mean_response_chars": [1.0] * M,
+        "kl_to_base": [0.0, 0.6, 1.5, 0.9],
+        "kl_is_unbiased": True,
+        "perplexity": None,
+        "reference_count": 0,
+        "cycle_threshold": 0.5,
+        "average": {"index": 3, "of": ["pi_1", "pi_2"]},
+        "kl_ceiling": 1.0,
+        **comparisons,
+    }
+    choice = choose_model(ev)
+    assert choice["name"] == "pi_avg" and choice["over_kl_ceiling"] == ["pi_2"]
+    md = "\n".join(choice_section({"choice": choice, "eval": ev}))
+    assert "**pi_avg**: the highest length-controlled win rate against pi_0" in md
+    assert "pi_avg is the average of pi_1, pi_2's weights." in md
+    assert "- Not chosen, over the KL ceiling 1.0 (`pofe.stop_when.kl_to_pi_0_above`): pi_2." in md
+    lengths = "\n".join(length_section(ev))
+    assert "| avg | pi_avg | " in lengths and "| 2 | pi_2 | " in lengths
+    assert "Row avg: pi_avg, the average of pi_1, pi_2's weights" in lengths
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
+    folder.eval_dir.mkdir()
+    (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
+    rep = write_report(folder)
+    assert rep.data["choice"]["name"] == "pi_avg"
+    assert {"drift", "lengths", "rewards", "winrate"} <= set(rep.plots)
+
+
+def test_report_says_the_anchor_was_mixed_toward_pi_0(tmp_path):
+    """A run whose round recipes set pofe.anchor_mix says so under the rounds table, naming beta
+    and pi_0 (the recipe's anchor_base); a run without it says nothing of the kind."""
+    import yaml
+
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "sppo", rounds={"1": RoundRecord()}, starts=[1.0], rounds_planned=1).save()
+    folder.round_dir(1).mkdir(parents=True)
+    recipe = {"seed": 0, "pofe": {"anchor_mix": 0.2, "anchor_base": "/m/sft"}}
+    folder.recipe(1).write_text(yaml.safe_dump(recipe))
+    md = write_report(folder).markdown_path.read_text()
+    assert "Each round's anchor was (1 - 0.2) log pi_t + 0.2 log pi_0 (`pofe.anchor_mix`: 0.2), pi_0 = `/m/sft`" in md
+    folder.recipe(1).write_text(yaml.safe_dump({"seed": 0, "pofe": {}}))
+    assert "anchor was" not in write_report(folder).markdown_path.read_text()
