@@ -83,21 +83,22 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
     from pofe.preprocess.identity import judge_identity
 
     base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
-    # the blocks as axolotl's cfg stores them (exclude_none), so the hash does not
-    # depend on how the block was read and caches prepared before keep theirs
-    blocks = pofe.model_dump(include={"generate", "judge", "candidates"}, exclude_none=True)
+    # the settings as resolved, defaults filled in as preparation fills them (per method, per
+    # judge): two recipes that prepare differently never share a cache, and two that state one
+    # default differently (`dedupe: true` under RRHF, or left out) share one
+    method = pofe.method
     extra = {
         "version": PREPARED_FORMAT_VERSION,
-        "method": pofe.method,
+        "method": method,
         "fields": pofe.dataset_fields,
         "truncation": pofe.truncation,
-        "max_prompt_len": pofe.max_prompt_len,
+        "max_prompt_len": pofe.max_prompt_len or cfg.sequence_len // 2,
         "chat_template": tokenizer.chat_template,
-        "generate": blocks.get("generate"),
-        "judge": blocks.get("judge"),
+        "generate": pofe.generate.for_method(method).model_dump() if pofe.generate else None,
+        "judge": pofe.judge.model_dump() if pofe.judge else None,
         # the judge's code or weights: an edited judge function judges the candidates again
         "judge_identity": judge_identity(pofe.judge) if pofe.judge else None,
-        "candidates": blocks["candidates"],
+        "candidates": pofe.candidates.for_method(method).model_dump(),
         # axolotl's hash names the files; this is what they hold (edited in place)
         "data": local_files_digest(cfg.datasets),
     }
