@@ -33,6 +33,8 @@ DEFAULT_FIELDS = {
     "field_anchor_logps": "anchor_logps",
     "field_chosen": "chosen",
     "field_rejected": "rejected",
+    "field_score_chosen": "score_chosen",
+    "field_score_rejected": "score_rejected",
     "prompt_format": "chat",
 }
 

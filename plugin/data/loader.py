@@ -31,8 +31,15 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS
 from pofe.data.candidates import candidates_from_prompts
-from pofe.data.formats import RowFormat, candidate_row, check_columns, normalize_row
-from pofe.data.label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
+from pofe.data.formats import (
+    RowFormat,
+    candidate_row,
+    check_columns,
+    implicit_prompt_note,
+    normalize_row,
+    ordered_label_columns,
+)
+from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
 from pofe.data.tokenize import tokenize_row
 from pofe.files import stable_hash, write_atomic
@@ -149,6 +156,8 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
             canonical = partial(candidate_row, target=spec.target, source=source)
         else:
             check_columns(fmt, raw.column_names)
+            if note := implicit_prompt_note(fmt, raw.column_names):
+                LOG.info(note)
             canonical = partial(normalize_row, fmt=fmt)
         part = raw.map(
             _prepare_row,
@@ -169,7 +178,7 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
             LOG.warning(summary_message(policy[-1], cfg.sequence_len, pofe.truncation) + where)
             if entry.type == "pofe.prompts":
                 _record_in_summary(Path(source).parent / "summary.json", policy[-1], cfg.sequence_len, pofe.truncation)
-        _warn_suspicious_labels(part, fmt, spec.target.column)
+        _warn_suspicious_labels(part, fmt, spec.target.column, ordered_label_columns(fmt, raw.column_names))
         part = part.filter(lambda keep: keep, input_columns="keep")
         if spec.equal_labels_note:
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
@@ -224,10 +233,14 @@ def _prepare_row(row: dict[str, Any], index: int, *, canonical, tokenizer, **kw)
     return {**tokenize_row(row, tokenizer, **kw), **text_keys(row)}
 
 
-def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple[int, int]:
+def _warn_suspicious_labels(
+    part: Dataset, fmt: RowFormat, column: str, ordered: list[str] | None = None
+) -> tuple[int, int]:
     """Warn about (and count) rows whose labels contradict another row's for the same prompt,
-    and `pofe.sppo_ucla` rows whose chosen response has the lower win rate (`label_checks.py`).
-    Rows are the entry's, 0-based, before the length policy drops any."""
+    and pairs whose chosen response has the lower label (`label_checks.py`). `ordered`: the
+    two columns a pair's labels come from when they say which is better (`sppo_ucla`'s win
+    rates, TRL's scores), else None. Rows are the entry's, 0-based, before the length policy
+    drops any."""
     labels = part[column]
     conflicts = conflicting_rows(part["prompt_key"], part["response_keys"], labels)
     if conflicts:
@@ -236,13 +249,12 @@ def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple
             f"opposite order to an earlier row with the same prompt (rows {shown(conflicts)}); training pulls "
             "both ways: remove or merge the duplicates"
         )
-    reversed_rows = reversed_ucla_rows(labels) if fmt.type == "pofe.sppo_ucla" else []
+    reversed_rows = reversed_pair_rows(labels) if ordered else []
     if reversed_rows:
         LOG.warning(
-            f"POFE: {len(reversed_rows)} of {len(part)} rows of {fmt.dataset} have chosen_probs_win < "
-            f"chosen_probs_lose (rows {shown(reversed_rows)}): their chosen response has the lower win rate, "
-            "which the SPPO scripts never write; SPPO trains on the win rates as given. Check that the "
-            "columns are not swapped"
+            f"POFE: {len(reversed_rows)} of {len(part)} rows of {fmt.dataset} have {ordered[0]} < {ordered[1]} "
+            f"(rows {shown(reversed_rows)}): their chosen response has the lower label, which a preference "
+            "dataset does not mean; training takes the labels as given. Check that the columns are not swapped"
         )
     return len(conflicts), len(reversed_rows)
 
