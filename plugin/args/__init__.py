@@ -24,6 +24,7 @@ from pofe.args.rounds import (
 from pofe.columns import DEFAULT_FIELDS, DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.config.base import KnownKeys, check_keys
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
@@ -32,7 +33,7 @@ FIELD_KEYS = tuple(DEFAULT_FIELDS)
 LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
 
-class PofeConfig(BaseModel):
+class PofeConfig(KnownKeys):
     """The `pofe:` block."""
 
     # Errors never repeat the input: it may hold a key (pofe.preprocess.config refuses those).
@@ -56,6 +57,14 @@ class PofeConfig(BaseModel):
         default=1000.0,
         gt=0.0,
         description="SPPO step size: log-ratio target is eta * (win_rate - 1/2).",
+    )
+    # TRL's (and the SPPO authors') name for 1 / eta; read into eta, and not written back
+    # (`exclude`), so a validated block read again holds eta alone
+    beta: float | None = Field(
+        default=None,
+        gt=0.0,
+        exclude=True,
+        description="SPPO: TRL's beta, 1 / eta (beta 0.001 = eta 1000); set one of the two.",
     )
     sppo_loss: Literal["soft", "hard"] = Field(
         default="soft",
@@ -162,10 +171,22 @@ class PofeConfig(BaseModel):
                     continue
                 raise ValueError(f"pofe.{key}: {getattr(self, key)} applies to `rl: {other.name}` only")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _beta_or_eta(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("beta") is not None and data.get("eta") is not None:
+            raise ValueError(
+                f"pofe.beta ({data['beta']}) and pofe.eta ({data['eta']}) are both set: beta is TRL's name for "
+                "1 / eta (beta 0.001 = eta 1000, the paper's); keep one"
+            )
+        return data
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> PofeConfig:
         if self.method is not None:
             self._check_own_keys()
+        if self.beta is not None:
+            self.eta = 1.0 / self.beta
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
         if self.method is not None:
@@ -238,8 +259,12 @@ def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
         cfg.pop("rl")
     if pofe.get("method") is None:
         return cfg
+    _check_axolotl_beta(cfg)
     keep_lora_kernels_off(cfg)
     entries = cfg.get("datasets") or []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            _check_field_keys(entry, i)
     if not pofe.get("dataset_fields") and entries:
         pofe["dataset_fields"] = [
             {key: entry[key] for key in FIELD_KEYS if entry.get(key) is not None} for entry in entries
@@ -276,6 +301,36 @@ def pofe_config(cfg: Any) -> PofeConfig:
     if isinstance(pofe, PofeConfig):
         return pofe
     return PofeConfig.model_validate(dict(pofe or {}))
+
+
+# axolotl's names for DPO's beta, which POFE's trainers never read
+AXOLOTL_BETA_KEYS = ("rl_beta", "dpo_beta")
+
+
+def _check_axolotl_beta(cfg: dict[str, Any]) -> None:
+    """axolotl's beta (`rl_beta`, `dpo_beta`, `trl.beta`) set for a POFE method would do nothing:
+    refused, with the key that does what it means."""
+    trl = cfg.get("trl")
+    found = [(k, cfg[k]) for k in AXOLOTL_BETA_KEYS if cfg.get(k) is not None]
+    if isinstance(trl, Mapping) and trl.get("beta") is not None:
+        found.append(("trl.beta", trl["beta"]))
+    if found:
+        key, value = found[0]
+        raise ValueError(
+            f"`{key}: {value}` is axolotl's DPO beta, which POFE's trainers do not read. SPPO's is "
+            f"`pofe.beta: {value}` (TRL's beta, 1 / pofe.eta: eta {1 / value:g}); RRHF has none. Move it there."
+        )
+
+
+def _check_field_keys(entry: dict[str, Any], i: int) -> None:
+    """A `field_*` key POFE does not read on a dataset entry is a typo: axolotl's dataset schema
+    would drop it unread, and the column it meant would fall back to its default."""
+    unknown = {k: v for k, v in entry.items() if k.startswith("field_") and k not in FIELD_KEYS}
+    if unknown:
+        try:
+            check_keys(unknown, FIELD_KEYS)
+        except ValueError as e:
+            raise ValueError(f"datasets[{i}] ({entry.get('path')}): {e} (the `field_*` keys POFE reads)") from None
 
 
 def _check_axolotl_rl(rl: str) -> None:
