@@ -31,6 +31,7 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS
 from pofe.data.candidates import candidates_from_prompts
+from pofe.data.debug_rows import show_rows
 from pofe.data.formats import (
     RowFormat,
     candidate_row,
@@ -55,10 +56,13 @@ PREPARED_FORMAT_VERSION = 3  # 2: sampled response ids trained as they are; 3: w
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
 
-def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False) -> TrainDatasetMeta:
+def load_pofe_datasets(
+    cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False, debug: tuple[int, bool] = (0, False)
+) -> TrainDatasetMeta:
     """Build (or reuse) the tokenised k-response dataset described by `cfg`.
 
     `pofe` is `cfg`'s validated `pofe:` block, read once by the plugin's hook and passed down.
+    `debug`: (rows, text only) to show, from axolotl's `--debug` flags (`debug_rows`).
     """
     tokenizer = load_tokenizer(cfg)
     if not getattr(tokenizer, "chat_template", None):
@@ -75,6 +79,8 @@ def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = Fa
     finally:
         loader.cleanup()
 
+    if debug[0]:
+        show_rows(dataset, tokenizer, pofe.method, *debug)
     eval_dataset = None
     if cfg.val_set_size:
         dataset, eval_dataset = create_train_validation_split(dataset, cfg, cfg.val_set_size)
