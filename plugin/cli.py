@@ -28,6 +28,15 @@ def pofe():
     pass
 
 
+def axolotl_overrides(command):
+    """axolotl's config options on a command (`--num-epochs 3`, `--learning-rate 2e-5`, ...), as
+    `axolotl train` takes them; they reach the command as keyword arguments (unset ones dropped)."""
+    from axolotl.cli.config_options import AXOLOTL_CONFIG_CLI_OPTIONS
+    from axolotl.cli.utils import add_options_from_config_options, filter_none_kwargs
+
+    return add_options_from_config_options(AXOLOTL_CONFIG_CLI_OPTIONS)(filter_none_kwargs(command))
+
+
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -86,16 +95,18 @@ def candidates(config: str, stage: str):
 @click.option(
     "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
 )
-def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
+@axolotl_overrides
+def run(config: str, launcher: str | None = None, quiet: bool = False, no_eval: bool = False, **overrides):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
     Each stage is a separate process, ended with the run; a killed run started again
     resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
     training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
+    axolotl's options (--num-epochs 3, ...) apply to every stage, recorded in pofe-run.json.
     """
     from pofe.run.rounds.loop import run_rounds
 
-    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
+    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo, overrides=overrides)
 
 
 @pofe.command()
