@@ -161,27 +161,45 @@ def plan(
 @pofe.command(name="eval")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-report", is_flag=True, help="Write eval/ only (`axolotl pofe run` reports once, at its end).")
-def eval_(config: str, no_report: bool):
-    """Score each round's trained model on its own prompts (the report's headline) and, with
-    held-out prompts, every iterate on them (pofe.eval); then report."""
+@click.option(
+    "--model",
+    default=None,
+    help="A trained model to evaluate against CONFIG's base model (default: CONFIG's output_dir).",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where a trained model's evaluation and report go (default: <model>/pofe-eval).",
+)
+@axolotl_overrides
+def eval_(config: str, no_report: bool = False, model: str | None = None, output: str | None = None, **overrides):
+    """Evaluate CONFIG's run, or one trained model, and report.
+
+    An iterated run (`axolotl pofe run`): each round's trained model on its own prompts (the
+    report's headline) and, with held-out prompts, every iterate on them (pofe.eval). A model
+    trained by `axolotl train` on the recipe's own datasets (k-response rows, pairs), or
+    --model: it (pi_1) and the base model (pi_0) answer held-out prompts (pofe.eval.prompts,
+    pofe.eval.held_out, or the val_set_size split), judged by pofe.eval.judge or pofe.judge.
+    axolotl's options (--base-model, ...) apply to the recipe, recorded with the evaluation.
+    """
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
-    folder = evaluate_run(config, echo=click.echo)
+    folder = evaluate_run(config, echo=click.echo, model=model, output=output, overrides=overrides)
     if not no_report:
         click.echo(write_report(folder).terminal_summary())
 
 
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
-def report(config: str):
-    """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
-    import yaml
-
-    from pofe.run.folder import RunFolder
+@click.option("--model", default=None, help="The trained model an evaluation was of (as given to `pofe eval`).")
+@click.option("--output", type=click.Path(file_okay=False), default=None, help="As given to `pofe eval`.")
+@click.option("--output-dir", default=None, help="The run's output_dir, when given to `pofe run` on the command line.")
+def report(config: str, model: str | None, output: str | None, output_dir: str | None):
+    """(Re)write the report of CONFIG's run, or of a trained model's evaluation: report.md,
+    report.json, report-*.png."""
+    from pofe.run.evaluation.trained import report_folder
     from pofe.run.report import write_report
 
-    out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
-    if not out:
-        raise click.UsageError(f"{config} sets no output_dir")
-    click.echo(write_report(RunFolder(Path(out).resolve())).terminal_summary())
+    click.echo(write_report(report_folder(config, model, output, output_dir)).terminal_summary())

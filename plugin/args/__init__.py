@@ -189,6 +189,11 @@ class PofeConfig(KnownKeys):
             self.eta = 1.0 / self.beta
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
+        if self.eval and self.eval.judge is not None and self.judge is not None:
+            raise ValueError(
+                "pofe.eval.judge scores a trained model's evaluation when the recipe has no pofe.judge; this "
+                "recipe's pofe.judge judges its evaluation too. For a second, independent judge: pofe.eval.judge2"
+            )
         if self.method is not None:
             judge = self.judge
             check_candidate_rules(

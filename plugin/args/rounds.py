@@ -77,6 +77,7 @@ HELD_OUT_ONLY = (
     "num_samples",
     "temperature",
     "max_new_tokens",
+    "judge",
     "judge2",
     "cycle_threshold",
 )
@@ -174,6 +175,11 @@ class EvalConfig(KnownKeys):
     )
     train_samples: int = Field(1, ge=1, le=64, description="Headline samples per prompt.")
     train_temperature: Temperature = Field(0.0, description="Headline decoding: 0 = greedy (train_samples must be 1).")
+    judge: JudgeConfig | None = Field(
+        None,
+        description="The judge a trained model's evaluation scores with when the recipe has no pofe.judge (a "
+        "recipe trained on a dataset of its own): the keys of pofe.judge.",
+    )
     judge2: JudgeConfig | None = Field(None, description="A second, independent judge for evaluation only.")
     cycle_threshold: float = Field(
         0.5,

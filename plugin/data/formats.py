@@ -3,7 +3,8 @@
 Canonical row (what tokenisation sees), with the method's label column (`Target.column`):
     {"prompt": [chat messages], "responses": [assistant messages] * k,
      <label column>: [float] * k,                   # rewards (rl: rrhf), win_rates (rl: sppo)
-     "anchor_logps": [float] * k | None}            # methods with an anchor only (rl: sppo)
+     "anchor_logps": [float] * k | None,            # methods with an anchor only (rl: sppo)
+     "source_prompt": text or chat messages}         # the prompt as a judge reads it (evaluation)
 
 With `prompt_format: hh` on the `datasets:` entry, the prompt and the responses are
 Anthropic HH transcripts, turned into chat messages first (`transcripts.py`). TRL's
@@ -55,6 +56,13 @@ class RowFormat:
 
     def __post_init__(self):
         check_prompt_format(self.prompt_format, self.dataset)
+
+    @classmethod
+    def of_entry(cls, entry, index: int, pofe) -> RowFormat:
+        """The format of the recipe's `datasets[index]` entry, with its `field_*` keys (which
+        `pofe.dataset_fields` holds: axolotl's dataset schema drops them)."""
+        fields = pofe.dataset_fields[index] if index < len(pofe.dataset_fields) else {}
+        return cls(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
 
     def column(self, key: str) -> str:
         return self.fields.get(key, DEFAULT_FIELDS[key])
@@ -160,21 +168,27 @@ def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_colu
     return dict(row)
 
 
-def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
-    """Check one raw row and return its canonical form (see module docstring)."""
-    fail = row_error(fmt.dataset, index)
-    if fmt.prompt_format == "hh":
-        row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
+def source_prompt(row: Mapping[str, Any], index: int, fmt: RowFormat) -> Any:
+    """The row's prompt as a judge reads it (text or chat messages): the prompt column's value,
+    or, without one, the prompt its responses share; HH transcripts as chat messages."""
+    if fmt.type == "pofe.prompts":
+        return prompt_row(row, index, fmt, [])[fmt.column("field_prompt")]
+    return _with_prompt(row, fmt, row_error(fmt.dataset, index))[fmt.column("field_prompt")]
 
+
+def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
+    """Check one raw row and return its canonical form (see module docstring), with the prompt
+    as a judge reads it under `source_prompt`."""
+    fail = row_error(fmt.dataset, index)
+    row = _with_prompt(row, fmt, fail)
     prompt_col = fmt.column("field_prompt")
-    if row.get(prompt_col) is None:
-        row = _with_implicit_prompt(row, fmt, fail)
     prompt = prompt_messages(row.get(prompt_col), prompt_col, fail)
     responses, names = _responses(row, fmt, fail)
     spec = method_spec(fmt.method)
     labels, label_names = _labels(row, fmt, len(responses), fail)
     check_labels(spec.target, labels, label_names, responses, names, fail)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses, spec.target.column: labels}
+    out["source_prompt"] = row[prompt_col]
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
         out[ANCHOR_LOGPS] = (
@@ -196,6 +210,7 @@ def candidate_row(row: Mapping[str, Any], index: int, *, target: Target, source:
         "prompt": prompt_messages(row["prompt"], "prompt", row_error(source, index)),
         "responses": [{"role": "assistant", "content": text} for text in row["responses"]],
         target.column: row[target.column],
+        "source_prompt": row["prompt"],
     }
     if row.get("response_ids") is not None:  # the ids the policy sampled: trained as they are
         out["response_ids"] = row["response_ids"]
@@ -273,6 +288,16 @@ def _pair_labels(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[flo
         return [chosen, rejected], names
     p = 1.0 if chosen > rejected else 0.5 if chosen == rejected else 0.0
     return [p, 1.0 - p], names
+
+
+def _with_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> Mapping[str, Any]:
+    """`row` with its prompt read: HH transcripts turned into chat messages, and a missing
+    prompt taken from what its responses share (`_with_implicit_prompt`)."""
+    if fmt.prompt_format == "hh":
+        row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
+    if row.get(fmt.column("field_prompt")) is None:
+        row = _with_implicit_prompt(row, fmt, fail)
+    return row
 
 
 def _with_implicit_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> dict[str, Any]:

@@ -29,11 +29,16 @@ from pofe.methods import Target
 SHOWN = 5
 
 
+def prompt_key(messages: list[dict]) -> str:
+    """The digest a prompt (as chat messages) is compared by."""
+    return stable_hash(messages, 32)
+
+
 def text_keys(row: dict[str, Any]) -> dict[str, Any]:
     """Digests of a canonical row's prompt and of each response's text."""
 
     return {
-        "prompt_key": stable_hash(row["prompt"], 32),
+        "prompt_key": prompt_key(row["prompt"]),
         "response_keys": [stable_hash(r["content"], 32) for r in row["responses"]],
     }
 

@@ -16,6 +16,9 @@
   round-<t>/trainer_state.json   the trainer's log history (loss curves)
   round-<t>/{preprocess,train,merge}.log
   eval/, report.md, report.json, report-*.png     (`axolotl pofe eval` / report)
+
+A trained model's evaluation (`axolotl pofe eval` without an iterated run,
+`pofe.run.evaluation.trained`) is laid out as a one-round run's, `kind: trained` in its state.
 """
 
 from __future__ import annotations
@@ -140,6 +143,8 @@ class RunState:
     final_policy: str | None = None
     # axolotl's command-line overrides the run was started with ({"num_epochs": 3, ...})
     overrides: dict[str, Any] | None = None
+    # "rounds": an iterated run; "trained": one trained model's evaluation (pi_1) against its base
+    kind: str = "rounds"
 
     @classmethod
     def open(cls, path: Path, *, fingerprint: str, recipe: str, method: str) -> RunState:

@@ -23,6 +23,7 @@ def test_rrhf_row_canonical_form():
         "prompt": [{"role": "user", "content": "2+2="}],
         "responses": [{"role": "assistant", "content": t} for t in ("4", "5", "3")],
         "rewards": [1.0, 0.2, 0.3],
+        "source_prompt": "2+2=",  # as a judge reads it: evaluation's held-out prompts
     }
 
 

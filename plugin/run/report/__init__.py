@@ -37,7 +37,9 @@ class Report:
         """A few lines for the terminal: per round, per model, cycles, where the report is."""
         rep = self.data
         lines = [
-            f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
+            f"POFE {rep['method'].upper()}: {rep['final_policy']} (pi_1) against its base (pi_0)"
+            if rep.get("kind") == "trained"
+            else f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
             f"{rep['final_policy']}"
         ]
         if rep.get("stopped"):

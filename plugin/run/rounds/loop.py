@@ -77,7 +77,8 @@ def check_iterable(cfg, pcfg: PofeConfig) -> None:
     if len(entries) != 1 or entries[0].type != "pofe.prompts":
         raise ValueError(
             "an iterated run needs exactly one dataset, of type pofe.prompts (each round "
-            f"generates its candidates from it); got {[e.type for e in entries]}"
+            f"generates its candidates from it); got {[e.type for e in entries]}. A model trained on "
+            "rows of your own (`axolotl train`) is evaluated against its base by `axolotl pofe eval` instead"
         )
 
 
