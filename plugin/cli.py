@@ -28,6 +28,15 @@ def pofe():
     pass
 
 
+def axolotl_overrides(command):
+    """axolotl's config options on a command (`--num-epochs 3`, `--learning-rate 2e-5`, ...), as
+    `axolotl train` takes them; they reach the command as keyword arguments (unset ones dropped)."""
+    from axolotl.cli.config_options import AXOLOTL_CONFIG_CLI_OPTIONS
+    from axolotl.cli.utils import add_options_from_config_options, filter_none_kwargs
+
+    return add_options_from_config_options(AXOLOTL_CONFIG_CLI_OPTIONS)(filter_none_kwargs(command))
+
+
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -86,16 +95,18 @@ def candidates(config: str, stage: str):
 @click.option(
     "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
 )
-def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
+@axolotl_overrides
+def run(config: str, launcher: str | None = None, quiet: bool = False, no_eval: bool = False, **overrides):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
     Each stage is a separate process, ended with the run; a killed run started again
     resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
     training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
+    axolotl's options (--num-epochs 3, ...) apply to every stage, recorded in pofe-run.json.
     """
     from pofe.run.rounds.loop import run_rounds
 
-    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
+    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo, overrides=overrides)
 
 
 @pofe.command()
@@ -150,27 +161,45 @@ def plan(
 @pofe.command(name="eval")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--no-report", is_flag=True, help="Write eval/ only (`axolotl pofe run` reports once, at its end).")
-def eval_(config: str, no_report: bool):
-    """Score each round's trained model on its own prompts (the report's headline) and, with
-    held-out prompts, every iterate on them (pofe.eval); then report."""
+@click.option(
+    "--model",
+    default=None,
+    help="A trained model to evaluate against CONFIG's base model (default: CONFIG's output_dir).",
+)
+@click.option(
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where a trained model's evaluation and report go (default: <model>/pofe-eval).",
+)
+@axolotl_overrides
+def eval_(config: str, no_report: bool = False, model: str | None = None, output: str | None = None, **overrides):
+    """Evaluate CONFIG's run, or one trained model, and report.
+
+    An iterated run (`axolotl pofe run`): each round's trained model on its own prompts (the
+    report's headline) and, with held-out prompts, every iterate on them (pofe.eval). A model
+    trained by `axolotl train` on the recipe's own datasets (k-response rows, pairs), or
+    --model: it (pi_1) and the base model (pi_0) answer held-out prompts (pofe.eval.prompts,
+    pofe.eval.held_out, or the val_set_size split), judged by pofe.eval.judge or pofe.judge.
+    axolotl's options (--base-model, ...) apply to the recipe, recorded with the evaluation.
+    """
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
-    folder = evaluate_run(config, echo=click.echo)
+    folder = evaluate_run(config, echo=click.echo, model=model, output=output, overrides=overrides)
     if not no_report:
         click.echo(write_report(folder).terminal_summary())
 
 
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
-def report(config: str):
-    """(Re)write the report of CONFIG's run: report.md, report.json, report-*.png."""
-    import yaml
-
-    from pofe.run.folder import RunFolder
+@click.option("--model", default=None, help="The trained model an evaluation was of (as given to `pofe eval`).")
+@click.option("--output", type=click.Path(file_okay=False), default=None, help="As given to `pofe eval`.")
+@click.option("--output-dir", default=None, help="The run's output_dir, when given to `pofe run` on the command line.")
+def report(config: str, model: str | None, output: str | None, output_dir: str | None):
+    """(Re)write the report of CONFIG's run, or of a trained model's evaluation: report.md,
+    report.json, report-*.png."""
+    from pofe.run.evaluation.trained import report_folder
     from pofe.run.report import write_report
 
-    out = (yaml.safe_load(Path(config).read_text()) or {}).get("output_dir")
-    if not out:
-        raise click.UsageError(f"{config} sets no output_dir")
-    click.echo(write_report(RunFolder(Path(out).resolve())).terminal_summary())
+    click.echo(write_report(report_folder(config, model, output, output_dir)).terminal_summary())

@@ -23,7 +23,7 @@ ANCHOR_LOGPS = "anchor_logps"
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
 # names a column; `prompt_format` says how the text fields are written (`chat`: a string
 # or chat messages as they are; `hh`: Anthropic HH transcripts, see `pofe.data.transcripts`).
-# The config (`pofe.args.FIELD_KEYS`) takes its list of keys from here.
+# The config (`pofe.args.translate.FIELD_KEYS`) takes its list of keys from here.
 DEFAULT_FIELDS = {
     "field_prompt": "prompt",
     "field_responses": "responses",
@@ -33,6 +33,8 @@ DEFAULT_FIELDS = {
     "field_anchor_logps": "anchor_logps",
     "field_chosen": "chosen",
     "field_rejected": "rejected",
+    "field_score_chosen": "score_chosen",
+    "field_score_rejected": "score_rejected",
     "prompt_format": "chat",
 }
 

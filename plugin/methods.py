@@ -131,7 +131,7 @@ SPPO = MethodSpec(
     # e.g. win rates [1, 1]: not an error (each is a target of its own), but no preference
     equal_labels_note="SPPO learns no preference among their candidates, only to move every one by "
     "the same target eta * (win_rate - 1/2)",
-    own_keys=("eta", "sppo_loss", "anchor_mix", "anchor_base", "saturation_band"),
+    own_keys=("beta", "eta", "sppo_loss", "anchor_mix", "anchor_base", "saturation_band"),
 )
 
 # the registered methods by name (`rl:` values); `register_method` adds to it

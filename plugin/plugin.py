@@ -7,7 +7,8 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from pofe.args import PofeConfig, pofe_config, translate_raw_config
+from pofe.args import PofeConfig, pofe_config
+from pofe.args.translate import translate_raw_config
 from pofe.logs import redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
@@ -19,6 +20,8 @@ class PofePlugin(BasePlugin):
     # the last validated cfg and its `pofe:` block: axolotl hands every hook after `register`
     # the same validated cfg, so its block is validated once, not once per hook
     _validated: tuple[Any, PofeConfig] | None = None
+    # axolotl's `--debug` flags, which only the raw config holds (`pofe.data.debug_rows`)
+    _debug: tuple[int, bool] = (0, False)
 
     def _pofe(self, cfg) -> PofeConfig:
         """The validated `pofe:` block of `cfg` (one process may run several jobs, each with
@@ -31,6 +34,9 @@ class PofePlugin(BasePlugin):
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
         # the run follows the SFT builder path with POFE's trainer and collator.
         translate_raw_config(cfg)
+        from pofe.data.debug_rows import debug_request
+
+        self._debug = debug_request(cfg)
         # Validate the block now, on its own: axolotl's config model repeats each rejected
         # input in its errors, and a key pasted into `pofe:` must be refused unrepeated.
         # Files it names are checked here, once per loaded recipe (`axolotl.cli.config.load_cfg`
@@ -68,7 +74,7 @@ class PofePlugin(BasePlugin):
             return None
         from pofe.data.loader import load_pofe_datasets
 
-        meta = load_pofe_datasets(cfg, pofe, preprocess)
+        meta = load_pofe_datasets(cfg, pofe, preprocess, debug=self._debug)
         if pofe.anchor_mix > 0:
             _prepare_pi_0_table(cfg, pofe, meta)
         return meta

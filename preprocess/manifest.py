@@ -76,9 +76,11 @@ def check_manifest(stage_dir: Path, manifest: dict) -> None:
     if old is None:
         write_atomic(path, _text(manifest), private=True)
     elif old != json.loads(_text(manifest)):
+        differ = "; ".join(f"{key}: {a} in the folder, {b} in this recipe" for key, a, b in _changes(old, manifest))
         raise ManifestMismatch(
-            f"{path} was written for different inputs or settings (differs in: {', '.join(_diff(old, manifest))}). "
-            "Use a new out_dir, or delete this one to start over."
+            f"{path} holds shards built from other inputs or settings ({differ}): another recipe's "
+            f"candidates, or this one's before an edit. Set pofe.candidates.out_dir to a folder of its own, "
+            f"or delete {stage_dir.parent} to start over."
         )
 
 
@@ -90,9 +92,8 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
     if old is not None and old != json.loads(_text(manifest)):
         parked = out / f"judge-{stable_hash(old, 12)}"
         judge_dir.rename(parked)
-        LOG.warning(
-            f"POFE: judge settings changed ({', '.join(_diff(old, manifest))}); earlier judge shards kept in {parked}"
-        )
+        changed = ", ".join(key for key, _, _ in _changes(old, manifest))
+        LOG.warning(f"POFE: judge settings changed ({changed}); earlier judge shards kept in {parked}")
     returning = out / f"judge-{stable_hash(json.loads(_text(manifest)), 12)}"
     if not judge_dir.exists() and returning.exists():
         returning.rename(judge_dir)
@@ -111,6 +112,23 @@ def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _diff(old: dict, new: dict) -> list[str]:
-    new = json.loads(_text(new))
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+_UNSET = object()  # a key one side lacks
+
+
+def _changes(old: dict, new: dict) -> list[tuple[str, str, str]]:
+    """(dotted key, its value in `old`, in `new`) for each leaf that differs, nested blocks
+    followed down (`generate.dedupe`, not `generate`); values as JSON, absent as `unset`."""
+    return _leaf_changes(old, json.loads(_text(new)), "")
+
+
+def _leaf_changes(old, new, prefix: str) -> list[tuple[str, str, str]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new))
+        return [c for k in keys for c in _leaf_changes(old.get(k, _UNSET), new.get(k, _UNSET), f"{prefix}{k}.")]
+    if old == new:
+        return []
+    return [(prefix[:-1], _shown(old), _shown(new))]
+
+
+def _shown(value) -> str:
+    return "unset" if value is _UNSET else json.dumps(value)[:80]

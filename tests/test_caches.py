@@ -261,3 +261,63 @@ def test_preparing_rows_warns_about_opposite_labels_and_keeps_only_training_colu
         "1 of 2 rows of" in caplog.text
         and "opposite order to an earlier row with the same prompt (rows (0, 1))" in caplog.text
     )
+
+
+def _validated(raw: dict):
+    cfg = DictDefault(raw)
+    prepare_plugins(cfg)
+    return validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+
+
+def _prompts_recipe(tmp_path, tiny_model, method: str, **pofe) -> dict:
+    """A CPU recipe from prompts (pofe.prompts, a python judge), with `pofe` keys added."""
+    data = tmp_path / "prompts.jsonl"
+    if not data.exists():
+        data.write_text(json.dumps({"prompt": "2+2="}) + "\n")
+    raw = yaml.safe_load(recipe(tmp_path, tiny_model, method, data, "pofe.prompts").read_text())
+    raw["pofe"] = {
+        "generate": {"backend": "transformers", **pofe.pop("generate", {})},
+        "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+        **pofe,
+    }
+    return raw
+
+
+def test_candidate_folders_are_named_by_the_settings_as_resolved(tmp_path, tiny_model):
+    """Issue 34: the name was hashed before the per-method `dedupe` default was filled in, so
+    RRHF (dedupe on) and SPPO (off) on one prepared path shared a folder, and the second
+    preprocess stopped on its manifest. Now: resolved settings and the method name it."""
+    from pofe.data.candidates import candidates_dir
+
+    def folder(method, **pofe):
+        cfg = _validated(_prompts_recipe(tmp_path, tiny_model, method, **pofe))
+        template = SimpleNamespace(chat_template="{{ messages }}")
+        return candidates_dir(cfg, pofe_config(cfg), cfg.datasets[0], str(tiny_model), "prompt", "chat", template)
+
+    rrhf = folder("rrhf")
+    assert rrhf.parent == tmp_path / "prepared" and rrhf.name.startswith("pofe-candidates-")
+    assert folder("sppo") != rrhf
+    # the same settings, one stated and one left to the method's default: one folder
+    assert folder("rrhf", generate={"dedupe": True}) == rrhf
+    assert folder("rrhf", candidates={"truncated": "keep"}) == rrhf
+    assert folder("rrhf", generate={"dedupe": False}) != rrhf
+    assert folder("sppo", generate={"dedupe": False}) == folder("sppo")
+    # an edited prompt file is other inputs: a folder of its own, not a mismatch
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "3+3="}) + "\n")
+    assert folder("rrhf") != rrhf
+
+
+def test_prepared_rows_are_keyed_on_the_settings_as_resolved(tmp_path, tiny_model):
+    """A default stated or left out prepares the same rows: one cache; a real change: another."""
+    tokenizer = SimpleNamespace(name_or_path=str(tiny_model), chat_template="{{ messages }}")
+
+    def key(method, **pofe):
+        cfg = _validated(_prompts_recipe(tmp_path, tiny_model, method, **pofe))
+        return prepared_dataset_hash(cfg, pofe_config(cfg), tokenizer)
+
+    rrhf = key("rrhf")
+    assert key("rrhf", generate={"dedupe": True}) == rrhf
+    assert key("rrhf", max_prompt_len=32) == rrhf  # the recipe's sequence_len 64 // 2
+    assert key("rrhf", max_prompt_len=16) != rrhf
+    assert key("rrhf", generate={"dedupe": False}) != rrhf
+    assert key("sppo") != rrhf

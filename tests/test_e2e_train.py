@@ -216,7 +216,8 @@ def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_j
 
     ds = load_from_disk(str(prepared[0]))
     assert len(ds) == 32
-    assert sorted(ds.column_names) == ["prompt_ids", "response_ids", "rewards"]
+    # source_prompt: each row's prompt as a judge reads it (a trained model's evaluation)
+    assert sorted(ds.column_names) == ["prompt_ids", "response_ids", "rewards", "source_prompt"]
     assert all(len(r) == 4 for r in ds["response_ids"])
 
     proc = run_axolotl("train", str(cfg))

@@ -162,7 +162,7 @@ def test_the_gpu_recipes_validate_with_the_kernels_as_set(tmp_path, tiny_model, 
     sets it."""
     import yaml
 
-    from pofe.args import LORA_KERNELS
+    from pofe.args.translate import LORA_KERNELS
     from tests.helpers import H100, validated_recipe
 
     path = train.recipe(tmp_path, tiny_model, method, adapter, kernels, 20, cuda=True)

@@ -10,7 +10,7 @@ from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import validate_config
 from axolotl.utils.dict import DictDefault
 
-from pofe.args import LORA_KERNELS
+from pofe.args.translate import LORA_KERNELS
 from tests.helpers import H100, ROOT, validated_recipe
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yml"))
@@ -136,3 +136,18 @@ def test_recipe_facts_the_papers_fix():
         assert pofe.rounds == 3 and pofe.round_prompts == [
             RoundPromptSet(path=f"UCLA-AGI/data-mistral-7b-instruct-sppo-iter{t}", split="train") for t in (1, 2, 3)
         ]
+
+
+def test_the_readme_recipe_table_lists_every_recipe():
+    """Issue 34: `tiny-sppo-verifier-cpu.yml` was in recipes/ but not in the README's table."""
+    import re
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("| recipe | what |")
+    table = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        table.append(line.split("|")[1])
+    listed = {name for cell in table for name in re.findall(r"`([\w.-]+\.yml)`", cell)}
+    assert {p.name for p in RECIPES} <= listed, sorted({p.name for p in RECIPES} - listed)

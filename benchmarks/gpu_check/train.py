@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from pofe.args import LORA_KERNELS
+from pofe.args.translate import LORA_KERNELS
 
 EPS = {"bfloat16": 2.0**-7, "float32": 2.0**-23}
 KERNEL_RTOL = 4 * EPS["bfloat16"]

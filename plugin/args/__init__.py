@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from plugin.args.translate import translate_raw_config
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -21,19 +22,14 @@ from pofe.args.rounds import (
     check_round_prompt_count,
     check_round_prompt_files,
 )
-from pofe.columns import DEFAULT_FIELDS, DEFAULT_LOGIT_CHUNK_SIZE
+from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.config.base import KnownKeys
 from pofe.preprocess.win_rates import SATURATION_BAND
 
-# Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
-# are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.
-FIELD_KEYS = tuple(DEFAULT_FIELDS)
-# axolotl's fused LoRA kernels (`keep_lora_kernels_off`)
-LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
 
-
-class PofeConfig(BaseModel):
+class PofeConfig(KnownKeys):
     """The `pofe:` block."""
 
     # Errors never repeat the input: it may hold a key (pofe.preprocess.config refuses those).
@@ -57,6 +53,14 @@ class PofeConfig(BaseModel):
         default=1000.0,
         gt=0.0,
         description="SPPO step size: log-ratio target is eta * (win_rate - 1/2).",
+    )
+    # TRL's (and the SPPO authors') name for 1 / eta; read into eta, and not written back
+    # (`exclude`), so a validated block read again holds eta alone
+    beta: float | None = Field(
+        default=None,
+        gt=0.0,
+        exclude=True,
+        description="SPPO: TRL's beta, 1 / eta (beta 0.001 = eta 1000); set one of the two.",
     )
     sppo_loss: Literal["soft", "hard"] = Field(
         default="soft",
@@ -183,6 +187,16 @@ class PofeConfig(BaseModel):
                     continue
                 raise ValueError(f"pofe.{key}: {getattr(self, key)} applies to `rl: {other.name}` only")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _beta_or_eta(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("beta") is not None and data.get("eta") is not None:
+            raise ValueError(
+                f"pofe.beta ({data['beta']}) and pofe.eta ({data['eta']}) are both set: beta is TRL's name for "
+                "1 / eta (beta 0.001 = eta 1000, the paper's); keep one"
+            )
+        return data
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> PofeConfig:
         if self.method is not None:
@@ -192,8 +206,15 @@ class PofeConfig(BaseModel):
                 f"pofe.anchor_base ({self.anchor_base}) names pi_0 for pofe.anchor_mix, which is 0 (the "
                 "anchor is pi_t alone): set anchor_mix (e.g. 0.1), or drop anchor_base"
             )
+        if self.beta is not None:
+            self.eta = 1.0 / self.beta
         if (self.generate is None) != (self.judge is None):
             raise ValueError("pofe.generate and pofe.judge go together: set both or neither")
+        if self.eval and self.eval.judge is not None and self.judge is not None:
+            raise ValueError(
+                "pofe.eval.judge scores a trained model's evaluation when the recipe has no pofe.judge; this "
+                "recipe's pofe.judge judges its evaluation too. For a second, independent judge: pofe.eval.judge2"
+            )
         if self.method is not None:
             judge = self.judge
             check_candidate_rules(
@@ -240,53 +261,6 @@ class PofeConfig(BaseModel):
             check_round_prompt_files(self.round_prompts)
 
 
-def translate_raw_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Move `rl: rrhf|sppo` and dataset `field_*` keys under `pofe:`, in place.
-
-    Runs on the raw YAML dict (from `PofePlugin.register`) and again in the args
-    model's before-validator, so configs validated directly behave the same. Idempotent.
-    """
-    rl = cfg.get("rl")
-    rl = getattr(rl, "value", rl)
-    if isinstance(rl, str) and rl not in METHODS:
-        _check_axolotl_rl(rl)
-    pofe = cfg.get("pofe")
-    if pofe is None:
-        pofe = {}
-    elif isinstance(pofe, BaseModel):
-        pofe = pofe.model_dump()
-    else:
-        pofe = dict(pofe)
-    if rl in METHODS:
-        if pofe.get("method") not in (None, rl):
-            raise ValueError(f"`rl: {rl}` contradicts `pofe.method: {pofe['method']}`; keep one.")
-        pofe["method"] = rl
-        cfg.pop("rl")
-    if pofe.get("method") is None:
-        return cfg
-    keep_lora_kernels_off(cfg)
-    entries = cfg.get("datasets") or []
-    if not pofe.get("dataset_fields") and entries:
-        pofe["dataset_fields"] = [
-            {key: entry[key] for key in FIELD_KEYS if entry.get(key) is not None} for entry in entries
-        ]
-    cfg["pofe"] = pofe
-    return cfg
-
-
-def keep_lora_kernels_off(cfg: dict[str, Any]) -> None:
-    """Set axolotl's LoRA kernels off for a LoRA / QLoRA recipe that states none of them.
-
-    axolotl turns them on for LoRA unless `rl` is set ("RL trainers not tested"); POFE removes
-    `rl`, and its trainers are as untested with them, so it does what axolotl does for its own.
-    A recipe that sets any of them keeps its choice (axolotl then enables no other either).
-    """
-    if cfg.get("adapter") not in ("lora", "qlora") or any(cfg.get(k) is not None for k in LORA_KERNELS):
-        return
-    for key in LORA_KERNELS:
-        cfg[key] = False
-
-
 def pofe_config(cfg: Any) -> PofeConfig:
     """The validated `pofe:` block of `cfg`; `PofeConfig()` when it has none.
 
@@ -302,14 +276,6 @@ def pofe_config(cfg: Any) -> PofeConfig:
     if isinstance(pofe, PofeConfig):
         return pofe
     return PofeConfig.model_validate(dict(pofe or {}))
-
-
-def _check_axolotl_rl(rl: str) -> None:
-    from axolotl.utils.schemas.enums import RLType
-
-    known = [t.value for t in RLType]
-    if rl not in known:
-        raise ValueError(f"unknown `rl: {rl}`: POFE adds {list(METHODS)}; axolotl itself knows {known}")
 
 
 class PofeArgs(BaseModel):

@@ -12,16 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from pofe import methods
 from pofe.preprocess.config import BatchSize, GenerateConfig, JudgeConfig, MaxNewTokens, Seed, Temperature, TopP
+from pofe.preprocess.config.base import KnownKeys
 
 # `auto` takes the method's default (`MethodSpec.default_round_prompts`)
 RoundPrompts = Literal["auto", methods.RoundPrompts]
 
 
-class RoundPromptSet(BaseModel):
+class RoundPromptSet(KnownKeys):
     """One round's prompts named as a `datasets:` entry names its data, and loaded the same way
     (axolotl's `load_dataset_with_config`): a hub dataset id, or a local folder (with
     `data_files`, a `save_to_disk` folder or a dataset repo's files), with its config `name`
@@ -76,13 +77,14 @@ HELD_OUT_ONLY = (
     "num_samples",
     "temperature",
     "max_new_tokens",
+    "judge",
     "judge2",
     "cycle_threshold",
     "average_iterates",
 )
 
 
-class StopWhen(BaseModel):
+class StopWhen(KnownKeys):
     """`pofe.stop_when`: end an iterated run after the round whose model fails a rule on the
     held-out prompts (checked after each round, `pofe.run.evaluation.decision`). Unset, a regressing round
     is only flagged in the report (REGRESSED); stopping is opt-in."""
@@ -117,7 +119,7 @@ class StopWhen(BaseModel):
         return self
 
 
-class EvalConfig(BaseModel):
+class EvalConfig(KnownKeys):
     """`pofe.eval`: the report's headline, and held-out prompts with their decoding and an
     optional second judge.
 
@@ -180,6 +182,11 @@ class EvalConfig(BaseModel):
     )
     train_samples: int = Field(1, ge=1, le=64, description="Headline samples per prompt.")
     train_temperature: Temperature = Field(0.0, description="Headline decoding: 0 = greedy (train_samples must be 1).")
+    judge: JudgeConfig | None = Field(
+        None,
+        description="The judge a trained model's evaluation scores with when the recipe has no pofe.judge (a "
+        "recipe trained on a dataset of its own): the keys of pofe.judge.",
+    )
     judge2: JudgeConfig | None = Field(None, description="A second, independent judge for evaluation only.")
     cycle_threshold: float = Field(
         0.5,

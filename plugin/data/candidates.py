@@ -16,7 +16,7 @@ from datasets import Dataset
 
 from pofe.args import PofeConfig
 from pofe.data.formats import RowFormat, prompt_row
-from pofe.data.sources import read_json_rows
+from pofe.data.sources import local_files_digest, read_json_rows
 from pofe.files import stable_hash
 from pofe.logs import get_logger
 
@@ -63,21 +63,7 @@ def build_candidates(
     # tokenizer, with the recipe's chat_template settings); generate.model keeps its own
     tokenizer = None if generate.model else load_tokenizer(cfg)
     if candidates.out_dir is None:
-        # keyed on what the generate shards depend on: a changed judge reuses them (the
-        # pipeline keeps each judge's shards apart inside)
-        parts = [
-            entry.path,
-            entry.split,
-            policy,
-            prompt_column,
-            generate.model_dump(),
-            candidates.shard_size,
-            candidates.truncated,
-            getattr(tokenizer, "chat_template", None),
-        ]
-        # appended only when not the default, so caches built before the option keep their key
-        parts += [prompt_format] if prompt_format != "chat" else []
-        out_dir = Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{stable_hash(parts, 32)}"
+        out_dir = candidates_dir(cfg, pofe, entry, policy, prompt_column, prompt_format, tokenizer)
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     result = run_pipeline(
         rows,
@@ -104,6 +90,30 @@ def build_candidates(
         f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
     )
     return result
+
+
+def candidates_dir(
+    cfg: DictDefault, pofe: PofeConfig, entry, policy: str, prompt_column: str, prompt_format: str, tokenizer
+) -> Path:
+    """`dataset_prepared_path/pofe-candidates-<hash>`: the folder of one prompt dataset's
+    candidates, named by what its generate shards depend on, with every default filled in
+    as the pipeline fills it (`generate.dedupe` and `candidates.truncated` per method), and by
+    the method: two recipes that differ in any of these, `rl: rrhf` and `rl: sppo` on the same
+    prompts included, never share a folder. The judge is not in the name: a changed judge
+    reuses the generated candidates, its verdicts kept apart inside (`judge/manifest.json`)."""
+    method = pofe.method
+    generate, candidates = pofe.generate.for_method(method), pofe.candidates.for_method(method)
+    parts = {
+        "method": method,
+        "dataset": [entry.path, entry.split, prompt_column, prompt_format],
+        # what the file holds: an edited prompt file gets a folder of its own
+        "data": local_files_digest([entry]),
+        "policy": policy,
+        "generate": generate.model_dump(),
+        "candidates": [candidates.shard_size, candidates.truncated],
+        "chat_template": getattr(tokenizer, "chat_template", None),
+    }
+    return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{stable_hash(parts, 32)}"
 
 
 def sampling_policy(cfg: DictDefault, generate) -> str:

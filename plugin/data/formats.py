@@ -3,10 +3,14 @@
 Canonical row (what tokenisation sees), with the method's label column (`Target.column`):
     {"prompt": [chat messages], "responses": [assistant messages] * k,
      <label column>: [float] * k,                   # rewards (rl: rrhf), win_rates (rl: sppo)
-     "anchor_logps": [float] * k | None}            # methods with an anchor only (rl: sppo)
+     "anchor_logps": [float] * k | None,            # methods with an anchor only (rl: sppo)
+     "source_prompt": text or chat messages}         # the prompt as a judge reads it (evaluation)
 
 With `prompt_format: hh` on the `datasets:` entry, the prompt and the responses are
-Anthropic HH transcripts, turned into chat messages first (`transcripts.py`).
+Anthropic HH transcripts, turned into chat messages first (`transcripts.py`). TRL's
+preference layouts read as TRL reads them: a prompt column or none (the responses' shared
+start is the prompt, `implicit_prompt.py`), conversations or plain text, and a pair's
+`score_chosen` / `score_rejected` as its labels. Messages are checked in `messages.py`.
 
 Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
 wrong and what to do: nothing is dropped here. Labels are checked as training will see
@@ -24,15 +28,14 @@ from typing import Any
 import numpy as np
 
 from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
+from pofe.data.implicit_prompt import implicit_prompt
 from pofe.data.label_checks import check_labels
+from pofe.data.messages import prompt_messages, response_message
 from pofe.data.transcripts import hh_row
 from pofe.errors import PofeError
 from pofe.methods import Target, method_spec
 
 PROMPT_FORMATS = ("chat", "hh")
-# The roles a prompt message may have: chat templates render whatever role they are given, so a
-# misspelt one ("usr") would be trained on as written
-CHAT_ROLES = ("system", "user", "assistant", "tool")
 # How far above 0 a summed log-prob may be from rounding alone (each token's log-softmax is
 # <= 0 up to float32 rounding, ~1e-7, over up to thousands of tokens)
 LOGP_ROUNDING = 1e-3
@@ -54,6 +57,13 @@ class RowFormat:
     def __post_init__(self):
         check_prompt_format(self.prompt_format, self.dataset)
 
+    @classmethod
+    def of_entry(cls, entry, index: int, pofe) -> RowFormat:
+        """The format of the recipe's `datasets[index]` entry, with its `field_*` keys (which
+        `pofe.dataset_fields` holds: axolotl's dataset schema drops them)."""
+        fields = pofe.dataset_fields[index] if index < len(pofe.dataset_fields) else {}
+        return cls(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
+
     def column(self, key: str) -> str:
         return self.fields.get(key, DEFAULT_FIELDS[key])
 
@@ -68,22 +78,22 @@ class RowFormat:
         return [self.column("field_chosen"), self.column("field_rejected")]
 
     def required_columns(self) -> list[str]:
+        """The columns every row needs. The prompt is not among them: a row without one takes
+        its responses' shared start (`implicit_prompt`, TRL's implicit-prompt layout)."""
         if self.type == "pofe.rrhf":
-            return [self.column("field_prompt"), self.column("field_responses")]
+            return [self.column("field_responses")]
         if self.type == "pofe.sppo":
-            return [
-                self.column("field_prompt"),
-                self.column("field_responses"),
-                self.column("field_win_rates"),
-            ]
+            return [self.column("field_responses"), self.column("field_win_rates")]
         pair = [self.column("field_chosen"), self.column("field_rejected")]
-        if self.type == "pofe.pairs" and self.prompt_format == "hh":
-            return pair  # Anthropic/hh-rlhf: the prompt is in each transcript (`transcripts.py`)
         if self.type == "pofe.sppo_ucla":
-            # the SPPO scripts (compute_prob.py) write no prompt column: it is the chosen
-            # conversation's user turn (a prompt column, when there is one, is read instead)
+            # the SPPO scripts (compute_prob.py) write no prompt column: it is the conversations'
+            # shared user turn (a prompt column, when there is one, is read instead)
             return pair + ["chosen_probs_win", "chosen_probs_lose"]
-        return [self.column("field_prompt"), *pair]
+        return pair
+
+    def score_columns(self) -> list[str]:
+        """A pair's scores (TRL's `score_chosen` / `score_rejected`), read when present."""
+        return [self.column("field_score_chosen"), self.column("field_score_rejected")]
 
 
 def check_prompt_format(value: str, dataset: str) -> None:
@@ -100,12 +110,41 @@ def check_columns(fmt: RowFormat, columns: list[str]) -> None:
     if fmt.type == "pofe.rrhf" and not missing:
         if fmt.column("field_rewards") not in columns and fmt.column("field_ranks") not in columns:
             missing = [f"{fmt.column('field_rewards')} (or {fmt.column('field_ranks')})"]
+    scores = [c for c in fmt.score_columns() if c in columns] if fmt.type == "pofe.pairs" else []
+    if len(scores) == 1:
+        missing = [c for c in fmt.score_columns() if c not in columns]
     if missing:
+        unpaired = {"completion", "label"} <= set(columns)
+        unpaired = (
+            " It has TRL's unpaired layout (completion, label: KTO's), which holds no pairs." if unpaired else ""
+        )
         raise PofeDataError(
             f"dataset {fmt.dataset}: missing column(s) {missing} for type {fmt.type}; "
             f"it has {columns}. Rename the columns or map them with "
-            f"`field_*` keys on the dataset entry (e.g. field_prompt: question)."
+            f"`field_*` keys on the dataset entry (e.g. field_chosen: preferred).{unpaired}"
         )
+
+
+def ordered_label_columns(fmt: RowFormat, columns: list[str]) -> list[str] | None:
+    """The two columns a pair's labels come from when they rank chosen above rejected (the
+    SPPO authors' win rates, TRL's scores): a row where they do not is suspicious. None: the
+    labels are the pair's order itself, or k responses'."""
+    if fmt.type == "pofe.sppo_ucla":
+        return ["chosen_probs_win", "chosen_probs_lose"]
+    if fmt.type == "pofe.pairs" and all(c in columns for c in fmt.score_columns()):
+        return fmt.score_columns()
+    return None
+
+
+def implicit_prompt_note(fmt: RowFormat, columns: list[str]) -> str | None:
+    """What the log says when an entry has no prompt column: where its prompts come from."""
+    if fmt.column("field_prompt") in columns or fmt.prompt_format == "hh":
+        return None
+    return (
+        f"POFE: dataset {fmt.dataset} has no {fmt.column('field_prompt')!r} column: each row's prompt is the "
+        f"shared start of its {' and '.join(fmt.response_columns())} (TRL's implicit-prompt layout); name a "
+        "prompt column with field_prompt if it has one"
+    )
 
 
 def row_error(dataset: str, index: int):
@@ -125,26 +164,31 @@ def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_colu
     fail = row_error(fmt.dataset, index)
     if fmt.prompt_format == "hh":
         return hh_row(row, fmt.column("field_prompt"), response_columns, fail)
-    _prompt_messages(row.get(fmt.column("field_prompt")), fmt.column("field_prompt"), fail)
+    prompt_messages(row.get(fmt.column("field_prompt")), fmt.column("field_prompt"), fail)
     return dict(row)
 
 
-def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
-    """Check one raw row and return its canonical form (see module docstring)."""
-    fail = row_error(fmt.dataset, index)
-    if fmt.prompt_format == "hh":
-        row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
+def source_prompt(row: Mapping[str, Any], index: int, fmt: RowFormat) -> Any:
+    """The row's prompt as a judge reads it (text or chat messages): the prompt column's value,
+    or, without one, the prompt its responses share; HH transcripts as chat messages."""
+    if fmt.type == "pofe.prompts":
+        return prompt_row(row, index, fmt, [])[fmt.column("field_prompt")]
+    return _with_prompt(row, fmt, row_error(fmt.dataset, index))[fmt.column("field_prompt")]
 
+
+def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[str, Any]:
+    """Check one raw row and return its canonical form (see module docstring), with the prompt
+    as a judge reads it under `source_prompt`."""
+    fail = row_error(fmt.dataset, index)
+    row = _with_prompt(row, fmt, fail)
     prompt_col = fmt.column("field_prompt")
-    if fmt.type == "pofe.sppo_ucla" and row.get(prompt_col) is None:
-        prompt = _conversation_prompt(row, fmt, fail)
-    else:
-        prompt = _prompt_messages(row.get(prompt_col), prompt_col, fail)
+    prompt = prompt_messages(row.get(prompt_col), prompt_col, fail)
     responses, names = _responses(row, fmt, fail)
     spec = method_spec(fmt.method)
     labels, label_names = _labels(row, fmt, len(responses), fail)
     check_labels(spec.target, labels, label_names, responses, names, fail)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses, spec.target.column: labels}
+    out["source_prompt"] = row[prompt_col]
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
         out[ANCHOR_LOGPS] = (
@@ -163,9 +207,10 @@ def candidate_row(row: Mapping[str, Any], index: int, *, target: Target, source:
     None for a dataset response) pass through when the pipeline kept them.
     """
     out = {
-        "prompt": _prompt_messages(row["prompt"], "prompt", row_error(source, index)),
+        "prompt": prompt_messages(row["prompt"], "prompt", row_error(source, index)),
         "responses": [{"role": "assistant", "content": text} for text in row["responses"]],
         target.column: row[target.column],
+        "source_prompt": row["prompt"],
     }
     if row.get("response_ids") is not None:  # the ids the policy sampled: trained as they are
         out["response_ids"] = row["response_ids"]
@@ -182,7 +227,7 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
                 resp_col, f"expected a list of responses, got {type(raw).__name__}", "Give k >= 2 responses per row."
             )
         responses = [
-            _response_message(
+            response_message(
                 r, lambda what, j=j: fail(f"{resp_col}[{j}]", what, "Remove the empty candidate or regenerate it.")
             )
             for j, r in enumerate(raw)
@@ -192,7 +237,7 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
         return responses, [f"{resp_col}[{j}]" for j in range(len(responses))]
     chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
     responses = [
-        _response_message(
+        response_message(
             row.get(col), lambda what, col=col: fail(col, what, "Both responses of a pair must be non-empty.")
         )
         for col in (chosen_col, rejected_col)
@@ -203,7 +248,7 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
 def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[float], list[str]]:
     """The row's k labels as its dataset type gives them, and each label's field for errors."""
     if fmt.type == "pofe.pairs":
-        return [1.0, 0.0], [fmt.column("field_chosen"), fmt.column("field_rejected")]
+        return _pair_labels(row, fmt, fail)
     if fmt.type == "pofe.sppo_ucla":
         # The SPPO authors' release: chosen/rejected plus each one's win rate.
         names = ["chosen_probs_win", "chosen_probs_lose"]
@@ -230,89 +275,50 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
     return labels, [f"{col}[{j}]" for j in range(k)]
 
 
-def _prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
-    fix = "A prompt is a non-empty string or a list of {role, content} messages."
-    if isinstance(value, str):
-        if not value.strip():
-            raise fail(col, "the prompt is empty", fix)
-        return [{"role": "user", "content": value}]
-    if isinstance(value, (list, tuple)) and value:
-        messages = []
-        for i, m in enumerate(value):
-            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                raise fail(col, f"message {m!r} is not a {{role, content}} mapping", fix)
-            if m["role"] not in CHAT_ROLES:
-                raise fail(
-                    f"{col}[{i}].role",
-                    f"unknown role {m['role']!r}",
-                    f"Use one of {list(CHAT_ROLES)}: the chat template would render any other as written.",
-                )
-            content = m["content"]
-            if not isinstance(content, str):
-                raise fail(
-                    f"{col}[{i}].content",
-                    f"expected text, got {content!r:.80}",
-                    "Give every message its text, or remove the message.",
-                )
-            if not content.strip():
-                raise fail(
-                    f"{col}[{i}].content",
-                    "the message is empty",
-                    "Give every message its text, or remove the message.",
-                )
-            messages.append({"role": str(m["role"]), "content": content})
-        if messages[-1]["role"] == "assistant":
-            # the responses are rendered as the next assistant turn: two in a row
-            raise fail(
-                f"{col}[{len(messages) - 1}]",
-                "the prompt ends with an assistant turn",
-                "End the prompt with the turn the responses answer; an assistant reply belongs in the responses.",
-            )
-        return messages
-    raise fail(col, f"expected text or chat messages, got {value!r:.80}", fix)
+def _pair_labels(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[float], list[str]]:
+    """A pair's labels: 1 and 0; with scores (TRL's `score_chosen` / `score_rejected`, the
+    layout of `trl-lib/ultrafeedback_binarized`), the scores themselves as rewards, or as win
+    rates P(chosen beats rejected) and its complement: 1 and 0, 1/2 each on a tie, 0 and 1
+    when rejected scored higher (the loader counts such rows)."""
+    names = fmt.score_columns()
+    if row.get(names[0]) is None and row.get(names[1]) is None:
+        return [1.0, 0.0], [fmt.column("field_chosen"), fmt.column("field_rejected")]
+    chosen, rejected = (_number(row, name, fail) for name in names)
+    if not method_spec(fmt.method).target.from_win_rates:
+        return [chosen, rejected], names
+    p = 1.0 if chosen > rejected else 0.5 if chosen == rejected else 0.0
+    return [p, 1.0 - p], names
 
 
-def _conversation_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> list[dict[str, str]]:
-    """The turns before the answer in the chosen and rejected conversations, which must agree."""
-    prompts = []
-    for col in (fmt.column("field_chosen"), fmt.column("field_rejected")):
-        value = row.get(col)
-        if not (isinstance(value, (list, tuple)) and len(value) >= 2):
-            raise fail(
-                col,
-                f"no {fmt.column('field_prompt')!r} column and this is not a conversation (got {value!r:.80})",
-                "Give chosen and rejected as [user, assistant] messages, as the SPPO scripts "
-                "write them, or add a prompt column.",
-            )
-        prompts.append(_prompt_messages(list(value[:-1]), col, fail))
-    if prompts[0] != prompts[1]:
-        raise fail(
-            fmt.column("field_rejected"),
-            "its conversation answers a different prompt than chosen's",
-            "Both responses of a row must answer the same prompt.",
-        )
-    return prompts[0]
+def _with_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> Mapping[str, Any]:
+    """`row` with its prompt read: HH transcripts turned into chat messages, and a missing
+    prompt taken from what its responses share (`_with_implicit_prompt`)."""
+    if fmt.prompt_format == "hh":
+        row = hh_row(row, fmt.column("field_prompt"), fmt.response_columns(), fail)
+    if row.get(fmt.column("field_prompt")) is None:
+        row = _with_implicit_prompt(row, fmt, fail)
+    return row
 
 
-def _response_message(value: Any, fail) -> dict[str, str]:
-    if isinstance(value, Mapping):
-        if value.get("role", "assistant") != "assistant":
-            raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
-        if value.get("tool_calls") and not (isinstance(value.get("content"), str) and value["content"].strip()):
-            raise fail(
-                "the response is a tool call (tool_calls) with no text; POFE trains on text responses "
-                "and does not support tool calls as a response"
-            )
-        value = value.get("content")
-    elif isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
-        # a whole conversation (TRL's conversational preference rows, the SPPO
-        # authors' release): the response is its final, assistant, turn
-        return _response_message(value[-1], fail)
-    if not isinstance(value, str):
-        raise fail(f"expected text or an assistant message, got {type(value).__name__}")
-    if not value.strip():
-        raise fail("the response is empty")
-    return {"role": "assistant", "content": value}
+def _with_implicit_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> dict[str, Any]:
+    """`row` with the prompt its responses share (`implicit_prompt`) in the prompt column and
+    what remains of each response in place of the response."""
+    row = dict(row)
+    columns = fmt.response_columns()
+    if len(columns) == 1:  # k responses in one list column
+        values = row.get(columns[0])
+        if not isinstance(values, (list, tuple)) or len(values) < 2:
+            return row  # `_responses` says what is wrong with the column
+        names = [f"{columns[0]}[{j}]" for j in range(len(values))]
+    else:
+        values, names = [row.get(c) for c in columns], columns
+    prompt, rests = implicit_prompt(values, names, fail, pair=len(columns) == 2)
+    row[fmt.column("field_prompt")] = prompt
+    if len(columns) == 1:
+        row[columns[0]] = rests
+    else:
+        row.update(zip(columns, rests))
+    return row
 
 
 def _number(row: Mapping[str, Any], col: str, fail) -> float:

@@ -8,10 +8,10 @@ Across rows, suspicious but not impossible, so warned about with a count:
 
 - `conflicting_rows`: the same prompt in two rows ranks the same two responses in opposite
   orders (one row says a > b, the other b > a); training pulls both ways and learns noise.
-- `reversed_ucla_rows`: a `pofe.sppo_ucla` row whose chosen response has the lower win rate.
-  The SPPO scripts pick chosen as the highest-scored sample and rejected as the lowest, so
-  this usually means swapped columns; SPPO trains on the win rates as given, so it is a
-  warning, not an error.
+- `reversed_pair_rows`: a pair whose chosen response has the lower label: a `pofe.sppo_ucla`
+  row's win rate (the SPPO scripts pick chosen as the highest-scored sample and rejected as
+  the lowest), or a `pofe.pairs` row's score (TRL's `score_chosen` / `score_rejected`). That
+  usually means swapped columns; training takes the labels as given, so it is a warning.
 
 Rows are compared by digests of their texts (`text_keys`), so the check keeps no text.
 """
@@ -29,11 +29,16 @@ from pofe.methods import Target
 SHOWN = 5
 
 
+def prompt_key(messages: list[dict]) -> str:
+    """The digest a prompt (as chat messages) is compared by."""
+    return stable_hash(messages, 32)
+
+
 def text_keys(row: dict[str, Any]) -> dict[str, Any]:
     """Digests of a canonical row's prompt and of each response's text."""
 
     return {
-        "prompt_key": stable_hash(row["prompt"], 32),
+        "prompt_key": prompt_key(row["prompt"]),
         "response_keys": [stable_hash(r["content"], 32) for r in row["responses"]],
     }
 
@@ -59,9 +64,9 @@ def conflicting_rows(
     return out
 
 
-def reversed_ucla_rows(win_rates: list[list[float]]) -> list[int]:
-    """Rows of a `pofe.sppo_ucla` dataset (win rates [chosen, rejected]) where chosen's is lower."""
-    return [n for n, (chosen, rejected) in enumerate(win_rates) if chosen < rejected]
+def reversed_pair_rows(labels: list[list[float]]) -> list[int]:
+    """Rows of pairs (labels [chosen, rejected]) where chosen's label is the lower."""
+    return [n for n, (chosen, rejected) in enumerate(labels) if chosen < rejected]
 
 
 def shown(items: list) -> str:

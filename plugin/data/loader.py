@@ -31,8 +31,17 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS
 from pofe.data.candidates import candidates_from_prompts
-from pofe.data.formats import RowFormat, candidate_row, check_columns, normalize_row
-from pofe.data.label_checks import conflicting_rows, reversed_ucla_rows, shown, text_keys
+from pofe.data.debug_rows import show_rows
+from pofe.data.formats import (
+    RowFormat,
+    candidate_row,
+    check_columns,
+    implicit_prompt_note,
+    normalize_row,
+    ordered_label_columns,
+)
+from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
+from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
 from pofe.data.tokenize import tokenize_row
 from pofe.files import stable_hash, write_atomic
@@ -43,16 +52,20 @@ from pofe.methods import MethodSpec, method_spec
 LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
-# 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row
-PREPARED_FORMAT_VERSION = 4
+# 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row;
+# 5: each row's source_prompt
+PREPARED_FORMAT_VERSION = 5
 # the length policy's record of each tokenised row (`tokenize.tokenize_row`)
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
 
-def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False) -> TrainDatasetMeta:
+def load_pofe_datasets(
+    cfg: DictDefault, pofe: PofeConfig, preprocess: bool = False, debug: tuple[int, bool] = (0, False)
+) -> TrainDatasetMeta:
     """Build (or reuse) the tokenised k-response dataset described by `cfg`.
 
     `pofe` is `cfg`'s validated `pofe:` block, read once by the plugin's hook and passed down.
+    `debug`: (rows, text only) to show, from axolotl's `--debug` flags (`debug_rows`).
     """
     tokenizer = load_tokenizer(cfg)
     if not getattr(tokenizer, "chat_template", None):
@@ -69,6 +82,8 @@ def load_pofe_datasets(cfg: DictDefault, pofe: PofeConfig, preprocess: bool = Fa
     finally:
         loader.cleanup()
 
+    if debug[0]:
+        show_rows(dataset, tokenizer, pofe.method, *debug)
     eval_dataset = None
     if cfg.val_set_size:
         dataset, eval_dataset = create_train_validation_split(dataset, cfg, cfg.val_set_size)
@@ -84,21 +99,24 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
     from pofe.preprocess.identity import judge_identity
 
     base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
-    # the blocks as axolotl's cfg stores them (exclude_none), so the hash does not
-    # depend on how the block was read and caches prepared before keep theirs
-    blocks = pofe.model_dump(include={"generate", "judge", "candidates"}, exclude_none=True)
+    # the settings as resolved, defaults filled in as preparation fills them (per method, per
+    # judge): two recipes that prepare differently never share a cache, and two that state one
+    # default differently (`dedupe: true` under RRHF, or left out) share one
+    method = pofe.method
     extra = {
         "version": PREPARED_FORMAT_VERSION,
-        "method": pofe.method,
+        "method": method,
         "fields": pofe.dataset_fields,
         "truncation": pofe.truncation,
-        "max_prompt_len": pofe.max_prompt_len,
+        "max_prompt_len": pofe.max_prompt_len or cfg.sequence_len // 2,
         "chat_template": tokenizer.chat_template,
-        "generate": blocks.get("generate"),
-        "judge": blocks.get("judge"),
+        "generate": pofe.generate.for_method(method).model_dump() if pofe.generate else None,
+        "judge": pofe.judge.model_dump() if pofe.judge else None,
         # the judge's code or weights: an edited judge function judges the candidates again
         "judge_identity": judge_identity(pofe.judge) if pofe.judge else None,
-        "candidates": blocks["candidates"],
+        "candidates": pofe.candidates.for_method(method).model_dump(),
+        # `pofe.eval.held_out`: the rows kept from training (`held_out.py`)
+        "held_out": held_out_count(pofe, cfg.datasets),
         # axolotl's hash names the files; this is what they hold (edited in place)
         "data": local_files_digest(cfg.datasets),
     }
@@ -138,39 +156,15 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
             f"sequence_len ({cfg.sequence_len}); lower it"
         )
     spec = method_spec(pofe.method)
+    held = held_out_count(pofe, cfg.datasets)
     parts, policy = [], []
     for i, entry in enumerate(cfg.datasets):
-        fields = pofe.dataset_fields[i] if i < len(pofe.dataset_fields) else {}
-        fmt = RowFormat(dataset=entry.path, type=entry.type, method=pofe.method, fields=fields)
-        raw = load_entry(entry, cfg.hf_use_auth_token)
-        if entry.type == "pofe.prompts":
-            # the pipeline's own rows are canonical already: shaped, not checked again
-            raw, source = candidates_from_prompts(cfg, pofe, entry, raw, fmt)
-            canonical = partial(candidate_row, target=spec.target, source=source)
-        else:
-            check_columns(fmt, raw.column_names)
-            canonical = partial(normalize_row, fmt=fmt)
-        part = raw.map(
-            _prepare_row,
-            with_indices=True,
-            remove_columns=raw.column_names,
-            fn_kwargs={
-                "canonical": canonical,
-                "tokenizer": tokenizer,
-                "sequence_len": cfg.sequence_len,
-                "max_prompt_len": max_prompt_len,
-                "truncation": pofe.truncation,
-            },
-            desc=f"POFE: tokenising {entry.path}",
-        )
-        policy.append(entry_summary(entry.path, part.select_columns(POLICY_COLUMNS).to_dict()))
-        if policy[-1]["rows_over_sequence_len"]:
+        fmt = RowFormat.of_entry(entry, i, pofe)
+        part, summary = _prepare_entry(cfg, pofe, fmt, entry, tokenizer, max_prompt_len, held)
+        policy.append(summary)
+        if summary["rows_over_sequence_len"]:
             where = f"; per row in {policy_path}" if policy_path else ""
-            LOG.warning(summary_message(policy[-1], cfg.sequence_len, pofe.truncation) + where)
-            if entry.type == "pofe.prompts":
-                _record_in_summary(Path(source).parent / "summary.json", policy[-1], cfg.sequence_len, pofe.truncation)
-        _warn_suspicious_labels(part, fmt, spec.target.column)
-        part = part.filter(lambda keep: keep, input_columns="keep")
+            LOG.warning(summary_message(summary, cfg.sequence_len, pofe.truncation) + where)
         if spec.equal_labels_note:
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
@@ -186,6 +180,59 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
     if spec.needs_anchor:
         dataset = _settle_anchor_column(dataset)
     return dataset
+
+
+def _prepare_entry(
+    cfg: DictDefault, pofe: PofeConfig, fmt: RowFormat, entry, tokenizer, max_prompt_len: int, held: int
+) -> tuple[Dataset, dict]:
+    """One entry's tokenised rows (those the length policy keeps, none with a held-out prompt)
+    and the length policy's summary of them."""
+    spec = method_spec(pofe.method)
+    raw = load_entry(entry, cfg.hf_use_auth_token)
+    held_keys: set[str] = set()
+    if held:  # `pofe.eval.held_out`: the last rows are for `axolotl pofe eval` (`held_out.py`)
+        raw, _, held_keys = hold_out(raw, fmt, held)
+    if entry.type == "pofe.prompts":
+        # the pipeline's own rows are canonical already: shaped, not checked again
+        raw, source = candidates_from_prompts(cfg, pofe, entry, raw, fmt)
+        canonical = partial(candidate_row, target=spec.target, source=source)
+    else:
+        check_columns(fmt, raw.column_names)
+        if note := implicit_prompt_note(fmt, raw.column_names):
+            LOG.info(note)
+        canonical = partial(normalize_row, fmt=fmt)
+    part = raw.map(
+        _prepare_row,
+        with_indices=True,
+        remove_columns=raw.column_names,
+        fn_kwargs={
+            "canonical": canonical,
+            "tokenizer": tokenizer,
+            "sequence_len": cfg.sequence_len,
+            "max_prompt_len": max_prompt_len,
+            "truncation": pofe.truncation,
+        },
+        desc=f"POFE: tokenising {entry.path}",
+    )
+    summary = entry_summary(entry.path, part.select_columns(POLICY_COLUMNS).to_dict())
+    if summary["rows_over_sequence_len"] and entry.type == "pofe.prompts":
+        _record_in_summary(Path(source).parent / "summary.json", summary, cfg.sequence_len, pofe.truncation)
+    _warn_suspicious_labels(part, fmt, spec.target.column, ordered_label_columns(fmt, raw.column_names))
+    part = part.filter(lambda keep: keep, input_columns="keep")
+    if held:
+        part = _without_held_out_prompts(part, held_keys, held, fmt)
+    return part, summary
+
+
+def _without_held_out_prompts(part: Dataset, keys: set[str], held: int, fmt: RowFormat) -> Dataset:
+    """The rows whose prompt is none of the held-out rows' (`keys`), the others counted."""
+    kept = part.filter(lambda key: key not in keys, input_columns="prompt_key")
+    LOG.info(
+        f"POFE: the last {held} rows of {fmt.dataset} are held out for `axolotl pofe eval` (pofe.eval.held_out)"
+        + (f", and {len(part) - len(kept)} other rows with their prompts" if len(kept) < len(part) else "")
+        + f"; training on {len(kept)} rows"
+    )
+    return kept
 
 
 def _record_in_summary(summary_path: Path, entry: dict, sequence_len: int, truncation: str) -> None:
@@ -222,13 +269,20 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
 
 def _prepare_row(row: dict[str, Any], index: int, *, canonical, tokenizer, **kw) -> dict:
     row = canonical(row, index)
-    return {**tokenize_row(row, tokenizer, **kw), **text_keys(row)}
+    # the prompt as a judge reads it, for `axolotl pofe eval` of the rows axolotl keeps from
+    # training (val_set_size): JSON, one column type for text and chat messages
+    source = json.dumps(row["source_prompt"], sort_keys=True)
+    return {**tokenize_row(row, tokenizer, **kw), **text_keys(row), SOURCE_PROMPT: source}
 
 
-def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple[int, int]:
+def _warn_suspicious_labels(
+    part: Dataset, fmt: RowFormat, column: str, ordered: list[str] | None = None
+) -> tuple[int, int]:
     """Warn about (and count) rows whose labels contradict another row's for the same prompt,
-    and `pofe.sppo_ucla` rows whose chosen response has the lower win rate (`label_checks.py`).
-    Rows are the entry's, 0-based, before the length policy drops any."""
+    and pairs whose chosen response has the lower label (`label_checks.py`). `ordered`: the
+    two columns a pair's labels come from when they say which is better (`sppo_ucla`'s win
+    rates, TRL's scores), else None. Rows are the entry's, 0-based, before the length policy
+    drops any."""
     labels = part[column]
     conflicts = conflicting_rows(part["prompt_key"], part["response_keys"], labels)
     if conflicts:
@@ -237,13 +291,12 @@ def _warn_suspicious_labels(part: Dataset, fmt: RowFormat, column: str) -> tuple
             f"opposite order to an earlier row with the same prompt (rows {shown(conflicts)}); training pulls "
             "both ways: remove or merge the duplicates"
         )
-    reversed_rows = reversed_ucla_rows(labels) if fmt.type == "pofe.sppo_ucla" else []
+    reversed_rows = reversed_pair_rows(labels) if ordered else []
     if reversed_rows:
         LOG.warning(
-            f"POFE: {len(reversed_rows)} of {len(part)} rows of {fmt.dataset} have chosen_probs_win < "
-            f"chosen_probs_lose (rows {shown(reversed_rows)}): their chosen response has the lower win rate, "
-            "which the SPPO scripts never write; SPPO trains on the win rates as given. Check that the "
-            "columns are not swapped"
+            f"POFE: {len(reversed_rows)} of {len(part)} rows of {fmt.dataset} have {ordered[0]} < {ordered[1]} "
+            f"(rows {shown(reversed_rows)}): their chosen response has the lower label, which a preference "
+            "dataset does not mean; training takes the labels as given. Check that the columns are not swapped"
         )
     return len(conflicts), len(reversed_rows)
 

@@ -1,11 +1,12 @@
-"""`python -m pofe.demo`: RRHF from prompts on a toy task, end to end on the CPU.
+"""`python -m pofe.demo`: RRHF or SPPO from prompts on a toy task, end to end on the CPU.
 
 Builds a tiny random Llama and addition prompts ("12+7=") with a reference answer and
 near misses, then runs the real `axolotl preprocess` (sample candidates from the tiny
 model, add the dataset's responses, judge with the verifiable reward) and
-`axolotl train` on `recipes/tiny-rrhf-cpu.yml`. It greedy-decodes the prompts with the
-model before and after training and prints the reward side by side with the
-candidates' mean and best-of-k reward (RRHF's ceiling).
+`axolotl train` on the method's recipe (`recipes/tiny-rrhf-cpu.yml`,
+`recipes/tiny-sppo-cpu.yml`). It greedy-decodes the prompts with the model before and
+after training and prints the reward side by side with the candidates' mean and best-of-k
+reward. `make demo` runs both methods.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pofe.demo.tiny import build_tiny_model
 NUM_TRAIN_PROMPTS = 60
 NUM_HELD_OUT = 40
 NEAR_MISSES = 3
+METHODS = ("rrhf", "sppo")
 
 
 def prepare(recipe: dict, seed: int) -> list[dict]:
@@ -58,53 +60,96 @@ def axolotl(command: str, recipe_path: Path) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", type=Path, default=Path("recipes/tiny-rrhf-cpu.yml"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prepare-only", action="store_true", help="write the tiny model and data, do not train")
-    args = parser.parse_args(argv)
-    recipe = yaml.safe_load(args.recipe.read_text())
+def candidates_summary(recipe: dict, method: str) -> dict:
+    """The summary.json of the candidates this run built: the newest of the method's under the
+    recipe's dataset_prepared_path (the two tiny recipes share one; each method has its folders)."""
+    found = [
+        (path.stat().st_mtime, summary)
+        for path in Path(recipe["dataset_prepared_path"]).glob("pofe-candidates-*/summary.json")
+        if (summary := json.loads(path.read_text()))["method"] == method
+    ]
+    return max(found, key=lambda pair: pair[0])[1]
 
+
+def print_table(method: str, summary: dict, seconds: float, before: dict, after: dict) -> None:
+    """The before/after table: greedy reward and exact match on the training prompts, greedy
+    reward on held-out ones, and the candidates' mean and best-of-k reward."""
+    kept = summary["candidates_per_prompt"]["mean"]
+    judged = sum(summary["candidates_by_source"].values()) / summary["rows"]
+    trained = f", {kept:.1f} trained on" if f"{kept:.1f}" != f"{judged:.1f}" else ""
+    print(
+        f"\n{method.upper()} on {summary['rows']} addition prompts, {judged:.1f} candidates per prompt "
+        f"(sampled + dataset){trained}, preprocess + train took {seconds:.0f} s\n"
+    )
+    train, held = (before["train"], after["train"]), (before["held_out"], after["held_out"])
+    print(f"{'':34}{'before':>10}{'after':>10}")
+    print(f"{'greedy reward, training prompts':34}{train[0]['mean_reward']:>10.3f}{train[1]['mean_reward']:>10.3f}")
+    print(f"{'exact match, training prompts':34}{train[0]['exact_match']:>10.3f}{train[1]['exact_match']:>10.3f}")
+    print(f"{'greedy reward, held-out prompts':34}{held[0]['mean_reward']:>10.3f}{held[1]['mean_reward']:>10.3f}")
+    print(f"{'candidates: mean reward':34}{summary['mean_candidate_reward']:>10.3f}")
+    print(f"{'candidates: best-of-k (ceiling)':34}{summary['mean_best_of_k_reward']:>10.3f}")
+    print("\nsamples (prompt -> before | after):")
+    for (p, b, _), (_, a, r) in list(zip(train[0]["samples"], train[1]["samples"]))[:6]:
+        print(f"  {p:<7} -> {b!r:<12} | {a!r:<8} reward {r:.2f}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pofe.demo",
+        description="Train a tiny random model with RRHF or SPPO on addition prompts (12+7=), on the CPU, "
+        "through the real `axolotl preprocess` and `axolotl train`, and print its greedy reward before "
+        "and after beside the candidates' mean and best-of-k reward.",
+    )
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        default="rrhf",
+        help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
+        "(a verifier's sharp comparisons). Picks the recipe recipes/tiny-<method>-cpu.yml.",
+    )
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        default=None,
+        help="A recipe of your own in place of the method's (its base_model, datasets[0].path and "
+        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method.",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="Seed of the tiny model's weights and of the prompts (default 0); training keeps the recipe's.",
+    )
+    parser.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    recipe_path = args.recipe or Path("recipes") / f"tiny-{args.method}-cpu.yml"
+    recipe = yaml.safe_load(recipe_path.read_text())
     rows = prepare(recipe, args.seed)
     print(f"wrote a tiny model to {recipe['base_model']} and {len(rows)} prompts")
     if args.prepare_only:
         return
-    method = recipe["rl"].upper()
-
-    train_prompts = [r["prompt"] for r in rows]
+    method = recipe["rl"]
+    prompts = {"train": [r["prompt"] for r in rows]}
     # operands are drawn without replacement, so the tail of a longer list is unseen
-    held_out = make_prompts(NUM_TRAIN_PROMPTS + NUM_HELD_OUT, seed=args.seed)[NUM_TRAIN_PROMPTS:]
-    held_out = [p for p in held_out if p not in set(train_prompts)]
-    before = greedy_reward(recipe["base_model"], train_prompts)
-    before_held = greedy_reward(recipe["base_model"], held_out)
-    seconds = axolotl("preprocess", args.recipe)
-    seconds += axolotl("train", args.recipe)
-    after = greedy_reward(recipe["output_dir"], train_prompts)
-    after_held = greedy_reward(recipe["output_dir"], held_out)
-
-    (summary_path,) = Path(recipe["dataset_prepared_path"]).glob("pofe-candidates-*/summary.json")
-    summary = json.loads(summary_path.read_text())
-    cand_mean, cand_best = summary["mean_candidate_reward"], summary["mean_best_of_k_reward"]
-    k = summary["candidates_per_prompt"]["mean"]
+    tail = make_prompts(NUM_TRAIN_PROMPTS + NUM_HELD_OUT, seed=args.seed)[NUM_TRAIN_PROMPTS:]
+    prompts["held_out"] = [p for p in tail if p not in set(prompts["train"])]
+    before = {name: greedy_reward(recipe["base_model"], p) for name, p in prompts.items()}
+    seconds = axolotl("preprocess", recipe_path) + axolotl("train", recipe_path)
+    after = {name: greedy_reward(recipe["output_dir"], p) for name, p in prompts.items()}
+    print_table(method, candidates_summary(recipe, method), seconds, before, after)
     print(
-        f"\n{method} on {summary['rows']} addition prompts, {k:.1f} candidates per prompt "
-        f"(sampled + dataset), preprocess + train took {seconds:.0f} s\n"
-    )
-    print(f"{'':34}{'before':>10}{'after':>10}")
-    print(f"{'greedy reward, training prompts':34}{before['mean_reward']:>10.3f}{after['mean_reward']:>10.3f}")
-    print(f"{'exact match, training prompts':34}{before['exact_match']:>10.3f}{after['exact_match']:>10.3f}")
-    print(
-        f"{'greedy reward, held-out prompts':34}{before_held['mean_reward']:>10.3f}{after_held['mean_reward']:>10.3f}"
-    )
-    print(f"{'candidates: mean reward':34}{cand_mean:>10.3f}")
-    print(f"{'candidates: best-of-k (ceiling)':34}{cand_best:>10.3f}")
-    print("\nsamples (prompt -> before | after):")
-    for (p, b, _), (_, a, r) in list(zip(before["samples"], after["samples"]))[:6]:
-        print(f"  {p:<7} -> {b!r:<12} | {a!r:<8} reward {r:.2f}")
-    print(
-        "\nThe tiny model memorises the training prompts; held-out additions stay hard "
-        "for a 2-layer, 128-wide model. Best-of-k is the ceiling RRHF converges to."
+        "\nThe tiny model learns the training prompts; held-out additions stay hard for a 2-layer, "
+        "128-wide model. Best-of-k is the ceiling RRHF converges to; SPPO moves each candidate's "
+        "log-probability by its win rate, so its greedy answer rises towards the candidates' best."
     )
 
 

@@ -4,6 +4,8 @@
   pofe-run.json              the run's state: which stages finished (written atomically)
   pofe-run.lock              held while a runner (or a stage it started) lives (`pofe.run.guards`)
   pofe-preexisting.json      pofe.overwrite_output_dir: the files found there first (`pofe.run.guards`)
+  pofe-recipe.yml            with command-line overrides: the recipe with them applied, which the
+                             eval stage reads (each round's recipe.yml is derived from it)
   prompts/round-<t>.jsonl    round t's prompts; prompts/held_out.jsonl (pofe.eval.held_out)
   round-<t>/recipe.yml       the derived recipe (`pofe.run.rounds.round_recipe`)
   round-<t>/candidates/      the generate/judge pipeline's shards, data.jsonl, summary.json
@@ -14,6 +16,9 @@
   round-<t>/trainer_state.json   the trainer's log history (loss curves)
   round-<t>/{preprocess,train,merge}.log
   eval/, report.md, report.json, report-*.png     (`axolotl pofe eval` / report)
+
+A trained model's evaluation (`axolotl pofe eval` without an iterated run,
+`pofe.run.evaluation.trained`) is laid out as a one-round run's, `kind: trained` in its state.
 """
 
 from __future__ import annotations
@@ -81,6 +86,10 @@ class RunFolder:
     def eval_dir(self) -> Path:
         return self.root / "eval"
 
+    @property
+    def recipe_as_run(self) -> Path:
+        return self.root / "pofe-recipe.yml"
+
 
 def checkpoints(train_dir: Path) -> list[Path]:
     """The trainer's complete checkpoints in `train_dir`, by step. The trainer writes
@@ -132,6 +141,10 @@ class RunState:
     pi_0: str | None = None  # evaluation's pi_0: round 1's policy with its adapter, if any
     stopped: dict[str, Any] | None = None  # the `pofe.stop_when` decision that ended the run
     final_policy: str | None = None
+    # axolotl's command-line overrides the run was started with ({"num_epochs": 3, ...})
+    overrides: dict[str, Any] | None = None
+    # "rounds": an iterated run; "trained": one trained model's evaluation (pi_1) against its base
+    kind: str = "rounds"
 
     @classmethod
     def open(cls, path: Path, *, fingerprint: str, recipe: str, method: str) -> RunState:

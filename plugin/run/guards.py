@@ -187,13 +187,15 @@ def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], N
     )
 
 
-def claim_recipe_output_dir(recipe_path: str | Path, echo: Callable[[str], None]) -> None:
-    """`claim_output_dir` for the recipe's output_dir, read from its YAML: before axolotl
-    loads the recipe, which already writes debug.log there."""
+def claim_recipe_output_dir(
+    recipe_path: str | Path, echo: Callable[[str], None], overrides: dict | None = None
+) -> None:
+    """`claim_output_dir` for the recipe's output_dir, read from its YAML (or the command line's
+    `--output-dir`): before axolotl loads the recipe, which already writes debug.log there."""
     import yaml
     from pydantic import TypeAdapter
 
-    raw = yaml.safe_load(Path(recipe_path).read_text()) or {}
+    raw = {**(yaml.safe_load(Path(recipe_path).read_text()) or {}), **(overrides or {})}
     overwrite = TypeAdapter(bool).validate_python((raw.get("pofe") or {}).get("overwrite_output_dir", False))
     claim_output_dir(RunFolder(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve()), overwrite, echo)
 

@@ -6,11 +6,14 @@ Each round runs a recipe derived from it (`pofe.run.rounds.round_recipe`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
 
 import yaml
 
-from pofe.args import PofeConfig, pofe_config, translate_raw_config
+from pofe.args import PofeConfig, pofe_config
+from pofe.args.translate import translate_raw_config
 from pofe.files import stable_hash
 
 # Keys of the pofe block that may change between starts of one run without invalidating
@@ -29,8 +32,10 @@ def recipe_fingerprint(raw: dict) -> str:
     return stable_hash(raw)
 
 
-def load_recipe(recipe_path: str | Path):
-    """(raw YAML dict, axolotl's validated cfg) of the user's recipe.
+def load_recipe(recipe_path: str | Path, overrides: dict | None = None):
+    """(raw YAML dict, axolotl's validated cfg) of the user's recipe, with axolotl's command-line
+    overrides (`--num-epochs 3`: {"num_epochs": "3"}, `--trl.beta`: {"trl__beta": ...}) applied
+    to both, as `axolotl train` applies them.
 
     Axolotl's `load_cfg` runs `PofePlugin.register`, which checks the files the `pofe:`
     block names (`PofeConfig.check_files`) before the config is validated.
@@ -38,8 +43,39 @@ def load_recipe(recipe_path: str | Path):
     from axolotl.cli.config import load_cfg
 
     raw = yaml.safe_load(Path(recipe_path).read_text())
-    cfg = load_cfg(str(recipe_path))
-    return raw, cfg
+    cfg = load_cfg(str(recipe_path), **(overrides or {}))
+    return with_overrides(raw, overrides or {}, cfg), cfg
+
+
+def with_overrides(raw: dict, overrides: dict, cfg=None) -> dict:
+    """A copy of `raw` with the command line's overrides: a key at the top level, or
+    `parent__child` inside `parent` (axolotl's form for nested keys). Each value as axolotl's
+    validated `cfg` holds it when given (its CLI passes most values as text, which
+    `load_cfg` casts), else as given."""
+    raw = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        parent, _, child = key.partition("__")
+        held = (cfg or {}).get(parent)
+        held = (held or {}).get(child) if child and isinstance(held, dict) else (None if child else held)
+        value = value if held is None else _plain(held)
+        if child:
+            if not isinstance(raw.get(parent), dict):
+                raw[parent] = {}
+            raw[parent][child] = value
+        else:
+            raw[key] = value
+    return raw
+
+
+def _plain(value):
+    """A validated value as YAML writes it: an enum as its value, mappings as dicts."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def translated_recipe(raw: dict) -> tuple[dict, PofeConfig]:

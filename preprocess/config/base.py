@@ -3,8 +3,10 @@ and the `Sampling` settings a generation backend receives."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -48,18 +50,48 @@ class Sampling:
     seed: int = 0
 
 
-class StrictConfig(BaseModel):
-    # Unknown keys are typos: fail and name them instead of silently ignoring them. Errors
-    # never repeat the input: it may be a key pasted where it does not belong (`api_key:`).
+def check_keys(data: dict[str, Any], known: Iterable[str]) -> None:
+    """Refuse the keys of `data` not in `known`, each named with the nearest known key
+    (difflib's, as Python's own "did you mean" picks one), else with the keys there are."""
+    known = list(known)
+    unknown = [key for key in data if key not in known]
+    if not unknown:
+        return
+    said = []
+    for key in unknown:
+        near = difflib.get_close_matches(str(key), known, n=1)
+        said.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
+    hint = "" if all("did you mean" in s for s in said) else f"; the keys here: {', '.join(sorted(known))}"
+    raise ValueError(f"unknown key{'s' * (len(unknown) > 1)} {', '.join(said)}{hint}")
+
+
+class KnownKeys(BaseModel):
+    """A config block whose unknown keys are typos: refused, each named with the nearest key,
+    instead of pydantic's "Extra inputs are not permitted"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data):
+        if isinstance(data, dict):
+            check_keys(data, cls.model_fields)
+        return data
+
+
+class StrictConfig(KnownKeys):
+    # Errors never repeat the input: it may be a key pasted where it does not belong (`api_key:`).
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), hide_input_in_errors=True)
 
     @model_validator(mode="before")
     @classmethod
-    def _no_inline_key(cls, data):
+    def _known_keys(cls, data):
         if isinstance(data, dict) and "api_key" in data:
             raise ValueError(
                 "api_key: keys are never read from the config (it is written to logs and "
                 "outputs); put the key in an environment variable and set api_key_env to that "
                 "variable's name."
             )
+        if isinstance(data, dict):
+            check_keys(data, cls.model_fields)
         return data

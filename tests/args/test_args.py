@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pofe.args import PofeArgs, PofeConfig, pofe_config, translate_raw_config
+from pofe.args import PofeArgs, PofeConfig, pofe_config
+from pofe.args.translate import translate_raw_config
 from tests.helpers import ROOT
 
 
@@ -67,7 +68,7 @@ def test_bounds_and_cross_field_rules():
     assert PofeConfig(method="rrhf", eta=1000.0, rank_weight=2.0).rank_weight == 2.0  # eta at its default
     with pytest.raises(ValidationError, match=r"unknown POFE method 'dpo'; known: \['rrhf', 'sppo'\]"):
         PofeConfig(method="dpo")
-    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+    with pytest.raises(ValidationError, match=r"unknown key 'rank_wieght' \(did you mean 'rank_weight'\?\)"):
         PofeConfig(rank_wieght=2.0)
 
 
@@ -89,6 +90,64 @@ def test_anchor_mix_rules():
     for bad in (0.0, 0.5):
         with pytest.raises(ValidationError, match="saturation_band"):
             PofeConfig(method="sppo", saturation_band=bad)
+
+
+@pytest.mark.parametrize(
+    "block,message",
+    [
+        ({"rank_wieght": 2.0}, "unknown key 'rank_wieght' (did you mean 'rank_weight'?)"),
+        ({"judge": {"type": "python", "fuction": "m:f"}}, "unknown key 'fuction' (did you mean 'function'?)"),
+        ({"generate": {"num_candiates": 4}}, "unknown key 'num_candiates' (did you mean 'num_candidates'?)"),
+        ({"candidates": {"shardsize": 8}}, "unknown key 'shardsize' (did you mean 'shard_size'?)"),
+        ({"eval": {"heldout": 4}}, "unknown key 'heldout' (did you mean 'held_out'?)"),
+        ({"stop_when": {"held_out_reward_fall": True}}, "(did you mean 'held_out_reward_falls'?)"),
+        ({"generate": {"serve": {"comand": "x {model} {port}"}}}, "unknown key 'comand' (did you mean 'command'?)"),
+        ({"round_prompts": [{"pth": "a"}], "rounds": 1}, "unknown key 'pth' (did you mean 'path'?)"),
+        ({"zzz": 1}, "unknown key 'zzz'; the keys here: anchor_base, anchor_mix, beta, candidates, dataset_fields,"),
+    ],
+)
+def test_a_misspelt_key_is_named_with_the_nearest_one(block, message):
+    """Every block of `pofe:` names a key it does not know with the nearest it does (difflib),
+    where pydantic said only "Extra inputs are not permitted"; with no near key, the keys there
+    are. The error's location names the block (pofe.judge, pofe.eval, ...)."""
+    with pytest.raises(ValidationError) as e:
+        PofeArgs.model_validate({"pofe": {"method": "rrhf", **block}})
+    assert message in str(e.value)
+
+
+def test_a_misspelt_field_key_on_a_dataset_entry_is_named():
+    """axolotl's dataset schema drops keys it does not know: `field_promt` would vanish and the
+    prompt column fall back to `prompt`."""
+    raw = {"rl": "rrhf", "datasets": [{"path": "d.jsonl", "type": "pofe.pairs", "field_promt": "question"}]}
+    with pytest.raises(
+        ValueError, match=r"datasets\[0\] \(d.jsonl\): unknown key 'field_promt' \(did you mean 'field_prompt'\?\)"
+    ):
+        translate_raw_config(raw)
+
+
+def test_beta_is_one_over_eta():
+    """TRL's beta: beta 0.1 is eta 10; both set is refused; the validated block keeps eta alone,
+    so it validates again to itself. Under RRHF, beta is refused as SPPO's."""
+    c = PofeConfig(method="sppo", beta=0.1)
+    assert c.eta == pytest.approx(10.0) and "beta" not in c.model_dump()
+    assert PofeConfig.model_validate(c.model_dump()).model_dump() == c.model_dump()
+    with pytest.raises(
+        ValidationError, match=r"pofe.beta \(0.1\) and pofe.eta \(10.0\) are both set: beta is TRL's name"
+    ):
+        PofeConfig(method="sppo", beta=0.1, eta=10.0)
+    with pytest.raises(ValidationError, match="pofe.beta: 0.1 applies to `rl: sppo` only"):
+        PofeConfig(method="rrhf", beta=0.1)
+    with pytest.raises(ValidationError, match="beta"):
+        PofeConfig(method="sppo", beta=0.0)
+
+
+@pytest.mark.parametrize("extra", [{"rl_beta": 0.1}, {"dpo_beta": 0.1}, {"trl": {"beta": 0.1}}])
+def test_axolotls_beta_is_refused_with_the_key_that_means_it(extra):
+    key = next(iter(extra)) if "trl" not in extra else "trl.beta"
+    with pytest.raises(
+        ValueError, match=rf"`{key}: 0.1` is axolotl's DPO beta.*`pofe.beta: 0.1` \(TRL's beta, 1 / pofe.eta: eta 10\)"
+    ):
+        translate_raw_config({"rl": "sppo", **extra})
 
 
 def test_method_judge_and_keep_rules():

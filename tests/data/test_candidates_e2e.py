@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
+import yaml
 
-from pofe.demo.task import answer, reward
+from pofe.demo.task import answer, make_prompt_rows, reward, write_jsonl
 from pofe.preprocess import bradley_terry_preferences, win_rates
-from tests.helpers import log_history, pofe_block, prompts_file, recipe, run_axolotl
+from tests.helpers import ROOT, log_history, pofe_block, prompts_file, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
@@ -69,3 +70,29 @@ def test_axolotl_pofe_candidates_runs_stages_apart(tmp_path, tiny_model):
     rows = [json.loads(line) for line in (cand_dir / "data.jsonl").read_text().splitlines()]
     assert f"{data}: {len(rows)} rows -> {cand_dir / 'data.jsonl'}" in proc.stdout
     assert len(rows) == len(prompts)
+
+
+def test_the_two_tiny_recipes_share_a_prepared_path(tmp_path, tiny_model):
+    """Issue 34: `tiny-rrhf-cpu.yml` and `tiny-sppo-cpu.yml` name one dataset_prepared_path;
+    preprocessing the SPPO one after the RRHF one stopped on a ManifestMismatch (their
+    candidate folder was named before the per-method dedupe default was filled in). The
+    shipped recipes as they are, their paths pointed into tmp_path and 8 prompts: each
+    preprocess writes its own folder, of its own method's rows."""
+    rows = make_prompt_rows(8, k_wrong=3, seed=0)
+    data = write_jsonl(rows, tmp_path / "prompts.jsonl")
+    paths = {}
+    for method in ("rrhf", "sppo"):
+        raw = yaml.safe_load((ROOT / "recipes" / f"tiny-{method}-cpu.yml").read_text())
+        raw.update(base_model=str(tiny_model), output_dir=str(tmp_path / method))
+        raw.update(
+            dataset_prepared_path=str(tmp_path / "prepared"), datasets=[{**raw["datasets"][0], "path": str(data)}]
+        )
+        paths[method] = tmp_path / f"{method}.yml"
+        paths[method].write_text(yaml.safe_dump(raw))
+    for method in ("rrhf", "sppo"):
+        run_axolotl("preprocess", str(paths[method]))
+    folders = sorted((tmp_path / "prepared").glob("pofe-candidates-*"))
+    assert len(folders) == 2
+    summaries = sorted((json.loads((f / "summary.json").read_text()) for f in folders), key=lambda s: s["method"])
+    assert [s["method"] for s in summaries] == ["rrhf", "sppo"]
+    assert [s["rows"] for s in summaries] == [8, 8]

@@ -23,6 +23,7 @@ def test_rrhf_row_canonical_form():
         "prompt": [{"role": "user", "content": "2+2="}],
         "responses": [{"role": "assistant", "content": t} for t in ("4", "5", "3")],
         "rewards": [1.0, 0.2, 0.3],
+        "source_prompt": "2+2=",  # as a judge reads it: evaluation's held-out prompts
     }
 
 
@@ -348,10 +349,13 @@ def test_sppo_authors_rows_whose_conversations_disagree_or_are_not_conversations
     fmt = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
     row = _ucla_row()
     row["rejected"][0]["content"] = "What is 3+3?"
-    with pytest.raises(PofeDataError, match=r"row 0 .*'rejected': its conversation answers a different prompt"):
+    with pytest.raises(PofeDataError, match=r"row 0 .*'rejected': shares no leading turn with chosen, so there is no"):
         normalize_row(row, 0, fmt)
     row = {**_ucla_row(), "chosen": "4"}
-    with pytest.raises(PofeDataError, match=r"'chosen': no 'prompt' column and this is not a conversation"):
+    with pytest.raises(PofeDataError, match=r"'rejected': is a conversation where chosen is text"):
+        normalize_row(row, 0, fmt)
+    row = {**_ucla_row(), "chosen": 4}
+    with pytest.raises(PofeDataError, match=r"'chosen': no prompt column, and this is neither a conversation nor"):
         normalize_row(row, 0, fmt)
 
 
@@ -436,7 +440,10 @@ def test_rows_with_opposite_labels_or_a_reversed_ucla_pair_are_counted_and_warne
             ]
         )
         ucla_entry = RowFormat(dataset="UCLA-AGI/x", type="pofe.sppo_ucla", method="sppo", fields={})
-        assert _warn_suspicious_labels(ucla, ucla_entry, "win_rates") == (0, 1)
+        assert _warn_suspicious_labels(ucla, ucla_entry, "win_rates", ["chosen_probs_win", "chosen_probs_lose"]) == (
+            0,
+            1,
+        )
     finally:
         LOG.logger.removeHandler(caplog.handler)
     assert (

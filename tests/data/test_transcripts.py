@@ -37,6 +37,7 @@ def test_anthropic_rows_without_a_prompt_column():
         "prompt": TURNS,
         "responses": [{"role": "assistant", "content": CHOSEN}, {"role": "assistant", "content": REJECTED}],
         "rewards": [1.0, 0.0],
+        "source_prompt": TURNS,  # as a judge reads it: the transcript's turns
     }
     assert normalize_row(raw, 0, fmt(method="sppo"))["win_rates"] == [1.0, 0.0]
 

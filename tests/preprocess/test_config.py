@@ -36,7 +36,7 @@ def test_openai_needs_base_url_and_bounds():
         GenerateConfig(num_candidates=0)
     with pytest.raises(ValidationError):
         GenerateConfig(top_p=0.0)
-    with pytest.raises(ValidationError, match="Extra inputs"):
+    with pytest.raises(ValidationError, match=r"unknown key 'temprature' \(did you mean 'temperature'\?\)"):
         GenerateConfig(temprature=0.7)  # typo
 
 

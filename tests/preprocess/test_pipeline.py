@@ -150,8 +150,14 @@ def test_resume_skips_done_shards_and_manifest_guards(tiny_policy, tmp_path):
     (tmp_path / "judge" / "shard-00001.jsonl").unlink()
     assert run_pipeline(ROWS, generate=GEN, generator=g2, **kw).data_path.read_bytes() == first
     assert g2.calls == 0  # generation shards were all reused
-    with pytest.raises(ManifestMismatch, match="differs in: generate"):
-        run_pipeline(ROWS, generate=GEN.model_copy(update={"seed": 1}), generator=g2, **kw)
+    # the message names each key that differs, with both values, and the key to set
+    with pytest.raises(ManifestMismatch) as e:
+        run_pipeline(ROWS, generate=GEN.model_copy(update={"seed": 1, "top_p": 0.5}), generator=g2, **kw)
+    differ = (
+        "(generate.seed: 0 in the folder, 1 in this recipe; generate.top_p: 1.0 in the folder, 0.5 in this recipe)"
+    )
+    assert differ in str(e.value)
+    assert "Set pofe.candidates.out_dir to a folder of its own" in str(e.value)
     (tmp_path / "generate" / "manifest.json").unlink()  # shards of unknown origin are never reused
     with pytest.raises(ManifestMismatch, match="generate holds shards but no manifest.json"):
         run_pipeline(ROWS, generate=GEN, generator=g2, **kw)

@@ -103,7 +103,7 @@ def test_bad_specs_name_the_round_and_the_spec(sources):
         r"load .*huggingface-cli login",
     ):
         load_round_prompts(ENTRY, [RoundPromptSet(path="nobody/nothing")], False)
-    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+    with pytest.raises(ValueError, match=r"unknown key 'splitt' \(did you mean 'split'\?\)"):
         PofeConfig(rounds=1, round_prompts=[{"path": "x", "splitt": "train"}])
 
 

@@ -57,7 +57,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pofe.args.rounds import EvalConfig
+from plugin.run.evaluation.headline import headline_sampling
 from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.preprocess.config import Sampling
@@ -91,16 +91,9 @@ from pofe.run.evaluation.records import sample_records, summarise
 from pofe.run.evaluation.sampler import eval_sampler
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
+from pofe.run.recipe import load_recipe
 
 # ---- the headline: each round's model on its own round's prompts --------------------------------
-
-
-def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
-    """The headline's decoding: `train_temperature`, and the token budget the round's
-    candidates had (`max_new_tokens`), so that their rewards compare."""
-    return Sampling(
-        temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens, seed=ecfg.seed
-    )
 
 
 @dataclass(frozen=True)
@@ -333,18 +326,42 @@ def all_answers(
 # ---- the eval command ------------------------------------------------------------------------------
 
 
-def evaluate_run(recipe_path: str | Path, echo: Echo = print) -> RunFolder:
-    """The headline of every finished round, and (with held-out prompts) every iterate on
-    them, into the run's eval/ folder; returns the run's folder (for the report).
+def evaluate_run(
+    recipe_path: str | Path,
+    echo: Echo = print,
+    model: str | None = None,
+    output: str | Path | None = None,
+    overrides: dict | None = None,
+) -> RunFolder:
+    """Evaluate the recipe's iterated run (`axolotl pofe run`: its output_dir holds one), or,
+    without one or with `model` / `output`, one trained model against its base
+    (`pofe.run.evaluation.trained`); returns the folder the report is written into.
+    `overrides`: axolotl's command-line options, applied to the recipe."""
+    from pofe.run.evaluation.trained import is_iterated, open_trained
+
+    raw, cfg = load_recipe(recipe_path, overrides)
+    if model is None and output is None and is_iterated(cfg):
+        run = open_run(recipe_path, cfg)
+        skipped, on_train = headline_plan(run)
+        held_out = held_out_set(run)
+    else:
+        run, held_out, skipped = open_trained(recipe_path, raw, cfg, model, output, overrides, echo)
+        on_train = {}
+    return evaluate(run, held_out, skipped, on_train, echo)
+
+
+def evaluate(
+    run: EvalRun, held_out: HeldOut | None, skipped: str | None, on_train: dict[int, list[dict]], echo: Echo
+) -> RunFolder:
+    """The headline of every finished round (`on_train`: each round's prompts; `skipped`: why
+    there is none), and (with held-out prompts) every model on them, into the run's eval/
+    folder; returns the run's folder (for the report).
 
     Models first, judges after: every model's answers are produced with one model in memory
     at a time (each loaded once for both parts, then freed), and only then is each judge
     built, once, to judge them all: a GPU never holds a policy beside a reward model, and a
     reward model or PairRM loads its weights once, not once per round."""
-    run = open_run(recipe_path)
     ecfg, pcfg = run.pcfg.eval, run.pcfg
-    skipped, on_train = headline_plan(run)
-    held_out = held_out_set(run)
     run = with_average(run, echo) if held_out else run
     sampling = headline_sampling(ecfg, pcfg.generate.max_new_tokens if pcfg.generate else ecfg.held_out_tokens(None))
     memory = PeakMemory()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pofe.files import read_jsonl
+from pofe.preprocess.config import Sampling
 from pofe.preprocess.win_rates import nan_mean
 
 if TYPE_CHECKING:
@@ -142,3 +143,11 @@ def round_headline(cand_dir: Path, recorded: dict) -> dict:
         "policy_sample_mean_reward": cands.get("policy_sample_mean_reward"),
         "samples": table,
     }
+
+
+def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
+    """The headline's decoding: `train_temperature`, and the token budget the round's
+    candidates had (`max_new_tokens`), so that their rewards compare."""
+    return Sampling(
+        temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens, seed=ecfg.seed
+    )

@@ -17,7 +17,6 @@ from pofe.preprocess.render import render_prompt
 from pofe.run.evaluation.answers import HeldOut, reference_pairs
 from pofe.run.evaluation.average import average_weights
 from pofe.run.folder import RunFolder, RunState
-from pofe.run.recipe import load_recipe
 
 
 def render_prompts(tokenizer, prompts: list) -> list[str]:
@@ -26,7 +25,8 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
     return [render_prompt(tokenizer, p).text for p in prompts]
 
 
-def _load_rows(path: str | Path) -> list[dict]:
+def prompt_file_rows(path: str | Path) -> list[dict]:
+    """The rows of a local JSON/JSONL, CSV or Parquet prompt file (`pofe.eval.prompts`)."""
     from datasets import load_dataset
 
     path = str(path)
@@ -62,12 +62,10 @@ class EvalRun:
         return {"index": self.rounds + 1, "of": [name for name, _ in self.models[1 : self.rounds + 1]]}
 
 
-def open_run(recipe_path: str | Path) -> EvalRun:
-    """The run of a recipe, checked: evaluation is on and the run has started."""
-    _, cfg = load_recipe(recipe_path)
-    pcfg = pofe_config(cfg)
-    if not pcfg.eval:
-        raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
+def open_run(recipe_path: str | Path, cfg) -> EvalRun:
+    """The iterated run of a recipe (`cfg`: as loaded, `pofe.run.recipe.load_recipe`), checked:
+    evaluation is on and the run has started."""
+    pcfg = checked_eval(recipe_path, cfg)
     folder = RunFolder(Path(cfg.output_dir).resolve())
     if not folder.state.exists():
         raise ValueError(f"no run state at {folder.state}: run `axolotl pofe run {recipe_path}` first")
@@ -88,6 +86,14 @@ def with_average(run: EvalRun, echo: Echo) -> EvalRun:
     return replace(run, models=[*run.models, ["pi_avg", str(path)]])
 
 
+def checked_eval(recipe_path: str | Path, cfg) -> PofeConfig:
+    """The recipe's `pofe:` block, refused when it turns evaluation off."""
+    pcfg = pofe_config(cfg)
+    if not pcfg.eval:
+        raise ValueError(f"{recipe_path} sets `pofe.eval: false`: evaluation is off (drop the key to turn it on)")
+    return pcfg
+
+
 def round_prompt_column(cfg) -> str:
     """The prompt column of the run's `pofe.prompts` entry (each round's recipe keeps it)."""
     (entry,) = cfg.datasets
@@ -101,7 +107,7 @@ def held_out_set(run: EvalRun) -> HeldOut | None:
     if not ecfg.has_held_out or not (ecfg.prompts or run.folder.held_out_prompts.exists()):
         return None
     if ecfg.prompts:
-        rows = _load_rows(ecfg.prompts)
+        rows = prompt_file_rows(ecfg.prompts)
         prompts = [r[ecfg.prompt_column] for r in rows]
     else:  # the dataset's own rows: read as its entry reads them (`prompt_format`)
         rows = read_jsonl(run.folder.held_out_prompts)

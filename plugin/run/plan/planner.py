@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from pofe.args import LORA_KERNELS, PofeConfig
+from pofe.args import PofeConfig
+from pofe.args.translate import LORA_KERNELS
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
 from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage

@@ -38,7 +38,9 @@ class Report:
         """A few lines for the terminal: per round, per model, cycles, where the report is."""
         rep = self.data
         lines = [
-            f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
+            f"POFE {rep['method'].upper()}: {rep['final_policy']} (pi_1) against its base (pi_0)"
+            if rep.get("kind") == "trained"
+            else f"POFE {rep['method'].upper()}: {rep['rounds_finished']} of {rep['rounds_planned']} rounds -> "
             f"{rep['final_policy']}"
         ]
         if rep.get("stopped"):
@@ -47,22 +49,7 @@ class Report:
                 + "; ".join(f["why"] for f in rep["stopped"]["fired"])
             )
         for r in rep["rounds"]:
-            cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
-            trained = (
-                f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
-                f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
-                if head
-                else ""
-            )
-            sat = cands.get("saturation") or {}
-            saturated = f"; saturated prompts {fmt(sat['saturated_share'])}" if sat.get("prompts") else ""
-            lines.append(
-                f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
-                f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
-                f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}{saturated}"
-            )
-            if saturation_warning(sat, ""):
-                lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
+            lines += _round_lines(r)
         if (rep["headline"] or {}).get("skipped"):
             lines.append(f"  no headline: {rep['headline']['skipped']}")
         ev = rep["eval"]
@@ -95,6 +82,27 @@ class Report:
             lines.append("  no held-out evaluation")
         lines.append(f"  report: {self.markdown_path}")
         return "\n".join(lines)
+
+
+def _round_lines(r: dict) -> list[str]:
+    """A round's terminal line (and its saturation warning)."""
+    cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
+    trained = (
+        f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
+        f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
+        if head
+        else ""
+    )
+    sat = cands.get("saturation") or {}
+    saturated = f"; saturated prompts {fmt(sat['saturated_share'])}" if sat.get("prompts") else ""
+    lines = [
+        f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
+        f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
+        f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}{saturated}"
+    ]
+    if saturation_warning(sat, ""):
+        lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
+    return lines
 
 
 def write_report(folder: RunFolder) -> Report:

@@ -113,11 +113,15 @@ def collect(folder: RunFolder) -> dict:
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]
     report: dict[str, Any] = {
         "output_dir": str(folder.root),
+        # "rounds": an iterated run; "trained": one trained model against its base (pofe.run.evaluation.trained)
+        "kind": state.kind,
         "method": state.method,
         "rounds_planned": state.rounds_planned,
         "rounds_finished": sum(1 for r in rounds if r["policy_out"]),
         "final_policy": state.final_policy,
         "starts": len(state.starts),
+        # axolotl's command-line options the run (or evaluation) was started with
+        "overrides": state.overrides,
         # the run ended after this round by `pofe.stop_when` (`pofe.run.evaluation.decision`); None: it did not
         "stopped": state.stopped,
         "rounds": rounds,

@@ -326,14 +326,23 @@ def reproduce_section(rep: dict) -> list[str]:
 
 def render_markdown(rep: dict, plots: dict[str, str]) -> str:
     """report.md's text; `plots` maps plot names to the PNG files beside it."""
-    md = [
-        f"# POFE run report: {rep['method'].upper()}, {rep['rounds_finished']} of {rep['rounds_planned']} rounds",
-        "",
-    ]
-    md.append(
-        f"Output dir `{rep['output_dir']}`; final policy `{rep['final_policy'] or '(no round finished)'}`; "
-        f"the run was started {rep['starts']} time(s)."
-    )
+    if rep.get("kind") == "trained":
+        round_1 = rep["rounds"][0]
+        md = [
+            f"# POFE report: {rep['method'].upper()}, a trained model against its base",
+            "",
+            f"pi_1 = `{round_1['policy_out']}` (trained), pi_0 = `{round_1['policy_in']}` (its base); "
+            f"evaluation and this report in `{rep['output_dir']}`.",
+        ]
+    else:
+        md = [
+            f"# POFE run report: {rep['method'].upper()}, {rep['rounds_finished']} of {rep['rounds_planned']} rounds",
+            "",
+            f"Output dir `{rep['output_dir']}`; final policy `{rep['final_policy'] or '(no round finished)'}`; "
+            f"the run was started {rep['starts']} time(s).",
+        ]
+    if rep.get("overrides"):
+        md.append("Command-line overrides: " + ", ".join(f"`{k}: {v}`" for k, v in rep["overrides"].items()) + ".")
     md.append("")
     md += headline_section(rep)
     md += samples_section(rep)

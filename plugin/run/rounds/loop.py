@@ -77,7 +77,8 @@ def check_iterable(cfg, pcfg: PofeConfig) -> None:
     if len(entries) != 1 or entries[0].type != "pofe.prompts":
         raise ValueError(
             "an iterated run needs exactly one dataset, of type pofe.prompts (each round "
-            f"generates its candidates from it); got {[e.type for e in entries]}"
+            f"generates its candidates from it); got {[e.type for e in entries]}. A model trained on "
+            "rows of your own (`axolotl train`) is evaluated against its base by `axolotl pofe eval` instead"
         )
 
 
@@ -273,11 +274,14 @@ def run_rounds(
     stream: bool = True,
     echo: Echo = print,
     evaluate: bool = True,
+    overrides: dict | None = None,
 ) -> RunFolder:
     """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
-    while another runner (or a stage it started) holds the output_dir."""
-    claim_recipe_output_dir(recipe_path, echo)
-    raw, cfg = load_recipe(recipe_path)
+    while another runner (or a stage it started) holds the output_dir. `overrides`: axolotl's
+    command-line options (`--num-epochs 3`), applied to the recipe every stage derives from
+    (recorded in the state; a restart with others is another recipe)."""
+    claim_recipe_output_dir(recipe_path, echo, overrides)
+    raw, cfg = load_recipe(recipe_path, overrides)
     pcfg = pofe_config(cfg)
     check_iterable(cfg, pcfg)
     folder = RunFolder(Path(cfg.output_dir).resolve())
@@ -289,6 +293,11 @@ def run_rounds(
             recipe=str(Path(recipe_path).resolve()),
             method=pcfg.method,
         )
+        state.overrides = overrides or None
+        # the eval stage reads the recipe as run: the user's, or with the overrides applied
+        if overrides:
+            write_atomic(folder.recipe_as_run, yaml.safe_dump(raw, sort_keys=False), private=True)
+            recipe_path = folder.recipe_as_run
         runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
         prepare_prompts(cfg, pcfg, folder, runner)
         check_prompt_sources(prompt_sources(cfg, pcfg), state)

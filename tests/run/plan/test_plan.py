@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
-from pofe.args import LORA_KERNELS
+from pofe.args.translate import LORA_KERNELS
 from pofe.run.plan.common import PlanOptions
 from pofe.run.plan.estimate import GB
 from pofe.run.plan.planner import plan_recipe, plan_run

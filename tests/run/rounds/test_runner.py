@@ -47,6 +47,8 @@ def expected(stages: dict) -> dict:
         **dict.fromkeys(
             ("prompt_mode", "rounds_planned", "prompt_sources", "base_model", "pi_0", "stopped", "final_policy")
         ),
+        "overrides": None,  # axolotl's command-line options, set by the round loop
+        "kind": "rounds",
     }
 
 

@@ -1,0 +1,183 @@
+"""`axolotl pofe eval` of one trained model: a recipe trained by `axolotl train` on datasets of its
+own (k-response rows, pairs, or prompts), or any model given with `--model`.
+
+The trained model (`--model`, else the recipe's `output_dir`: a model or a LoRA adapter) is
+pi_1; the recipe's base model (with its `lora_model_dir`, when it trained from one) is pi_0.
+Both answer the same held-out prompts and are judged as an iterated run's iterates are
+(`pofe.run.evaluation.evaluate`): reward, the win rate of pi_1 against pi_0 raw and
+length-controlled, lengths, KL to pi_0, and the same report. There is no headline (it compares
+a round's model with the round's candidates, which a dataset of one's own does not have).
+
+The held-out prompts are the first of:
+- `pofe.eval.prompts`, a file;
+- `pofe.eval.held_out: n`, the last n rows of the recipe's dataset, which `axolotl train` held
+  out of training (`pofe.data.held_out`: those rows and every row sharing their prompts);
+- `val_set_size`, the rows axolotl's split kept from training (their prompts read back from the
+  prepared rows; the ones some training row shares are counted).
+The judge: `pofe.eval.judge`, else the recipe's `pofe.judge` (`pofe.eval.judge2` adds a second).
+Prompts are rendered with the recipe's tokenizer as axolotl loads it, as training rendered them.
+
+The evaluation's folder (`--output`, else `<model>/pofe-eval`) is laid out as a one-round run's
+(`pofe.run.folder`), so evaluation and the report read it as they read a run:
+
+    pofe-run.json               kind "trained": pi_0 and pi_1, the recipe, the command line's overrides
+    round-1/recipe.yml          the recipe as evaluated (overrides applied)
+    round-1/trainer_state.json  the training's log history (loss curves), from the model's last checkpoint
+    prompts/held_out.jsonl      the held-out prompts as evaluated
+    eval/, report.md, report.json, report-*.png
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from pofe.files import write_atomic, write_jsonl_atomic
+from pofe.logs import Echo
+from pofe.run.evaluation.answers import HeldOut, reference_pairs
+from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts
+from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
+from pofe.run.recipe import recipe_fingerprint
+
+NO_HEADLINE = (
+    "one trained model's evaluation: the headline sets a round's model beside the round's own candidates, "
+    "which a dataset of one's own does not have; the held-out prompts compare it with pi_0"
+)
+FOLDER = "pofe-eval"
+
+
+def is_iterated(cfg) -> bool:
+    """Whether the recipe's output_dir holds an iterated run (`axolotl pofe run`'s state)."""
+    return RunFolder(Path(cfg.output_dir).resolve()).state.exists()
+
+
+def trained_folder(model: str, output: str | Path | None) -> RunFolder:
+    """Where a trained model's evaluation goes: `output`, else beside the model."""
+    if output is None and not Path(model).is_dir():
+        raise ValueError(f"{model} is not a local folder: give --output, where its evaluation and report go")
+    return RunFolder(Path(output or Path(model) / FOLDER).resolve())
+
+
+def report_folder(recipe_path: str, model: str | None, output: str | None, output_dir: str | None) -> RunFolder:
+    """The folder `axolotl pofe report` reports on: the recipe's iterated run (its output_dir, or
+    `output_dir` from the command line), else the trained model's evaluation of `model` or
+    `output`, or of the output_dir's model (as `axolotl pofe eval` chose it)."""
+    raw = yaml.safe_load(Path(recipe_path).read_text()) or {}
+    out = output_dir or raw.get("output_dir")
+    if model is None and output is None:
+        if not out:
+            raise ValueError(f"{recipe_path} sets no output_dir")
+        run = RunFolder(Path(out).resolve())
+        return run if run.state.exists() else RunFolder(run.root / FOLDER)
+    return trained_folder(model or out, output)
+
+
+def open_trained(
+    recipe_path, raw: dict, cfg, model: str | None, output, overrides: dict | None, echo: Echo
+) -> tuple[EvalRun, HeldOut, str]:
+    """The trained model's evaluation, set up: (its run, its held-out prompts, why it has no headline)."""
+    from axolotl.loaders import load_tokenizer
+
+    pcfg = checked_eval(recipe_path, cfg)
+    if not pcfg.method:
+        raise ValueError(f"{recipe_path} sets no `rl: rrhf` / `rl: sppo`")
+    model = str(model or cfg.output_dir)
+    _check_model(model, recipe_path)
+    judge = pcfg.eval.judge or pcfg.judge
+    if judge is None:
+        raise ValueError(
+            f"{recipe_path} names no judge to score the answers: set pofe.eval.judge (the keys of pofe.judge, "
+            "e.g. {type: reward_model, model: ...})"
+        )
+    pcfg = pcfg.model_copy(update={"judge": judge})
+    folder = trained_folder(model, output)
+    pi_0 = _local(str(cfg.lora_model_dir or cfg.base_model))
+    tokenizer = load_tokenizer(cfg)
+    rows, source = _held_out_rows(cfg, pcfg)
+    prompts = [r[pcfg.eval.prompt_column] for r in rows]
+    references = reference_pairs(tokenizer, prompts, [r.get(pcfg.eval.reference_column) for r in rows])
+    _write_state(folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
+    write_jsonl_atomic(folder.held_out_prompts, rows)
+    _copy_trainer_state(Path(model), folder)
+    echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
+    run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
+    return run, HeldOut(prompts, render_prompts(tokenizer, prompts), references, source), NO_HEADLINE
+
+
+def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
+    """The held-out rows ({prompt column: prompt, ...}) and where they came from."""
+    from pofe.data.held_out import trained_held_out, validation_prompts
+
+    ecfg = pcfg.eval
+    if ecfg.prompts:
+        return prompt_file_rows(ecfg.prompts), ecfg.prompts
+    prompts, source = trained_held_out(cfg, pcfg)
+    if prompts is None and cfg.val_set_size:
+        from pofe.data.loader import load_pofe_datasets
+
+        # the prepared rows, split as training split them (axolotl's own split, not shuffled)
+        split = load_pofe_datasets(cfg, pcfg)
+        prompts, seen = validation_prompts(split.train_dataset, split.eval_dataset)
+        source = (
+            f"the {len(prompts)} prompts of axolotl's validation split (val_set_size: {cfg.val_set_size}), "
+            f"{seen} of them also in training rows"
+        )
+    if prompts is None:
+        raise ValueError(
+            "no held-out prompts to evaluate on: name a file with pofe.eval.prompts, or keep rows from training "
+            "with pofe.eval.held_out: n (the dataset's last n rows) or val_set_size (then `axolotl train` again, "
+            "so that the model never sees them)"
+        )
+    return [{ecfg.prompt_column: p} for p in prompts], source
+
+
+def _check_model(model: str, recipe_path) -> None:
+    """A local folder must hold a model or a PEFT adapter (a hub id is left to the loader)."""
+    path = Path(model)
+    if path.exists() and not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ValueError(
+            f"no trained model in {path} (no config.json or adapter_config.json): run `axolotl train {recipe_path}` "
+            "first, or give the model with --model"
+        )
+    if not path.exists() and model.startswith((".", "/")):
+        raise ValueError(f"no trained model at {path}: run `axolotl train {recipe_path}` first, or give --model")
+
+
+def _local(path: str) -> str:
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def _write_state(folder: RunFolder, recipe_path, raw: dict, method: str, pi_0: str, model: str, overrides) -> None:
+    """pofe-run.json (kind "trained") and round-1/recipe.yml, written anew at each evaluation."""
+    state = RunState(
+        folder.state,
+        recipe=str(Path(recipe_path).resolve()),
+        recipe_fingerprint=recipe_fingerprint(raw),
+        method=method,
+        rounds={"1": RoundRecord(policy_in=pi_0, policy_out=model)},
+        rounds_planned=1,
+        base_model=pi_0,
+        pi_0=pi_0,
+        final_policy=model,
+        overrides=overrides or None,
+        kind="trained",
+    )
+    folder.root.mkdir(parents=True, exist_ok=True)
+    if folder.state.exists():
+        state.starts = RunState.read(folder.state).starts
+    state.starts.append(time.time())
+    state.save()
+    write_atomic(folder.recipe(1), yaml.safe_dump(raw, sort_keys=False), private=True)
+
+
+def _copy_trainer_state(model: Path, folder: RunFolder) -> None:
+    """The training's log history, for the report's loss curves: the model folder's last
+    checkpoint's trainer_state.json (axolotl writes none beside the final model)."""
+    saved = checkpoints(model) if model.is_dir() else []
+    source = saved[-1] / "trainer_state.json" if saved else model / "trainer_state.json"
+    if source.is_file():
+        folder.trainer_state(1).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, folder.trainer_state(1))

@@ -1,0 +1,168 @@
+"""`axolotl pofe eval` and `report` of one trained model (issue 34): a recipe trained by `axolotl
+train` on rows of its own, never from `pofe.prompts`, evaluated against its base model on
+held-out prompts, with the iterated run's evaluation and report. Before, `pofe eval` answered
+"no run state ... run axolotl pofe run first" and `pofe run` refused such a recipe."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from pofe.demo.task import make_rrhf_rows, reward, write_jsonl
+from pofe.run.folder import RunFolder
+from tests.helpers import recipe, run_axolotl, validated_recipe
+
+JUDGE = {"type": "python", "function": "pofe.demo.task:reward"}
+
+
+@pytest.mark.e2e
+def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_reported(tmp_path, tiny_model):
+    """16 k-response rows; `pofe.eval.held_out: 4` keeps the last 4 from training (12 rows, 3
+    steps an epoch at micro-batch 4); `pofe eval` has the base (pi_0) and the trained model
+    (pi_1) answer those 4 prompts twice each, judged by `pofe.eval.judge`. Every recorded reward
+    is the demo reward of its answer recomputed here, each model's mean reward their mean, and
+    the command line's `--seed 0` is recorded with the evaluation."""
+    rows = make_rrhf_rows(16, k=4, seed=3)
+    data = write_jsonl(rows, tmp_path / "rows.jsonl")
+    block = {"eval": {"held_out": 4, "judge": JUDGE, "num_samples": 2, "max_new_tokens": 4}}
+    cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf", pofe=block, learning_rate=1e-3)
+    train = run_axolotl("train", str(cfg))
+    assert f"the last 4 rows of {data} are held out for `axolotl pofe eval`" in train.stdout + train.stderr
+    proc = run_axolotl("pofe", "eval", str(cfg), "--seed", "0")
+
+    folder = RunFolder(tmp_path / "out" / "pofe-eval")
+    state = json.loads(folder.state.read_text())
+    assert (state["kind"], state["pi_0"], state["overrides"]) == ("trained", str(tiny_model), {"seed": "0"})
+    assert state["rounds"]["1"]["policy_out"] == str(tmp_path / "out")
+    held = [json.loads(line)["prompt"] for line in folder.held_out_prompts.read_text().splitlines()]
+    assert held == [r["prompt"] for r in rows[-4:]]
+    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1"]
+    samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 4 * 2  # models x prompts x samples
+    for s in samples:
+        assert s["reward"] == pytest.approx(reward(held[s["prompt_index"]], s["response"]))
+    for m, name in enumerate(("pi_0", "pi_1")):
+        mine = [s["reward"] for s in samples if s["model"] == name]
+        assert ev["mean_reward"][m] == pytest.approx(sum(mine) / len(mine))
+    vs = ev["vs_pi_0"][1]
+    assert 0.0 <= vs["raw"] <= 1.0 and not math.isnan(vs["lc"])
+    assert len(ev["kl_to_base"]) == 2
+    report = (folder.root / "report.md").read_text()
+    assert report.startswith("# POFE report: RRHF, a trained model against its base")
+    assert "Command-line overrides: `seed: 0`." in report
+    assert (folder.root / "report-loss.png").is_file()  # the training's loss curve, from its checkpoint
+    assert f"POFE RRHF: {tmp_path / 'out'} (pi_1) against its base (pi_0)" in proc.stdout
+    # `pofe report` finds the evaluation as `pofe eval` chose it
+    again = run_axolotl("pofe", "report", str(cfg))
+    assert f"report: {folder.root / 'report.md'}" in again.stdout
+
+
+def test_held_out_rows_and_every_row_sharing_their_prompts_are_kept_from_training(tmp_path, tiny_model, caplog):
+    """Pairs: rows 0-5, prompts p0 .. p5, with row 1 repeating p5. `held_out: 1` keeps row 5
+    (p5) and row 1 (its prompt) from training: 4 rows left, counted in the log."""
+    from transformers import AutoTokenizer
+
+    from pofe.args import pofe_config
+    from pofe.data.loader import LOG, _prepare
+
+    prompts = [f"{i}+1=" for i in range(6)]
+    prompts[1] = prompts[5]
+    rows = [{"prompt": p, "chosen": "1", "rejected": "22"} for p in prompts]
+    data = write_jsonl(rows, tmp_path / "pairs.jsonl")
+    raw = yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.pairs").read_text())
+    raw["pofe"] = {"eval": {"held_out": 1, "judge": JUDGE}}
+    cfg = validated_recipe(
+        raw, caps={"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
+    )
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        dataset = _prepare(cfg, pofe_config(cfg), AutoTokenizer.from_pretrained(tiny_model))
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert sorted(json.loads(p) for p in dataset["source_prompt"]) == sorted(prompts[i] for i in (0, 2, 3, 4))
+    assert f"the last 1 rows of {data} are held out" in caplog.text
+    assert "and 1 other rows with their prompts; training on 4 rows" in caplog.text
+
+
+def test_the_validation_split_gives_the_held_out_prompts(tmp_path, tiny_model):
+    """TRL's implicit-prompt pairs, 8 distinct prompts, val_set_size 0.25: the prompts are those
+    of the 2 rows axolotl's split keeps from training, read back from the prepared rows; checked
+    against those rows' own prompt tokens, rendered here from the prompts returned."""
+    from transformers import AutoTokenizer
+
+    from pofe.args import pofe_config
+    from pofe.data.held_out import validation_prompts
+    from pofe.data.loader import load_pofe_datasets
+    from pofe.run.recipe import load_recipe
+
+    def conv(q, a):
+        return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+
+    rows = [{"chosen": conv(f"{i}+2=", str(i + 2)), "rejected": conv(f"{i}+2=", "0")} for i in range(1, 9)]
+    data = write_jsonl(rows, tmp_path / "ufb.jsonl")
+    _, cfg = load_recipe(recipe(tmp_path, tiny_model, "sppo", data, "pofe.pairs", val_set_size=0.25))
+    split = load_pofe_datasets(cfg, pofe_config(cfg))
+    prompts, seen = validation_prompts(split.train_dataset, split.eval_dataset)
+    assert len(prompts) == 2 and seen == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rendered = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
+    assert ids == split.eval_dataset["prompt_ids"]
+
+
+def _loaded(tmp_path, tiny_model, **pofe):
+    from pofe.run.recipe import load_recipe
+
+    rows = make_rrhf_rows(6, k=2, seed=0)
+    data = write_jsonl(rows, tmp_path / "rows.jsonl")
+    path = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf", pofe=pofe)
+    return path, *load_recipe(path)
+
+
+def test_what_a_trained_model_evaluation_needs_is_named(tmp_path, tiny_model):
+    from pofe.run.evaluation.trained import open_trained
+
+    def opened(model=None, **pofe):
+        path, raw, cfg = _loaded(tmp_path, tiny_model, **pofe)
+        return open_trained(path, raw, cfg, model, None, None, print)
+
+    with pytest.raises(ValueError, match="names no judge to score the answers: set pofe.eval.judge"):
+        opened(str(tiny_model))
+    with pytest.raises(ValueError, match="no held-out prompts to evaluate on: name a file with pofe.eval.prompts"):
+        opened(str(tiny_model), eval={"judge": JUDGE})
+    # output_dir holds files (axolotl's load_cfg writes its debug.log there) but no model yet
+    (tmp_path / "out").mkdir(exist_ok=True)
+    with pytest.raises(ValueError, match=r"no trained model in .*out \(no config.json or adapter_config.json\)"):
+        opened(eval={"judge": JUDGE, "held_out": 2})
+    with pytest.raises(ValueError, match=r"no trained model at .*absent: run `axolotl train"):
+        opened(str(tmp_path / "absent"), eval={"judge": JUDGE, "held_out": 2})
+
+
+def test_an_evaluation_judge_beside_the_recipes_judge_is_refused():
+    from pofe.args import PofeConfig
+
+    with pytest.raises(ValueError, match="this recipe's pofe.judge judges its evaluation too"):
+        PofeConfig(method="rrhf", generate={}, judge=JUDGE, eval={"judge": JUDGE})
+    with pytest.raises(ValueError, match="pofe.eval.judge shapes the held-out evaluation"):
+        PofeConfig(method="rrhf", eval={"judge": JUDGE, "held_out": 0})
+
+
+def test_the_report_command_finds_a_run_or_an_evaluation(tmp_path):
+    from pofe.run.evaluation.trained import report_folder
+
+    recipe_path = tmp_path / "r.yml"
+    recipe_path.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out")}))
+    assert report_folder(str(recipe_path), None, None, None).root == tmp_path / "out" / "pofe-eval"
+    assert report_folder(str(recipe_path), None, None, str(tmp_path / "o2")).root == tmp_path / "o2" / "pofe-eval"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "pofe-run.json").write_text("{}")  # an iterated run's
+    assert report_folder(str(recipe_path), None, None, None).root == tmp_path / "out"
+    (tmp_path / "m").mkdir()
+    assert report_folder(str(recipe_path), str(tmp_path / "m"), None, None).root == tmp_path / "m" / "pofe-eval"
+    assert report_folder(str(recipe_path), None, str(tmp_path / "e"), None).root == tmp_path / "e"
+    with pytest.raises(ValueError, match="is not a local folder: give --output"):
+        report_folder(str(recipe_path), "org/model", None, None)
