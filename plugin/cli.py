@@ -119,9 +119,9 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
 @click.option(
     "--device",
     type=click.Choice(["cuda", "cpu"]),
-    default="cuda",
-    show_default=True,
-    help="cpu: plan a CPU run (memory is the process's resident set).",
+    default=None,
+    help="Plan a GPU (cuda) or a CPU run (memory: the process's resident set). Default: the recipe's, "
+    "cpu when it sets bf16: false, as CPU recipes do.",
 )
 @click.option(
     "--output",
@@ -130,7 +130,13 @@ def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
     help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).",
 )
 def plan(
-    config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str, output: str | None
+    config: str,
+    as_json: bool,
+    gpus: int,
+    gpu_memory: float,
+    prompts: int | None,
+    device: str | None,
+    output: str | None,
 ):
     """The plan of CONFIG's run before it starts: for each stage of each round, what loads where,
     the estimated peak memory per GPU, the disk, the counts; warnings name the key to change.
