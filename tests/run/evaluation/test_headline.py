@@ -62,6 +62,8 @@ def headline_run(tmp_path_factory, tiny_model, tiny64_model):
     folder.state.write_text(
         json.dumps(
             {
+                "recipe": str(root / "recipe.yml"),
+                "recipe_fingerprint": "f",
                 "method": "rrhf",
                 "base_model": str(tiny_model),
                 "stages": {},
@@ -276,7 +278,7 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
     recipe["output_dir"] = str(folder.root)
     recipe["pofe"]["judge"] = {
         "type": "python",
-        "reward_funcs": ["tests.test_headline.answer_length_gap"],
+        "reward_funcs": ["tests.run.evaluation.test_headline.answer_length_gap"],
         "reward_weights": [2.0],
     }
     (tmp_path / "funcs.yml").write_text(yaml.safe_dump(recipe))
@@ -337,7 +339,7 @@ def _held_out_run(headline_run, tmp_path):
         "num_samples": 1,
         "temperature": 0.0,
         "max_new_tokens": 4,
-        "judge2": {"type": "python_pairwise", "function": "tests.test_headline:longer_wins"},
+        "judge2": {"type": "python_pairwise", "function": "tests.run.evaluation.test_headline:longer_wins"},
     }
     (tmp_path / "eval.yml").write_text(yaml.safe_dump(recipe))
     return folder, recipe, held_out
