@@ -27,11 +27,12 @@ from pofe.run.report.truncation import round_truncation
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
-    """Loss and the method's diagnostic (first, last, curves) from a trainer_state.json."""
+    """Steps run, and the loss and the method's diagnostic (first, last, curves) from a
+    trainer_state.json."""
     if not trainer_state.exists():
         return None
-    history = json.loads(trainer_state.read_text())["log_history"]
-    steps = [h for h in history if "loss" in h and "step" in h]
+    state = json.loads(trainer_state.read_text())
+    steps = [h for h in state["log_history"] if "loss" in h and "step" in h]
     if not steps:
         return None
     spec = method_spec(method)
@@ -43,7 +44,7 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
             curves[name] = points
     diagnostic = curves.get(key, [])
     return {
-        "steps": steps[-1]["step"],
+        "steps": state["global_step"],  # steps run; the last logged one is a multiple of logging_steps
         "first_loss": steps[0]["loss"],
         "last_loss": steps[-1]["loss"],
         "diagnostic": key,

@@ -1,12 +1,24 @@
 """report-*.png: rewards per round, loss curves, win rates against pi_0 and lengths, the
 win-rate matrix, drift per iterate.
 
-Each plot is drawn only when the collected numbers (`collect.collect`) hold its data.
+Each plot function returns its matplotlib figure, or None when the collected numbers
+(`collect.collect`) hold none of its data; a panel without data says why. Readable whatever
+the run's size: markers on series of few points, each series of a panel its own marker and line
+style (overlapping lines stay visible), legends beside the axes, not over the data.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from pofe.methods import method_spec
+from pofe.run.evaluation.statistics import distance_from_half
+from pofe.run.report.cells import CLUSTERED
+
+# (marker, line style) of the series of one panel, in order
+SERIES_STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
+# a series of at most this many points gets markers
+FEW_POINTS = 30
 
 
 def _pyplot():
@@ -18,23 +30,49 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, out: Path) -> None:
+def save(fig, out: Path) -> None:
+    """The figure as a PNG, legends outside the axes included ("tight"), then freed."""
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def _line(ax, xs: list, ys: list, label: str, i: int, **kwargs) -> None:
+    """Series i of a panel: its own marker and line style, and markers shrinking with i, so
+    series that overlap stay distinguishable; markers only on a series of few points (a
+    single point is invisible as a line)."""
+    marker, style = SERIES_STYLES[i % len(SERIES_STYLES)]
+    ax.plot(
+        xs,
+        ys,
+        marker=marker if len(xs) <= FEW_POINTS else None,
+        markersize=max(9 - 1.5 * i, 3),
+        linestyle=style,
+        alpha=0.85,
+        label=label,
+        **kwargs,
+    )
 
 
 def _style(ax, xlabel: str) -> None:
-    """Integer steps or rounds on x, a small legend, a light grid."""
+    """Integer steps or rounds on x, the legend beside the axes (never over the data), a light grid."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
 
 
-def rewards_plot(rep: dict, out: Path) -> bool:
+def _empty(ax, why: str) -> None:
+    """A panel without data says why instead of staying blank."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def rewards_plot(rep: dict):
     """Candidate, policy-sample, trained-model and held-out rewards against the round."""
     rounds, ev = rep["rounds"], rep["eval"]
     series = {
@@ -53,61 +91,70 @@ def rewards_plot(rep: dict, out: Path) -> bool:
         ]
     series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
     if not any(series.values()):
-        return False
+        return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in series.items():
+    for i, (name, points) in enumerate(series.items()):
         if points:
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+            _line(ax, [x for x, _ in points], [y for _, y in points], name, i)
     # candidates of round t come from pi_{t-1}; the trained model of round t is pi_t
     _style(ax, "round t (models: pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
     ax.set_title("Rewards per round")
-    _save(plt, fig, out)
-    return True
+    return fig
 
 
-def loss_plot(rep: dict, out: Path) -> bool:
-    """The loss and the method's diagnostic, rounds concatenated along the steps."""
+def loss_plot(rep: dict):
+    """The loss and the method's diagnostic, rounds concatenated along the steps (a dotted line
+    where a round starts)."""
     curves = [(r["round"], r["train"]) for r in rep["rounds"] if r["train"]]
     if not curves:
-        return False
+        return None
     diagnostic = curves[0][1]["diagnostic"]
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     offset = 0
-    for t, train in curves:
-        points = train["curves"]["loss"]
-        axes[0].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
-        points = train["curves"].get(diagnostic, [])
-        axes[1].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
+    for i, (t, train) in enumerate(curves):
+        for ax, key in zip(axes, ("loss", diagnostic)):
+            points = train["curves"].get(key, [])
+            if points:
+                _line(ax, [offset + s for s, _ in points], [v for _, v in points], f"round {t}", i, color=f"C{i}")
+            if offset:
+                ax.axvline(offset + 0.5, color="gray", lw=0.6, ls=":")
         offset += train["steps"]
     axes[0].set_title("training loss")
-    axes[1].set_title(diagnostic)
-    for ax in axes:
-        _style(ax, "step (rounds concatenated)")
-    _save(plt, fig, out)
-    return True
+    axes[1].set_title(f"{method_spec(rep['method']).diagnostic_label} ({diagnostic})")
+    for ax, key in zip(axes, ("loss", diagnostic)):
+        if not any(train["curves"].get(key) for _, train in curves):
+            _empty(ax, f"no {key} in the trainer's logs")
+        else:
+            _style(ax, "step (rounds concatenated)")
+    return fig
 
 
-def winrate_plot(ev: dict, out: Path) -> None:
-    """The (M, M) win-rate matrix as a heat map, each cell labelled."""
+def winrate_plot(ev: dict):
+    """The (M, M) win-rate matrix as a heat map, each cell labelled. Win rates that cluster at
+    1/2 get a colour scale spanning only their range (else every cell is the same white) and
+    a third decimal."""
     names = [m["name"] for m in ev["models"]]
     w = ev["win_matrix"]
+    spread = distance_from_half(w)
+    half = 0.5 if spread >= CLUSTERED else max(spread, 0.001)  # a positive range when every rate is 1/2
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 1.1 * len(names) + 1.5))
-    image = ax.imshow(w, vmin=0, vmax=1, cmap="RdBu")
+    image = ax.imshow(w, vmin=0.5 - half, vmax=0.5 + half, cmap="RdBu")
     ax.set_xticks(range(len(names)), names)
     ax.set_yticks(range(len(names)), names)
+    digits = 2 if half == 0.5 else 3
     for i in range(len(names)):
         for j in range(len(names)):
-            ax.text(j, i, f"{w[i][j]:.2f}", ha="center", va="center", fontsize=9)
-    ax.set_title("P(row beats column)")
+            ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9)
+    ax.set_title("P(row beats column)" + ("" if half == 0.5 else f"\ncolours: 0.5 ± {half:.3f}"))
     fig.colorbar(image, ax=ax)
-    _save(plt, fig, out)
+    return fig
 
 
-def drift_plot(ev: dict, out: Path) -> None:
+def drift_plot(ev: dict):
     """Response length, KL to pi_0 and (with references) perplexity per iterate."""
     names = [m["name"] for m in ev["models"]]
     panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_base"])]
@@ -116,69 +163,69 @@ def drift_plot(ev: dict, out: Path) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
     for ax, (title, ys) in zip(axes, panels):
-        ax.plot(range(len(ys)), ys, marker="o")
+        _line(ax, list(range(len(ys))), ys, title, 0)
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    _save(plt, fig, out)
+    return fig
 
 
-def lengths_plot(rep: dict, out: Path) -> bool:
+def lengths_plot(rep: dict):
     """Each iterate's held-out win rate against pi_0, raw and length-controlled, with their
     intervals; and mean tokens per round: candidates, best and worst, held-out answers."""
     ev = rep["eval"] or {}
     wins = [(m, v) for m, v in enumerate(ev.get("vs_pi_0") or []) if v]
     per_round = [(r["round"], r["lengths"]) for r in rep["rounds"] if r.get("lengths")]
     if not wins and not per_round:
-        return False
+        return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for key, ci_key, label, dx in (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05)):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (key, ci_key, label, dx) in enumerate(
+        (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05))
+    ):
         points = [(m + dx, v[key], v[ci_key]) for m, v in wins if v[key] is not None]
         if points:
             lows = [y - (ci[0] if ci[0] is not None else y) for _, y, ci in points]
             highs = [(ci[1] if ci[1] is not None else y) - y for _, y, ci in points]
+            marker, style = SERIES_STYLES[i]
             axes[0].errorbar(
                 [x for x, _, _ in points],
                 [y for _, y, _ in points],
                 yerr=[lows, highs],
-                marker="o",
+                marker=marker,
+                linestyle=style,
                 capsize=3,
                 label=label,
             )
-    axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
-    axes[0].set_ylim(0, 1)
     axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
-    _style(axes[0], "model pi_t")
+    if wins:
+        axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
+        axes[0].set_ylim(0, 1)
+        _style(axes[0], "model pi_t")
+    else:
+        _empty(axes[0], "no held-out evaluation (pofe.eval.held_out)")
+    i = 0
     for key, label in (("candidates", "candidates"), ("best", "best (chosen)"), ("worst", "worst (rejected)")):
         points = [(t, lengths[key]["mean"]) for t, lengths in per_round if lengths[key]["mean"] is not None]
         if points:
-            axes[1].plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"round t {label}")
+            _line(axes[1], [x for x, _ in points], [y for _, y in points], f"round t {label}", i)
+            i += 1
     if ev.get("response_tokens"):
-        axes[1].plot(
-            range(len(ev["response_tokens"]["mean"])),
-            ev["response_tokens"]["mean"],
-            marker="s",
-            label="held-out answers of pi_t",
-        )
+        tokens = ev["response_tokens"]["mean"]
+        _line(axes[1], list(range(len(tokens))), tokens, "held-out answers of pi_t", i)
     axes[1].set_title("mean tokens")
     _style(axes[1], "round t / model pi_t (0 = base)")
-    _save(plt, fig, out)
-    return True
+    return fig
 
 
 def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
     """PNG plots beside the report; returns {name: file name} for those with data."""
-    plots: dict[str, str] = {}
-    if rewards_plot(rep, out_dir / "report-rewards.png"):
-        plots["rewards"] = "report-rewards.png"
-    if loss_plot(rep, out_dir / "report-loss.png"):
-        plots["loss"] = "report-loss.png"
-    if lengths_plot(rep, out_dir / "report-lengths.png"):
-        plots["lengths"] = "report-lengths.png"
+    figures = {"rewards": rewards_plot(rep), "loss": loss_plot(rep), "lengths": lengths_plot(rep)}
     if rep["eval"]:
-        winrate_plot(rep["eval"], out_dir / "report-winrate.png")
-        plots["winrate"] = "report-winrate.png"
-        drift_plot(rep["eval"], out_dir / "report-drift.png")
-        plots["drift"] = "report-drift.png"
+        figures |= {"winrate": winrate_plot(rep["eval"]), "drift": drift_plot(rep["eval"])}
+    plots = {}
+    for name, fig in figures.items():
+        if fig is not None:
+            plots[name] = f"report-{name}.png"
+            save(fig, out_dir / plots[name])
     return plots
