@@ -101,7 +101,8 @@ def held_out_summary(rep: dict) -> list[str]:
         )
     spread = distance_from_half(ev["win_matrix"])
     if len(names) > 1 and spread < CLUSTERED:
-        lines.append(f"  every win rate within 0.5 ± {spread:.3f}: the report's 'Win rates' says why")
+        cluster = "is 1/2" if round(spread, 3) == 0 else f"within 0.5 ± {spread:.3f}"
+        lines.append(f"  every win rate {cluster}: the report's 'Win rates' says why")
     if ev["cycles"]:
         lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
     return lines

@@ -105,7 +105,7 @@ def clustered_note(matrix: list[list[float]], bradley_terry: bool) -> list[str]:
             "(`pofe.eval.held_out`, `pofe.eval.num_samples`) narrow the intervals; a stronger judge, as "
             "`pofe.eval.judge2`, may tell the models apart"
         )
-    return [f"Every win rate lies within 0.5 ± {spread:.3f}: {why}.", ""]
+    return [f"Every win rate {'is 1/2' if round(spread, 3) == 0 else f'lies within 0.5 ± {spread:.3f}'}: {why}.", ""]
 
 
 def iterate_wins_table(ev: dict) -> str:

@@ -4,7 +4,7 @@ win-rate matrix, drift per iterate.
 Each plot function returns its matplotlib figure, or None when the collected numbers
 (`collect.collect`) hold none of its data; a panel without data says why. Readable whatever
 the run's size: markers on series of few points, each series of a panel its own marker and line
-style (overlapping lines stay visible), legends beside the axes, not over the data.
+style (overlapping lines stay visible), legends below the axes, not over the data.
 """
 
 from __future__ import annotations
@@ -38,15 +38,17 @@ def save(fig, out: Path) -> None:
 
 
 def _line(ax, xs: list, ys: list, label: str, i: int, **kwargs) -> None:
-    """Series i of a panel: its own marker and line style, and markers shrinking with i, so
-    series that overlap stay distinguishable; markers only on a series of few points (a
-    single point is invisible as a line)."""
+    """Series i of a panel: its own marker and line style, and hollow markers shrinking with i,
+    so series that overlap stay distinguishable (nested shapes); markers only on a series of
+    few points (a single point is invisible as a line)."""
     marker, style = SERIES_STYLES[i % len(SERIES_STYLES)]
     ax.plot(
         xs,
         ys,
         marker=marker if len(xs) <= FEW_POINTS else None,
-        markersize=max(9 - 1.5 * i, 3),
+        markersize=max(11 - 1.5 * i, 4),
+        markerfacecolor="none",  # hollow: a marker drawn over another leaves it visible
+        markeredgewidth=1.5,
         linestyle=style,
         alpha=0.85,
         label=label,
@@ -55,13 +57,16 @@ def _line(ax, xs: list, ys: list, label: str, i: int, **kwargs) -> None:
 
 
 def _style(ax, xlabel: str) -> None:
-    """Integer steps or rounds on x, the legend beside the axes (never over the data), a light grid."""
+    """Integer steps or rounds on x, the legend below the axes (never over the data, and the
+    axes keep the figure's width), a light grid."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        columns = 2 if max(map(len, labels)) > 20 else min(len(labels), 4)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False)
     ax.grid(alpha=0.3)
 
 
@@ -93,7 +98,7 @@ def rewards_plot(rep: dict):
     if not any(series.values()):
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (name, points) in enumerate(series.items()):
         if points:
             _line(ax, [x for x, _ in points], [y for _, y in points], name, i)
@@ -139,13 +144,15 @@ def winrate_plot(ev: dict):
     names = [m["name"] for m in ev["models"]]
     w = ev["win_matrix"]
     spread = distance_from_half(w)
-    half = 0.5 if spread >= CLUSTERED else max(spread, 0.001)  # a positive range when every rate is 1/2
+    clustered = spread < CLUSTERED
+    # every rate 1/2 (to 3 decimals): no range to span
+    half = spread if clustered and round(spread, 3) > 0 else 0.5
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 1.1 * len(names) + 1.5))
     image = ax.imshow(w, vmin=0.5 - half, vmax=0.5 + half, cmap="RdBu")
     ax.set_xticks(range(len(names)), names)
     ax.set_yticks(range(len(names)), names)
-    digits = 2 if half == 0.5 else 3
+    digits = 3 if clustered else 2
     for i in range(len(names)):
         for j in range(len(names)):
             ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9)
