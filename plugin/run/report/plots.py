@@ -62,12 +62,21 @@ def _style(ax, xlabel: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _widen(ax)
     ax.set_xlabel(xlabel)
     labels = ax.get_legend_handles_labels()[1]
     if labels:
         columns = 2 if max(map(len, labels)) > 20 else min(len(labels), 4)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False)
     ax.grid(alpha=0.3)
+
+
+def _widen(ax) -> None:
+    """An x range under one step (one point, or one model's two dodged points) widened by half
+    a step each side, so the ticks are the data's integers, not fractions of one step."""
+    lo, hi = ax.dataLim.intervalx
+    if hi - lo < 1:
+        ax.set_xlim(lo - 0.5, hi + 0.5)
 
 
 def _empty(ax, why: str) -> None:
@@ -130,10 +139,14 @@ def loss_plot(rep: dict):
     axes[0].set_title("training loss")
     axes[1].set_title(f"{method_spec(rep['method']).diagnostic_label} ({diagnostic})")
     for ax, key in zip(axes, ("loss", diagnostic)):
-        if not any(train["curves"].get(key) for _, train in curves):
-            _empty(ax, f"no {key} in the trainer's logs")
-        else:
+        if any(train["curves"].get(key) for _, train in curves):
             _style(ax, "step (rounds concatenated)")
+        elif any(train["curves"] for _, train in curves):
+            _empty(ax, f"no {key} in the trainer's logs")
+        else:  # nothing logged at all: every round shorter than logging_steps
+            every = {train["logging_steps"] for _, train in curves}
+            ran = ", ".join(f"round {t}: {train['steps']}" for t, train in curves)
+            _empty(ax, f"nothing logged: logging_steps {', '.join(map(str, sorted(every)))},\nsteps run ({ran})")
     return fig
 
 
@@ -209,6 +222,7 @@ def lengths_plot(rep: dict):
         axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
         axes[0].set_ylim(0, 1)
         _style(axes[0], "model pi_t")
+        axes[0].set_xticks([m for m, _ in wins], [f"pi_{m}" for m, _ in wins])
     else:
         _empty(axes[0], "no held-out evaluation (pofe.eval.held_out)")
     i = 0

@@ -297,6 +297,32 @@ def test_few_points_get_markers_and_an_empty_panel_says_why(tmp_path):
     assert [t.get_text() for t in fig.axes[1].texts] == ["no rrhf/rank_accuracy in the trainer's logs"]
 
 
+def test_a_run_shorter_than_logging_steps_is_reported_as_such(tmp_path):
+    """One step run, logging every 10: the round's training is in the report (1 step, no loss:
+    '-'), and the loss plot says why it has no curve instead of the report saying there is no
+    trainer_state.json."""
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds={"1": RoundRecord()}, starts=[1.0]).save()
+    round_files(folder, 1, 1, {})
+    state = json.loads(folder.trainer_state(1).read_text())
+    folder.trainer_state(1).write_text(json.dumps({**state, "logging_steps": 10}))
+    rep = collect(folder)
+    assert rep["rounds"][0]["train"] | {"curves": None} == {
+        "steps": 1,
+        "logging_steps": 10,
+        "first_loss": None,
+        "last_loss": None,
+        "diagnostic": "rrhf/rank_accuracy",
+        "diagnostic_first": None,
+        "diagnostic_last": None,
+        "curves": None,
+    }
+    fig = loss_plot(rep)
+    assert [t.get_text() for ax in fig.axes for t in ax.texts] == [
+        "nothing logged: logging_steps 10,\nsteps run (round 1: 1)"
+    ] * 2
+
+
 def test_overlapping_series_stay_apart_and_the_legend_is_off_the_data(tmp_path):
     """Three reward series equal to 0 in every round (as a toy run's first rounds give): each
     has its own marker and line style, markers of decreasing size (one drawn over the other
