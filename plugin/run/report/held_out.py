@@ -92,20 +92,20 @@ def clustered_note(matrix: list[list[float]], bradley_terry: bool) -> list[str]:
         return []
     if bradley_terry:
         why = (
-            "by construction: Bradley-Terry turns a reward gap into a win probability sigmoid(r_a - r_b), so "
-            "models whose rewards differ little win about half the time (a gap of 0.1 is 0.525, and rewards in "
-            "[0, 1] never pass 0.731). Read the mean rewards for the size of a difference and these rates for "
-            "its direction; a judge whose rewards spread over several units (a reward model's logits), or a "
-            "pairwise judge as `pofe.eval.judge2`, separates the models more"
+            "Bradley-Terry turns a reward gap into a win probability sigmoid(r_a - r_b), so models whose "
+            "rewards differ little win about half the time by construction (a gap of 0.1 is 0.525, and rewards "
+            "in [0, 1] never pass 0.731). Read the mean rewards for the size of a difference and these rates "
+            "for its direction; a judge whose rewards spread over several units (a reward model's logits), or "
+            "a pairwise judge as `pofe.eval.judge2`, separates the models more"
         )
     else:
         why = (
-            "the pairwise judge rarely prefers one model's answer to another's: the models answer alike, or "
+            "The pairwise judge rarely prefers one model's answer to another's: the models answer alike, or "
             "the judge is saturated (it calls most pairs even). More held-out prompts or samples "
             "(`pofe.eval.held_out`, `pofe.eval.num_samples`) narrow the intervals; a stronger judge, as "
             "`pofe.eval.judge2`, may tell the models apart"
         )
-    return [f"Every win rate {'is 1/2' if round(spread, 3) == 0 else f'lies within 0.5 ± {spread:.3f}'}: {why}.", ""]
+    return [f"Every win rate {'is 1/2' if round(spread, 3) == 0 else f'lies within 0.5 ± {spread:.3f}'}. {why}.", ""]
 
 
 def iterate_wins_table(ev: dict) -> str:

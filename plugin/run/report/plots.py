@@ -168,9 +168,11 @@ def winrate_plot(ev: dict):
     digits = 3 if clustered else 2
     for i in range(len(names)):
         for j in range(len(names)):
-            ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9)
+            dark = abs(w[i][j] - 0.5) > 0.6 * half  # the colour map's dark ends: white text
+            ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9, color="w" if dark else "k")
     ax.set_title("P(row beats column)" + ("" if half == 0.5 else f"\ncolours: 0.5 ± {half:.3f}"))
-    fig.colorbar(image, ax=ax)
+    # five ticks across the scale, to the cells' decimals (automatic ones repeat at 3 decimals)
+    fig.colorbar(image, ax=ax, ticks=[0.5 + half * k / 2 for k in range(-2, 3)], format=f"%.{digits}f")
     return fig
 
 

@@ -371,10 +371,10 @@ def test_win_rates_clustered_at_one_half_are_explained():
 
     clustered = [[0.5, 0.498, 0.496], [0.502, 0.5, 0.499], [0.504, 0.501, 0.5]]
     md = "\n".join(win_rate_sections(eval_record(clustered), [f"pi_{i}" for i in range(3)]))
-    assert "Every win rate lies within 0.5 ± 0.004: by construction: Bradley-Terry turns a reward gap" in md
+    assert "Every win rate lies within 0.5 ± 0.004. Bradley-Terry turns a reward gap into a win probability" in md
     assert "a gap of 0.1 is 0.525" in md and "`pofe.eval.judge2`" in md
     pairwise = "\n".join(win_rate_sections(eval_record(clustered, "pairwise"), [f"pi_{i}" for i in range(3)]))
-    assert "the judge is saturated" in pairwise and "Bradley-Terry" not in pairwise
+    assert "The pairwise judge rarely prefers" in pairwise and "Bradley-Terry" not in pairwise
     spread = [[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]
     assert "Every win rate lies within" not in "\n".join(win_rate_sections(eval_record(spread), ["a", "b", "c"]))
 
