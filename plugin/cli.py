@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pofe.errors import PofeError
+from pofe.errors import PofeError, record_error
 
 
 class PofeGroup(click.Group):
@@ -20,6 +20,7 @@ class PofeGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (PofeError, ValueError) as e:
+            record_error(e)  # run as a stage of `axolotl pofe run`: the runner shows this message
             raise click.ClickException(str(e)) from e
 
 
@@ -82,20 +83,25 @@ def candidates(config: str, stage: str):
     default=None,
     help="Passed to each round's `axolotl train` (default: axolotl's own, accelerate).",
 )
-@click.option("--quiet", is_flag=True, help="Stages' output goes to their log files only.")
+@click.option("--verbose", is_flag=True, help="Also stream every stage's whole output (always in its log file).")
+@click.option("--quiet", is_flag=True, help="No progress bars: POFE's own lines only (for logs and CI).")
 @click.option(
     "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
 )
-def run(config: str, launcher: str | None, quiet: bool, no_eval: bool):
+def run(config: str, launcher: str | None, verbose: bool, quiet: bool, no_eval: bool):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
-    Each stage is a separate process, ended with the run; a killed run started again
-    resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
-    training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
+    Each stage is a separate process, ended with the run, its whole output in a log file
+    beside its results; the terminal shows one line as a stage starts, one as it ends (what it
+    made, how long it took, its log) and, on a terminal, its progress bars. A killed run
+    started again resumes at the first unfinished stage (state in <output_dir>/pofe-run.json),
+    a killed training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
     """
     from pofe.run.rounds.loop import run_rounds
+    from pofe.run.rounds.runner import StatusLine
 
-    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo)
+    progress = None if quiet or not StatusLine.possible() else StatusLine()
+    run_rounds(config, launcher=launcher, stream=verbose, evaluate=not no_eval, echo=click.echo, progress=progress)
 
 
 @pofe.command()
