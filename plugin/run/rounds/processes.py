@@ -147,14 +147,20 @@ def run_logged(
             start_new_session=True,
         ) as proc:
             assert proc.stdout is not None
+            bar_shown = False
             for text, is_line in output_events(proc.stdout):
                 text = redact_text(text)  # axolotl logs the recipe (a served policy's --api-key among it)
                 if is_line:
                     f.write(text + "\n")
+                    f.flush()  # `tail -f` follows the stage as it runs
                     if stream:
+                        if bar_shown:  # a streamed line replaces the bar, which the next state redraws
+                            progress("")
+                            bar_shown = False
                         echo(text)
                 elif progress is not None:
                     progress(text.strip())
+                    bar_shown = True
         if progress is not None:
             progress("")
         returncode = proc.returncode

@@ -167,6 +167,22 @@ def test_a_progress_bar_goes_to_the_status_line_and_its_last_state_to_the_log(tm
     assert said == [] and shown[-1] == "" and "50%|# | 1/2" in shown
     run_logged(cmd, log, said.append, True)
     assert said == [f"$ {' '.join(cmd)}", "start", "100%|##| 2/2", "end", "last é"]
+    # streamed to a terminal: the status line is cleared before a line is printed where it was
+    both = []
+    run_logged(
+        cmd, log, lambda line: both.append(("line", line)), True, progress=lambda bar: both.append(("bar", bar))
+    )
+    assert both == [
+        ("line", f"$ {' '.join(cmd)}"),
+        ("line", "start"),
+        ("bar", "0%|  | 0/2"),
+        ("bar", "50%|# | 1/2"),
+        ("bar", ""),
+        ("line", "100%|##| 2/2"),
+        ("line", "end"),
+        ("line", "last é"),
+        ("bar", ""),
+    ]
 
 
 def test_a_pofe_error_in_the_stage_is_the_whole_message(tmp_path):
