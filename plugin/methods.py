@@ -131,9 +131,10 @@ SPPO = MethodSpec(
     candidate_keeps=("all", "best_worst"),
     dedupe_candidates=False,  # the authors keep all K samples
     report_curves=("sppo/logratio", "sppo/target"),
-    headline_note="SPPO raises each candidate's log-probability by its win rate's distance from 1/2, so the "
-    "trained model should score above the policy's own samples; best-of-k shows how much better the "
-    "candidates held, not a level SPPO converges to.",
+    headline_note="SPPO moves each candidate's log-probability towards eta times its win rate's distance from "
+    "1/2 (up for a candidate that wins more than half its comparisons, down for the rest), so the trained "
+    "model should score above the policy's own samples; best-of-k shows how much better the candidates "
+    "held, not a level SPPO converges to.",
     report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
     "(saturation: the gradient vanishes).",
     # e.g. win rates [1, 1]: not an error (each is a target of its own), but no preference

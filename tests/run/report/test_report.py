@@ -426,7 +426,7 @@ def test_the_headline_speaks_of_its_own_method():
     rrhf = "\n".join(headline_section(headline_report("rrhf")))
     sppo = "\n".join(headline_section(headline_report("sppo")))
     assert "RRHF's trained model tends to that best-of-k reward" in rrhf
-    assert "RRHF" not in sppo and "SPPO raises each candidate's log-probability by its win rate's distance" in sppo
+    assert "RRHF" not in sppo and "SPPO moves each candidate's log-probability towards eta times" in sppo
     assert "| 1 | 3 | 0.100 | 0.200 | 1.000 | 0.600 | -0.400 |" in sppo
 
 
