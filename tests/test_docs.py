@@ -78,3 +78,27 @@ def test_every_judge_type_has_an_example_that_validates():
         JudgeConfig.model_validate(judge)
     rubrics = {j["type"]: j["rubric"].rstrip("\n") for j in judges if "rubric" in j}
     assert rubrics == {"llm": DEFAULT_RUBRIC, "pairwise_llm": DEFAULT_PAIRWISE}
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_docs_resolve():
+    """Every relative link of the README and docs/ names a file that exists and, with a #, one
+    of its headings (the README's parts moved to docs/: a link left behind fails here)."""
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path).resolve() if path else doc
+            if not file.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no file)")
+            elif anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    broken.append(f"{doc.relative_to(ROOT)}: {target} (no heading)")
+    assert not broken, "\n".join(broken)
