@@ -289,7 +289,7 @@ def run_rounds(
     stage does and made, `stream` adds the stages' whole output, `progress` shows their
     progress bars (`StageRunner`)."""
     folder = claim_recipe_output_dir(recipe_path, echo)
-    with output_to(folder.runner_log):  # axolotl's config dump and its libraries' warnings: not for the console
+    with output_to(folder.runner_log, echo):  # axolotl's config dump and its libraries' warnings: not for the console
         raw, cfg = load_recipe(recipe_path)
     pcfg = pofe_config(cfg)
     check_iterable(cfg, pcfg)

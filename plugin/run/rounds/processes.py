@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from pofe.errors import ERROR_FILE_ENV, PofeError
 from pofe.files import private_opener
-from pofe.logs import Echo
+from pofe.logs import Echo, logger_name
 
 # Seconds a stopped stage gets between SIGTERM and SIGKILL.
 STOP_GRACE = 10.0
@@ -56,6 +56,11 @@ def axolotl_command(*args: str) -> list[str]:
 # What a stage prints: lines end in "\n" ("\r\n" too); a progress bar (tqdm) redraws its line
 # after a "\r"
 _SEPARATOR = re.compile(r"(\r\n|\r|\n)")
+# A warning POFE logs in a stage (axolotl's log format, a logger under `pofe.logs.logger_name`):
+# about the user's run, so the console shows it; library warnings stay in the log
+_POFE_WARNING = re.compile(
+    r"^\[[^\]]*\] \[(?:WARNING|ERROR)\] \[" + re.escape(logger_name("pofe")) + r"[\w.]*\] (.*)$"
+)
 # Where the stage's first traceback ends: the exception's line, unindented
 _TRACEBACK = "Traceback (most recent call last):"
 # what starts the traceback after it: a chained exception's, a launcher's
@@ -84,6 +89,12 @@ def output_events(stream: BinaryIO) -> Iterator[tuple[str, bool]]:
     tail = (pending + decoder.decode(b"", final=True)).rstrip("\r")
     if tail.strip():
         yield tail, True
+
+
+def pofe_warning(line: str) -> str | None:
+    """A POFE warning's message in a line of a stage's output, else None."""
+    found = _POFE_WARNING.match(line)
+    return found[1] if found else None
 
 
 def first_error(log: Path) -> str:
@@ -115,7 +126,8 @@ def run_logged(
     """Run `cmd` under `guard`; its output, secrets masked (`redact_text`), goes to `log`,
     headed by the command line.
 
-    `stream`: every line also goes to `echo`. `progress` (a status line on a terminal) gets each
+    `stream`: every line also goes to `echo` (else only POFE's warnings, `pofe_warning`, which
+    are about the user's run). `progress` (a status line on a terminal) gets each
     state of the stage's progress bars, and "" when the stage ends; the log keeps each bar's
     last state only. `keep_fds` stay open in the stage (the run's lock: held while any stage
     process lives); `env` is added to the stage's environment. A stage that fails raises
@@ -153,11 +165,12 @@ def run_logged(
                 if is_line:
                     f.write(text + "\n")
                     f.flush()  # `tail -f` follows the stage as it runs
-                    if stream:
-                        if bar_shown:  # a streamed line replaces the bar, which the next state redraws
+                    warning = None if stream else pofe_warning(text)
+                    if stream or warning:
+                        if bar_shown:  # a printed line replaces the bar, which the next state redraws
                             progress("")
                             bar_shown = False
-                        echo(text)
+                        echo(text if stream else f"  warning: {warning}")
                 elif progress is not None:
                     progress(text.strip())
                     bar_shown = True
@@ -172,10 +185,12 @@ def run_logged(
 
 
 @contextmanager
-def output_to(path: Path) -> Iterator[None]:
+def output_to(path: Path, echo: Echo) -> Iterator[None]:
     """This process's own output (file descriptors 1 and 2: Python's streams, the logging
-    handlers that write to them, C libraries) appended to `path` for the block, then back."""
+    handlers that write to them, C libraries) appended to `path` for the block, then back;
+    POFE's warnings among it (`pofe_warning`) then go to `echo` as well."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    start = path.stat().st_size if path.exists() else 0
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -192,6 +207,9 @@ def output_to(path: Path) -> Iterator[None]:
         for fd, saved_fd in zip((1, 2), saved):
             os.dup2(saved_fd, fd)
             os.close(saved_fd)
+        for line in path.read_bytes()[start:].decode("utf-8", errors="replace").splitlines():
+            if (warning := pofe_warning(line)) is not None:
+                echo(f"warning: {warning}")
 
 
 def _signal_group(pgid: int, sig: int) -> None:

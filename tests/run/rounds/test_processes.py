@@ -185,6 +185,23 @@ def test_a_progress_bar_goes_to_the_status_line_and_its_last_state_to_the_log(tm
     ]
 
 
+# a warning of POFE's and one of a library's, as axolotl's log format writes them
+POFE_WARNING = (
+    "[2026-12-03 20:10:47,711] [WARNING] [axolotl.integrations.pofe.data.loader] "
+    "POFE: 3 of 48 rows truncated to sequence_len 64"
+)
+LIBRARY_WARNING = "[2026-12-03 20:10:47,711] [WARNING] [torchao] Failed to load _C_mxfp8.so"
+
+
+def test_pofe_warnings_reach_the_console_and_library_warnings_stay_in_the_log(tmp_path):
+    """Not streamed: of the stage's lines, the console gets POFE's warning (its message) only."""
+    log, said = tmp_path / "preprocess.log", []
+    cmd = [sys.executable, "-c", f"print({LIBRARY_WARNING!r}); print({POFE_WARNING!r}); print('[INFO] done')"]
+    run_logged(cmd, log, said.append, False)
+    assert said == ["  warning: POFE: 3 of 48 rows truncated to sequence_len 64"]
+    assert log.read_text().splitlines()[1:] == [LIBRARY_WARNING, POFE_WARNING, "[INFO] done"]
+
+
 def test_a_pofe_error_in_the_stage_is_the_whole_message(tmp_path):
     """A stage (as axolotl's CLI runs the plugin: `record_uncaught_errors` in `register`) raises a
     PofeError: StageFailed says that message and where the traceback is, nothing else; the
@@ -226,7 +243,7 @@ def test_another_error_is_the_first_tracebacks_exception(tmp_path):
 def test_output_to_takes_this_process_s_output_and_gives_it_back(tmp_path):
     """In the block, Python's prints, a logging handler made before it (as axolotl's are, on
     the process's stderr) and bytes written to fd 2 (as C libraries write) all go to the file;
-    after it, the console has its output again."""
+    after it, the console has its output again, and the POFE warning the block logged."""
     log = tmp_path / "pofe-run.log"
     script = f"""
 import logging, os, sys
@@ -234,12 +251,13 @@ from pathlib import Path
 from pofe.run.rounds.processes import output_to
 logger = logging.getLogger("library")
 logger.addHandler(logging.StreamHandler(sys.stderr))
-with output_to(Path({str(log)!r})):
+with output_to(Path({str(log)!r}), print):
     print("config dump")
     logger.warning("a library's warning")
     os.write(2, b"from C\\n")
+    print({POFE_WARNING!r})
 print("after")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert log.read_text() == "config dump\na library's warning\nfrom C\n"
-    assert (out.stdout, out.stderr) == ("after\n", "")
+    assert log.read_text() == f"config dump\na library's warning\nfrom C\n{POFE_WARNING}\n"
+    assert (out.stdout, out.stderr) == ("warning: POFE: 3 of 48 rows truncated to sequence_len 64\nafter\n", "")

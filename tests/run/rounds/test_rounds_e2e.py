@@ -120,7 +120,7 @@ def test_the_console_says_each_stage_in_two_lines(rrhf_run):
         assert (run / log).read_text().count("\n") > 50  # the stage's own output went there
     assert lines[-1] == f"  report: {run / 'report.md'}"
     assert "config:" in (run / "pofe-run.log").read_text()  # axolotl's dump as the runner loaded the recipe
-    assert len(lines) <= 35 and not [line for line in lines if "base_model" in line or "warn" in line.lower()]
+    assert len(lines) <= 35 and not [line for line in lines if "base_model" in line or "[WARNING]" in line]
 
 
 def test_a_pofe_error_in_a_stage_is_one_clean_message(tmp_path, tiny_model):
