@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pofe.errors import PofeError
+from pofe.errors import PofeError, record_error
 
 
 class PofeGroup(click.Group):
@@ -20,6 +20,7 @@ class PofeGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (PofeError, ValueError) as e:
+            record_error(e)  # run as a stage of `axolotl pofe run`: the runner shows this message
             raise click.ClickException(str(e)) from e
 
 
@@ -91,22 +92,35 @@ def candidates(config: str, stage: str):
     default=None,
     help="Passed to each round's `axolotl train` (default: axolotl's own, accelerate).",
 )
-@click.option("--quiet", is_flag=True, help="Stages' output goes to their log files only.")
+@click.option("--verbose", is_flag=True, help="Also stream every stage's whole output (always in its log file).")
+@click.option("--quiet", is_flag=True, help="No progress bars: POFE's own lines only (for logs and CI).")
 @click.option(
     "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
 )
 @axolotl_overrides
-def run(config: str, launcher: str | None = None, quiet: bool = False, no_eval: bool = False, **overrides):
+def run(config: str, launcher: str | None, verbose: bool, quiet: bool, no_eval: bool, **overrides):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
-    Each stage is a separate process, ended with the run; a killed run started again
-    resumes at the first unfinished stage (state in <output_dir>/pofe-run.json), a killed
-    training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
+    Each stage is a separate process, ended with the run, its whole output in a log file
+    beside its results; the terminal shows one line as a stage starts, one as it ends (what it
+    made, how long it took, its log) and, on a terminal, its progress bars. A killed run
+    started again resumes at the first unfinished stage (state in <output_dir>/pofe-run.json),
+    a killed training from its last checkpoint. One run per output_dir at a time (pofe-run.lock).
     axolotl's options (--num-epochs 3, ...) apply to every stage, recorded in pofe-run.json.
     """
     from pofe.run.rounds.loop import run_rounds
+    from pofe.run.rounds.runner import StatusLine
 
-    run_rounds(config, launcher=launcher, stream=not quiet, evaluate=not no_eval, echo=click.echo, overrides=overrides)
+    progress = None if quiet or not StatusLine.possible() else StatusLine()
+    run_rounds(
+        config,
+        launcher=launcher,
+        stream=verbose,
+        evaluate=not no_eval,
+        echo=click.echo,
+        progress=progress,
+        overrides=overrides,
+    )
 
 
 @pofe.command()
@@ -130,9 +144,9 @@ def run(config: str, launcher: str | None = None, quiet: bool = False, no_eval: 
 @click.option(
     "--device",
     type=click.Choice(["cuda", "cpu"]),
-    default="cuda",
-    show_default=True,
-    help="cpu: plan a CPU run (memory is the process's resident set).",
+    default=None,
+    help="Plan a GPU (cuda) or a CPU run (memory: the process's resident set). Default: the recipe's, "
+    "cpu when it sets bf16: false, as CPU recipes do.",
 )
 @click.option(
     "--output",
@@ -141,7 +155,13 @@ def run(config: str, launcher: str | None = None, quiet: bool = False, no_eval: 
     help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).",
 )
 def plan(
-    config: str, as_json: bool, gpus: int, gpu_memory: float, prompts: int | None, device: str, output: str | None
+    config: str,
+    as_json: bool,
+    gpus: int,
+    gpu_memory: float,
+    prompts: int | None,
+    device: str | None,
+    output: str | None,
 ):
     """The plan of CONFIG's run before it starts: for each stage of each round, what loads where,
     the estimated peak memory per GPU, the disk, the counts; warnings name the key to change.

@@ -8,6 +8,42 @@ that catches those still does.
 This module is a leaf: standard library only.
 """
 
+import os
+import sys
+
 
 class PofeError(Exception):
     """An error POFE raises on purpose, its message written for the user."""
+
+
+# Set by `axolotl pofe run` for each stage process (`pofe.run.rounds.processes`): the file a
+# POFE error's message goes to, so the runner shows that message, not the stage's traceback.
+ERROR_FILE_ENV = "POFE_ERROR_FILE"
+
+
+def record_error(error: BaseException) -> None:
+    """Write a PofeError's message to `$POFE_ERROR_FILE` when the variable is set (in a stage
+    of `axolotl pofe run`); anything else, or no variable, writes nothing."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path or not isinstance(error, PofeError):
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"  # every rank of a stage may write it: each whole, the last one stays
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(str(error))
+    os.replace(tmp, path)
+
+
+def record_uncaught_errors() -> None:
+    """In a stage process, an uncaught PofeError is also written by `record_error` before
+    Python prints its traceback (which stays in the stage's log). Installed once; a no-op
+    outside `axolotl pofe run`'s stages."""
+    if ERROR_FILE_ENV not in os.environ or getattr(sys.excepthook, "records_pofe_errors", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        record_error(value)
+        previous(kind, value, traceback)
+
+    hook.records_pofe_errors = True
+    sys.excepthook = hook

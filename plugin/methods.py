@@ -86,6 +86,9 @@ class MethodSpec:
     report_curves: tuple[str, ...] = ()
     # what the run report says under its rounds table about reading the diagnostic
     report_note: str = ""
+    # what the report's headline says about the trained model's reward beside the candidates'
+    # best-of-k: what the method makes of its candidates
+    headline_note: str = ""
     # what a dataset row whose labels are all equal teaches; a warning counts such rows when set
     equal_labels_note: str = ""
     # `pofe:` keys that only this method reads; set to a non-default value under another
@@ -110,6 +113,8 @@ RRHF = MethodSpec(
     candidate_keeps=("all",),
     dedupe_candidates=True,
     report_curves=("rrhf/rank", "rrhf/ft"),
+    headline_note="RRHF's trained model tends to that best-of-k reward (it fine-tunes on each prompt's best "
+    "candidate): when it reaches it, better candidates help more than more epochs.",
     equal_labels_note="RRHF learns no ranking from them, only SFT on their first response",
     own_keys=("rank_weight", "margin", "length_penalty"),
 )
@@ -126,6 +131,10 @@ SPPO = MethodSpec(
     candidate_keeps=("all", "best_worst"),
     dedupe_candidates=False,  # the authors keep all K samples
     report_curves=("sppo/logratio", "sppo/target"),
+    headline_note="SPPO moves each candidate's log-probability towards eta times its win rate's distance from "
+    "1/2 (up for a candidate that wins more than half its comparisons, down for the rest), so the trained "
+    "model should score above the policy's own samples; best-of-k shows how much better the candidates "
+    "held, not a level SPPO converges to.",
     report_note="SPPO's win-rate spread near 0 means the judge sees no difference between samples "
     "(saturation: the gradient vanishes).",
     # e.g. win rates [1, 1]: not an error (each is a target of its own), but no preference

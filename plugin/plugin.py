@@ -9,6 +9,7 @@ from axolotl.integrations.base import BasePlugin
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.args.translate import translate_raw_config
+from pofe.errors import record_uncaught_errors
 from pofe.logs import redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
@@ -31,6 +32,8 @@ class PofePlugin(BasePlugin):
         return self._validated[1]
 
     def register(self, cfg: dict):
+        # in a stage of `axolotl pofe run`, a POFE error reaches the runner as its message
+        record_uncaught_errors()
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
         # the run follows the SFT builder path with POFE's trainer and collator.
         translate_raw_config(cfg)

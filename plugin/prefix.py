@@ -87,7 +87,10 @@ def layout_rule(layout: str, attn: str | None, reentrant: bool) -> str:
         return f"{cache} ({attn} takes no 4D mask)"
     if reentrant:
         return f"{packed} (reentrant gradient checkpointing)"
-    return f"per batch, {cache} when {packed} would compute over {CACHE_FACTOR:g}x its attention scores, else {packed}"
+    return (
+        f"chosen per batch: {cache} where packed rows would compute over {CACHE_FACTOR:g}x its "
+        f"attention scores, else {packed}"
+    )
 
 
 def prefix_sharing_enabled(cfg: Mapping[str, Any], pofe: PofeConfig, is_eval: bool = False) -> bool:
@@ -118,8 +121,8 @@ def prefix_sharing_enabled(cfg: Mapping[str, Any], pofe: PofeConfig, is_eval: bo
         LOG.warning(f"POFE ({split}): prefix sharing off ({reason}); scoring k full rows per prompt")
         return False
     LOG.info(
-        f"POFE ({split}): prefix sharing through {layout_rule(pofe.prefix_layout, attn, reentrant)} "
-        f"(pofe.prefix_layout: {pofe.prefix_layout})"
+        f"POFE ({split}): prefix sharing on, each prompt encoded once; layout "
+        f"{layout_rule(pofe.prefix_layout, attn, reentrant)} (pofe.prefix_layout: {pofe.prefix_layout})"
     )
     return True
 

@@ -304,7 +304,13 @@ def test_cache_layout_with_reentrant_checkpointing_is_a_config_error():
     [
         ("auto", "flash_attention_2", False, "the prompts' KV cache (flash_attention_2 takes no 4D mask)"),
         ("auto", "sdpa", True, "packed rows with a block attention mask (reentrant gradient checkpointing)"),
-        ("auto", None, False, "per batch, the prompts' KV cache when packed rows"),
+        (
+            "auto",
+            None,
+            False,
+            "chosen per batch: the prompts' KV cache where packed rows would compute over 2x its "
+            "attention scores, else packed rows with a block attention mask (pofe.prefix_layout: auto)",
+        ),
         ("packed", "eager", False, "packed rows with a block attention mask"),
     ],
 )
@@ -317,4 +323,4 @@ def test_log_line_names_the_layout(caplog, layout, attn, reentrant, says):
     }
     with caplog.at_level("INFO"):
         assert enabled(cfg) is True
-    assert f"POFE (train): prefix sharing through {says}" in caplog.text
+    assert f"POFE (train): prefix sharing on, each prompt encoded once; layout {says}" in caplog.text

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from plugin.args.translate import translate_raw_config
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -22,6 +21,7 @@ from pofe.args.rounds import (
     check_round_prompt_count,
     check_round_prompt_files,
 )
+from pofe.args.translate import translate_raw_config
 from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig

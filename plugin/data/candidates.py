@@ -85,9 +85,9 @@ def build_candidates(
         f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
         f"(dropped: {s['rows_dropped'] or 0}), {s['candidates_per_prompt']['mean']:.2f} per "
         f"prompt, duplicates removed {s['duplicates_removed']}, empty candidates removed "
-        f"{s['empty_candidates_removed']}, mean candidate reward "
-        f"{s['mean_candidate_reward']}, best-of-k {s['mean_best_of_k_reward']}, judge "
-        f"abstentions {s['judge_abstentions']}; summary in {result.summary_path}"
+        f"{s['empty_candidates_removed']}, mean candidate reward {_three(s['mean_candidate_reward'])}, "
+        f"best-of-k {_three(s['mean_best_of_k_reward'])}, judge abstentions {s['judge_abstentions']}; "
+        f"summary in {result.summary_path}"
     )
     return result
 
@@ -114,6 +114,11 @@ def candidates_dir(
         "chat_template": getattr(tokenizer, "chat_template", None),
     }
     return Path(cfg.dataset_prepared_path or "last_run_prepared") / f"pofe-candidates-{stable_hash(parts, 32)}"
+
+
+def _three(x: float | None) -> str:
+    """A mean reward for the log: 3 decimals (the judge's scores carry no more), `-` for none."""
+    return "-" if x is None else f"{x:.3f}"
 
 
 def sampling_policy(cfg: DictDefault, generate) -> str:

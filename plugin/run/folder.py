@@ -54,6 +54,12 @@ class RunFolder:
     def lock(self) -> Path:
         return self.root / "pofe-run.lock"
 
+    @property
+    def runner_log(self) -> Path:
+        """What the runner's own process printed while axolotl loaded the recipe (its config
+        dump, library warnings), kept off the console."""
+        return self.root / "pofe-run.log"
+
     def round_dir(self, t: int) -> Path:
         return self.root / f"round-{t}"
 

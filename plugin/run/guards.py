@@ -168,8 +168,10 @@ def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], N
         )
     if not root.is_dir() or folder.state.exists() or folder.lock.exists() or (root / PREEXISTING_NAME).exists():
         return  # new, or a run of POFE's (one killed before its state was written holds the lock)
-    found = {f: stamp for f, stamp in _files(root).items() if f != AXOLOTL_LOG}
-    entries = sorted(p.name for p in root.iterdir() if p.name != AXOLOTL_LOG)
+    # what loading the recipe writes before the run's state exists: axolotl's log and the runner's
+    loading = (AXOLOTL_LOG, folder.runner_log.name)
+    found = {f: stamp for f, stamp in _files(root).items() if f not in loading}
+    entries = sorted(p.name for p in root.iterdir() if p.name not in loading)
     if not entries:
         return
     if not overwrite:
@@ -189,15 +191,18 @@ def claim_output_dir(folder: RunFolder, overwrite: bool, echo: Callable[[str], N
 
 def claim_recipe_output_dir(
     recipe_path: str | Path, echo: Callable[[str], None], overrides: dict | None = None
-) -> None:
+) -> RunFolder:
     """`claim_output_dir` for the recipe's output_dir, read from its YAML (or the command line's
-    `--output-dir`): before axolotl loads the recipe, which already writes debug.log there."""
+    `--output-dir`): before axolotl loads the recipe, which already writes debug.log there.
+    Returns the run's folder."""
     import yaml
     from pydantic import TypeAdapter
 
     raw = {**(yaml.safe_load(Path(recipe_path).read_text()) or {}), **(overrides or {})}
     overwrite = TypeAdapter(bool).validate_python((raw.get("pofe") or {}).get("overwrite_output_dir", False))
-    claim_output_dir(RunFolder(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve()), overwrite, echo)
+    folder = RunFolder(Path(raw.get("output_dir") or AXOLOTL_OUTPUT_DIR).resolve())
+    claim_output_dir(folder, overwrite, echo)
+    return folder
 
 
 def pofe_wrote(folder: RunFolder, path: Path) -> bool:

@@ -140,4 +140,6 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         sums = sum_over_ranks(torch.stack([weighted, weights]), self.args.device)
         split = "train" if model.training else "eval"
         key = (lambda name: name) if split == "train" else (lambda name: f"eval_{name}")
-        self.store_metrics({key(k): (total / n).item() for k, total, n in zip(names, *sums) if n > 0}, split)
+        # + 0.0: a mean of -0.0 (SPPO's mean target is 0 by construction when every candidate is
+        # kept) would be logged as '-0'
+        self.store_metrics({key(k): (total / n).item() + 0.0 for k, total, n in zip(names, *sums) if n > 0}, split)

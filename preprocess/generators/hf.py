@@ -11,6 +11,7 @@ sampling, beam search, and diverse beam search (POFE's own, see diverse_beam.py)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +93,17 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 @torch.no_grad()
 def sample_responses(
-    model, tokenizer, prompts: list[str] | list[list[int]], n: int, sampling: Sampling, *, batch_size: int
+    model,
+    tokenizer,
+    prompts: list[str] | list[list[int]],
+    n: int,
+    sampling: Sampling,
+    *,
+    batch_size: int,
+    progress: Callable[[int], object] | None = None,
 ) -> list[list[Sample]]:
     """P rendered prompts (strings, tokenised as the trainer does, or token ids) -> P lists of
-    n Samples, for every `sampling.strategy`.
+    n Samples, for every `sampling.strategy`; `progress` gets each batch's prompt count as it ends.
 
     Temperature 0 with strategy `sample` is greedy decoding (one response: n must be 1).
     Batch b is seeded with `sampling.seed + b` inside `torch.random.fork_rng`, so the same
@@ -116,6 +124,8 @@ def sample_responses(
         with _seeded(sampling.seed + b):
             new = _generate(model, tokenizer, enc, n, sampling, stops)  # (B * n, T)
         out.extend(_to_samples(tokenizer, enc, new.tolist(), n, stops))
+        if progress is not None:
+            progress(len(enc["input_ids"]))
     return out
 
 

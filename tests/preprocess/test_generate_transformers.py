@@ -230,3 +230,15 @@ def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch)
     )
     assert render_prompt(seen["tokenizer"], "hi").text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert render_prompt(load_tokenizer(str(tiny_policy)), "hi").text == "<|user|>hi<|end|><|assistant|>"
+
+
+def test_sample_responses_reports_each_batch_as_it_ends(gen, prompts):
+    """3 prompts in batches of 2: `progress` hears 2, then 1 (evaluation's bars move so), and
+    the samples are those of a call without it (the batch seeds are the same)."""
+    sampling = GenerateConfig(num_candidates=2, max_new_tokens=4, temperature=1.0).sampling()
+    heard: list[int] = []
+    texts = [p.text for p in prompts]
+    with_bar = sample_responses(gen.model, gen.tokenizer, texts, 2, sampling, batch_size=2, progress=heard.append)
+    assert heard == [2, 1]
+    plain = sample_responses(gen.model, gen.tokenizer, texts, 2, sampling, batch_size=2)
+    assert [[s.response_ids for s in row] for row in with_bar] == [[s.response_ids for s in row] for row in plain]

@@ -147,6 +147,15 @@ def test_a_new_folder_or_a_pofe_run_is_taken_as_it_is(tmp_path, marker):
     assert not (root / PREEXISTING_NAME).exists()
 
 
+def test_the_logs_of_a_recipe_that_failed_to_load_leave_the_folder_new(tmp_path):
+    """A recipe refused while it loads leaves axolotl's debug.log and the runner's pofe-run.log,
+    but no state: the next start takes the folder as new, not as someone else's files."""
+    (tmp_path / "debug.log").write_text("log")
+    RunFolder(tmp_path).runner_log.write_text("config dump")
+    claim_output_dir(RunFolder(tmp_path), overwrite=False, echo=print)
+    assert not (tmp_path / PREEXISTING_NAME).exists()
+
+
 def test_overwrite_records_what_was_there_and_the_report_keeps_it(tmp_path):
     """With the key, the files found are recorded; the report's clean-up of old plots then
     removes POFE's own (report-rewards.png, written after the start) and keeps the one that

@@ -285,3 +285,20 @@ def test_pair_metrics_are_means_over_every_ranks_pairs(tmp_path):
         assert stored["eval_rrhf/rank"] == pytest.approx(3 / 5)  # 0 x 2 prompts + 1 x 3 prompts
         for name, value in expected.items():
             assert stored[f"eval_{name}"] == pytest.approx(value, rel=1e-6), name
+
+
+def test_a_mean_of_zero_is_logged_as_0_not_minus_0():
+    """SPPO's mean target is 0 by construction with every candidate kept; when its float comes
+    out as -0.0 the log showed 'sppo/target': '-0' (transformers formats with .4g). Stored: +0.0."""
+    import math
+    from types import SimpleNamespace
+
+    from pofe.trainers.base import KResponseTrainer
+
+    stored = {}
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(device=torch.device("cpu")), store_metrics=lambda metrics, split: stored.update(metrics)
+    )
+    KResponseTrainer.log_stats(trainer, SimpleNamespace(training=True), "sppo", {"target": -0.0, "loss": 2.0}, 4)
+    assert stored == {"sppo/loss": 2.0, "sppo/target": 0.0}
+    assert math.copysign(1.0, stored["sppo/target"]) == 1.0 and f"{stored['sppo/target']:.4g}" == "0"

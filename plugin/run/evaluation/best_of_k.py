@@ -21,6 +21,7 @@ from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators.hf import Sample
 from pofe.preprocess.win_rates import nan_mean
 from pofe.run.evaluation.judging import scalar_scores
+from pofe.run.evaluation.sampler import Progress
 
 
 def round_sampling(generate: GenerateConfig, t: int) -> Sampling:
@@ -29,10 +30,12 @@ def round_sampling(generate: GenerateConfig, t: int) -> Sampling:
     return replace(sampling, seed=sampling.seed + (t - 1))
 
 
-def held_out_candidates(sampler, rendered: list[str], generate: GenerateConfig, t: int) -> list[list[Sample]]:
+def held_out_candidates(
+    sampler, rendered: list[str], generate: GenerateConfig, t: int, progress: Progress = None
+) -> list[list[Sample]]:
     """Round t's K candidates on the held-out prompts from `sampler` (pi_{t-1}'s,
     `pofe.run.evaluation.sampler`): [prompt][k]."""
-    return sampler.sample(rendered, generate.num_candidates, round_sampling(generate, t))
+    return sampler.sample(rendered, generate.num_candidates, round_sampling(generate, t), progress)
 
 
 def best_of_k(
@@ -48,7 +51,8 @@ def best_of_k(
     record per candidate (eval/candidates.jsonl): round, prompt_index, k, response, tokens, reward."""
     out, records = [], []
     for t, cands in sorted(candidates.items()):
-        rewards = scalar_scores(judge, prompts, rendered, [[s.text for s in row] for row in cands])  # (P, K)
+        responses = [[s.text for s in row] for row in cands]
+        rewards = scalar_scores(judge, prompts, rendered, responses, desc=f"judge round {t}'s held-out candidates")
         records += [
             {
                 "round": t,

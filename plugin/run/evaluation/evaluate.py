@@ -57,13 +57,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from plugin.run.evaluation.headline import headline_sampling
 from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.preprocess.config import Sampling
 from pofe.preprocess.generators.hf import Sample, load_policy
 from pofe.preprocess.judges import PairwiseJudge, ScalarJudge, make_judge
 from pofe.preprocess.shard_work import free_memory
+from pofe.preprocess.shards import progress_bar
 from pofe.run.evaluation.answers import (
     AnswerStore,
     HeldOut,
@@ -81,6 +81,7 @@ from pofe.run.evaluation.headline import (
     HEADLINE_JSON,
     headline_prompts,
     headline_record,
+    headline_sampling,
     headline_skipped,
     round_columns,
 )
@@ -88,7 +89,7 @@ from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_p
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
-from pofe.run.evaluation.sampler import eval_sampler
+from pofe.run.evaluation.sampler import Progress, eval_sampler
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.recipe import load_recipe
@@ -120,11 +121,14 @@ def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
     return skipped, on_train
 
 
-def headline_answers(run: EvalRun, sampler, prompts: list[dict], sampling: Sampling) -> HeadlineAnswers:
+def headline_answers(
+    run: EvalRun, sampler, prompts: list[dict], sampling: Sampling, progress: Progress = None
+) -> HeadlineAnswers:
     """A round's model's answers to the round's headline prompts (rendered as the pipeline
     rendered them for the round's candidates), from its `pofe.run.evaluation.sampler`."""
     rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
-    return HeadlineAnswers(prompts, rendered, sampler.sample(rendered, run.pcfg.eval.train_samples, sampling))
+    samples = sampler.sample(rendered, run.pcfg.eval.train_samples, sampling, progress)
+    return HeadlineAnswers(prompts, rendered, samples)
 
 
 def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
@@ -139,6 +143,7 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
         [[s.text for s in row] for row in answers.samples],
         columns,
         rows=[q["index"] for q in prompts],
+        desc=f"judge round {m}'s headline answers",
     )
     return headline_record(run.models[m][1], prompts, answers.samples, rewards)
 
@@ -182,7 +187,11 @@ def judge_held_out(
     M, P, S = len(answers), len(held_out.prompts), num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
     main = judge_models(judge, held_out.prompts, held_out.rendered, texts)
-    second = judge_models(judge2, held_out.prompts, held_out.rendered, texts) if judge2 else None
+    second = (
+        judge_models(judge2, held_out.prompts, held_out.rendered, texts, "judge2 on the held-out answers")
+        if judge2
+        else None
+    )
     return main, second
 
 
@@ -244,11 +253,12 @@ def answer_with(
     """Model m's answers added to `answers`, each part from `store` when stored under its key,
     else from the model's sampler (started only then, and stopped on return); True if it was.
     The held-out part comes last: its log-probs need the transformers model, which loads only
-    once the engine has stopped (`pofe.run.evaluation.sampler`)."""
+    once the engine has stopped (`pofe.run.evaluation.sampler`). A progress bar counts the
+    prompts answered, part after part (a stored part at once)."""
     name, path = run.models[m]
-    ecfg = run.pcfg.eval
+    ecfg, gen = run.pcfg.eval, run.pcfg.generate
     sampler = eval_sampler(
-        run.pcfg.generate, ecfg.backend, path, run.tokenizer, ecfg.batch_size, run.folder.eval_dir / "engine" / name
+        gen, ecfg.backend, path, run.tokenizer, ecfg.batch_size, run.folder.eval_dir / "engine" / name
     )
     base = {
         "model": weights_fingerprint(path),
@@ -256,19 +266,24 @@ def answer_with(
         "batch_size": ecfg.batch_size,
         "sampler": sampler.identity,
     }
+    headline = on_train.get(m) or []
+    # the next round's candidates: none after the last round (nor for pi_avg)
+    candidates = bool(held_out and m < run.rounds and gen and not run.pcfg.judge.is_pairwise)
+    parts = [len(headline), len(held_out.rendered) if candidates else 0, len(held_out.rendered) if held_out else 0]
+    bar = progress_bar(True, sum(parts), f"eval {name} answers")
     try:
-        if on_train.get(m):
-            key = {**base, "prompts": on_train[m], "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
+        if headline:
+            key = {**base, "prompts": headline, "sampling": asdict(sampling), "num_samples": ecfg.train_samples}
             samples = store.part(
                 name,
                 "headline",
                 key,
-                lambda: samples_to_json(headline_answers(run, sampler, on_train[m], sampling).samples),
+                lambda: samples_to_json(headline_answers(run, sampler, headline, sampling, bar.update).samples),
             )
-            rendered = render_prompts(run.tokenizer, [q["prompt"] for q in on_train[m]])
-            answers.headline[m] = HeadlineAnswers(on_train[m], rendered, samples_from_json(samples))
-        if held_out and m < run.rounds and run.pcfg.generate and not run.pcfg.judge.is_pairwise:
-            gen = run.pcfg.generate
+            rendered = render_prompts(run.tokenizer, [q["prompt"] for q in headline])
+            answers.headline[m] = HeadlineAnswers(headline, rendered, samples_from_json(samples))
+            bar.update(parts[0] - bar.n)
+        if candidates:
             key = {
                 **base,
                 "prompts": held_out.rendered,
@@ -280,26 +295,27 @@ def answer_with(
                     name,
                     "candidates",
                     key,
-                    lambda: samples_to_json(held_out_candidates(sampler, held_out.rendered, gen, m + 1)),
+                    lambda: samples_to_json(held_out_candidates(sampler, held_out.rendered, gen, m + 1, bar.update)),
                 )
             )
+            bar.update(sum(parts[:2]) - bar.n)
         if held_out:
             key = {
                 **base,
                 "prompts": held_out.rendered,
                 "references": held_out.references,
-                "sampling": asdict(held_out_sampling(ecfg, run.pcfg.generate)),
+                "sampling": asdict(held_out_sampling(ecfg, gen)),
                 "num_samples": ecfg.num_samples,
             }
 
             def held_out_answers() -> dict:
-                samples = sampler.sample(
-                    held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, run.pcfg.generate)
-                )
+                samples = sampler.sample(held_out.rendered, ecfg.num_samples, held_out_sampling(ecfg, gen), bar.update)
                 return answers_to_json(answer(sampler.scorer(), name, path, samples, held_out, ecfg))
 
             answers.held_out.append(answers_from_json(name, path, store.part(name, "held_out", key, held_out_answers)))
+            bar.update(sum(parts) - bar.n)
     finally:
+        bar.close()
         sampler.release()
     return sampler.loaded
 

@@ -28,6 +28,9 @@ from pofe.preprocess.generators.hf import Sample, load_policy, sample_responses
 from pofe.preprocess.render import Rendered, prompt_token_ids
 from pofe.preprocess.shard_work import close_generator, free_memory
 
+# told each batch's prompt count as it is answered (a progress bar's `update`)
+Progress = Callable[[int], object] | None
+
 
 class LazyPolicy:
     """A model loaded on its first call, by `load(path)`; `loaded` tells whether it was."""
@@ -67,8 +70,10 @@ class TransformersSampler:
     def loaded(self) -> bool:
         return self.policy.loaded
 
-    def sample(self, rendered: list[str], n: int, sampling: Sampling) -> list[list[Sample]]:
-        return sample_responses(self.policy(), self.tokenizer, rendered, n, sampling, batch_size=self.batch_size)
+    def sample(self, rendered: list[str], n: int, sampling: Sampling, progress: Progress = None) -> list[list[Sample]]:
+        return sample_responses(
+            self.policy(), self.tokenizer, rendered, n, sampling, batch_size=self.batch_size, progress=progress
+        )
 
     def scorer(self):
         return self.policy()
@@ -92,7 +97,7 @@ class EngineSampler:
     def loaded(self) -> bool:
         return self.started or self.policy.loaded
 
-    def sample(self, rendered: list[str], n: int, sampling: Sampling) -> list[list[Sample]]:
+    def sample(self, rendered: list[str], n: int, sampling: Sampling, progress: Progress = None) -> list[list[Sample]]:
         if self.generator is None:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.generator = make_generator(self.cfg, self.path, self.tokenizer, workdir=self.workdir)
@@ -101,6 +106,8 @@ class EngineSampler:
             Rendered(text, len(ids), ids=ids) for text in rendered for ids in [prompt_token_ids(self.tokenizer, text)]
         ]
         out = self.generator.generate(prompts, n, sampling)
+        if progress is not None:  # the engine takes every prompt at once (and shows its own bar)
+            progress(len(prompts))
         return [[self._sample(p.ids, c, i) for c in row] for i, (p, row) in enumerate(zip(prompts, out, strict=True))]
 
     def _sample(self, prompt_ids: list[int], candidate: str, i: int) -> Sample:

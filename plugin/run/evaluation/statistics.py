@@ -122,6 +122,15 @@ def find_cycles(win_matrix, threshold: float = 0.5) -> list[tuple[int, int, int]
 RIDGE = 1e-3  # on the slope only: keeps it finite under perfect separation, ~no effect otherwise
 
 
+def distance_from_half(win_matrix) -> float:
+    """max |W[a, b] - 1/2| over the pairs of distinct models of an (M, M) list or tensor; 0 for
+    one model. Small: every win rate clusters at 1/2 (Bradley-Terry over close rewards, or a
+    judge that tells the models apart rarely)."""
+    w = torch.as_tensor(win_matrix, dtype=torch.float64)
+    off_diagonal = w[~torch.eye(len(w), dtype=torch.bool)]
+    return float((off_diagonal - 0.5).abs().max()) if off_diagonal.numel() else 0.0
+
+
 def _objective(x: np.ndarray, y: np.ndarray, a: float, b: float, ridge: float) -> float:
     z = a + b * x
     # y log sigmoid(z) + (1 - y) log sigmoid(-z), with log sigmoid(z) = -log(1 + e^-z)

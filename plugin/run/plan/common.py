@@ -20,15 +20,25 @@ MAX_SHARD_BYTES = 5 * GB  # transformers' default max_shard_size: the efficient 
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """The machine: `gpus` per node, each of `gpu_memory_gb`; `device` cpu plans a CPU run."""
+    """The machine: `gpus` per node, each of `gpu_memory_gb`; `device` cpu plans a CPU run, None
+    the device the recipe is for (`recipe_device`, in `pofe.run.plan.planner.plan_recipe`)."""
 
     gpus: int = 1
     gpu_memory_gb: float = 80.0
-    device: str = "cuda"
+    device: str | None = "cuda"
 
     @property
     def runtime(self) -> float:
         return mem.CUDA_CONTEXT_BYTES if self.device == "cuda" else CPU_PROCESS_BYTES
+
+
+def recipe_device(raw: dict) -> tuple[str, str]:
+    """(device, why): "cpu" for a recipe that turns half precision off (`bf16: false`, no
+    `fp16: true`), as a CPU recipe must (axolotl's default `bf16: auto` fails on a CPU), else
+    "cuda"."""
+    if raw.get("bf16") is False and raw.get("fp16") is not True:
+        return "cpu", "the recipe sets bf16: false, as a CPU recipe does"
+    return "cuda", "the recipe trains in half precision" if raw.get("bf16") or raw.get("fp16") else "a GPU by default"
 
 
 def compute_dtype(raw: dict, device: str) -> str:

@@ -10,6 +10,7 @@ evaluation's answers and judging, once after the last round. The arithmetic is
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -18,7 +19,7 @@ from pofe.args import PofeConfig
 from pofe.args.translate import LORA_KERNELS
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
-from pofe.run.plan.common import PlanOptions, round_prompt_counts, stage
+from pofe.run.plan.common import PlanOptions, recipe_device, round_prompt_counts, stage
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
@@ -173,12 +174,16 @@ def kernel_warnings(raw: dict) -> list[str]:
 def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict:
     """The plan of the recipe file `recipe` (`plan_run`) with what only the disk
     tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows),
-    a double BOS, and the free disk under output_dir."""
+    a double BOS, and the free disk under output_dir; on `options.device`, else on the device
+    the recipe is for (`recipe_device`; `device_from` says which)."""
     raw, pcfg = translated_recipe(yaml.safe_load(Path(recipe).read_text()))
     if pcfg.generate is None:
         raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
+    device, why = (options.device, "--device") if options.device else recipe_device(raw)
+    options = replace(options, device=device)
     sizes, warnings = model_sizes(raw, pcfg)
     plan = plan_run(raw, pcfg, sizes, prompts if prompts is not None else count_prompts(raw), options)
+    plan["device_from"] = why
     bos = double_bos(str(raw["base_model"]))
     free = free_disk(str(raw.get("output_dir") or "."))
     plan["free_disk_gb"] = round(free / GB, 1)

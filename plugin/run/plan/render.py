@@ -26,11 +26,20 @@ def _memory(entry: dict) -> str:
     return f"{value:g} GB{' per GPU' if entry['device'] == 'cuda' else ''}"
 
 
+def _device_from(plan: dict) -> str:
+    """Why the plan is for its device, when the recipe said it (not --device)."""
+    why = plan.get("device_from")
+    if not why or why == "--device":
+        return ""
+    other = "cuda" if plan["device"] == "cpu" else "cpu"
+    return f": {why}; --device {other} to plan it otherwise"
+
+
 def render_text(plan: dict) -> str:
     """One block per stage, then the totals and the warnings."""
     lines = [
         f"plan: {plan['method']}, {plan['rounds']} round(s), {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
-        f"({plan['device']}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"
+        f"({plan['device']}{_device_from(plan)}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"
     ]
     for s in plan["stages"]:
         where = "" if s["round"] is None else f"round {s['round']} "

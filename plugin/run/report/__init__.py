@@ -14,10 +14,12 @@ from pathlib import Path
 
 from pofe.files import write_atomic
 from pofe.preprocess.win_rates import saturation_warning
+from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.report.cells import fmt
+from pofe.run.report.cells import CLUSTERED, fmt
 from pofe.run.report.collect import collect
+from pofe.run.report.held_out import with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 
@@ -52,34 +54,7 @@ class Report:
             lines += _round_lines(r)
         if (rep["headline"] or {}).get("skipped"):
             lines.append(f"  no headline: {rep['headline']['skipped']}")
-        ev = rep["eval"]
-        if ev:
-            names = [m["name"] for m in ev["models"]]
-            rewards = ev["mean_reward"] or [None] * len(names)
-            lines.append(
-                "  held-out: "
-                + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
-            )
-            if ev.get("vs_pi_0"):
-                lines.append(
-                    "  vs pi_0, raw / length-controlled: "
-                    + ", ".join(
-                        f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v
-                    )
-                )
-            choice = rep.get("choice")
-            if choice:
-                lines.append(
-                    f"  use {choice['name']} (best length-controlled win rate against pi_0)"
-                    + "".join(
-                        f"; {r['model']} {'REGRESSED' if r['clear'] else 'did not improve'} against {r['previous']}"
-                        for r in choice["regressions"]
-                    )
-                )
-            if ev["cycles"]:
-                lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
-        else:
-            lines.append("  no held-out evaluation")
+        lines += held_out_summary(rep)
         lines.append(f"  report: {self.markdown_path}")
         return "\n".join(lines)
 
@@ -102,6 +77,47 @@ def _round_lines(r: dict) -> list[str]:
     ]
     if saturation_warning(sat, ""):
         lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
+    return lines
+
+
+def held_out_summary(rep: dict) -> list[str]:
+    """The terminal summary's held-out lines: rewards and KL, win rates against pi_0, the model
+    to use (and how sure), win rates clustered at 1/2, cycles."""
+    ev = rep["eval"]
+    if not ev:
+        return ["  no held-out evaluation"]
+    names = [m["name"] for m in ev["models"]]
+    rewards = ev["mean_reward"] or [None] * len(names)
+    lines = [
+        "  held-out: "
+        + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
+    ]
+    if ev.get("vs_pi_0"):
+        lines.append(
+            "  vs pi_0, raw / length-controlled: "
+            + ", ".join(f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v)
+        )
+    choice = rep.get("choice")
+    if choice:
+        why = (
+            "no iterate beats it at equal length"
+            if choice["best"] == 0
+            else f"best length-controlled win rate against pi_0, {with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}"
+            + ("" if choice["clear"] else ": not clearly above 1/2")
+        )
+        lines.append(
+            f"  use {choice['name']} ({why})"
+            + "".join(
+                f"; {r['model']} {'REGRESSED' if r['clear'] else 'did not improve'} against {r['previous']}"
+                for r in choice["regressions"]
+            )
+        )
+    spread = distance_from_half(ev["win_matrix"])
+    if len(names) > 1 and spread < CLUSTERED:
+        cluster = "is 1/2" if round(spread, 3) == 0 else f"within 0.5 ± {spread:.3f}"
+        lines.append(f"  every win rate {cluster}: the report's 'Win rates' says why")
+    if ev["cycles"]:
+        lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
     return lines
 
 

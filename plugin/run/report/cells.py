@@ -7,6 +7,8 @@ import re
 
 # sampled completions shown per round (report.json keeps them all), and characters per cell
 SAMPLES_SHOWN, CELL_CHARS = 4, 200
+# win rates all within 1/2 +- this are "clustered": the report says why, and shows a third decimal
+CLUSTERED = 0.05
 # what starts inline Markdown (emphasis, code, a link or image, HTML, strikethrough) or ends a
 # table cell; block syntax (#, +, -, 1.) cannot start inside a cell
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")

@@ -27,13 +27,13 @@ from pofe.run.report.truncation import round_truncation
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
-    """Loss and the method's diagnostic (first, last, curves) from a trainer_state.json."""
+    """Steps run, and the loss and the method's diagnostic (first, last, curves) from a
+    trainer_state.json; a run shorter than `logging_steps` logged none (first and last None,
+    no curves)."""
     if not trainer_state.exists():
         return None
-    history = json.loads(trainer_state.read_text())["log_history"]
-    steps = [h for h in history if "loss" in h and "step" in h]
-    if not steps:
-        return None
+    state = json.loads(trainer_state.read_text())
+    steps = [h for h in state["log_history"] if "loss" in h and "step" in h]
     spec = method_spec(method)
     key = spec.diagnostic_metric
     curves: dict[str, list] = {}
@@ -43,9 +43,10 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
             curves[name] = points
     diagnostic = curves.get(key, [])
     return {
-        "steps": steps[-1]["step"],
-        "first_loss": steps[0]["loss"],
-        "last_loss": steps[-1]["loss"],
+        "steps": state["global_step"],  # steps run; the last logged one is a multiple of logging_steps
+        "logging_steps": state.get("logging_steps"),
+        "first_loss": steps[0]["loss"] if steps else None,
+        "last_loss": steps[-1]["loss"] if steps else None,
         "diagnostic": key,
         "diagnostic_first": diagnostic[0][1] if diagnostic else None,
         "diagnostic_last": diagnostic[-1][1] if diagnostic else None,

@@ -4,7 +4,8 @@ win-rate matrix and its cycles, best-of-k against the trained model, lengths."""
 
 from __future__ import annotations
 
-from pofe.run.report.cells import fmt, table
+from pofe.run.evaluation.statistics import distance_from_half
+from pofe.run.report.cells import CLUSTERED, fmt, table
 
 
 def stopped_line(rep: dict) -> list[str]:
@@ -90,6 +91,29 @@ def models_table(ev: dict, names: list[str]) -> str:
 def with_ci(x, ci) -> str:
     """A rate with its interval: `0.620 [0.510, 0.730]`."""
     return fmt(x) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci and None not in ci else "")
+
+
+def clustered_note(matrix: list[list[float]], bradley_terry: bool) -> list[str]:
+    """Why every win rate of `matrix` sits near 1/2, and what to do; nothing when they spread."""
+    spread = distance_from_half(matrix)
+    if len(matrix) < 2 or spread >= CLUSTERED:
+        return []
+    if bradley_terry:
+        why = (
+            "Bradley-Terry turns a reward gap into a win probability sigmoid(r_a - r_b), so models whose "
+            "rewards differ little win about half the time by construction (a gap of 0.1 is 0.525, and rewards "
+            "in [0, 1] never pass 0.731). Read the mean rewards for the size of a difference and these rates "
+            "for its direction; a judge whose rewards spread over several units (a reward model's logits), or "
+            "a pairwise judge as `pofe.eval.judge2`, separates the models more"
+        )
+    else:
+        why = (
+            "The pairwise judge rarely prefers one model's answer to another's: the models answer alike, or "
+            "the judge is saturated (it calls most pairs even). More held-out prompts or samples "
+            "(`pofe.eval.held_out`, `pofe.eval.num_samples`) narrow the intervals; a stronger judge, as "
+            "`pofe.eval.judge2`, may tell the models apart"
+        )
+    return [f"Every win rate {'is 1/2' if round(spread, 3) == 0 else f'lies within 0.5 ± {spread:.3f}'}. {why}.", ""]
 
 
 def iterate_wins_table(ev: dict) -> str:
@@ -233,6 +257,7 @@ def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
         if cis:
             md.append("In brackets: a bootstrap 95 % interval over prompts.")
         md += ["", table(["", *names], [[n, *row] for n, row in zip(names, cells)]), ""]
+        md += clustered_note(matrix, bradley_terry=ev["win_matrix_method"] == "bradley_terry" or bool(label))
         threshold = ev.get("cycle_threshold", 0.5)
         if cycles:
             listed = "; ".join(f"{names[a]} > {names[b]} > {names[c]} > {names[a]}" for a, b, c in cycles)

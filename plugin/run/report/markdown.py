@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import re
 
 from pofe.methods import method_spec
 from pofe.preprocess.render import prompt_text
@@ -11,6 +11,9 @@ from pofe.run.report.cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_ce
 from pofe.run.report.collect import sample_rows
 from pofe.run.report.held_out import choice_section, eval_section, iterate_wins_table
 from pofe.run.report.truncation import truncation_section
+
+# a digest (sha256: 64 hex digits, a git commit: 40) in the judge's identity
+LONG_HEX = re.compile(r"\b[0-9a-f]{13,}\b")
 
 
 def rounds_section(rep: dict, plots: dict[str, str]) -> list[str]:
@@ -153,9 +156,9 @@ def round_lengths_section(rep: dict) -> list[str]:
     return [
         "### Candidate lengths",
         "",
-        "Tokens, mean / median, of the round's candidates and of each prompt's best and worst by the "
-        "judge's label (SPPO's chosen and rejected; prompts whose candidates all tie left out). Best "
-        "growing longer than worst round after round: the judge rewards length.",
+        "Tokens, mean / median, of the round's candidates and of each prompt's best and worst candidate "
+        f"by their {method_spec(rep['method']).target.noun} (prompts whose candidates all tie left out). "
+        "Best growing longer than worst round after round: the judge rewards length.",
         "",
         table(["round", "candidates", "best (chosen)", "worst (rejected)"], rows),
         "",
@@ -181,7 +184,7 @@ def headline_section(rep: dict) -> list[str]:
                 "",
             ]
         return md
-    decoding, judge = info["decoding"], info["judge"]
+    decoding, judge, spec = info["decoding"], info["judge"], method_spec(rep["method"])
     how = (
         "greedy"
         if decoding["temperature"] == 0.0
@@ -192,8 +195,7 @@ def headline_section(rep: dict) -> list[str]:
         f"judged ({decoding['num_samples']} answer(s) each, {how}, up to {decoding['max_new_tokens']} "
         f"tokens; `pofe.eval.train_*`), scored by the judge `{judge['type']}`, beside the same prompts' "
         "candidates: the starting policy's own samples, all candidates, and the best of each prompt's "
-        "candidates. RRHF's trained model tends to that best-of-k reward: when it reaches it, better "
-        "candidates help more than more epochs."
+        "candidates (best-of-k)." + (f" {spec.headline_note}" if spec.headline_note else "")
     )
     rows = [_headline_row(r["round"], r["trained_on_train_prompts"]) for r in rep["rounds"]]
     rows = [row for row in rows if row]
@@ -277,6 +279,18 @@ def versions_cell(env: dict | None) -> str:
     return cell + ("; served: " + ", ".join(f"{k} {v}" for k, v in served.items() if v) if served else "")
 
 
+def identity_cell(identity: dict[str, str] | None) -> str:
+    """The judge's identity in one cell: each function or model with its digest (hex cut to 12,
+    as the table's other digests), or why there is none."""
+    if identity is None:
+        return "-"
+    if not identity:
+        return "a served model, known by name only"
+    return text_cell(
+        "; ".join(f"{name} {LONG_HEX.sub(lambda m: m[0][:12], digest)}" for name, digest in identity.items())
+    )
+
+
 def reproduce_section(rep: dict) -> list[str]:
     """## Reproducing each round: seeds, digests, judge identity, each stage's environment."""
     rows = []
@@ -292,7 +306,7 @@ def reproduce_section(rep: dict) -> list[str]:
                 short(digests.get("prompts")),
                 short(digests.get("candidates")),
                 short(digests.get("trained_on")),
-                text_cell(json.dumps(rec.get("judge_identity"))),
+                identity_cell(rec.get("judge_identity")),
                 text_cell(versions_cell(env.get("preprocess")), 400),
                 text_cell(versions_cell(env.get("train")), 400),
             ]
@@ -304,7 +318,8 @@ def reproduce_section(rep: dict) -> list[str]:
         "",
         "report.json `rounds[].reproduce` holds each round's resolved recipe (secrets masked), its seeds, the "
         "full SHA-256 digests (shown cut to 12) of its recipe, prompts, candidates (generate shards) and "
-        "trained-on rows (data.jsonl), the judge's identity, and each stage's environment as it started.",
+        "trained-on rows (data.jsonl), the judge's identity (its code's or weights' digest, cut to 12 as well), "
+        "and each stage's environment as it started.",
         "",
         table(
             [

@@ -1,12 +1,24 @@
 """report-*.png: rewards per round, loss curves, win rates against pi_0 and lengths, the
 win-rate matrix, drift per iterate.
 
-Each plot is drawn only when the collected numbers (`collect.collect`) hold its data.
+Each plot function returns its matplotlib figure, or None when the collected numbers
+(`collect.collect`) hold none of its data; a panel without data says why. Readable whatever
+the run's size: markers on series of few points, each series of a panel its own marker and line
+style (overlapping lines stay visible), legends below the axes, not over the data.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from pofe.methods import method_spec
+from pofe.run.evaluation.statistics import distance_from_half
+from pofe.run.report.cells import CLUSTERED
+
+# (marker, line style) of the series of one panel, in order
+SERIES_STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
+# a series of at most this many points gets markers
+FEW_POINTS = 30
 
 
 def _pyplot():
@@ -18,19 +30,44 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, out: Path) -> None:
+def save(fig, out: Path) -> None:
+    """The figure as a PNG, legends outside the axes included ("tight"), then freed."""
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    fig.savefig(out, dpi=100, bbox_inches="tight")
+    _pyplot().close(fig)
+
+
+def _line(ax, xs: list, ys: list, label: str, i: int, **kwargs) -> None:
+    """Series i of a panel: its own marker and line style, and hollow markers shrinking with i,
+    so series that overlap stay distinguishable (nested shapes); markers only on a series of
+    few points (a single point is invisible as a line)."""
+    marker, style = SERIES_STYLES[i % len(SERIES_STYLES)]
+    ax.plot(
+        xs,
+        ys,
+        marker=marker if len(xs) <= FEW_POINTS else None,
+        markersize=max(11 - 1.5 * i, 4),
+        markerfacecolor="none",  # hollow: a marker drawn over another leaves it visible
+        markeredgewidth=1.5,
+        linestyle=style,
+        alpha=0.85,
+        label=label,
+        **kwargs,
+    )
 
 
 def _style(ax, xlabel: str) -> None:
-    """Integer steps or rounds on x, a small legend, a light grid."""
+    """Integer steps or rounds on x, the legend below the axes (never over the data, and the
+    axes keep the figure's width), a light grid."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _widen(ax)
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=8)
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        columns = 2 if max(map(len, labels)) > 20 else min(len(labels), 4)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False)
     ax.grid(alpha=0.3)
 
 
@@ -49,7 +86,22 @@ def _average_mark(ax, y, label: str = "pi_avg") -> None:
         ax.axhline(y, color="purple", lw=1.0, ls=":", label=label)
 
 
-def rewards_plot(rep: dict, out: Path) -> bool:
+def _widen(ax) -> None:
+    """An x range under one step (one point, or one model's two dodged points) widened by half
+    a step each side, so the ticks are the data's integers, not fractions of one step."""
+    lo, hi = ax.dataLim.intervalx
+    if hi - lo < 1:
+        ax.set_xlim(lo - 0.5, hi + 0.5)
+
+
+def _empty(ax, why: str) -> None:
+    """A panel without data says why instead of staying blank."""
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray", fontsize=9, wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def rewards_plot(rep: dict):
     """Candidate, policy-sample, trained-model and held-out rewards against the round."""
     rounds, ev = rep["rounds"], rep["eval"]
     series = {
@@ -70,62 +122,79 @@ def rewards_plot(rep: dict, out: Path) -> bool:
         ]
     series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
     if not any(series.values()):
-        return False
+        return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in series.items():
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (name, points) in enumerate(series.items()):
         if points:
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+            _line(ax, [x for x, _ in points], [y for _, y in points], name, i)
     _average_mark(ax, average, "pi_avg on the held-out prompts")
     # candidates of round t come from pi_{t-1}; the trained model of round t is pi_t
     _style(ax, "round t (models: pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
     ax.set_title("Rewards per round")
-    _save(plt, fig, out)
-    return True
+    return fig
 
 
-def loss_plot(rep: dict, out: Path) -> bool:
-    """The loss and the method's diagnostic, rounds concatenated along the steps."""
+def loss_plot(rep: dict):
+    """The loss and the method's diagnostic, rounds concatenated along the steps (a dotted line
+    where a round starts)."""
     curves = [(r["round"], r["train"]) for r in rep["rounds"] if r["train"]]
     if not curves:
-        return False
+        return None
     diagnostic = curves[0][1]["diagnostic"]
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     offset = 0
-    for t, train in curves:
-        points = train["curves"]["loss"]
-        axes[0].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
-        points = train["curves"].get(diagnostic, [])
-        axes[1].plot([offset + s for s, _ in points], [v for _, v in points], label=f"round {t}")
+    for i, (t, train) in enumerate(curves):
+        for ax, key in zip(axes, ("loss", diagnostic)):
+            points = train["curves"].get(key, [])
+            if points:
+                _line(ax, [offset + s for s, _ in points], [v for _, v in points], f"round {t}", i, color=f"C{i}")
+            if offset:
+                ax.axvline(offset + 0.5, color="gray", lw=0.6, ls=":")
         offset += train["steps"]
     axes[0].set_title("training loss")
-    axes[1].set_title(diagnostic)
-    for ax in axes:
-        _style(ax, "step (rounds concatenated)")
-    _save(plt, fig, out)
-    return True
+    axes[1].set_title(f"{method_spec(rep['method']).diagnostic_label} ({diagnostic})")
+    for ax, key in zip(axes, ("loss", diagnostic)):
+        if any(train["curves"].get(key) for _, train in curves):
+            _style(ax, "step (rounds concatenated)")
+        elif any(train["curves"] for _, train in curves):
+            _empty(ax, f"no {key} in the trainer's logs")
+        else:  # nothing logged at all: every round shorter than logging_steps
+            every = {train["logging_steps"] for _, train in curves}
+            ran = ", ".join(f"round {t}: {train['steps']}" for t, train in curves)
+            _empty(ax, f"nothing logged: logging_steps {', '.join(map(str, sorted(every)))},\nsteps run ({ran})")
+    return fig
 
 
-def winrate_plot(ev: dict, out: Path) -> None:
-    """The (M, M) win-rate matrix as a heat map, each cell labelled."""
+def winrate_plot(ev: dict):
+    """The (M, M) win-rate matrix as a heat map, each cell labelled. Win rates that cluster at
+    1/2 get a colour scale spanning only their range (else every cell is the same white) and
+    a third decimal."""
     names = [m["name"] for m in ev["models"]]
     w = ev["win_matrix"]
+    spread = distance_from_half(w)
+    clustered = spread < CLUSTERED
+    # every rate 1/2 (to 3 decimals): no range to span
+    half = spread if clustered and round(spread, 3) > 0 else 0.5
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 1.1 * len(names) + 1.5))
-    image = ax.imshow(w, vmin=0, vmax=1, cmap="RdBu")
+    image = ax.imshow(w, vmin=0.5 - half, vmax=0.5 + half, cmap="RdBu")
     ax.set_xticks(range(len(names)), names)
     ax.set_yticks(range(len(names)), names)
+    digits = 3 if clustered else 2
     for i in range(len(names)):
         for j in range(len(names)):
-            ax.text(j, i, f"{w[i][j]:.2f}", ha="center", va="center", fontsize=9)
-    ax.set_title("P(row beats column)")
-    fig.colorbar(image, ax=ax)
-    _save(plt, fig, out)
+            dark = abs(w[i][j] - 0.5) > 0.6 * half  # the colour map's dark ends: white text
+            ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9, color="w" if dark else "k")
+    ax.set_title("P(row beats column)" + ("" if half == 0.5 else f"\ncolours: 0.5 ± {half:.3f}"))
+    # five ticks across the scale, to the cells' decimals (automatic ones repeat at 3 decimals)
+    fig.colorbar(image, ax=ax, ticks=[0.5 + half * k / 2 for k in range(-2, 3)], format=f"%.{digits}f")
+    return fig
 
 
-def drift_plot(ev: dict, out: Path) -> None:
+def drift_plot(ev: dict):
     """Response length, KL to pi_0 and (with references) perplexity per iterate."""
     names, _ = split_average([m["name"] for m in ev["models"]], ev)
     panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_base"])]
@@ -135,17 +204,17 @@ def drift_plot(ev: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5))
     for ax, (title, values) in zip(axes, panels):
         ys, average = split_average(values, ev)
-        ax.plot(range(len(ys)), ys, marker="o")
+        _line(ax, list(range(len(ys))), ys, title, 0)
         _average_mark(ax, average)
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if average is not None:
             ax.legend(fontsize=8)
-    _save(plt, fig, out)
+    return fig
 
 
-def lengths_plot(rep: dict, out: Path) -> bool:
+def lengths_plot(rep: dict):
     """Each iterate's held-out win rate against pi_0, raw and length-controlled, with their
     intervals; and mean tokens per round: candidates, best and worst, held-out answers."""
     ev = rep["eval"] or {}
@@ -153,53 +222,58 @@ def lengths_plot(rep: dict, out: Path) -> bool:
     wins = [(m, v) for m, v in enumerate(versus_pi_0) if v]
     per_round = [(r["round"], r["lengths"]) for r in rep["rounds"] if r.get("lengths")]
     if not wins and not per_round:
-        return False
+        return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for key, ci_key, label, dx in (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05)):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (key, ci_key, label, dx) in enumerate(
+        (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05))
+    ):
         points = [(m + dx, v[key], v[ci_key]) for m, v in wins if v[key] is not None]
         if points:
             lows = [y - (ci[0] if ci[0] is not None else y) for _, y, ci in points]
             highs = [(ci[1] if ci[1] is not None else y) - y for _, y, ci in points]
+            marker, style = SERIES_STYLES[i]
             axes[0].errorbar(
                 [x for x, _, _ in points],
                 [y for _, y, _ in points],
                 yerr=[lows, highs],
-                marker="o",
+                marker=marker,
+                linestyle=style,
                 capsize=3,
                 label=label,
             )
     _average_mark(axes[0], (average or {}).get("lc"), "pi_avg, length-controlled")
-    axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
-    axes[0].set_ylim(0, 1)
     axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
-    _style(axes[0], "model pi_t")
+    if wins:
+        axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
+        axes[0].set_ylim(0, 1)
+        _style(axes[0], "model pi_t")
+        axes[0].set_xticks([m for m, _ in wins], [f"pi_{m}" for m, _ in wins])
+    else:
+        _empty(axes[0], "no held-out evaluation (pofe.eval.held_out)")
+    i = 0
     for key, label in (("candidates", "candidates"), ("best", "best (chosen)"), ("worst", "worst (rejected)")):
         points = [(t, lengths[key]["mean"]) for t, lengths in per_round if lengths[key]["mean"] is not None]
         if points:
-            axes[1].plot([x for x, _ in points], [y for _, y in points], marker="o", label=f"round t {label}")
+            _line(axes[1], [x for x, _ in points], [y for _, y in points], f"round t {label}", i)
+            i += 1
     if ev.get("response_tokens"):
         tokens, average_tokens = split_average(ev["response_tokens"]["mean"], ev)
-        axes[1].plot(range(len(tokens)), tokens, marker="s", label="held-out answers of pi_t")
+        _line(axes[1], list(range(len(tokens))), tokens, "held-out answers of pi_t", i)
         _average_mark(axes[1], average_tokens, "held-out answers of pi_avg")
     axes[1].set_title("mean tokens")
     _style(axes[1], "round t / model pi_t (0 = base)")
-    _save(plt, fig, out)
-    return True
+    return fig
 
 
 def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
     """PNG plots beside the report; returns {name: file name} for those with data."""
-    plots: dict[str, str] = {}
-    if rewards_plot(rep, out_dir / "report-rewards.png"):
-        plots["rewards"] = "report-rewards.png"
-    if loss_plot(rep, out_dir / "report-loss.png"):
-        plots["loss"] = "report-loss.png"
-    if lengths_plot(rep, out_dir / "report-lengths.png"):
-        plots["lengths"] = "report-lengths.png"
+    figures = {"rewards": rewards_plot(rep), "loss": loss_plot(rep), "lengths": lengths_plot(rep)}
     if rep["eval"]:
-        winrate_plot(rep["eval"], out_dir / "report-winrate.png")
-        plots["winrate"] = "report-winrate.png"
-        drift_plot(rep["eval"], out_dir / "report-drift.png")
-        plots["drift"] = "report-drift.png"
+        figures |= {"winrate": winrate_plot(rep["eval"]), "drift": drift_plot(rep["eval"])}
+    plots = {}
+    for name, fig in figures.items():
+        if fig is not None:
+            plots[name] = f"report-{name}.png"
+            save(fig, out_dir / plots[name])
     return plots

@@ -58,7 +58,8 @@ from pofe.run.provenance import stage_environment
 from pofe.run.recipe import load_recipe, recipe_fingerprint
 from pofe.run.report import write_report
 from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
-from pofe.run.rounds.processes import axolotl_command
+from pofe.run.rounds.made import candidates_made, evaluation_made, training_made
+from pofe.run.rounds.processes import axolotl_command, output_to
 from pofe.run.rounds.publish import (
     log_rounds,
     push_round,
@@ -66,7 +67,7 @@ from pofe.run.rounds.publish import (
     uses_wandb,
 )
 from pofe.run.rounds.round_recipe import RoundRecipe, round_recipe
-from pofe.run.rounds.runner import StageRunner
+from pofe.run.rounds.runner import StageRunner, shown_path
 
 
 def check_iterable(cfg, pcfg: PofeConfig) -> None:
@@ -135,7 +136,7 @@ def prepare_prompts(cfg, pcfg: PofeConfig, folder: RunFolder, runner: StageRunne
         runner.state.prompt_mode = mode
         runner.state.rounds_planned = pcfg.rounds
         trained = len(per_round[0]) if mode == "all" else sum(len(r) for r in per_round)
-        runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} rounds), {held} held out")
+        runner.echo(f"prompts: {trained} for training ({mode} over {pcfg.rounds} round(s)), {held} held out")
         if any(removed):
             runner.echo(f"prompts: removed held-out prompts from the rounds' sets (per round: {removed})")
         return {"total": len(rows), "held_out": held, "mode": mode, "per_round": sizes, "held_out_removed": removed}
@@ -247,6 +248,7 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
         preprocess,
         says=f"{step}: generate + judge + tokenise from {plan.policy}",
         started={"environment": environment},
+        made=lambda _: candidates_made(folder, t),
     )
     if not state.done(f"round-{t}/train"):
         claim_training(folder, t, derived.recipe, resume)
@@ -255,10 +257,18 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
         train,
         says=f"{step}: train" + (f", resuming from {resume}" if resume else ""),
         started={"resumed_from": str(resume) if resume else None, "environment": environment},
+        made=lambda facts: training_made(
+            folder, facts["trainer_state"] and Path(facts["trainer_state"]), folder.train(t)
+        ),
     )
     if plan.adapter:
         redo_lost_merge(folder, state, t, runner.echo)
-        runner.run(f"round-{t}/merge", merge, says=f"{step}: merge the adapter into {plan.policy}")
+        runner.run(
+            f"round-{t}/merge",
+            merge,
+            says=f"{step}: merge the adapter into {plan.policy}",
+            made=lambda _: f"model {shown_path(folder.merged(t), folder.root)}",
+        )
     push_round(raw, folder, t, plan.adapter, runner)
 
     policy = str(policy_dir(folder, t, plan.adapter))
@@ -275,17 +285,19 @@ def run_rounds(
     echo: Echo = print,
     evaluate: bool = True,
     overrides: dict | None = None,
+    progress: Echo | None = None,
 ) -> RunFolder:
     """Run (or resume) every round of `recipe_path`, then evaluate and report; `RunLocked`
-    while another runner (or a stage it started) holds the output_dir. `overrides`: axolotl's
-    command-line options (`--num-epochs 3`), applied to the recipe every stage derives from
-    (recorded in the state; a restart with others is another recipe)."""
-    claim_recipe_output_dir(recipe_path, echo, overrides)
-    raw, cfg = load_recipe(recipe_path, overrides)
+    while another runner (or a stage it started) holds the output_dir. `echo` says what each
+    stage does and made, `stream` adds the stages' whole output, `progress` shows their
+    progress bars (`StageRunner`). `overrides`: axolotl's command-line options (`--num-epochs
+    3`), applied to the recipe every stage derives from (recorded in the state; a restart with
+    others is another recipe)."""
+    folder = claim_recipe_output_dir(recipe_path, echo, overrides)
+    with output_to(folder.runner_log, echo):  # axolotl's config dump and its libraries' warnings: not for the console
+        raw, cfg = load_recipe(recipe_path, overrides)
     pcfg = pofe_config(cfg)
     check_iterable(cfg, pcfg)
-    folder = RunFolder(Path(cfg.output_dir).resolve())
-    folder.root.mkdir(parents=True, exist_ok=True)
     with RunLock.acquire(folder.lock, echo) as lock:
         state = RunState.open(
             folder.state,
@@ -298,7 +310,8 @@ def run_rounds(
         if overrides:
             write_atomic(folder.recipe_as_run, yaml.safe_dump(raw, sort_keys=False), private=True)
             recipe_path = folder.recipe_as_run
-        runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),))
+        runner = StageRunner(state, echo=echo, stream=stream, keep_fds=(lock.fileno(),), progress=progress)
+        echo(f"{pcfg.method.upper()}, {pcfg.rounds} round(s), in {folder.root} (each stage's log there)")
         prepare_prompts(cfg, pcfg, folder, runner)
         check_prompt_sources(prompt_sources(cfg, pcfg), state)
         check_rounds(pcfg.rounds, state, folder)
@@ -345,6 +358,7 @@ def evaluate_rounds(recipe_path: str | Path, folder: RunFolder, pcfg, runner: St
         lambda: runner.command(command, folder.root / "eval.log"),
         says=says,
         inputs={"models": runner.state.models(pcfg.rounds)},
+        made=lambda _: evaluation_made(folder),
     )
 
 

@@ -92,3 +92,31 @@ def test_judge_models_with_a_python_judge():
     assert torch.allclose(got, want)
     assert torch.allclose(torch.tensor(out["win_matrix"], dtype=torch.float64), win_matrix_from_rewards(want))
     assert out["method"] == "bradley_terry"
+
+
+def test_a_judge_pass_in_chunks_gives_the_same_verdicts_and_a_progress_bar(capsys, tmp_path, monkeypatch):
+    """40 prompts judged 16 at a time (a bar counting them to 40/40) give the verdicts of one
+    call; a missing verdict in the third chunk is named by its position among all 40 prompts
+    (32 + 1 = 33), not within its chunk (1)."""
+    from pofe.demo.task import make_prompts
+    from pofe.preprocess.config import JudgeConfig
+    from pofe.preprocess.judges import JudgeError, apply_judge, make_judge
+    from pofe.run.evaluation.judging import JUDGE_CHUNK, judge_pass
+
+    prompts = make_prompts(40, seed=3)
+    responses = [["19", "7"] for _ in prompts]
+    judge = make_judge(JudgeConfig(type="python", function="pofe.demo.task:reward"))
+    whole = apply_judge(judge, prompts, prompts, responses)
+    capsys.readouterr()
+    assert judge_pass(judge, prompts, prompts, responses, "judge the test") == whole
+    err = capsys.readouterr().err
+    assert JUDGE_CHUNK == 16 and "pofe eval judge the test: 100%" in err and "| 40/40 [" in err
+
+    (tmp_path / "nan_at.py").write_text(
+        "def reward(prompt, response):\n    return float('nan') if prompt == PROMPT else 1.0\n"
+        f"PROMPT = {prompts[33]!r}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    strict = make_judge(JudgeConfig(type="python", function="nan_at:reward", allow_abstain=False))
+    with pytest.raises(JudgeError, match="judge gave no verdict for prompt 33, "):
+        judge_pass(strict, prompts, prompts, responses, "judge")

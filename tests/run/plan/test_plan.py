@@ -322,3 +322,27 @@ def test_anchor_mix_plans_pi_0s_pass_in_rounds_2_on(mistral_sizes):
     assert abs(entry["gpu_memory_gb"] - expected) <= 0.01  # GB rounding
     plain = plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions())
     assert not [s for s in plain["stages"] if s["stage"] == "pi_0"]
+
+
+@pytest.mark.parametrize(
+    "name, overrides, device",
+    [("tiny-rrhf-cpu", {}, "cpu"), ("tiny-sppo-cpu", {}, "cpu"), ("tiny-rrhf-cpu", {"bf16": "auto"}, "cuda")],
+)
+def test_the_device_is_the_recipes_unless_told(tmp_path, tiny_model, name, overrides, device):
+    """Without --device, a CPU recipe (bf16: false) is planned on the CPU, in float32, and says
+    why; the same recipe with bf16: auto is a GPU one. --device wins over the recipe."""
+    from pofe.run.plan.render import render_text
+
+    raw = {**yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text()), **overrides}
+    raw |= {"base_model": str(tiny_model), "output_dir": str(tmp_path / "out")}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    plan = plan_recipe(recipe, PlanOptions(device=None), prompts=60)
+    assert plan["device"] == device and {s["device"] for s in plan["stages"] if s["parts_gb"]} == {device}
+    train = next(s for s in plan["stages"] if s["stage"] == "train")
+    assert train["dtype"] == ("float32" if device == "cpu" else "bfloat16")
+    first = render_text(plan).splitlines()[0]
+    if device == "cpu":
+        assert "(cpu: the recipe sets bf16: false, as a CPU recipe does; --device cuda to plan it otherwise)" in first
+    told = plan_recipe(recipe, PlanOptions(device="cuda"), prompts=60)
+    assert told["device"] == "cuda" and told["device_from"] == "--device"

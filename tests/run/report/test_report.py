@@ -12,6 +12,7 @@ from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
+from pofe.run.report.plots import loss_plot, rewards_plot, winrate_plot
 
 
 def test_no_cycle_in_a_transitive_table():
@@ -356,3 +357,203 @@ def test_report_says_the_anchor_was_mixed_toward_pi_0(tmp_path):
     assert "Each round's anchor was (1 - 0.2) log pi_t + 0.2 log pi_0 (`pofe.anchor_mix`: 0.2), pi_0 = `/m/sft`" in md
     folder.recipe(1).write_text(yaml.safe_dump({"seed": 0, "pofe": {}}))
     assert "anchor was" not in write_report(folder).markdown_path.read_text()
+
+
+def round_files(folder: RunFolder, t: int, global_step: int, logged: dict[int, dict]) -> None:
+    """Round t's trainer_state.json as the Trainer writes it: `global_step` steps run, the log
+    entries of the steps in `logged`."""
+    history = [{"step": step, **entry} for step, entry in logged.items()]
+    folder.trainer_state(t).parent.mkdir(parents=True, exist_ok=True)
+    folder.trainer_state(t).write_text(json.dumps({"global_step": global_step, "log_history": history}))
+
+
+def test_steps_are_the_steps_run_not_the_last_logged(tmp_path):
+    """24 steps run, logged every 10: the report's steps column says 24, not 20, and the loss
+    curve of the next round starts after step 24."""
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds={"1": RoundRecord(), "2": RoundRecord()}, starts=[1.0]).save()
+    round_files(folder, 1, 24, {10: {"loss": 2.0, "rrhf/rank_accuracy": 0.5}, 20: {"loss": 1.0}})
+    round_files(folder, 2, 3, {3: {"loss": 0.5}})
+    rep = collect(folder)
+    assert [r["train"]["steps"] for r in rep["rounds"]] == [24, 3]
+    rounds_table = render_markdown(rep, {}).split("## Rounds")[1].split("\n## ")[0]
+    assert [line.split(" | ")[6] for line in rounds_table.splitlines() if line.startswith(("| 1 |", "| 2 |"))] == [
+        "24",
+        "3",
+    ]
+    fig = loss_plot(rep)
+    assert [list(line.get_xdata()) for line in fig.axes[0].lines if line.get_label().startswith("round")] == [
+        [10, 20],
+        [27],
+    ]
+
+
+def test_few_points_get_markers_and_an_empty_panel_says_why(tmp_path):
+    """One logged step per round (a one-step run): each round's loss is a single point, drawn
+    with a marker (a line of one point is invisible); no rank accuracy in the logs: the panel
+    says so instead of staying blank. Dotted lines mark where rounds 2 and 3 start."""
+    folder = RunFolder(tmp_path)
+    rounds = {str(t): RoundRecord() for t in (1, 2, 3)}
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds=rounds, starts=[1.0]).save()
+    for t in (1, 2, 3):
+        round_files(folder, t, 1, {1: {"loss": 1.0 / t}})
+    fig = loss_plot(collect(folder))
+    curves = [line for line in fig.axes[0].lines if line.get_label().startswith("round")]
+    assert [(list(c.get_xdata()), c.get_marker()) for c in curves] == [([1], "o"), ([2], "s"), ([3], "^")]
+    assert sorted(line.get_xdata()[0] for line in fig.axes[0].lines if line.get_linestyle() == ":") == [1.5, 2.5]
+    assert [t.get_text() for t in fig.axes[1].texts] == ["no rrhf/rank_accuracy in the trainer's logs"]
+
+
+def test_a_run_shorter_than_logging_steps_is_reported_as_such(tmp_path):
+    """One step run, logging every 10: the round's training is in the report (1 step, no loss:
+    '-'), and the loss plot says why it has no curve instead of the report saying there is no
+    trainer_state.json."""
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds={"1": RoundRecord()}, starts=[1.0]).save()
+    round_files(folder, 1, 1, {})
+    state = json.loads(folder.trainer_state(1).read_text())
+    folder.trainer_state(1).write_text(json.dumps({**state, "logging_steps": 10}))
+    rep = collect(folder)
+    assert rep["rounds"][0]["train"] | {"curves": None} == {
+        "steps": 1,
+        "logging_steps": 10,
+        "first_loss": None,
+        "last_loss": None,
+        "diagnostic": "rrhf/rank_accuracy",
+        "diagnostic_first": None,
+        "diagnostic_last": None,
+        "curves": None,
+    }
+    fig = loss_plot(rep)
+    assert [t.get_text() for ax in fig.axes for t in ax.texts] == [
+        "nothing logged: logging_steps 10,\nsteps run (round 1: 1)"
+    ] * 2
+
+
+def test_overlapping_series_stay_apart_and_the_legend_is_off_the_data(tmp_path):
+    """Three reward series equal to 0 in every round (as a toy run's first rounds give): each
+    has its own marker and line style, markers of decreasing size (one drawn over the other
+    shows both), and the legend, drawn, lies below the axes."""
+    rounds = [
+        {
+            "round": t,
+            "candidates": {"mean_reward": 0.0, "best_of_k_reward": 1.0, "policy_sample_mean_reward": 0.0},
+            "trained_on_train_prompts": {"model_mean_reward": 0.0},
+        }
+        for t in (1, 2)
+    ]
+    fig = rewards_plot({"rounds": rounds, "eval": None})
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 4
+    styles = [(line.get_marker(), line.get_linestyle()) for line in lines]
+    assert len(set(styles)) == 4
+    sizes = [line.get_markersize() for line in lines]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend, axes_box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.y1 <= axes_box.y0  # below the axes, not over the data
+
+
+def eval_record(w: list[list[float]], method: str = "bradley_terry") -> dict:
+    """eval.json's fields the win-rate sections read, for the matrix `w`."""
+    m = len(w)
+    return {
+        "models": [{"name": f"pi_{i}", "path": "x"} for i in range(m)],
+        "win_matrix_method": method,
+        "win_matrix": w,
+        "cycles": find_cycles(w),
+        "cycle_threshold": 0.5,
+        "win_matrix_judge2": None,
+    }
+
+
+def test_win_rates_clustered_at_one_half_are_explained():
+    """All within 0.5 +- 0.004 (Bradley-Terry over rewards of a [0, 1] verifier that differ by
+    ~0.016): the report says why and what to do; a pairwise judge's clustered matrix names
+    saturation; rates that spread (0.1 from 1/2) get no note. The heat map of the clustered
+    one spans 0.5 +- 0.004, not 0..1 (else every cell is the same white), with 3 decimals."""
+    from pofe.run.report.held_out import win_rate_sections
+
+    clustered = [[0.5, 0.498, 0.496], [0.502, 0.5, 0.499], [0.504, 0.501, 0.5]]
+    md = "\n".join(win_rate_sections(eval_record(clustered), [f"pi_{i}" for i in range(3)]))
+    assert "Every win rate lies within 0.5 ± 0.004. Bradley-Terry turns a reward gap into a win probability" in md
+    assert "a gap of 0.1 is 0.525" in md and "`pofe.eval.judge2`" in md
+    pairwise = "\n".join(win_rate_sections(eval_record(clustered, "pairwise"), [f"pi_{i}" for i in range(3)]))
+    assert "The pairwise judge rarely prefers" in pairwise and "Bradley-Terry" not in pairwise
+    spread = [[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]
+    assert "Every win rate lies within" not in "\n".join(win_rate_sections(eval_record(spread), ["a", "b", "c"]))
+
+    fig = winrate_plot(eval_record(clustered))
+    assert fig.axes[0].images[0].get_clim() == pytest.approx((0.496, 0.504))
+    assert "0.504" in [t.get_text() for t in fig.axes[0].texts]
+    assert winrate_plot(eval_record(spread)).axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
+
+
+def test_the_judges_identity_is_cut_as_the_table_says():
+    """A python judge's module digest (sha256, 64 hex) and a hub model's commit (40 hex) are shown
+    cut to 12, as the table's other digests; an LLM judge has no identity to show."""
+    from pofe.run.report.markdown import identity_cell
+
+    sha, commit = "0123456789ab" + "c" * 52, "fedcba987654" + "3" * 28
+    assert identity_cell({"pofe.demo.task:reward": sha}) == "pofe.demo.task:reward 0123456789ab"
+    assert identity_cell({"org/rm": f"commit {commit}"}) == "org/rm commit fedcba987654"
+    assert identity_cell({}) == "a served model, known by name only"
+    assert identity_cell(None) == "-"
+
+
+def headline_report(method: str) -> dict:
+    """A one-round report with a headline, of `method`."""
+    head = {
+        "num_prompts": 3,
+        "policy_sample_mean_reward": 0.1,
+        "candidates_mean_reward": 0.2,
+        "candidates_best_of_k_reward": 1.0,
+        "model_mean_reward": 0.6,
+        "samples": [],
+    }
+    return {
+        "method": method,
+        "rounds": [{"round": 1, "trained_on_train_prompts": head}],
+        "headline": {
+            "skipped": None,
+            "train_prompts": 3,
+            "judge": {"type": "python"},
+            "decoding": {"temperature": 0.0, "top_p": 1.0, "seed": 0, "num_samples": 1, "max_new_tokens": 4},
+        },
+    }
+
+
+def test_the_headline_speaks_of_its_own_method():
+    """RRHF's headline says its model tends to best-of-k; SPPO's says what SPPO does with its
+    candidates and never names RRHF."""
+    from pofe.run.report.markdown import headline_section
+
+    rrhf = "\n".join(headline_section(headline_report("rrhf")))
+    sppo = "\n".join(headline_section(headline_report("sppo")))
+    assert "RRHF's trained model tends to that best-of-k reward" in rrhf
+    assert "RRHF" not in sppo and "SPPO moves each candidate's log-probability towards eta times" in sppo
+    assert "| 1 | 3 | 0.100 | 0.200 | 1.000 | 0.600 | -0.400 |" in sppo
+
+
+def test_the_terminal_says_how_sure_the_choice_is():
+    """pi_1's length-controlled win rate against pi_0 is 0.504 with an interval holding 1/2, and
+    every win rate is within 0.5 +- 0.004: the summary names pi_1, its rate and interval, that it
+    is not clearly above 1/2, and that the report says why the rates cluster."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.report import held_out_summary
+
+    lc = {"raw": 0.502, "raw_ci95": [0.49, 0.51], "lc": 0.504, "lc_ci95": [0.49, 0.52], "length_slope": 0.0}
+    ev = {
+        **eval_record([[0.5, 0.496], [0.504, 0.5]]),
+        "mean_reward": [0.1, 0.12],
+        "kl_to_base": [0.0, 0.5],
+        "vs_pi_0": [None, lc],
+        "vs_previous": [None, lc],
+    }
+    rep = {"eval": ev, "choice": choose_model(ev)}
+    assert held_out_summary(rep)[2:] == [
+        "  use pi_1 (best length-controlled win rate against pi_0, 0.504 [0.490, 0.520]: not clearly above 1/2)",
+        "  every win rate within 0.5 ± 0.004: the report's 'Win rates' says why",
+    ]

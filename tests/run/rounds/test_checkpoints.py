@@ -37,7 +37,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
     ran = []
 
-    def fake_stage(cmd, log, echo, stream, keep_fds=(), env=None):
+    def fake_stage(cmd, log, echo, stream, keep_fds=(), env=None, progress=None):
         recipe = yaml.safe_load(Path(cmd[2]).read_text())
         ran.append((cmd[1], recipe.get("resume_from_checkpoint"), keep_fds))
         final = train / "checkpoint-20"  # the forced save at the end (save_strategy: no)
@@ -51,7 +51,8 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     rounds.run_round(ITERATED_RAW, folder, plan, stages)
     resumed = str(train / "checkpoint-10")
     assert ran == [("train", resumed, (5,))]
-    assert said == [f"round 1/1: train, resuming from {resumed}"]
+    assert said[0] == f"round 1/1: train, resuming from {resumed}"
+    assert said[1].endswith(": 20 steps, model round-1/train; log round-1/train.log") and len(said) == 2
     record = state.stages["round-1/train"]
     assert record["status"] == "done" and record["resumed_from"] == resumed
     assert json.loads(folder.trainer_state(1).read_text()) == {"global_step": 20}

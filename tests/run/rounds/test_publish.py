@@ -277,7 +277,7 @@ def test_one_prompt_file_per_round(tmp_path):
     assert prompts_in(folder.round_prompts(2)) == ["r2-0", "r2-1", "r2-2"]
     assert prompts_in(folder.held_out_prompts) == ["b3", "b4"]
     assert state.prompt_mode == "files"
-    assert said == ["prompts: 5 for training (files over 2 rounds), 2 held out"]
+    assert said == ["prompts: 5 for training (files over 2 round(s)), 2 held out"]
     with pytest.raises(ValueError, match="lists 2 prompt sets for pofe.rounds: 3"):
         PofeConfig(rounds=3, round_prompts=files)
     # files on disk are checked once, where a recipe is loaded, not at every read of the block

@@ -99,6 +99,49 @@ def test_resume_skips_round_1(rrhf_run):
     assert final["final_policy"] == str(run / "round-2" / "train")
 
 
+def test_the_console_says_each_stage_in_two_lines(rrhf_run):
+    """The resumed run's console: per stage, the line it starts with and one that ends it (how
+    long, what it made, its log), then the run's summary; none of the stages' own output
+    (axolotl's config dump, banners, library warnings), which is in their logs."""
+    run, lines = rrhf_run["run"], rrhf_run["stdout"].splitlines()
+    assert f"RRHF, 2 round(s), in {run} (each stage's log there)" in lines
+    for says, made, log in (
+        ("round 2/2: generate + judge + tokenise from ", " prompts x ", "round-2/preprocess.log"),
+        ("round 2/2: train", " steps, loss ", "round-2/train.log"),
+        (
+            "evaluate: each round's headline, every iterate on held-out prompts",
+            " held-out prompts (eval/)",
+            "eval.log",
+        ),
+    ):
+        at = next(i for i, line in enumerate(lines) if line.startswith(says))
+        assert lines[at + 1].startswith("  done in ") and made in lines[at + 1], lines[at : at + 2]
+        assert lines[at + 1].endswith(f"; log {log}"), lines[at + 1]
+        assert (run / log).read_text().count("\n") > 50  # the stage's own output went there
+    assert lines[-1] == f"  report: {run / 'report.md'}"
+    assert "config:" in (run / "pofe-run.log").read_text()  # axolotl's dump as the runner loaded the recipe
+    assert len(lines) <= 35 and not [line for line in lines if "base_model" in line or "[WARNING]" in line]
+
+
+def test_a_pofe_error_in_a_stage_is_one_clean_message(tmp_path, tiny_model):
+    """A judge that gives no verdict (NaN, with judge.allow_abstain: false) fails round 1's
+    preprocess stage: the console shows POFE's message and where the traceback is, no
+    traceback; the stage's log holds it."""
+    (tmp_path / "no_verdict.py").write_text("def reward(prompt, response):\n    return float('nan')\n")
+    recipe = write_rounds_recipe(tmp_path, tiny_model, "rrhf", eval_keys=False)
+    cfg = yaml.safe_load(recipe.read_text())
+    cfg["pofe"]["judge"] = {"type": "python", "function": "no_verdict:reward", "allow_abstain": False}
+    recipe.write_text(yaml.safe_dump(cfg))
+    failed = run_axolotl("pofe", "run", str(recipe), check=False, env={"PYTHONPATH": str(tmp_path)})
+    log = tmp_path / "run" / "round-1" / "preprocess.log"
+    assert failed.returncode == 1
+    errors = failed.stderr.strip().splitlines()
+    assert errors[0].startswith("Error: round-1/preprocess failed: judge gave no verdict for dataset row ")
+    assert errors[0].endswith("(set judge.allow_abstain: true to skip and count these)")
+    assert errors[1:] == [f"(the stage's whole output, traceback included: {log})"]
+    assert "Traceback" not in failed.stdout + failed.stderr and "Traceback" in log.read_text()
+
+
 def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     """Regenerating round 2's prompts with round 1's model and round 2's recorded seed gives
     round 2's candidates exactly; the base model gives others."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from types import SimpleNamespace
 
@@ -19,7 +18,7 @@ import pytest
 from pofe.run import folder as folder_module
 from pofe.run.folder import RunState
 from pofe.run.rounds.processes import StageFailed
-from pofe.run.rounds.runner import StageRunner
+from pofe.run.rounds.runner import StageRunner, duration
 
 
 @pytest.fixture
@@ -66,7 +65,7 @@ def test_a_stage_runs_once_and_records_what_it_returns(state):
     runner.run("round-1/train", work, says="round 1/2: train", started={"resumed_from": None})
 
     assert calls == [{"status": "running", "started": 101.0, "resumed_from": None}]
-    assert said == ["round 1/2: train"]
+    assert said == ["round 1/2: train", "  done in 1 s"]
     assert on_disk(state) == expected(
         {
             "round-1/train": {
@@ -79,6 +78,28 @@ def test_a_stage_runs_once_and_records_what_it_returns(state):
             }
         }
     )
+
+
+def test_a_stage_says_what_it_made_how_long_it_took_and_where_its_log_is(state, tmp_path):
+    """Two lines per stage on the console: `says` as it starts; as it ends, its time (1 s on
+    the test's clock), `made` of the facts its work returned, and the log of its command (in
+    the run's folder, where the state file is). The command's own output goes to the log only."""
+    said = []
+    runner = StageRunner(state, echo=said.append, stream=False)
+    log = tmp_path / "round-1" / "train.log"
+
+    def work():
+        runner.command([sys.executable, "-c", "print('1000 lines of axolotl')"], log)
+        return {"steps": 24}
+
+    runner.run("round-1/train", work, says="round 1/2: train", made=lambda facts: f"{facts['steps']} steps")
+    assert said == ["round 1/2: train", "  done in 1 s: 24 steps; log round-1/train.log"]
+    assert log.read_text().splitlines()[1:] == ["1000 lines of axolotl"]
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.4, "0 s"), (41.4, "41 s"), (185, "3 min 05 s"), (7440, "2 h 04 min")])
+def test_durations(seconds, shown):
+    assert duration(seconds) == shown
 
 
 def test_a_stage_without_facts_or_words(state):
@@ -108,18 +129,22 @@ def test_a_stage_runs_again_when_its_inputs_changed(state):
 
 
 def test_a_failing_command_leaves_its_stage_started_and_names_its_log(state, tmp_path):
-    """The stage's process exits 3: StageFailed names the command's log (which holds its
-    output), the stage stays recorded as started and not finished (a restart redoes it),
-    and the runner said what it ran and where its log is."""
+    """The stage's process exits 3: StageFailed names the stage, what the stage said and its
+    log (which holds the command and its output); the stage stays recorded as started and not
+    finished (a restart redoes it); the runner said only that the stage started."""
     said = []
     runner = StageRunner(state, echo=said.append, stream=False)
     log = tmp_path / "round-1" / "preprocess.log"
     cmd = [sys.executable, "-c", "print('half done'); raise SystemExit(3)"]
-    with pytest.raises(StageFailed, match=f"exited with 3; last lines of {re.escape(str(log))}:\nhalf done"):
+    with pytest.raises(StageFailed) as err:
         runner.run("round-1/preprocess", lambda: runner.command(cmd, log), says="round 1/1: generate")
 
-    assert log.read_text() == "half done\n"
-    assert said == ["round 1/1: generate", f"$ {' '.join(cmd)}   (log: {log})"]
+    assert str(err.value) == (
+        f"round-1/preprocess failed: {' '.join(cmd)} exited with 3:\nhalf done\n"
+        f"(the stage's whole output, traceback included: {log})"
+    )
+    assert log.read_text() == f"$ {' '.join(cmd)}\nhalf done\n"
+    assert said == ["round 1/1: generate"]
     assert on_disk(state) == expected({"round-1/preprocess": {"status": "running", "started": 101.0}})
     assert not StageRunner(state).done("round-1/preprocess")
 
@@ -134,7 +159,7 @@ def test_a_command_holds_the_runners_fds_and_gets_its_env(state, tmp_path):
         log = tmp_path / "stage.log"
         runner.run("s", lambda: runner.command([sys.executable, "-c", script], log, env={"POFE_TEST_STAGE": "x"}))
         assert os.read(read_end, 4) == b"held"
-        assert log.read_text() == "x\n"
+        assert log.read_text().splitlines()[1:] == ["x"]
     finally:
         os.close(read_end)
         os.close(write_end)
