@@ -97,8 +97,15 @@ def candidates(config: str, stage: str):
 @click.option(
     "--no-eval", is_flag=True, help="Skip evaluation: the report's headline and held-out prompts (pofe.eval)."
 )
-@axolotl_overrides
-def run(config: str, launcher: str | None, verbose: bool, quiet: bool, no_eval: bool, **overrides):
+@axolotl_overrides  # drops the options left None: they need defaults here
+def run(
+    config: str,
+    launcher: str | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
+    no_eval: bool = False,
+    **overrides,
+):
     """Iterated run of CONFIG: pofe.rounds x (generate -> judge -> train), then eval and report.
 
     Each stage is a separate process, ended with the run, its whole output in a log file

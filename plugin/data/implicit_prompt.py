@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trl.data_utils import extract_prompt, is_conversational
-
 Fail = Callable[[str, str, str], Exception]
 
 FIX = (
@@ -49,6 +47,10 @@ def implicit_prompt(responses: Sequence[Any], names: list[str], fail: Fail, pair
             "pairs (chosen, rejected)",
             FIX,
         )
+    # TRL imported here, not with the module: it loads torch._dynamo, whose logging would reach the
+    # console of `axolotl pofe run`, which imports this module but never reads a row
+    from trl.data_utils import extract_prompt
+
     # the prefix all share: the shortest of each response's prefix shared with the first
     prompt = min((extract_prompt({"chosen": responses[0], "rejected": r})["prompt"] for r in responses[1:]), key=len)
     # (TRL's rule moves the prompt's end back over a space; at index 0 it would wrap around)
@@ -70,6 +72,8 @@ def implicit_prompt(responses: Sequence[Any], names: list[str], fail: Fail, pair
 
 
 def _kind(value: Any) -> str | None:
+    from trl.data_utils import is_conversational
+
     if isinstance(value, str):
         return "text"
     if isinstance(value, (list, tuple)) and value and is_conversational({"prompt": list(value)}):

@@ -44,11 +44,7 @@ decoding are unchanged (`pofe.run.evaluation.answers`).
 Outputs under <output_dir>/eval/: headline.json, and with held-out prompts samples.jsonl
 (every response with its reward(s) and log-probs), candidates.jsonl (each round's held-out
 candidates with their rewards) and eval.json (the numbers the report shows).
-Both JSON files end with `peak_memory`, each stage's peak (`pofe.run.evaluation.peak_memory`), also logged
-one line per stage: {"device": "cuda" | "cpu", "answers_gib": .., "judging_gib": ..} in GiB
-(2**30 bytes). On "cuda", `torch.cuda.max_memory_allocated()` during that stage alone; on
-"cpu", the process's peak resident set size (`ru_maxrss`) so far, which cannot be reset, so
-`judging_gib` is never below `answers_gib`.
+Both JSON files end with `peak_memory`, each stage's peak in GiB (`pofe.run.evaluation.peak_memory`).
 """
 
 from __future__ import annotations
@@ -78,100 +74,21 @@ from pofe.run.evaluation.answers import (
 )
 from pofe.run.evaluation.best_of_k import best_of_k, held_out_candidates, round_sampling
 from pofe.run.evaluation.headline import (
-    HEADLINE_JSON,
-    headline_prompts,
-    headline_record,
+    HeadlineAnswers,
+    headline_answers,
+    headline_plan,
+    headline_round,
     headline_sampling,
-    headline_skipped,
-    round_columns,
+    write_headline,
 )
 from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts, with_average
-from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, scalar_scores
+from pofe.run.evaluation.judging import judge_models, mean_reward_per_model
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
-from pofe.run.evaluation.sampler import Progress, eval_sampler
+from pofe.run.evaluation.sampler import eval_sampler
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.recipe import load_recipe
-
-# ---- the headline: each round's model on its own round's prompts --------------------------------
-
-
-@dataclass(frozen=True)
-class HeadlineAnswers:
-    """A round's model's answers to its headline prompts, as rendered for it."""
-
-    prompts: list[dict]  # {"index", "prompt"}
-    rendered: list[str]
-    samples: list[list[Sample]]  # [prompt][sample]
-
-
-def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
-    """(why there is no headline or None, {round m: its headline prompts})."""
-    skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
-    # model m is round m's; its headline prompts come from round m's judged candidates
-    on_train = (
-        {}
-        if skipped
-        else {
-            m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
-            for m in range(1, run.rounds + 1)
-        }
-    )
-    return skipped, on_train
-
-
-def headline_answers(
-    run: EvalRun, sampler, prompts: list[dict], sampling: Sampling, progress: Progress = None
-) -> HeadlineAnswers:
-    """A round's model's answers to the round's headline prompts (rendered as the pipeline
-    rendered them for the round's candidates), from its `pofe.run.evaluation.sampler`."""
-    rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
-    samples = sampler.sample(rendered, run.pcfg.eval.train_samples, sampling, progress)
-    return HeadlineAnswers(prompts, rendered, samples)
-
-
-def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
-    """Round m's headline entry: its model's answers judged as the judge stage judged the
-    round's candidates (same rendered prompts, same dataset columns)."""
-    prompts = answers.prompts
-    columns = round_columns(run.folder.round_prompts(m), prompts, run.prompt_column)
-    rewards = scalar_scores(
-        judge,
-        [q["prompt"] for q in prompts],
-        answers.rendered,
-        [[s.text for s in row] for row in answers.samples],
-        columns,
-        rows=[q["index"] for q in prompts],
-        desc=f"judge round {m}'s headline answers",
-    )
-    return headline_record(run.models[m][1], prompts, answers.samples, rewards)
-
-
-def write_headline(
-    run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict], peak_memory: dict, echo: Echo
-) -> None:
-    """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
-    evaluation's peak memory."""
-    ecfg = run.pcfg.eval
-    headline = {
-        "train_prompts": ecfg.train_prompts,
-        "skipped": skipped,
-        "judge": run.pcfg.judge.model_dump(),
-        "decoding": {
-            "num_samples": ecfg.train_samples,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_new_tokens": sampling.max_new_tokens,
-            "seed": sampling.seed,
-        },
-        "rounds": rounds,
-        "peak_memory": peak_memory,
-    }
-    out = run.folder.eval_dir / HEADLINE_JSON
-    write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
-    echo(f"eval: headline of {len(rounds)} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))
-
 
 # ---- held-out prompts: every iterate on the same prompts ----------------------------------------
 

@@ -8,23 +8,30 @@ The report (`pofe.run.report.collect`) sets them beside the same prompts' candid
 mean, their best-of-k (the mean over prompts of the best reward) and the starting policy's
 own samples. A pairwise judge gives no scalar reward: headline.json then says so instead.
 
-Here: which prompts, columns and record a round's headline has (evaluation writes it) and
-the numbers the report reads back.
+Here: which prompts and columns a round's headline has, its model's answers, their judging
+and the record evaluation writes, and the numbers the report reads back.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pofe.files import read_jsonl
+from pofe.files import read_jsonl, write_atomic
+from pofe.logs import Echo
 from pofe.preprocess.config import Sampling
+from pofe.preprocess.generators.hf import Sample
+from pofe.preprocess.judges import ScalarJudge
 from pofe.preprocess.win_rates import nan_mean
+from pofe.run.evaluation.inputs import EvalRun, render_prompts
+from pofe.run.evaluation.judging import scalar_scores
+from pofe.run.evaluation.sampler import Progress
 
 if TYPE_CHECKING:
     from pofe.args.rounds import EvalConfig
     from pofe.preprocess.config import JudgeConfig
-    from pofe.preprocess.generators.hf import Sample
 
 HEADLINE_JSON = "headline.json"
 
@@ -151,3 +158,79 @@ def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
     return Sampling(
         temperature=ecfg.train_temperature, top_p=ecfg.top_p, max_new_tokens=max_new_tokens, seed=ecfg.seed
     )
+
+
+@dataclass(frozen=True)
+class HeadlineAnswers:
+    """A round's model's answers to its headline prompts, as rendered for it."""
+
+    prompts: list[dict]  # {"index", "prompt"}
+    rendered: list[str]
+    samples: list[list[Sample]]  # [prompt][sample]
+
+
+def headline_plan(run: EvalRun) -> tuple[str | None, dict[int, list[dict]]]:
+    """(why there is no headline or None, {round m: its headline prompts})."""
+    skipped = headline_skipped(run.pcfg.eval, run.pcfg.judge)
+    # model m is round m's; its headline prompts come from round m's judged candidates
+    on_train = (
+        {}
+        if skipped
+        else {
+            m: headline_prompts(run.folder.candidates(m), run.pcfg.eval.train_prompts)
+            for m in range(1, run.rounds + 1)
+        }
+    )
+    return skipped, on_train
+
+
+def headline_answers(
+    run: EvalRun, sampler, prompts: list[dict], sampling: Sampling, progress: Progress = None
+) -> HeadlineAnswers:
+    """A round's model's answers to the round's headline prompts (rendered as the pipeline
+    rendered them for the round's candidates), from its `pofe.run.evaluation.sampler`."""
+    rendered = render_prompts(run.tokenizer, [q["prompt"] for q in prompts])
+    samples = sampler.sample(rendered, run.pcfg.eval.train_samples, sampling, progress)
+    return HeadlineAnswers(prompts, rendered, samples)
+
+
+def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
+    """Round m's headline entry: its model's answers judged as the judge stage judged the
+    round's candidates (same rendered prompts, same dataset columns)."""
+    prompts = answers.prompts
+    columns = round_columns(run.folder.round_prompts(m), prompts, run.prompt_column)
+    rewards = scalar_scores(
+        judge,
+        [q["prompt"] for q in prompts],
+        answers.rendered,
+        [[s.text for s in row] for row in answers.samples],
+        columns,
+        rows=[q["index"] for q in prompts],
+        desc=f"judge round {m}'s headline answers",
+    )
+    return headline_record(run.models[m][1], prompts, answers.samples, rewards)
+
+
+def write_headline(
+    run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict], peak_memory: dict, echo: Echo
+) -> None:
+    """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
+    evaluation's peak memory."""
+    ecfg = run.pcfg.eval
+    headline = {
+        "train_prompts": ecfg.train_prompts,
+        "skipped": skipped,
+        "judge": run.pcfg.judge.model_dump(),
+        "decoding": {
+            "num_samples": ecfg.train_samples,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_new_tokens": sampling.max_new_tokens,
+            "seed": sampling.seed,
+        },
+        "rounds": rounds,
+        "peak_memory": peak_memory,
+    }
+    out = run.folder.eval_dir / HEADLINE_JSON
+    write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
+    echo(f"eval: headline of {len(rounds)} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))
