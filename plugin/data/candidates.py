@@ -17,6 +17,7 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.data.sources import local_files_digest, read_json_rows
+from pofe.errors import PofeError
 from pofe.files import stable_hash
 from pofe.logs import get_logger
 
@@ -59,9 +60,7 @@ def build_candidates(
     # iterating decodes mixed-type (Json) columns; to_list() would give their JSON text
     rows = [prompt_row(row, i, fmt, generate.include_dataset_responses) for i, row in enumerate(prompts)]
     policy = sampling_policy(cfg, generate)
-    # sampling from the policy that trains: render its prompts as training will (axolotl's
-    # tokenizer, with the recipe's chat_template settings); generate.model keeps its own
-    tokenizer = None if generate.model else load_tokenizer(cfg)
+    tokenizer = prompt_tokenizer(cfg, generate)
     if candidates.out_dir is None:
         out_dir = candidates_dir(cfg, pofe, entry, policy, prompt_column, prompt_format, tokenizer)
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
@@ -90,6 +89,30 @@ def build_candidates(
         f"summary in {result.summary_path}"
     )
     return result
+
+
+def prompt_tokenizer(cfg: DictDefault, generate):
+    """The tokenizer that renders the prompts for sampling, or None for `generate.model`'s own.
+
+    Training's (axolotl's `load_tokenizer`: `tokenizer_config`, else `base_model`, with the
+    recipe's chat_template settings), so candidates answer the prompts training scores them
+    on. A `generate.model` that POFE loads (a path or hub id) keeps its own; a served name
+    (`backend: openai` without `serve`: the server's name for its model) is never loaded."""
+    served_name = generate.backend == "openai" and generate.serve is None
+    if generate.model and not served_name:
+        return None
+    try:
+        return load_tokenizer(cfg)
+    except OSError as e:
+        if not generate.model:
+            raise
+        source = cfg.tokenizer_config or cfg.base_model
+        raise PofeError(
+            f"generate.model: {generate.model!r} is the server's name for its model (backend: openai), so "
+            f"POFE renders the prompts with the recipe's tokenizer, which did not load from {source!r} "
+            f"({type(e).__name__}: {str(e).splitlines()[0]}). Set tokenizer_config (or base_model) to the "
+            "served model's tokenizer: a local folder or a hub id in the cache."
+        ) from e
 
 
 def candidates_dir(

@@ -198,38 +198,78 @@ def test_pipeline_counts_truncated_candidates(tiny_policy, tmp_path, truncated, 
     assert [len(json.loads(x)["responses"]) for x in result.data_path.read_text().splitlines()] == [kept, kept]
 
 
-def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch):
-    """build_candidates renders prompts with axolotl's load_tokenizer(cfg): the recipe's
-    chat_template (chatml here), not the policy folder's own template."""
+def _recipe(policy, generate: dict):
     from axolotl.utils.dict import DictDefault
 
-    import pofe.preprocess.pipeline as pipeline
-    from pofe.args import pofe_config
-    from pofe.data.candidates import build_candidates
-
-    seen = {}
-    monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))
-    cfg = DictDefault(
-        base_model=str(tiny_policy),
-        tokenizer_config=str(tiny_policy),
+    return DictDefault(
+        base_model=str(policy),
+        tokenizer_config=str(policy),
         chat_template="chatml",
         dataset_prepared_path=None,
         pofe={
             "method": "rrhf",
-            "generate": {"num_candidates": 2},
+            "generate": {"num_candidates": 2, **generate},
             "judge": {"type": "python", "function": "pofe.demo.task:reward"},
         },
     )
-    build_candidates(
-        cfg,
-        pofe_config(cfg),
-        DictDefault(path="p.jsonl", split="train"),
-        [{"prompt": "hi"}],
-        "prompt",
-        stop_after="generate",
-    )
-    assert render_prompt(seen["tokenizer"], "hi").text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _build(cfg, **kw):
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.args import pofe_config
+    from pofe.data.candidates import build_candidates
+
+    entry = DictDefault(path="p.jsonl", split="train")
+    return build_candidates(cfg, pofe_config(cfg), entry, [{"prompt": "hi"}], "prompt", **kw)
+
+
+CHATML_HI = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_candidates_render_with_the_training_tokenizer(tiny_policy, monkeypatch):
+    """build_candidates renders prompts with axolotl's load_tokenizer(cfg): the recipe's
+    chat_template (chatml here), not the policy folder's own template."""
+    import pofe.preprocess.pipeline as pipeline
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda rows, **kw: seen.update(kw))
+    _build(_recipe(tiny_policy, {}), stop_after="generate")
+    assert render_prompt(seen["tokenizer"], "hi").text == CHATML_HI
     assert render_prompt(load_tokenizer(str(tiny_policy)), "hi").text == "<|user|>hi<|end|><|assistant|>"
+
+
+def test_a_served_model_name_is_never_loaded(tiny_policy, tmp_path):
+    """`generate.model: policy` with a base_url is the server's name for its model: the prompts
+    are rendered with the recipe's tokenizer and sent, and nothing is loaded from "policy" (it
+    was: transformers went to the hub for a model named "policy" and no request was sent)."""
+    from axolotl.loaders import load_tokenizer as axolotl_tokenizer
+
+    from tests.openai_server import FakeServer, completions_ok
+
+    with FakeServer(completions_ok) as server:
+        generate = {"backend": "openai", "model": "policy", "base_url": server.url}
+        cfg = _recipe(tiny_policy, generate)
+        cfg.pofe["candidates"] = {"out_dir": str(tmp_path), "progress": False}
+        _build(cfg, stop_after="generate")
+    expected = render_prompt(axolotl_tokenizer(cfg), "hi")
+    assert expected.text == CHATML_HI
+    assert [(body["model"], body["prompt"]) for _, body in server.requests] == [("policy", expected.ids)]
+
+
+def test_a_served_model_name_without_a_tokenizer_names_the_keys(tmp_path):
+    """No tokenizer where tokenizer_config / base_model point: an error naming the served name,
+    the path tried and the keys to set, not transformers' hub error for "policy"."""
+    from pofe.errors import PofeError
+
+    missing = tmp_path / "absent"
+    cfg = _recipe(missing, {"backend": "openai", "model": "policy", "base_url": "http://127.0.0.1:1/v1"})
+    with pytest.raises(PofeError) as caught:
+        _build(cfg, stop_after="generate")
+    message = str(caught.value)
+    assert "generate.model: 'policy' is the server's name for its model" in message
+    assert f"did not load from {str(missing)!r}" in message
+    assert "Set tokenizer_config (or base_model)" in message
 
 
 def test_sample_responses_reports_each_batch_as_it_ends(gen, prompts):
