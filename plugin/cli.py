@@ -211,11 +211,13 @@ def eval_(config: str, no_report: bool = False, model: str | None = None, output
     axolotl's options (--base-model, ...) apply to the recipe, recorded with the evaluation.
     """
     from pofe.run.evaluation.evaluate import evaluate_run
+    from pofe.run.guards import REPORT, holding_run
     from pofe.run.report import write_report
 
     folder = evaluate_run(config, echo=click.echo, model=model, output=output, overrides=overrides)
     if not no_report:
-        click.echo(write_report(folder).terminal_summary())
+        with holding_run(folder, click.echo, REPORT):
+            click.echo(write_report(folder).terminal_summary())
 
 
 @pofe.command()
@@ -227,6 +229,9 @@ def report(config: str, model: str | None, output: str | None, output_dir: str |
     """(Re)write the report of CONFIG's run, or of a trained model's evaluation: report.md,
     report.json, report-*.png."""
     from pofe.run.evaluation.trained import report_folder
+    from pofe.run.guards import REPORT, holding_run
     from pofe.run.report import write_report
 
-    click.echo(write_report(report_folder(config, model, output, output_dir)).terminal_summary())
+    folder = report_folder(config, model, output, output_dir)
+    with holding_run(folder, click.echo, REPORT):
+        click.echo(write_report(folder).terminal_summary())

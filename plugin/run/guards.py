@@ -1,6 +1,8 @@
 """What a run checks before it writes into its output_dir, or trusts what is there.
 
-One runner per output_dir (`RunLock`, `<output_dir>/pofe-run.lock`). An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
+One runner per output_dir (`RunLock`, `<output_dir>/pofe-run.lock`), and no evaluation or report
+of a run while it runs (`holding_run`): `axolotl pofe eval` and `report` read every round's
+files, and while a round trains they would read it half-done. An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
 kernel releases the lock when the last process holding it ends. Stages inherit it
 (`pofe.run.rounds.processes.run_logged`'s `keep_fds`), so a trainer that outlives its runner still
 holds it. The file names the holder (PID, host, start) for the error a second run gets,
@@ -35,7 +37,8 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pofe.errors import PofeError
@@ -58,6 +61,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# What the holder was started as, in its record and the refusal (a record without one is a runner's)
+RUN, EVAL, REPORT = "axolotl pofe run", "axolotl pofe eval", "axolotl pofe report"
+# Why a second command may not share the folder with the holder, by what the second one is
+_WHY = {
+    RUN: "two commands writing one output_dir would overwrite each other's files",
+    EVAL: "an evaluation read now would take a round that is still training as finished",
+    REPORT: "a report read now would take a round that is still training as finished",
+}
+# Set by `axolotl pofe run` in a stage that reads the run (its eval stage): the descriptor of
+# the run's lock, which the stage inherits, so the stage reads under its runner's lock
+LOCK_FD_ENV = "POFE_RUN_LOCK_FD"
+
+
 def _describe(holder: dict) -> str:
     if "pid" not in holder:
         return "its record is unreadable"
@@ -65,19 +81,20 @@ def _describe(holder: dict) -> str:
     return f"PID {holder['pid']} on host {holder['host']}, started {started}"
 
 
-def _locked_message(path: Path, holder: dict) -> str:
+def _locked_message(path: Path, holder: dict, command: str) -> str:
     here = holder.get("host") == socket.gethostname()
+    held_by = holder.get("command", RUN)
     if "ended" in holder or (here and not _alive(holder["pid"])):
         return (
-            f"{path.parent} is locked by a stage process of an `axolotl pofe run` that has ended "
+            f"{path.parent} is locked by a stage process of an `{held_by}` that has ended "
             f"({_describe(holder)}); the stage is being stopped. Wait for it to exit "
             f"(`fuser -v {path}` lists it), then run again."
         )
     stop = f" (kill {holder['pid']})" if here else ""
+    another = "another " if held_by == command else ""
     return (
-        f"{path.parent} is in use by another `axolotl pofe run` ({_describe(holder)}); two runs "
-        f"on one output_dir would overwrite each other's files. Wait for it to finish, or stop "
-        f"it{stop}, then run again."
+        f"{path.parent} is in use by {another}`{held_by}` ({_describe(holder)}); {_WHY[command]}. "
+        f"Wait for it to finish, or stop it{stop}, then run `{command}` again."
     )
 
 
@@ -90,20 +107,21 @@ class RunLock:
         self._fd = fd
 
     @classmethod
-    def acquire(cls, path: Path, echo: Echo) -> RunLock:
-        """Take the lock or raise `RunLocked` naming the holder; says so when taking over
-        from a crashed run."""
+    def acquire(cls, path: Path, echo: Echo, command: str = RUN) -> RunLock:
+        """Take the lock for `command` or raise `RunLocked` naming the holder; says so when
+        taking over from a crashed run."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read(fd)
             os.close(fd)
-            raise RunLocked(_locked_message(path, holder)) from None
+            raise RunLocked(_locked_message(path, holder, command)) from None
         previous = _read(fd)
         if previous and "ended" not in previous:
             echo(f"{path}: taking over from a run that ended without releasing it ({_describe(previous)})")
-        lock = cls(path, fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
+        lock = cls(path, fd, holder)
         lock._write()
         return lock
 
@@ -124,6 +142,29 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _inherited(path: Path) -> bool:
+    """Whether this process holds `path`'s lock from the runner that started it (`LOCK_FD_ENV`)."""
+    fd = os.environ.get(LOCK_FD_ENV)
+    try:
+        held, here = os.fstat(int(fd)), os.stat(path)
+    except (TypeError, ValueError, OSError):
+        return False
+    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
+
+
+@contextmanager
+def holding_run(folder: RunFolder, echo: Echo, command: str) -> Iterator[None]:
+    """Hold `folder`'s lock while `command` (`EVAL`, `REPORT`) reads and writes it: refused
+    (`RunLocked`, naming the holder) while a run, or another evaluation, holds it. The
+    runner's own eval stage inherits the runner's lock and goes on under it; a folder not yet
+    made holds nothing to guard."""
+    if _inherited(folder.lock) or not folder.root.is_dir():
+        yield
+        return
+    with RunLock.acquire(folder.lock, echo, command):
+        yield
 
 
 def _read(fd: int) -> dict:

@@ -81,13 +81,13 @@ from pofe.run.evaluation.headline import (
     headline_sampling,
     write_headline,
 )
-from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts, with_average
+from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts, run_folder, with_average
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model
 from pofe.run.evaluation.peak_memory import PeakMemory
 from pofe.run.evaluation.records import sample_records, summarise
 from pofe.run.evaluation.sampler import eval_sampler
 from pofe.run.folder import RunFolder
-from pofe.run.guards import pofe_wrote
+from pofe.run.guards import EVAL, holding_run, pofe_wrote
 from pofe.run.recipe import load_recipe
 
 # ---- held-out prompts: every iterate on the same prompts ----------------------------------------
@@ -274,13 +274,14 @@ def evaluate_run(
 
     raw, cfg = load_recipe(recipe_path, overrides)
     if model is None and output is None and is_iterated(cfg):
-        run = open_run(recipe_path, cfg)
-        skipped, on_train = headline_plan(run)
-        held_out = held_out_set(run)
-    else:
-        run, held_out, skipped = open_trained(recipe_path, raw, cfg, model, output, overrides, echo)
-        on_train = {}
-    return evaluate(run, held_out, skipped, on_train, echo)
+        folder = run_folder(recipe_path, cfg)
+        with holding_run(folder, echo, EVAL):  # the rounds read while no round trains
+            run = open_run(recipe_path, cfg, folder)
+            skipped, on_train = headline_plan(run)
+            return evaluate(run, held_out_set(run), skipped, on_train, echo)
+    run, held_out, skipped = open_trained(recipe_path, raw, cfg, model, output, overrides, echo)
+    with holding_run(run.folder, echo, EVAL):
+        return evaluate(run, held_out, skipped, {}, echo)
 
 
 def evaluate(

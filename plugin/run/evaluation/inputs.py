@@ -62,13 +62,18 @@ class EvalRun:
         return {"index": self.rounds + 1, "of": [name for name, _ in self.models[1 : self.rounds + 1]]}
 
 
-def open_run(recipe_path: str | Path, cfg) -> EvalRun:
-    """The iterated run of a recipe (`cfg`: as loaded, `pofe.run.recipe.load_recipe`), checked:
-    evaluation is on and the run has started."""
-    pcfg = checked_eval(recipe_path, cfg)
+def run_folder(recipe_path: str | Path, cfg) -> RunFolder:
+    """The folder of a recipe's iterated run (`cfg`: as loaded, `pofe.run.recipe.load_recipe`),
+    refused unless the run has started."""
     folder = RunFolder(Path(cfg.output_dir).resolve())
     if not folder.state.exists():
         raise ValueError(f"no run state at {folder.state}: run `axolotl pofe run {recipe_path}` first")
+    return folder
+
+
+def open_run(recipe_path: str | Path, cfg, folder: RunFolder) -> EvalRun:
+    """The iterated run in `folder`, checked: evaluation is on."""
+    pcfg = checked_eval(recipe_path, cfg)
     models = RunState.read(folder.state).models()
     return EvalRun(pcfg, folder, models, load_tokenizer(models[0][1]), round_prompt_column(cfg), len(models) - 1)
 

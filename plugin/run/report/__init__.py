@@ -19,7 +19,7 @@ from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.report.cells import CLUSTERED, fmt
 from pofe.run.report.collect import collect
-from pofe.run.report.held_out import with_ci
+from pofe.run.report.held_out import not_evaluated, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 
@@ -98,6 +98,8 @@ def held_out_summary(rep: dict) -> list[str]:
             + ", ".join(f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v)
         )
     choice = rep.get("choice")
+    if rep.get("eval_missing"):
+        lines.append(f"  {not_evaluated(rep['eval_missing'])}")
     if choice:
         why = (
             "no iterate beats it at equal length"

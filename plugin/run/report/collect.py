@@ -138,7 +138,11 @@ def collect(folder: RunFolder) -> dict:
             "cycles": find_cycles(evaluation["win_matrix"], threshold),
             "cycles_judge2": find_cycles(second, threshold) if second else None,
         }
-    report["choice"] = choose_model(report["eval"])
+    # finished models the held-out evaluation lacks (it ran before they finished): no choice
+    # is named from an evaluation that has not seen every candidate for it
+    evaluated = {m["name"] for m in evaluation["models"]} if evaluation else set()
+    report["eval_missing"] = [n for n, _ in state.models()[1:] if n not in evaluated] if evaluation else []
+    report["choice"] = None if report["eval_missing"] else choose_model(report["eval"])
     return report
 
 

@@ -21,10 +21,20 @@ def stopped_line(rep: dict) -> list[str]:
     ]
 
 
+def not_evaluated(missing: list[str]) -> str:
+    """Why no model is named: the held-out evaluation predates these finished models."""
+    return (
+        f"Not decided: eval/eval.json has no held-out answers of {', '.join(missing)}, which finished after it "
+        "was written. Run `axolotl pofe eval <recipe>`, then `axolotl pofe report <recipe>`."
+    )
+
+
 def choice_section(rep: dict) -> list[str]:
     """## Which model to use: the best iterate by the held-out comparisons, regressions, and
     why the run stopped early."""
     choice = rep.get("choice")
+    if rep.get("eval_missing"):
+        return ["## Which model to use", "", *stopped_line(rep), not_evaluated(rep["eval_missing"]), ""]
     if not choice:
         return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
     md = ["## Which model to use", "", *stopped_line(rep)]

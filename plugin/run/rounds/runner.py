@@ -18,6 +18,7 @@ from typing import Any
 
 from pofe.logs import Echo
 from pofe.run.folder import RunState
+from pofe.run.guards import LOCK_FD_ENV
 from pofe.run.rounds.processes import StageFailed, run_logged
 
 # What a stage's work returns: the facts its finish records (None: none).
@@ -62,8 +63,9 @@ class StageRunner:
 
     `echo` says what each stage does and what it made; `stream` copies the stages' output to
     `echo` as well as their logs; `progress` (a terminal's status line) shows their progress
-    bars; `keep_fds` stay open in every stage process (the run's lock, so a stage that
-    outlives its runner still holds the output_dir).
+    bars; `keep_fds` stay open in every stage process (the run's lock first, so a stage that
+    outlives its runner still holds the output_dir, and one that reads the run, the eval
+    stage, reads it under that lock: `pofe.run.guards.holding_run`).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class StageRunner:
         self.echo = echo
         self.stream = stream
         self.keep_fds = keep_fds
+        self.env = {LOCK_FD_ENV: str(keep_fds[0])} if keep_fds else {}
         self.progress = progress
         self.logs: list[Path] = []  # the logs of the stage running now
 
@@ -130,4 +133,4 @@ class StageRunner:
         holding `keep_fds`, `env` added to its environment); `StageFailed` with the stage's
         error and `log` if it exits with an error."""
         self.logs.append(log)
-        run_logged(cmd, log, self.echo, self.stream, self.keep_fds, env, self.progress)
+        run_logged(cmd, log, self.echo, self.stream, self.keep_fds, {**self.env, **(env or {})}, self.progress)

@@ -255,6 +255,35 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
         evaluate_run(tmp_path / "off.yml")
 
 
+def test_an_evaluation_waits_for_no_run_and_reads_none_half_done(headline_run, monkeypatch):
+    """While a runner holds the run's lock (a round training), `axolotl pofe eval` is refused,
+    naming the runner, and writes nothing (it evaluated the rounds finished so far and exited
+    0); the runner's own eval stage, which inherits the lock, evaluates under it."""
+    import os
+    import socket
+
+    from pofe.run.evaluation.evaluate import evaluate_run
+    from pofe.run.guards import LOCK_FD_ENV, RunLock, RunLocked
+
+    folder = headline_run["folder"]
+    headline = folder.eval_dir / "headline.json"
+    before = headline.read_text()
+    with RunLock.acquire(folder.lock, print) as runner:
+        with pytest.raises(RunLocked) as refused:
+            evaluate_run(headline_run["recipe"], echo=lambda _: None)
+        assert str(refused.value) == (
+            f"{folder.root} is in use by `axolotl pofe run` (PID {os.getpid()} on host {socket.gethostname()}, "
+            f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(runner.holder['started']))}); an "
+            "evaluation read now would take a round that is still training as finished. Wait for it to finish, "
+            f"or stop it (kill {os.getpid()}), then run `axolotl pofe eval` again."
+        )
+        assert headline.read_text() == before
+        monkeypatch.setenv(LOCK_FD_ENV, str(runner.fileno()))  # as the runner starts its eval stage
+        headline.unlink()
+        evaluate_run(headline_run["recipe"], echo=lambda _: None)
+    assert json.loads(headline.read_text())["rounds"] == json.loads(before)["rounds"]
+
+
 def answer_length_gap(prompts, completions, answer, **kwargs):
     """A GRPO-style reward function reading the dataset's `answer` column."""
     return [-abs(len(c) - len(a)) for c, a in zip(completions, answer, strict=True)]

@@ -285,24 +285,20 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
     assert choose_model(None) is None and choose_model({"models": [], "win_matrix": []}) is None
 
 
-def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
-    """eval.json with pi_avg (models pi_0, pi_1, pi_2, pi_avg) and a KL ceiling 1.0 that pi_2 (KL
-    1.5) passes: the choice is pi_avg (lc 0.8 against pi_0, KL 0.9), said to average pi_1 and
-    pi_2; pi_2 is listed as over the ceiling; the win-rate table's row for pi_avg reads "avg";
-    the drift, lengths and rewards plots are drawn with pi_avg apart from the rounds' axis."""
-    from pofe.run.evaluation.decision import choose_model
+def averaged_eval() -> dict:
+    """eval.json of pi_0, pi_1, pi_2 and pi_avg on 8 prompts x 2 samples, pi_avg answering best
+    (rewards + 2), pi_2's KL to pi_0 (1.5) over the ceiling 1.0."""
+    from pofe.preprocess.win_rates import bradley_terry_preferences
     from pofe.run.evaluation.statistics import compare_iterates
-    from pofe.run.report.held_out import choice_section, length_section
 
     g = torch.Generator().manual_seed(0)
     P, M, S = 8, 4, 2
     tokens = torch.randint(1, 30, (P, M, S), generator=g).double()
     rewards = torch.randn(P, M * S, generator=g, dtype=torch.float64)
     rewards[:, 3 * S :] += 2.0  # pi_avg answers best
-    from pofe.preprocess.win_rates import bradley_terry_preferences
 
     comparisons = compare_iterates(bradley_terry_preferences(rewards), tokens, seed=0)
-    ev = {
+    return {
         "models": [{"name": n, "path": "x"} for n in ("pi_0", "pi_1", "pi_2", "pi_avg")],
         "num_prompts": P,
         "prompts_source": "p.jsonl",
@@ -325,6 +321,17 @@ def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
         "kl_ceiling": 1.0,
         **comparisons,
     }
+
+
+def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
+    """eval.json with pi_avg (models pi_0, pi_1, pi_2, pi_avg) and a KL ceiling 1.0 that pi_2 (KL
+    1.5) passes: the choice is pi_avg (lc 0.8 against pi_0, KL 0.9), said to average pi_1 and
+    pi_2; pi_2 is listed as over the ceiling; the win-rate table's row for pi_avg reads "avg";
+    the drift, lengths and rewards plots are drawn with pi_avg apart from the rounds' axis."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.report.held_out import choice_section, length_section
+
+    ev = averaged_eval()
     choice = choose_model(ev)
     assert choice["name"] == "pi_avg" and choice["over_kl_ceiling"] == ["pi_2"]
     md = "\n".join(choice_section({"choice": choice, "eval": ev}))
@@ -341,6 +348,30 @@ def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
     rep = write_report(folder)
     assert rep.data["choice"]["name"] == "pi_avg"
     assert {"drift", "lengths", "rewards", "winrate"} <= set(rep.plots)
+
+
+def test_a_model_the_evaluation_has_not_seen_is_never_passed_over(tmp_path):
+    """Three rounds finished, eval.json written when two had (pi_0..pi_2 and pi_avg): the report
+    names no model to use (pi_avg would be chosen from what eval.json holds), and says which
+    model is missing and what to run, in report.md and on the terminal. Once pi_3 is evaluated the
+    choice is back."""
+    folder = RunFolder(tmp_path)
+    rounds = {str(t): RoundRecord(policy_out=f"round-{t}/merged") for t in (1, 2, 3)}
+    RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
+    folder.eval_dir.mkdir()
+    (folder.eval_dir / "eval.json").write_text(json.dumps(averaged_eval()))
+    rep = write_report(folder)
+    said = (
+        "Not decided: eval/eval.json has no held-out answers of pi_3, which finished after it was written. "
+        "Run `axolotl pofe eval <recipe>`, then `axolotl pofe report <recipe>`."
+    )
+    assert rep.data["choice"] is None and rep.data["eval_missing"] == ["pi_3"]
+    assert f"## Which model to use\n\n{said}\n" in (tmp_path / "report.md").read_text()
+    assert f"  {said}" in rep.terminal_summary().splitlines()
+    assert "use pi_" not in rep.terminal_summary()
+    del rounds["3"]
+    RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
+    assert write_report(folder).data["choice"]["name"] == "pi_avg"
 
 
 def test_report_says_the_anchor_was_mixed_toward_pi_0(tmp_path):

@@ -150,16 +150,19 @@ def test_a_failing_command_leaves_its_stage_started_and_names_its_log(state, tmp
 
 
 def test_a_command_holds_the_runners_fds_and_gets_its_env(state, tmp_path):
-    """`command` runs the stage under the guard with the runner's `keep_fds` open in it and
-    `env` added to its environment."""
+    """`command` runs the stage under the guard with the runner's `keep_fds` open in it, the
+    first named as the run's lock (POFE_RUN_LOCK_FD), and `env` added to its environment."""
     read_end, write_end = os.pipe()
     try:
         runner = StageRunner(state, echo=lambda _: None, stream=False, keep_fds=(write_end,))
-        script = f"import os; os.write({write_end}, b'held'); print(os.environ['POFE_TEST_STAGE'])"
+        script = (
+            f"import os; os.write({write_end}, b'held'); "
+            "print(os.environ['POFE_TEST_STAGE'], os.environ['POFE_RUN_LOCK_FD'])"
+        )
         log = tmp_path / "stage.log"
         runner.run("s", lambda: runner.command([sys.executable, "-c", script], log, env={"POFE_TEST_STAGE": "x"}))
         assert os.read(read_end, 4) == b"held"
-        assert log.read_text().splitlines()[1:] == ["x"]
+        assert log.read_text().splitlines()[1:] == [f"x {write_end}"]
     finally:
         os.close(read_end)
         os.close(write_end)
