@@ -7,7 +7,7 @@ from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
-from pofe.args import PofeConfig, pofe_config
+from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.translate import translate_raw_config
 from pofe.errors import record_uncaught_errors
 from pofe.logs import redact_logger
@@ -44,7 +44,10 @@ class PofePlugin(BasePlugin):
         # input in its errors, and a key pasted into `pofe:` must be refused unrepeated.
         # Files it names are checked here, once per loaded recipe (`axolotl.cli.config.load_cfg`
         # calls this hook, so `pofe.run.recipe.load_recipe` does too).
-        pofe_config(cfg).check_files()
+        pofe = pofe_config(cfg)
+        pofe.check_files()
+        if pofe.method is not None:
+            check_top_level_keys(cfg)  # here too, before axolotl's schema repeats the whole recipe in its error
         # axolotl logs the whole config after this hook (console and output_dir/debug.log),
         # masking only its own key fields: a served policy's --api-key would be shown too.
         from pofe.preprocess.config import redact_text

@@ -41,6 +41,31 @@ def test_recipe_validates(path):
         assert cfg.adapter is None  # full fine-tuning
 
 
+def test_pofe_keys_at_the_top_level_are_refused_not_dropped():
+    """`rank_weight: 5.0` and `margin: 0.5` beside axolotl's keys, as axolotl validates the recipe:
+    an error naming each key and where it goes (axolotl ignores keys it does not know, and the
+    run trained at the defaults 1.0 and 0.0). `max_prompt_len`, a key axolotl has too, stays axolotl's."""
+    raw = yaml.safe_load((RECIPES[0].parent / "tiny-rrhf-cpu.yml").read_text())
+    cfg = DictDefault(raw)
+    prepare_plugins(cfg)  # registers the plugin (whose hook refuses them too: below)
+    cfg.update(rank_weight=5.0, margin=0.5, max_prompt_len=64)
+    with pytest.raises(ValueError) as refused:
+        validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+    assert (
+        "`rank_weight: 5.0` -> `pofe.rank_weight`, `margin: 0.5` -> `pofe.margin`: POFE's keys go under `pofe:`; "
+        "at the recipe's top level axolotl drops them unread. Move them into the `pofe:` block."
+    ) in str(refused.value)
+    # axolotl's load_cfg registers the plugin before it validates: the same message, without the recipe
+    from pofe import PofePlugin
+
+    with pytest.raises(ValueError) as registered:
+        PofePlugin().register({**raw, "rank_weight": 5.0, "margin": 0.5})
+    assert str(registered.value).startswith(
+        "`rank_weight: 5.0` -> `pofe.rank_weight`, `margin: 0.5` -> `pofe.margin`: "
+    )
+    assert "Move them into the `pofe:` block." in str(registered.value)
+
+
 def test_verifier_recipe_gives_sharp_preferences_on_all_k_samples():
     """SPPO on a verifier: hard preferences, every sample kept (the method's dedupe default)."""
     from pofe.args import pofe_config

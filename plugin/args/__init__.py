@@ -278,6 +278,21 @@ def pofe_config(cfg: Any) -> PofeConfig:
     return PofeConfig.model_validate(dict(pofe or {}))
 
 
+def check_top_level_keys(data: Mapping) -> None:
+    """POFE's keys written beside axolotl's (`rank_weight: 5.0`) instead of under `pofe:`:
+    axolotl ignores keys it does not know, so they would be dropped unread. Refused, naming
+    where each goes. Keys axolotl also has (`max_prompt_len`) are axolotl's there."""
+    from axolotl.utils.schemas.config import AxolotlInputConfig
+
+    misplaced = [k for k in PofeConfig.model_fields if k in data and k not in AxolotlInputConfig.model_fields]
+    if misplaced:
+        moves = ", ".join(f"`{k}: {data[k]!r}` -> `pofe.{k}`" for k in misplaced)
+        raise ValueError(
+            f"{moves}: POFE's keys go under `pofe:`; at the recipe's top level axolotl drops them unread. "
+            "Move them into the `pofe:` block."
+        )
+
+
 class PofeArgs(BaseModel):
     """Plugin input args merged into axolotl's config schema."""
 
@@ -296,6 +311,7 @@ class PofeArgs(BaseModel):
         method = pofe.method
         if method is None:
             return data
+        check_top_level_keys(data)
         if data.get("sample_packing"):
             raise ValueError(
                 "sample_packing: true cannot be used with POFE, which lays out the k "
