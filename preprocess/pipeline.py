@@ -200,6 +200,25 @@ def _last_run_facts(done: StagesDone, reports: list[dict], workers_s: float) -> 
     return facts
 
 
+def _no_rows(plan: StagePlan, generated: list[dict], summary: dict, dropped: dict, summary_path: Path) -> str:
+    """Why no prompt gave a training row: what was dropped, and where the candidates went."""
+    empty, cut = summary["empty_candidates_removed"], summary["truncated_candidates_dropped"]
+    duplicates = sum(summary["duplicates_removed"].values())
+    total = sum(len(g["candidates"]) for g in generated) + empty + cut + duplicates
+    why = (
+        f"none of the {len(plan.rows)} prompts gave a training row (dropped: {dict(dropped)}; "
+        f"candidates.min_candidates={plan.candidates.min_candidates}, judge abstentions "
+        f"{summary['judge_abstentions']} {summary['judge_abstention_reasons']}). Of {total} candidates, {empty} "
+        f"were empty, {duplicates} duplicates and {cut} cut at max_new_tokens, all removed"
+    )
+    if total and empty == total:
+        why += (
+            ": the generator answered every prompt with no text (a server's stop strings, a chat template that "
+            "ends the turn at once, or max_new_tokens 0); try one prompt by hand"
+        )
+    return f"{why}. Details in {summary_path}"
+
+
 def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation_band: float) -> PipelineResult:
     """Build data.jsonl and summary.json (with the `last_run` facts) from the shards alone (as
     read back from disk), so a resumed run's outputs cannot depend on what happened in memory
@@ -228,11 +247,7 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation
     summary_path = out / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
     if not data:
-        raise ValueError(
-            f"none of the {len(plan.rows)} prompts gave a training row (dropped: {dict(dropped)}; "
-            f"candidates.min_candidates={candidates.min_candidates}, judge abstentions "
-            f"{summary['judge_abstentions']} {summary['judge_abstention_reasons']}); details in {summary_path}"
-        )
+        raise ValueError(_no_rows(plan, generated_rows, summary, dropped, summary_path))
     if summary["judge_prompts_cut"]:
         LOG.warning(
             f"POFE: {summary['judge_prompts_cut']} candidates of {summary['judge_rows_with_prompt_cut']} prompts were "

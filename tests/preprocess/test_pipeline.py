@@ -452,17 +452,29 @@ def test_allow_abstain_false_names_the_dataset_row_for_a_pairwise_judge(tiny_pol
 class OneAnswer:
     name = "scripted"
 
+    def __init__(self, text: str = "4"):
+        self.text = text
+
     def generate(self, prompts, n, sampling):
-        return [["4"] * n for _ in prompts]
+        return [[self.text] * n for _ in prompts]
 
 
-def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path):
-    """Two identical candidates per prompt, deduplicated to one: every row is dropped."""
-    with pytest.raises(
-        ValueError,
-        match=r"none of the 3 prompts gave a training row \(dropped: "
-        r"\{'too_few_candidates': 3\}; candidates.min_candidates=2",
-    ):
+@pytest.mark.parametrize(
+    ("answer", "lost"),
+    [
+        ("4", "Of 6 candidates, 0 were empty, 3 duplicates and 0 cut at max_new_tokens, all removed. Details in "),
+        (
+            " ",
+            "Of 6 candidates, 6 were empty, 0 duplicates and 0 cut at max_new_tokens, all removed: the generator "
+            "answered every prompt with no text (a server's stop strings, a chat template that ends the turn at "
+            "once, or max_new_tokens 0); try one prompt by hand. Details in ",
+        ),
+    ],
+)
+def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path, answer, lost):
+    """Two candidates per prompt, both the same (deduplicated to one) or both blank (removed):
+    every row is dropped, and the error says where the 6 candidates went."""
+    with pytest.raises(ValueError) as refused:
         run_pipeline(
             ROWS,
             policy_path=str(tiny_policy),
@@ -470,8 +482,12 @@ def test_no_rows_left_is_an_error_that_says_why(tiny_policy, tmp_path):
             generate=GenerateConfig(num_candidates=2),
             judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
             candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
-            generator=OneAnswer(),
+            generator=OneAnswer(answer),
         )
+    assert str(refused.value).startswith(
+        "none of the 3 prompts gave a training row (dropped: {'too_few_candidates': 3}; candidates.min_candidates=2"
+    )
+    assert f"{lost}{tmp_path / 'summary.json'}" in str(refused.value)
     assert json.loads((tmp_path / "summary.json").read_text())["rows_dropped"] == {"too_few_candidates": 3}
 
 
