@@ -107,3 +107,30 @@ def summary_message(entry: dict[str, Any], sequence_len: int, truncation: str) -
         f"their oldest prompt turns cut, {entry['rows_with_responses_cut']} with responses cut (trained "
         f"without an end of turn); dropped {dropped} ({reasons})"
     )
+
+
+def no_rows_message(policy: list[dict[str, Any]], sequence_len: int, max_prompt_len: int, truncation: str) -> str:
+    """Why no row is left to train on, from each entry's `entry_summary`, and the key that fixes
+    it (the advice to set `truncation: truncate` only where it is not set)."""
+    counts: dict[str, int] = {}
+    for entry in policy:
+        for reason, n in entry["rows_dropped"].items():
+            counts[reason] = counts.get(reason, 0) + n
+    rows = sum(entry["rows"] for entry in policy)
+    if not counts:
+        return f"no rows left to train on: none of the {rows} rows read was dropped by the length policy"
+    why = f"no rows left to train on: {sum(counts.values())} of {rows} rows dropped by the length policy ({counts})"
+    if truncation == "drop":
+        return f"{why}: longer than sequence_len={sequence_len}. Raise sequence_len, or set pofe.truncation: truncate"
+    fixes = []
+    if counts.get(PROMPT_TOO_LONG):
+        fixes.append(
+            f"{PROMPT_TOO_LONG}: a prompt's last user turn alone is longer than pofe.max_prompt_len={max_prompt_len} "
+            "tokens; raise pofe.max_prompt_len (default sequence_len // 2) or sequence_len"
+        )
+    if counts.get(CUT_IDENTICAL) or counts.get(CUT_CONFLICTING_LABELS):
+        fixes.append(
+            f"{CUT_IDENTICAL} / {CUT_CONFLICTING_LABELS}: responses cut to fit sequence_len={sequence_len} became "
+            "the same tokens; raise sequence_len or lower pofe.max_prompt_len"
+        )
+    return f"{why}. " + ("; ".join(fixes) or "Raise sequence_len")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from axolotl.cli.config import prepare_plugins
 from axolotl.utils.config import normalize_config, validate_config
@@ -90,6 +91,37 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
     assert (
         f"| 1 | 1 of 3 | truncate at {cfg.sequence_len} | 0 | 0 | 1 (prompt_too_long 1) | `{record}` |"
         in md.split("### Length policy")[1]
+    )
+
+
+def test_every_prompt_too_long_names_the_cause_and_the_key(tmp_path, tiny_model):
+    """Every prompt's one user turn (80 digits) over max_prompt_len (sequence_len 64 // 2 = 32 tokens):
+    the error names the count, the cause (prompt_too_long) and max_prompt_len, and does not advise pofe.truncation: truncate, which is already set. Under truncation: drop it does."""
+    from transformers import AutoTokenizer
+
+    from pofe.data.loader import _prepare
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": str(d) * 80, "responses": ["2", "3"], "rewards": [1.0, 0.0]} for d in range(1, 4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    said = {}
+    for truncation in ("truncate", "drop"):
+        cfg = DictDefault({**raw, "pofe": {**raw.get("pofe", {}), "truncation": truncation}})
+        prepare_plugins(cfg)
+        cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+        with pytest.raises(ValueError) as refused:
+            _prepare(cfg, pofe_config(cfg), tokenizer, None)
+        said[truncation] = str(refused.value)
+    assert said["truncate"] == (
+        "no rows left to train on: 3 of 3 rows dropped by the length policy ({'prompt_too_long': 3}). "
+        "prompt_too_long: a prompt's last user turn alone is longer than pofe.max_prompt_len=32 tokens; raise "
+        "pofe.max_prompt_len (default sequence_len // 2) or sequence_len"
+    )
+    assert said["drop"] == (
+        "no rows left to train on: 3 of 3 rows dropped by the length policy ({'too_long': 3}): longer than "
+        "sequence_len=64. Raise sequence_len, or set pofe.truncation: truncate"
     )
 
 

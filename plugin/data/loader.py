@@ -45,7 +45,7 @@ from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, 
 from pofe.data.sources import load_entry, local_files_digest
 from pofe.data.tokenize import tokenize_row
 from pofe.files import stable_hash, write_atomic
-from pofe.length_policy import entry_summary, summary_message
+from pofe.length_policy import entry_summary, no_rows_message, summary_message
 from pofe.logs import get_logger
 from pofe.methods import MethodSpec, method_spec
 
@@ -174,9 +174,7 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
         record = {"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len, "truncation": pofe.truncation}
         write_atomic(policy_path, json.dumps({**record, "datasets": policy}, indent=2) + "\n")
     if len(dataset) == 0:
-        raise ValueError(
-            "no rows left to train on after the length policy; raise sequence_len or set pofe.truncation: truncate"
-        )
+        raise ValueError(no_rows_message(policy, cfg.sequence_len, max_prompt_len, pofe.truncation))
     if spec.needs_anchor:
         dataset = _settle_anchor_column(dataset)
     return dataset
