@@ -96,7 +96,8 @@ def test_prepared_rows_record_the_length_policy_per_row(tmp_path, tiny_model, ca
 
 def test_every_prompt_too_long_names_the_cause_and_the_key(tmp_path, tiny_model):
     """Every prompt's one user turn (80 digits) over max_prompt_len (sequence_len 64 // 2 = 32 tokens):
-    the error names the count, the cause (prompt_too_long) and max_prompt_len, and does not advise pofe.truncation: truncate, which is already set. Under truncation: drop it does."""
+    the error names the count, the cause (prompt_too_long) and max_prompt_len, and does not advise
+    pofe.truncation: truncate, which is already set. Under truncation: drop it does."""
     from transformers import AutoTokenizer
 
     from pofe.data.loader import _prepare
