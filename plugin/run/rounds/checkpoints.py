@@ -46,7 +46,7 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-from pofe.files import file_sha256, stable_hash, write_atomic
+from pofe.files import file_sha256, not_json, stable_hash, write_atomic
 from pofe.run.folder import RunStateMismatch, checkpoints
 
 RECORD_NAME = "pofe-train.json"
@@ -163,7 +163,7 @@ def read_trainer_state(checkpoint: Path) -> dict | str:
     try:
         state = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        return f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): cut short"
+        return f"{path} {not_json(e)}"
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{path} holds no global_step"
     return state

@@ -236,8 +236,8 @@ def test_a_cut_trainer_state_is_passed_over_for_the_whole_checkpoint_before_it(t
     assert _resume(folder, state) == (
         folder.train(1) / "checkpoint-4",
         [
-            f"not resuming from {newest}: {trainer_state} is not valid JSON (Expecting value at line 5, "
-            "column 4): cut short; trying the checkpoint before it"
+            f"not resuming from {newest}: {trainer_state} is not valid JSON (Expecting value: line 5, "
+            "column 4): cut short or edited; trying the checkpoint before it"
         ],
     )
     trainer_state.write_text(json.dumps({"max_steps": 20}))
