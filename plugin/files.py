@@ -70,6 +70,21 @@ def read_utf8(path: Path) -> str:
         ) from None
 
 
+def read_json(path: Path, fix: str) -> Any:
+    """The JSON value in `path`; `UnreadableFile` naming the file, where its JSON stops (a file
+    cut short by a full disk or an interrupted copy) and `fix`, what to do about it: a bare
+    JSONDecodeError names neither."""
+    try:
+        return json.loads(read_utf8(path))
+    except json.JSONDecodeError as e:
+        raise UnreadableFile(f"{path} {not_json(e)}. {fix}") from None
+
+
+def not_json(e: json.JSONDecodeError) -> str:
+    """Where a file stops being JSON, as `read_json` says it."""
+    return f"is not valid JSON ({e.msg}: line {e.lineno}, column {e.colno}): cut short or edited"
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every row of a JSON Lines file, each a JSON object (blank lines skipped), values as written.
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pofe.errors import PofeError
-from pofe.files import stable_hash, write_atomic
+from pofe.files import read_json, stable_hash, write_atomic
 from pofe.logs import logger_name
 from pofe.preprocess.config import GenerateConfig, JudgeConfig, redact
 from pofe.preprocess.config.generate import SERVE_RUNTIME_KEYS
@@ -109,7 +109,13 @@ def _text(manifest: dict) -> str:
 
 
 def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    """The manifest, None when absent; a cut one is an error naming it (the shards beside it
+    cannot be checked against it)."""
+    fix = (
+        f"It records the settings the shards of {path.parent} were built with, which cannot be "
+        f"checked without it: delete {path.parent} to build them again."
+    )
+    return read_json(path, fix) if path.exists() else None
 
 
 _UNSET = object()  # a key one side lacks

@@ -31,13 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from pofe.errors import PofeError
-from pofe.files import write_atomic
+from pofe.files import not_json, read_utf8, write_atomic
 
 # 2: prompt_sources digests are pofe.files.stable_hash over (name, sha256) pairs, and the caches
 # a resumed round reads (prepared rows, SPPO's anchor table) are keyed by pofe.files' hashes
 STATE_VERSION = 2
 STATE_NAME = "pofe-run.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+# what to do about eval/eval.json or eval/headline.json cut short: the evaluation writes both anew
+REWRITE_EVAL = "The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
 
 
 @dataclass(frozen=True)
@@ -176,14 +178,29 @@ class RunState:
 
     @classmethod
     def read(cls, path: Path) -> RunState:
-        """The state as it is on disk, without recording a start."""
+        """The state as it is on disk, without recording a start.
+
+        Without it a run starts again with no stage done (`axolotl pofe run`): each stage is
+        redone, reusing what it checks as this recipe's (the candidates' shards, its prepared
+        rows, the training checkpoints left); a round whose forced checkpoint was removed
+        trains again. A cut one is refused saying so.
+        """
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_utf8(path))
+        except json.JSONDecodeError as e:
+            raise RunStateMismatch(
+                f"{path} {not_json(e)}. It is the run's record of which stages are done: restore it from a "
+                f"backup and run again to go on where the run stopped; or move it aside (mv {path} "
+                f"{path}.broken) and run again, which redoes every stage, reusing the candidates' shards and "
+                "the training checkpoints this recipe wrote (a finished round may train again); or start afresh "
+                "with a new output_dir."
+            ) from None
+        try:
             rounds = {t: RoundRecord(**r) for t, r in data.pop("rounds").items()}
             return cls(path, rounds=rounds, **data)
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (AttributeError, KeyError, TypeError) as e:
             raise RunStateMismatch(
-                f"{path} is not a POFE run's state file ({type(e).__name__}: {e}); it was cut short or written "
+                f"{path} is not a POFE run's state file ({type(e).__name__}: {e}); it was edited or written "
                 "by another version. Use a new output_dir, or delete this one to start over."
             ) from e
 

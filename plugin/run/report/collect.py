@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pofe.files import read_jsonl
+from pofe.files import read_json, read_jsonl
 from pofe.methods import method_spec
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
 from pofe.run.evaluation.statistics import find_cycles
-from pofe.run.folder import RunFolder, RunState
+from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState
 from pofe.run.guards import pofe_wrote
 from pofe.run.provenance import round_record
 from pofe.run.report.lengths import candidate_lengths
@@ -54,8 +54,9 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
     }
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+def _read_json(path: Path, fix: str) -> Any:
+    """The file's JSON, None when it is absent; a cut one is an error naming it and `fix`."""
+    return read_json(path, fix) if path.exists() else None
 
 
 def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | None) -> dict:
@@ -80,7 +81,11 @@ def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | Non
         "trained_on_train_prompts": None,
         "reproduce": round_record(folder, state, t),
     }
-    summary = _read_json(folder.candidates(t) / "summary.json")
+    summary = _read_json(
+        folder.candidates(t) / "summary.json",
+        f"Round {t}'s preprocess stage writes it with data.jsonl from the shards beside it: "
+        f"`axolotl preprocess {folder.recipe(t)}` writes both again.",
+    )
     if summary is not None:
         stats = candidate_stats(folder.candidates(t)) or {}
         record["candidates"] = {
@@ -108,9 +113,11 @@ def collect(folder: RunFolder) -> dict:
     state = RunState.read(folder.state)
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
     evaluation = (
-        _read_json(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
+        _read_json(folder.eval_dir / "eval.json", REWRITE_EVAL)
+        if pofe_wrote(folder, folder.eval_dir / "eval.json")
+        else None
     )
-    headline = _read_json(folder.eval_dir / HEADLINE_JSON)
+    headline = _read_json(folder.eval_dir / HEADLINE_JSON, REWRITE_EVAL)
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]
     report: dict[str, Any] = {
         "output_dir": str(folder.root),

@@ -10,9 +10,14 @@ train not at all). A mismatch is an error naming the checkpoint and the settings
 differ, not a fresh start: the checkpoints are another recipe's work, which POFE does not
 delete on its own.
 
-A checkpoint whose weights or optimizer files are cut short (a full disk, a partial copy)
-is passed over with a message naming the file, for the one before it (`resumable`). Under
-DeepSpeed so is one whose own state DeepSpeed could not load (`deepspeed_problem`).
+A checkpoint is resumed from only when it is whole (`checkpoint_problem`): its
+trainer_state.json parses, no file is cut short (a full disk, a partial copy), and every part
+transformers' Trainer reads back on resume is there (`missing_part`): the weights, the
+optimizer and scheduler states and the RNG state, or under DeepSpeed the engine's own state
+(`deepspeed_problem`). transformers resumes silently without an optimizer or scheduler file,
+restarting Adam and the learning-rate warm-up from zero at the checkpoint's step; a cut
+trainer_state.json fails every rerun. Any other is passed over, named with what is wrong, for
+the one before it (`resumable`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pofe.files import file_sha256, stable_hash, write_atomic
+from transformers.trainer import (
+    FSDP_MODEL_NAME,
+    OPTIMIZER_NAME,
+    OPTIMIZER_NAME_BIN,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+)
+from transformers.utils import (
+    ADAPTER_SAFE_WEIGHTS_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+
+from pofe.files import file_sha256, not_json, stable_hash, write_atomic
 from pofe.run.folder import RunStateMismatch, checkpoints
 
 RECORD_NAME = "pofe-train.json"
@@ -34,6 +55,17 @@ DATA_KEY = "<candidates data.jsonl>"
 # a rank's partition in DeepSpeed's global_step<N>/: `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`
 # (stage 3 also `zero_pp_rank_<r>_mp_rank_00_model_states.pt`; DeepSpeed still reads `..._00optim_states.pt`)
 PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_?(model|optim)_states\.pt")
+# the weights files transformers' `Trainer._load_from_checkpoint` looks for, any one of which will do
+WEIGHTS = (
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    ADAPTER_SAFE_WEIGHTS_NAME,
+    ADAPTER_WEIGHTS_NAME,
+)
+# `Trainer._save_rng_state`: `rng_state.pth` from one process, `rng_state_<rank>.pth` from each of several
+RNG_STATE = re.compile(r"rng_state(?:_(\d+))?\.pth")
 
 
 def _leaves(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -115,13 +147,102 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
-def checkpoint_problem(checkpoint: Path) -> str | None:
-    """The first unusable file of `checkpoint`, described; None when all look whole."""
+def cut_file(checkpoint: Path) -> str | None:
+    """The first file of `checkpoint` that is cut short, described; None when all look whole."""
     for path in sorted(checkpoint.rglob("*")):
         problem = file_problem(path) if path.is_file() else None
         if problem:
             return problem
     return None
+
+
+def read_trainer_state(checkpoint: Path) -> dict | str:
+    """The checkpoint's trainer_state.json, or why transformers could not read it (its
+    `TrainerState.load_from_json` fails the rerun with a bare JSONDecodeError)."""
+    path = checkpoint / TRAINER_STATE_NAME
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        return f"{path} {not_json(e)}"
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return f"{path} holds no global_step"
+    return state
+
+
+def _weights_problem(checkpoint: Path) -> str | None:
+    """Why `Trainer._load_from_checkpoint` would find no weights (or a sharded index's shard
+    is missing), or None. FSDP's own layout is taken as transformers takes it."""
+    names = [name for name in WEIGHTS if (checkpoint / name).is_file()]
+    fsdp = (checkpoint / f"{FSDP_MODEL_NAME}.bin").is_file() or any(
+        p.is_dir() and FSDP_MODEL_NAME in p.name for p in checkpoint.iterdir()
+    )
+    if not names and not fsdp:
+        return f"{checkpoint} holds no weights (none of {', '.join(WEIGHTS)})"
+    for index in {SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME} & set(names):
+        try:
+            shards = set(json.loads((checkpoint / index).read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return f"{checkpoint / index} is cut short or holds no weight_map"
+        if missing := sorted(s for s in shards if not (checkpoint / s).is_file()):
+            return f"{checkpoint} lacks {', '.join(missing)}, named in its {index}"
+    return None
+
+
+def missing_part(checkpoint: Path, state: dict, deepspeed: bool) -> str | None:
+    """The part of a whole checkpoint that `checkpoint` lacks, described; None when it has all.
+
+    What `Trainer._save_checkpoint` writes and `Trainer.train` reads back on resume: the
+    weights (`_load_from_checkpoint`; under DeepSpeed, in the engine's state), the optimizer
+    and scheduler (`_load_optimizer_and_scheduler`: without either it loads neither, and the
+    run goes on with a new optimizer and its warm-up from zero; under DeepSpeed the optimizer
+    is in global_step<N>/), and the RNG state (`_load_rng_state`). A checkpoint of a finished
+    training (global_step at max_steps, as the runner's forced save is, with
+    `save_only_model`) needs only its weights: resumed from, it trains no step.
+    """
+    if not deepspeed and (problem := _weights_problem(checkpoint)):
+        return problem
+    if state.get("max_steps") and state["global_step"] >= state["max_steps"]:
+        return None
+    optimizer = (
+        deepspeed
+        or (checkpoint / OPTIMIZER_NAME).is_file()
+        or (checkpoint / OPTIMIZER_NAME_BIN).is_file()
+        or any(p.is_dir() and "optimizer" in p.name for p in checkpoint.iterdir())  # FSDP's, as transformers looks
+    )
+    scheduler = deepspeed or (checkpoint / SCHEDULER_NAME).is_file()
+    ranks = {m.group(1) for p in checkpoint.iterdir() if (m := RNG_STATE.fullmatch(p.name))}
+    if not (optimizer or scheduler or ranks):
+        return (
+            f"{checkpoint} holds only the model, no {OPTIMIZER_NAME}, {SCHEDULER_NAME} or rng_state.pth "
+            "(saved with save_only_model, which transformers documents cannot be resumed from)"
+        )
+    if not (optimizer and scheduler):
+        lacks = " and ".join(
+            name for name, found in ((OPTIMIZER_NAME, optimizer), (SCHEDULER_NAME, scheduler)) if not found
+        )
+        return (
+            f"{checkpoint} lacks {lacks}: transformers loads the optimizer and scheduler only together, so "
+            "the training would go on with Adam and the learning-rate warm-up started from zero"
+        )
+    if not ranks:
+        return f"{checkpoint} lacks rng_state.pth (the random state the data order and dropout resume from)"
+    numbered = {int(r) for r in ranks if r is not None}
+    if numbered and (gone := sorted(set(range(max(numbered) + 1)) - numbered)):
+        return f"{checkpoint} lacks the RNG state of rank(s) {gone} (rng_state_<rank>.pth)"
+    return None
+
+
+def checkpoint_problem(checkpoint: Path, deepspeed: bool = False) -> str | None:
+    """Why `checkpoint` is not whole, or None: its trainer state unreadable, a file cut short,
+    its DeepSpeed state (for a `deepspeed` recipe) or another part missing."""
+    state = read_trainer_state(checkpoint)
+    if isinstance(state, str):
+        return state
+    return (
+        cut_file(checkpoint)
+        or (deepspeed_problem(checkpoint) if deepspeed else None)
+        or missing_part(checkpoint, state, deepspeed)
+    )
 
 
 def deepspeed_problem(checkpoint: Path) -> str | None:
@@ -159,10 +280,10 @@ def deepspeed_problem(checkpoint: Path) -> str | None:
 
 
 def resumable(train_dir: Path, echo: Callable[[str], None], deepspeed: bool = False) -> Path | None:
-    """The newest complete checkpoint whose files are whole (and, for a `deepspeed` recipe,
-    whose DeepSpeed state is); each newer one passed over is named, with what is wrong."""
+    """The newest whole checkpoint (`checkpoint_problem`; with its DeepSpeed state for a
+    `deepspeed` recipe); each newer one passed over is named, with what is wrong."""
     for checkpoint in reversed(checkpoints(train_dir)):
-        problem = checkpoint_problem(checkpoint) or (deepspeed_problem(checkpoint) if deepspeed else None)
+        problem = checkpoint_problem(checkpoint, deepspeed)
         if problem is None:
             return checkpoint
         echo(f"not resuming from {checkpoint}: {problem}; trying the checkpoint before it")

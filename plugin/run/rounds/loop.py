@@ -41,7 +41,6 @@ float merge instead (equal to `merge_and_unload`). The next round quantises the 
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +48,9 @@ from pathlib import Path
 import yaml
 
 from pofe.args import PofeConfig, pofe_config
-from pofe.files import write_atomic, write_jsonl_atomic
+from pofe.files import read_json, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
-from pofe.run.folder import RunFolder, RunState, RunStateMismatch, checkpoints
+from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState, RunStateMismatch, checkpoints
 from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_lost_merge
 from pofe.run.prompts import held_out_count, load_round_prompts, resolve_round_prompts, split_prompts, without_held_out
 from pofe.run.provenance import stage_environment
@@ -374,7 +373,7 @@ def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRu
     def work() -> dict:
         evaluate_rounds(recipe_path, folder, pcfg, runner)
         ev_path = folder.eval_dir / "eval.json"
-        return stop_decision(json.loads(ev_path.read_text()) if ev_path.exists() else None, rule)
+        return stop_decision(read_json(ev_path, REWRITE_EVAL) if ev_path.exists() else None, rule)
 
     name = f"round-{t}/stop-check"
     runner.run(

@@ -88,6 +88,25 @@ def test_missing_state_is_an_error(tmp_path):
         collect(RunFolder(tmp_path))
 
 
+def test_a_cut_eval_json_is_named_with_what_to_do(tmp_path):
+    """Issue 33 (case 12, the runner's other JSON files): eval/eval.json cut short failed the
+    report with a bare JSONDecodeError. Now the error names the file, where its JSON stops and
+    the command that writes it again."""
+    from pofe.files import UnreadableFile
+
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
+    folder.eval_dir.mkdir()
+    (folder.eval_dir / "eval.json").write_text('{"models": [["pi_0", "/m/base"], ["pi_1", "/m/ro')
+    with pytest.raises(UnreadableFile) as e:
+        collect(folder)
+    assert str(e.value) == (
+        f"{folder.eval_dir / 'eval.json'} is not valid JSON (Unterminated string starting at: line 1, column 43): "
+        "cut short or edited. The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to "
+        "rewrite it."
+    )
+
+
 def test_markdown_flags_a_cycle():
     ev = {
         "models": [{"name": f"pi_{i}", "path": "x"} for i in range(3)],

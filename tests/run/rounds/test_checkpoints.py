@@ -12,6 +12,30 @@ from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 from pofe.run.rounds.round_recipe import round_recipe
 from tests.helpers import ITERATED_RAW
 
+# what transformers' Trainer._save_checkpoint writes beside trainer_state.json (one process, no
+# save_only_model), as a 5.16 Trainer wrote it for a tiny model: its weights (an adapter's under
+# LoRA), the optimizer and scheduler states and the RNG state; config.json and training_args.bin
+# are not read back on resume
+PARTS = ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth")
+
+
+def save_checkpoint(train: Path, step: int, max_steps: int = 20, parts=PARTS) -> Path:
+    """checkpoint-<step>/ in `train` as transformers saves it, small: a safetensors file and
+    torch zips of the names the Trainer writes, trainer_state.json last."""
+    import torch
+    from safetensors.torch import save_file
+
+    checkpoint = train / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    for name in parts:
+        if name.endswith(".safetensors"):
+            save_file({"w": torch.ones(8)}, checkpoint / name)
+        else:
+            torch.save({"state": torch.ones(8)}, checkpoint / name)
+    state = {"global_step": step, "max_steps": max_steps, "log_history": [{"loss": 1.0, "step": step}]}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    return checkpoint
+
 
 def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, monkeypatch):
     """Round 1's train stage was killed after saving checkpoints 2, 9 and 10 and while
@@ -26,10 +50,9 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
     train = folder.train(1)
     # the killed start recorded what it trained with (its recipe had no resume_from_checkpoint)
     rounds.claim_training(folder, 1, round_recipe(ITERATED_RAW, folder, 1, "/m/base", seed=7).recipe, None)
-    for step in (2, 9, 10, 12):
-        (train / f"checkpoint-{step}").mkdir(parents=True)
-        if step != 12:
-            (train / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    for step in (2, 9, 10):
+        save_checkpoint(train, step)
+    (train / "checkpoint-12").mkdir()
     state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="sppo")
     state.start("round-1/preprocess")
     state.finish("round-1/preprocess")
@@ -83,8 +106,7 @@ def _killed_round_1(folder: RunFolder, raw: dict, steps=(6,)) -> RunState:
 
     rounds.claim_training(folder, 1, round_recipe(raw, folder, 1, "/m/base", seed=7).recipe, None)
     for step in steps:
-        (folder.train(1) / f"checkpoint-{step}").mkdir(parents=True)
-        (folder.train(1) / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        save_checkpoint(folder.train(1), step)
     state = RunState.open(folder.state, fingerprint="b", recipe="r.yml", method="sppo")
     state.start("round-1/preprocess")
     state.finish("round-1/preprocess")
@@ -131,17 +153,11 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
     weights are cut short (its safetensors header promises more bytes than the file has):
     round 1 resumes from 4, saying which file of 6 is damaged. Then 6's optimizer.pt (a torch
     zip) is cut short instead: the same."""
-    import torch
-    from safetensors.torch import save_file
-
     from pofe.run.rounds.loop import resume_point
 
     folder = RunFolder(tmp_path / "run")
     state = _killed_round_1(folder, ITERATED_RAW, steps=(4, 6))
     damaged = folder.train(1) / "checkpoint-6"
-    for checkpoint in ("checkpoint-4", "checkpoint-6"):
-        save_file({"w": torch.ones(64)}, folder.train(1) / checkpoint / "model.safetensors")
-        torch.save({"state": torch.ones(64)}, folder.train(1) / checkpoint / "optimizer.pt")
     said = []
     assert resume_point(folder, state, 1, said.append) == damaged  # whole: the newest
     weights = (damaged / "model.safetensors").read_bytes()
@@ -158,3 +174,131 @@ def test_the_same_recipe_resumes_past_a_damaged_checkpoint(tmp_path):
     said.clear()
     assert resume_point(folder, state, 1, said.append) == folder.train(1) / "checkpoint-4"
     assert said[0].startswith(f"not resuming from {damaged}: {damaged / 'optimizer.pt'} is cut short or damaged")
+
+
+def _resume(folder: RunFolder, state: RunState) -> tuple[Path | None, list[str]]:
+    from pofe.run.rounds.loop import resume_point
+
+    said: list[str] = []
+    return resume_point(folder, state, 1, said.append), said
+
+
+@pytest.mark.parametrize(
+    "gone, says",
+    [
+        (
+            "optimizer.pt",
+            "{c} lacks optimizer.pt: transformers loads the optimizer and scheduler only together, so the "
+            "training would go on with Adam and the learning-rate warm-up started from zero",
+        ),
+        (
+            "scheduler.pt",
+            "{c} lacks scheduler.pt: transformers loads the optimizer and scheduler only together, so the "
+            "training would go on with Adam and the learning-rate warm-up started from zero",
+        ),
+        ("rng_state.pth", "{c} lacks rng_state.pth (the random state the data order and dropout resume from)"),
+        (
+            "model.safetensors",
+            "{c} holds no weights (none of model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+            "pytorch_model.bin.index.json, adapter_model.safetensors, adapter_model.bin)",
+        ),
+    ],
+    ids=["optimizer", "scheduler", "rng", "weights"],
+)
+def test_a_checkpoint_missing_a_part_is_passed_over_for_the_whole_one_before_it(tmp_path, gone, says):
+    """Bad case 4 of issue 33: with optimizer.pt deleted from the newest checkpoint, the resumed
+    run went on from its step with a new Adam and its warm-up again (transformers loads the
+    optimizer and scheduler only when both files are there, and says nothing otherwise).
+    Now a checkpoint lacking any part the Trainer reads back on resume is passed over,
+    named with the part, and the whole checkpoint-4 before it is resumed from."""
+    folder = RunFolder(tmp_path / "run")
+    state = _killed_round_1(folder, ITERATED_RAW, steps=(4, 6))
+    newest = folder.train(1) / "checkpoint-6"
+    assert _resume(folder, state) == (newest, [])  # whole: the newest
+    (newest / gone).unlink()
+    assert _resume(folder, state) == (
+        folder.train(1) / "checkpoint-4",
+        [f"not resuming from {newest}: {says.format(c=newest)}; trying the checkpoint before it"],
+    )
+
+
+def test_a_cut_trainer_state_is_passed_over_for_the_whole_checkpoint_before_it(tmp_path):
+    """Weak case 11 of issue 33: checkpoint-6's trainer_state.json cut short (a full disk) was
+    chosen, and every rerun failed in transformers' TrainerState.load_from_json with a bare
+    JSONDecodeError though checkpoint-4 is whole. Now 6 is passed over, naming the file and
+    where its JSON stops; one whose state has no global_step is too."""
+    folder = RunFolder(tmp_path / "run")
+    state = _killed_round_1(folder, ITERATED_RAW, steps=(4, 6))
+    newest = folder.train(1) / "checkpoint-6"
+    trainer_state = newest / "trainer_state.json"
+    text = trainer_state.read_text()
+    trainer_state.write_text(text[: text.index('"log_history"') + 20])
+    assert _resume(folder, state) == (
+        folder.train(1) / "checkpoint-4",
+        [
+            f"not resuming from {newest}: {trainer_state} is not valid JSON (Expecting value: line 5, "
+            "column 4): cut short or edited; trying the checkpoint before it"
+        ],
+    )
+    trainer_state.write_text(json.dumps({"max_steps": 20}))
+    assert _resume(folder, state)[1] == [
+        f"not resuming from {newest}: {trainer_state} holds no global_step; trying the checkpoint before it"
+    ]
+
+
+def test_a_sharded_checkpoint_needs_every_shard_its_index_names(tmp_path):
+    """Weights saved in shards (model.safetensors.index.json and its files): one shard gone,
+    the checkpoint is passed over naming it."""
+    folder = RunFolder(tmp_path / "run")
+    sharded = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", *PARTS[1:])
+    state = _killed_round_1(folder, ITERATED_RAW, steps=(4,))
+    newest = save_checkpoint(folder.train(1), 6, parts=sharded)
+    index = {"metadata": {}, "weight_map": {"a.weight": sharded[0], "b.weight": sharded[1], "c.weight": sharded[1]}}
+    (newest / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert _resume(folder, state) == (newest, [])
+    (newest / sharded[1]).unlink()
+    assert _resume(folder, state) == (
+        folder.train(1) / "checkpoint-4",
+        [
+            f"not resuming from {newest}: {newest} lacks {sharded[1]}, named in its model.safetensors.index.json; "
+            "trying the checkpoint before it"
+        ],
+    )
+
+
+def test_save_only_model_checkpoints_resume_only_where_training_had_finished(tmp_path):
+    """save_only_model keeps the weights and trainer_state.json alone. The runner's forced save
+    (save_strategy: no) is one at the last step, which a run killed before the train stage
+    was recorded done resumes from and trains no step (as a 5.16 Trainer did: global_step 4 of
+    4, train_loss 0): it stays resumable. One saved before the last step (the user's
+    save_only_model) would go on with a new optimizer: passed over, and with none before it,
+    the training starts afresh."""
+    folder = RunFolder(tmp_path / "run")
+    state = _killed_round_1(folder, ITERATED_RAW, steps=())
+    only_model = ("model.safetensors",)
+    early = save_checkpoint(folder.train(1), 10, parts=only_model)
+    assert _resume(folder, state) == (
+        None,
+        [
+            f"not resuming from {early}: {early} holds only the model, no optimizer.pt, scheduler.pt or "
+            "rng_state.pth (saved with save_only_model, which transformers documents cannot be resumed from); "
+            "trying the checkpoint before it"
+        ],
+    )
+    last = save_checkpoint(folder.train(1), 20, parts=only_model)
+    assert _resume(folder, state) == (last, [])
+
+
+def test_every_rank_needs_its_rng_state(tmp_path):
+    """Two processes save rng_state_0.pth and rng_state_1.pth; rank 0's gone, the checkpoint is
+    passed over naming the rank."""
+    folder = RunFolder(tmp_path / "run")
+    state = _killed_round_1(folder, ITERATED_RAW, steps=(4,))
+    ranks = ("rng_state_0.pth", "rng_state_1.pth")
+    newest = save_checkpoint(folder.train(1), 6, parts=(*PARTS[:3], *ranks))
+    assert _resume(folder, state) == (newest, [])
+    (newest / ranks[0]).unlink()
+    assert _resume(folder, state)[1] == [
+        f"not resuming from {newest}: {newest} lacks the RNG state of rank(s) [0] (rng_state_<rank>.pth); "
+        "trying the checkpoint before it"
+    ]
