@@ -346,3 +346,27 @@ def test_the_device_is_the_recipes_unless_told(tmp_path, tiny_model, name, overr
         assert "(cpu: the recipe sets bf16: false, as a CPU recipe does; --device cuda to plan it otherwise)" in first
     told = plan_recipe(recipe, PlanOptions(device="cuda"), prompts=60)
     assert told["device"] == "cuda" and told["device_from"] == "--device"
+
+
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("--gpu-memory", "nan", "'nan' is not a finite number."),
+        ("--gpu-memory", "inf", "'inf' is not a finite number."),
+        ("--gpu-memory", "0", "0.0 is not in the range x>=1."),
+        ("--gpus", "0", "0 is not in the range x>=1."),
+        ("--prompts", "0", "0 is not in the range x>=1."),
+    ],
+)
+def test_plan_options_are_finite_and_positive(tmp_path, option, value, said):
+    """`--gpu-memory nan` passed click's range check (nan compares false) and every stage then
+    "exceeded a nan GB GPU": each option is refused by click, naming it."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"))))
+    result = CliRunner().invoke(pofe, ["plan", str(recipe), option, value])
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for '{option}': {said}" in result.output
