@@ -7,10 +7,36 @@ import shutil
 from pathlib import Path
 
 from pofe.args import PofeConfig
+from pofe.errors import PofeError
 from pofe.run.plan.estimate import GB, ModelSize
-from pofe.run.plan.model_size import find_config, model_size, pairrm_backbone
+from pofe.run.plan.model_size import find_config, is_hub_id, model_size, pairrm_backbone
 
 JUDGE_KINDS = {"reward_model": "sequence_classification", "pairrm": "encoder"}
+
+
+class ModelNotFound(PofeError, ValueError):
+    """The recipe's base_model is a local path with no model there: every stage of the run loads it."""
+
+
+def not_found(model: str, key: str) -> str | None:
+    """Why `model` (named by `key`), whose config.json is not on disk, is a local path that does
+    not hold a model; None when it can be a hub id (one not in the cache: `_not_cached`)."""
+    path = Path(model)
+    if path.is_dir():
+        return (
+            f"{key}: the local directory {model} has no config.json: point {key} at the model's folder "
+            "(the one holding config.json)"
+        )
+    if path.exists():
+        return f"{key}: {model} is a file, not a model's folder: point {key} at the folder holding its config.json"
+    if is_hub_id(model):
+        return None
+    where = (
+        ""
+        if path.is_absolute()
+        else f" (as {path.resolve()}: a relative path counts from the directory the command runs in)"
+    )
+    return f"{key}: local path {model} not found{where}: correct {key}, or name a hub model id"
 
 
 def _not_cached(model: str, key: str) -> str:
@@ -25,17 +51,25 @@ def size_of(model: str, kind: str, key: str) -> tuple[ModelSize | None, list[str
     """`model`'s size, or None and a warning naming `key` when its config.json is not on disk."""
     config = find_config(model)
     if config is None:
-        return None, [_not_cached(model, key)]
+        return None, [not_found(model, key) or _not_cached(model, key)]
     if kind == "encoder" and (backbone := pairrm_backbone(config)):
+        key = f"{key} (PairRM's backbone, model_name in its config.json)"
         config = find_config(backbone)
         if config is None:
-            return None, [_not_cached(backbone, f"{key} (PairRM's backbone, model_name in its config.json)")]
+            return None, [not_found(backbone, key) or _not_cached(backbone, key)]
     return model_size(config, kind), []
 
 
 def model_sizes(raw: dict, pcfg: PofeConfig) -> tuple[dict[str, ModelSize | None], list[str]]:
-    """The sizes of the policy and the judges (model id -> size), and what could not be sized."""
-    wanted = [(str(raw["base_model"]), "causal_lm", "base_model")]
+    """The sizes of the policy and the judges (model id -> size), and what could not be sized.
+
+    A base_model that is a local path with no model there raises `ModelNotFound`: the run could
+    not start, so there is nothing to plan. A judge's is a warning, as a model not in the hub
+    cache is: the plan of the other stages still holds."""
+    base = str(raw["base_model"])
+    if find_config(base) is None and (why := not_found(base, "base_model")):
+        raise ModelNotFound(why)
+    wanted = [(base, "causal_lm", "base_model")]
     judges = [("pofe.judge.model", pcfg.judge)]
     if pcfg.eval and pcfg.eval.judge2 is not None:
         judges.append(("pofe.eval.judge2.model", pcfg.eval.judge2))

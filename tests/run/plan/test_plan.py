@@ -226,7 +226,7 @@ def test_cli_json(tmp_path):
     from pofe.cli import pofe
 
     recipe = tmp_path / "r.yml"
-    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "none"))))
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model="nobody/not-cached")))
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(pofe, ["plan", str(recipe), "--json", "--prompts", "30", "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -234,7 +234,54 @@ def test_cli_json(tmp_path):
     assert json.loads(out.read_text()) == plan
     assert [s["round"] for s in plan["stages"]][:4] == [1, 1, 1, 1] and plan["prompts"] == 30
     text = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
-    assert "round 1 train" in text.output and "WARNING: base_model" in text.output
+    assert "round 1 train" in text.output and "WARNING: base_model: nobody/not-cached is not in the" in text.output
+
+
+def test_a_local_base_model_that_is_not_there_is_an_error(tmp_path, monkeypatch):
+    """A base_model that can only be a local path (absolute, ./relative, or a/b/c) and does not
+    exist: the run could not start, so plan exits 1 saying the path is not found, naming the key
+    (it said "? GB" and advised `huggingface-cli download <path>`). A folder without
+    config.json is said as such."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "r.yml"
+    for model, said in [
+        (
+            str(tmp_path / "none"),
+            f"local path {tmp_path / 'none'} not found: correct base_model, or name a hub model id",
+        ),
+        (
+            "./models/none",
+            f"local path ./models/none not found (as {tmp_path / 'models' / 'none'}: a relative path counts from "
+            "the directory the command runs in): correct base_model, or name a hub model id",
+        ),
+        (str(tmp_path), f"the local directory {tmp_path} has no config.json: point base_model at the model's folder"),
+    ]:
+        recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=model)))
+        result = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith(f"Error: base_model: {said}"), result.output
+        assert "huggingface-cli download" not in result.output
+
+
+def test_a_local_judge_that_is_not_there_is_said_not_found(tmp_path, tiny_model):
+    """A judge's local path that does not exist: a warning naming the key and the path (the
+    plan of the policy's stages still holds), not advice to download the path from the hub."""
+    raw = _recipe(output_dir=str(tmp_path / "out"), base_model=str(tiny_model))
+    raw["pofe"] = {**raw["pofe"], "judge": {"type": "reward_model", "model": str(tmp_path / "rm")}}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    plan = plan_recipe(recipe, PlanOptions(), prompts=30)
+    said = [w for w in plan["warnings"] if w.startswith("pofe.judge.model")]
+    assert said == [
+        f"pofe.judge.model: local path {tmp_path / 'rm'} not found: correct pofe.judge.model, or name a hub model id"
+    ]
+    assert not [w for w in plan["warnings"] if "huggingface-cli download" in w]
+    judge = next(s for s in plan["stages"] if s["stage"] == "judge")
+    assert judge["gpu_memory_gb"] is None
 
 
 @pytest.mark.parametrize("name", ["tiny-rrhf-cpu", "tiny-sppo-cpu", "tiny-sppo-verifier-cpu"])
