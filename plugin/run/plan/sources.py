@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from pofe.args import PofeConfig
 from pofe.errors import PofeError
+from pofe.files import read_jsonl
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.model_size import find_config, is_hub_id, model_size, pairrm_backbone
 
@@ -82,23 +84,39 @@ def model_sizes(raw: dict, pcfg: PofeConfig) -> tuple[dict[str, ModelSize | None
     return sizes, warnings
 
 
-def count_prompts(raw: dict) -> int | None:
-    """Rows of the pofe.prompts dataset when it is a local file (JSON, JSONL or Parquet); None else."""
+def prompt_rows(raw: dict, columns: list[str]) -> tuple[int | None, list[int] | None]:
+    """(rows, each row's dataset responses) of the pofe.prompts dataset when it is a local file
+    (JSON, JSONL or Parquet), else (None, None). A row's responses are those of its `columns`
+    (`generate.include_dataset_responses`) as the candidates stage takes them (`column_texts`:
+    a string is one, a list its length, none or null none); None without columns."""
     (entry, *_) = raw.get("datasets") or [{}]
     path = Path(str(entry.get("path", "")))
     if not path.is_file():
-        return None
+        return None, None
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows
-    if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            return sum(1 for line in f if line.strip())
-    import json
+        table = pq.ParquetFile(path)
+        if not columns:
+            return table.metadata.num_rows, None
+        rows = table.read(columns=[c for c in columns if c in table.schema_arrow.names]).to_pylist()
+    elif path.suffix == ".jsonl":
+        if not columns:
+            with path.open(encoding="utf-8") as f:
+                return sum(1 for line in f if line.strip()), None
+        rows = read_jsonl(path)  # a broken line: UnreadableFile naming it
+    else:
+        rows = json.loads(path.read_text())
+        if not isinstance(rows, list):
+            return None, None
+        if not columns:
+            return len(rows), None
+    from pofe.preprocess.shard_work import column_texts
 
-    data = json.loads(path.read_text())
-    return len(data) if isinstance(data, list) else None
+    try:
+        return len(rows), [sum(len(column_texts(row, c, i)) for c in columns) for i, row in enumerate(rows)]
+    except TypeError as e:  # the candidates stage stops on this row too
+        raise ValueError(f"{path}: {e}") from None
 
 
 def double_bos(model: str) -> str | None:
@@ -139,5 +157,6 @@ def disk_warning(plan: dict, free: float) -> list[str]:
         return []
     return [
         f"the run writes about {need} GB under output_dir ({plan['recipe']}), more than the {free / GB:.1f} GB "
-        "free there: set save_total_limit (and save_only_model for ZeRO-3), or another output_dir"
+        "free there: lower save_total_limit (axolotl keeps 4 checkpoints when it is unset; save_only_model for "
+        "ZeRO-3), or use another output_dir"
     ]
