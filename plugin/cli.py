@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -22,6 +23,17 @@ class PofeGroup(click.Group):
         except (PofeError, ValueError) as e:
             record_error(e)  # run as a stage of `axolotl pofe run`: the runner shows this message
             raise click.ClickException(str(e)) from e
+
+
+class FiniteFloat(click.FloatRange):
+    """A `click.FloatRange` that refuses nan and inf: nan passes every comparison of the range
+    check (`nan < 1` is false), and inf passes an open upper bound."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 @click.group(cls=PofeGroup, help="POFE (RRHF / SPPO) tools.")
@@ -140,7 +152,7 @@ def run(
     show_default=True,
     help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).",
 )
-@click.option("--gpu-memory", type=click.FloatRange(min=1), default=80.0, show_default=True, help="GB per GPU.")
+@click.option("--gpu-memory", type=FiniteFloat(min=1), default=80.0, show_default=True, help="GB per GPU.")
 @click.option(
     "--prompts",
     type=click.IntRange(min=1),

@@ -2,7 +2,9 @@
 each a `stage(...)` entry.
 
 `size` is the stage's model (`pofe.run.plan.estimate.ModelSize`), None when it could not be
-sized offline: the entry then has no memory figure (its parts are None).
+sized offline: the entry then has no memory figure (its parts are None). `per_prompt` is the
+round's candidates per prompt (`pofe.run.plan.common.round_candidates`), None when the prompts are
+not counted.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections import Counter
 
 from pofe.args import PofeConfig
 from pofe.run.plan import estimate as mem
-from pofe.run.plan.common import VLLM_UTILIZATION, PlanOptions, candidates_per_prompt, stage
+from pofe.run.plan.common import VLLM_UTILIZATION, PlanOptions, stage
 from pofe.run.plan.estimate import ModelSize
 
 PAIRWISE_JUDGES = ("pairrm", "python_pairwise", "pairwise_llm")
@@ -61,16 +63,21 @@ def _served_vllm(pcfg: PofeConfig) -> tuple[dict, int] | None:
 
 
 def generate_stage(
-    raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None, options: PlanOptions
+    raw: dict,
+    pcfg: PofeConfig,
+    size: ModelSize | None,
+    t: int,
+    model: str,
+    per_prompt: list[int] | None,
+    options: PlanOptions,
 ) -> tuple[dict, list[str]]:
     """Sampling the K candidates: vLLM's share of each GPU, or the transformers policy with its
     KV cache; (entry, warnings)."""
     g, workers, warnings = pcfg.generate, pcfg.candidates.num_workers, []
-    k = candidates_per_prompt(pcfg)
     counts = {
-        "prompts": prompts,
-        "candidates": None if prompts is None else prompts * k,
-        "sampled": None if prompts is None else prompts * g.num_candidates,
+        "prompts": None if per_prompt is None else len(per_prompt),
+        "candidates": None if per_prompt is None else sum(per_prompt),  # the dataset's responses included
+        "sampled": None if per_prompt is None else len(per_prompt) * g.num_candidates,
     }
     vllm = _served_vllm(pcfg) if options.device == "cuda" else None
     if g.backend == "openai" and vllm is None:
@@ -147,12 +154,11 @@ def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
     )
 
 
-def judge_calls(pcfg: PofeConfig, prompts: int | None) -> int | None:
+def judge_calls(pcfg: PofeConfig, per_prompt: list[int] | None) -> int | None:
     """A scalar judge scores each candidate once; pairwise judges every ordered pair, K(K-1) a prompt."""
-    if prompts is None:
+    if per_prompt is None:
         return None
-    k = candidates_per_prompt(pcfg)
-    return prompts * k * (k - 1) if pcfg.judge.type in PAIRWISE_JUDGES else prompts * k
+    return sum(k * (k - 1) if pcfg.judge.type in PAIRWISE_JUDGES else k for k in per_prompt)
 
 
 def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[str, dict]:
@@ -176,9 +182,11 @@ def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[st
     return dtype, {**parts, "runtime": options.runtime}
 
 
-def judge_stage(pcfg: PofeConfig, size: ModelSize | None, t: int, prompts: int | None, options: PlanOptions) -> dict:
+def judge_stage(
+    pcfg: PofeConfig, size: ModelSize | None, t: int, per_prompt: list[int] | None, options: PlanOptions
+) -> dict:
     judge, workers = pcfg.judge, pcfg.candidates.num_workers
-    counts = {"judge_calls": judge_calls(pcfg, prompts), "pairwise": judge.type in PAIRWISE_JUDGES}
+    counts = {"judge_calls": judge_calls(pcfg, per_prompt), "pairwise": judge.type in PAIRWISE_JUDGES}
     if judge.type in ("python", "python_pairwise"):
         return stage(
             "judge",

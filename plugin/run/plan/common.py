@@ -66,23 +66,41 @@ def deepspeed_config(raw: dict) -> dict:
     return json.loads(file.read_text()).get("zero_optimization") or {}
 
 
-def round_prompt_counts(pcfg: PofeConfig, prompts: int | None) -> list[int | None]:
-    """Prompts each round trains on, as `prepare_prompts` splits them (held-out rows removed);
-    with one dataset per round (`round_prompts` a list), `prompts` each."""
-    if prompts is None or isinstance(pcfg.round_prompts, list):  # a list: one dataset per round
-        return [prompts] * pcfg.rounds
+def round_candidates(
+    pcfg: PofeConfig, prompts: int | None, responses: list[int] | None
+) -> tuple[list[list[int] | None], bool]:
+    """(each round's candidates per prompt, whether the dataset responses among them are
+    estimated). A prompt's candidates: `num_candidates` sampled plus its row's dataset responses;
+    a round's prompts: as `prepare_prompts` splits them (held-out rows removed); None when the
+    prompts are not counted. `responses`: each dataset row's dataset responses
+    (`pofe.run.plan.sources.prompt_rows`, one a row). Estimated, one per
+    include_dataset_responses column and prompt, when they are not counted (None, another number
+    of rows) or are not the rounds' rows (`round_prompts` a list: one dataset per round)."""
+    columns = len(pcfg.generate.include_dataset_responses)
+    if prompts is None:
+        return [None] * pcfg.rounds, columns > 0
+    files = isinstance(pcfg.round_prompts, list)
+    counted = responses is not None and len(responses) == prompts and not files
+    per_row = [pcfg.generate.num_candidates + n for n in (responses if counted else [columns] * prompts)]
+    estimated = columns > 0 and not counted
+    if files:
+        return [per_row] * pcfg.rounds, estimated
     held = held_out_count(prompts, pcfg.eval.held_out, pcfg.eval.prompts is not None) if pcfg.eval else 0
     mode = resolve_round_prompts(pcfg.method, pcfg.round_prompts)
-    return [len(r) for r in split_prompts(prompts - held, pcfg.rounds, mode)]
+    return [per_row[r.start : r.stop] for r in split_prompts(prompts - held, pcfg.rounds, mode)], estimated
 
 
-def candidates_per_prompt(pcfg: PofeConfig) -> int:
+def candidates_per_prompt(pcfg: PofeConfig, per_prompt: list[int] | None = None) -> int:
+    """The most candidates a prompt of the round has (`round_candidates`); without the
+    prompts, num_candidates plus one response per include_dataset_responses column."""
+    if per_prompt:
+        return max(per_prompt)
     return pcfg.generate.num_candidates + len(pcfg.generate.include_dataset_responses)
 
 
-def trained_candidates(pcfg: PofeConfig) -> int:
-    """Responses in each training row: SPPO's best_worst keeps two."""
-    return 2 if pcfg.candidates.keep == "best_worst" else candidates_per_prompt(pcfg)
+def trained_candidates(pcfg: PofeConfig, per_prompt: list[int] | None = None) -> int:
+    """Responses in a training row, at most: SPPO's best_worst keeps two."""
+    return 2 if pcfg.candidates.keep == "best_worst" else candidates_per_prompt(pcfg, per_prompt)
 
 
 def gb(value: float | None) -> float | None:

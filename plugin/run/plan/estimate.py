@@ -154,20 +154,44 @@ def forward_bytes(size: ModelSize, tokens: int, dtype: str, attention_rows: int 
     return layer_values_per_token(size) * per_value * tokens + attention_rows * size.heads * per_value
 
 
-def steps_per_round(prompts: int, micro_batch: int, accumulation: int, data_parallel: int, epochs: float) -> int:
-    """Optimizer steps: the trainer's batches of micro_batch x accumulation x data_parallel prompts."""
-    return math.ceil(prompts / (micro_batch * accumulation * data_parallel)) * math.ceil(epochs)
+def steps_per_round(
+    prompts: int | None, micro_batch: int, accumulation: int, data_parallel: int, epochs: float, max_steps: int | None
+) -> int | None:
+    """A round's optimizer steps as its trainer runs them. `max_steps` (> 0) when set: axolotl
+    hands it to transformers, which runs as many epochs as reaching it takes, so it overrides
+    num_epochs both ways. Else POFE's total_num_steps (`pofe.data.loader`), which axolotl hands
+    over as max_steps: rows x epochs over the micro_batch x accumulation x data_parallel rows of a
+    step. None: neither max_steps nor the prompts known."""
+    if max_steps is not None and max_steps > 0:
+        return max_steps
+    if prompts is None:
+        return None
+    return math.ceil(prompts * epochs / (micro_batch * accumulation * data_parallel))
 
 
-def checkpoints_kept(steps: int | None, save_steps: int | None, limit: int | None) -> int | None:
-    """Checkpoints on disk at a round's end: one every save_steps, at most save_total_limit;
-    None when unknown (steps unknown and no limit)."""
-    if not save_steps:
-        return 0
-    if steps is None:
-        return limit
-    saved = steps // save_steps
-    return saved if limit is None else min(saved, limit)
+def steps_per_epoch(prompts: int, micro_batch: int, accumulation: int, data_parallel: int) -> int:
+    """transformers' optimizer steps in one pass over the rows: each rank's batches of
+    micro_batch, taken accumulation at a time (the last group shorter)."""
+    return max(math.ceil(math.ceil(prompts / (micro_batch * data_parallel)) / accumulation), 1)
+
+
+def save_interval(steps: int | None, save_steps: float) -> int | None:
+    """transformers' save_steps in steps: under 1, that fraction of the round's steps, rounded
+    up (`TrainerState.compute_steps`); None: a fraction of steps not known."""
+    if save_steps >= 1:
+        return int(save_steps)
+    return None if steps is None else math.ceil(steps * save_steps)
+
+
+def checkpoints_saved(steps: int | None, every: int | None, first_step: bool = False) -> int | None:
+    """Checkpoints a round's trainer writes, one every `every` steps (save_steps, or an epoch's
+    steps), as transformers' `DefaultFlowCallback` saves them: at each multiple of it, and at the
+    last step when that is not one (strategy "steps" saves at the end; the last epoch, cut short
+    by max_steps, ends there). `first_step` (axolotl's save_first_step): one more at step 1,
+    unless one falls there anyway. None: the steps or the interval unknown."""
+    if steps is None or every is None:
+        return None
+    return math.ceil(steps / every) + int(first_step and every > 1 and steps > 1)
 
 
 def checkpoint_bytes(

@@ -17,12 +17,25 @@ from pofe.run.plan.estimate import ModelSize
 KINDS = ("causal_lm", "sequence_classification", "encoder")
 
 
+def is_hub_id(model: str) -> bool:
+    """Whether `model` can name a hub repository (`name` or `namespace/name`, as huggingface_hub
+    checks one); else it can only be a local path (`/abs/dir`, `./dir`, `a/b/c`), as transformers
+    reads it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
 def find_config(model: str) -> Path | None:
     """`model`'s config.json: in the directory it names, else in the hub cache; None if neither."""
     path = Path(model)
     if path.is_dir():
         return path / "config.json" if (path / "config.json").is_file() else None
-    if path.exists() or model.count("/") != 1:
+    if path.exists() or not is_hub_id(model):
         return None
     from huggingface_hub import try_to_load_from_cache
 

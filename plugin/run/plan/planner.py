@@ -19,9 +19,9 @@ from pofe.args import PofeConfig
 from pofe.args.translate import LORA_KERNELS
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
-from pofe.run.plan.common import PlanOptions, recipe_device, round_prompt_counts, stage
+from pofe.run.plan.common import PlanOptions, recipe_device, round_candidates, stage
 from pofe.run.plan.estimate import GB, ModelSize
-from pofe.run.plan.sources import count_prompts, disk_warning, double_bos, free_disk, model_sizes
+from pofe.run.plan.sources import disk_warning, double_bos, free_disk, model_sizes, prompt_rows
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
 from pofe.run.recipe import translated_recipe
 
@@ -85,12 +85,19 @@ def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict
 
 
 def plan_run(
-    raw: dict, pcfg: PofeConfig, sizes: dict[str, ModelSize | None], prompts: int | None, options: PlanOptions
+    raw: dict,
+    pcfg: PofeConfig,
+    sizes: dict[str, ModelSize | None],
+    prompts: int | None,
+    options: PlanOptions,
+    responses: list[int] | None = None,
 ) -> dict:
     """The plan: {"stages": [...], "warnings": [...], ...} (entries: `pofe.run.plan.common.stage`).
 
     `raw` is the recipe as POFE translates it (`pofe.run.recipe.translated_recipe`), so the plan is
-    of the run `axolotl train` makes of it; `pcfg` is its validated `pofe:` block.
+    of the run `axolotl train` makes of it; `pcfg` is its validated `pofe:` block. `responses`:
+    each prompt row's dataset responses (`pofe.run.plan.sources.prompt_rows`); None: one per
+    include_dataset_responses column, an estimate the warnings say.
     """
     if not pcfg.method or pcfg.generate is None:
         raise ValueError(
@@ -99,17 +106,23 @@ def plan_run(
     base, adapter = str(raw["base_model"]), bool(raw.get("adapter"))
     size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
     stages, warnings = [], []
-    for t, count in enumerate(round_prompt_counts(pcfg, prompts), start=1):
+    per_round, estimated = round_candidates(pcfg, prompts, responses)
+    if estimated:
+        warnings.append(
+            f"pofe.generate.include_dataset_responses ({', '.join(pcfg.generate.include_dataset_responses)}): "
+            "counted as one response per column and prompt, as the plan does not read the rounds' rows (a hub "
+            "dataset, pofe.round_prompts as a list, or --prompts other than the file's rows); a column that holds "
+            "a list has more: the candidates, judge calls and training rows' responses are an estimate"
+        )
+    for t, per_prompt in enumerate(per_round, start=1):
         model = base if t == 1 else f"round-{t - 1}/{'merged' if adapter else 'train'}"
-        entry, said = generate_stage(raw, pcfg, size, t, model, count, options)
+        entry, said = generate_stage(raw, pcfg, size, t, model, per_prompt, options)
         stages.append(entry)
         warnings += said
-        stages.append(judge_stage(pcfg, judge_size, t, count, options))
+        stages.append(judge_stage(pcfg, judge_size, t, per_prompt, options))
         if t > 1 and pcfg.anchor_mix:  # round 1's pi_t is pi_0: its anchor pass serves
-            stages.append(pi_0_stage(raw, pcfg, size, t, base, options))
-        entry, said = train_stage(raw, pcfg, size, t, model, count, options)
-        stages.append(entry)
-        warnings += said
+            stages.append(pi_0_stage(raw, pcfg, size, t, base, per_prompt, options))
+        stages.append(train_stage(raw, pcfg, size, t, model, per_prompt, options))
         if adapter:
             stages.append(merge_stage(raw, size, t, model, options))
     if pcfg.eval:
@@ -173,16 +186,18 @@ def kernel_warnings(raw: dict) -> list[str]:
 
 def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict:
     """The plan of the recipe file `recipe` (`plan_run`) with what only the disk
-    tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows),
-    a double BOS, and the free disk under output_dir; on `options.device`, else on the device
-    the recipe is for (`recipe_device`; `device_from` says which)."""
+    tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows)
+    and each row's dataset responses, a double BOS, and the free disk under output_dir; on
+    `options.device`, else on the device the recipe is for (`recipe_device`; `device_from` says
+    which)."""
     raw, pcfg = translated_recipe(yaml.safe_load(Path(recipe).read_text()))
     if pcfg.generate is None:
         raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
     device, why = (options.device, "--device") if options.device else recipe_device(raw)
     options = replace(options, device=device)
     sizes, warnings = model_sizes(raw, pcfg)
-    plan = plan_run(raw, pcfg, sizes, prompts if prompts is not None else count_prompts(raw), options)
+    rows, responses = prompt_rows(raw, pcfg.generate.include_dataset_responses)
+    plan = plan_run(raw, pcfg, sizes, rows if prompts is None else prompts, options, responses)
     plan["device_from"] = why
     bos = double_bos(str(raw["base_model"]))
     free = free_disk(str(raw.get("output_dir") or "."))

@@ -16,6 +16,9 @@ from pofe.run.plan.common import (
 from pofe.run.plan.estimate import ModelSize
 
 TRAIN_PARTS = ("weights", "trainable_state", "activations", "logits", "runtime")
+# axolotl's trainer builder sets save_total_limit 4 when the recipe sets none (or 0)
+AXOLOTL_SAVE_TOTAL_LIMIT = 4
+TRANSFORMERS_SAVE_STEPS = 500  # TrainingArguments.save_steps, for `save_strategy: steps` alone
 
 
 def quantization(raw: dict) -> str | None:
@@ -31,10 +34,13 @@ def _offloaded(zero: dict, key: str) -> bool:
     return str((zero.get(key) or {}).get("device", "none")).lower() == "cpu"
 
 
-def train_memory(raw: dict, pcfg: PofeConfig, size: ModelSize, options: PlanOptions) -> dict[str, float]:
-    """Per-GPU bytes of the training stage, by part (`pofe.run.plan.estimate` says what each assumes)."""
+def train_memory(
+    raw: dict, pcfg: PofeConfig, size: ModelSize, responses: int, options: PlanOptions
+) -> dict[str, float]:
+    """Per-GPU bytes of the training stage, by part (`pofe.run.plan.estimate` says what each
+    assumes), for rows of `responses` responses."""
     dtype, zero = compute_dtype(raw, options.device), deepspeed_config(raw)
-    tokens = int(raw.get("micro_batch_size", 1)) * trained_candidates(pcfg) * int(raw.get("sequence_len", 2048))
+    tokens = int(raw.get("micro_batch_size", 1)) * responses * int(raw.get("sequence_len", 2048))
     parts: dict[str, float] = {}
     if raw.get("adapter"):
         parts["weights"] = mem.weights_bytes(size, dtype, quantization(raw))
@@ -56,23 +62,49 @@ def train_memory(raw: dict, pcfg: PofeConfig, size: ModelSize, options: PlanOpti
     return parts
 
 
-def save_points(raw: dict, steps: int | None) -> tuple[int | None, int | None]:
-    """(save interval in steps, checkpoints kept at the round's end); save_strategy no: 0 kept
-    (the run's one forced save is removed after its trainer_state.json is copied)."""
-    strategy = str(raw.get("save_strategy", "steps")).lower()
+def save_schedule(raw: dict) -> tuple[str, float | None]:
+    """(save_strategy, save_steps) as axolotl hands them to transformers (`normalize_config`,
+    then the trainer builder): save_steps sets "steps"; saves_per_epoch sets save_steps to
+    1 / (saves_per_epoch x num_epochs), a fraction of the round's steps, when that is under 1;
+    else save_strategy, "epoch" when unset. `no` (or YAML's false) is POFE's: one forced save at
+    the end, removed once its trainer_state.json is copied (`pofe.run.rounds.round_recipe`)."""
+    value = raw.get("save_strategy")
+    strategy = "" if value is None else str(value).lower()
     if strategy in ("no", "false"):
-        return None, 0
-    limit = raw.get("save_total_limit")
+        return "no", None
     every = raw.get("save_steps")
-    if strategy == "epoch" or raw.get("saves_per_epoch"):
-        per_epoch = int(raw.get("saves_per_epoch") or 1)
-        saves = per_epoch * int(float(raw.get("num_epochs", 1)) + 0.999)
-        return None, saves if limit is None else min(saves, int(limit))
-    return every, mem.checkpoints_kept(steps, int(every) if every else None, None if limit is None else int(limit))
+    if not every and raw.get("saves_per_epoch"):
+        fraction = 1 / (int(raw["saves_per_epoch"]) * float(raw.get("num_epochs", 1)))
+        every = fraction if fraction < 1 else None
+    if every:
+        return "steps", float(every)
+    return strategy or "epoch", TRANSFORMERS_SAVE_STEPS if strategy == "steps" else None
 
 
-def train_disk(raw: dict, size: ModelSize, steps: int | None, options: PlanOptions) -> tuple[float | None, dict]:
-    """(bytes of round-<t>/train at the round's end, what they are). None: unknown checkpoints."""
+def save_points(raw: dict, steps: int | None, epoch_steps: int | None) -> dict:
+    """The round's checkpoints: its save schedule (`save_schedule`; with save_strategy epoch,
+    an epoch's steps apart), how many the trainer writes (`pofe.run.plan.estimate.checkpoints_saved`;
+    None when unknown) and how many are on disk at its end: at most save_total_limit (axolotl's 4
+    when unset), as transformers deletes the oldest; with save_strategy no, none."""
+    strategy, save_steps = save_schedule(raw)
+    if strategy == "no":
+        return {"save_strategy": "no", "steps_between_saves": None, "checkpoints_saved": None, "checkpoints_kept": 0}
+    every = (
+        epoch_steps if strategy == "epoch" else None if save_steps is None else mem.save_interval(steps, save_steps)
+    )
+    saved = mem.checkpoints_saved(steps, every, bool(raw.get("save_first_step")))
+    limit = int(raw.get("save_total_limit") or AXOLOTL_SAVE_TOTAL_LIMIT)
+    return {
+        "save_strategy": strategy,
+        "steps_between_saves": every,
+        "checkpoints_saved": saved,
+        "checkpoints_kept": limit if saved is None else min(saved, limit),
+    }
+
+
+def train_disk(raw: dict, size: ModelSize, kept: int, options: PlanOptions) -> tuple[float, dict]:
+    """(bytes of round-<t>/train at the round's end, what they are): `kept` checkpoints
+    (`save_points`) and the model."""
     dtype, zero = compute_dtype(raw, options.device), deepspeed_config(raw)
     only_model = bool(raw.get("save_only_model"))
     if raw.get("adapter"):
@@ -88,45 +120,36 @@ def train_disk(raw: dict, size: ModelSize, steps: int | None, options: PlanOptio
         only_model,
         bool(zero.get("stage3_gather_16bit_weights_on_model_save", True)),
     )
-    every, kept = save_points(raw, steps)
-    info = {
-        "checkpoint_gb": round(each / mem.GB, 2),
-        "checkpoints_kept": kept,
-        "save_steps": every,
-        "model_gb": round(final / mem.GB, 2),
-    }
-    return (None if kept is None else kept * each + final), info
+    return kept * each + final, {"checkpoint_gb": round(each / mem.GB, 2), "model_gb": round(final / mem.GB, 2)}
 
 
 def train_stage(
-    raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, prompts: int | None, options: PlanOptions
-) -> tuple[dict, list[str]]:
-    """Training (and SPPO's anchor table, computed by the same model before the first step)."""
-    dp, warnings = options.gpus if options.device == "cuda" else 1, []
-    steps = (
-        None
-        if prompts is None
-        else mem.steps_per_round(
-            prompts,
-            int(raw.get("micro_batch_size", 1)),
-            int(raw.get("gradient_accumulation_steps", 1)),
-            dp,
-            float(raw.get("num_epochs", 1)),
-        )
+    raw: dict,
+    pcfg: PofeConfig,
+    size: ModelSize | None,
+    t: int,
+    model: str,
+    per_prompt: list[int] | None,
+    options: PlanOptions,
+) -> dict:
+    """Training (and SPPO's anchor table, computed by the same model before the first step);
+    `per_prompt`: the round's candidates per prompt (`pofe.run.plan.common.round_candidates`)."""
+    dp = options.gpus if options.device == "cuda" else 1
+    batch = (int(raw.get("micro_batch_size", 1)), int(raw.get("gradient_accumulation_steps", 1)), dp)
+    rows = None if per_prompt is None else len(per_prompt)
+    max_steps = raw.get("max_steps")
+    steps = mem.steps_per_round(
+        rows, *batch, float(raw.get("num_epochs", 1)), None if max_steps is None else int(max_steps)
     )
-    counts = {"rows": prompts, "responses_per_row": trained_candidates(pcfg), "steps": steps}
+    epoch_steps = None if rows is None else mem.steps_per_epoch(rows, *batch)
+    responses = trained_candidates(pcfg, per_prompt)
+    counts = {"rows": rows, "responses_per_row": responses, "steps": steps, **save_points(raw, steps, epoch_steps)}
     if size is None:
         parts, disk = dict.fromkeys(TRAIN_PARTS), None
     else:
-        parts = train_memory(raw, pcfg, size, options)
-        disk, info = train_disk(raw, size, steps, options)
+        parts = train_memory(raw, pcfg, size, responses, options)
+        disk, info = train_disk(raw, size, counts["checkpoints_kept"], options)
         counts.update(info)
-        if disk is None:
-            warnings.append(
-                f"round {t} train: {info['checkpoint_gb']} GB a checkpoint, one every {info['save_steps']} steps, and "
-                "neither the step count (the prompts could not be counted: pass --prompts) nor save_total_limit "
-                "bounds them: set save_total_limit"
-            )
     zero = deepspeed_config(raw)
     how = "ZeRO-3 shards" if zero.get("stage") == 3 else "a copy per GPU" if dp > 1 else ""
     return stage(
@@ -142,7 +165,7 @@ def train_stage(
         disk=disk,
         counts=counts,
         note=how,
-    ), warnings
+    )
 
 
 def merge_stage(raw: dict, size: ModelSize | None, t: int, model: str, options: PlanOptions) -> dict:
@@ -160,7 +183,15 @@ def merge_stage(raw: dict, size: ModelSize | None, t: int, model: str, options: 
     return stage("merge", t, model, dtype=dtype, parts=parts, options=options, disk=whole, note=note)
 
 
-def pi_0_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, model: str, options: PlanOptions) -> dict:
+def pi_0_stage(
+    raw: dict,
+    pcfg: PofeConfig,
+    size: ModelSize | None,
+    t: int,
+    model: str,
+    per_prompt: list[int] | None,
+    options: PlanOptions,
+) -> dict:
     """`pofe.anchor_mix` in rounds 2..T: pi_0 (the run's base model) loaded on its own in the
     round's preprocess stage, after the judge, to score the round's candidates without gradients
     (`pofe.anchor.pi_0`): its weights as the policy loads them, one decoder layer's values for
@@ -171,7 +202,7 @@ def pi_0_stage(raw: dict, pcfg: PofeConfig, size: ModelSize | None, t: int, mode
     if size is None:
         return stage("pi_0", t, model, dtype=dtype, parts=dict.fromkeys(names), options=options, note=note)
     rows = int(raw.get("eval_batch_size") or raw.get("micro_batch_size", 1))
-    tokens = rows * trained_candidates(pcfg) * int(raw.get("sequence_len", 2048))
+    tokens = rows * trained_candidates(pcfg, per_prompt) * int(raw.get("sequence_len", 2048))
     parts = {
         "weights": mem.weights_bytes(size, dtype, quantization(raw)),
         "activations": mem.layer_values_per_token(size) * mem.DTYPE_BYTES[dtype] * tokens,

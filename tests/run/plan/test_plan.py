@@ -15,7 +15,7 @@ from pofe.run.plan.common import PlanOptions
 from pofe.run.plan.estimate import GB
 from pofe.run.plan.planner import plan_recipe, plan_run
 from pofe.run.plan.render import BEGIN, END, readme_table
-from pofe.run.plan.sources import disk_warning, double_bos, model_sizes
+from pofe.run.plan.sources import disk_warning, double_bos, model_sizes, prompt_rows
 from pofe.run.recipe import translated_recipe
 from tests.helpers import ROOT
 
@@ -165,21 +165,69 @@ def test_disk_and_checkpoints():
     assert "save_total_limit" in said and "100.0 GB free" in said
 
 
-def test_zero3_checkpoints_without_a_limit_take_the_full_state(mistral_sizes):
-    """Every 10 steps, no save_total_limit: 31 checkpoints of DeepSpeed's full state (14 bytes a
-    parameter plus the gathered bf16 model) in a round of 313 steps; save_total_limit 2 keeps 2."""
+def test_zero3_checkpoints_without_a_limit_keep_axolotls_four(mistral_sizes):
+    """Every 10 steps in a round of 313: the trainer saves at steps 10, 20, ..., 310 and at the
+    last step (31 + 1 = 32 checkpoints); with no save_total_limit axolotl sets 4, so 4 of
+    DeepSpeed's full state (14 bytes a parameter plus the gathered bf16 model) are kept, beside
+    the bf16 model; save_total_limit 2 keeps 2. Without the prompt count the steps are unknown,
+    and the limit bounds the disk."""
     raw = yaml.safe_load((ROOT / "recipes" / "sppo-zero3.yml").read_text())
     raw.update(save_steps=10, deepspeed=str(ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"))
     raw.pop("save_total_limit", None)
     raw.pop("save_only_model", None)
     train = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert train["counts"]["checkpoint_gb"] == round(16 * TOTAL / GB, 2)
-    assert train["counts"]["checkpoints_kept"] == 31
-    assert train["disk_gb"] == round((31 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
+    assert train["counts"]["checkpoints_saved"] == 32 and train["counts"]["checkpoints_kept"] == 4
+    assert train["disk_gb"] == round((4 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
     kept = plan_of({**raw, "save_total_limit": 2}, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["stages"][2]
     assert kept["counts"]["checkpoints_kept"] == 2
     unknown = plan_of(raw, mistral_sizes, None, PlanOptions(gpus=8))
-    assert unknown["disk_gb"] is None and [w for w in unknown["warnings"] if "set save_total_limit" in w]
+    train = unknown["stages"][2]
+    assert train["counts"]["steps"] is None and train["counts"]["checkpoints_saved"] is None
+    assert train["disk_gb"] == round((4 * 16 * TOTAL + 2 * TOTAL) / GB, 2)
+
+
+def test_max_steps_overrides_the_epochs(mistral_sizes):
+    """320 prompts in micro-batches of 2 x 8 accumulated: 20 steps a round. With max_steps: 100
+    the trainer runs 100 (transformers loops over the data until it reaches max_steps): it saves
+    at 10, 20, ..., 100, 10 checkpoints, of which axolotl's save_total_limit 4 keeps 4, or 10
+    with save_total_limit 20. Each is the LoRA adapter with its two Adam moments (fp32: 12 bytes
+    a parameter); the round's model is the fp32 adapter."""
+    raw = _recipe(max_steps=100, save_steps=10)
+    epochs = plan_of(_recipe(save_steps=10), mistral_sizes, 320, PlanOptions())["stages"][2]
+    assert epochs["counts"]["steps"] == 20 and epochs["counts"]["checkpoints_saved"] == 2
+    train = plan_of(raw, mistral_sizes, 320, PlanOptions())["stages"][2]
+    assert train["stage"] == "train" and train["counts"]["steps"] == 100
+    assert train["counts"]["checkpoints_saved"] == 10 and train["counts"]["checkpoints_kept"] == 4
+    assert train["disk_gb"] == round((4 * 12 * LORA_R16 + 4 * LORA_R16) / GB, 2)
+    limited = plan_of({**raw, "save_total_limit": 20}, mistral_sizes, 320, PlanOptions())["stages"][2]
+    assert limited["counts"]["checkpoints_kept"] == 10
+    assert limited["disk_gb"] == round((10 * 12 * LORA_R16 + 4 * LORA_R16) / GB, 2)
+    # max_steps needs no prompt count
+    assert plan_of(raw, mistral_sizes, None, PlanOptions())["stages"][2]["counts"]["steps"] == 100
+
+
+@pytest.mark.parametrize(
+    "keys, steps, saved",
+    [
+        # saves_per_epoch 2 over 2 epochs: axolotl's save_steps 1 / (2 x 2) of 40 steps, every 10
+        ({"num_epochs": 2, "saves_per_epoch": 2}, 40, 4),
+        ({"num_epochs": 3, "save_strategy": "epoch"}, 60, 3),  # 20 steps an epoch
+        ({}, 20, 1),  # neither key: axolotl saves each epoch
+        ({"save_strategy": "steps"}, 20, 1),  # transformers' save_steps 500: the save at the last step
+        ({"max_steps": 50}, 50, 3),  # by epoch: 20 + 20 + the 10 max_steps leaves of the third
+        ({"save_steps": 10, "save_first_step": True}, 20, 3),  # steps 1, 10 and 20
+        ({"save_steps": 0.3}, 20, 4),  # a fraction of the steps: every ceil(6.0) = 6, and step 20
+        ({"save_strategy": "no"}, 20, None),  # POFE's one forced save, removed: none kept
+    ],
+)
+def test_checkpoints_as_the_trainer_saves_them(mistral_sizes, keys, steps, saved):
+    """320 prompts, micro-batches of 2 x 8 accumulated: 20 steps an epoch; the save keys as
+    axolotl hands them to transformers, each checkpoint counted where transformers writes it."""
+    raw = {k: v for k, v in _recipe().items() if k not in ("save_strategy", "save_steps")} | keys
+    counts = plan_of(raw, mistral_sizes, 320, PlanOptions())["stages"][2]["counts"]
+    assert (counts["steps"], counts["checkpoints_saved"]) == (steps, saved)
+    assert counts["checkpoints_kept"] == (0 if saved is None else min(saved, 4))
 
 
 def test_a_model_not_in_the_cache_is_said(tmp_path):
@@ -226,7 +274,7 @@ def test_cli_json(tmp_path):
     from pofe.cli import pofe
 
     recipe = tmp_path / "r.yml"
-    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=str(tmp_path / "none"))))
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model="nobody/not-cached")))
     out = tmp_path / "plan.json"
     result = CliRunner().invoke(pofe, ["plan", str(recipe), "--json", "--prompts", "30", "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -234,22 +282,155 @@ def test_cli_json(tmp_path):
     assert json.loads(out.read_text()) == plan
     assert [s["round"] for s in plan["stages"]][:4] == [1, 1, 1, 1] and plan["prompts"] == 30
     text = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
-    assert "round 1 train" in text.output and "WARNING: base_model" in text.output
+    assert "round 1 train" in text.output and "WARNING: base_model: nobody/not-cached is not in the" in text.output
+
+
+def test_a_local_base_model_that_is_not_there_is_an_error(tmp_path, monkeypatch):
+    """A base_model that can only be a local path (absolute, ./relative, or a/b/c) and does not
+    exist: the run could not start, so plan exits 1 saying the path is not found, naming the key
+    (it said "? GB" and advised `huggingface-cli download <path>`). A folder without
+    config.json is said as such."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "r.yml"
+    for model, said in [
+        (
+            str(tmp_path / "none"),
+            f"local path {tmp_path / 'none'} not found: correct base_model, or name a hub model id",
+        ),
+        (
+            "./models/none",
+            f"local path ./models/none not found (as {tmp_path / 'models' / 'none'}: a relative path counts from "
+            "the directory the command runs in): correct base_model, or name a hub model id",
+        ),
+        (str(tmp_path), f"the local directory {tmp_path} has no config.json: point base_model at the model's folder"),
+    ]:
+        recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model=model)))
+        result = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith(f"Error: base_model: {said}"), result.output
+        assert "huggingface-cli download" not in result.output
+
+
+def test_a_local_judge_that_is_not_there_is_said_not_found(tmp_path, tiny_model):
+    """A judge's local path that does not exist: a warning naming the key and the path (the
+    plan of the policy's stages still holds), not advice to download the path from the hub."""
+    raw = _recipe(output_dir=str(tmp_path / "out"), base_model=str(tiny_model))
+    raw["pofe"] = {**raw["pofe"], "judge": {"type": "reward_model", "model": str(tmp_path / "rm")}}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    plan = plan_recipe(recipe, PlanOptions(), prompts=30)
+    said = [w for w in plan["warnings"] if w.startswith("pofe.judge.model")]
+    assert said == [
+        f"pofe.judge.model: local path {tmp_path / 'rm'} not found: correct pofe.judge.model, or name a hub model id"
+    ]
+    assert not [w for w in plan["warnings"] if "huggingface-cli download" in w]
+    judge = next(s for s in plan["stages"] if s["stage"] == "judge")
+    assert judge["gpu_memory_gb"] is None
+
+
+@pytest.mark.parametrize(
+    "option, value, said",
+    [
+        ("--gpu-memory", "nan", "'nan' is not a finite number."),
+        ("--gpu-memory", "inf", "'inf' is not a finite number."),
+        ("--gpu-memory", "0", "0.0 is not in the range x>=1."),
+        ("--gpus", "0", "0 is not in the range x>=1."),
+        ("--prompts", "0", "0 is not in the range x>=1."),
+    ],
+)
+def test_plan_options_are_finite_and_positive(tmp_path, option, value, said):
+    """`--gpu-memory nan` passed click's range check (nan compares false) and every stage then
+    "exceeded a nan GB GPU": each option is refused by click, naming it."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"))))
+    result = CliRunner().invoke(pofe, ["plan", str(recipe), option, value])
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for '{option}': {said}" in result.output
+
+
+def _responses_recipe(tmp_path, rows: list[dict], **pofe) -> Path:
+    """rrhf-qlora on a local JSONL of `rows`, 3 samples a prompt plus the `responses` column,
+    no evaluation (no held-out rows)."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load((ROOT / "recipes" / "rrhf-qlora.yml").read_text())
+    raw["datasets"] = [{"path": str(data), "type": "pofe.prompts"}]
+    raw["output_dir"] = str(tmp_path / "out")
+    generate = {"backend": "transformers", "num_candidates": 3, "include_dataset_responses": ["responses"]}
+    raw["pofe"] = {**raw["pofe"], "generate": generate, "eval": False, **pofe}
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    return recipe
+
+
+def test_a_list_column_of_dataset_responses_counts_each_response(tmp_path):
+    """40 prompts, each with 3 dataset responses in a list column, and 3 samples: 6 candidates a
+    prompt, 240 candidates and 240 reward-model calls (the list counted as one gave 160), rows of
+    6 responses in training."""
+    recipe = _responses_recipe(tmp_path, [{"prompt": f"q{i}", "responses": ["a", "b", "c"]} for i in range(40)])
+    plan = plan_recipe(recipe, PlanOptions())
+    generate, judge, train = plan["stages"][:3]
+    assert (generate["counts"]["candidates"], generate["counts"]["sampled"]) == (240, 120)
+    assert judge["counts"]["judge_calls"] == 240
+    assert train["counts"]["responses_per_row"] == 6
+    assert not [w for w in plan["warnings"] if "include_dataset_responses" in w]
+
+
+def test_dataset_responses_are_counted_per_round(tmp_path):
+    """Two rounds splitting 40 prompts: rows 0-19 (round 1) hold one response, a string, rows
+    20-39 (round 2) a list of three. Round 1: 20 x (3 + 1) = 80 candidates; round 2:
+    20 x (3 + 3) = 120."""
+    rows = [{"prompt": f"q{i}", "responses": "a" if i < 20 else ["a", "b", "c"]} for i in range(40)]
+    recipe = _responses_recipe(tmp_path, rows, rounds=2, round_prompts="split")
+    plan = plan_recipe(recipe, PlanOptions())
+    generate = [s["counts"]["candidates"] for s in plan["stages"] if s["stage"] == "generate"]
+    train = [s["counts"]["responses_per_row"] for s in plan["stages"] if s["stage"] == "train"]
+    assert generate == [80, 120] and train == [4, 6]
+
+
+def test_dataset_responses_not_read_are_said_an_estimate(tmp_path):
+    """--prompts with a dataset the plan does not read (here: a count other than the file's
+    rows): one response per column and prompt, said to be an estimate."""
+    recipe = _responses_recipe(tmp_path, [{"prompt": f"q{i}", "responses": ["a", "b", "c"]} for i in range(40)])
+    plan = plan_recipe(recipe, PlanOptions(), prompts=50)
+    assert plan["stages"][0]["counts"]["candidates"] == 50 * 4
+    (said,) = [w for w in plan["warnings"] if w.startswith("pofe.generate.include_dataset_responses")]
+    assert said.startswith("pofe.generate.include_dataset_responses (responses): counted as one response per")
+    assert said.endswith("the candidates, judge calls and training rows' responses are an estimate")
 
 
 @pytest.mark.parametrize("name", ["tiny-rrhf-cpu", "tiny-sppo-cpu", "tiny-sppo-verifier-cpu"])
-def test_tiny_recipes_plan_on_the_cpu(name, tiny_model):
+def test_tiny_recipes_plan_on_the_cpu(name, tiny_model, tmp_path):
     """The CPU recipes on the tests' tiny Llama: every stage sized, in float32, on the CPU; the
     training estimate (the process, 0.8 GB, plus a model of kilobytes) is within a factor 1.5
     of the 0.85 GiB peak measured for `axolotl train` on such a model (docs: shared environment
     notes; tests/test_rounds_e2e.py checks the evaluation's against a measured peak)."""
     from pofe.args import pofe_config
+    from pofe.demo.task import make_prompt_rows, write_jsonl
 
     raw = yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text())
     raw["base_model"] = str(tiny_model)
     sizes, warnings = model_sizes(raw, pofe_config(raw))
     assert warnings == []
-    plan = plan_of(raw, sizes, 60, PlanOptions(device="cpu"))
+    # the demo's prompts: an answer and a list of 3 near misses each, 4 dataset responses a row
+    rows = prompt_rows(
+        {"datasets": [{"path": str(write_jsonl(make_prompt_rows(60), tmp_path / "p.jsonl"))}]},
+        ["answer", "near_misses"],
+    )
+    assert rows == (60, [4] * 60)
+    plan = plan_run(*translated_recipe(raw), sizes, 60, PlanOptions(device="cpu"), rows[1])
+    generate = plan["stages"][0]
+    assert generate["counts"]["candidates"] == generate["counts"]["prompts"] * (
+        raw["pofe"]["generate"]["num_candidates"] + 4
+    )
     for s in plan["stages"]:
         assert s["gpu_memory_gb"] == 0.0 and s["device"] == "cpu", s
         assert s["cpu_memory_gb"] is not None or not s["parts_gb"], s
