@@ -30,13 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer import (
-    FSDP_MODEL_NAME,
-    OPTIMIZER_NAME,
-    OPTIMIZER_NAME_BIN,
-    SCHEDULER_NAME,
-    TRAINER_STATE_NAME,
-)
 from transformers.utils import (
     ADAPTER_SAFE_WEIGHTS_NAME,
     ADAPTER_WEIGHTS_NAME,
@@ -49,6 +42,13 @@ from transformers.utils import (
 from pofe.files import file_sha256, not_json, stable_hash, write_atomic
 from pofe.run.folder import RunStateMismatch, checkpoints
 
+# transformers.trainer's names for a checkpoint's parts, written out: importing that module in the
+# runner costs 4 s and prints torchao's warnings to the console (a test holds them equal)
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+OPTIMIZER_NAME = "optimizer.pt"
+OPTIMIZER_NAME_BIN = "optimizer.bin"
+SCHEDULER_NAME = "scheduler.pt"
+TRAINER_STATE_NAME = "trainer_state.json"
 RECORD_NAME = "pofe-train.json"
 RECORD_VERSION = 1
 DATA_KEY = "<candidates data.jsonl>"
