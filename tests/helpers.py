@@ -402,3 +402,14 @@ def prepared_rows(prepared: Path):
 
     (folder,) = [p for p in prepared.iterdir() if p.name.startswith("pofe-") and p.is_dir()]
     return load_from_disk(str(folder))
+
+
+def whole_candidates(folder: RunFolder, t: int) -> None:
+    """Round t's candidates as a finished preprocess stage leaves them, for tests that mark the
+    stage done by hand: a data.jsonl and the summary.json recording its sha256."""
+    from pofe.files import file_sha256
+
+    folder.candidates(t).mkdir(parents=True, exist_ok=True)
+    (folder.candidates(t) / "data.jsonl").write_text("{}\n")
+    digest = file_sha256(folder.candidates(t) / "data.jsonl")
+    (folder.candidates(t) / "summary.json").write_text(json.dumps({"data_sha256": digest}))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, log_history, recipe
+from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, log_history, recipe, whole_candidates
 
 STEPS = 3
 LR = 3e-3  # tests.helpers.recipe's learning_rate
@@ -280,6 +280,7 @@ def test_run_resumes_the_train_stage_from_a_zero3_checkpoint(runs, tmp_path, mon
         "pofe": {"generate": {"backend": "transformers"}, "judge": {"type": "python", "function": "m:f"}},
     }
     train = folder.train(1)
+    whole_candidates(folder, 1)
     rounds.claim_training(folder, 1, round_recipe(raw, folder, 1, "/m/base", seed=7).recipe, None)  # the killed start
     for step in (1, 2, 3):
         shutil.copytree(out / f"checkpoint-{step}", train / f"checkpoint-{step}")

@@ -25,7 +25,9 @@ its output is still there.
   dataset into `prompts/round-<t>.jsonl` once. A prompt file replaced afterwards would be
   ignored by every later round, so its sha256 is recorded at that stage, and a restart
   with another file stops, naming it.
-- A round's merged model (`redo_lost_merge`): the next round loads `round-<t>/merged`. When
+- A round's candidates (`redo_damaged_stages`): data.jsonl is checked against the sha256
+  its stage recorded; a damaged one is rebuilt from the shards by preprocessing again.
+- A round's merged model (`redo_damaged_stages`): the next round loads `round-<t>/merged`. When
   it is gone (deleted to save space) while the state says merged, the merge stage runs
   again from the round's adapter, instead of every later start failing on a missing model.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -288,8 +291,24 @@ def check_prompt_sources(sources: dict[str, str], state: RunState) -> None:
         )
 
 
-def redo_lost_merge(folder: RunFolder, state: RunState, t: int, echo: Echo) -> None:
-    """Mark round t's merge unfinished when its merged model's folder is gone or has no config."""
+def redo_damaged_stages(folder: RunFolder, state: RunState, t: int, echo: Echo) -> None:
+    """Before round t runs: mark a finished stage unfinished when what it made, and a later
+    stage reads, is damaged or gone, so it runs again.
+
+    - preprocess: the candidates' data.jsonl is not the file the stage wrote
+      (`pofe.preprocess.pipeline.data_problem`); its tokenised rows are dropped with it, so the
+      stage rebuilds the file from its shards (generating and judging nothing), and a damaged file
+      is never trained on, published or recorded as trained on.
+    - merge: the merged model's folder is gone (deleted to save space) or has no config.json.
+    """
+    from pofe.preprocess.pipeline import data_problem
+
+    stage = f"round-{t}/preprocess"
+    problem = data_problem(folder.candidates(t)) if state.done(stage) else None
+    if problem:
+        echo(f"round {t}: {problem}: preprocessing again, which rebuilds it from its shards")
+        state.forget(stage)
+        shutil.rmtree(folder.prepared(t), ignore_errors=True)
     stage = f"round-{t}/merge"
     merged: Path = folder.merged(t)
     if state.done(stage) and not (merged / "config.json").is_file():

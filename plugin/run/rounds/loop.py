@@ -51,7 +51,7 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.files import read_json, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState, RunStateMismatch, checkpoints
-from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_lost_merge
+from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_damaged_stages
 from pofe.run.prompts import held_out_count, load_round_prompts, resolve_round_prompts, split_prompts, without_held_out
 from pofe.run.provenance import stage_environment
 from pofe.run.recipe import load_recipe, recipe_fingerprint
@@ -219,6 +219,7 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
     """Round t's preprocess, train, (LoRA) merge and (hub) push stages, each skipped when
     done; returns the round's model (the next round's policy)."""
     t, state = plan.t, runner.state
+    redo_damaged_stages(folder, state, t, runner.echo)
     record = state.round(t)
     record.policy_in, record.generate_seed = plan.policy, plan.seed
     resume = resume_point(folder, state, t, runner.echo, deepspeed=bool(raw.get("deepspeed")))
@@ -261,7 +262,6 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
         ),
     )
     if plan.adapter:
-        redo_lost_merge(folder, state, t, runner.echo)
         runner.run(
             f"round-{t}/merge",
             merge,

@@ -10,7 +10,7 @@ import pytest
 
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 from pofe.run.rounds.round_recipe import round_recipe
-from tests.helpers import ITERATED_RAW
+from tests.helpers import ITERATED_RAW, whole_candidates
 
 # what transformers' Trainer._save_checkpoint writes beside trainer_state.json (one process, no
 # save_only_model), as a 5.16 Trainer wrote it for a tiny model: its weights (an adapter's under
@@ -48,6 +48,7 @@ def test_killed_training_resumes_from_its_last_complete_checkpoint(tmp_path, mon
 
     folder = RunFolder(tmp_path / "run")
     train = folder.train(1)
+    whole_candidates(folder, 1)
     # the killed start recorded what it trained with (its recipe had no resume_from_checkpoint)
     rounds.claim_training(folder, 1, round_recipe(ITERATED_RAW, folder, 1, "/m/base", seed=7).recipe, None)
     for step in (2, 9, 10):
@@ -302,3 +303,14 @@ def test_every_rank_needs_its_rng_state(tmp_path):
         f"not resuming from {newest}: {newest} lacks the RNG state of rank(s) [0] (rng_state_<rank>.pth); "
         "trying the checkpoint before it"
     ]
+
+
+def test_the_checkpoint_part_names_are_transformers_own():
+    """checkpoints.py writes transformers.trainer's names out (importing it would cost the runner
+    4 s and torchao's warnings): they must stay the ones the Trainer writes and reads."""
+    import transformers.trainer as trainer
+
+    from pofe.run.rounds import checkpoints
+
+    names = ("FSDP_MODEL_NAME", "OPTIMIZER_NAME", "OPTIMIZER_NAME_BIN", "SCHEDULER_NAME", "TRAINER_STATE_NAME")
+    assert {n: getattr(checkpoints, n) for n in names} == {n: getattr(trainer, n) for n in names}

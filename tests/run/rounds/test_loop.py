@@ -1,5 +1,5 @@
 """The round loop (`pofe.run.rounds.loop`) without training: a killed round's stages, the LoRA
-merge between rounds, a lost merged model merged again."""
+merge between rounds, a lost merged model merged again, damaged candidates rebuilt."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from pofe.run.folder import RunFolder, RunState
-from tests.helpers import ITERATED_RAW
+from tests.helpers import ITERATED_RAW, whole_candidates
 
 
 def test_axolotl_merge_lora_equals_peft_merge(tiny_model, tmp_path):
@@ -88,6 +88,7 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     for stage in ("round-1/preprocess", "round-1/train", "round-1/merge"):
         state.start(stage)
         state.finish(stage)
+    whole_candidates(folder, 1)
     ran = []
     monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd[1]))
     said = []
@@ -103,3 +104,73 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
     assert said[0] == (
         f"round 1: {folder.merged(1)} is missing (or has no config.json) though the state says merged: merging again"
     )
+
+
+class Numbered:
+    """Candidates "<prompt> a<i>": distinct per prompt and sample, no model needed."""
+
+    name = "numbered"
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompts, n, sampling):
+        self.calls += 1
+        return [[f"{p.text} a{i}" for i in range(n)] for p in prompts]
+
+
+def test_a_damaged_data_jsonl_is_rebuilt_before_it_is_used(tiny_model, tmp_path, monkeypatch):
+    """Bad case 5 of issue 33: data.jsonl cut to 2 whole rows and a broken line after preprocess
+    was trained from the cached rows, published and recorded as trained on. Now the next start
+    finds its sha256 is not the one summary.json recorded, drops the round's tokenised rows and
+    preprocesses again, whose pipeline rebuilds the file from its shards, byte for byte, without
+    generating."""
+    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
+    from pofe.preprocess.pipeline import data_problem
+    from pofe.run.rounds import loop as rounds
+    from pofe.run.rounds import runner
+
+    folder = RunFolder(tmp_path / "run")
+    out = folder.candidates(1)
+
+    def preprocess(generator) -> bytes:
+        run_pipeline(
+            [{"prompt": f"{i}+{i}="} for i in range(5)],
+            method="rrhf",
+            policy_path=str(tiny_model),
+            generate=GenerateConfig(num_candidates=2),
+            judge=JudgeConfig(type="python", function="pofe.demo.task:reward"),
+            candidates=CandidatesConfig(out_dir=str(out), progress=False),
+            generator=generator,
+        )
+        return (out / "data.jsonl").read_bytes()
+
+    written = preprocess(Numbered())
+    assert data_problem(out) is None
+    state = RunState.open(folder.state, fingerprint="a", recipe="r.yml", method="rrhf")
+    for stage in ("round-1/preprocess", "round-1/train"):
+        state.start(stage)
+        state.finish(stage)
+    folder.prepared(1).mkdir(parents=True)
+    ran, said = [], []
+    monkeypatch.setattr(runner, "run_logged", lambda cmd, *a, **k: ran.append(cmd[1]))
+    monkeypatch.setattr(rounds, "push_round", lambda *a: None)
+    plan = rounds.RoundPlan(t=1, rounds=1, policy=str(tiny_model), adapter=False, seed=7)
+    stages = runner.StageRunner(state, echo=said.append, stream=False)
+    rounds.run_round(ITERATED_RAW, folder, plan, stages)
+    assert (ran, said) == ([], [])  # whole: nothing redone
+
+    lines = written.decode().splitlines(keepends=True)
+    (out / "data.jsonl").write_text("".join(lines[:2]) + lines[2][:10])
+    problem = data_problem(out)
+    assert problem.startswith(f"{out / 'data.jsonl'} has sha256 ") and problem.endswith(
+        "it was written with (cut short or edited)"
+    )
+    rounds.run_round(ITERATED_RAW, folder, plan, stages)
+    assert ran == ["preprocess"] and not folder.prepared(1).exists()
+    assert said[0] == f"round 1: {problem}: preprocessing again, which rebuilds it from its shards"
+    again = Numbered()
+    assert preprocess(again) == written and again.calls == 0  # what the preprocess stage's pipeline does
+    assert data_problem(out) is None
+    (out / "data.jsonl").unlink()
+    assert data_problem(out) == f"{out / 'data.jsonl'} is missing"
