@@ -43,7 +43,7 @@ from pofe.data.formats import (
 from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
 from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
-from pofe.data.tokenize import tokenize_row
+from pofe.data.tokenize import EOS_APPENDED, check_stop_token, eos_appended_note, tokenize_row
 from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, summary_message
 from pofe.logs import get_logger
@@ -53,8 +53,8 @@ LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
 # 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row;
-# 5: each row's source_prompt
-PREPARED_FORMAT_VERSION = 5
+# 5: each row's source_prompt; 6: eos_token ends each response of a template that writes no stop token
+PREPARED_FORMAT_VERSION = 6
 # the length policy's record of each tokenised row (`tokenize.tokenize_row`)
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
@@ -74,6 +74,7 @@ def load_pofe_datasets(
             "template; POFE renders prompts and responses with one: set "
             "`chat_template:` (e.g. chatml) in the recipe"
         )
+    check_stop_token(tokenizer)  # before any candidate is sampled for a response that could not end
     dataset_hash = prepared_dataset_hash(cfg, pofe, tokenizer)
     Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
     loader = FileLockLoader(cfg)
@@ -169,7 +170,9 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
     dataset = merge_datasets(parts, cfg)
-    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, "prompt_key", "response_keys"])
+    if appended := sum(dataset[EOS_APPENDED]):
+        LOG.warning(eos_appended_note(tokenizer, appended, sum(n > 0 for n in dataset[EOS_APPENDED])))
+    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, EOS_APPENDED, "prompt_key", "response_keys"])
     if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
         record = {"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len, "truncation": pofe.truncation}
         write_atomic(policy_path, json.dumps({**record, "datasets": policy}, indent=2) + "\n")
