@@ -39,11 +39,12 @@ from pofe.data.formats import (
     implicit_prompt_note,
     normalize_row,
     ordered_label_columns,
+    row_error,
 )
 from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
 from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
-from pofe.data.tokenize import EOS_APPENDED, check_stop_token, eos_appended_note, tokenize_row
+from pofe.data.tokenize import EOS_APPENDED, ChatTemplateError, check_stop_token, eos_appended_note, tokenize_row
 from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, summary_message
 from pofe.logs import get_logger
@@ -199,17 +200,20 @@ def _prepare_entry(
         # the pipeline's own rows are canonical already: shaped, not checked again
         raw, source = candidates_from_prompts(cfg, pofe, entry, raw, fmt)
         canonical = partial(candidate_row, target=spec.target, source=source)
+        fields = (source, {"prompt": "prompt", "responses": "responses"})
     else:
         check_columns(fmt, raw.column_names)
         if note := implicit_prompt_note(fmt, raw.column_names):
             LOG.info(note)
         canonical = partial(normalize_row, fmt=fmt)
+        fields = (fmt.dataset, {"prompt": fmt.column("field_prompt"), "responses": "/".join(fmt.response_columns())})
     part = raw.map(
         _prepare_row,
         with_indices=True,
         remove_columns=raw.column_names,
         fn_kwargs={
             "canonical": canonical,
+            "fields": fields,
             "tokenizer": tokenizer,
             "sequence_len": cfg.sequence_len,
             "max_prompt_len": max_prompt_len,
@@ -270,12 +274,27 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
     return dataset.add_column("row_id", list(range(len(dataset))))
 
 
-def _prepare_row(row: dict[str, Any], index: int, *, canonical, tokenizer, **kw) -> dict:
+def _prepare_row(
+    row: dict[str, Any], index: int, *, canonical, fields: tuple[str, dict[str, str]], tokenizer, **kw
+) -> dict:
+    """One row canonical and tokenised. `fields`: the dataset, and the column each canonical
+    field ("prompt", "responses") came from, for errors."""
     row = canonical(row, index)
     # the prompt as a judge reads it, for `axolotl pofe eval` of the rows axolotl keeps from
     # training (val_set_size): JSON, one column type for text and chat messages
     source = json.dumps(row["source_prompt"], sort_keys=True)
-    return {**tokenize_row(row, tokenizer, **kw), **text_keys(row), SOURCE_PROMPT: source}
+    try:
+        tokenized = tokenize_row(row, tokenizer, **kw)
+    except ChatTemplateError as e:
+        dataset, columns = fields
+        raise row_error(dataset, index)(
+            columns[e.field],
+            f"the chat template of {tokenizer.name_or_path} raised: {e.message}",
+            "Give this row's messages in the roles and order the template accepts (e.g. user and assistant "
+            "turns alternating, a system message only first), or set `chat_template:` to one that accepts them "
+            "(e.g. chatml).",
+        ) from e
+    return {**tokenized, **text_keys(row), SOURCE_PROMPT: source}
 
 
 def _warn_suspicious_labels(

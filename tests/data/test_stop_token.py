@@ -1,4 +1,5 @@
-"""How a trained response ends (bad case 1 of issue 33).
+"""How a trained response ends (bad case 1 of issue 33), and a chat template that raises on a
+row (weak case 7).
 
 The tiny character-level tokenizer (`pofe.demo.tiny`): ids 0-6 are its special tokens
 (`<|end|>`, its eos_token, is 2), then "\\n" is 7 and printable ASCII starts at " " = 8, so
@@ -12,7 +13,8 @@ from unittest import mock
 
 import pytest
 
-from pofe.data.tokenize import EOS_APPENDED, check_stop_token, tokenize_row
+from pofe.data.formats import PofeDataError
+from pofe.data.tokenize import EOS_APPENDED, ChatTemplateError, check_stop_token, tokenize_row
 from pofe.demo.tiny import build_tokenizer
 from pofe.preprocess.token_ids import NoStopTokenError
 
@@ -21,6 +23,12 @@ EOS, NEWLINE, ONE, NINE, TWO = 2, 7, 25, 33, 26
 PLAIN = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+# Mistral v0.2's check, on the tiny tokenizer's turns
+ALTERNATING = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
 
@@ -143,3 +151,36 @@ def test_the_loader_warns_once_with_the_count(tmp_path, tiny_model):
         "(TRL's DPOTrainer appends it too). Set a `chat_template:` that ends each turn with a special token to "
         "train that one instead"
     ]
+
+
+def test_a_template_that_raises_names_the_dataset_row_field_and_fix(tmp_path, tiny_model):
+    """Row 1's prompt has two user turns in a row, which Mistral's template refuses."""
+    rows = [
+        {"prompt": "1+1=", "responses": ["2", "3"], "rewards": [1.0, 0.0]},
+        {
+            "prompt": [{"role": "user", "content": "hi"}, {"role": "user", "content": "2+2="}],
+            "responses": ["4", "5"],
+            "rewards": [1.0, 0.0],
+        },
+    ]
+    tok = tokenizer(ALTERNATING)
+    with pytest.raises(PofeDataError) as raised:
+        prepare(tmp_path, tiny_model, rows, tok)
+    data = tmp_path / "rows.jsonl"
+    assert str(raised.value) == (
+        f"dataset {data}, row 1 (0-based), field 'prompt': the chat template of {tok.name_or_path} raised: "
+        "Conversation roles must alternate user/assistant/user/assistant/.... Give this row's messages in the "
+        "roles and order the template accepts (e.g. user and assistant turns alternating, a system message only "
+        "first), or set `chat_template:` to one that accepts them (e.g. chatml)."
+    )
+
+
+def test_a_template_that_raises_on_a_response_names_the_responses():
+    """A template that refuses assistant turns renders the prompt but not a response."""
+    refuses = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no assistant turns') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(ChatTemplateError) as raised:
+        tokenized(row(), tokenizer(refuses))
+    assert (raised.value.field, raised.value.message) == ("responses", "no assistant turns")
