@@ -118,7 +118,7 @@ def tokenize_row(
     cleared (the trainer then computes the anchor for every row).
     """
     messages = row["prompt"]
-    prompt_ids, response_ids, prompt_text, end, appended = _encode(row, messages, tokenizer)
+    prompt_ids, response_ids, end, appended = _encode(row, messages, tokenizer)
     too_long = len(prompt_ids) + max(len(r) for r in response_ids) > sequence_len
     out = {"truncated": too_long, "drop_reason": None, "turns_cut": 0, "responses_cut": 0}
     if too_long and truncation == "drop":
@@ -129,7 +129,7 @@ def tokenize_row(
             if messages is None:
                 out["drop_reason"] = PROMPT_TOO_LONG
             else:
-                prompt_ids, response_ids, prompt_text, end, appended = _encode(row, messages, tokenizer)
+                prompt_ids, response_ids, end, appended = _encode(row, messages, tokenizer)
         if messages is not None:
             response_ids, out["responses_cut"], out["drop_reason"] = _cut_responses(
                 row, end, response_ids, sequence_len - len(prompt_ids)
@@ -145,15 +145,15 @@ def tokenize_row(
 
 
 def _encode(row: dict[str, Any], messages: list[dict[str, Any]], tokenizer):
-    """The ids of the prompt `messages` and of each response after them, the prompt text, how
-    a response ends (`TurnEnd`) and how many responses got eos_token appended."""
+    """The ids of the prompt `messages` and of each response after them, how a response ends
+    (`TurnEnd`) and how many responses got eos_token appended."""
     row = {**row, "prompt": messages}
     prompt_text, texts = render_row(row, tokenizer)
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     with _template_errors("responses"):
         end = turn_end(tokenizer, messages, prompt_text)
     response_ids, appended = response_token_ids(row, tokenizer, prompt_text, texts, end)
-    return prompt_ids, response_ids, prompt_text, end, appended
+    return prompt_ids, response_ids, end, appended
 
 
 def _prompt_len(tokenizer, messages: list[dict[str, Any]]) -> int:
