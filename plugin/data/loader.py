@@ -39,11 +39,12 @@ from pofe.data.formats import (
     implicit_prompt_note,
     normalize_row,
     ordered_label_columns,
+    row_error,
 )
 from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
 from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
-from pofe.data.tokenize import tokenize_row
+from pofe.data.tokenize import EOS_APPENDED, ChatTemplateError, check_stop_token, eos_appended_note, tokenize_row
 from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, no_rows_message, summary_message
 from pofe.logs import get_logger
@@ -53,8 +54,8 @@ LOG = get_logger(__name__)
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
 # 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row;
-# 5: each row's source_prompt
-PREPARED_FORMAT_VERSION = 5
+# 5: each row's source_prompt; 6: eos_token ends each response of a template that writes no stop token
+PREPARED_FORMAT_VERSION = 6
 # the length policy's record of each tokenised row (`tokenize.tokenize_row`)
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
 
@@ -74,6 +75,7 @@ def load_pofe_datasets(
             "template; POFE renders prompts and responses with one: set "
             "`chat_template:` (e.g. chatml) in the recipe"
         )
+    check_stop_token(tokenizer)  # before any candidate is sampled for a response that could not end
     dataset_hash = prepared_dataset_hash(cfg, pofe, tokenizer)
     Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
     loader = FileLockLoader(cfg)
@@ -169,7 +171,9 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
     dataset = merge_datasets(parts, cfg)
-    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, "prompt_key", "response_keys"])
+    if appended := sum(dataset[EOS_APPENDED]):
+        LOG.warning(eos_appended_note(tokenizer, appended, sum(n > 0 for n in dataset[EOS_APPENDED])))
+    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, EOS_APPENDED, "prompt_key", "response_keys"])
     if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
         record = {"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len, "truncation": pofe.truncation}
         write_atomic(policy_path, json.dumps({**record, "datasets": policy}, indent=2) + "\n")
@@ -194,17 +198,20 @@ def _prepare_entry(
         # the pipeline's own rows are canonical already: shaped, not checked again
         raw, source = candidates_from_prompts(cfg, pofe, entry, raw, fmt)
         canonical = partial(candidate_row, target=spec.target, source=source)
+        fields = (source, {"prompt": "prompt", "responses": "responses"})
     else:
         check_columns(fmt, raw.column_names)
         if note := implicit_prompt_note(fmt, raw.column_names):
             LOG.info(note)
         canonical = partial(normalize_row, fmt=fmt)
+        fields = (fmt.dataset, {"prompt": fmt.column("field_prompt"), "responses": "/".join(fmt.response_columns())})
     part = raw.map(
         _prepare_row,
         with_indices=True,
         remove_columns=raw.column_names,
         fn_kwargs={
             "canonical": canonical,
+            "fields": fields,
             "tokenizer": tokenizer,
             "sequence_len": cfg.sequence_len,
             "max_prompt_len": max_prompt_len,
@@ -265,12 +272,27 @@ def _settle_anchor_column(dataset: Dataset) -> Dataset:
     return dataset.add_column("row_id", list(range(len(dataset))))
 
 
-def _prepare_row(row: dict[str, Any], index: int, *, canonical, tokenizer, **kw) -> dict:
+def _prepare_row(
+    row: dict[str, Any], index: int, *, canonical, fields: tuple[str, dict[str, str]], tokenizer, **kw
+) -> dict:
+    """One row canonical and tokenised. `fields`: the dataset, and the column each canonical
+    field ("prompt", "responses") came from, for errors."""
     row = canonical(row, index)
     # the prompt as a judge reads it, for `axolotl pofe eval` of the rows axolotl keeps from
     # training (val_set_size): JSON, one column type for text and chat messages
     source = json.dumps(row["source_prompt"], sort_keys=True)
-    return {**tokenize_row(row, tokenizer, **kw), **text_keys(row), SOURCE_PROMPT: source}
+    try:
+        tokenized = tokenize_row(row, tokenizer, **kw)
+    except ChatTemplateError as e:
+        dataset, columns = fields
+        raise row_error(dataset, index)(
+            columns[e.field],
+            f"the chat template of {tokenizer.name_or_path} raised: {e.message}",
+            "Give this row's messages in the roles and order the template accepts (e.g. user and assistant "
+            "turns alternating, a system message only first), or set `chat_template:` to one that accepts them "
+            "(e.g. chatml).",
+        ) from e
+    return {**tokenized, **text_keys(row), SOURCE_PROMPT: source}
 
 
 def _warn_suspicious_labels(
