@@ -2,12 +2,10 @@
 
 One runner per output_dir (`RunLock`, `<output_dir>/pofe-run.lock`), and no evaluation or report
 of a run while it runs (`holding_run`): `axolotl pofe eval` and `report` read every round's
-files, and while a round trains they would read it half-done. An OS lock (`flock`) on the file, so a holder that crashes never blocks the next run: the
-kernel releases the lock when the last process holding it ends. Stages inherit it
+files, and while a round trains they would read it half-done. An OS lock (`pofe.locks`), so a
+holder that crashes never blocks the next run. Stages inherit it
 (`pofe.run.rounds.processes.run_logged`'s `keep_fds`), so a trainer that outlives its runner still
-holds it. The file names the holder (PID, host, start) for the error a second run gets,
-and records a clean release (`ended`), so a record without one found unlocked is a
-crashed run's.
+holds it.
 
 Which output_dir a run may write into, and which files in it are POFE's (`claim_output_dir`,
 `pofe_wrote`). `axolotl pofe run` writes its files (`pofe.run.folder`) into the recipe's output_dir and
@@ -34,34 +32,23 @@ its output is still there.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from pofe.errors import PofeError
 from pofe.files import write_atomic
+from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch
 
 
 class RunLocked(PofeError, RuntimeError):
     """Another runner (or a stage it started) holds the output_dir."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 # What the holder was started as, in its record and the refusal (a record without one is a runner's)
@@ -77,74 +64,28 @@ _WHY = {
 LOCK_FD_ENV = "POFE_RUN_LOCK_FD"
 
 
-def _describe(holder: dict) -> str:
-    if "pid" not in holder:
-        return "its record is unreadable"
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
-    return f"PID {holder['pid']} on host {holder['host']}, started {started}"
-
-
 def _locked_message(path: Path, holder: dict, command: str) -> str:
-    here = holder.get("host") == socket.gethostname()
     held_by = holder.get("command", RUN)
-    if "ended" in holder or (here and not _alive(holder["pid"])):
+    if here_and_gone(holder):
         return (
             f"{path.parent} is locked by a stage process of an `{held_by}` that has ended "
-            f"({_describe(holder)}); the stage is being stopped. Wait for it to exit "
+            f"({describe(holder)}); the stage is being stopped. Wait for it to exit "
             f"(`fuser -v {path}` lists it), then run again."
         )
-    stop = f" (kill {holder['pid']})" if here else ""
+    stop = f" (kill {holder['pid']})" if holder.get("host") == socket.gethostname() else ""
     another = "another " if held_by == command else ""
     return (
-        f"{path.parent} is in use by {another}`{held_by}` ({_describe(holder)}); {_WHY[command]}. "
+        f"{path.parent} is in use by {another}`{held_by}` ({describe(holder)}); {_WHY[command]}. "
         f"Wait for it to finish, or stop it{stop}, then run `{command}` again."
     )
 
 
-class RunLock:
-    """The held lock; `fileno()` for the stages to inherit, `release()` when the run ends."""
-
-    def __init__(self, path: Path, fd: int, holder: dict):
-        self.path = path
-        self.holder = holder
-        self._fd = fd
+class RunLock(FolderLock):
+    """A run's output_dir held by one command (`RUN`, `EVAL`, `REPORT`); `RunLocked` for another."""
 
     @classmethod
     def acquire(cls, path: Path, echo: Echo, command: str = RUN) -> RunLock:
-        """Take the lock for `command` or raise `RunLocked` naming the holder; says so when
-        taking over from a crashed run."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            os.close(fd)
-            raise RunLocked(_locked_message(path, holder, command)) from None
-        previous = _read(fd)
-        if previous and "ended" not in previous:
-            echo(f"{path}: taking over from a run that ended without releasing it ({_describe(previous)})")
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
-        lock = cls(path, fd, holder)
-        lock._write()
-        return lock
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def release(self) -> None:
-        self.holder["ended"] = time.time()
-        self._write()
-        os.close(self._fd)  # stages that still hold it keep it locked
-
-    def _write(self) -> None:
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(self.holder).encode(), 0)
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
+        return super().acquire(path, echo, command, lambda holder: RunLocked(_locked_message(path, holder, command)))
 
 
 def _inherited(path: Path) -> bool:
@@ -168,15 +109,6 @@ def holding_run(folder: RunFolder, echo: Echo, command: str) -> Iterator[None]:
         return
     with RunLock.acquire(folder.lock, echo, command):
         yield
-
-
-def _read(fd: int) -> dict:
-    """The holder the file names: {} when empty (new), {"unreadable": ...} when cut short."""
-    raw = os.pread(fd, 4096, 0)
-    try:
-        return json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        return {"unreadable": raw[:80].decode(errors="replace")}
 
 
 PREEXISTING_NAME = "pofe-preexisting.json"
