@@ -11,7 +11,8 @@ Layout of `out_dir`:
     judge/shard-NNNNN.jsonl      kept responses with rewards and/or win rates, abstentions
     judge-<key>/                 an earlier judge's shards (a judge change reuses generate/)
     data.jsonl                   the trainers' input rows, in prompt order (build.py)
-    summary.json                 counts and statistics (see `build.summarise`)
+    summary.json                 counts and statistics (see `build.summarise`), data.jsonl's sha256
+    pofe-candidates.lock         held while a process builds the folder: a second is refused
     workers/                     with candidates.num_workers > 1 (parallel.py): each worker's
                                  log (worker-N.log), report (worker-N.json) and generator files
 
@@ -32,14 +33,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from pofe.errors import PofeError
 from pofe.files import UnreadableFile, file_sha256, read_json, write_atomic, write_jsonl_atomic
+from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
 from pofe.preprocess.build import build_rows, order_sum_warning, summarise
@@ -77,6 +83,33 @@ class StagesDone:
     timings: dict[str, float]
     redone: dict[str, int]
     requests: dict[str, dict]
+
+
+# held while a process builds the folder (`pofe.locks`)
+LOCK_NAME = "pofe-candidates.lock"
+
+
+class CandidatesLocked(PofeError, RuntimeError):
+    """Another process is building the same candidates folder."""
+
+    @classmethod
+    def of(cls, out_dir: Path, holder: dict) -> CandidatesLocked:
+        if here_and_gone(holder):
+            return cls(
+                f"{out_dir} is locked by a process that outlived the one that started building it "
+                f"({describe(holder)}). Wait for it to exit (`fuser -v {out_dir / LOCK_NAME}` lists it), then run again."
+            )
+        stop = f" (kill {holder['pid']})" if holder.get("host") == socket.gethostname() else ""
+        return cls(
+            f"{out_dir} is being built by `{holder.get('command')}` ({describe(holder)}); a second build of one "
+            "candidates folder would generate and judge every prompt again (and pay a served API twice). Wait for "
+            f"it to finish, or stop it{stop}, then run again; or set pofe.candidates.out_dir to another folder."
+        )
+
+
+def _holder_command() -> str:
+    """This process's command, as the lock records it (`axolotl preprocess recipe.yml`)."""
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])
 
 
 def run_pipeline(
@@ -131,44 +164,48 @@ def run_pipeline(
     devices = worker_devices(generate, candidates) if candidates.num_workers > 1 else []
     if judge_impl is None and judge.type in FUNCTION_JUDGES:
         judge_impl = make_judge(judge)  # imports judge.function now, not after generating
-    gen_dir, judge_dir = _ready_out_dir(
-        Path(candidates.out_dir),
-        {
-            **generate_manifest(
-                rows,
-                policy_path=policy_path,
-                generate=generate,
-                shard_size=candidates.shard_size,
-                prompt_column=prompt_column,
-            ),
-            "truncated": candidates.truncated,  # the shards hold what this policy kept
-        },
-        judge_manifest(method=method, judge=judge),
-    )
-    plan = StagePlan(
-        rows,
-        method,
-        method_spec(method).target,
-        generate,
-        judge,
-        candidates,
-        policy_path,
-        prompt_column,
-        gen_dir,
-        judge_dir,
-    )
+    out_dir = Path(candidates.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # one process builds a folder: a second would generate and judge (and pay a served API for) it all again
+    with FolderLock.acquire(out_dir / LOCK_NAME, LOG.info, _holder_command(), partial(CandidatesLocked.of, out_dir)):
+        gen_dir, judge_dir = _ready_out_dir(
+            out_dir,
+            {
+                **generate_manifest(
+                    rows,
+                    policy_path=policy_path,
+                    generate=generate,
+                    shard_size=candidates.shard_size,
+                    prompt_column=prompt_column,
+                ),
+                "truncated": candidates.truncated,  # the shards hold what this policy kept
+            },
+            judge_manifest(method=method, judge=judge),
+        )
+        plan = StagePlan(
+            rows,
+            method,
+            method_spec(method).target,
+            generate,
+            judge,
+            candidates,
+            policy_path,
+            prompt_column,
+            gen_dir,
+            judge_dir,
+        )
 
-    reports: list[dict] = []
-    t0 = time.monotonic()
-    if plan.candidates.num_workers > 1:
-        n_shards = math.ceil(len(plan.rows) / plan.candidates.shard_size)
-        reports = run_workers(plan, tokenizer, stop_after, n_shards, devices)
-    workers_s = time.monotonic() - t0
-    # every shard read back (and verified) here; in one process, this does all the work
-    done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
-    if stop_after is not None:
-        return None
-    return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s), saturation_band)
+        reports: list[dict] = []
+        t0 = time.monotonic()
+        if plan.candidates.num_workers > 1:
+            n_shards = math.ceil(len(plan.rows) / plan.candidates.shard_size)
+            reports = run_workers(plan, tokenizer, stop_after, n_shards, devices)
+        workers_s = time.monotonic() - t0
+        # every shard read back (and verified) here; in one process, this does all the work
+        done = run_stages(plan, generator=generator, judge_impl=judge_impl, tokenizer=tokenizer, stop_after=stop_after)
+        if stop_after is not None:
+            return None
+        return _write_outputs(plan, done, _last_run_facts(done, reports, workers_s), saturation_band)
 
 
 def _ready_out_dir(out: Path, gen_manifest: dict, judge_fields: dict) -> tuple[Path, Path]:

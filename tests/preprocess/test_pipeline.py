@@ -931,3 +931,56 @@ def test_saturation_in_summary_and_warned(tiny_policy, tmp_path, caplog):
         generator=ScriptedGenerator(),
     )
     assert rrhf.summary["saturation"] is None
+
+
+class CountedAnswers(OneAnswer):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def generate(self, prompts, n, sampling):
+        self.calls += 1
+        return super().generate(prompts, n, sampling)
+
+
+def test_a_folder_being_built_is_refused_to_a_second_build(tiny_policy, tmp_path):
+    """Weak case 10 of issue 33: two `axolotl pofe candidates` on one folder both ran, 24 requests
+    for 12 prompts. While one process builds the folder (holds pofe-candidates.lock: flock
+    conflicts between two opens even in one process, so this process plays the first), a second
+    build is refused naming it, before any prompt is generated; once it is done, the build runs."""
+    import os
+    import socket
+    import time
+    from functools import partial
+
+    from pofe.locks import FolderLock
+    from pofe.preprocess.pipeline import LOCK_NAME, CandidatesLocked
+
+    generator = CountedAnswers()
+
+    def build():
+        return run_pipeline(
+            ROWS,
+            policy_path=str(tiny_policy),
+            method="rrhf",
+            generate=GenerateConfig(num_candidates=2, dedupe=False),
+            judge=JudgeConfig(type="python", function=f"{__name__}:_reward"),
+            candidates=CandidatesConfig(out_dir=str(tmp_path), progress=False),
+            generator=generator,
+        )
+
+    first = FolderLock.acquire(
+        tmp_path / LOCK_NAME, print, "axolotl pofe candidates a.yml", partial(CandidatesLocked.of, tmp_path)
+    )
+    with pytest.raises(CandidatesLocked) as refused:
+        build()
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(first.holder["started"]))
+    assert str(refused.value) == (
+        f"{tmp_path} is being built by `axolotl pofe candidates a.yml` (PID {os.getpid()} on host "
+        f"{socket.gethostname()}, started {started}); a second build of one candidates folder would generate and "
+        f"judge every prompt again (and pay a served API twice). Wait for it to finish, or stop it (kill "
+        f"{os.getpid()}), then run again; or set pofe.candidates.out_dir to another folder."
+    )
+    assert generator.calls == 0 and not (tmp_path / "generate").exists()
+    first.release()
+    assert build().rows == len(ROWS) and generator.calls == 1
