@@ -44,7 +44,8 @@ def generate_missing(
 
         def jobs():
             for s in todo:
-                rendered[s] = render_shard(plan.rows[s * size : (s + 1) * size], tokenizer, cfg, plan.prompt_column)
+                rows = plan.rows[s * size : (s + 1) * size]
+                rendered[s] = render_shard(rows, tokenizer, cfg, plan.prompt_column, first_index=s * size)
                 sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
                 yield ShardJob(s, [r for r in rendered[s] if r.text is not None], sampling)
 

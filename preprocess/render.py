@@ -10,9 +10,14 @@ one would sample after two). A tokenizer without a chat template gets the raw st
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
+
+from pofe.errors import PofeError
 from pofe.length_policy import fit_turns
 
 Prompt = str | list[dict[str, Any]]
@@ -30,6 +35,26 @@ class Rendered:
     ids: list[int] | None = None
     # the turns kept when the prompt's oldest were cut to fit max_prompt_tokens
     messages: list[dict[str, Any]] | None = None
+
+
+class ChatTemplateError(PofeError, ValueError):
+    """The chat template raised while rendering one part of a row: `field`, "prompt" or
+    "responses", of row `row` when the renderer knows it (the dataset's loader names the
+    dataset, row and column)."""
+
+    def __init__(self, field: str, message: str, row: int | None = None):
+        at = "" if row is None else f" of row {row}"
+        super().__init__(f"the chat template raised while rendering the {field}{at}: {message}")
+        self.field, self.message, self.row = field, message, row
+
+
+@contextmanager
+def template_errors(field: str, row: int | None = None) -> Iterator[None]:
+    """Jinja's errors from the template (`raise_exception(...)` included) as ChatTemplateError."""
+    try:
+        yield
+    except TemplateError as e:
+        raise ChatTemplateError(field, str(e), row) from e
 
 
 def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
@@ -90,7 +115,8 @@ def render_prompt(
 
 def _text(tokenizer, prompt: Prompt) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
+        with template_errors("prompt"):
+            return tokenizer.apply_chat_template(as_messages(prompt), tokenize=False, add_generation_prompt=True)
     return prompt_text(prompt) if not isinstance(prompt, str) else prompt
 
 

@@ -23,7 +23,7 @@ from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe.preprocess.dedupe import dedupe
 from pofe.preprocess.generators import Generator, finish_reason, sampled_ids
 from pofe.preprocess.judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
-from pofe.preprocess.render import Rendered, as_messages, render_prompt
+from pofe.preprocess.render import ChatTemplateError, Rendered, as_messages, render_prompt
 from pofe.preprocess.token_ids import content_ids, end_of_turn_ids, retokenized_ids
 from pofe.preprocess.win_rates import scalar_preferences, win_rates
 
@@ -85,21 +85,29 @@ def generate_shard(
     duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
     candidates that ended at max_new_tokens (finish reason "length").
     """
-    rendered = render_shard(rows, tokenizer, cfg, prompt_column)
+    rendered = render_shard(rows, tokenizer, cfg, prompt_column, first_index)
     live = [r for r in rendered if r.text is not None]
     gen = generator.generate(live, cfg.num_candidates, sampling) if live else []
     return shard_rows(rows, first_index, rendered, gen, generator, tokenizer, cfg, prompt_column, truncated, shard)
 
 
-def render_shard(rows: list[dict], tokenizer, cfg: GenerateConfig, prompt_column: str = "prompt") -> list[Rendered]:
+def render_shard(
+    rows: list[dict], tokenizer, cfg: GenerateConfig, prompt_column: str = "prompt", first_index: int = 0
+) -> list[Rendered]:
     """Each row's prompt rendered with the policy's chat template (`text` None: dropped, too
-    long); the backend samples the live ones (`text` not None), in this order."""
-    return [
-        render_prompt(
-            tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow
-        )
-        for r in rows
-    ]
+    long); the backend samples the live ones (`text` not None), in this order. A template that
+    raises names the row (`first_index` + its place here) in its ChatTemplateError."""
+    rendered = []
+    for i, r in enumerate(rows):
+        try:
+            rendered.append(
+                render_prompt(
+                    tokenizer, r[prompt_column], max_prompt_tokens=cfg.max_prompt_tokens, overflow=cfg.prompt_overflow
+                )
+            )
+        except ChatTemplateError as e:
+            raise ChatTemplateError(e.field, e.message, first_index + i) from e
+    return rendered
 
 
 def shard_rows(

@@ -15,11 +15,12 @@ from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
 from pofe.args import PofeConfig
-from pofe.data.formats import RowFormat, prompt_row
+from pofe.data.formats import RowFormat, prompt_row, template_refused
 from pofe.data.sources import local_files_digest, read_json_rows
 from pofe.errors import PofeError
 from pofe.files import stable_hash
 from pofe.logs import get_logger
+from pofe.preprocess.render import ChatTemplateError
 
 LOG = get_logger(__name__)
 
@@ -64,18 +65,24 @@ def build_candidates(
     if candidates.out_dir is None:
         out_dir = candidates_dir(cfg, pofe, entry, policy, prompt_column, prompt_format, tokenizer)
         candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
-    result = run_pipeline(
-        rows,
-        policy_path=policy,
-        method=pofe.method,
-        generate=generate,
-        judge=judge,
-        candidates=candidates,
-        prompt_column=prompt_column,
-        stop_after=stop_after,
-        tokenizer=tokenizer,
-        saturation_band=pofe.saturation_band,
-    )
+    try:
+        result = run_pipeline(
+            rows,
+            policy_path=policy,
+            method=pofe.method,
+            generate=generate,
+            judge=judge,
+            candidates=candidates,
+            prompt_column=prompt_column,
+            stop_after=stop_after,
+            tokenizer=tokenizer,
+            saturation_band=pofe.saturation_band,
+        )
+    except ChatTemplateError as e:
+        if e.row is None:
+            raise
+        name = tokenizer.name_or_path if tokenizer is not None else policy
+        raise template_refused(entry.path, e.row, prompt_column, name, e.message) from e
     if result is None:
         LOG.info(f"POFE: stopped after the {stop_after} stage; shards in {candidates.out_dir}")
         return None

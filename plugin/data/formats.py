@@ -156,6 +156,18 @@ def row_error(dataset: str, index: int):
     return fail
 
 
+def template_refused(dataset: str, index: int, column: str, tokenizer_name: str, message: str) -> PofeDataError:
+    """The error for row `index` of `dataset` whose `column` the chat template would not render
+    (`pofe.preprocess.render.ChatTemplateError`'s `message`)."""
+    return row_error(dataset, index)(
+        column,
+        f"the chat template of {tokenizer_name} raised: {message}",
+        "Give this row's messages in the roles and order the template accepts (e.g. user and assistant "
+        "turns alternating, a system message only first), or set `chat_template:` to one that accepts them "
+        "(e.g. chatml).",
+    )
+
+
 def prompt_row(row: Mapping[str, Any], index: int, fmt: RowFormat, response_columns: list[str]) -> dict[str, Any]:
     """A `pofe.prompts` row as the pipeline reads it: with `prompt_format: hh`, its prompt
     as chat messages and each of `response_columns` (`generate.include_dataset_responses`)

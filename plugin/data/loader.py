@@ -39,16 +39,17 @@ from pofe.data.formats import (
     implicit_prompt_note,
     normalize_row,
     ordered_label_columns,
-    row_error,
+    template_refused,
 )
 from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
 from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
-from pofe.data.tokenize import EOS_APPENDED, ChatTemplateError, check_stop_token, eos_appended_note, tokenize_row
+from pofe.data.tokenize import EOS_APPENDED, check_stop_token, eos_appended_note, tokenize_row
 from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, no_rows_message, summary_message
 from pofe.logs import get_logger
 from pofe.methods import MethodSpec, method_spec
+from pofe.preprocess.render import ChatTemplateError
 
 LOG = get_logger(__name__)
 
@@ -285,13 +286,7 @@ def _prepare_row(
         tokenized = tokenize_row(row, tokenizer, **kw)
     except ChatTemplateError as e:
         dataset, columns = fields
-        raise row_error(dataset, index)(
-            columns[e.field],
-            f"the chat template of {tokenizer.name_or_path} raised: {e.message}",
-            "Give this row's messages in the roles and order the template accepts (e.g. user and assistant "
-            "turns alternating, a system message only first), or set `chat_template:` to one that accepts them "
-            "(e.g. chatml).",
-        ) from e
+        raise template_refused(dataset, index, columns[e.field], tokenizer.name_or_path, e.message) from e
     return {**tokenized, **text_keys(row), SOURCE_PROMPT: source}
 
 

@@ -15,46 +15,24 @@ follow `pofe.truncation` (`length_policy.py`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any, Literal
 
-from jinja2 import TemplateError
-
 from pofe.columns import ANCHOR_LOGPS, candidate_float_columns
-from pofe.errors import PofeError
 from pofe.length_policy import PROMPT_TOO_LONG, TOO_LONG, cut_collision, cut_response, fit_turns
 from pofe.methods import label_columns
+from pofe.preprocess.render import ChatTemplateError, template_errors
 from pofe.preprocess.token_ids import TurnEnd, response_text, turn_end
 
 # how many of a tokenised row's responses got eos_token appended (`TurnEnd.finish`)
 EOS_APPENDED = "eos_appended"
 
 
-class ChatTemplateError(PofeError, ValueError):
-    """The chat template raised while rendering one part of a row: `field`, "prompt" or
-    "responses" (the loader names the dataset, row and column)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"the chat template raised while rendering the {field}: {message}")
-        self.field, self.message = field, message
-
-
-@contextmanager
-def _template_errors(field: str) -> Iterator[None]:
-    """Jinja's errors from the template (`raise_exception(...)` included) as ChatTemplateError."""
-    try:
-        yield
-    except TemplateError as e:
-        raise ChatTemplateError(field, str(e)) from e
-
-
 def render_row(row: dict[str, Any], tokenizer) -> tuple[str, list[str]]:
     """Return the rendered prompt text and each response's text after it."""
-    with _template_errors("prompt"):
+    with template_errors("prompt"):
         prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-    with _template_errors("responses"):
+    with template_errors("responses"):
         return prompt, [response_text(tokenizer, row["prompt"], prompt, m["content"]) for m in row["responses"]]
 
 
@@ -80,9 +58,10 @@ def check_stop_token(tokenizer) -> None:
     raises on it is left to the rows, whose errors name them."""
     messages = [{"role": "user", "content": "Hello"}]
     try:
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        turn_end(tokenizer, messages, prompt)
-    except TemplateError:
+        with template_errors("prompt"):
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            turn_end(tokenizer, messages, prompt)
+    except ChatTemplateError:
         return
 
 
@@ -150,7 +129,7 @@ def _encode(row: dict[str, Any], messages: list[dict[str, Any]], tokenizer):
     row = {**row, "prompt": messages}
     prompt_text, texts = render_row(row, tokenizer)
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    with _template_errors("responses"):
+    with template_errors("responses"):
         end = turn_end(tokenizer, messages, prompt_text)
     response_ids, appended = response_token_ids(row, tokenizer, prompt_text, texts, end)
     return prompt_ids, response_ids, end, appended

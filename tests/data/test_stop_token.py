@@ -14,8 +14,9 @@ from unittest import mock
 import pytest
 
 from pofe.data.formats import PofeDataError
-from pofe.data.tokenize import EOS_APPENDED, ChatTemplateError, check_stop_token, tokenize_row
+from pofe.data.tokenize import EOS_APPENDED, check_stop_token, tokenize_row
 from pofe.demo.tiny import build_tokenizer
+from pofe.preprocess.render import ChatTemplateError
 from pofe.preprocess.token_ids import NoStopTokenError
 
 EOS, NEWLINE, ONE, NINE, TWO = 2, 7, 25, 33, 26
@@ -184,3 +185,37 @@ def test_a_template_that_raises_on_a_response_names_the_responses():
     with pytest.raises(ChatTemplateError) as raised:
         tokenized(row(), tokenizer(refuses))
     assert (raised.value.field, raised.value.message) == ("responses", "no assistant turns")
+
+
+def test_a_template_that_raises_on_a_prompt_to_sample_names_the_dataset_and_row(tmp_path, tiny_model, monkeypatch):
+    """The same refusal where candidates are sampled (a `pofe.prompts` entry): the generate
+    stage renders row 2's prompt (two user turns) and the error names the dataset and the row,
+    as the loader's does, not jinja's words alone."""
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.args import pofe_config
+    from pofe.data import candidates
+
+    tok = tokenizer(ALTERNATING)
+    monkeypatch.setattr(candidates, "load_tokenizer", lambda cfg: tok)
+    cfg = DictDefault(
+        base_model=str(tiny_model),
+        dataset_prepared_path=None,
+        pofe={
+            "method": "rrhf",
+            "generate": {"num_candidates": 2, "max_new_tokens": 2},
+            "judge": {"type": "python", "function": "pofe.demo.task:reward"},
+            "candidates": {"out_dir": str(tmp_path / "candidates"), "progress": False},
+        },
+    )
+    two_users = [{"role": "user", "content": "hi"}, {"role": "user", "content": "3+3="}]
+    prompts = [{"prompt": "1+1="}, {"prompt": "2+2="}, {"prompt": two_users}]
+    entry = DictDefault(path="prompts.jsonl", split="train")
+    with pytest.raises(PofeDataError) as raised:
+        candidates.build_candidates(cfg, pofe_config(cfg), entry, prompts, "prompt", stop_after="generate")
+    assert str(raised.value) == (
+        f"dataset prompts.jsonl, row 2 (0-based), field 'prompt': the chat template of {tok.name_or_path} raised: "
+        "Conversation roles must alternate user/assistant/user/assistant/.... Give this row's messages in the "
+        "roles and order the template accepts (e.g. user and assistant turns alternating, a system message only "
+        "first), or set `chat_template:` to one that accepts them (e.g. chatml)."
+    )
