@@ -108,8 +108,9 @@ class CandidatesLocked(PofeError, RuntimeError):
 
 
 def _holder_command() -> str:
-    """This process's command, as the lock records it (`axolotl preprocess recipe.yml`)."""
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:3]])
+    """This process's command as the lock records it: `axolotl preprocess recipe.yml`, `axolotl pofe
+    candidates recipe.yml` (its first words: the rest may be options holding a key)."""
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:4]])
 
 
 def run_pipeline(
