@@ -8,7 +8,7 @@ writes; real replies vary (a verdict, or a rationale first), so latencies are lo
 loopback server stands in for it (the tests' scripted `FakeServer`): each request sleeps a Pareto-distributed time (alpha 1.5,
 median ~25 ms, about one request in 30 over 10x the median), drawn from a seed of the
 candidate's text, so every variant meets the same latencies, then answers "Score: n". What is
-measured is scheduling only: how long the judge stage keeps its window of `batch_size`
+measured is scheduling only: how long the judge stage keeps its window of `in_flight`
 requests busy, wall clock (the process sleeps, so other jobs on the machine barely move it).
 
 - `pofe`: the judge stage as it runs (`pofe.preprocess.shards.judged_in_turn`): two shards
@@ -69,13 +69,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--window", type=int, default=8, help="judge.batch_size: requests in flight")
+    parser.add_argument("--window", type=int, default=8, help="judge.in_flight: requests in flight")
     parser.add_argument("--out", default="benchmarks/results/llm-judge.json")
     args = parser.parse_args(argv)
     reps, n_shards, n_prompts, k = args.reps or (2 if args.quick else 3), 4 if args.quick else 8, 16, 4
     work = shards(n_shards, n_prompts, k)
     with FakeServer(slow_judge) as srv:
-        cfg = JudgeConfig(type="llm", base_url=srv.url, batch_size=args.window)
+        cfg = JudgeConfig(type="llm", base_url=srv.url, in_flight=args.window)
 
         def judge() -> LLMRubricJudge:
             return LLMRubricJudge(OpenAIClient(srv.url), cfg)

@@ -11,10 +11,12 @@ interleaved repetition by repetition (medians); `pofe` is
 `run_pipeline(..., stop_after="generate")`, which adds rendering, dataset responses,
 dedupe, token counts and atomic shard writes. `direct` is, for `transformers`, the
 loaded generator's own `generate(prompts, n, sampling)`; for `vllm`, the vLLM CPU venv's
-OpenAI-compatible server (started on loopback) called without POFE: one `/v1/completions`
-request per `batch_size` prompts with `n` samples, as vLLM's docs call it, where POFE's
-`openai` backend sends one request per prompt, 8 at a time. Judge calls per prompt are
-counted by a python judge that counts its own calls.
+OpenAI-compatible server (started on loopback, its defaults) called without POFE: a
+`/v1/completions` request per prompt with `n` samples, every request in flight at once through
+one shared client, against POFE's `openai` backend with no `in_flight` set (its default window
+for the server). Judge calls per prompt are counted by a python judge that counts its own calls.
+
+    python -m benchmarks.preprocess --backend vllm --prompts 256 --k 4 --max-new-tokens 128
 
 `--workload long_tail` (benchmarks/long_tail.py): per-prompt output lengths from a Pareto
 draw (some prompts over 10x the median), several shards, where a stage that drains the
@@ -67,12 +69,14 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm", "vllm_inprocess"])
     parser.add_argument("--workload", default="equal", choices=["equal", "long_tail"])
     parser.add_argument("--prompts", type=int, default=None, help="default 64 (--quick: 16)")
+    parser.add_argument("--k", type=int, default=None, help="samples per prompt; default 8 (--quick: 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="equal workload: tokens per sample")
     parser.add_argument("--out", default=None, help="default benchmarks/results/preprocess-<backend>-cpu.json")
     args = parser.parse_args(argv)
     out_path = Path(args.out or f"benchmarks/results/preprocess-{args.backend}-cpu.json")
     reps = args.reps or (2 if args.quick else 5)
     n_prompts, k = (16, 4) if args.quick else (64, 8)
-    n_prompts = args.prompts or n_prompts
+    n_prompts, k = args.prompts or n_prompts, args.k or k
     torch.set_num_threads(1)
 
     from pofe.demo.tiny import build_tiny_model
@@ -90,10 +94,14 @@ def main(argv=None) -> int:
             from tests.vllm_server import vllm_server
 
             base_url = stack.enter_context(vllm_server(vllm_python(), policy, work / "vllm-server.log"))
-        out = measure(policy, work, n_prompts, k, reps, base_url)
+        out = measure(policy, work, n_prompts, k, reps, base_url, args.max_new_tokens)
     out["backend"] = args.backend
     med = out["seconds_median"]
-    print(f"generate stage ({args.backend}): {n_prompts} prompts x {k} samples, medians of {reps}")
+    window = f", POFE's window {out['window']}" if out["window"] else ""
+    print(
+        f"generate stage ({args.backend}): {n_prompts} prompts x {k} samples x {args.max_new_tokens} tokens, "
+        f"medians of {reps}{window}"
+    )
     print(f"  direct engine   {med['direct']:.2f} s")
     print(f"  pofe stage      {med['pofe']:.2f} s   overhead {out['overhead_pofe_over_direct']:.3f}x")
     print(
@@ -182,10 +190,6 @@ def _inprocess_times(policy: str, work: Path, n_prompts: int, k: int, shard: int
 
 def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int, shard: int, reps: int) -> dict:
     """POFE's stage (its window the server's max_num_seqs) against every prompt in flight at once."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-
     from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
     from pofe.demo.task import make_prompts
     from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
@@ -208,25 +212,22 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
     ids = [render_prompt(load_tokenizer(policy), r["prompt"]).ids for r in rows]
     seeds = pofe_seeds(n_prompts, shard, cfg.seed)
 
-    def one(j):
-        httpx.post(
-            f"{url}/completions",
-            timeout=600,
-            json={
-                "model": policy,
-                "prompt": ids[j],
-                "n": k,
-                "max_tokens": tail_tokens(seeds[j]),
-                "ignore_eos": True,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "seed": seeds[j],
-            },
-        ).raise_for_status()
+    payloads = [
+        {
+            "model": policy,
+            "prompt": ids[j],
+            "n": k,
+            "max_tokens": tail_tokens(seeds[j]),
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "seed": seeds[j],
+        }
+        for j in range(n_prompts)
+    ]
 
     def direct(rep):
-        with ThreadPoolExecutor(max_workers=n_prompts) as pool:
-            list(pool.map(one, range(n_prompts)))
+        all_in_flight(url, payloads)
 
     def pofe(rep):
         run_pipeline(
@@ -243,28 +244,30 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
     return interleave({"direct": direct, "pofe": pofe}, reps)
 
 
-def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int, sampling, batch_size: int) -> None:
-    """vLLM's server without POFE: one /completions request per batch of token-id prompts, n samples each."""
+def all_in_flight(base_url: str, payloads: list[dict]) -> None:
+    """The server without POFE, at its fastest: every /completions request in flight at once,
+    through one shared client (one connection per request, each kept for the next run)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    for start in range(0, len(prompts), batch_size):
-        r = httpx.post(
-            f"{base_url}/completions",
-            timeout=600,
-            json={
-                "model": model,
-                "prompt": prompts[start : start + batch_size],
-                "n": n,
-                "max_tokens": sampling.max_new_tokens,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "seed": sampling.seed,
-            },
-        )
-        r.raise_for_status()
+    limits = httpx.Limits(max_connections=len(payloads), max_keepalive_connections=len(payloads))
+    with httpx.Client(timeout=600, limits=limits) as client, ThreadPoolExecutor(len(payloads)) as pool:
+        for r in pool.map(lambda p: client.post(f"{base_url}/completions", json=p), payloads):
+            r.raise_for_status()
 
 
-def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url: str | None) -> dict:
+def raw_completions(base_url: str, model: str, prompts: list[list[int]], n: int, sampling) -> None:
+    """vLLM's server without POFE: a /completions request per token-id prompt, n samples each
+    and the seed POFE gives it (seed + i), every request in flight at once."""
+    same = {"model": model, "n": n, "max_tokens": sampling.max_new_tokens}
+    same.update(temperature=sampling.temperature, top_p=sampling.top_p)
+    all_in_flight(base_url, [{**same, "prompt": ids, "seed": sampling.seed + i} for i, ids in enumerate(prompts)])
+
+
+def measure(
+    policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url: str | None, max_new_tokens: int = 16
+) -> dict:
     """Both variants on `policy`: the transformers backend, or vLLM's server at `base_url`."""
     from pofe.demo.task import make_prompts
     from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
@@ -275,7 +278,9 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
 
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
     backend = {} if base_url is None else {"backend": "openai", "base_url": base_url, "model": policy}
-    gen_cfg = GenerateConfig(num_candidates=k, temperature=1.0, max_new_tokens=16, batch_size=16, **backend)
+    # openai: no in_flight, so the window is POFE's default for the server (server_window.py)
+    batch = {"batch_size": 16} if base_url is None else {}
+    gen_cfg = GenerateConfig(num_candidates=k, temperature=1.0, max_new_tokens=max_new_tokens, **batch, **backend)
     judge_cfg = JudgeConfig(type="python", function=f"{__name__}:counting_reward")
     generator = make_generator(gen_cfg, policy)
     tokenizer = load_tokenizer(policy)
@@ -284,8 +289,8 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
     def direct(rep):
         if base_url is None:
             generator.generate(rendered, k, gen_cfg.sampling())
-        else:  # the ids POFE sends, batched as a direct user would
-            raw_completions(base_url, policy, [r.ids for r in rendered], k, gen_cfg.sampling(), gen_cfg.batch_size)
+        else:  # the ids POFE sends, every prompt in flight
+            raw_completions(base_url, policy, [r.ids for r in rendered], k, gen_cfg.sampling())
 
     def pofe(rep):
         run_pipeline(
@@ -321,6 +326,8 @@ def measure(policy: str, work: Path, n_prompts: int, k: int, reps: int, base_url
     return {
         "prompts": n_prompts,
         "k": k,
+        "max_new_tokens": max_new_tokens,
+        "window": generator.concurrency if base_url is not None else None,
         "reps": reps,
         "seconds_median": med,
         "seconds_all": times,

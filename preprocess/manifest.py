@@ -58,8 +58,8 @@ def judge_manifest(*, method: str, judge: JudgeConfig) -> dict:
     return {
         "version": MANIFEST_VERSION,
         "method": method,
-        # how long a call may take changes no verdict that is written
-        "judge": judge.model_dump(exclude={"max_abstention_rate", "timeout", "stage_timeout"}),
+        # how long a call may take, and how many are in flight, change no verdict that is written
+        "judge": judge.model_dump(exclude={"max_abstention_rate", "timeout", "stage_timeout", "in_flight"}),
         "judge_identity": judge_identity(judge),
     }
 

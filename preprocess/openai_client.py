@@ -45,11 +45,20 @@ NOT_OPENAI_HINT = "Check that base_url is the root of an OpenAI-compatible API (
 class EndpointError(PofeError, RuntimeError):
     """A request that failed for good (after retries, or at once for most 4xx)."""
 
-    def __init__(self, url: str, cause: str, tries: int, hint: str = NETWORK_HINT, *, transient: bool = False):
+    def __init__(
+        self,
+        url: str,
+        cause: str,
+        tries: int,
+        hint: str = NETWORK_HINT,
+        *,
+        transient: bool = False,
+        method: str = "POST",
+    ):
         # transient: every try failed in a way a retry may fix (the server unreachable, timing out or
         # failing): another replica of it may answer (replicas.py)
         self.url, self.cause, self.tries, self.hint, self.transient = url, cause, tries, hint, transient
-        super().__init__(f"POST {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. {hint}")
+        super().__init__(f"{method} {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. {hint}")
 
 
 def status_hint(status: int, *, key_env: str | None, model: object) -> str:
@@ -67,7 +76,7 @@ def status_hint(status: int, *, key_env: str | None, model: object) -> str:
             f"server serves the model {model!r} (its /v1/models lists them)."
         )
     if status == 429:
-        return "Rate limited: lower batch_size (requests in flight) or raise max_retries."
+        return "Rate limited: lower in_flight (requests in flight) or raise max_retries."
     if status >= 500:
         return "Server error: see the server's log."
     return (
@@ -169,6 +178,32 @@ class OpenAIClient:
         async with asyncio.timeout(self.timeout):
             async with httpx.AsyncClient(headers=self.headers, timeout=self.timeout, verify=self._ssl) as client:
                 return await client.post(url, content=content)
+
+    async def _get(self, url: str, timeout: float) -> httpx.Response:
+        async with asyncio.timeout(timeout):
+            async with httpx.AsyncClient(headers=self.headers, timeout=timeout, verify=self._ssl) as client:
+                return await client.get(url)
+
+    def get(self, route: str, *, timeout: float) -> dict:
+        """GET `{base_url}/{route}`: one try, bounded by `timeout` seconds as a whole, not
+        counted in `stats`. For what POFE can do without (a server's limits): the caller
+        falls back on an EndpointError (unreachable, timing out, HTTP >= 400, not a JSON object)."""
+        url = f"{self.base_url}/{route.lstrip('/')}"
+        try:
+            r = asyncio.run(self._get(url, timeout))
+        except (httpx.TimeoutException, TimeoutError):
+            raise EndpointError(url, f"timeout: no answer within {timeout}s", 1, method="GET") from None
+        except httpx.TransportError as e:
+            raise EndpointError(url, f"{type(e).__name__}: {e}", 1, method="GET") from None
+        if r.status_code >= 400:
+            raise EndpointError(url, f"HTTP {r.status_code}: {r.text[:120]}", 1, NOT_OPENAI_HINT, method="GET")
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise EndpointError(url, f"not a JSON object: {r.text[:120]!r}", 1, NOT_OPENAI_HINT, method="GET")
+        return body
 
     def post(self, route: str, payload: dict) -> dict:
         url = f"{self.base_url}/{route.lstrip('/')}"

@@ -10,18 +10,47 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pofe.preprocess.openai_client import OpenAIClient
 
+# What vLLM 0.32's server answers to GET /v1/models (entrypoints/openai/models/serving.py)
+VLLM_MODELS = {
+    "object": "list",
+    "data": [
+        {
+            "id": "policy",
+            "object": "model",
+            "created": 1700000000,
+            "owned_by": "vllm",
+            "root": "/models/policy",
+            "parent": None,
+            "max_model_len": 256,
+            "permission": [],
+        }
+    ],
+}
+
 
 class FakeServer:
     """A scripted OpenAI-ish server. `behaviour(path, body, attempt) -> (status, text, delay_s)`,
-    or `(status, text, delay_s, response_headers)`; `request_headers` records what came in."""
+    or `(status, text, delay_s, response_headers)`; `request_headers` records what came in.
+    GET `/v1/models` answers `models` (status, text), by default 404 as a server without the
+    route; `gets` records the GET paths."""
 
-    def __init__(self, behaviour):
+    def __init__(self, behaviour, models: tuple[int, str] = (404, '{"error": "not found"}')):
         self.behaviour = behaviour
+        self.models = models
         self.requests: list[tuple[str, dict]] = []
         self.request_headers: list[dict[str, str]] = []
+        self.gets: list[str] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                outer.gets.append(self.path)
+                status, text = outer.models if self.path == "/v1/models" else (404, "{}")
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(text.encode())
+
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, body))

@@ -171,8 +171,8 @@ class GenerateConfig(StrictConfig):
         le=1_000_000,
         description="vllm / openai: prompts in flight for the whole stage, across shard boundaries (each "
         "with num_candidates samples); finished shards are written as they complete. None: vllm, the "
-        "engine's max_num_seqs; openai with serve, the command's --max-num-seqs (else vLLM's default, "
-        "256); openai with base_url, batch_size per server.",
+        "engine's max_num_seqs; openai with serve, the command's --max-num-seqs (else 256); openai with "
+        "base_url, per server: 256 for a vLLM server (its /v1/models says so), else 32.",
     )
     request_timeout: float = Field(
         120.0, gt=0.0, le=3600.0, description="openai: seconds per try, connect to last byte."
@@ -220,6 +220,15 @@ class GenerateConfig(StrictConfig):
             raise ValueError(
                 "generate.backend=openai needs generate.base_url (e.g. http://127.0.0.1:8000/v1), or "
                 "generate.serve (a server command POFE starts for the policy)."
+            )
+        # against the default, not fields_set: a dumped config (every field set) validates again
+        if self.backend == "openai" and self.batch_size != GenerateConfig.model_fields["batch_size"].default:
+            servers = len(self.base_url) if isinstance(self.base_url, list) else 1
+            raise ValueError(
+                "generate.batch_size applies to backend: transformers; the openai backend keeps "
+                "generate.in_flight prompts in flight (default: the --max-num-seqs of a served policy; with "
+                f"base_url, 256 per vLLM server, 32 per other server): set generate.in_flight: "
+                f"{self.batch_size * servers} instead (batch_size per server was the window before)."
             )
         if self.strategy == "diverse_beam":
             if self.num_beam_groups < 2:

@@ -141,7 +141,14 @@ class JudgeConfig(StrictConfig):
         description="pairwise_llm: read P(A) from the verdict tokens' logprobs when the server "
         "returns them, else parse the verdict from text.",
     )
-    batch_size: int = Field(8, ge=1, le=4096, description="Candidates (or pairs) per forward / request batch.")
+    batch_size: int = Field(8, ge=1, le=4096, description="reward_model / pairrm: candidates (or pairs) per forward.")
+    in_flight: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="llm judges: requests in flight for the whole judge stage (one window, shared by the two "
+        "shards judged side by side). None: per server, 256 for a vLLM server (its /v1/models says so), else 32.",
+    )
     max_length: int = Field(1024, ge=8, le=131072, description="reward_model/pairrm: tokens per input.")
     dtype: RewardModelDtype = Field(
         "auto", description="reward_model: weights' dtype; auto = the checkpoint's (its config's dtype)."
@@ -207,6 +214,21 @@ class JudgeConfig(StrictConfig):
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 
+    def _check_window(self) -> None:
+        """An LLM judge's window is `in_flight`: `batch_size` set for one would be ignored."""
+        llm = self.type in ("llm", "pairwise_llm")
+        if self.in_flight is not None and not llm:
+            raise ValueError(f"judge.in_flight applies to llm judges, not to judge.type: {self.type}; remove it.")
+        # against the default, not fields_set: a dumped config (every field set) validates again
+        if llm and self.batch_size != JudgeConfig.model_fields["batch_size"].default:
+            servers = len(self.base_url) if isinstance(self.base_url, list) else 1
+            raise ValueError(
+                f"judge.batch_size applies to reward_model and pairrm judges: judge.type: {self.type} keeps "
+                f"judge.in_flight requests in flight (default: 256 per vLLM server, 32 per other server); set "
+                f"judge.in_flight: {self.batch_size * servers} instead "
+                "(batch_size per server was the window before)."
+            )
+
     def _check_timeouts(self) -> None:
         """judge.timeout / stage_timeout only where they bound something (timed.py, openai_client.py)."""
         python = self.type in ("python", "python_pairwise")
@@ -229,6 +251,7 @@ class JudgeConfig(StrictConfig):
         self._check_functions()
         self._check_reward_model_keys()
         self._check_timeouts()
+        self._check_window()
         allowed = JUDGE_PREFERENCES[self.type]
         if self.preferences is None:
             self.preferences = allowed[0]

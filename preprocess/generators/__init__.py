@@ -34,12 +34,13 @@ def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdi
         return TransformersGenerator(model, batch_size=cfg.batch_size, tokenizer=tokenizer)
     if cfg.backend == "openai":
         from pofe.preprocess.generators.openai import OpenAIGenerator
-        from pofe.preprocess.replicas import base_urls, client_for
+        from pofe.preprocess.replicas import client_for
+        from pofe.preprocess.server_window import server_window
 
-        # the stage's window: as set, else batch_size per server (a server's capacity is not
-        # discoverable through the OpenAI API)
-        window = cfg.in_flight or cfg.batch_size * len(base_urls(cfg.base_url))
-        return OpenAIGenerator(client_for(cfg), model, concurrency=window, prompt_as=cfg.openai_prompt)
+        client = client_for(cfg)
+        # the stage's window: as set, else what each server's /v1/models says it runs
+        window = cfg.in_flight or server_window(client, "generate.in_flight")
+        return OpenAIGenerator(client, model, concurrency=window, prompt_as=cfg.openai_prompt)
     if cfg.backend == "vllm":
         from pofe.preprocess.generators.vllm import VLLMGenerator
 

@@ -45,6 +45,7 @@ from pofe.preprocess.generators.openai import OpenAIGenerator
 from pofe.preprocess.generators.stream import ShardJob, one_job
 from pofe.preprocess.openai_client import EndpointError, OpenAIClient, status_hint
 from pofe.preprocess.render import Rendered
+from pofe.preprocess.server_window import VLLM_WINDOW
 
 LOG_NAME = "server.log"
 
@@ -77,15 +78,11 @@ def lora_arguments(name: str, adapter_path: str, rank: int) -> list[str]:
     return args if rank is None else [*args, "--max-lora-rank", str(rank)]
 
 
-# vLLM's max_num_seqs when the command does not set it (its LLM class's and CPU server's default)
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
-
-
 def served_capacity(command: list[str]) -> int:
     """Prompts to keep in flight on a served policy: the command's `--max-num-seqs` (vLLM's
-    sequences per batch), else vLLM's default. One per sequence slot, not slots / n: a prompt
-    whose n samples end at different lengths holds fewer slots than n near its end, and the
-    server queues what it cannot run yet, at no cost."""
+    sequences per batch), else `VLLM_WINDOW` (vLLM's default on most GPUs). One per sequence
+    slot, not slots / n: a prompt whose n samples end at different lengths holds fewer slots
+    than n near its end, and the server queues what it cannot run yet, at no cost."""
     for k, word in enumerate(command):
         value = (
             word.partition("=")[2]
@@ -94,7 +91,7 @@ def served_capacity(command: list[str]) -> int:
         )
         if value is not None and value.isdigit() and int(value) > 0:
             return int(value)
-    return VLLM_DEFAULT_MAX_NUM_SEQS
+    return VLLM_WINDOW
 
 
 def render_command(template: str, values: dict[str, str], lora_args: list[str]) -> list[str]:

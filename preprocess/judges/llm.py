@@ -23,7 +23,7 @@ from pofe.preprocess.config.judge import fill_rubric
 from pofe.preprocess.judges.base import JudgeStats, Score
 from pofe.preprocess.openai_client import OpenAIClient
 from pofe.preprocess.render import Prompt, prompt_text
-from pofe.preprocess.replicas import base_urls
+from pofe.preprocess.server_window import server_window
 
 DEFAULT_RUBRIC = (
     "Rate how well the response answers the request, on a scale from {low:g} to {high:g} "
@@ -49,8 +49,9 @@ class UnreadableReply(PofeError):
 
 
 class ChatJudge:
-    """One chat request per verdict, greedy replies, `cfg.batch_size` requests per server in
-    flight: one window for the judge's life, shared by every call."""
+    """One chat request per verdict, greedy replies, `cfg.in_flight` requests in flight (by
+    default what the servers run, `server_window`): one window for the judge's life, shared by
+    every call."""
 
     # the judge stage judges two shards at once for such a judge (`pofe.preprocess.shards.
     # judged_in_turn`): the next shard's requests fill the window while a shard's last ones run
@@ -61,6 +62,7 @@ class ChatJudge:
         self.cfg = cfg
         self.model = cfg.model or "default"
         self.stats = JudgeStats()
+        self.window: int | None = None  # requests in flight, known at the first call (`map`)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -87,9 +89,9 @@ class ChatJudge:
         threads queue into the one window, so it never holds more than its size."""
         with self._pool_lock:
             if self._pool is None:
-                # batch_size requests per server in flight (replicas.py spreads them)
-                window = self.cfg.batch_size * len(base_urls(self.cfg.base_url))
-                self._pool = ThreadPoolExecutor(max_workers=window, thread_name_prefix="pofe-llm-judge")
+                # as set, else what each server's /v1/models says it runs (replicas.py spreads them)
+                self.window = self.cfg.in_flight or server_window(self.client, "judge.in_flight")
+                self._pool = ThreadPoolExecutor(max_workers=self.window, thread_name_prefix="pofe-llm-judge")
         return list(self._pool.map(fn, items))
 
 

@@ -12,7 +12,7 @@ import pytest
 from pofe.preprocess.config import GenerateConfig, JudgeConfig
 from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.openai import OpenAIGenerator
-from pofe.preprocess.generators.served import VLLM_DEFAULT_MAX_NUM_SEQS, served_capacity
+from pofe.preprocess.generators.served import served_capacity
 from pofe.preprocess.generators.stream import ShardJob, run_window
 from pofe.preprocess.judges.llm import LLMRubricJudge
 from pofe.preprocess.openai_client import EndpointError
@@ -106,14 +106,13 @@ def test_base_url_lists_are_checked():
 def test_served_capacity_reads_max_num_seqs():
     assert served_capacity(["vllm", "serve", "m", "--max-num-seqs", "48"]) == 48
     assert served_capacity(["vllm", "serve", "m", "--max-num-seqs=12"]) == 12
-    assert served_capacity(["vllm", "serve", "m"]) == VLLM_DEFAULT_MAX_NUM_SEQS
+    assert served_capacity(["vllm", "serve", "m"]) == 256  # vLLM's default on most GPUs
 
 
-def test_window_defaults_to_batch_size_per_server():
-    cfg = GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"], batch_size=5)
+def test_a_list_of_servers_shares_one_window():
+    cfg = GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"], in_flight=64)
     gen = make_generator(cfg, "m")
-    assert gen.concurrency == 10 and isinstance(gen.client, ReplicaClient)
-    assert make_generator(cfg.model_copy(update={"in_flight": 64}), "m").concurrency == 64
+    assert gen.concurrency == 64 and isinstance(gen.client, ReplicaClient)
 
 
 def test_a_dead_server_s_requests_go_to_the_others_and_samples_do_not_change():
@@ -212,7 +211,7 @@ def test_llm_judge_window_stays_full_across_shards():
 
     shards = {0: (["q0"], [["slow", "ab", "abc"]]), 1: (["q1"], [["a", "abcd", "abcde", "ab", "abc", "abcdef"]])}
     with FakeServer(serve) as srv:
-        judge = LLMRubricJudge(openai_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, batch_size=3))
+        judge = LLMRubricJudge(openai_client(srv.url), JudgeConfig(type="llm", base_url=srv.url, in_flight=3))
         assert judge.overlaps_shards
         out = list(judged_in_turn([0, 1], lambda s: judge.score(*shards[s]), side_by_side=2))
     assert [s for s, _ in out] == [1, 0]

@@ -240,7 +240,7 @@ def test_request_timeout_bounds_the_whole_request_not_each_read():
             r"refused the API key, which is missing or wrong \(it was read from the environment variable POFE_TEST_KEY",
         ),
         (404, None, r"Not found: check base_url .* serves the model 'm'"),
-        (429, None, r"Rate limited: lower batch_size"),
+        (429, None, r"Rate limited: lower in_flight"),
         (502, None, r"Server error: see the server's log"),
         (422, None, r"The server rejected the request: check the model name"),
     ],

@@ -31,6 +31,7 @@ def test_openai_backend_generates_and_is_seeded(vllm_server, tiny_policy):
         backend="openai", base_url=base, model=model, num_candidates=4, max_new_tokens=12, temperature=1.0, seed=5
     )
     gen = make_generator(cfg, str(tiny_policy))
+    assert gen.concurrency == 256  # its /v1/models says vLLM: vLLM's default max_num_seqs (server_window.py)
     tok = load_tokenizer(str(tiny_policy))
     prompts = [render_prompt(tok, p) for p in ["1+2=", "3+4=", [{"role": "user", "content": "hi"}]]]
     a = gen.generate(prompts, 4, cfg.sampling())
@@ -46,6 +47,7 @@ def test_rubric_judge_against_vllm(vllm_server):
     out = j.score(["1+2="], [["3", "4", "x"]])
     assert len(out[0]) == 3 and all(isinstance(s, (float, Abstain)) for s in out[0])
     assert j.stats.calls == 3 and j.stats.abstentions == sum(isinstance(s, Abstain) for s in out[0])
+    assert j.window == 256  # as for generation
 
 
 def test_pipeline_sppo_openai_generation_pairwise_logprob_judge(vllm_server, tiny_policy, tmp_path):
