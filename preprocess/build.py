@@ -7,14 +7,17 @@ the judge's rewards, or the candidates' win rates when `Target.from_win_rates`):
 plus "response_ids" (per response: the sampled ids less the stop token, or None for a
 dataset response) when the backend returned ids. The training side takes them as they are
 (`pofe.data.formats.candidate_row`) and scores those ids (`pofe.preprocess.token_ids`).
+summary.json records data.jsonl's sha256, which later stages check it against (`data_problem`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import torch
 
+from pofe.files import UnreadableFile, file_sha256, read_json
 from pofe.methods import Target, method_spec
 from pofe.preprocess.abstentions import AbstentionTally
 from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
@@ -183,3 +186,27 @@ def _sampled(live: list[dict], with_ids: bool) -> int:
 
 def _spread(rates: list[float]) -> float:
     return win_rate_spread(torch.tensor(rates, dtype=torch.float64)).item()
+
+
+def data_problem(out_dir: Path) -> str | None:
+    """Why `out_dir`'s data.jsonl is not the file the pipeline wrote (missing, or its sha256 not
+    the one summary.json recorded as it was written: cut short, edited), or None. A later stage
+    or a rerun checks it before it trains on, publishes or records the file."""
+    out_dir = Path(out_dir)
+    data, summary = out_dir / "data.jsonl", out_dir / "summary.json"
+    if not data.is_file():
+        return f"{data} is missing"
+    if not summary.is_file():  # nothing to check against
+        return None
+    try:
+        recorded = read_json(summary, "").get("data_sha256")
+    except UnreadableFile as e:
+        return str(e).rstrip(". ")
+    if recorded is None:  # written by an older POFE: nothing to check against
+        return None
+    found = file_sha256(data)
+    if found != recorded:
+        return (
+            f"{data} has sha256 {found[:12]}..., not the {recorded[:12]}... it was written with (cut short or edited)"
+        )
+    return None

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Literal
 
 from pofe.errors import PofeError
-from pofe.files import UnreadableFile, file_sha256, read_json, write_atomic, write_jsonl_atomic
+from pofe.files import file_sha256, write_atomic, write_jsonl_atomic
 from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
@@ -257,30 +257,6 @@ def _no_rows(plan: StagePlan, generated: list[dict], summary: dict, dropped: dic
     return f"{why}. Details in {summary_path}"
 
 
-def data_problem(out_dir: Path) -> str | None:
-    """Why `out_dir`'s data.jsonl is not the file the pipeline wrote (missing, or its sha256 not
-    the one summary.json recorded as it was written: cut short, edited), or None. A later stage
-    or a rerun checks it before it trains on, publishes or records the file."""
-    out_dir = Path(out_dir)
-    data, summary = out_dir / "data.jsonl", out_dir / "summary.json"
-    if not data.is_file():
-        return f"{data} is missing"
-    if not summary.is_file():  # nothing to check against
-        return None
-    try:
-        recorded = read_json(summary, "").get("data_sha256")
-    except UnreadableFile as e:
-        return str(e).rstrip(". ")
-    if recorded is None:  # written by an older POFE: nothing to check against
-        return None
-    found = file_sha256(data)
-    if found != recorded:
-        return (
-            f"{data} has sha256 {found[:12]}..., not the {recorded[:12]}... it was written with (cut short or edited)"
-        )
-    return None
-
-
 def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation_band: float) -> PipelineResult:
     """Build data.jsonl and summary.json (with the `last_run` facts) from the shards alone (as
     read back from disk), so a resumed run's outputs cannot depend on what happened in memory
@@ -304,7 +280,7 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation
         saturation_band=saturation_band,
     )
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
-    summary["data_sha256"] = file_sha256(data_path)  # what later stages check the file against (`data_problem`)
+    summary["data_sha256"] = file_sha256(data_path)  # what later stages check the file against (`build.data_problem`)
     summary.update(last_run)
     summary = redact(summary)  # summary.json is pushed to the hub with the candidates
     summary_path = out / "summary.json"
@@ -398,4 +374,4 @@ def _check_inputs(
         )
 
 
-__all__ = ["data_problem", "run_pipeline", "run_stages", "PipelineResult", "SHARD_SEED_STRIDE", "StagesDone"]
+__all__ = ["run_pipeline", "run_stages", "PipelineResult", "SHARD_SEED_STRIDE", "StagesDone"]

@@ -228,12 +228,12 @@ def redo_damaged_stages(folder: RunFolder, state: RunState, t: int, echo: Echo) 
     stage reads, is damaged or gone, so it runs again.
 
     - preprocess: the candidates' data.jsonl is not the file the stage wrote
-      (`pofe.preprocess.pipeline.data_problem`); its tokenised rows are dropped with it, so the
+      (`pofe.preprocess.build.data_problem`); its tokenised rows are dropped with it, so the
       stage rebuilds the file from its shards (generating and judging nothing), and a damaged file
       is never trained on, published or recorded as trained on.
     - merge: the merged model's folder is gone (deleted to save space) or has no config.json.
     """
-    from pofe.preprocess.pipeline import data_problem
+    from pofe.preprocess.build import data_problem
 
     stage = f"round-{t}/preprocess"
     problem = data_problem(folder.candidates(t)) if state.done(stage) else None

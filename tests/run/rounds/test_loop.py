@@ -126,7 +126,7 @@ def test_a_damaged_data_jsonl_is_rebuilt_before_it_is_used(tiny_model, tmp_path,
     preprocesses again, whose pipeline rebuilds the file from its shards, byte for byte, without
     generating."""
     from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
-    from pofe.preprocess.pipeline import data_problem
+    from pofe.preprocess.build import data_problem
     from pofe.run.rounds import loop as rounds
     from pofe.run.rounds import runner
 
