@@ -327,6 +327,7 @@ def spawn_ranks(worker, out, *args) -> list:
 
 
 H100 = {"bf16": True, "fp8": False, "tf32": True, "n_gpu": 1, "compute_capability": "sm_90"}
+CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
 
 
 def validated_recipe(raw: dict, caps=H100):

@@ -15,7 +15,7 @@ from pofe.length_policy import cut_collision, cut_response, fit_turns
 from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
-from tests.helpers import recipe
+from tests.helpers import recipe, validated_recipe
 
 CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
 
@@ -109,9 +109,7 @@ def test_every_prompt_too_long_names_the_cause_and_the_key(tmp_path, tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     said = {}
     for truncation in ("truncate", "drop"):
-        cfg = DictDefault({**raw, "pofe": {**raw.get("pofe", {}), "truncation": truncation}})
-        prepare_plugins(cfg)
-        cfg = validate_config(cfg, capabilities=CPU, env_capabilities={"torch_version": "2.13.0"})
+        cfg = validated_recipe({**raw, "pofe": {**raw.get("pofe", {}), "truncation": truncation}}, CPU)
         with pytest.raises(ValueError) as refused:
             _prepare(cfg, pofe_config(cfg), tokenizer, None)
         said[truncation] = str(refused.value)

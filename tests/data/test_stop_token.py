@@ -113,23 +113,14 @@ def prepare(tmp_path, tiny_model, rows: list[dict], tok):
     """The loader's `_prepare` on `rows` as a pofe.rrhf dataset, and every warning it logged
     (each call once, whatever handlers the logger has)."""
     import yaml
-    from axolotl.cli.config import prepare_plugins
-    from axolotl.utils.config import validate_config
-    from axolotl.utils.dict import DictDefault
 
     from pofe.args import pofe_config
     from pofe.data.loader import LOG, _prepare
-    from tests.helpers import recipe
+    from tests.helpers import CPU, recipe, validated_recipe
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = DictDefault(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()))
-    prepare_plugins(cfg)
-    cfg = validate_config(
-        cfg,
-        capabilities={"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None},
-        env_capabilities={"torch_version": "2.13.0"},
-    )
+    cfg = validated_recipe(yaml.safe_load(recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf").read_text()), CPU)
     with mock.patch.object(LOG, "warning") as warning:
         dataset = _prepare(cfg, pofe_config(cfg), tok)
     return dataset, [c.args[0] for c in warning.call_args_list]
