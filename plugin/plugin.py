@@ -78,6 +78,10 @@ class PofePlugin(BasePlugin):
         pofe = self._pofe(cfg)
         if pofe.method is None:
             return None
+        if pofe.online is not None:
+            from pofe.online import load_online_prompts
+
+            return load_online_prompts(cfg, pofe)
         from pofe.data.loader import load_pofe_datasets
 
         meta = load_pofe_datasets(cfg, pofe, preprocess, debug=self._debug)
@@ -113,7 +117,12 @@ class PofePlugin(BasePlugin):
             return None
         # imported only now: a trainer module pulls in the training stack
         module, _, name = method_spec(method).trainer.rpartition(".")
-        return getattr(import_module(module), name)
+        trainer = getattr(import_module(module), name)
+        if self._pofe(cfg).online is not None:
+            from pofe.online import online_trainer
+
+            return online_trainer(trainer)
+        return trainer
 
     def get_collator_cls_and_kwargs(self, cfg, is_eval: bool = False):
         pofe = self._pofe(cfg)
@@ -122,7 +131,12 @@ class PofePlugin(BasePlugin):
         from pofe.collator import KResponseCollator
         from pofe.prefix import prefix_sharing_enabled
 
-        return KResponseCollator, {"prefix_sharing": prefix_sharing_enabled(cfg, pofe, is_eval)}
+        kwargs = {"prefix_sharing": prefix_sharing_enabled(cfg, pofe, is_eval)}
+        if pofe.online is not None:
+            from pofe.online import PromptCollator
+
+            return PromptCollator, kwargs
+        return KResponseCollator, kwargs
 
 
 def _prepare_pi_0_table(cfg, pofe: PofeConfig, meta) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pofe.args.online import ONLINE_BACKENDS, OnlineConfig
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -122,6 +123,11 @@ class PofeConfig(KnownKeys):
         default_factory=CandidatesConfig,
         description="Where and how the generate/judge pipeline writes its shards.",
     )
+    online: OnlineConfig | None = Field(
+        default=None,
+        description="Train online: resample and judge a pofe.prompts dataset's candidates from the moving "
+        "policy every refresh_every steps inside one `axolotl train` (`pofe.online`).",
+    )
     # Iterated runs (`axolotl pofe run`) and their evaluation (`axolotl pofe eval`)
     rounds: int = Field(
         default=1,
@@ -222,6 +228,8 @@ class PofeConfig(KnownKeys):
                 pairwise_judge=judge.type if judge is not None and judge.is_pairwise else None,
                 keep=self.candidates.keep,
             )
+        if self.online is not None and self.method is not None:
+            self._check_online()
         if isinstance(self.round_prompts, list):
             check_round_prompt_count(self.round_prompts, self.rounds)
         if self.stop_when is not None:
@@ -237,6 +245,35 @@ class PofeConfig(KnownKeys):
                 "transformers or vllm"
             )
         return self
+
+    def _check_online(self) -> None:
+        """What `pofe.online` needs and what it does not combine with (yet)."""
+        if self.generate is None:
+            raise ValueError(
+                "pofe.online samples candidates during training: it needs a pofe.prompts dataset with "
+                "pofe.generate and pofe.judge"
+            )
+        if self.generate.backend not in ONLINE_BACKENDS or self.generate.serve is not None:
+            served = (
+                "generate.serve" if self.generate.serve is not None else f"generate.backend {self.generate.backend}"
+            )
+            raise ValueError(
+                f"pofe.online samples from the policy as it trains, and {served} does not (yet): set "
+                f"generate.backend to {' or '.join(ONLINE_BACKENDS)} (the training model samples its own "
+                "candidates), or drop pofe.online and iterate offline rounds with `axolotl pofe run`"
+            )
+        if self.online.kl_coef and method_spec(self.method).target.from_win_rates:
+            raise ValueError(
+                f"pofe.online.kl_coef penalises the rewards a method trains on; `rl: {self.method}` trains on win "
+                "rates and anchors each refresh to the policy that sampled it instead: drop kl_coef"
+            )
+        if self.rounds > 1:
+            raise ValueError(
+                "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
+                "rounds: 1 (or drop pofe.online to iterate offline rounds)"
+            )
+        if self.anchor_mix:
+            raise ValueError("pofe.anchor_mix reads tables of fixed rows, which online training has not: drop it")
 
     def _check_stop_when(self) -> None:
         """`stop_when` reads the held-out evaluation; a falling reward needs a scalar judge."""
@@ -338,6 +375,24 @@ class PofeArgs(BaseModel):
             if method not in allowed:
                 raise ValueError(f"datasets[{i}] ({path}): type {dtype} feeds {'/'.join(allowed)}, not `rl: {method}`")
             has_prompts = has_prompts or dtype == "pofe.prompts"
+        if pofe.online is not None:
+            _check_online_datasets(data)
         if has_generate and not has_prompts:
             raise ValueError("pofe.generate is set but no dataset has type pofe.prompts to generate from")
         return data
+
+
+def _check_online_datasets(data: dict) -> None:
+    """`pofe.online` trains on prompts only, and evaluates with `axolotl pofe eval`."""
+    for i, entry in enumerate(data.get("datasets") or []):
+        get = entry.get if isinstance(entry, dict) else partial(getattr, entry)
+        if get("type", None) != "pofe.prompts":
+            raise ValueError(
+                f"datasets[{i}] ({get('path', None)}): pofe.online samples every candidate from the policy as it "
+                f"trains, so each dataset is a prompt set (type pofe.prompts), not {get('type', None)}"
+            )
+    if data.get("val_set_size"):
+        raise ValueError(
+            "val_set_size: an online run's rows are prompts, which have no loss to evaluate before their "
+            "candidates are sampled; hold prompts out with pofe.eval.held_out and evaluate with `axolotl pofe eval`"
+        )

@@ -93,7 +93,7 @@ def load_pofe_datasets(
     return TrainDatasetMeta(
         train_dataset=dataset,
         eval_dataset=eval_dataset,
-        total_num_steps=_total_num_steps(cfg, len(dataset)),
+        total_num_steps=total_num_steps(cfg, len(dataset)),
     )
 
 
@@ -327,7 +327,7 @@ def _warn_equal_labels(labels: list[list[float]], path: str, spec: MethodSpec) -
     return flat
 
 
-def _total_num_steps(cfg: DictDefault, num_rows: int) -> int:
+def total_num_steps(cfg: DictDefault, num_rows: int) -> int:
     world = cfg.world_size or 1
     per_step = (cfg.micro_batch_size or 1) * (cfg.gradient_accumulation_steps or 1) * world
     steps = math.ceil(num_rows * (cfg.num_epochs or 1) / per_step)

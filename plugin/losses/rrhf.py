@@ -117,3 +117,15 @@ def rrhf_loss(
             "other_score": (torch.where(others, pd, 0.0).sum() / n_others).item() if n_others > 0 else float("nan"),
         }
     return loss, stats
+
+
+def kl_penalised_rewards(rewards: Tensor, logp: Tensor, logp_base: Tensor, kl_coef: float) -> Tensor:
+    """The reward online RRHF ranks by, penalised by the sampled log-ratio to pi_0:
+
+        r'_i = r_i - kl_coef * (log pi(y_i | x) - log pi_0(y_i | x))
+
+    with y_i ~ pi, the policy that sampled it, so the log-ratio is a one-sample estimate of
+    KL(pi || pi_0) for that prompt. The RRHF paper's fix for reward hacking under fully online
+    sampling (Sec. 4, kl_coef 0.01). All tensors (B, K), summed response log-probs.
+    """
+    return rewards - kl_coef * (logp - logp_base)

@@ -201,6 +201,14 @@ class TransformersGenerator:
         self.model = load_policy(model_path, device=device, dtype=dtype)
         self.batch_size = batch_size
 
+    @classmethod
+    def of_model(cls, model, tokenizer, *, batch_size: int = 8) -> TransformersGenerator:
+        """A backend over a model already in memory (online training samples with the policy it
+        trains); `close()` leaves the model to its owner."""
+        generator = cls.__new__(cls)
+        generator.model, generator.tokenizer, generator.batch_size = model, with_pad_token(tokenizer), batch_size
+        return generator
+
     def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[Completion]]:
         """prompts: P rendered prompts (generated from their ids) -> P lists of n candidates."""
         greedy = sampling.strategy == "sample" and sampling.temperature == 0.0

@@ -1,0 +1,18 @@
+"""Online RRHF and SPPO (`pofe.online`): candidates resampled from the moving policy inside
+one `axolotl train`.
+
+    prompts.py   the training set of an online run: its prompts, and the collator that
+                 passes a batch's prompts to the trainer
+    refresh.py   one refresh: sample with the policy as it is, judge, score, write, and the
+                 k-response rows the next steps train on (the candidate pipeline's own stages)
+    trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
+
+The loss, the optimizer and the schedule are the offline trainer's: only where a step's
+batch comes from changes. Each refresh is written under `<output_dir>/online/` before it is
+trained on, so a resumed run trains on what the killed one did.
+"""
+
+from pofe.online.prompts import PromptCollator, load_online_prompts
+from pofe.online.trainer import online_trainer
+
+__all__ = ["PromptCollator", "load_online_prompts", "online_trainer"]

@@ -1,0 +1,87 @@
+"""An online run's training set: its prompts, not candidates (those come at each refresh).
+
+Each row is one prompt as the candidate pipeline reads it (`pofe.data.formats.prompt_row`,
+checked as `axolotl preprocess` checks it), JSON-encoded so any column layout fits one
+dataset schema, with its index in the recipe's dataset. The prompts held out for `axolotl
+pofe eval` (`pofe.eval.held_out`) are left out, as offline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from axolotl.common.datasets import TrainDatasetMeta
+from axolotl.utils.dict import DictDefault
+from datasets import Dataset
+
+from pofe.args import PofeConfig
+from pofe.collator import KResponseCollator
+from pofe.data.formats import RowFormat, prompt_row
+from pofe.data.held_out import held_out_count, hold_out
+from pofe.data.loader import total_num_steps
+from pofe.data.sources import load_entry
+from pofe.logs import get_logger
+
+LOG = get_logger(__name__)
+
+PROMPT_INDEX = "prompt_index"
+PROMPT_ROW = "prompt_row"
+PROMPT_COLUMNS = (PROMPT_INDEX, PROMPT_ROW)
+
+
+def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
+    """The prompts an online run trains on (the `load_datasets` hook's answer under `pofe.online`)."""
+    held = held_out_count(pofe, cfg.datasets)
+    parts = []
+    for i, entry in enumerate(cfg.datasets):
+        fmt = RowFormat.of_entry(entry, i, pofe)
+        raw = load_entry(entry, cfg.hf_use_auth_token)
+        if held:
+            raw, _, _ = hold_out(raw, fmt, held)
+        include = pofe.generate.include_dataset_responses
+        parts.extend(
+            {PROMPT_INDEX: len(parts) + j, PROMPT_ROW: json.dumps(prompt_row(row, j, fmt, include))}
+            for j, row in enumerate(raw)
+        )
+    prompts = Dataset.from_list(parts)
+    online = pofe.online
+    LOG.info(
+        f"POFE: online {pofe.method}: {len(prompts)} prompts"
+        + (f" ({held} held out for `axolotl pofe eval`)" if held else "")
+        + f"; {pofe.generate.num_candidates} candidates per prompt sampled from the policy every "
+        f"{online.refresh_every} optimizer steps"
+    )
+    return TrainDatasetMeta(
+        train_dataset=prompts, eval_dataset=None, total_num_steps=total_num_steps(cfg, len(prompts))
+    )
+
+
+@dataclass
+class PromptCollator:
+    """A batch of prompts: their indices and rows, for the trainer's next refresh.
+
+    Built by axolotl as `cls(tokenizer, padding=..., pad_to_multiple_of=..., **kwargs)`; the
+    trainer batches the refreshed candidates with `rows`, the offline collator.
+    """
+
+    tokenizer: Any
+    padding: bool | str = True
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+    prefix_sharing: bool = False
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            PROMPT_INDEX: torch.tensor([f[PROMPT_INDEX] for f in features]),  # (B,)
+            PROMPT_ROW: [json.loads(f[PROMPT_ROW]) for f in features],
+        }
+
+    @property
+    def rows(self) -> KResponseCollator:
+        """The collator of the k-response rows a refresh makes."""
+        return KResponseCollator(
+            self.tokenizer, self.padding, self.pad_to_multiple_of, self.return_tensors, self.prefix_sharing
+        )

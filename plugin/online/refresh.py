@@ -1,0 +1,195 @@
+"""One refresh of an online run: the prompts of the next steps, sampled, judged, scored, written.
+
+A refresh runs the candidate pipeline's own stages on one window of prompts (`pofe.preprocess.
+shard_work`: render, sample, dedupe, judge, win rates; `build.build_rows`), so dataset responses,
+dedupe, the length policy, abstentions and every judge behave as in `axolotl preprocess`. The
+policy scores its own candidates without gradients (SPPO's anchor for the window, RRHF's
+log-ratio to pi_0), and the window is written to `<output_dir>/online/refresh-<step>/` before
+its first step trains:
+
+    generate.jsonl   the sampled candidates per prompt (a generate shard's rows)
+    judge.jsonl      the judge's verdicts (a judge shard's rows)
+    rows.jsonl       the rows trained on: prompt, responses, sampled ids, the judge's label,
+                     the policy's (and pi_0's) summed log-probs of each response
+    refresh.json     written last: the window (start step, micro-batches of prompt indices), stats
+
+A resumed run reads the window its checkpoint's step falls in back from these files and
+trains on exactly its rows, with the anchors and rewards the killed run computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pofe.data.formats import candidate_row
+from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
+from pofe.losses import kl_penalised_rewards
+from pofe.methods import MethodSpec
+from pofe.preprocess.abstentions import AbstentionTally, check_abstentions
+from pofe.preprocess.build import build_rows
+from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.preprocess.generate_stage import SHARD_SEED_STRIDE
+from pofe.preprocess.render import ChatTemplateError
+from pofe.preprocess.shard_work import generate_shard, judge_shard
+
+FOLDER = "online"
+# rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
+# a window gave its candidates, and pi_0's (with kl_coef)
+LOGP, LOGP_BASE = "logp", "logp_base"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The steps one refresh feeds: the first one and the prompts of each micro-batch."""
+
+    start_step: int
+    micro_batches: list[list[int]]  # prompt indices, in the order the steps take them
+
+    @property
+    def prompts(self) -> list[int]:
+        return [p for batch in self.micro_batches for p in batch]
+
+
+@dataclass
+class Refreshed:
+    """A window's trainable rows per micro-batch (tokenised, labels final) and its stats."""
+
+    window: Window
+    rows: list[list[dict[str, Any]]]
+    stats: dict[str, float]
+
+
+def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: int = 1) -> Path:
+    """Where the refresh starting at `start_step` is written (each rank its own, under several)."""
+    folder = Path(output_dir) / FOLDER / f"refresh-{start_step:07d}"
+    return folder / f"rank-{rank}" if world > 1 else folder
+
+
+def sample_and_judge(
+    window: Window,
+    prompt_rows: dict[int, dict],
+    *,
+    generator,
+    judge,
+    tokenizer,
+    method: MethodSpec,
+    generate: GenerateConfig,
+    judge_cfg: JudgeConfig,
+    candidates: CandidatesConfig,
+    timer,
+) -> tuple[list[dict], list[dict]]:
+    """The window's generate and judge rows (`shard_work`'s), `index` the prompt's. Seeded by
+    the window's first step, never a running RNG: a refresh sampled again samples the same."""
+    indices = window.prompts
+    rows = [prompt_rows[i] for i in indices]
+    sampling = dataclasses.replace(generate.sampling(), seed=generate.seed + window.start_step * SHARD_SEED_STRIDE)
+    with timer("generate"):
+        try:
+            generated = generate_shard(
+                rows, 0, generator, tokenizer, generate, sampling, "prompt", candidates.truncated
+            )
+        except ChatTemplateError as e:
+            raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
+    for g in generated:
+        g["index"] = indices[g["index"]]
+    columns = [{c: v for c, v in r.items() if c != "prompt"} for r in rows]
+    with timer("judge"):
+        judged = judge_shard(generated, judge, method.target, judge_cfg, columns)
+    unit = "pairs" if judge_cfg.is_pairwise else "candidates"
+    check_abstentions(
+        AbstentionTally().plus(judged),
+        limit=judge_cfg.max_abstention_rate,
+        judge=judge_cfg.function or judge_cfg.type,
+        unit=unit,
+        final=True,
+    )
+    return generated, judged
+
+
+def trainable_rows(judged: list[dict], method: MethodSpec, candidates: CandidatesConfig, tokenize) -> dict[int, dict]:
+    """Prompt index -> its data row (`build.build_rows`' shape) and tokenised row, for the
+    prompts that keep enough candidates and fit the length policy; `tokenize(canonical) ->
+    tokenised row`. The others are counted by `dropped_counts`."""
+    out = {}
+    for r in judged:
+        built, _ = build_rows([r], method.name, keep=candidates.keep, min_candidates=candidates.min_candidates)
+        if not built:
+            continue
+        row = built[0]
+        tokenized = tokenize(candidate_row(row, r["index"], target=method.target, source="online refresh"))
+        if tokenized["keep"]:
+            out[r["index"]] = {"data": row, "tokenized": tokenized}
+    return out
+
+
+def with_scores(
+    row: dict, method: MethodSpec, logp: list[float], logp_base: list[float] | None, kl_coef: float
+) -> dict:
+    """A tokenised row with the policy's scores folded in: an anchored method's anchor is the
+    log-probs of the policy that sampled the window; with `kl_coef`, the rewards are penalised
+    by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
+    out = {k: v for k, v in row.items() if k in ("prompt_ids", "response_ids", method.target.column)}
+    if method.needs_anchor:
+        out["anchor_logps"] = list(logp)
+    if kl_coef and logp_base is not None:
+        column = method.target.column
+        shaped = kl_penalised_rewards(
+            torch.tensor(row[column], dtype=torch.float64),
+            torch.tensor(logp, dtype=torch.float64),
+            torch.tensor(logp_base, dtype=torch.float64),
+            kl_coef,
+        )
+        out[column] = shaped.tolist()
+    return out
+
+
+def write_refresh(
+    folder: Path, refreshed: Refreshed, generated: list[dict], judged: list[dict], data_rows: list[dict]
+) -> None:
+    """Write a refresh; refresh.json last, so a folder without it is redone on resume."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(folder / "generate.jsonl", generated)
+    write_jsonl_atomic(folder / "judge.jsonl", judged, allow_nan=True)
+    write_jsonl_atomic(folder / "rows.jsonl", data_rows)
+    record = {"start_step": refreshed.window.start_step, "micro_batches": refreshed.window.micro_batches}
+    write_atomic(folder / "refresh.json", json.dumps({**record, "stats": refreshed.stats}, indent=1) + "\n")
+
+
+def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:
+    """A written refresh: its window, rows.jsonl's rows and its stats; None when not finished."""
+    if not (folder / "refresh.json").exists():
+        return None
+    record = read_json(folder / "refresh.json", "delete the folder: the resumed run samples the window again")
+    window = Window(record["start_step"], record["micro_batches"])
+    return window, read_jsonl(folder / "rows.jsonl"), record["stats"]
+
+
+def window_stats(
+    generated: list[dict], judged: list[dict], kept: dict[int, dict], kl: list[float]
+) -> dict[str, float]:
+    """What `online/*` logs of a window: prompts, candidates, the judge's mean and best-of-k
+    reward of the policy's own samples (scalar judges; dataset responses left out: they do not
+    move), and the mean sampled log-ratio to pi_0 (when measured)."""
+    sampled = []
+    for g, r in zip(generated, judged, strict=True):
+        policy = {c for c, source in zip(g["candidates"], g["sources"]) if source == "policy"}
+        rewards = [x for c, x in zip(r["responses"], r.get("rewards") or []) if c in policy]
+        if rewards:
+            sampled.append(rewards)
+    stats = {
+        "prompts": float(len(judged)),
+        "prompts_dropped": float(len(judged) - len(kept)),
+        "candidates": float(sum(len(r["responses"]) for r in judged)),
+    }
+    if sampled:
+        stats["candidate_reward_mean"] = sum(sum(r) for r in sampled) / sum(len(r) for r in sampled)
+        stats["candidate_reward_best"] = sum(max(r) for r in sampled) / len(sampled)
+    if kl:
+        stats["kl_to_base"] = sum(kl) / len(kl)
+    return stats
