@@ -6,7 +6,10 @@ model, add the dataset's responses, judge with the verifiable reward) and
 `axolotl train` on the method's recipe (`recipes/tiny-rrhf-cpu.yml`,
 `recipes/tiny-sppo-cpu.yml`). It greedy-decodes the prompts with the model before and
 after training and prints the reward side by side with the candidates' mean and best-of-k
-reward. `make demo` runs both methods.
+reward. `make demo` runs both methods, then both online (`--online`: the recipes
+`recipes/tiny-<method>-online-cpu.yml`, whose candidates are sampled from the policy as it
+trains inside `axolotl train`; the table then shows the policy's samples' reward at the first
+and the last refresh).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import yaml
 from pofe.demo.evaluate import greedy_reward
 from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
 from pofe.demo.tiny import build_tiny_model
+from pofe.online.refresh import FOLDER, read_refresh
 
 NUM_TRAIN_PROMPTS = 60
 NUM_HELD_OUT = 40
@@ -81,15 +85,47 @@ def print_table(method: str, summary: dict, seconds: float, before: dict, after:
         f"\n{method.upper()} on {summary['rows']} addition prompts, {judged:.1f} candidates per prompt "
         f"(sampled + dataset){trained}, preprocess + train took {seconds:.0f} s\n"
     )
+    print_greedy(before, after)
+    print(f"{'candidates: mean reward':34}{summary['mean_candidate_reward']:>10.3f}")
+    print(f"{'candidates: best-of-k (ceiling)':34}{summary['mean_best_of_k_reward']:>10.3f}")
+    print_samples(before, after)
+
+
+def print_online_table(method: str, refreshes: list[dict], seconds: float, before: dict, after: dict) -> None:
+    """The online run's table: greedy rewards as offline, and the policy's own samples' mean and
+    best-of-k reward at the first and the last refresh (each refresh's `refresh.json` stats)."""
+    first, last = refreshes[0], refreshes[-1]
+    print(
+        f"\nONLINE {method.upper()} on {int(first['prompts'])} addition prompts, {len(refreshes)} refreshes "
+        f"of the candidates from the policy as it trained, train took {seconds:.0f} s\n"
+    )
+    print_greedy(before, after)
+    print(f"{'':34}{'refresh 1':>10}{f'refresh {len(refreshes)}':>10}")
+    for name, key in (
+        ("policy samples: mean reward", "candidate_reward_mean"),
+        ("policy samples: best-of-k", "candidate_reward_best"),
+    ):
+        print(f"{name:34}{first[key]:>10.3f}{last[key]:>10.3f}")
+    print_samples(before, after)
+
+
+def online_refreshes(recipe: dict) -> list[dict]:
+    """Each refresh's stats, in step order, from the run's output_dir (`pofe.online.refresh`)."""
+    folders = sorted((Path(recipe["output_dir"]) / FOLDER).glob("refresh-*"))
+    return [read_refresh(folder)[2] for folder in folders]
+
+
+def print_greedy(before: dict, after: dict) -> None:
     train, held = (before["train"], after["train"]), (before["held_out"], after["held_out"])
     print(f"{'':34}{'before':>10}{'after':>10}")
     print(f"{'greedy reward, training prompts':34}{train[0]['mean_reward']:>10.3f}{train[1]['mean_reward']:>10.3f}")
     print(f"{'exact match, training prompts':34}{train[0]['exact_match']:>10.3f}{train[1]['exact_match']:>10.3f}")
     print(f"{'greedy reward, held-out prompts':34}{held[0]['mean_reward']:>10.3f}{held[1]['mean_reward']:>10.3f}")
-    print(f"{'candidates: mean reward':34}{summary['mean_candidate_reward']:>10.3f}")
-    print(f"{'candidates: best-of-k (ceiling)':34}{summary['mean_best_of_k_reward']:>10.3f}")
+
+
+def print_samples(before: dict, after: dict) -> None:
     print("\nsamples (prompt -> before | after):")
-    for (p, b, _), (_, a, r) in list(zip(train[0]["samples"], train[1]["samples"]))[:6]:
+    for (p, b, _), (_, a, r) in list(zip(before["train"]["samples"], after["train"]["samples"]))[:6]:
         print(f"  {p:<7} -> {b!r:<12} | {a!r:<8} reward {r:.2f}")
 
 
@@ -106,6 +142,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="rrhf",
         help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
         "(a verifier's sharp comparisons). Picks the recipe recipes/tiny-<method>-cpu.yml.",
+    )
+    parser.add_argument(
+        "--online",
+        action="store_true",
+        help="Train online (recipes/tiny-<method>-online-cpu.yml): the candidates are sampled from the policy "
+        "as it trains, every pofe.online.refresh_every steps, inside one `axolotl train`.",
     )
     parser.add_argument(
         "--recipe",
@@ -131,7 +173,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    recipe_path = args.recipe or Path("recipes") / f"tiny-{args.method}-cpu.yml"
+    recipe_path = args.recipe or Path("recipes") / f"tiny-{args.method}{'-online' if args.online else ''}-cpu.yml"
     recipe = yaml.safe_load(recipe_path.read_text())
     rows = prepare(recipe, args.seed)
     print(f"wrote a tiny model to {recipe['base_model']} and {len(rows)} prompts")
@@ -143,8 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     tail = make_prompts(NUM_TRAIN_PROMPTS + NUM_HELD_OUT, seed=args.seed)[NUM_TRAIN_PROMPTS:]
     prompts["held_out"] = [p for p in tail if p not in set(prompts["train"])]
     before = {name: greedy_reward(recipe["base_model"], p) for name, p in prompts.items()}
-    seconds = axolotl("preprocess", recipe_path) + axolotl("train", recipe_path)
+    online = "online" in (recipe.get("pofe") or {})
+    # online, the candidates are sampled inside `axolotl train`: nothing to preprocess
+    seconds = (0.0 if online else axolotl("preprocess", recipe_path)) + axolotl("train", recipe_path)
     after = {name: greedy_reward(recipe["output_dir"], p) for name, p in prompts.items()}
+    if online:
+        print_online_table(method, online_refreshes(recipe), seconds, before, after)
+        return
     print_table(method, candidates_summary(recipe, method), seconds, before, after)
     print(
         "\nThe tiny model learns the training prompts; held-out additions stay hard for a 2-layer, "

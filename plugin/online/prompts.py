@@ -47,16 +47,31 @@ def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
             for j, row in enumerate(raw)
         )
     prompts = Dataset.from_list(parts)
-    online = pofe.online
+    every = pofe.online.refresh_every
     LOG.info(
         f"POFE: online {pofe.method}: {len(prompts)} prompts"
         + (f" ({held} held out for `axolotl pofe eval`)" if held else "")
-        + f"; {pofe.generate.num_candidates} candidates per prompt sampled from the policy every "
-        f"{online.refresh_every} optimizer steps"
+        + f"; {pofe.generate.num_candidates} candidates per prompt sampled from the policy every {every} "
+        "optimizer steps"
     )
+    epoch = steps_per_epoch(cfg, len(prompts))
+    if every > epoch:
+        LOG.warning(
+            f"POFE: pofe.online.refresh_every {every} is more than an epoch's {epoch} steps: a refresh's window "
+            f"ends with its epoch (the next epoch's prompt order is drawn as it starts), so the candidates are "
+            f"refreshed every {epoch} steps. Lower refresh_every to {epoch} to say so, or micro_batch_size for more "
+            "steps per epoch"
+        )
     return TrainDatasetMeta(
         train_dataset=prompts, eval_dataset=None, total_num_steps=total_num_steps(cfg, len(prompts))
     )
+
+
+def steps_per_epoch(cfg: DictDefault, num_prompts: int) -> int:
+    """Optimizer steps in one pass over `num_prompts` (transformers': ceil over the ranks' batches,
+    then over gradient accumulation)."""
+    batches = -(-num_prompts // ((cfg.micro_batch_size or 1) * (cfg.world_size or 1)))
+    return max(1, -(-batches // (cfg.gradient_accumulation_steps or 1)))
 
 
 @dataclass

@@ -10,7 +10,8 @@ its first step trains:
     generate.jsonl   the sampled candidates per prompt (a generate shard's rows)
     judge.jsonl      the judge's verdicts (a judge shard's rows)
     rows.jsonl       the rows trained on: prompt, responses, sampled ids, the judge's label,
-                     the policy's (and pi_0's) summed log-probs of each response
+                     the token ids trained on, the policy's (and pi_0's) summed log-probs of
+                     each response
     refresh.json     written last: the window (start step, micro-batches of prompt indices), stats
 
 A resumed run reads the window its checkpoint's step falls in back from these files and
@@ -42,6 +43,8 @@ FOLDER = "online"
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (with kl_coef)
 LOGP, LOGP_BASE = "logp", "logp_base"
+# and the token ids the trainer scores: {"prompt_ids": [...], "response_ids": [[...], ...]}
+TOKENS = "tokens"
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,10 @@ def sample_and_judge(
 
 
 def trainable_rows(judged: list[dict], method: MethodSpec, candidates: CandidatesConfig, tokenize) -> dict[int, dict]:
-    """Prompt index -> its data row (`build.build_rows`' shape) and tokenised row, for the
-    prompts that keep enough candidates and fit the length policy; `tokenize(canonical) ->
-    tokenised row`. The others are counted by `dropped_counts`."""
+    """Prompt index -> its data row (`build.build_rows`' shape) and its token ids (`TOKENS`: the
+    prompt's and each response's, as the trainer scores them), for the prompts that keep enough
+    candidates and fit the length policy; `tokenize(canonical) -> tokenised row`. The others are
+    counted in `window_stats`' prompts_dropped."""
     out = {}
     for r in judged:
         built, _ = build_rows([r], method.name, keep=candidates.keep, min_candidates=candidates.min_candidates)
@@ -124,25 +128,23 @@ def trainable_rows(judged: list[dict], method: MethodSpec, candidates: Candidate
         row = built[0]
         tokenized = tokenize(candidate_row(row, r["index"], target=method.target, source="online refresh"))
         if tokenized["keep"]:
-            out[r["index"]] = {"data": row, "tokenized": tokenized}
+            out[r["index"]] = {"data": row, TOKENS: {k: tokenized[k] for k in ("prompt_ids", "response_ids")}}
     return out
 
 
-def with_scores(
-    row: dict, method: MethodSpec, logp: list[float], logp_base: list[float] | None, kl_coef: float
-) -> dict:
-    """A tokenised row with the policy's scores folded in: an anchored method's anchor is the
-    log-probs of the policy that sampled the window; with `kl_coef`, the rewards are penalised
-    by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
-    out = {k: v for k, v in row.items() if k in ("prompt_ids", "response_ids", method.target.column)}
+def with_scores(row: dict, method: MethodSpec, kl_coef: float) -> dict:
+    """The trainer's row of a rows.jsonl row: its token ids and label, with the scores folded in:
+    an anchored method's anchor is the log-probs of the policy that sampled the window; with
+    `kl_coef`, the rewards are penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
+    column = method.target.column
+    out = {**row[TOKENS], column: row[column]}
     if method.needs_anchor:
-        out["anchor_logps"] = list(logp)
-    if kl_coef and logp_base is not None:
-        column = method.target.column
+        out["anchor_logps"] = list(row[LOGP])
+    if kl_coef:
         shaped = kl_penalised_rewards(
             torch.tensor(row[column], dtype=torch.float64),
-            torch.tensor(logp, dtype=torch.float64),
-            torch.tensor(logp_base, dtype=torch.float64),
+            torch.tensor(row[LOGP], dtype=torch.float64),
+            torch.tensor(row[LOGP_BASE], dtype=torch.float64),
             kl_coef,
         )
         out[column] = shaped.tolist()

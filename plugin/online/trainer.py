@@ -22,7 +22,6 @@ from datasets import Dataset
 
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
-from pofe.data.formats import candidate_row
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world, sum_over_ranks
 from pofe.errors import PofeError
@@ -34,6 +33,7 @@ from pofe.online.refresh import (
     FOLDER,
     LOGP,
     LOGP_BASE,
+    TOKENS,
     Refreshed,
     Window,
     read_refresh,
@@ -149,10 +149,10 @@ class OnlineTraining:
             )
             kept = trainable_rows(judged, self.spec, pofe.candidates, self._tokenize)
             with _timed(timings, "score"):
-                logp, logp_base = self._scores(model, [kept[i]["tokenized"] for i in kept])
+                logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
         data_rows, kl = [], []
         for j, (index, row) in enumerate(kept.items()):
-            record = {"prompt_index": index, **row["data"]}
+            record = {"prompt_index": index, **row["data"], TOKENS: row[TOKENS]}
             if logp is not None:
                 record[LOGP] = logp[j]
             if logp_base is not None:
@@ -170,8 +170,11 @@ class OnlineTraining:
         kl = self.pofe.online.kl_coef > 0
         if not rows or not (self.spec.needs_anchor or kl):
             return None, None
-        columns = ("prompt_ids", "response_ids", self.spec.target.column)
-        dataset = Dataset.from_list([{**{c: r[c] for c in columns}, "row_id": j} for j, r in enumerate(rows)])
+        # the label column only passes the trainer's batch check: scoring does not read it
+        label = self.spec.target.column
+        dataset = Dataset.from_list(
+            [{**r, label: [0.0] * len(r["response_ids"]), "row_id": j} for j, r in enumerate(rows)]
+        )
         scorer = RowScorer(
             collate=self.data_collator.rows,
             score=self.score_candidates,
@@ -202,12 +205,7 @@ class OnlineTraining:
 
     def _batched(self, window: Window, data_rows: list[dict]) -> list[list[dict]]:
         """Each micro-batch's trainable rows, with the scores folded in (`with_scores`)."""
-        by_index = {}
-        for row in data_rows:
-            canonical = candidate_row(row, row["prompt_index"], target=self.spec.target, source="online refresh")
-            by_index[row["prompt_index"]] = with_scores(
-                self._tokenize(canonical), self.spec, row.get(LOGP), row.get(LOGP_BASE), self.pofe.online.kl_coef
-            )
+        by_index = {row["prompt_index"]: with_scores(row, self.spec, self.pofe.online.kl_coef) for row in data_rows}
         return [[by_index[i] for i in batch if i in by_index] for batch in window.micro_batches]
 
     # -- resuming -----------------------------------------------------------------------

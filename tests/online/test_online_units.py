@@ -1,0 +1,154 @@
+"""`pofe.online` without training: the block's rules, the KL-penalised reward, a refresh's rows,
+stats and files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from pofe.args import PofeArgs, PofeConfig
+from pofe.losses import kl_penalised_rewards
+from pofe.methods import method_spec
+from pofe.online.prompts import steps_per_epoch
+from pofe.online.refresh import (
+    LOGP,
+    LOGP_BASE,
+    TOKENS,
+    Refreshed,
+    Window,
+    read_refresh,
+    refresh_dir,
+    window_stats,
+    with_scores,
+    write_refresh,
+)
+from tests.helpers import pofe_block
+
+
+def _online(method: str, **online) -> dict:
+    return {"method": method, **pofe_block(method), "online": online}
+
+
+def test_the_block_reads_refresh_every_and_kl_coef():
+    pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=32, kl_coef=0.01))
+    assert (pofe.online.refresh_every, pofe.online.kl_coef) == (32, 0.01)
+    assert PofeConfig.model_validate(_online("rrhf")).online.model_dump() == {"refresh_every": 32, "kl_coef": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"refresh_every": 0}, "refresh_every\n  Input should be greater than or equal to 1"),
+        ({"refresh_evry": 4}, "refresh_evry"),
+        ({"kl_coef": -0.1}, "kl_coef\n  Input should be greater than or equal to 0"),
+    ],
+)
+def test_bad_values_are_refused_by_name(block, message):
+    with pytest.raises(ValidationError, match=message):
+        PofeConfig.model_validate(_online("rrhf", **block))
+
+
+def test_what_online_training_does_not_combine_with_is_refused():
+    with pytest.raises(ValidationError, match="trains on win rates and anchors each refresh to the policy"):
+        PofeConfig.model_validate(_online("sppo", kl_coef=0.01))
+    with pytest.raises(ValidationError, match="replaces pofe.rounds: set rounds: 1"):
+        PofeConfig.model_validate({**_online("rrhf"), "rounds": 2})
+    openai = _online("rrhf")
+    openai["generate"] = {**openai["generate"], "backend": "openai", "base_url": "http://127.0.0.1:1/v1"}
+    with pytest.raises(
+        ValidationError, match="generate.backend openai does not \\(yet\\): set generate.backend to transformers"
+    ):
+        PofeConfig.model_validate(openai)
+    without = {"method": "rrhf", "online": {}}
+    with pytest.raises(ValidationError, match="it needs a pofe.prompts dataset with pofe.generate and pofe.judge"):
+        PofeConfig.model_validate(without)
+
+
+def test_an_online_recipe_trains_on_prompts_and_evaluates_apart():
+    base = {"rl": "rrhf", "pofe": _online("rrhf"), "datasets": [{"path": "p.jsonl", "type": "pofe.prompts"}]}
+    PofeArgs.model_validate(base)
+    fixed = {**base, "datasets": [*base["datasets"], {"path": "r.jsonl", "type": "pofe.rrhf"}]}
+    with pytest.raises(ValidationError, match=r"datasets\[1\] \(r.jsonl\): pofe.online samples every candidate"):
+        PofeArgs.model_validate(fixed)
+    with pytest.raises(ValidationError, match="hold prompts out with pofe.eval.held_out"):
+        PofeArgs.model_validate({**base, "val_set_size": 0.1})
+
+
+def test_kl_penalised_rewards_by_hand():
+    import torch
+
+    shaped = kl_penalised_rewards(
+        torch.tensor([[1.0, 0.5]]), torch.tensor([[-3.0, -5.0]]), torch.tensor([[-4.0, -4.0]]), kl_coef=0.01
+    )
+    # 1 - 0.01 * (-3 + 4) and 0.5 - 0.01 * (-5 + 4)
+    assert shaped[0].tolist() == pytest.approx([0.99, 0.51], abs=1e-7)
+
+
+def _row(**extra) -> dict:
+    return {
+        "prompt_index": 7,
+        "prompt": "1+2=",
+        "responses": ["3", "4"],
+        TOKENS: {"prompt_ids": [1, 2], "response_ids": [[3, 9], [4, 9]]},
+        **extra,
+    }
+
+
+def test_with_scores_folds_the_anchor_or_the_penalty_in():
+    sppo = with_scores(_row(win_rates=[0.75, 0.25], **{LOGP: [-2.0, -6.0]}), method_spec("sppo"), kl_coef=0.0)
+    assert sppo == {
+        "prompt_ids": [1, 2],
+        "response_ids": [[3, 9], [4, 9]],
+        "win_rates": [0.75, 0.25],
+        "anchor_logps": [-2.0, -6.0],
+    }
+    rrhf = _row(rewards=[1.0, 0.0], **{LOGP: [-2.0, -6.0], LOGP_BASE: [-3.0, -5.0]})
+    shaped = with_scores(rrhf, method_spec("rrhf"), kl_coef=0.1)
+    assert shaped["rewards"] == pytest.approx([1.0 - 0.1 * 1.0, 0.0 - 0.1 * -1.0])
+    assert "anchor_logps" not in shaped
+    assert with_scores(rrhf, method_spec("rrhf"), kl_coef=0.0)["rewards"] == [1.0, 0.0]
+
+
+def test_window_stats_count_prompts_and_read_the_policys_samples_only():
+    generated = [
+        {"candidates": ["3", "5", "4"], "sources": ["answer", "policy", "policy"]},
+        {"candidates": ["x"], "sources": ["policy"]},
+    ]
+    judged = [
+        {"responses": ["3", "5", "4"], "rewards": [1.0, 0.2, 0.6]},
+        {"responses": ["x"], "rewards": [0.0]},
+    ]
+    stats = window_stats(generated, judged, kept={0: {}}, kl=[0.5, 1.5, -1.0])
+    assert stats == {
+        "prompts": 2.0,
+        "prompts_dropped": 1.0,  # one candidate left: too few to rank
+        "candidates": 4.0,
+        "candidate_reward_mean": pytest.approx((0.2 + 0.6 + 0.0) / 3),  # the dataset's answer left out
+        "candidate_reward_best": pytest.approx((0.6 + 0.0) / 2),
+        "kl_to_base": pytest.approx(1.0 / 3),
+    }
+
+
+def test_a_refresh_reads_back_as_written_and_only_once_finished(tmp_path):
+    folder = refresh_dir(tmp_path, 12)
+    assert folder == tmp_path / "online" / "refresh-0000012"
+    assert refresh_dir(tmp_path, 12, rank=1, world=2) == folder / "rank-1"
+    window = Window(12, [[3, 1], [0, 2]])
+    rows = [_row(rewards=[1.0, float("0.5")])]
+    write_refresh(folder, Refreshed(window, [], {"prompts": 4.0}), [{"index": 7}], [{"index": 7}], rows)
+    assert read_refresh(folder) == (window, rows, {"prompts": 4.0})
+    assert json.loads((folder / "refresh.json").read_text())["micro_batches"] == [[3, 1], [0, 2]]
+    (folder / "refresh.json").unlink()  # killed before the refresh was finished: sampled again
+    assert read_refresh(folder) is None
+
+
+@pytest.mark.parametrize(
+    ("prompts", "micro", "accumulation", "world", "steps"), [(60, 20, 1, 1, 3), (60, 7, 1, 1, 9), (60, 5, 2, 2, 3)]
+)
+def test_steps_per_epoch_as_transformers_counts_them(prompts, micro, accumulation, world, steps):
+    from axolotl.utils.dict import DictDefault
+
+    cfg = DictDefault(micro_batch_size=micro, gradient_accumulation_steps=accumulation, world_size=world)
+    assert steps_per_epoch(cfg, prompts) == steps
