@@ -100,12 +100,12 @@ def print_online_table(method: str, refreshes: list[dict], seconds: float, befor
         f"of the candidates from the policy as it trained, train took {seconds:.0f} s\n"
     )
     print_greedy(before, after)
-    print(f"{'':34}{'refresh 1':>10}{f'refresh {len(refreshes)}':>10}")
+    print(f"{'':34}{'refresh 1':>11}{f'refresh {len(refreshes)}':>11}")
     for name, key in (
         ("policy samples: mean reward", "candidate_reward_mean"),
         ("policy samples: best-of-k", "candidate_reward_best"),
     ):
-        print(f"{name:34}{first[key]:>10.3f}{last[key]:>10.3f}")
+        print(f"{name:34}{first[key]:>11.3f}{last[key]:>11.3f}")
     print_samples(before, after)
 
 

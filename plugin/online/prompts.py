@@ -42,10 +42,11 @@ def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
         if held:
             raw, _, _ = hold_out(raw, fmt, held)
         include = pofe.generate.include_dataset_responses
-        parts.extend(
-            {PROMPT_INDEX: len(parts) + j, PROMPT_ROW: json.dumps(prompt_row(row, j, fmt, include))}
+        first = len(parts)  # the recipe's datasets, one after another
+        parts += [
+            {PROMPT_INDEX: first + j, PROMPT_ROW: json.dumps(prompt_row(row, j, fmt, include))}
             for j, row in enumerate(raw)
-        )
+        ]
     prompts = Dataset.from_list(parts)
     every = pofe.online.refresh_every
     LOG.info(

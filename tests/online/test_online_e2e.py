@@ -1,0 +1,144 @@
+"""Online RRHF and SPPO through the real `axolotl train`, on the demo's toy task: they learn,
+each refresh is written as it was trained on (scores checked against an independent scoring of
+the written token ids), and a killed run resumes on what it was training on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pofe.demo.__main__ import prepare
+from pofe.demo.evaluate import greedy_reward
+from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
+from tests.helpers import ROOT, assert_float_close, load_llama, log_history, naive_logps, run_axolotl
+
+pytestmark = pytest.mark.e2e
+
+
+def _toy(tmp_path: Path, name: str, **changes) -> tuple[Path, dict, list[dict]]:
+    """The shipped recipe `name` with `changes` (a `pofe:` dict merges into its block), written in
+    tmp_path beside the demo's tiny model and prompts (seed 0)."""
+    recipe = yaml.safe_load((ROOT / "recipes" / name).read_text())
+    pofe = changes.pop("pofe", {})
+    recipe.update(changes)
+    recipe["pofe"].update(pofe)
+    recipe = {
+        k: str(tmp_path / v) if k in ("base_model", "output_dir", "dataset_prepared_path") else v
+        for k, v in recipe.items()
+    }
+    recipe["datasets"][0]["path"] = str(tmp_path / recipe["datasets"][0]["path"])
+    rows = prepare(recipe, seed=0)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(recipe))
+    return path, recipe, rows
+
+
+def _refreshes(output_dir: Path) -> list[tuple]:
+    return [read_refresh(f) for f in sorted((output_dir / "online").glob("refresh-*"))]
+
+
+def _scored(rows: list[dict], column: str) -> torch.Tensor:
+    """(rows, K_max) of one rows.jsonl column, NaN past a row's candidates: float32, the dtype the
+    trainer scored in."""
+    table = torch.full((len(rows), max(len(r[column]) for r in rows)), float("nan"))
+    for j, r in enumerate(rows):
+        table[j, : len(r[column])] = torch.tensor(r[column])
+    return table
+
+
+def _independent(model_dir: str, rows: list[dict]) -> torch.Tensor:
+    """The written token ids scored by a plain forward of `model_dir` (`naive_logps`)."""
+    tokens = [{"row_id": j, **r[TOKENS]} for j, r in enumerate(rows)]
+    return naive_logps(load_llama(Path(model_dir)), tokens)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "at_least"),
+    # greedy reward on the 60 training prompts after training, from 0.000 before; measured over
+    # model and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): see the README
+    [("tiny-rrhf-online-cpu.yml", 0.3), ("tiny-sppo-online-cpu.yml", 0.1)],
+)
+def test_online_training_learns_the_toy_and_writes_each_refresh(tmp_path, recipe, at_least):
+    path, cfg, rows = _toy(tmp_path, recipe)
+    prompts = [r["prompt"] for r in rows]
+    before = greedy_reward(cfg["base_model"], prompts)["mean_reward"]
+    proc = run_axolotl("train", str(path), cwd=tmp_path)
+    after = greedy_reward(cfg["output_dir"], prompts)["mean_reward"]
+    assert before == 0.0 and after >= at_least, (before, after)
+
+    refreshes = _refreshes(Path(cfg["output_dir"]))
+    # 60 prompts in steps of 20: 3 steps an epoch, refresh_every 3, 50 epochs
+    assert [w.start_step for w, _, _ in refreshes] == list(range(0, 150, 3))
+    assert all(sorted(w.prompts) == list(range(60)) for w, _, _ in refreshes)
+    rewards = [stats["candidate_reward_mean"] for _, _, stats in refreshes]
+    assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.02, rewards
+    assert (proc.stdout + proc.stderr).count("POFE: online refresh ") == 50
+
+    # step 0: the policy is pi_0; its scores of the written ids are a plain forward's
+    window, first, _ = refreshes[0]
+    anchor_or_logp = _scored(first, LOGP)
+    assert_float_close(anchor_or_logp, _independent(cfg["base_model"], first), n_terms=64 * 16)
+    if "kl_coef" in cfg["pofe"]["online"]:
+        # RRHF: pi_0 is the frozen base all along, and the policy has moved away from it by the end
+        assert_float_close(_scored(first, LOGP_BASE), anchor_or_logp, n_terms=64 * 16)
+        _, last, stats = refreshes[-1]
+        assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
+        ratio = [a - b for r in last for a, b in zip(r[LOGP], r[LOGP_BASE])]
+        assert sum(ratio) / len(ratio) == pytest.approx(stats["kl_to_base"], rel=1e-9) and stats["kl_to_base"] > 1.0
+
+
+def test_a_killed_online_run_resumes_on_the_candidates_it_was_training_on(tmp_path):
+    """Uninterrupted: 12 steps of 5 prompts, refreshes at steps 0, 4, 8, checkpoints at 6 and 12.
+    Killed: only checkpoint-6 and the refreshes of steps 0 and 4 left (a kill at step 7). The
+    resumed run reads step 4's refresh back for steps 7 and 8, samples step 8's again, and logs
+    the uninterrupted run's losses."""
+    changes = dict(
+        micro_batch_size=5,
+        num_epochs=1,
+        max_steps=12,
+        logging_steps=1,
+        lr_scheduler="constant",
+        warmup_steps=0,
+        save_strategy="steps",
+        save_steps=6,
+        pofe={"online": {"refresh_every": 4, "kl_coef": 0.01}},
+    )
+    path, cfg, _ = _toy(tmp_path / "whole", "tiny-rrhf-online-cpu.yml", **changes)
+    run_axolotl("train", str(path), cwd=tmp_path / "whole")
+    whole = Path(cfg["output_dir"])
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "whole", killed)
+    out = killed / whole.relative_to(tmp_path / "whole")
+    shutil.rmtree(out / "checkpoint-12")
+    shutil.rmtree(out / "online" / "refresh-0000008")
+    resumed_cfg = {
+        **yaml.safe_load(path.read_text()),
+        "output_dir": str(out),
+        "resume_from_checkpoint": str(out / "checkpoint-6"),
+    }
+    resumed_cfg["base_model"] = cfg["base_model"]
+    resumed = killed / "resumed.yml"
+    resumed.write_text(yaml.safe_dump(resumed_cfg))
+    proc = run_axolotl("train", str(resumed), cwd=killed)
+    assert "online: resuming in the refresh of step 4, read from its files" in proc.stdout + proc.stderr
+
+    def losses(output: Path) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in log_history(output) if "loss" in e}
+
+    def refreshed(output: Path) -> dict[int, float]:
+        return {e["step"]: e["online/candidate_reward_mean"] for e in log_history(output) if "online/refresh" in e}
+
+    assert sorted(losses(out)) == list(range(1, 13))
+    assert {s: losses(out)[s] for s in range(7, 13)} == pytest.approx(
+        {s: losses(whole)[s] for s in range(7, 13)}, rel=1e-6
+    )
+    assert refreshed(out)[8] == pytest.approx(refreshed(whole)[8], rel=1e-12)
+    rows = lambda output: (output / "online" / "refresh-0000008" / "rows.jsonl").read_text()  # noqa: E731
+    assert json.loads(rows(out).splitlines()[0])[LOGP] == pytest.approx(
+        json.loads(rows(whole).splitlines()[0])[LOGP], rel=1e-5
+    )
