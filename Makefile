@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
-#               on the CPU, and prints each one's reward before and after
+#               on the CPU, then both online (pofe.online), and prints each one's reward before and after
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
 #               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
 #               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
@@ -65,6 +65,8 @@ vllm-venv:
 demo: install
 	$(PY) -m pofe.demo --method rrhf
 	$(PY) -m pofe.demo --method sppo
+	$(PY) -m pofe.demo --method rrhf --online
+	$(PY) -m pofe.demo --method sppo --online
 
 # ruff (lint and format) and import-linter's contracts (pyproject.toml). import-linter finds a
 # package's modules by walking its folder, and pofe.preprocess lives in preprocess/, not in

@@ -176,3 +176,13 @@ def test_the_readme_recipe_table_lists_every_recipe():
         table.append(line.split("|")[1])
     listed = {name for cell in table for name in re.findall(r"`([\w.-]+\.yml)`", cell)}
     assert {p.name for p in RECIPES} <= listed, sorted({p.name for p in RECIPES} - listed)
+
+
+def test_the_online_gpu_recipe_is_the_offline_one_with_the_papers_online_settings():
+    """`rrhf-qlora-online.yml` is `rrhf-qlora.yml` with the RRHF paper's online variant (resample
+    every 32 steps, KL penalty 0.01) and its own folders; nothing else may drift apart."""
+    online, offline = _raw("rrhf-qlora-online"), _raw("rrhf-qlora")
+    assert online["pofe"].pop("online") == {"refresh_every": 32, "kl_coef": 0.01}
+    assert online.pop("output_dir") == "./outputs/rrhf-qlora-online" != offline.pop("output_dir")
+    assert online.pop("dataset_prepared_path") != offline.pop("dataset_prepared_path")
+    assert online == offline
