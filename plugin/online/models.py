@@ -5,7 +5,8 @@ of accelerate's and DeepSpeed's wrappers and, under ZeRO-3, gathers its weights 
 for the refresh (each rank then samples its own prompts without collectives). pi_0 is the
 base model: under LoRA/QLoRA the policy with its adapter disabled (no second model: one more
 no-grad pass), under full fine-tuning a frozen copy loaded once, in the recipe's dtype, beside
-the policy (its weights once more in memory; `axolotl pofe plan` counts it).
+the policy (its weights once more in memory, partitioned under ZeRO-3 as the policy's are and
+gathered for each refresh; `axolotl pofe plan` counts it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from trl.distributed import DistributedBackend
 
 from pofe.anchor.pi_0 import adapter_disabled, recipe_dtype
 from pofe.logs import get_logger
@@ -38,8 +40,8 @@ def policy_for_refresh(trainer) -> Iterator[torch.nn.Module]:
 class BasePolicy:
     """pi_0 for `pofe.online.kl_coef`: the adapter-disabled policy, or a frozen copy."""
 
-    def __init__(self, cfg, device: torch.device):
-        self.cfg, self.device = cfg, device
+    def __init__(self, cfg, accelerator):
+        self.cfg, self.accelerator = cfg, accelerator
         self.copy: torch.nn.Module | None = None
 
     @property
@@ -60,6 +62,10 @@ class BasePolicy:
                 f"POFE: pofe.online.kl_coef under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "
                 "as pi_0 (its weights stay in memory beside the policy's)"
             )
-            self.copy = load_policy(str(self.cfg.base_model), device=self.device, dtype=recipe_dtype(self.cfg))
+            self.copy = load_policy(
+                str(self.cfg.base_model), device=self.accelerator.device, dtype=recipe_dtype(self.cfg)
+            )
             self.copy.requires_grad_(False)
-        yield self.copy
+        # under ZeRO-3 the copy loads partitioned, as the policy does: whole for the refresh only
+        with DistributedBackend(self.accelerator).gather_params(list(self.copy.parameters())):
+            yield self.copy

@@ -11,6 +11,7 @@ trainer's and run on across refreshes. As TRL's GRPO buffers a generation over
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -74,7 +75,7 @@ class OnlineTraining:
 
     @cached_property
     def _base(self) -> BasePolicy:
-        return BasePolicy(self.axolotl_cfg, self.args.device)
+        return BasePolicy(self.axolotl_cfg, self.accelerator)
 
     def _set_signature_columns_if_needed(self):
         # the prompt columns reach the collator; candidates come at each refresh
@@ -245,11 +246,11 @@ class OnlineTraining:
         folder = Path(self.args.output_dir) / FOLDER
         earlier = list(folder.glob("refresh-*")) if self.rank == 0 else []
         if earlier:
-            import shutil
-
             LOG.warning(f"POFE: online: a new training in {folder.parent}: replacing {len(earlier)} earlier refreshes")
             for path in earlier:
                 shutil.rmtree(path)
+        # no rank writes its first refresh before rank 0 has cleared the folder
+        self.accelerator.wait_for_everyone()
 
     # -- what a user watches ------------------------------------------------------------
 
@@ -274,9 +275,9 @@ class OnlineTraining:
         )
         kl = f", KL to pi_0 {means['kl_to_base']:.3f}" if "kl_to_base" in means else ""
         LOG.info(
-            f"POFE: online refresh {number} at step {refreshed.window.start_step}: {int(stats['prompts'])} prompts, "
-            f"{int(stats['candidates'])} candidates{reward}{kl}; generated in "
-            f"{stats.get('generate_seconds', 0.0):.1f} s, judged in {stats.get('judge_seconds', 0.0):.1f} s"
+            f"POFE: online refresh {number} at step {refreshed.window.start_step}: {int(means['prompts'])} prompts, "
+            f"{int(means['candidates'])} candidates{reward}{kl}; generated in "
+            f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
         )
 
 

@@ -5,7 +5,10 @@ the written token ids), and a killed run resumes on what it was training on."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ import yaml
 from pofe.demo.__main__ import prepare
 from pofe.demo.evaluate import greedy_reward
 from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
-from tests.helpers import ROOT, assert_float_close, load_llama, log_history, naive_logps, run_axolotl
+from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, load_llama, log_history, naive_logps, run_axolotl
 
 pytestmark = pytest.mark.e2e
 
@@ -142,3 +145,82 @@ def test_a_killed_online_run_resumes_on_the_candidates_it_was_training_on(tmp_pa
     assert json.loads(rows(out).splitlines()[0])[LOGP] == pytest.approx(
         json.loads(rows(whole).splitlines()[0])[LOGP], rel=1e-5
     )
+
+
+def test_two_zero3_ranks_each_sample_their_own_prompts_with_the_gathered_policy(tmp_path):
+    """Two CPU processes under DeepSpeed ZeRO-3 (the shipped zero3_bf16.json), 10 prompts each a
+    step: every refresh is two folders, one per rank, whose prompts split the epoch's 60; the
+    logged counts add up over the ranks; and at step 0 each rank's policy and pi_0 (the frozen
+    copy, partitioned like the policy and gathered for the refresh) score its ids as a plain
+    forward of the base model does."""
+    changes = dict(
+        micro_batch_size=10,
+        num_epochs=2,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=6,
+        deepspeed=str(ROOT / "recipes" / "deepspeed" / "zero3_bf16.json"),
+        eval_batch_size=3,
+        pofe={"online": {"refresh_every": 3, "kl_coef": 0.01}},
+    )
+    path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", **changes)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, **AXOLOTL_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    launcher = ["--launcher", "torchrun", "--", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [str(bin_dir / "axolotl"), "train", str(path), *launcher],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    out = Path(cfg["output_dir"])
+    for start in (0, 3):
+        ranks = [read_refresh(out / "online" / f"refresh-{start:07d}" / f"rank-{r}") for r in (0, 1)]
+        prompts = [p for window, _, _ in ranks for p in window.prompts]
+        assert sorted(prompts) == list(range(60)) and all(len(w.prompts) == 30 for w, _, _ in ranks)
+    logged = [e for e in log_history(out) if "online/refresh" in e]
+    assert [(e["step"], e["online/prompts"]) for e in logged] == [(0, 60.0), (3, 60.0)]
+    assert logged[0]["online/candidates"] == sum(
+        read_refresh(out / "online" / "refresh-0000000" / f"rank-{r}")[2]["candidates"] for r in (0, 1)
+    )
+    for r in (0, 1):
+        _, rows, _ = read_refresh(out / "online" / "refresh-0000000" / f"rank-{r}")
+        plain = _independent(cfg["base_model"], rows)
+        assert_float_close(_scored(rows, LOGP), plain, n_terms=64 * 16)
+        assert_float_close(_scored(rows, LOGP_BASE), plain, n_terms=64 * 16)
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_under_an_adapter_pi_0_is_the_policy_with_its_adapter_disabled(tmp_path, adapter):
+    """LoRA and QLoRA (4-bit on the CPU through bitsandbytes): the policy samples with its adapter;
+    pi_0's log-probs at every refresh are the base model's (no copy loaded), and by the last
+    refresh the adapted policy has moved away from them."""
+    lora = {"adapter": adapter, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_linear": True}
+    if adapter == "qlora":
+        lora["load_in_4bit"] = True
+    changes = dict(
+        micro_batch_size=10,
+        num_epochs=2,
+        learning_rate=1.0e-2,
+        lora_mlp_kernel=False,
+        lora_qkv_kernel=False,
+        lora_o_kernel=False,
+        lora_embedding_kernel=False,
+        pofe={"online": {"refresh_every": 3, "kl_coef": 0.01}},
+        **lora,
+    )
+    path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", **changes)
+    proc = run_axolotl("train", str(path), cwd=tmp_path)
+    assert "frozen copy" not in proc.stdout + proc.stderr
+    refreshes = _refreshes(Path(cfg["output_dir"]))
+    assert [w.start_step for w, _, _ in refreshes] == [0, 3, 6, 9]  # 6 steps an epoch
+    if adapter == "lora":  # 4-bit weights dequantised on the fly score apart from a float32 forward
+        for _, rows, _ in refreshes:
+            assert_float_close(_scored(rows, LOGP_BASE), _independent(cfg["base_model"], rows), n_terms=64 * 16)
+    _, first, _ = refreshes[0]
+    assert_float_close(_scored(first, LOGP), _scored(first, LOGP_BASE), n_terms=64 * 16)  # B = 0: pi = pi_0
+    _, last, stats = refreshes[-1]
+    assert stats["kl_to_base"] > 0.1, stats
