@@ -2,7 +2,8 @@
 # The one-GPU check (issues 21 and 37), no downloads. It builds a ~1.1B Llama (TinyLlama's shape,
 # random weights, bf16) with Mistral v0.2's tokenizer (its template writes BOS and it adds BOS),
 # then, stage by stage: SPPO and RRHF, 20 steps each through `axolotl train`, full fine-tuning
-# and QLoRA with axolotl's LoRA kernels off and on (train); K = 5 samples for 64 prompts from
+# and QLoRA with axolotl's LoRA kernels off and on (train); online RRHF with QLoRA and its KL penalty,
+# the training model sampling on the GPU (online); K = 5 samples for 64 prompts from
 # token ids with issue 18's prompt-identity check through POFE's transformers backend
 # (generate) and vLLM where there is one (vllm); prefix sharing against the unshared layout on
 # sdpa, flash-attention-2 and FlexAttention, in numbers and time, and chunked scoring's memory
@@ -14,7 +15,7 @@
 #   benchmarks/gpu_check.sh                        # one CUDA GPU
 #   benchmarks/gpu_check.sh --tiny                 # the same path on the CPU (tiny model, 2 steps);
 #                                                  # what needs CUDA says "needs GPU", never "pass"
-#   benchmarks/gpu_check.sh --stages train         # stages: train, generate, vllm, prefix, speed, judges
+#   benchmarks/gpu_check.sh --stages train         # stages: train, online, generate, vllm, prefix, speed, judges
 #   benchmarks/gpu_check.sh --skip speed
 #
 # On the GPU machine this project can be lent (no axolotl there): `python -m

@@ -73,6 +73,19 @@ def test_rrhf_full_fine_tuning_trains_and_cuda_only_claims_say_needs_gpu(tiny_ch
     assert report["tokenizer"] == {"template_writes_bos": True, "tokenizer_adds_bos": True, "text_prompt_bos_count": 2}
 
 
+def test_online_rrhf_samples_with_the_training_model_and_pi_0_is_its_base(tiny_check):
+    """The online stage's QLoRA run: a refresh every 2 of 6 steps, 4 x 2 prompts each; at the first
+    refresh the policy (B = 0) and its adapter-disabled base score every candidate alike (here the
+    same float32 passes: a gap of exactly 0), and by the last the policy has moved."""
+    report, rows, _ = tiny_check
+    r = report["online"]
+    assert rows["online rrhf-qlora (kl_coef 0.01)"]["status"] == "pass", rows["online rrhf-qlora (kl_coef 0.01)"]
+    assert r["refresh_steps"] == [0, 2, 4] and r["refresh_prompts"] == [8.0, 8.0, 8.0]
+    assert r["first_refresh_gaps"]["worst_over_tolerance"] == 0.0 and r["first_refresh_gaps"]["candidates"] >= 16
+    assert r["kl_to_base"][0] == 0.0 and r["kl_to_base"][-1] > 0.0
+    assert len(r["losses"]) == 6 and not r["repack_warning"]
+
+
 def test_prefix_sharing_equals_unshared_under_sdpa_and_is_timed(tiny_check):
     _, rows, _ = tiny_check
     for layout in ("packed", "cache"):

@@ -9,7 +9,7 @@ import time
 import traceback
 from pathlib import Path
 
-STAGES = ("train", "generate", "vllm", "prefix", "speed", "judges")  # the trainers' numbers first
+STAGES = ("train", "online", "generate", "vllm", "prefix", "speed", "judges")  # the trainers' numbers first
 VERSIONS = (
     "torch",
     "transformers",
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from benchmarks.gpu_check import generate, judges, prefix, speed, train
+    from benchmarks.gpu_check import generate, judges, online, prefix, speed, train
     from benchmarks.gpu_check.model import bos_behaviour, build_model, build_tokenizer
     from benchmarks.gpu_check.report import row, table, write
 
@@ -141,6 +141,10 @@ def main(argv=None) -> int:
     if runs is not None:
         rows += train.checks(runs)
         report["train"] = runs
+    online_run = timed("online", online.run, args.work / "online", model, cuda)
+    if online_run is not None:
+        rows += online.checks(online_run)
+        report["online"] = online_run
     hf = timed("generate", generate.run_transformers, model, tokenizer, max_tokens, cuda)
     if hf is not None:
         rows += generate.transformers_checks(hf, tokenizer.bos_token_id)
