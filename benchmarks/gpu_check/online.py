@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.gpu_check.train import EPS, REPACK_WARNING, TIMEOUT_S, launch, wait
+from benchmarks.gpu_check.train import EPS, REPACK_WARNING, TIMEOUT_S, device_settings, launch, wait
 from pofe.args.translate import LORA_KERNELS
 
 MICRO_BATCH = 4
@@ -75,14 +75,7 @@ def recipe(out: Path, model: Path, cuda: bool) -> Path:
         "save_steps": STEPS,
         "save_only_model": True,
         "seed": 0,
-        "bf16": cuda,
-        "fp16": False,
-        "tf32": False,
-        "attn_implementation": "sdpa" if cuda else "eager",
-        "sample_packing": False,
-        "dataloader_num_workers": 0,
-        "gradient_checkpointing": cuda,
-        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        **device_settings(cuda),
     }
     path = out / "rrhf-qlora-online.yml"
     path.write_text(yaml.safe_dump(cfg))

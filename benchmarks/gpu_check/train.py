@@ -60,6 +60,21 @@ def run_name(method: str, adapter: str, kernels: bool) -> str:
     return f"{method}-full" if adapter == "full" else f"{method}-{adapter}-kernels-{'on' if kernels else 'off'}"
 
 
+def device_settings(cuda: bool) -> dict:
+    """What every run of the check sets by device: bf16, sdpa and gradient checkpointing on CUDA;
+    float32 and eager attention on the CPU."""
+    return {
+        "bf16": cuda,
+        "fp16": False,
+        "tf32": False,
+        "attn_implementation": "sdpa" if cuda else "eager",
+        "sample_packing": False,
+        "dataloader_num_workers": 0,
+        "gradient_checkpointing": cuda,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    }
+
+
 def recipe(out: Path, model: Path, method: str, adapter: str, kernels: bool, steps: int, cuda: bool) -> Path:
     """The recipe of one run (`adapter`: full or qlora); also what `plan` estimates (with a
     generate and judge section added)."""
@@ -91,14 +106,7 @@ def recipe(out: Path, model: Path, method: str, adapter: str, kernels: bool, ste
         "save_steps": steps,
         "save_only_model": True,  # trainer_state.json is what is read; full fine-tuning's optimizer state is 2x the model
         "seed": 0,
-        "bf16": cuda,
-        "fp16": False,
-        "tf32": False,
-        "attn_implementation": "sdpa" if cuda else "eager",
-        "sample_packing": False,
-        "dataloader_num_workers": 0,
-        "gradient_checkpointing": cuda,
-        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+        **device_settings(cuda),
         "pofe": {"eta": 10.0} if method == "sppo" else {},
     }
     path = out / f"{name}.yml"
