@@ -95,6 +95,7 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(tmp_path, recipe
         assert sum(ratio) / len(ratio) == pytest.approx(stats["kl_to_base"], rel=1e-9) and stats["kl_to_base"] > 1.0
 
 
+@pytest.mark.newest  # transformers' training loop, whose get_batch_samples the trainer takes over
 def test_a_killed_online_run_resumes_on_the_candidates_it_was_training_on(tmp_path):
     """Uninterrupted: 12 steps of 5 prompts, refreshes at steps 0, 4, 8, checkpoints at 6 and 12.
     Killed: only checkpoint-6 and the refreshes of steps 0 and 4 left (a kill at step 7). The
