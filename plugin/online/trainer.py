@@ -50,8 +50,18 @@ from pofe.preprocess.judges import make_judge
 
 LOG = get_logger(__name__)
 
-# window stats that add up over ranks (`refresh.window_stats`)
+# what `online/*` logs of a window (`refresh.window_stats` and the timings), and which of it are
+# counts, which add up over the ranks
 COUNTS = ("prompts", "prompts_dropped", "candidates")
+STATS = (
+    *COUNTS,
+    "candidate_reward_mean",
+    "candidate_reward_best",
+    "kl_to_base",
+    "generate_seconds",
+    "judge_seconds",
+    "score_seconds",
+)
 
 
 class OnlineRefreshError(PofeError, RuntimeError):
@@ -218,14 +228,17 @@ class OnlineTraining:
         """The written refresh whose steps include `step` (a resumed run's), if any."""
         if step == 0:
             return None
-        starts = sorted(int(p.name.split("-")[1]) for p in (Path(self.args.output_dir) / FOLDER).glob("refresh-*"))
-        for start in reversed([s for s in starts if s <= step]):
+        for start in reversed([s for s in self._written_starts() if s <= step]):
             stored = read_refresh(self._folder(start))
             if stored is None:
                 continue
             steps = -(-len(stored[0].micro_batches) // per_step)
             return stored if step < start + steps else None
         return None
+
+    def _written_starts(self) -> list[int]:
+        """The first steps of the refreshes in output_dir, in order (finished or not)."""
+        return sorted(int(p.name.split("-")[1]) for p in (Path(self.args.output_dir) / FOLDER).glob("refresh-*"))
 
     def _resumed(self, stored, offset: int, batches: list[list[int]]) -> Refreshed:
         window, data_rows, stats = stored
@@ -257,16 +270,21 @@ class OnlineTraining:
     def _log_refresh(self, refreshed: Refreshed) -> None:
         """`online/*` in the training log (means over ranks, weighted by prompts) and a console line."""
         stats = refreshed.stats
-        names = sorted(stats)
-        # counts add up over the ranks; the rest are means weighted by each rank's prompts
-        weights = [1.0 if k in COUNTS else stats["prompts"] for k in names]
-        sums = torch.tensor([[stats[k] * w for k, w in zip(names, weights)], weights], dtype=torch.float64)
-        summed = sum_over_ranks(sums, self.args.device)
-        means = {k: (summed[0, j] / (1.0 if k in COUNTS else summed[1, j])).item() for j, k in enumerate(names)}
-        start = refreshed.window.start_step
-        number = sum(
-            int(p.name.split("-")[1]) <= start for p in (Path(self.args.output_dir) / FOLDER).glob("refresh-*")
+        # one vector of every stat on every rank (a rank may lack one: NaN, weighing 0); counts
+        # add up over the ranks, the rest are means weighted by each rank's prompts
+        values = torch.tensor([stats.get(k, float("nan")) for k in STATS], dtype=torch.float64)
+        weights = torch.where(
+            values.isnan(),
+            0.0,
+            torch.tensor([1.0 if k in COUNTS else stats["prompts"] for k in STATS], dtype=torch.float64),
         )
+        summed = sum_over_ranks(torch.stack([torch.nan_to_num(values) * weights, weights]), self.args.device)
+        means = {
+            k: (summed[0, j] / (1.0 if k in COUNTS else summed[1, j])).item()
+            for j, k in enumerate(STATS)
+            if summed[1, j] > 0
+        }
+        number = sum(start <= refreshed.window.start_step for start in self._written_starts())
         self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
         reward = (
             f", candidate reward {means['candidate_reward_mean']:.3f} (best-of-k {means['candidate_reward_best']:.3f})"
