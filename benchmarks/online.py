@@ -1,7 +1,7 @@
 """Online RRHF against rounds of offline RRHF, at an equal number of sampled candidates.
 
     python -m benchmarks.online            # ~12 min on 2 cores
-    python -m benchmarks.online --quick    # a smoke run: 2 epochs, three arms (~3 min)
+    python -m benchmarks.online --quick    # a smoke run: 2 epochs, three arms (~2 min)
 
 On the demo's toy task (`python -m pofe.demo`: the tiny random Llama, 60 addition prompts with
 their answer and 3 near misses, the verifiable reward `pofe.demo.task:reward`), every arm samples
