@@ -31,6 +31,7 @@ from pofe.methods import method_spec
 from pofe.online.models import BasePolicy, policy_for_refresh
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
+    COUNTS,
     FOLDER,
     LOGP,
     LOGP_BASE,
@@ -48,9 +49,6 @@ from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.judges import make_judge
 
 LOG = get_logger(__name__)
-
-# window stats that add up over ranks (`refresh.window_stats`)
-COUNTS = ("prompts", "prompts_dropped", "candidates")
 
 
 class OnlineRefreshError(PofeError, RuntimeError):
