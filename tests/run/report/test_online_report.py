@@ -70,8 +70,8 @@ def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run
     """An epoch is 2 steps (40 prompts / 20), fewer than refresh_every 15, and a window ends at
     an epoch's end: one refresh per epoch, at steps 0, 2, ..., 10. report.json's refreshes are
     the refresh.json files' stats, and report.md's table shows them (counts whole, the rest to
-    3 decimals), with its plot."""
-    root, folder, _, _, _ = online_run
+    3 decimals), with its plot; the console line gives the first and the last."""
+    root, folder, _, _, reported = online_run
     records = _refresh_files(root / "out")
     assert [r["start_step"] for r in records] == list(range(0, 2 * EPOCHS, 2))
     rep = json.loads((folder.root / "report.json").read_text())
@@ -91,6 +91,11 @@ def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run
     assert _table(md, "## Online training") == expected
     assert all(r[2] == str(PROMPTS - HELD_OUT) for r in expected)
     assert "![candidate reward and KL to pi_0 per refresh](report-online.png)" in md
+    first, last = expected[0], expected[-1]
+    assert (
+        f"online: {EPOCHS} refreshes, steps 0 -> {2 * EPOCHS - 2}: candidate reward {first[4]} -> {last[4]} "
+        f"(best-of-k {first[5]} -> {last[5]}), KL to pi_0 {first[6]} -> {last[6]}"
+    ) in reported
     assert (folder.root / "report-online.png").stat().st_size > 10_000
 
 
