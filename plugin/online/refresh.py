@@ -40,6 +40,18 @@ from pofe.preprocess.render import ChatTemplateError
 from pofe.preprocess.shard_work import generate_shard, judge_shard
 
 FOLDER = "online"
+# window stats that add up over ranks; the others are means weighted by each rank's prompts
+COUNTS = ("prompts", "prompts_dropped", "candidates")
+# every stat `online/*` logs of a window (`window_stats` and the timings)
+STATS = (
+    *COUNTS,
+    "candidate_reward_mean",
+    "candidate_reward_best",
+    "kl_to_base",
+    "generate_seconds",
+    "judge_seconds",
+    "score_seconds",
+)
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (with kl_coef)
 LOGP, LOGP_BASE = "logp", "logp_base"
@@ -163,13 +175,54 @@ def write_refresh(
     write_atomic(folder / "refresh.json", json.dumps({**record, "stats": refreshed.stats}, indent=1) + "\n")
 
 
+def _refresh_json(folder: Path) -> dict:
+    return read_json(folder / "refresh.json", f"Delete {folder}: the resumed run samples the window again")
+
+
 def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:
     """A written refresh: its window, rows.jsonl's rows and its stats; None when not finished."""
     if not (folder / "refresh.json").exists():
         return None
-    record = read_json(folder / "refresh.json", "delete the folder: the resumed run samples the window again")
+    record = _refresh_json(folder)
     window = Window(record["start_step"], record["micro_batches"])
     return window, read_jsonl(folder / "rows.jsonl"), record["stats"]
+
+
+@dataclass(frozen=True)
+class WrittenRefresh:
+    """A finished refresh as its files hold it: the step it fed first, its folders (one per
+    rank), its stats merged over the ranks (`merged_stats`)."""
+
+    start_step: int
+    folders: list[Path]
+    stats: dict[str, float]
+
+
+def merged_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One refresh's stats over its ranks, as `online/*` logs them: counts summed, the others
+    means weighted by each rank's prompts (over the ranks that measured them)."""
+    merged = {}
+    for key in dict.fromkeys(k for stats in per_rank for k in stats):
+        having = [s for s in per_rank if key in s]
+        if key in COUNTS:
+            merged[key] = sum(s[key] for s in having)
+        elif sum(s["prompts"] for s in having):
+            merged[key] = sum(s[key] * s["prompts"] for s in having) / sum(s["prompts"] for s in having)
+    return merged
+
+
+def written_refreshes(output_dir: str | Path) -> list[WrittenRefresh]:
+    """Every finished refresh of the online training in `output_dir`, in step order (for
+    `axolotl pofe report`). A refresh whose refresh.json some rank has not written yet (a
+    killed run's last) is left out, as a resumed run redoes it."""
+    out = []
+    for folder in sorted((Path(output_dir) / FOLDER).glob("refresh-*"), key=lambda f: int(f.name.split("-")[1])):
+        folders = sorted(folder.glob("rank-*")) or [folder]
+        if not all((f / "refresh.json").is_file() for f in folders):
+            continue
+        records = [_refresh_json(f) for f in folders]
+        out.append(WrittenRefresh(records[0]["start_step"], folders, merged_stats([r["stats"] for r in records])))
+    return out
 
 
 def window_stats(

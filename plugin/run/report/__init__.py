@@ -54,6 +54,7 @@ class Report:
             lines += _round_lines(r)
         if (rep["headline"] or {}).get("skipped"):
             lines.append(f"  no headline: {rep['headline']['skipped']}")
+        lines += online_summary(rep.get("online"))
         lines += held_out_summary(rep)
         lines.append(f"  report: {self.markdown_path}")
         return "\n".join(lines)
@@ -78,6 +79,25 @@ def _round_lines(r: dict) -> list[str]:
     if saturation_warning(sat, ""):
         lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
     return lines
+
+
+def online_summary(online: dict | None) -> list[str]:
+    """An online training's terminal line: its refreshes, first and last."""
+    if online is None:
+        return []
+    refreshes = online["refreshes"]
+    if not refreshes:
+        return [f"  online: no finished refresh under {online['folder']}"]
+    first, last = refreshes[0], refreshes[-1]
+
+    def change(key: str) -> str:
+        return f"{fmt(first.get(key))} -> {fmt(last.get(key))}"
+
+    return [
+        f"  online: {len(refreshes)} refreshes, steps {first['step']} -> {last['step']}: candidate reward "
+        f"{change('candidate_reward_mean')} (best-of-k {change('candidate_reward_best')}), "
+        f"KL to pi_0 {change('kl_to_base')}"
+    ]
 
 
 def held_out_summary(rep: dict) -> list[str]:

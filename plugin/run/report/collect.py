@@ -3,8 +3,8 @@
 Sources: the state file (stages, policies), each round's candidates/summary.json and
 generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss
 curves) and length-policy record (`truncation`), each round's reproducibility record
-(`pofe.run.provenance`), and eval/headline.json and eval/eval.json (`axolotl pofe eval`). A
-part without data is None. `sample_rows` gives the headline's sampled completions as plain
+(`pofe.run.provenance`), and eval/headline.json and eval/eval.json (`axolotl pofe eval`); for
+an online training, its refreshes (`online`). A part without data is None. `sample_rows` gives the headline's sampled completions as plain
 rows (for the report's tables and for trackers).
 """
 
@@ -23,6 +23,7 @@ from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState
 from pofe.run.guards import pofe_wrote
 from pofe.run.provenance import round_record
 from pofe.run.report.lengths import candidate_lengths
+from pofe.run.report.online import online_training
 from pofe.run.report.truncation import round_truncation
 
 
@@ -119,6 +120,9 @@ def collect(folder: RunFolder) -> dict:
     )
     headline = _read_json(folder.eval_dir / HEADLINE_JSON, REWRITE_EVAL)
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]
+    online, record = online_training(folder, state)
+    if record:  # the one training's record: its refreshes' files, not a candidates folder
+        rounds[0]["reproduce"] = record
     report: dict[str, Any] = {
         "output_dir": str(folder.root),
         # "rounds": an iterated run; "trained": one trained model against its base (pofe.run.evaluation.trained)
@@ -136,6 +140,8 @@ def collect(folder: RunFolder) -> dict:
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
         "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,
         "eval": None,
+        # an online training's refreshes (`pofe.run.report.online`); None: not an online training
+        "online": online,
     }
     if evaluation is not None:
         threshold = evaluation.get("cycle_threshold", 0.5)

@@ -10,8 +10,14 @@ from pofe.preprocess.win_rates import saturation_warning
 from pofe.run.report.cells import CELL_CHARS, SAMPLES_SHOWN, fmt, table, text_cell
 from pofe.run.report.collect import sample_rows
 from pofe.run.report.held_out import choice_section, eval_section, iterate_wins_table
+from pofe.run.report.online import online_section
 from pofe.run.report.truncation import truncation_section
 
+# what an online training's record holds in place of a round's (`pofe.run.provenance.online_record`)
+ONLINE_RECORD = (
+    " An online training's candidates are its refreshes' generate.jsonl and its trained-on rows their rows.jsonl, "
+    "in step order; it ran outside `axolotl pofe run`, so nothing recorded its environment or its judge's identity."
+)
 # a digest (sha256: 64 hex digits, a git commit: 40) in the judge's identity
 LONG_HEX = re.compile(r"\b[0-9a-f]{13,}\b")
 
@@ -319,7 +325,7 @@ def reproduce_section(rep: dict) -> list[str]:
         "report.json `rounds[].reproduce` holds each round's resolved recipe (secrets masked), its seeds, the "
         "full SHA-256 digests (shown cut to 12) of its recipe, prompts, candidates (generate shards) and "
         "trained-on rows (data.jsonl), the judge's identity (its code's or weights' digest, cut to 12 as well), "
-        "and each stage's environment as it started.",
+        "and each stage's environment as it started." + (ONLINE_RECORD if rep.get("online") else ""),
         "",
         table(
             [
@@ -363,6 +369,7 @@ def render_markdown(rep: dict, plots: dict[str, str]) -> str:
     md += samples_section(rep)
     md += choice_section(rep)
     md += rounds_section(rep, plots)
+    md += online_section(rep.get("online"), plots)
     md += eval_section(rep["eval"], plots)
     md += reproduce_section(rep)
     return "\n".join(md)

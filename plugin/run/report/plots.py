@@ -1,5 +1,5 @@
 """report-*.png: rewards per round, loss curves, win rates against pi_0 and lengths, the
-win-rate matrix, drift per iterate.
+win-rate matrix, drift per iterate, an online training's refreshes.
 
 Each plot function returns its matplotlib figure, or None when the collected numbers
 (`collect.collect`) hold none of its data; a panel without data says why. Readable whatever
@@ -266,9 +266,43 @@ def lengths_plot(rep: dict):
     return fig
 
 
+def online_plot(rep: dict):
+    """An online training's refreshes against the step they were sampled at: the candidate
+    reward of the policy's own samples (mean, best-of-k), and the KL to pi_0."""
+    refreshes = (rep.get("online") or {}).get("refreshes")
+    if not refreshes:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (
+        (axes[0], (("candidate_reward_mean", "policy samples: mean"), ("candidate_reward_best", "best-of-k"))),
+        (axes[1], (("kl_to_base", "log pi - log pi_0 of the candidates trained on"),)),
+    )
+    for ax, series in panels:
+        for i, (key, label) in enumerate(series):
+            points = [(r["step"], r[key]) for r in refreshes if r.get(key) is not None]
+            if points:
+                _line(ax, [x for x, _ in points], [y for _, y in points], label, i)
+    axes[0].set_title("candidate reward per refresh")
+    axes[0].set_ylabel("mean reward")
+    axes[1].set_title("KL to pi_0 per refresh")
+    axes[1].set_ylabel("mean log-ratio (nats)")
+    for ax in axes:
+        if ax.lines:
+            _style(ax, "step the refresh was sampled at")
+        else:
+            _empty(ax, "not measured (pofe.online.kl_coef 0)" if ax is axes[1] else "no scalar reward")
+    return fig
+
+
 def make_plots(rep: dict, out_dir: Path) -> dict[str, str]:
     """PNG plots beside the report; returns {name: file name} for those with data."""
-    figures = {"rewards": rewards_plot(rep), "loss": loss_plot(rep), "lengths": lengths_plot(rep)}
+    figures = {
+        "rewards": rewards_plot(rep),
+        "loss": loss_plot(rep),
+        "lengths": lengths_plot(rep),
+        "online": online_plot(rep),
+    }
     if rep["eval"]:
         figures |= {"winrate": winrate_plot(rep["eval"]), "drift": drift_plot(rep["eval"])}
     plots = {}
