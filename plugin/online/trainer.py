@@ -32,10 +32,10 @@ from pofe.online.models import BasePolicy, policy_for_refresh
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
     COUNTS,
-    STATS,
     FOLDER,
     LOGP,
     LOGP_BASE,
+    STATS,
     TOKENS,
     Refreshed,
     Window,
