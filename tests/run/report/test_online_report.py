@@ -67,7 +67,7 @@ def _table(markdown: str, heading: str) -> list[list[str]]:
 
 @pytest.mark.e2e
 def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run):
-    """An epoch is 2 steps (40 prompts / 20), fewer than refresh_every 15, and a window ends at
+    """An epoch is 2 steps (40 prompts / 20), fewer than refresh_every 3, and a window ends at
     an epoch's end: one refresh per epoch, at steps 0, 2, ..., 10. report.json's refreshes are
     the refresh.json files' stats, and report.md's table shows them (counts whole, the rest to
     3 decimals), with its plot; the console line gives the first and the last."""
@@ -76,7 +76,7 @@ def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run
     assert [r["start_step"] for r in records] == list(range(0, 2 * EPOCHS, 2))
     rep = json.loads((folder.root / "report.json").read_text())
     assert rep["online"]["refreshes"] == [{"step": r["start_step"], **r["stats"]} for r in records]
-    assert (rep["online"]["refresh_every"], rep["online"]["kl_coef"]) == (15, 0.01)
+    assert (rep["online"]["refresh_every"], rep["online"]["kl_coef"]) == (3, 0.01)
     md = (folder.root / "report.md").read_text()
     expected = [
         [
@@ -117,7 +117,7 @@ def test_the_training_record_digests_its_refreshes_files_in_step_order(online_ru
     assert record["sha256"]["candidates"] == digest("generate.jsonl")
     assert record["sha256"]["trained_on"] == digest("rows.jsonl")
     assert record["seeds"] == {"generate": 7, "train": 0}
-    assert record["recipe"]["pofe"]["online"] == {"refresh_every": 15, "kl_coef": 0.01}
+    assert record["recipe"]["pofe"]["online"] == {"refresh_every": 3, "kl_coef": 0.01}
     row = _table((folder.root / "report.md").read_text(), "## Reproducing each round")[0]
     assert row[:6] == [
         "1",
