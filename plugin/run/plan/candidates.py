@@ -132,20 +132,30 @@ def generate_stage(
     return _hf_generate(raw, pcfg, size, t, model, counts, options), warnings
 
 
-def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
-    """The transformers backend: the policy (fp32 on the CPU, bf16 on a GPU) and its KV cache
-    for a batch of prompts x num_candidates sequences of prompt + max_new_tokens."""
+def hf_sampling_bytes(raw: dict, pcfg: PofeConfig, size: ModelSize, dtype: str) -> dict[str, float]:
+    """What the transformers backend holds beside its weights while it samples a batch of
+    `generate.batch_size` prompts x num_candidates sequences of prompt (max_prompt_tokens, else
+    sequence_len) + max_new_tokens tokens: their KV cache, and one decode step's forward (one
+    layer's values and a row of fp32 logits per sequence)."""
     g = pcfg.generate
-    dtype = "float32" if options.device == "cpu" else "bfloat16"
     sequences = g.batch_size * g.num_candidates
     tokens = (g.max_prompt_tokens or int(raw.get("sequence_len", 2048))) + g.max_new_tokens
+    return {
+        "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
+        "forward": mem.forward_bytes(size, sequences, dtype) + mem.logit_chunk_bytes(size, sequences),
+    }
+
+
+def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
+    """The transformers backend: the policy (fp32 on the CPU, bf16 on a GPU) and what it samples
+    with (`hf_sampling_bytes`)."""
+    dtype = "float32" if options.device == "cpu" else "bfloat16"
     if size is None:
         parts = _unknown(("weights", "kv_cache", "forward", "runtime"))
     else:
         parts = {
             "weights": mem.weights_bytes(size, dtype),
-            "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
-            "forward": mem.forward_bytes(size, sequences, dtype) + mem.logit_chunk_bytes(size, sequences),
+            **hf_sampling_bytes(raw, pcfg, size, dtype),
             "runtime": options.runtime,
         }
     workers = pcfg.candidates.num_workers

@@ -4,7 +4,9 @@ Pure: `plan_run` takes the recipe's YAML dict, the sizes of its models (`pofe.ru
 None where a model could not be sized offline) and the prompt count, and returns the stages
 as `axolotl pofe run` runs them (`pofe.run.rounds.loop`): per round generate, judge, train (SPPO's
 anchor pass included: one table, no reference model) and, with an adapter, merge; then the
-evaluation's answers and judging, once after the last round. The arithmetic is
+evaluation's answers and judging, once after the last round. An online recipe (`pofe.online`) is
+one `axolotl train` per GPU that samples and judges as it trains: one train stage holding the
+generator, the judge and pi_0 beside the training state (`pofe.run.plan.online`). The arithmetic is
 `pofe.run.plan.estimate`'s; `pofe.run.plan.sources` finds the sizes, `pofe.run.plan.render` prints.
 """
 
@@ -21,6 +23,7 @@ from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
 from pofe.run.plan.common import PlanOptions, recipe_device, round_candidates, stage
 from pofe.run.plan.estimate import GB, ModelSize
+from pofe.run.plan.online import online_stage
 from pofe.run.plan.sources import disk_warning, double_bos, free_disk, model_sizes, prompt_rows
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
 from pofe.run.recipe import translated_recipe
@@ -84,6 +87,29 @@ def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict
     return [answers, *judged]
 
 
+def round_stages(
+    raw: dict, pcfg: PofeConfig, sizes: dict, per_round: list[list[int] | None], options: PlanOptions
+) -> tuple[list[dict], list[str]]:
+    """(stages, warnings) of the rounds `axolotl pofe run` runs: per round generate, judge, pi_0
+    (`pofe.anchor_mix`, rounds 2..T), train and, with an adapter, merge; `per_round`: each
+    round's candidates per prompt (`round_candidates`)."""
+    base, adapter = str(raw["base_model"]), bool(raw.get("adapter"))
+    size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
+    stages, warnings = [], []
+    for t, per_prompt in enumerate(per_round, start=1):
+        model = base if t == 1 else f"round-{t - 1}/{'merged' if adapter else 'train'}"
+        entry, said = generate_stage(raw, pcfg, size, t, model, per_prompt, options)
+        stages.append(entry)
+        warnings += said
+        stages.append(judge_stage(pcfg, judge_size, t, per_prompt, options))
+        if t > 1 and pcfg.anchor_mix:  # round 1's pi_t is pi_0: its anchor pass serves
+            stages.append(pi_0_stage(raw, pcfg, size, t, base, per_prompt, options))
+        stages.append(train_stage(raw, pcfg, size, t, model, per_prompt, options))
+        if adapter:
+            stages.append(merge_stage(raw, size, t, model, options))
+    return stages, warnings
+
+
 def plan_run(
     raw: dict,
     pcfg: PofeConfig,
@@ -103,9 +129,7 @@ def plan_run(
         raise ValueError(
             "plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)"
         )
-    base, adapter = str(raw["base_model"]), bool(raw.get("adapter"))
-    size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
-    stages, warnings = [], []
+    warnings = []
     per_round, estimated = round_candidates(pcfg, prompts, responses)
     if estimated:
         warnings.append(
@@ -114,25 +138,21 @@ def plan_run(
             "dataset, pofe.round_prompts as a list, or --prompts other than the file's rows); a column that holds "
             "a list has more: the candidates, judge calls and training rows' responses are an estimate"
         )
-    for t, per_prompt in enumerate(per_round, start=1):
-        model = base if t == 1 else f"round-{t - 1}/{'merged' if adapter else 'train'}"
-        entry, said = generate_stage(raw, pcfg, size, t, model, per_prompt, options)
-        stages.append(entry)
+    if pcfg.online is not None:  # one axolotl train: rounds is 1 (`PofeConfig._check_online`)
+        size, judge_size = sizes.get(str(raw["base_model"])), sizes.get(pcfg.judge.model)
+        stages = [online_stage(raw, pcfg, size, judge_size, per_round[0], options)]
+    else:
+        stages, said = round_stages(raw, pcfg, sizes, per_round, options)
         warnings += said
-        stages.append(judge_stage(pcfg, judge_size, t, per_prompt, options))
-        if t > 1 and pcfg.anchor_mix:  # round 1's pi_t is pi_0: its anchor pass serves
-            stages.append(pi_0_stage(raw, pcfg, size, t, base, per_prompt, options))
-        stages.append(train_stage(raw, pcfg, size, t, model, per_prompt, options))
-        if adapter:
-            stages.append(merge_stage(raw, size, t, model, options))
     if pcfg.eval:
         stages += eval_stages(raw, pcfg, sizes, options)
-    warnings += memory_warnings(stages, options) + kernel_warnings(raw)
+    warnings += memory_warnings(stages, options, online=pcfg.online is not None) + kernel_warnings(raw)
     disk = [s["disk_gb"] for s in stages]
     return {
         "recipe": raw.get("output_dir"),
         "method": pcfg.method,
         "rounds": pcfg.rounds,
+        "online": None if pcfg.online is None else pcfg.online.model_dump(),
         "gpus": options.gpus,
         "gpu_memory_gb": options.gpu_memory_gb,
         "device": options.device,
@@ -155,10 +175,13 @@ STAGE_KEYS = {
     "eval-answers": "pofe.eval.batch_size",
     "eval-judging": "pofe.judge.batch_size or pofe.judge.max_length",
 }
+# what else shrinks an online run's train stage, which holds the generator and the judge too
+ONLINE_TRAIN_KEYS = "pofe.generate.batch_size or max_new_tokens, pofe.judge.batch_size or max_length"
 
 
-def memory_warnings(stages: list[dict], options: PlanOptions) -> list[str]:
-    """A stage whose co-resident models and buffers exceed one GPU."""
+def memory_warnings(stages: list[dict], options: PlanOptions, online: bool = False) -> list[str]:
+    """A stage whose co-resident models and buffers exceed one GPU (`online`: the recipe's
+    train stage is an online run's, `pofe.run.plan.online`)."""
     said = []
     for s in stages:
         if s["gpu_memory_gb"] is None or s["gpu_memory_gb"] <= options.gpu_memory_gb:
@@ -166,9 +189,10 @@ def memory_warnings(stages: list[dict], options: PlanOptions) -> list[str]:
         if "reserved" in s["parts_gb"] and not any(k.endswith("_on_this_gpu") for k in s["parts_gb"]):
             continue  # one vLLM engine in its share: `generate_stage` said what does not fit in it
         where = "" if s["round"] is None else f" (round {s['round']})"
+        keys = STAGE_KEYS[s["stage"]] + (f", {ONLINE_TRAIN_KEYS}" if online and s["stage"] == "train" else "")
         said.append(
             f"{s['stage']}{where}: {s['gpu_memory_gb']} GB per GPU exceeds a {options.gpu_memory_gb:g} GB "
-            f"GPU ({s['model']}): change {STAGE_KEYS[s['stage']]}, or use larger or more GPUs "
+            f"GPU ({s['model']}): change {keys}, or use larger or more GPUs "
             "(--gpu-memory, --gpus)"
         )
     return said

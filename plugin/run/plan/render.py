@@ -37,8 +37,10 @@ def _device_from(plan: dict) -> str:
 
 def render_text(plan: dict) -> str:
     """One block per stage, then the totals and the warnings."""
+    online = plan.get("online")
+    how = f"online, a refresh every {online['refresh_every']} steps" if online else f"{plan['rounds']} round(s)"
     lines = [
-        f"plan: {plan['method']}, {plan['rounds']} round(s), {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
+        f"plan: {plan['method']}, {how}, {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
         f"({plan['device']}{_device_from(plan)}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"
     ]
     for s in plan["stages"]:

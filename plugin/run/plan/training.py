@@ -127,13 +127,17 @@ def train_stage(
     raw: dict,
     pcfg: PofeConfig,
     size: ModelSize | None,
-    t: int,
+    t: int | None,
     model: str,
     per_prompt: list[int] | None,
     options: PlanOptions,
+    beside: dict[str, float | None] | None = None,
+    note: str = "",
 ) -> dict:
     """Training (and SPPO's anchor table, computed by the same model before the first step);
-    `per_prompt`: the round's candidates per prompt (`pofe.run.plan.common.round_candidates`)."""
+    `per_prompt`: the round's candidates per prompt (`pofe.run.plan.common.round_candidates`).
+    `beside`: parts (bytes per GPU) that share the training process's GPU, added to its own
+    (an online run's generator, judge and pi_0: `pofe.run.plan.online`), said in `note`."""
     dp = options.gpus if options.device == "cuda" else 1
     batch = (int(raw.get("micro_batch_size", 1)), int(raw.get("gradient_accumulation_steps", 1)), dp)
     rows = None if per_prompt is None else len(per_prompt)
@@ -150,6 +154,7 @@ def train_stage(
         parts = train_memory(raw, pcfg, size, responses, options)
         disk, info = train_disk(raw, size, counts["checkpoints_kept"], options)
         counts.update(info)
+    parts |= beside or {}
     zero = deepspeed_config(raw)
     how = "ZeRO-3 shards" if zero.get("stage") == 3 else "a copy per GPU" if dp > 1 else ""
     return stage(
@@ -164,7 +169,7 @@ def train_stage(
         dp=dp,
         disk=disk,
         counts=counts,
-        note=how,
+        note="; ".join(filter(None, (how, note))),
     )
 
 
