@@ -168,7 +168,7 @@ def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
 
     raw = yaml.safe_load((ROOT / "recipes" / "tiny-rrhf-online-cpu.yml").read_text())
     raw |= {"base_model": str(tiny_model), "output_dir": str(tmp_path / "out"), "pofe": {**raw["pofe"], "eval": False}}
-    assert validated_recipe(raw, CPU).pofe["online"] == {"refresh_every": 15, "kl_coef": 0.01}
+    assert validated_recipe(raw, CPU).pofe["online"] == {"refresh_every": 3, "kl_coef": 0.01}
     recipe = tmp_path / "r.yml"
     recipe.write_text(yaml.safe_dump(raw))
     plan = plan_recipe(recipe, PlanOptions(device=None), prompts=60)
@@ -179,5 +179,5 @@ def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
         *("generate_kv_cache", "generate_forward", "pi_0_weights"),
     }
     text = render_text(plan)
-    assert text.startswith("plan: rrhf, online, a refresh every 15 steps, 1 x 80 GB (cpu")
+    assert text.startswith("plan: rrhf, online, a refresh every 3 steps, 1 x 80 GB (cpu")
     assert "\ntrain: " in text and "(pofe.online: generate, judge and train share the training GPU(s)" in text
