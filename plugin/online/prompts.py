@@ -20,7 +20,7 @@ from datasets import Dataset
 from pofe.args import PofeConfig
 from pofe.collator import KResponseCollator
 from pofe.data.formats import RowFormat, prompt_row
-from pofe.data.held_out import held_out_count, hold_out
+from pofe.data.held_out import held_out_count, hold_out, without_prompts
 from pofe.data.loader import total_num_steps
 from pofe.data.sources import load_entry
 from pofe.logs import get_logger
@@ -39,8 +39,11 @@ def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
     for i, entry in enumerate(cfg.datasets):
         fmt = RowFormat.of_entry(entry, i, pofe)
         raw = load_entry(entry, cfg.hf_use_auth_token)
-        if held:
-            raw, _, _ = hold_out(raw, fmt, held)
+        if held:  # and any other row with one of their prompts, as offline
+            raw, _, keys = hold_out(raw, fmt, held)
+            raw, repeats = without_prompts(raw, fmt, keys)
+            if repeats:
+                LOG.info(f"POFE: {repeats} more rows of {entry.path} repeat a held-out prompt: not trained on")
         include = pofe.generate.include_dataset_responses
         first = len(parts)  # the recipe's datasets, one after another
         parts += [

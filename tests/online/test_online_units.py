@@ -152,3 +152,33 @@ def test_steps_per_epoch_as_transformers_counts_them(prompts, micro, accumulatio
 
     cfg = DictDefault(micro_batch_size=micro, gradient_accumulation_steps=accumulation, world_size=world)
     assert steps_per_epoch(cfg, prompts) == steps
+
+
+def test_held_out_prompts_and_their_repeats_are_not_trained_on(tmp_path):
+    """`pofe.eval.held_out: 1` keeps the last row for `axolotl pofe eval`, and, as offline, every
+    other row with its prompt; the prompts left are indexed in order."""
+    import json
+
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.args import pofe_config
+    from pofe.online.prompts import PROMPT_INDEX, PROMPT_ROW, load_online_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    rows = ["1+1=", "2+2=", "3+3=", "5+5=", "2+2="]  # the last held out, and row 1 with it
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in rows))
+    raw = {
+        "rl": "rrhf",
+        "datasets": [{"path": str(path), "type": "pofe.prompts"}],
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 1,
+        "pofe": {**_online("rrhf"), "eval": {"held_out": 1}},
+    }
+    cfg = DictDefault(raw)
+    cfg.datasets = [DictDefault(d) for d in raw["datasets"]]
+    meta = load_online_prompts(cfg, pofe_config(raw))
+    rows = meta.train_dataset
+    assert rows[PROMPT_INDEX] == [0, 1, 2]
+    assert [json.loads(r)["prompt"] for r in rows[PROMPT_ROW]] == ["1+1=", "3+3=", "5+5="]
+    assert meta.total_num_steps == 2
