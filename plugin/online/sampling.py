@@ -35,7 +35,7 @@ from pofe.preprocess.generators import make_generator
 from pofe.preprocess.generators.adapters import max_lora_rank, read_adapter
 from pofe.preprocess.generators.hf import TransformersGenerator
 from pofe.preprocess.generators.openai import OpenAIGenerator
-from pofe.preprocess.generators.served import RUNTIME_LORA_ENV, ServedGenerator
+from pofe.preprocess.generators.served import RUNTIME_LORA_ENV, ServedGenerator, ServerExited
 from pofe.preprocess.openai_client import EndpointError, OpenAIClient
 
 LOG = get_logger(__name__)
@@ -87,6 +87,8 @@ class ServedSampler:
     def _connected(self, adapter: Path) -> ServedGenerator | OpenAIGenerator:
         """The generator of the run: made at the first refresh (the server started, with
         generate.serve), kept after."""
+        if self.served is not None and self.served.server.exit_code is not None:
+            raise ServerExited(self.served.server.describe("exited between two refreshes"))
         if self.requests is not None:
             return self.served or self.requests
         config = read_adapter(adapter)
@@ -101,8 +103,16 @@ class ServedSampler:
         return self.served
 
     def _load(self, client: OpenAIClient, name: str, adapter: Path) -> None:
+        load = {"lora_name": name, "lora_path": str(adapter.resolve())}
         try:
-            client.post_text("load_lora_adapter", {"lora_name": name, "lora_path": str(adapter.resolve())})
+            try:
+                client.post_text("load_lora_adapter", load)
+            except EndpointError as e:
+                if "has already been loaded" not in e.cause:
+                    raise
+                # left by an earlier run at this step (a killed one, on a server at base_url): replaced
+                client.post_text("unload_lora_adapter", {"lora_name": name})
+                client.post_text("load_lora_adapter", load)
         except EndpointError as e:
             raise ServedSamplingError(
                 f"online refresh: loading the policy's adapter {adapter} into the server at {client.base_url} "

@@ -88,6 +88,31 @@ def test_each_refresh_loads_its_adapter_unloads_the_previous_and_samples_with_it
     ]
 
 
+def test_an_adapter_an_earlier_run_left_loaded_is_replaced(tmp_path):
+    """A killed run's last refresh is still loaded on a server at base_url: vLLM refuses the name
+    (HTTP 400, its message below); it is unloaded and loaded again, from this run's folder."""
+    loaded = {"pofe-online-refresh-0000000"}
+
+    def routes(path, body, attempt):
+        name = body.get("lora_name")
+        if path.endswith("/load_lora_adapter") and name in loaded:
+            message = f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place"
+            return 400, json.dumps({"error": {"message": message, "code": 400}}), 0.0
+        (loaded.discard if path.endswith("/unload_lora_adapter") else loaded.add)(name)
+        return 200, "Success", 0.0
+
+    with FakeServer(routes) as server:
+        generate = GenerateConfig(backend="openai", base_url=server.url, in_flight=2)
+        ServedSampler(generate, tmp_path).generator(_Policy(), tmp_path / "refresh-0000000")
+    load = {"lora_name": "pofe-online-refresh-0000000", "lora_path": str(tmp_path / "refresh-0000000" / ADAPTER)}
+    assert server.requests == [
+        ("/v1/load_lora_adapter", load),
+        ("/v1/unload_lora_adapter", {"lora_name": "pofe-online-refresh-0000000"}),
+        ("/v1/load_lora_adapter", load),
+    ]
+    assert loaded == {"pofe-online-refresh-0000000"}
+
+
 def test_a_server_without_the_runtime_lora_routes_is_named_with_the_fix(tmp_path):
     # vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such route: 404
     with FakeServer(lambda path, body, attempt: (404, '{"detail": "Not Found"}', 0.0)) as server:
