@@ -102,6 +102,17 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
     return max(0.0, (when - now).total_seconds())
 
 
+def _json_object(r: httpx.Response) -> tuple[dict | None, str | None]:
+    """A body that is a JSON object, or why it is not."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None, f"invalid JSON: {r.text[:120]!r}"
+    if not isinstance(body, dict):
+        return None, f"invalid JSON: expected an object, got {type(body).__name__}"
+    return body, None
+
+
 @dataclass
 class ClientStats(Counts):
     """Requests, retries and failures (by cause), for summary.json."""
@@ -206,6 +217,17 @@ class OpenAIClient:
         return body
 
     def post(self, route: str, payload: dict) -> dict:
+        """POST `payload` to `{base_url}/{route}`; the JSON object answered."""
+        return self._post(route, payload, _json_object)
+
+    def post_text(self, route: str, payload: dict) -> str:
+        """POST as `post` does, for a route that answers plain text (vLLM's
+        /v1/load_lora_adapter: "Success: ..."); the text."""
+        return self._post(route, payload, lambda r: (r.text, None))
+
+    def _post(self, route: str, payload: dict, read: Callable[[httpx.Response], tuple]):
+        """The retrying POST; `read(response) -> (value, None)`, or `(None, cause)` for a body
+        that is not what the route answers (retried, as a server failing mid-reply may)."""
         url = f"{self.base_url}/{route.lstrip('/')}"
         content = json.dumps(payload)
         cause, hint, retry_after = "no attempt made", NETWORK_HINT, None
@@ -239,15 +261,10 @@ class OpenAIClient:
                     continue
                 self.stats.add("failures", reason=cause)
                 raise EndpointError(url, cause, tries, hint)
-            try:
-                body = r.json()
-            except ValueError:
-                cause, hint = f"invalid JSON: {r.text[:120]!r}", NOT_OPENAI_HINT
-                continue
-            if not isinstance(body, dict):
-                cause, hint = f"invalid JSON: expected an object, got {type(body).__name__}", NOT_OPENAI_HINT
-                continue
-            return body
+            value, bad = read(r)
+            if bad is None:
+                return value
+            cause, hint = bad, NOT_OPENAI_HINT
         self.stats.add("failures", reason=cause)
         raise EndpointError(url, cause, tries, hint, transient=True)
 

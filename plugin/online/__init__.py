@@ -5,6 +5,8 @@ one `axolotl train`.
                  passes a batch's prompts to the trainer
     refresh.py   one refresh: sample with the policy as it is, judge, score, write, and the
                  k-response rows the next steps train on (the candidate pipeline's own stages)
+    sampling.py  what samples a refresh: the training model, or a vLLM server into which each
+                 refresh loads the policy's LoRA adapter
     trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
 
 The loss, the optimizer and the schedule are the offline trainer's: only where a step's

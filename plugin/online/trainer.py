@@ -47,7 +47,7 @@ from pofe.online.refresh import (
     with_scores,
     write_refresh,
 )
-from pofe.preprocess.generators.hf import TransformersGenerator
+from pofe.online.sampling import sampler_for
 from pofe.preprocess.judges import make_judge
 
 LOG = get_logger(__name__)
@@ -75,6 +75,18 @@ class OnlineTraining:
     @cached_property
     def _base(self) -> BasePolicy:
         return BasePolicy(self.axolotl_cfg, self.accelerator)
+
+    @cached_property
+    def _sampler(self):
+        """What samples each refresh: the training model, or a server kept in step (`pofe.online.sampling`)."""
+        return sampler_for(self.pofe.generate, self.processing_class, Path(self.args.output_dir) / FOLDER, self.world)
+
+    def train(self, *args, **kwargs):
+        sampler = self._sampler  # refused before the first step when it cannot run
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            sampler.close()  # a server started for the run stops with it, trained or failed
 
     def _set_signature_columns_if_needed(self):
         # the prompt columns reach the collator; candidates come at each refresh
@@ -132,9 +144,7 @@ class OnlineTraining:
         if self._judge is None:
             self._judge = make_judge(pofe.judge)
         with policy_for_refresh(self) as model:
-            generator = TransformersGenerator.of_model(
-                model, self.processing_class, batch_size=pofe.generate.batch_size
-            )
+            generator = self._sampler.generator(model, self._folder(window.start_step))
             generated, judged = sample_and_judge(
                 window,
                 prompt_rows,

