@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pofe.args.online import ONLINE_BACKENDS, OnlineConfig, check_online_recipe
+from pofe.args.online import OnlineConfig, check_online_recipe
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -255,13 +255,6 @@ class PofeConfig(KnownKeys):
                 "pofe.generate and pofe.judge"
             )
         generate = self.generate
-        if generate.backend not in ONLINE_BACKENDS:
-            raise ValueError(
-                f"pofe.online samples from the policy as it trains, and generate.backend {generate.backend} (an "
-                "engine loaded once in this process) does not follow it: set generate.backend to transformers (the "
-                "training model samples its own candidates) or openai (LoRA/QLoRA: a vLLM server loads each "
-                "refresh's adapter)"
-            )
         if generate.serve is not None and "{lora_modules}" not in shlex.split(generate.serve.command):
             raise ValueError(
                 "pofe.online with generate.serve loads each refresh's adapter into the server while it runs: add "

@@ -15,9 +15,6 @@ from pydantic import Field
 
 from pofe.preprocess.config.base import KnownKeys
 
-# the backends that sample from the policy as it trains (`pofe.online.sampling`)
-ONLINE_BACKENDS = ("transformers", "openai")
-
 
 class OnlineConfig(KnownKeys):
     """The `pofe.online` block."""

@@ -2,6 +2,8 @@
 
     generate.backend: transformers   the policy samples in the training process, as it is at
                                      the refresh (`TransformersGenerator.of_model`)
+    generate.backend: vllm           vLLM in the training process, asleep between refreshes, the
+                                     policy's weights pushed into it at each (`colocated.py`)
     generate.backend: openai         LoRA/QLoRA: a vLLM OpenAI-compatible server of the base
                                      model, started at the first refresh from `generate.serve`
                                      (or one the user runs, `generate.base_url`) and kept up for
@@ -129,14 +131,19 @@ class ServedSampler:
             LOG.info(f"POFE: online: stopped the server (exit code {self.served.server.exit_code})")
 
 
-def sampler_for(generate: GenerateConfig, tokenizer, log_dir: Path, world: int) -> ModelSampler | ServedSampler:
-    """The run's sampler (it starts nothing before the first refresh)."""
+def sampler_for(generate: GenerateConfig, trainer, log_dir: Path, world: int):
+    """The run's sampler (it starts nothing before the first refresh): `trainer` is the online
+    trainer (its tokenizer; for a colocated engine, its model and accelerator)."""
     if generate.backend == "transformers":
-        return ModelSampler(generate, tokenizer)
+        return ModelSampler(generate, trainer.processing_class)
+    if generate.backend == "vllm":
+        from pofe.online.colocated import ColocatedSampler
+
+        return ColocatedSampler(generate, trainer)
     if world > 1:
         raise ServedSamplingError(
             f"pofe.online with generate.backend openai runs in one training process for now; this run has {world} "
             "(each would save its own adapter and, with generate.serve, start its own server). Train on one "
-            "process, or set generate.backend: transformers"
+            "process, or set generate.backend: transformers or vllm (colocated: one engine per process)"
         )
     return ServedSampler(generate, log_dir)

@@ -78,8 +78,9 @@ class OnlineTraining:
 
     @cached_property
     def _sampler(self):
-        """What samples each refresh: the training model, or a server kept in step (`pofe.online.sampling`)."""
-        return sampler_for(self.pofe.generate, self.processing_class, Path(self.args.output_dir) / FOLDER, self.world)
+        """What samples each refresh: the training model, a colocated vLLM or a server kept in step
+        (`pofe.online.sampling`)."""
+        return sampler_for(self.pofe.generate, self, Path(self.args.output_dir) / FOLDER, self.world)
 
     def train(self, *args, **kwargs):
         sampler = self._sampler  # refused before the first step when it cannot run
