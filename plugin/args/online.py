@@ -15,6 +15,10 @@ from pydantic import Field
 
 from pofe.preprocess.config.base import KnownKeys
 
+# colocated vLLM's share of each GPU beside training (generate.backend vllm), unless
+# generate.vllm_kwargs sets gpu_memory_utilization; TRL's colocate examples use 0.3
+GPU_SHARE = 0.3
+
 
 class OnlineConfig(KnownKeys):
     """The `pofe.online` block."""

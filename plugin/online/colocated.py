@@ -19,14 +19,11 @@ from pathlib import Path
 
 import torch
 
+from pofe.args.online import GPU_SHARE
 from pofe.preprocess.config import GenerateConfig, Sampling
 from pofe.preprocess.generators import Completion
 from pofe.preprocess.generators.hf import stop_token_ids
 from pofe.preprocess.render import Rendered
-
-# vLLM's share of each GPU beside training, unless vllm_kwargs sets gpu_memory_utilization (TRL's
-# colocate examples use 0.3)
-GPU_SHARE = 0.3
 
 
 def engine_settings(generate: GenerateConfig) -> dict:

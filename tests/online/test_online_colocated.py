@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from pofe.args import PofeArgs, PofeConfig
-from pofe.online.colocated import GPU_SHARE, ColocatedGenerator, ColocatedSampler, completions, engine_settings
+from pofe.args.online import GPU_SHARE
+from pofe.online.colocated import ColocatedGenerator, ColocatedSampler, completions, engine_settings
 from pofe.online.sampling import sampler_for
 from pofe.preprocess.render import Rendered
 from tests.helpers import pofe_block

@@ -9,7 +9,9 @@ and, beside them (`online_parts`):
 - generate_kv_cache, generate_forward: the training model samples its own candidates
   (generate.backend transformers: no second copy of the weights), in the training dtype, a
   batch of generate.batch_size prompts x num_candidates sequences at a time
-  (`pofe.run.plan.candidates.hf_sampling_bytes`);
+  (`pofe.run.plan.candidates.hf_sampling_bytes`); generate_vllm_share: colocated vLLM
+  (generate.backend vllm, `pofe.online.colocated`) takes gpu_memory_utilization of the GPU
+  during a refresh; a server (openai) holds nothing here;
 - zero3_gathered_weights: under ZeRO-3, TRL's `unwrap_model_for_generation` gathers the whole
   weights on every rank for a refresh (`pofe.online.models.policy_for_refresh`);
 - judge_*: a reward model or PairRM, loaded at the first refresh and kept for the run, as its
@@ -28,10 +30,11 @@ than those activations: not added.
 from __future__ import annotations
 
 from pofe.args import PofeConfig
+from pofe.args.online import GPU_SHARE
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import hf_sampling_bytes, judge_parts
 from pofe.run.plan.common import PlanOptions, compute_dtype, deepspeed_config
-from pofe.run.plan.estimate import ModelSize
+from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.training import train_stage
 
 NOTE = (
@@ -48,8 +51,7 @@ def online_parts(
     docstring says what each is); None where a model is not sized."""
     dtype = compute_dtype(raw, options.device)
     full = not raw.get("adapter")
-    sampling = dict.fromkeys(("kv_cache", "forward")) if size is None else hf_sampling_bytes(raw, pcfg, size, dtype)
-    parts = {f"generate_{k}": v for k, v in sampling.items()}
+    parts = generation_parts(raw, pcfg, size, dtype, options)
     weights = None if size is None else mem.weights_bytes(size, dtype)
     if full and deepspeed_config(raw).get("stage") == 3:
         parts["zero3_gathered_weights"] = weights
@@ -59,6 +61,20 @@ def online_parts(
     if full and pcfg.online.kl_coef > 0:
         parts["pi_0_weights"] = weights
     return parts
+
+
+def generation_parts(raw: dict, pcfg: PofeConfig, size: ModelSize | None, dtype: str, options: PlanOptions) -> dict:
+    """What sampling holds on a training GPU, by generate.backend: the training model's KV cache
+    and decode step (transformers); colocated vLLM's share of the GPU, its weights and KV cache
+    inside it, awake for a refresh (vllm); nothing for a server, whose memory is its own (openai)."""
+    backend = pcfg.generate.backend
+    if backend == "openai":
+        return {}
+    if backend == "vllm":
+        share = float(pcfg.generate.vllm_kwargs.get("gpu_memory_utilization", GPU_SHARE))
+        return {"generate_vllm_share": share * options.gpu_memory_gb * GB}
+    sampling = dict.fromkeys(("kv_cache", "forward")) if size is None else hf_sampling_bytes(raw, pcfg, size, dtype)
+    return {f"generate_{k}": v for k, v in sampling.items()}
 
 
 def online_stage(

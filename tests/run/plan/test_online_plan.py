@@ -181,3 +181,27 @@ def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
     text = render_text(plan)
     assert text.startswith("plan: rrhf, online, a refresh every 3 steps, 1 x 80 GB (cpu")
     assert "\ntrain: " in text and "(pofe.online: generate, judge and train share the training GPU(s)" in text
+
+
+def test_what_sampling_holds_follows_the_backend(sizes):
+    """The training model's sampling (transformers) against colocated vLLM's share of the GPU
+    (vllm: gpu_memory_utilization, default 0.3, of the GPU's 80 GB) and a server's nothing
+    (openai): the rest of the stage is the same."""
+    parts = {}
+    sample = {"strategy": "sample", "num_beam_groups": 1, "diversity_penalty": 0.0}
+    for name, generate in {
+        "transformers": {},
+        "vllm": {**sample, "backend": "vllm"},
+        "vllm 0.5": {**sample, "backend": "vllm", "vllm_kwargs": {"gpu_memory_utilization": 0.5}},
+        "openai": {**sample, "backend": "openai", "base_url": "http://127.0.0.1:8000/v1"},
+    }.items():
+        raw = _online(_rrhf("qlora"), 0.0)
+        raw["pofe"] = {**raw["pofe"], "generate": {**raw["pofe"]["generate"], **generate}}
+        (entry,) = _plan(raw, sizes, 1)["stages"]
+        parts[name] = entry["parts_gb"]
+    sampling = {"generate_kv_cache", "generate_forward"}
+    assert sampling <= set(parts["transformers"])
+    rest = {k: v for k, v in parts["transformers"].items() if k not in sampling}
+    assert parts["vllm"] == {**rest, "generate_vllm_share": pytest.approx(0.3 * 80, abs=0.01)}
+    assert parts["vllm 0.5"]["generate_vllm_share"] == pytest.approx(0.5 * 80, abs=0.01)
+    assert parts["openai"] == rest
