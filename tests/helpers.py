@@ -414,3 +414,19 @@ def whole_candidates(folder: RunFolder, t: int) -> None:
     (folder.candidates(t) / "data.jsonl").write_text("{}\n")
     digest = file_sha256(folder.candidates(t) / "data.jsonl")
     (folder.candidates(t) / "summary.json").write_text(json.dumps({"data_sha256": digest}))
+
+
+def checked_eval_samples(folder: RunFolder, held: list[str]) -> tuple[dict, list[dict]]:
+    """A trained model's evaluation against its base (`axolotl pofe eval` of a recipe): eval.json
+    and samples.jsonl, every sample's reward checked as the demo's reward of its answer to its
+    held-out prompt (`held`), recomputed here, and each model's mean reward as their mean."""
+    from pofe.demo.task import reward
+
+    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
+    for s in samples:
+        assert s["reward"] == pytest.approx(reward(held[s["prompt_index"]], s["response"]))
+    for m, name in enumerate(("pi_0", "pi_1")):
+        mine = [s["reward"] for s in samples if s["model"] == name]
+        assert ev["mean_reward"][m] == pytest.approx(sum(mine) / len(mine))
+    return ev, samples

@@ -11,9 +11,9 @@ import math
 import pytest
 import yaml
 
-from pofe.demo.task import make_rrhf_rows, reward, write_jsonl
+from pofe.demo.task import make_rrhf_rows, write_jsonl
 from pofe.run.folder import RunFolder
-from tests.helpers import recipe, run_axolotl, validated_recipe
+from tests.helpers import checked_eval_samples, recipe, run_axolotl, validated_recipe
 
 JUDGE = {"type": "python", "function": "pofe.demo.task:reward"}
 
@@ -39,15 +39,9 @@ def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_repor
     assert state["rounds"]["1"]["policy_out"] == str(tmp_path / "out")
     held = [json.loads(line)["prompt"] for line in folder.held_out_prompts.read_text().splitlines()]
     assert held == [r["prompt"] for r in rows[-4:]]
-    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    ev, samples = checked_eval_samples(folder, held)
     assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1"]
-    samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 4 * 2  # models x prompts x samples
-    for s in samples:
-        assert s["reward"] == pytest.approx(reward(held[s["prompt_index"]], s["response"]))
-    for m, name in enumerate(("pi_0", "pi_1")):
-        mine = [s["reward"] for s in samples if s["model"] == name]
-        assert ev["mean_reward"][m] == pytest.approx(sum(mine) / len(mine))
     vs = ev["vs_pi_0"][1]
     assert 0.0 <= vs["raw"] <= 1.0 and not math.isnan(vs["lc"])
     assert len(ev["kl_to_base"]) == 2
