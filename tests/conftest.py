@@ -33,9 +33,10 @@ def _vllm_python() -> Path:
 
     venv = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
     py = venv / "bin" / "python"
-    ok = (
-        py.exists()
-        and subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
+    # ready once the script's marker exists: `make test` builds the venv in the background, and
+    # mid-build `import vllm` can succeed with half of vllm unpacked (the script waits on its lock)
+    ok = (venv / ".pofe-ready").exists() and (
+        subprocess.run([str(py), "-c", "import vllm"], capture_output=True, timeout=120).returncode == 0
     )
     if not ok:
         if os.environ.get("POFE_SKIP_VLLM") == "1":
