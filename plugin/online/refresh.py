@@ -42,16 +42,6 @@ from pofe.preprocess.shard_work import generate_shard, judge_shard
 FOLDER = "online"
 # window stats that add up over ranks; the others are means weighted by each rank's prompts
 COUNTS = ("prompts", "prompts_dropped", "candidates")
-# every stat `online/*` logs of a window (`window_stats` and the timings)
-STATS = (
-    *COUNTS,
-    "candidate_reward_mean",
-    "candidate_reward_best",
-    "kl_to_base",
-    "generate_seconds",
-    "judge_seconds",
-    "score_seconds",
-)
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (with kl_coef)
 LOGP, LOGP_BASE = "logp", "logp_base"
@@ -78,6 +68,11 @@ class Refreshed:
     window: Window
     rows: list[list[dict[str, Any]]]
     stats: dict[str, float]
+
+
+def refresh_starts(output_dir: str | Path) -> list[int]:
+    """The first steps of the refreshes in `output_dir`, in order (finished or not)."""
+    return sorted(int(p.name.split("-")[1]) for p in (Path(output_dir) / FOLDER).glob("refresh-*"))
 
 
 def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: int = 1) -> Path:
@@ -216,7 +211,8 @@ def written_refreshes(output_dir: str | Path) -> list[WrittenRefresh]:
     `axolotl pofe report`). A refresh whose refresh.json some rank has not written yet (a
     killed run's last) is left out, as a resumed run redoes it."""
     out = []
-    for folder in sorted((Path(output_dir) / FOLDER).glob("refresh-*"), key=lambda f: int(f.name.split("-")[1])):
+    for start in refresh_starts(output_dir):
+        folder = refresh_dir(output_dir, start)
         folders = sorted(folder.glob("rank-*")) or [folder]
         if not all((f / "refresh.json").is_file() for f in folders):
             continue

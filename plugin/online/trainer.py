@@ -18,29 +18,29 @@ from contextlib import contextmanager
 from functools import cache, cached_property, partial
 from pathlib import Path
 
-import torch
+from accelerate.utils import gather_object
 from datasets import Dataset
 
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
 from pofe.data.tokenize import tokenize_row
-from pofe.distributed import rank_and_world, sum_over_ranks
+from pofe.distributed import rank_and_world
 from pofe.errors import PofeError
 from pofe.logs import get_logger
 from pofe.methods import method_spec
 from pofe.online.models import BasePolicy, policy_for_refresh
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
-    COUNTS,
     FOLDER,
     LOGP,
     LOGP_BASE,
-    STATS,
     TOKENS,
     Refreshed,
     Window,
+    merged_stats,
     read_refresh,
     refresh_dir,
+    refresh_starts,
     sample_and_judge,
     trainable_rows,
     window_stats,
@@ -228,17 +228,13 @@ class OnlineTraining:
         """The written refresh whose steps include `step` (a resumed run's), if any."""
         if step == 0:
             return None
-        for start in reversed([s for s in self._written_starts() if s <= step]):
+        for start in reversed([s for s in refresh_starts(self.args.output_dir) if s <= step]):
             stored = read_refresh(self._folder(start))
             if stored is None:
                 continue
             steps = -(-len(stored[0].micro_batches) // per_step)
             return stored if step < start + steps else None
         return None
-
-    def _written_starts(self) -> list[int]:
-        """The first steps of the refreshes in output_dir, in order (finished or not)."""
-        return sorted(int(p.name.split("-")[1]) for p in (Path(self.args.output_dir) / FOLDER).glob("refresh-*"))
 
     def _resumed(self, stored, offset: int, batches: list[list[int]]) -> Refreshed:
         window, data_rows, stats = stored
@@ -268,23 +264,11 @@ class OnlineTraining:
     # -- what a user watches ------------------------------------------------------------
 
     def _log_refresh(self, refreshed: Refreshed) -> None:
-        """`online/*` in the training log (means over ranks, weighted by prompts) and a console line."""
-        stats = refreshed.stats
-        # one vector of every stat on every rank (a rank may lack one: NaN, weighing 0); counts
-        # add up over the ranks, the rest are means weighted by each rank's prompts
-        values = torch.tensor([stats.get(k, float("nan")) for k in STATS], dtype=torch.float64)
-        weights = torch.where(
-            values.isnan(),
-            0.0,
-            torch.tensor([1.0 if k in COUNTS else stats["prompts"] for k in STATS], dtype=torch.float64),
-        )
-        summed = sum_over_ranks(torch.stack([torch.nan_to_num(values) * weights, weights]), self.args.device)
-        means = {
-            k: (summed[0, j] / (1.0 if k in COUNTS else summed[1, j])).item()
-            for j, k in enumerate(STATS)
-            if summed[1, j] > 0
-        }
-        number = sum(start <= refreshed.window.start_step for start in self._written_starts())
+        """`online/*` in the training log (counts summed over the ranks, the rest means weighted by
+        prompts) and a console line."""
+        # each rank's stats, merged as the report merges the written ones
+        means = merged_stats(gather_object([refreshed.stats]))
+        number = sum(start <= refreshed.window.start_step for start in refresh_starts(self.args.output_dir))
         self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
         reward = (
             f", candidate reward {means['candidate_reward_mean']:.3f} (best-of-k {means['candidate_reward_best']:.3f})"
