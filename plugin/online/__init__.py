@@ -7,6 +7,8 @@ one `axolotl train`.
                  k-response rows the next steps train on (the candidate pipeline's own stages)
     sampling.py  what samples a refresh: the training model, or a vLLM server into which each
                  refresh loads the policy's LoRA adapter
+    colocated.py vLLM in the training process (TRL's VLLMGeneration), asleep between refreshes
+    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty
     trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
 
 The loss, the optimizer and the schedule are the offline trainer's: only where a step's
