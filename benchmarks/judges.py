@@ -9,7 +9,7 @@ rotating) and the median taken. Seconds are wall clock on CUDA and CPU seconds o
 timed process on the CPU (`clock`). Texts are words of a fixed corpus with long-tailed lengths
 (log-normal: some candidates several times the median), so batches see real padding.
 
-PairRM. A seeded checkpoint in llm-blender/PairRM's layout (tests/preprocess/
+PairRM. A seeded checkpoint in llm-blender/PairRM's layout (tests/candidates/
 make_pairrm_reference.py, sized up: DeBERTa-v3 architecture, hidden 128, 2 layers, the
 source : candidate budget 128 : 64 : 64), float32. `pofe` is `PairRMJudge.preferences` at
 its default batch of 8 pairs. The reference is llm-blender 0.0.2 itself, in the parity
@@ -131,8 +131,8 @@ class BlenderWorker:
 
 
 def pairrm(work: Path, n_prompts: int, k: int, reps: int, device: str, threads: int) -> dict:
-    from pofe.preprocess.judges.pairrm import PairRMJudge
-    from tests.preprocess import make_pairrm_reference as reference
+    from pofe_candidates.judges.pairrm import PairRMJudge
+    from tests.candidates import make_pairrm_reference as reference
 
     rng = random.Random(0)
     sources = texts(n_prompts, 20, rng, reference.CORPUS)
@@ -163,8 +163,8 @@ def reward_model(work: Path, n_prompts: int, k: int, reps: int, device: str, bat
 
     from pofe.batching import length_sorted_batches
     from pofe.demo.tiny import build_config, build_tokenizer
-    from pofe.preprocess.judges.reward_model import RewardModelJudge
-    from tests.preprocess.make_pairrm_reference import CORPUS
+    from pofe_candidates.judges.reward_model import RewardModelJudge
+    from tests.candidates.make_pairrm_reference import CORPUS
 
     tok = build_tokenizer()
     cfg = build_config(tok, hidden_size=128, num_layers=2)

@@ -11,7 +11,7 @@ candidate's text, so every variant meets the same latencies, then answers "Score
 measured is scheduling only: how long the judge stage keeps its window of `in_flight`
 requests busy, wall clock (the process sleeps, so other jobs on the machine barely move it).
 
-- `pofe`: the judge stage as it runs (`pofe.preprocess.shards.judged_in_turn`): two shards
+- `pofe`: the judge stage as it runs (`pofe_candidates.shards.judged_in_turn`): two shards
   side by side, their requests sharing the judge's one window.
 - `per_shard`: one shard at a time, the window drained at each shard's end (POFE before).
 - `direct`: every candidate of every shard in one call: the window full until the last
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 from benchmarks.judges import interleaved, write_result
-from pofe.preprocess.config import JudgeConfig
-from pofe.preprocess.judges.llm import LLMRubricJudge
-from pofe.preprocess.openai_client import OpenAIClient
-from pofe.preprocess.shards import judged_in_turn
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.judges.llm import LLMRubricJudge
+from pofe_candidates.openai_client import OpenAIClient
+from pofe_candidates.shards import judged_in_turn
 from tests.openai_server import FakeServer
 
 ALPHA, SCALE_S = 1.5, 0.016  # Pareto: median SCALE_S * 2 ** (1 / ALPHA) ~ 25 ms

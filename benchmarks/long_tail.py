@@ -35,7 +35,7 @@ def tail_tokens(seed: int) -> int:
 
 def pofe_seeds(n_prompts: int, shard_size: int, seed: int) -> list[int]:
     """The seed POFE sends for each prompt (pipeline: seed + shard * stride + place in the shard)."""
-    from pofe.preprocess.generate_stage import SHARD_SEED_STRIDE
+    from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
 
     return [seed + (j // shard_size) * SHARD_SEED_STRIDE + j % shard_size for j in range(n_prompts)]
 
@@ -52,7 +52,7 @@ def length_stats(n_prompts: int, shard_size: int, seed: int) -> dict:
 
 def openai_generator(client, model: str, window: int):
     """POFE's openai backend, each request's max_tokens its tail draw (EOS ignored)."""
-    from pofe.preprocess.generators.openai import OpenAIGenerator
+    from pofe_candidates.generators.openai import OpenAIGenerator
 
     class LongTailOpenAI(OpenAIGenerator):
         def _payload(self, prompt, n, sampling, seed):
@@ -62,7 +62,7 @@ def openai_generator(client, model: str, window: int):
 
 
 def _vllm_generator(policy: str, **kwargs):
-    from pofe.preprocess.generators.vllm import VLLMGenerator
+    from pofe_candidates.generators.vllm import VLLMGenerator
 
     class LongTailVLLM(VLLMGenerator):
         def _params(self, n, sampling, seed):
@@ -75,10 +75,10 @@ def _vllm_generator(policy: str, **kwargs):
 
 def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps: int, work: Path) -> dict:
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe.preprocess.generators.hf import load_tokenizer
-    from pofe.preprocess.pipeline import run_pipeline
-    from pofe.preprocess.render import render_prompt
+    from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
+    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.pipeline import run_pipeline
+    from pofe_candidates.render import render_prompt
 
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
     cfg = GenerateConfig(backend="vllm", num_candidates=k, temperature=1.0, max_new_tokens=CAP, seed=0)

@@ -154,17 +154,16 @@ def long_tail(backend: str, policy: str, work: Path, n_prompts: int, k: int, rep
 
 
 def _inprocess_times(policy: str, work: Path, n_prompts: int, k: int, shard: int, reps: int) -> dict:
-    """benchmarks.long_tail run inside the vLLM venv (pofe laid out on PYTHONPATH, as the tests do)."""
+    """benchmarks.long_tail run inside the vLLM venv (the source folders on PYTHONPATH, as the tests do)."""
     import os
     import subprocess
 
-    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+    from tests.candidates._vllm_inprocess_driver import source_path
 
-    shim = pofe_shim(work / "shim", REPO)
     out = work / "tail.json"
     env = {
         **os.environ,
-        "PYTHONPATH": f"{shim}:{REPO}",
+        "PYTHONPATH": f"{source_path(REPO)}:{REPO}",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
@@ -192,11 +191,11 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
     """POFE's stage (its window the server's max_num_seqs) against every prompt in flight at once."""
     from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe.preprocess.generators.hf import load_tokenizer
-    from pofe.preprocess.openai_client import OpenAIClient
-    from pofe.preprocess.pipeline import run_pipeline
-    from pofe.preprocess.render import render_prompt
+    from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
+    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.openai_client import OpenAIClient
+    from pofe_candidates.pipeline import run_pipeline
+    from pofe_candidates.render import render_prompt
 
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
     cfg = GenerateConfig(
@@ -270,11 +269,11 @@ def measure(
 ) -> dict:
     """Both variants on `policy`: the transformers backend, or vLLM's server at `base_url`."""
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe.preprocess.generators import make_generator
-    from pofe.preprocess.generators.hf import load_tokenizer
-    from pofe.preprocess.pipeline import run_pipeline
-    from pofe.preprocess.render import render_prompt
+    from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
+    from pofe_candidates.generators import make_generator
+    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.pipeline import run_pipeline
+    from pofe_candidates.render import render_prompt
 
     rows = [{"prompt": p} for p in make_prompts(n_prompts, seed=0)]
     backend = {} if base_url is None else {"backend": "openai", "base_url": base_url, "model": policy}

@@ -8,7 +8,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pofe.preprocess.openai_client import OpenAIClient
+from pofe_candidates.openai_client import OpenAIClient
 
 # What vLLM 0.32's server answers to GET /v1/models (entrypoints/openai/models/serving.py)
 VLLM_MODELS = {

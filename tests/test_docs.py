@@ -12,10 +12,10 @@ import yaml
 
 from pofe.args import PofeConfig
 from pofe.methods import DATASET_TYPES
-from pofe.preprocess.config import JudgeConfig
-from pofe.preprocess.config.judge import JudgeType
-from pofe.preprocess.judges.llm import DEFAULT_RUBRIC
-from pofe.preprocess.judges.pairwise import DEFAULT_PAIRWISE
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.config.judge import JudgeType
+from pofe_candidates.judges.llm import DEFAULT_RUBRIC
+from pofe_candidates.judges.pairwise import DEFAULT_PAIRWISE
 from tests.helpers import ROOT
 
 DOCS = [ROOT / "README.md", ROOT / "preprocess" / "README.md", ROOT / "benchmarks" / "README.md"]

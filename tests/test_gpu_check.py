@@ -1,7 +1,7 @@
 """`benchmarks/gpu_check.sh --tiny`: the one-GPU check's code path on the CPU, so it cannot rot.
 
 One run of `python -m benchmarks.gpu_check --tiny` (vLLM's stage skipped: starting the CPU engine
-costs a minute and tests/preprocess/test_token_ids.py runs the same prompt-identity check on it),
+costs a minute and tests/candidates/test_token_ids.py runs the same prompt-identity check on it),
 then its JSON against numbers derived here: SPPO's step-1 loss from the win rates alone (the
 log-ratio is 0 there), prefix sharing within float32 rounding, POFE's transformers backend
 conditioned on the ids sent, and every CUDA-only claim reported as `needs GPU`, never as a pass.

@@ -1,6 +1,6 @@
 """Length-sorted batches: the helper by hand, and SPPO's anchor pass in sorted batches giving
-the table of dataset order (the judges' sorted batches: tests/preprocess/test_pairrm.py and
-tests/preprocess/test_reward_model_cut.py)."""
+the table of dataset order (the judges' sorted batches: tests/candidates/test_pairrm.py and
+tests/candidates/test_reward_model_cut.py)."""
 
 from __future__ import annotations
 

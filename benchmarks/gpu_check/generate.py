@@ -4,7 +4,7 @@ engine conditioned every prompt on exactly the ids the trainer conditions on (`r
 with one BOS.
 
 Two engines, two stages:
-- `generate`: POFE's transformers backend (`pofe.preprocess.generators.hf.sample_responses`, the
+- `generate`: POFE's transformers backend (`pofe_candidates.generators.hf.sample_responses`, the
   loop the trainer-side stages and evaluation use), which needs nothing beyond torch and
   transformers, so it runs wherever the check does; its peak memory goes beside the plan's.
 - `vllm`: vLLM in its own venv (`VLLM_PYTHON`, else `$VLLM_VENV/bin/python`, else `.venv-vllm`,
@@ -46,7 +46,7 @@ def vllm_python() -> str | None:
 def prompt_ids(tokenizer) -> list[list[int]]:
     """The trainer's ids of the check's 64 chat prompts (the demo task's questions)."""
     from pofe.demo.task import make_rrhf_rows
-    from pofe.preprocess.render import render_prompt
+    from pofe_candidates.render import render_prompt
 
     rows = make_rrhf_rows(PROMPTS, k=2, seed=1)
     return [list(render_prompt(tokenizer, [{"role": "user", "content": f"What is {r['prompt']}"}]).ids) for r in rows]
@@ -75,8 +75,8 @@ def run_transformers(model_dir: Path, tokenizer, max_tokens: int, cuda: bool) ->
     its seconds and (CUDA) the allocator's peak, weights included."""
     import torch
 
-    from pofe.preprocess.config import Sampling
-    from pofe.preprocess.generators.hf import load_policy, sample_responses
+    from pofe_candidates.config import Sampling
+    from pofe_candidates.generators.hf import load_policy, sample_responses
 
     sent = prompt_ids(tokenizer)
     if cuda:
@@ -145,7 +145,7 @@ def run_vllm(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> 
 def identity_row(name: str, res: dict, bos: int, **values) -> dict:
     """`name` passes when every prompt was seen as sent, with one BOS, and has K samples."""
     from benchmarks.gpu_check.report import row
-    from pofe.preprocess.generators.base import check_prompt_seen
+    from pofe_candidates.generators.base import check_prompt_seen
 
     problems = []
     for i, (sent, seen) in enumerate(zip(res["sent"], res["seen"])):

@@ -2,7 +2,7 @@
 adds BOS itself (Mistral v0.2 / Llama 2), the case where text prompts get two BOS.
 
 The tokenizer is Mistral-7B v0.2's own sentencepiece model (mistral_common ships it, so nothing
-is downloaded), as `tests/preprocess/_real_tokenizers.py` converts it for issue 18's tests.
+is downloaded), as `tests/candidates/_real_tokenizers.py` converts it for issue 18's tests.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SHAPES = {
 
 def build_tokenizer():
     """Mistral v0.2's tokenizer (its template writes `<s>`, and it adds `<s>` too); `<unk>` pads."""
-    from tests.preprocess._real_tokenizers import build
+    from tests.candidates._real_tokenizers import build
 
     tokenizer = build("mistral")
     tokenizer.pad_token = tokenizer.unk_token

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from pofe.demo.task import answer, make_prompt_rows, reward, write_jsonl
-from pofe.preprocess import bradley_terry_preferences, win_rates
+from pofe_candidates import bradley_terry_preferences, win_rates
 from tests.helpers import ROOT, log_history, pofe_block, prompts_file, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e

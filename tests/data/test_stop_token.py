@@ -16,8 +16,8 @@ import pytest
 from pofe.data.formats import PofeDataError
 from pofe.data.tokenize import EOS_APPENDED, check_stop_token, tokenize_row
 from pofe.demo.tiny import build_tokenizer
-from pofe.preprocess.render import ChatTemplateError
-from pofe.preprocess.token_ids import NoStopTokenError
+from pofe_candidates.render import ChatTemplateError
+from pofe_candidates.token_ids import NoStopTokenError
 
 EOS, NEWLINE, ONE, NINE, TWO = 2, 7, 25, 33, 26
 # a base model's template: `role: content` lines, no token that ends a turn

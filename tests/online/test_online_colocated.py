@@ -13,7 +13,7 @@ from pofe.args import PofeArgs, PofeConfig
 from pofe.args.online import GPU_SHARE
 from pofe.online.colocated import ColocatedGenerator, ColocatedSampler, completions, engine_settings
 from pofe.online.sampling import sampler_for
-from pofe.preprocess.render import Rendered
+from pofe_candidates.render import Rendered
 from tests.helpers import pofe_block
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from pofe.args import PofeArgs, PofeConfig
 from pofe.online.sampling import ADAPTER, ModelSampler, ServedSampler, ServedSamplingError, sampler_for
 from pofe.online.trainer import OnlineTraining
-from pofe.preprocess.config import GenerateConfig
+from pofe_candidates.config import GenerateConfig
 from tests.helpers import pofe_block
 from tests.openai_server import FakeServer, completions_ok, openai_client
 

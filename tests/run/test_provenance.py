@@ -11,12 +11,12 @@ from importlib.metadata import version
 import pytest
 import yaml
 
-from pofe.preprocess.config import JudgeConfig
-from pofe.preprocess.generators.hf import Sample
-from pofe.preprocess.judges import make_judge
 from pofe.run.evaluation.best_of_k import best_of_k
 from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.provenance import package_versions, round_record, served_site_packages, stage_environment
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.generators.hf import Sample
+from pofe_candidates.judges import make_judge
 
 
 def fake_venv(root, versions: dict[str, str]):

@@ -29,9 +29,9 @@ def _jsonl(path):
 
 @pytest.fixture(scope="module")
 def headline_run(tmp_path_factory, tiny_model, tiny64_model):
-    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
+    from pofe_candidates import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
 
     root = tmp_path_factory.mktemp("headline")
     folder = RunFolder(root / "run")
@@ -236,10 +236,10 @@ def test_pairwise_judge_or_no_eval_says_why(headline_run, tmp_path):
     """A pairwise judge records why there is no headline, and the report says it; a recipe
     with `pofe.eval: false` cannot be evaluated."""
     from pofe.args.rounds import EvalConfig
-    from pofe.preprocess import JudgeConfig
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.evaluation.headline import headline_skipped
     from pofe.run.report.markdown import headline_section
+    from pofe_candidates import JudgeConfig
 
     why = headline_skipped(EvalConfig(), JudgeConfig(type="python_pairwise", function="m:f"))
     assert "pairwise" in why
@@ -379,8 +379,8 @@ def test_each_judge_is_built_once_per_evaluation(headline_run, tmp_path, monkeyp
     held-out prompt with the policy's chat template applied, in one call for all models."""
     from transformers import AutoTokenizer
 
-    from pofe.preprocess.render import render_prompt
     from pofe.run.evaluation import evaluate as evaluation
+    from pofe_candidates.render import render_prompt
 
     folder, recipe, held_out = _held_out_run(headline_run, tmp_path)
 

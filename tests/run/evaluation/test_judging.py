@@ -76,9 +76,9 @@ def test_judge_models_with_a_python_judge():
     """The path both `pofe.judge` and `pofe.eval.judge2` take: texts[p][m][s] are scored
     model-major and the (M, M) matrix follows from the rewards by Bradley-Terry. A python judge
     reads the dataset's prompt, as in the judge stage: the rendered one would not parse (NaN)."""
-    from pofe.preprocess import JudgeConfig
-    from pofe.preprocess.judges import make_judge
     from pofe.run.evaluation.judging import judge_models
+    from pofe_candidates import JudgeConfig
+    from pofe_candidates.judges import make_judge
 
     prompts = ["1+2=", "3+4="]
     rendered = [f"<|user|>{p}<|assistant|>" for p in prompts]
@@ -99,9 +99,9 @@ def test_a_judge_pass_in_chunks_gives_the_same_verdicts_and_a_progress_bar(capsy
     call; a missing verdict in the third chunk is named by its position among all 40 prompts
     (32 + 1 = 33), not within its chunk (1)."""
     from pofe.demo.task import make_prompts
-    from pofe.preprocess.config import JudgeConfig
-    from pofe.preprocess.judges import JudgeError, apply_judge, make_judge
     from pofe.run.evaluation.judging import JUDGE_CHUNK, judge_pass
+    from pofe_candidates.config import JudgeConfig
+    from pofe_candidates.judges import JudgeError, apply_judge, make_judge
 
     prompts = make_prompts(40, seed=3)
     responses = [["19", "7"] for _ in prompts]

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from pofe.preprocess.win_rates import bradley_terry_preferences
 from pofe.run.evaluation.statistics import (
     block_win_matrix,
     bootstrap_win_matrix,
     fit_length_logistic,
     pair_observations,
 )
+from pofe_candidates.win_rates import bradley_terry_preferences
 
 SEEDS = range(5)
 

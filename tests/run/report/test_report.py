@@ -214,9 +214,9 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
     """A pairwise-judged run has no reward headline: the report's headline is each round's
     win rate against pi_0 and against pi_{t-1}, raw and length-controlled with intervals,
     the numbers of eval.json's `vs_pi_0` / `vs_previous`; the lengths plot is drawn."""
-    from pofe.preprocess.win_rates import bradley_terry_preferences
     from pofe.run.evaluation.statistics import compare_iterates
     from pofe.run.report.markdown import fmt
+    from pofe_candidates.win_rates import bradley_terry_preferences
 
     g = torch.Generator().manual_seed(0)
     P, M, S = 12, 3, 2
@@ -307,8 +307,8 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
 def averaged_eval() -> dict:
     """eval.json of pi_0, pi_1, pi_2 and pi_avg on 8 prompts x 2 samples, pi_avg answering best
     (rewards + 2), pi_2's KL to pi_0 (1.5) over the ceiling 1.0."""
-    from pofe.preprocess.win_rates import bradley_terry_preferences
     from pofe.run.evaluation.statistics import compare_iterates
+    from pofe_candidates.win_rates import bradley_terry_preferences
 
     g = torch.Generator().manual_seed(0)
     P, M, S = 8, 4, 2

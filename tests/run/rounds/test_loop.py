@@ -125,10 +125,10 @@ def test_a_damaged_data_jsonl_is_rebuilt_before_it_is_used(tiny_model, tmp_path,
     finds its sha256 is not the one summary.json recorded, drops the round's tokenised rows and
     preprocesses again, whose pipeline rebuilds the file from its shards, byte for byte, without
     generating."""
-    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
-    from pofe.preprocess.build import data_problem
     from pofe.run.rounds import loop as rounds
     from pofe.run.rounds import runner
+    from pofe_candidates import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
+    from pofe_candidates.build import data_problem
 
     folder = RunFolder(tmp_path / "run")
     out = folder.candidates(1)

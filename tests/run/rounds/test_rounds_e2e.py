@@ -145,7 +145,7 @@ def test_a_pofe_error_in_a_stage_is_one_clean_message(tmp_path, tiny_model):
 def test_round_2_candidates_come_from_round_1_model(rrhf_run, tmp_path):
     """Regenerating round 2's prompts with round 1's model and round 2's recorded seed gives
     round 2's candidates exactly; the base model gives others."""
-    from pofe.preprocess import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
+    from pofe_candidates import CandidatesConfig, GenerateConfig, JudgeConfig, run_pipeline
 
     run = rrhf_run["run"]
     r2 = yaml.safe_load((run / "round-2" / "recipe.yml").read_text())
@@ -332,8 +332,8 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
     """No eval keys: every model on the default held-out slice (4 samples each), the 3 x 3
     win-rate matrix with intervals, lengths, and length-controlled win rates, recomputed here
     from samples.jsonl and the round's shards."""
-    from pofe.preprocess.win_rates import bradley_terry_preferences
     from pofe.run.evaluation.statistics import fit_length_logistic, pair_observations
+    from pofe_candidates.win_rates import bradley_terry_preferences
 
     rep = json.loads((sppo_run / "report.json").read_text())
     ev, md = rep["eval"], (sppo_run / "report.md").read_text()

@@ -1,0 +1,108 @@
+"""A folder one process writes at a time: `FolderLock`, an OS lock (`flock`) on a file in it.
+
+The kernel releases a flock when the last process holding its descriptor ends, so a holder
+that crashes never blocks the next one, and a child that inherits the descriptor holds it
+too. The file names the holder (PID, host, start, command) for the refusal a second process
+gets, and records a clean release (`ended`), so a record without one found unlocked is a
+crashed holder's. Who may not share which folder, and what the refusal says, is the
+caller's: `pofe.run.guards` (a run's output_dir), `pofe_candidates.pipeline` (a candidates
+folder).
+
+This module is a leaf: standard library only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pofe.errors import PofeError
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def describe(holder: dict) -> str:
+    """The holder as the refusal names it: `PID 4121 on host gpu-3, started 2026-11-30 10:01:02`."""
+    if "pid" not in holder:
+        return "its record is unreadable"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"]))
+    return f"PID {holder['pid']} on host {holder['host']}, started {started}"
+
+
+def here_and_gone(holder: dict) -> bool:
+    """Whether the recorded holder has ended (cleanly, or its process is gone from this host):
+    the lock is then held by a child that inherited it."""
+    here = holder.get("host") == socket.gethostname()
+    return "ended" in holder or (here and not alive(holder["pid"]))
+
+
+class FolderLock:
+    """The held lock; `fileno()` for children to inherit, `release()` when the work ends."""
+
+    def __init__(self, path: Path, fd: int, holder: dict):
+        self.path = path
+        self.holder = holder
+        self._fd = fd
+
+    @classmethod
+    def acquire(
+        cls, path: Path, echo: Callable[[str], None], command: str, refuse: Callable[[dict], PofeError]
+    ) -> FolderLock:
+        """Take the lock for `command`, or raise `refuse(holder)` with the holder's record;
+        says so when taking over from a holder that crashed."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            os.close(fd)
+            raise refuse(holder) from None
+        previous = _read(fd)
+        if previous and "ended" not in previous:
+            echo(f"{path}: taking over from a run that ended without releasing it ({describe(previous)})")
+        lock = cls(
+            path, fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
+        )
+        lock._write()
+        return lock
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def release(self) -> None:
+        self.holder["ended"] = time.time()
+        self._write()
+        os.close(self._fd)  # children that still hold it keep it locked
+
+    def _write(self) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(self.holder).encode(), 0)
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(fd: int) -> dict:
+    """The holder the file names: {} when empty (new), {"unreadable": ...} when cut short."""
+    raw = os.pread(fd, 4096, 0)
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {"unreadable": raw[:80].decode(errors="replace")}

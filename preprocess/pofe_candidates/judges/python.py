@@ -1,0 +1,107 @@
+"""Python judges: a user function, scalar `module:function(prompt, response) -> float` or
+pairwise `module:function(prompt, response_a, response_b) -> P(a beats b)`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pofe_candidates.judges.base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
+from pofe_candidates.judges.pairwise import preferences_both_orders
+from pofe_candidates.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe_candidates.render import Prompt, prompt_text
+
+
+class PythonJudge:
+    """`module:function(prompt, response) -> float`, called once per candidate.
+
+    `prompt` is the dataset's prompt as stored (a string or chat messages). Exceptions and
+    non-finite results (or beyond float32) become abstentions naming
+    why; a result that is not a number ("0.7", True) is a TypeError naming the judge.
+    """
+
+    reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
+    reads_columns = False
+
+    def __init__(
+        self,
+        fn: Callable[[Prompt, str], float],
+        *,
+        allow_abstain: bool = True,
+        name: str = "python",
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
+    ):
+        self.fn = timed(fn, name, timeout, stage_timeout)
+        self.allow_abstain = allow_abstain
+        self.name = name
+        self.stats = JudgeStats()
+
+    def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
+        out: list[list[Score]] = []
+        for p, (prompt, cands) in enumerate(zip(prompts, responses, strict=True)):
+            row: list[Score] = []
+            for k, resp in enumerate(cands):
+                self.stats.count_call()
+                at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
+                row.append(
+                    _call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"prompt {p}, candidate {k}")
+                )
+            out.append(row)
+        return out
+
+
+class PythonPairwiseJudge:
+    """`module:function(prompt, response_a, response_b) -> P(a beats b)`, called for every
+    ordered pair (both orders, combined as for the other pairwise judges), so preferences
+    need not be transitive (rock-paper-scissors).
+
+    Exceptions, non-finite values and values outside [0, 1] become abstentions naming why.
+    """
+
+    reads_rendered_prompt = False  # as PythonJudge: the dataset's prompt as stored
+    reads_columns = False
+
+    def __init__(
+        self,
+        fn: Callable[[Prompt, str, str], float],
+        *,
+        allow_abstain: bool = True,
+        name: str = "python_pairwise",
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
+    ):
+        self.fn = timed(fn, name, timeout, stage_timeout)
+        self.allow_abstain = allow_abstain
+        self.name = name
+        self.stats = JudgeStats()
+
+    def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float | Abstain]:
+        out: list[float | Abstain] = []
+        for n, (prompt, a, b) in enumerate(items):
+            at = dict(allow=self.allow_abstain, where=self.name, prompt=n)
+            where = f"prompt {prompt_text(prompt)!r:.60}, responses {a!r:.40} and {b!r:.40}"
+            v = _call(self.fn, (prompt, a, b), self.stats, at, "P(a beats b)", self.name, where)
+            if not isinstance(v, Abstain) and not 0.0 <= v <= 1.0:
+                v = self.stats.abstain(f"out of range: P(a beats b) = {v}, expected [0, 1]", **at)
+            out.append(v)
+        return out
+
+    def preferences(self, prompts: list[Prompt], responses: list[list[str]]) -> list[PairwiseVerdict]:
+        return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)
+
+
+def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, name: str, where: str) -> float | Abstain:
+    """fn(*args) as a float; a user function's exception, a non-finite value or one beyond
+    float32 is an abstention, counted in `stats` (or an error where `at` forbids abstaining).
+    A result that is not a number is a TypeError naming the judge (`name`) and `where` (the candidate)."""
+    try:
+        out = fn(args, where=at["where"], prompt=at["prompt"]) if isinstance(fn, TimedCalls) else fn(*args)
+    except JudgeTimeout:
+        raise
+    except RemoteError as e:  # raised in the worker: str(e) is "Type: message"
+        return stats.abstain(str(e), **at)
+    except Exception as e:  # a user function: any failure is an abstention, counted
+        return stats.abstain(f"{type(e).__name__}: {e}", **at)
+    v = as_number(out, f"judge {name}", where)
+    reason = unusable_score(v, what)
+    return v if reason is None else stats.abstain(reason, **at)
