@@ -149,7 +149,7 @@ def test_score_output_and_index_errors_say_what_there_is(multi_rm):
     [
         (
             dict(type="python", function="m:f", dtype="bfloat16"),
-            r"judge.dtype applies to judge.type: reward_model, not to judge.type: python; remove it",
+            r"judge.dtype applies to judge.type: reward_model / gpm, not to judge.type: python; remove it",
         ),
         (
             dict(type="pairrm", model="m", trust_remote_code=True, score_index=1),

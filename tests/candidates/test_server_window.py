@@ -109,7 +109,7 @@ def test_batch_size_no_longer_sets_a_server_s_window():
     ):
         GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"], batch_size=5)
     with pytest.raises(
-        ValueError, match=r"judge.batch_size applies to judge.type: reward_model / pairrm.*in_flight: 3 instead"
+        ValueError, match=r"judge.batch_size applies to judge.type: reward_model / pairrm / gpm.*in_flight: 3 instead"
     ):
         JudgeConfig(type="llm", base_url="http://a:1/v1", batch_size=3)
     with pytest.raises(

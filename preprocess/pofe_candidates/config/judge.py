@@ -14,8 +14,8 @@ from pofe_candidates.config.base import StrictConfig
 from pofe_candidates.config.credentials import check_base_url, check_key_env
 from pofe_candidates.config.judge_kinds import JudgeSpec, check_judge_keys, judge_spec
 
-# formulas: win_rates.py, judges/pairrm.py; which a judge.type takes: its spec
-Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]
+# formulas: win_rates.py, judges/pairrm.py, judges/gpm.py; which a judge.type takes: its spec
+Preferences = Literal["bradley_terry", "hard", "both_orders", "authors", "probability"]
 RewardModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -24,7 +24,7 @@ class JudgeConfig(StrictConfig):
 
     Scalar judges (python, reward_model, llm) give one reward per candidate: RRHF uses them
     directly; SPPO turns them into win rates by `preferences` (bradley_terry or hard; transitive
-    by construction). Pairwise judges (python_pairwise, pairwise_llm, pairrm) give a K x K
+    by construction). Pairwise judges (python_pairwise, pairwise_llm, pairrm, gpm) give a K x K
     preference matrix: SPPO only (RRHF needs a scalar reward per candidate). `spec` is the
     type's entry in the judge registry.
     """
@@ -32,7 +32,7 @@ class JudgeConfig(StrictConfig):
     type: str = Field(
         "python",
         description="A registered judge type: python | python_pairwise | reward_model | llm | pairwise_llm | "
-        "pairrm, or one a plugin registers (`register_judge`).",
+        "pairrm | gpm, or one a plugin registers (`register_judge`).",
     )
     function: str | None = Field(
         None,
@@ -57,11 +57,12 @@ class JudgeConfig(StrictConfig):
         None,
         description="SPPO: verdicts -> preference matrix. Scalar judges: bradley_terry (default; "
         "sigmoid((r_i - r_j) / T)) or hard (1, 1/2 on a tie, 0); pairrm: authors (default) or "
-        "both_orders; python_pairwise, pairwise_llm: both_orders. None: the judge's default.",
+        "both_orders; gpm: probability (default) or authors; python_pairwise, pairwise_llm: both_orders. "
+        "None: the judge's default.",
     )
     preferences_temperature: float = Field(1.0, gt=0.0, le=1e6, description="bradley_terry: the reward scale T.")
     model: str | None = Field(
-        None, description="reward_model / pairrm: local path or hub id; llm judges: served model name."
+        None, description="reward_model / pairrm / gpm: local path or hub id; llm judges: served model name."
     )
     base_url: str | list[str] | None = Field(
         None,
@@ -84,7 +85,7 @@ class JudgeConfig(StrictConfig):
         "returns them, else parse the verdict from text.",
     )
     batch_size: int = Field(
-        8, ge=1, le=4096, description="reward_model / pairrm: candidates (pairrm: pairs) per forward."
+        8, ge=1, le=4096, description="reward_model / pairrm / gpm: candidates (pairrm: pairs) per forward."
     )
     in_flight: int | None = Field(
         None,
@@ -93,9 +94,16 @@ class JudgeConfig(StrictConfig):
         description="llm judges: requests in flight for the whole judge stage (one window, shared by the two "
         "shards judged side by side). None: per server, 256 for a vLLM server (its /v1/models says so), else 32.",
     )
-    max_length: int = Field(1024, ge=8, le=131072, description="reward_model / pairrm: tokens per input.")
+    max_length: int = Field(1024, ge=8, le=131072, description="reward_model / pairrm / gpm: tokens per input.")
     dtype: RewardModelDtype = Field(
-        "auto", description="reward_model: weights' dtype; auto = the checkpoint's (its config's dtype)."
+        "auto", description="reward_model / gpm: weights' dtype; auto = the checkpoint's (its config's dtype)."
+    )
+    tau: float = Field(
+        0.1,
+        gt=0.0,
+        le=100.0,
+        description="gpm: the temperature the checkpoint was trained with, P = sigmoid(score / tau); not stored "
+        "in the checkpoint: 0.1 is the authors' (their general_preference_tau).",
     )
     device_map: int | str | dict[str, int | str] | None = Field(
         None,

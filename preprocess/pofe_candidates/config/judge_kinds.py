@@ -63,7 +63,7 @@ class JudgeSpec:
     # judge calls for a prompt's K candidates: K, or K (K - 1) for every ordered pair
     calls: Calls = "candidate"
     # weights judges: how `axolotl pofe plan` builds `judge.model` to size it
-    # (`pofe.run.plan.model_size.KINDS`: sequence_classification, encoder)
+    # (`pofe.run.plan.model_size.KINDS`: sequence_classification, encoder, backbone)
     model_kind: str | None = None
     # the type's own rules beyond its keys, run first: raise ValueError naming the key to change
     check: Callable[[Any], None] | None = None
@@ -275,5 +275,16 @@ PAIRRM = JudgeSpec(
     calls="ordered_pair",
     model_kind="encoder",
 )
-for _spec in (PYTHON, PYTHON_PAIRWISE, REWARD_MODEL, LLM, PAIRWISE_LLM, PAIRRM):
+GPM = JudgeSpec(
+    name="gpm",
+    factory="pofe_candidates.judges.gpm:GPMJudge.from_config",
+    pairwise=True,
+    source="weights",
+    preferences=("probability", "authors"),  # judges/gpm.py
+    keys=(*_MODEL_KEYS, "dtype", "tau"),
+    required=("model",),
+    model_kind="backbone",  # the checkpoint's transformer without its language-model head
+)
+
+for _spec in (PYTHON, PYTHON_PAIRWISE, REWARD_MODEL, LLM, PAIRWISE_LLM, PAIRRM, GPM):
     register_judge(_spec)

@@ -3,7 +3,7 @@
     judge = make_judge(cfg)
     apply_judge(judge, prompts, rendered, responses, columns=..., rows=...)
     # -> judge.score(...)        scalar judges: python (function or reward_funcs), reward_model, llm
-    # -> judge.preferences(...)  pairwise judges: python_pairwise, pairwise_llm, pairrm
+    # -> judge.preferences(...)  pairwise judges: python_pairwise, pairwise_llm, pairrm, gpm
 
 `apply_judge` (apply.py) is how the judge stage and evaluation call a judge: it hands each
 judge the prompt form and columns its flags ask for. A new judge is one module here

@@ -165,14 +165,14 @@ def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
 def judge_calls(pcfg: PofeConfig, per_prompt: list[int] | None) -> int | None:
     """The judge's calls for the round: per prompt, one per candidate, or one per ordered pair,
     K(K-1), as its type says (`JudgeSpec.calls`: PairRM and pairwise LLMs judge every ordered
-    pair)."""
+    pair; GPM embeds each candidate once)."""
     if per_prompt is None:
         return None
     return sum(pcfg.judge.spec.judge_calls(k) for k in per_prompt)
 
 
 def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[str, dict]:
-    """(dtype, parts) of a judge model on its device: a reward model in its checkpoint's
+    """(dtype, parts) of a judge model on its device: a reward model or GPM in its checkpoint's
     dtype (or `judge.dtype`), an encoder (PairRM's DeBERTa) in float32 with eager
     (disentangled: content and two position) attention."""
     shares = "prefix_sharing" in judge.spec.keys and judge.prefix_sharing

@@ -14,7 +14,7 @@ and, beside them (`online_parts`):
   during a refresh; a server (openai) holds nothing here;
 - zero3_gathered_weights: under ZeRO-3, TRL's `unwrap_model_for_generation` gathers the whole
   weights on every rank for a refresh (`pofe.online.models.policy_for_refresh`);
-- judge_*: a judge that loads weights (a reward model, PairRM), loaded at the first refresh and kept for the run, as its
+- judge_*: a judge that loads weights (a reward model, PairRM, GPM), loaded at the first refresh and kept for the run, as its
   own judge stage sizes it (`pofe.run.plan.candidates.judge_parts`) but for the CUDA context,
   which the process has once; a Python judge, and an LLM judge's server, hold nothing here;
 - pi_0_weights: with pofe.online.kl_coef > 0 under full fine-tuning, a frozen copy of the base
