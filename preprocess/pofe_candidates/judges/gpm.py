@@ -266,13 +266,13 @@ class GPMJudge:
         rendering fills max_length. The tokenizer runs once over every text."""
         tok = self.tokenizer
         convs = [as_messages(p) for p in prompts]
-        heads = tok([tok.apply_chat_template(c, tokenize=False) for c in convs])["input_ids"]
+        heads = tok([tok.apply_chat_template(c, tokenize=False) for c in convs], verbose=False)["input_ids"]
         texts = [
             tok.apply_chat_template(c + [{"role": "assistant", "content": r}], tokenize=False)
             for c, rs in zip(convs, responses, strict=True)
             for r in rs
         ]
-        ids = iter(tok(texts)["input_ids"] if texts else [])
+        ids = iter(tok(texts, verbose=False)["input_ids"] if texts else [])
         out: list[list[Encoded] | None] = []
         for head, rs in zip(heads, responses, strict=True):
             full = [next(ids) for _ in rs]
