@@ -83,7 +83,10 @@ class PofePlugin(BasePlugin):
             return None
         if pofe.online is not None:
             from pofe.online import load_online_prompts
+            from pofe_candidates.generators.available import check_backend_runs
 
+            if not preprocess:  # training samples at each refresh: refused now, not at the first one
+                check_backend_runs(pofe.generate, online=True)
             return load_online_prompts(cfg, pofe)
         from pofe.data.loader import load_pofe_datasets
 
