@@ -294,3 +294,32 @@ def test_candidates_and_evaluation_judge_with_gpm(gpm_dirs, tiny_policy, tmp_pat
     assert out["method"] == "pairwise"
     assert out["pref"][0, 0, 1].item() == pytest.approx(direct[0].matrix[0, 1].item(), abs=p_tolerance(0.1))
     assert out["pref"][1, 1, 0].item() == pytest.approx(direct[1].matrix[0, 2].item(), abs=p_tolerance(0.1))
+
+
+def test_an_online_refresh_judges_with_gpm(gpm_dirs, tiny_policy):
+    """An online SPPO refresh's judging (`pofe.online.refresh.sample_and_judge`): each prompt's
+    win rates are the mean rows of the GPM's matrix for its candidates."""
+    import contextlib
+
+    from pofe.methods import method_spec
+    from pofe.online.refresh import Window, sample_and_judge
+    from pofe_candidates.config import CandidatesConfig, GenerateConfig
+    from pofe_candidates.generators.hf import load_tokenizer
+
+    cfg = JudgeConfig(type="gpm", model=str(gpm_dirs["no_prompt_head"]))
+    judge = make_judge(cfg)
+    _, judged = sample_and_judge(
+        Window(0, [[0, 1]]),
+        {i: {"prompt": p} for i, p in enumerate(PROMPTS)},
+        generator=FixedCandidates(),
+        judge=judge,
+        tokenizer=load_tokenizer(str(tiny_policy)),
+        method=method_spec("sppo"),
+        generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
+        judge_cfg=cfg,
+        candidates=CandidatesConfig(progress=False),
+        timer=lambda stage: contextlib.nullcontext(),
+    )
+    direct = judge.preferences(PROMPTS, [["19", "nineteen", "18"]] * 2)
+    for row, verdict in zip(sorted(judged, key=lambda r: r["index"]), direct, strict=True):
+        assert row["win_rates"] == pytest.approx(win_rates(verdict.matrix).tolist(), abs=1e-11)
