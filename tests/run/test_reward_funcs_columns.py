@@ -18,6 +18,8 @@ from pofe.run.folder import RunFolder
 from tests.helpers import ROOT, run_axolotl, run_state, write_rounds_recipe
 
 DOC = (ROOT / "docs" / "candidates.md").read_text()
+# nothing on the import path but the venv's: no PYTHONPATH, no recipe folders a parent recorded
+CLEAN = {"PYTHONPATH": "", "POFE_RECIPE_DIRS": ""}
 
 
 def docs_example() -> tuple[dict, str]:
@@ -55,8 +57,7 @@ def docs_run(tmp_path_factory, tiny_model):
     raw["pofe"] |= {"rounds": 1, "judge": judge}
     recipe.write_text(yaml.safe_dump(raw))
     (recipe_dir / "my_rewards.py").write_text(code)
-    env = {"PYTHONPATH": "", "POFE_RECIPE_DIRS": ""}
-    run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet", cwd=elsewhere, env=env)
+    run_axolotl("pofe", "run", str(recipe), "--launcher", "python", "--quiet", cwd=elsewhere, env=CLEAN)
     sys.path.insert(0, str(recipe_dir))  # the test's own calls of the example
     try:
         import my_rewards
@@ -113,7 +114,7 @@ def test_eval_prompts_file_columns_reach_the_judge(docs_run):
     raw["pofe"]["eval"] = {k: v for k, v in raw["pofe"]["eval"].items() if k != "held_out"}
     raw["pofe"]["eval"]["prompts"] = str(other / "eval_prompts.jsonl")
     (other / "recipe.yml").write_text(yaml.safe_dump(raw))
-    run_axolotl("pofe", "eval", str(other / "recipe.yml"), cwd=docs_run["recipe_dir"], env={"PYTHONPATH": ""})
+    run_axolotl("pofe", "eval", str(other / "recipe.yml"), cwd=docs_run["recipe_dir"], env=CLEAN)
     samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
     assert {s["prompt"] for s in samples} == {r["prompt"] for r in rows}
     for s in samples:
