@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import get_args
 
 import yaml
 
 from pofe.args import PofeConfig
 from pofe.methods import DATASET_TYPES
-from pofe_candidates.config import JudgeConfig
-from pofe_candidates.config.judge import JudgeType
+from pofe_candidates.config import JUDGES, JudgeConfig
 from pofe_candidates.judges.llm import DEFAULT_RUBRIC
 from pofe_candidates.judges.pairwise import DEFAULT_PAIRWISE
 from tests.helpers import ROOT
@@ -73,7 +71,7 @@ def test_every_judge_type_has_an_example_that_validates():
     and the rubrics it calls built in are the built-in ones, character for character."""
     blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "candidates.md").read_text(), re.S)
     judges = [b["pofe"]["judge"] for b in map(yaml.safe_load, blocks) if "judge" in ((b or {}).get("pofe") or {})]
-    assert {j["type"] for j in judges} == set(get_args(JudgeType))
+    assert {j["type"] for j in judges} == set(JUDGES)
     for judge in judges:
         JudgeConfig.model_validate(judge)
     rubrics = {j["type"]: j["rubric"].rstrip("\n") for j in judges if "rubric" in j}

@@ -1,6 +1,6 @@
 """What the linters cannot say: every module imports, none grows past about 400 lines, no
 function past about 60 code lines without saying why, and only the method registry knows the
-methods' names. Layers and import cycles are import-linter's contracts (pyproject.toml,
+methods' names (the judge registry the judge types'). Layers and import cycles are import-linter's contracts (pyproject.toml,
 `make lint`); style is ruff's.
 
 Walks the packages in the source folders (plugin/pofe -> pofe, preprocess/pofe_candidates ->
@@ -168,3 +168,40 @@ def test_method_branch_pattern_finds_the_old_branches():
         assert METHOD_BRANCHES.search(line), line
     for line in ('logp = inputs["rewards"]', 'if "rewards" in plots:', 'raise ValueError(f"pofe.{key}: x")'):
         assert not METHOD_BRANCHES.search(line), line
+
+
+# A judge type compared outside the judge registry (`pofe_candidates.config.judge_kinds`): a
+# branch that a new judge would have to edit. The registry's spec says what each type is.
+JUDGE_TYPES = r"(python|python_pairwise|reward_model|llm|pairwise_llm|pairrm|gpm)"
+JUDGE_BRANCHES = re.compile(
+    rf"""(==|!=)\s*["']{JUDGE_TYPES}["']"""  # cfg.type == "pairrm"
+    rf"""|["']{JUDGE_TYPES}["']\s*(==|!=)"""  # "pairrm" == cfg.type
+    rf"""|\bin\s*[(\[{{][^)\]}}]*["']{JUDGE_TYPES}["']"""  # judge.type in ("reward_model", "pairrm")
+    rf"""|["']{JUDGE_TYPES}["']\s+(not\s+)?in\b"""  # "pairrm" in kinds
+)
+
+
+def test_no_branch_on_judge_types():
+    """Only the judge registry knows the judge types: elsewhere code asks the type's spec."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+        for name, path in sorted(MODULES.items())
+        if name != "pofe_candidates.config.judge_kinds"
+        for i, line in enumerate(path.read_text().splitlines(), start=1)
+        if JUDGE_BRANCHES.search(line)
+    ]
+    assert not hits, "\n".join(hits)
+
+
+def test_judge_branch_pattern_finds_the_old_branches():
+    """The pattern catches each form the code used before the judge registry said it all."""
+    for line in (
+        'if cfg.type == "python" and cfg.reward_funcs:',
+        'if cfg.type in ("llm", "pairwise_llm"):',
+        'shares = judge.type == "reward_model" and judge.prefix_sharing',
+        'llm = self.type in ("llm", "pairwise_llm")',
+        'if judge is not None and judge.type in ("reward_model", "pairrm"):',
+    ):
+        assert JUDGE_BRANCHES.search(line), line
+    for line in ('raise ValueError(f"unknown judge.type {name!r}")', 'launcher="python"', 'row["reward"]'):
+        assert not JUDGE_BRANCHES.search(line), line

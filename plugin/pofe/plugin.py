@@ -13,6 +13,7 @@ from pofe.errors import record_uncaught_errors
 from pofe.logs import redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
+from pofe.recipe_modules import add_recipe_dirs
 
 
 class PofePlugin(BasePlugin):
@@ -34,6 +35,8 @@ class PofePlugin(BasePlugin):
     def register(self, cfg: dict):
         # in a stage of `axolotl pofe run`, a POFE error reaches the runner as its message
         record_uncaught_errors()
+        # a judge module beside the recipe or in the working directory imports, here and in children
+        add_recipe_dirs(cfg.get("axolotl_config_path"))
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
         # the run follows the SFT builder path with POFE's trainer and collator.
         translate_raw_config(cfg)
@@ -80,7 +83,10 @@ class PofePlugin(BasePlugin):
             return None
         if pofe.online is not None:
             from pofe.online import load_online_prompts
+            from pofe_candidates.generators.available import check_backend_runs
 
+            if not preprocess:  # training samples at each refresh: refused now, not at the first one
+                check_backend_runs(pofe.generate, online=True)
             return load_online_prompts(cfg, pofe)
         from pofe.data.loader import load_pofe_datasets
 

@@ -7,8 +7,11 @@ its old rewards being reused.
 - Python judges (`judge.function`, `judge.reward_funcs`): the sha256 of each function's
   module file, found without importing it. An edit to another module that one imports is
   not seen.
-- Reward models and PairRM (`judge.model`): `pofe.files.weights_fingerprint`, the one
-  identity of a model's weights (a local folder by its files, a hub id by its cached commit).
+- Judges that load weights (reward models, PairRM, GPM: `judge.model`):
+  `pofe.files.weights_fingerprint`, the one identity of a model's weights (a local folder by
+  its files, a hub id by its cached commit).
+
+Which a judge is, its type's spec says (`JudgeSpec.source`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ import importlib.util
 from pathlib import Path
 
 from pofe.files import file_sha256, weights_fingerprint
-from pofe_candidates.config import FUNCTION_JUDGES, JudgeConfig
-
-WEIGHTED_JUDGES = ("reward_model", "pairrm")
+from pofe_candidates.config import JudgeConfig
 
 
 def module_digest(module_name: str) -> str:
@@ -41,8 +42,8 @@ def function_module(spec: str) -> str:
 def judge_identity(judge: JudgeConfig) -> dict[str, str]:
     """{function or model: digest} for the judge's code or weights; {} for an LLM judge (a
     server's model, known by name only)."""
-    if judge.type in FUNCTION_JUDGES:
+    if judge.spec.calls_functions:
         return {spec: module_digest(function_module(spec)) for spec in (judge.reward_funcs or [judge.function])}
-    if judge.type in WEIGHTED_JUDGES:
+    if judge.spec.loads_weights:
         return {judge.model: weights_fingerprint(judge.model)}
     return {}

@@ -49,7 +49,7 @@ from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
 from pofe_candidates.build import build_rows, order_sum_warning, summarise
-from pofe_candidates.config import FUNCTION_JUDGES, CandidatesConfig, GenerateConfig, JudgeConfig, redact
+from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig, redact
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE, generate_stage
 from pofe_candidates.generators import Generator
 from pofe_candidates.judge_stage import judge_stage
@@ -163,7 +163,7 @@ def run_pipeline(
     prebuilt = [name for name, obj in (("generator", generator), ("judge", judge_impl)) if obj is not None]
     check_parallel(generate, candidates, prebuilt=prebuilt)
     devices = worker_devices(generate, candidates) if candidates.num_workers > 1 else []
-    if judge_impl is None and judge.type in FUNCTION_JUDGES:
+    if judge_impl is None and judge.spec.calls_functions:
         judge_impl = make_judge(judge)  # imports judge.function now, not after generating
     out_dir = Path(candidates.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

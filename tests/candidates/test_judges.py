@@ -414,9 +414,7 @@ def test_judge_timeout_bounds_an_llm_judges_try_in_place_of_request_timeout():
     # where it would bound nothing it is refused, not ignored
     with pytest.raises(
         ValueError,
-        match=r"judge.stage_timeout applies to python judges \(judge.function or "
-        r"judge.reward_funcs\), "
-        r"not to judge.type: llm",
+        match=r"judge.stage_timeout applies to judge.type: python / python_pairwise, not to judge.type: llm",
     ):
         JudgeConfig(type="llm", base_url=url, stage_timeout=3.0)
     with pytest.raises(ValueError, match=r"judge.timeout applies .* not to judge.type: reward_model"):

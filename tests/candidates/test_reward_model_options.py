@@ -147,10 +147,14 @@ def test_score_output_and_index_errors_say_what_there_is(multi_rm):
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        (dict(type="python", function="m:f", dtype="bfloat16"), r"judge.dtype apply to judge.type: reward_model only"),
+        (
+            dict(type="python", function="m:f", dtype="bfloat16"),
+            r"judge.dtype applies to judge.type: reward_model / gpm, not to judge.type: python; remove it",
+        ),
         (
             dict(type="pairrm", model="m", trust_remote_code=True, score_index=1),
-            r"judge.trust_remote_code, judge.score_index apply to judge.type: reward_model only",
+            r"judge.trust_remote_code \(reward_model\), judge.score_index \(reward_model\) apply to other judge "
+            r"types, not to judge.type: pairrm; remove them",
         ),
         (dict(type="reward_model", model="m", device_map="gpu0"), "'gpu0' is neither auto | balanced"),
         (dict(type="reward_model", model="m", device_map={}), "got an empty map"),

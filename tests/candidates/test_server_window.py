@@ -108,9 +108,13 @@ def test_batch_size_no_longer_sets_a_server_s_window():
         ValueError, match=r"generate.batch_size applies to backend: transformers.*in_flight: 10 instead"
     ):
         GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://b:2/v1"], batch_size=5)
-    with pytest.raises(ValueError, match=r"judge.batch_size applies to reward_model and pairrm.*in_flight: 3 instead"):
+    with pytest.raises(
+        ValueError, match=r"judge.batch_size applies to judge.type: reward_model / pairrm / gpm.*in_flight: 3 instead"
+    ):
         JudgeConfig(type="llm", base_url="http://a:1/v1", batch_size=3)
-    with pytest.raises(ValueError, match="judge.in_flight applies to llm judges, not to judge.type: reward_model"):
+    with pytest.raises(
+        ValueError, match="judge.in_flight applies to judge.type: llm / pairwise_llm, not to judge.type: reward_model"
+    ):
         JudgeConfig(type="reward_model", model="m", in_flight=3)
     assert GenerateConfig(batch_size=5).batch_size == 5  # transformers
     assert JudgeConfig(type="reward_model", model="m", batch_size=3).batch_size == 3

@@ -11,6 +11,7 @@ from importlib.metadata import version
 import pytest
 import yaml
 
+from pofe.run.evaluation.answers import HeldOut
 from pofe.run.evaluation.best_of_k import best_of_k
 from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.provenance import package_versions, round_record, served_site_packages, stage_environment
@@ -89,7 +90,8 @@ def test_best_of_k_by_hand():
     judge = make_judge(JudgeConfig(type="python", function="pofe.demo.task:reward"))
     prompts = ["2+3=", "1+1="]
     cands = {1: [[sample("5"), sample("4")], [sample("x"), sample("4")]]}
-    (entry,), records = best_of_k(judge, prompts, prompts, cands, [0.3, 0.5])
+    held_out = HeldOut(prompts, prompts, [], "test", [{}, {}])
+    (entry,), records = best_of_k(judge, held_out, cands, [0.3, 0.5])
     assert entry["round"] == 1 and entry["k"] == 2
     assert entry["best_of_k_reward"] == pytest.approx(7 / 12)
     assert entry["mean_candidate_reward"] == pytest.approx(17 / 48)

@@ -4,7 +4,8 @@ Three blocks, each declared once and validated up front (before any model loads)
 
 - `GenerateConfig`: who writes the k candidates per prompt, and how they are decoded.
 - `JudgeConfig`: who scores them (scalar judges for RRHF rewards or Bradley-Terry win rates,
-  pairwise judges for SPPO preference matrices).
+  pairwise judges for SPPO preference matrices); each `judge.type` a `JudgeSpec` in the judge
+  registry (`judge_kinds`, `register_judge`).
 - `CandidatesConfig`: where shards and the final dataset go, shard size, what SPPO keeps.
 
 These are the `pofe.generate`, `pofe.judge` and `pofe.candidates` blocks of the YAML. API keys are never stored:
@@ -32,35 +33,32 @@ from pofe_candidates.config.credentials import (
     resolve_env,
 )
 from pofe_candidates.config.generate import GenerateConfig
-from pofe_candidates.config.judge import (
-    FUNCTION_JUDGES,
-    JUDGE_PREFERENCES,
-    PAIRWISE_JUDGES,
-    SCALAR_JUDGES,
-    JudgeConfig,
-)
+from pofe_candidates.config.judge import JudgeConfig
+from pofe_candidates.config.judge_kinds import JUDGES, JudgeSpec, judge_spec, register_judge
+from pofe_candidates.config.rubric import fill_rubric
 
 __all__ = [
     "BatchSize",
     "Backend",
-    "FUNCTION_JUDGES",
     "GenerateConfig",
-    "JUDGE_PREFERENCES",
+    "JUDGES",
     "JudgeConfig",
+    "JudgeSpec",
     "MaxNewTokens",
-    "PAIRWISE_JUDGES",
     "CandidatesConfig",
-    "SCALAR_JUDGES",
     "STRATEGY_BACKENDS",
     "Sampling",
     "Seed",
     "Strategy",
     "Temperature",
     "TopP",
+    "fill_rubric",
+    "judge_spec",
     "looks_like_key",
     "read_api_key",
     "redact",
     "redact_text",
     "redact_url",
+    "register_judge",
     "resolve_env",
 ]

@@ -1,83 +1,22 @@
-"""`pofe.judge`: who scores the candidates, and how verdicts become SPPO preferences."""
+"""`pofe.judge`: who scores the candidates, and how verdicts become SPPO preferences.
+
+One flat block of keys; which of them a `judge.type` reads, needs and checks is its spec's in
+the judge registry (`judge_kinds`), asked by `JudgeConfig`'s validator.
+"""
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from pofe_candidates.config.base import StrictConfig
 from pofe_candidates.config.credentials import check_base_url, check_key_env
+from pofe_candidates.config.judge_kinds import JudgeSpec, check_judge_keys, judge_spec
 
-JudgeType = Literal["python", "python_pairwise", "reward_model", "llm", "pairwise_llm", "pairrm"]
-Preferences = Literal["bradley_terry", "hard", "both_orders", "authors"]  # formulas: win_rates.py, judges/pairrm.py
-
-SCALAR_JUDGES = ("python", "reward_model", "llm")
-PAIRWISE_JUDGES = ("python_pairwise", "pairwise_llm", "pairrm")
-FUNCTION_JUDGES = ("python", "python_pairwise")  # call user functions (imported before generating)
+# formulas: win_rates.py, judges/pairrm.py, judges/gpm.py; which a judge.type takes: its spec
+Preferences = Literal["bradley_terry", "hard", "both_orders", "authors", "probability"]
 RewardModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
-# device_map: accelerate's placement strategies, or one device (torch's spelling)
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
-_DEVICE = re.compile(r"(cpu|mps|disk|(cuda|xpu|npu|hpu)(:\d+)?|\d+)")
-# reward_model-only keys and their defaults: set for another judge, an error (they would be ignored)
-REWARD_MODEL_KEYS = ("dtype", "device_map", "trust_remote_code", "score_output", "score_index", "prefix_sharing")
-# `judge.preferences` each judge accepts, its default first. "authors" (the SPPO scripts') needs
-# PairRM's logits; the other pairwise judges give probabilities, which "both_orders" combines.
-JUDGE_PREFERENCES: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(SCALAR_JUDGES, ("bradley_terry", "hard")),
-    **dict.fromkeys(("python_pairwise", "pairwise_llm"), ("both_orders",)),
-    "pairrm": ("authors", "both_orders"),
-}
-
-
-# The placeholders each LLM judge's rubric may use, and those it must use. Only these are filled
-# in (low and high take a format spec, e.g. {low:g}); any other brace is literal text, so a
-# rubric can show JSON such as {"score": 7} as it is.
-RUBRIC_FIELDS: dict[str, tuple[str, ...]] = {
-    "llm": ("prompt", "response", "low", "high"),
-    "pairwise_llm": ("prompt", "response_a", "response_b"),
-}
-RUBRIC_REQUIRED: dict[str, tuple[str, ...]] = {"llm": ("response",), "pairwise_llm": ("response_a", "response_b")}
-_NUMERIC_FIELDS = ("low", "high")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)(?::([^{}]*))?\}")
-
-
-def fill_rubric(template: str, values: dict[str, object]) -> str:
-    """`template` with each known placeholder `{name}` / `{name:spec}` (a key of `values`)
-    replaced by its value, in one pass (a response quoting "{prompt}" is not filled again);
-    everything else, other braces included, is kept as written."""
-
-    def one(m: re.Match) -> str:
-        name, spec = m.group(1), m.group(2)
-        return m.group(0) if name not in values else format(values[name], spec or "")
-
-    return _PLACEHOLDER.sub(one, template)
-
-
-def check_rubric(template: str, judge_type: str) -> None:
-    """Raise ValueError if the rubric lacks a required placeholder or gives a text field a
-    format spec (or a number field a spec that does not format a number)."""
-    known, required = RUBRIC_FIELDS[judge_type], RUBRIC_REQUIRED[judge_type]
-    used = {m.group(1): m.group(2) for m in _PLACEHOLDER.finditer(template) if m.group(1) in known}
-    missing = [f"{{{f}}}" for f in required if f not in used]
-    if missing:
-        raise ValueError(
-            f"judge.rubric has no {' or '.join(missing)}: the judge would never see the candidate. Placeholders "
-            f"filled in for judge.type: {judge_type}: {', '.join(f'{{{f}}}' for f in known)}; any other brace "
-            '(e.g. JSON such as {"score": 7}) is kept as written.'
-        )
-    for m in _PLACEHOLDER.finditer(template):
-        name, spec = m.group(1), m.group(2)
-        if name not in known or spec is None:
-            continue
-        try:
-            format(1.0 if name in _NUMERIC_FIELDS else "text", spec)
-        except ValueError as e:
-            raise ValueError(
-                f"judge.rubric: {m.group(0)} has a format spec that does not apply ({e}); write {{{name}}}."
-            ) from None
 
 
 class JudgeConfig(StrictConfig):
@@ -85,12 +24,15 @@ class JudgeConfig(StrictConfig):
 
     Scalar judges (python, reward_model, llm) give one reward per candidate: RRHF uses them
     directly; SPPO turns them into win rates by `preferences` (bradley_terry or hard; transitive
-    by construction). Pairwise judges (python_pairwise, pairwise_llm, pairrm) give a K x K
-    preference matrix: SPPO only (RRHF needs a scalar reward per candidate).
+    by construction). Pairwise judges (python_pairwise, pairwise_llm, pairrm, gpm) give a K x K
+    preference matrix: SPPO only (RRHF needs a scalar reward per candidate). `spec` is the
+    type's entry in the judge registry.
     """
 
-    type: JudgeType = Field(
-        "python", description="python | python_pairwise | reward_model | llm | pairwise_llm | pairrm."
+    type: str = Field(
+        "python",
+        description="A registered judge type: python | python_pairwise | reward_model | llm | pairwise_llm | "
+        "pairrm | gpm, or one a plugin registers (`register_judge`).",
     )
     function: str | None = Field(
         None,
@@ -115,11 +57,12 @@ class JudgeConfig(StrictConfig):
         None,
         description="SPPO: verdicts -> preference matrix. Scalar judges: bradley_terry (default; "
         "sigmoid((r_i - r_j) / T)) or hard (1, 1/2 on a tie, 0); pairrm: authors (default) or "
-        "both_orders; python_pairwise, pairwise_llm: both_orders. None: the judge's default.",
+        "both_orders; gpm: probability (default) or authors; python_pairwise, pairwise_llm: both_orders. "
+        "None: the judge's default.",
     )
     preferences_temperature: float = Field(1.0, gt=0.0, le=1e6, description="bradley_terry: the reward scale T.")
     model: str | None = Field(
-        None, description="reward_model / pairrm: local path or hub id; llm judges: served model name."
+        None, description="reward_model / pairrm / gpm: local path or hub id; llm judges: served model name."
     )
     base_url: str | list[str] | None = Field(
         None,
@@ -141,7 +84,9 @@ class JudgeConfig(StrictConfig):
         description="pairwise_llm: read P(A) from the verdict tokens' logprobs when the server "
         "returns them, else parse the verdict from text.",
     )
-    batch_size: int = Field(8, ge=1, le=4096, description="reward_model / pairrm: candidates (or pairs) per forward.")
+    batch_size: int = Field(
+        8, ge=1, le=4096, description="reward_model / pairrm / gpm: candidates (pairrm: pairs) per forward."
+    )
     in_flight: int | None = Field(
         None,
         ge=1,
@@ -149,9 +94,16 @@ class JudgeConfig(StrictConfig):
         description="llm judges: requests in flight for the whole judge stage (one window, shared by the two "
         "shards judged side by side). None: per server, 256 for a vLLM server (its /v1/models says so), else 32.",
     )
-    max_length: int = Field(1024, ge=8, le=131072, description="reward_model/pairrm: tokens per input.")
+    max_length: int = Field(1024, ge=8, le=131072, description="reward_model / pairrm / gpm: tokens per input.")
     dtype: RewardModelDtype = Field(
-        "auto", description="reward_model: weights' dtype; auto = the checkpoint's (its config's dtype)."
+        "auto", description="reward_model / gpm: weights' dtype; auto = the checkpoint's (its config's dtype)."
+    )
+    tau: float = Field(
+        0.1,
+        gt=0.0,
+        le=100.0,
+        description="gpm: the temperature the checkpoint was trained with, P = sigmoid(score / tau); not stored "
+        "in the checkpoint: 0.1 is the authors' (their general_preference_tau).",
     )
     device_map: int | str | dict[str, int | str] | None = Field(
         None,
@@ -214,31 +166,11 @@ class JudgeConfig(StrictConfig):
     max_retries: int = Field(4, ge=0, le=20, description="llm judges: retries per request.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="llm judges: verdict length.")
 
-    def _check_window(self) -> None:
-        """An LLM judge's window is `in_flight`: `batch_size` set for one would be ignored."""
-        llm = self.type in ("llm", "pairwise_llm")
-        if self.in_flight is not None and not llm:
-            raise ValueError(f"judge.in_flight applies to llm judges, not to judge.type: {self.type}; remove it.")
-        # against the default, not fields_set: a dumped config (every field set) validates again
-        if llm and self.batch_size != JudgeConfig.model_fields["batch_size"].default:
-            servers = len(self.base_url) if isinstance(self.base_url, list) else 1
-            raise ValueError(
-                f"judge.batch_size applies to reward_model and pairrm judges: judge.type: {self.type} keeps "
-                f"judge.in_flight requests in flight (default: 256 per vLLM server, 32 per other server); set "
-                f"judge.in_flight: {self.batch_size * servers} instead "
-                "(batch_size per server was the window before)."
-            )
-
-    def _check_timeouts(self) -> None:
-        """judge.timeout / stage_timeout only where they bound something (timed.py, openai_client.py)."""
-        python = self.type in ("python", "python_pairwise")
-        for key, applies in (("timeout", python or self.type in ("llm", "pairwise_llm")), ("stage_timeout", python)):
-            if getattr(self, key) is not None and not applies:
-                raise ValueError(
-                    f"judge.{key} applies to python judges (judge.function or judge.reward_funcs)"
-                    f"{' and llm judges' if key == 'timeout' else ''}, not to judge.type: {self.type}; "
-                    "remove it."
-                )
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, name: str) -> str:
+        judge_spec(name)  # an unknown type: an error listing the registered ones
+        return name
 
     @field_validator("base_url")
     @classmethod
@@ -248,17 +180,18 @@ class JudgeConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
-        self._check_functions()
-        self._check_reward_model_keys()
-        self._check_timeouts()
-        self._check_window()
-        allowed = JUDGE_PREFERENCES[self.type]
+        """The type's own rules, then the keys it reads and needs (`judge_kinds`), then how its
+        verdicts become preferences."""
+        spec = self.spec
+        if spec.check is not None:
+            spec.check(self)
+        check_judge_keys(self, {k: f.default for k, f in JudgeConfig.model_fields.items()})
         if self.preferences is None:
-            self.preferences = allowed[0]
-        elif self.preferences not in allowed:
+            self.preferences = spec.preferences[0]
+        elif self.preferences not in spec.preferences:
             raise ValueError(
                 f"judge.preferences: {self.preferences} does not apply to judge.type: {self.type}; "
-                f"it takes {' or '.join(allowed)}."
+                f"it takes {' or '.join(spec.preferences)}."
             )
         # against the default, not fields_set: a dumped config (every field set) validates again
         if (
@@ -269,77 +202,17 @@ class JudgeConfig(StrictConfig):
                 f"judge.preferences_temperature applies to preferences: bradley_terry only "
                 f"(judge.type: {self.type} forms them by {self.preferences}); remove it."
             )
-        if self.type in ("reward_model", "pairrm") and not self.model:
-            raise ValueError(f"judge.type={self.type} needs judge.model (a local path or hub id).")
-        if self.type in ("llm", "pairwise_llm") and not self.base_url:
-            raise ValueError(
-                f"judge.type={self.type} needs judge.base_url (an OpenAI-compatible server, "
-                "e.g. http://127.0.0.1:8000/v1)."
-            )
-        if self.rubric is not None and self.type in RUBRIC_FIELDS:
-            check_rubric(self.rubric, self.type)
-        lo, hi = self.score_range
-        if not lo < hi:
-            raise ValueError(f"judge.score_range must be (low, high) with low < high, got {self.score_range}.")
         check_key_env(self.api_key_env, "judge")
         return self
 
-    def _check_functions(self) -> None:
-        if self.reward_funcs is not None and self.type != "python":
-            raise ValueError(f"judge.reward_funcs applies to judge.type: python, not {self.type}; remove it.")
-        if self.type == "python" and self.reward_funcs is not None:
-            if self.function:
-                raise ValueError(
-                    "judge.function and judge.reward_funcs are both set: a python judge calls one "
-                    "per-candidate function or a list of batched reward functions; keep one."
-                )
-            bad = [f for f in self.reward_funcs if "." not in f.strip(".") or ":" in f]
-            if bad:
-                raise ValueError(
-                    f"judge.reward_funcs: {bad} are not dotted paths 'package.module.function' "
-                    "(as axolotl's trl.reward_funcs)."
-                )
-        elif self.type in FUNCTION_JUDGES and (not self.function or ":" not in self.function):
-            hint = " or judge.reward_funcs: [package.module.function, ...]" if self.type == "python" else ""
-            raise ValueError(
-                f"judge.type={self.type} needs judge.function: 'module:function' (e.g. pofe.demo.task:reward){hint}."
-            )
-        if self.reward_weights is not None:
-            if self.reward_funcs is None:
-                raise ValueError("judge.reward_weights weighs judge.reward_funcs, which is not set; remove it.")
-            if len(self.reward_weights) != len(self.reward_funcs):
-                raise ValueError(
-                    f"judge.reward_weights has {len(self.reward_weights)} weights for "
-                    f"{len(self.reward_funcs)} reward_funcs; give one weight per function."
-                )
-            if not all(math.isfinite(w) for w in self.reward_weights):
-                raise ValueError(f"judge.reward_weights must be finite numbers, got {self.reward_weights}.")
-
-    def _check_reward_model_keys(self) -> None:
-        if self.type != "reward_model":
-            # against the defaults, not fields_set: a dumped config (every field set) validates again
-            changed = [k for k in REWARD_MODEL_KEYS if getattr(self, k) != JudgeConfig.model_fields[k].default]
-            if changed:
-                raise ValueError(
-                    f"judge.{', judge.'.join(changed)} apply to judge.type: reward_model only "
-                    f"(this judge is {self.type}); remove them."
-                )
-        dm = self.device_map
-        if isinstance(dm, int) and dm < 0:
-            raise ValueError(f"judge.device_map: a GPU index is >= 0, got {dm}.")
-        if isinstance(dm, str) and dm not in DEVICE_MAP_STRATEGIES and not _DEVICE.fullmatch(dm):
-            raise ValueError(
-                f"judge.device_map: {dm!r} is neither {' | '.join(DEVICE_MAP_STRATEGIES)} nor a "
-                "device (cpu, cuda, cuda:N, N, mps)."
-            )
-        if isinstance(dm, dict):
-            bad = {m: d for m, d in dm.items() if not (isinstance(d, int) and d >= 0 or _DEVICE.fullmatch(str(d)))}
-            if not dm or bad:
-                raise ValueError(
-                    f"judge.device_map: a map of module name -> device (cpu, cuda:N, N, disk), e.g. "
-                    f"{{'': 'cuda:0'}}; {f'not devices: {bad}' if bad else 'got an empty map'}."
-                )
+    @property
+    def spec(self) -> JudgeSpec:
+        """This judge type's entry in the registry."""
+        return judge_spec(self.type)
 
     @property
     def is_pairwise(self) -> bool:
-        return self.type in PAIRWISE_JUDGES
+        return self.spec.pairwise
+
+
+__all__ = ["JudgeConfig", "Preferences", "RewardModelDtype"]

@@ -9,7 +9,8 @@ the ids it sampled where it can (`Completion.token_ids`), so training scores wha
 Backends: `transformers` (hf.py: local `model.generate`: sample, beam, diverse_beam),
 `openai` (openai.py: any OpenAI-compatible server's /v1/completions: sample; with
 `generate.serve`, served.py starts that server for the policy and stops it on `close()`),
-`vllm` (vllm.py: in-process vllm.LLM: sample). Heavy imports happen only when a backend is built.
+`vllm` (vllm.py: in-process vllm.LLM: sample). Heavy imports happen only when a backend is built;
+whether one can run here is asked when a recipe is read (available.py).
 A new backend is one module here implementing `base.Generator`, and one branch below.
 """
 

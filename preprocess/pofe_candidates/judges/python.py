@@ -5,10 +5,39 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pofe_candidates.judges.base import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.judges.base import (
+    Abstain,
+    JudgeStats,
+    PairwiseVerdict,
+    Score,
+    as_number,
+    load_function,
+    unusable_score,
+)
 from pofe_candidates.judges.pairwise import preferences_both_orders
+from pofe_candidates.judges.reward_funcs import RewardFuncsJudge
 from pofe_candidates.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
 from pofe_candidates.render import Prompt, prompt_text
+
+
+def python_judge(cfg: JudgeConfig) -> PythonJudge | RewardFuncsJudge:
+    """`judge.type: python`: the per-candidate `judge.function`, or the batched `judge.reward_funcs`."""
+    if cfg.reward_funcs:
+        return RewardFuncsJudge.from_paths(
+            cfg.reward_funcs,
+            cfg.reward_weights,
+            allow_abstain=cfg.allow_abstain,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
+    return PythonJudge(
+        load_function(cfg.function),
+        allow_abstain=cfg.allow_abstain,
+        name=cfg.function,
+        timeout=cfg.timeout,
+        stage_timeout=cfg.stage_timeout,
+    )
 
 
 class PythonJudge:
@@ -74,6 +103,16 @@ class PythonPairwiseJudge:
         self.allow_abstain = allow_abstain
         self.name = name
         self.stats = JudgeStats()
+
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig) -> PythonPairwiseJudge:
+        return cls(
+            load_function(cfg.function),
+            allow_abstain=cfg.allow_abstain,
+            name=cfg.function,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
 
     def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float | Abstain]:
         out: list[float | Abstain] = []

@@ -27,6 +27,7 @@ import torch
 
 from pofe.batching import length_sorted_batches
 from pofe.logs import logger_name
+from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges.base import JudgeStats, PromptCut, Score
 from pofe_candidates.judges.shared_prefix import common_prefix, prefix_shared_forwards, reads_causally
 from pofe_candidates.render import Prompt, as_messages, prompt_text
@@ -118,6 +119,21 @@ class RewardModelJudge:
         self.allow_abstain = allow_abstain
         self.stats = JudgeStats()
         self._warned = False  # the prompt-cut warning, once per judge
+
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig) -> RewardModelJudge:
+        return cls(
+            cfg.model,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length,
+            allow_abstain=cfg.allow_abstain,
+            dtype=cfg.dtype,
+            device_map=cfg.device_map,
+            trust_remote_code=cfg.trust_remote_code,
+            score_output=cfg.score_output,
+            score_index=cfg.score_index,
+            prefix_sharing=cfg.prefix_sharing,
+        )
 
     def encode(self, prompt: Prompt, response: str) -> Encoded:
         """Token ids for one pair (no padding), in the reward model's own input format, cut to

@@ -527,3 +527,30 @@ def test_the_device_is_the_recipes_unless_told(tmp_path, tiny_model, name, overr
         assert "(cpu: the recipe sets bf16: false, as a CPU recipe does; --device cuda to plan it otherwise)" in first
     told = plan_recipe(recipe, PlanOptions(device="cuda"), prompts=60)
     assert told["device"] == "cuda" and told["device_from"] == "--device"
+
+
+def test_a_gpm_judge_is_sized_as_its_backbone_and_called_once_a_candidate(tmp_path, tiny_model):
+    """GPM embeds each candidate once: 10 prompts x K = 3 are 30 judge calls, where PairRM judges
+    the 10 x 3 x 2 = 60 ordered pairs. The plan sizes GPM's backbone alone, the language-model
+    head not being loaded: the tiny Llama (vocabulary 103, width 32, two layers, two key-value
+    heads of 16) has embeddings 103 x 32 = 3296, per layer q, k, v, o 4 x 32 x 32 = 4096, gate and
+    up 2 x 32 x 64 and down 64 x 32 = 6144 and two norms of 32, and a final norm of 32:
+    3296 + 2 x 10304 + 32 = 23936 parameters (with the head, 3296 more)."""
+    from pofe.args import pofe_config
+    from tests.candidates.gpm_checkpoint import write_gpm_checkpoint
+    from tests.helpers import write_rounds_recipe
+
+    gpm = write_gpm_checkpoint(tmp_path / "gpm", hidden=32)
+    raw = yaml.safe_load(write_rounds_recipe(tmp_path, tiny_model, "sppo", eval_keys=False).read_text())
+    raw["pofe"] |= {"rounds": 1, "eval": False, "judge": {"type": "gpm", "model": str(gpm)}}
+    raw["pofe"]["generate"]["include_dataset_responses"] = []
+    sizes, warnings = model_sizes(raw, pofe_config(raw))
+    assert warnings == [] and sizes[str(gpm)].total == 23936
+    plan = plan_run(*translated_recipe(raw), sizes, 10, PlanOptions(device="cpu"))
+    (judge,) = [s for s in plan["stages"] if s["stage"] == "judge"]
+    assert judge["counts"]["judge_calls"] == 30 and judge["counts"]["pairwise"]
+    raw["pofe"]["judge"] = {"type": "pairrm", "model": str(gpm)}  # counted, not sized
+    (pairrm,) = [
+        s for s in plan_run(*translated_recipe(raw), {}, 10, PlanOptions())["stages"] if s["stage"] == "judge"
+    ]
+    assert pairrm["counts"]["judge_calls"] == 60

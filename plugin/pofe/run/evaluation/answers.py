@@ -93,12 +93,20 @@ def held_out_sampling(ecfg: EvalConfig, generate: GenerateConfig | None) -> Samp
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out prompts (rendered once, for every model and judge) and their references."""
+    """The held-out prompts (rendered once, for every model and judge), their references, and
+    each prompt's other columns (TRL-style reward functions take them, as when the candidates
+    were judged)."""
 
     prompts: list
     rendered: list[str]
     references: list[TokenPair]
     source: str  # where the prompts came from, for eval.json
+    columns: list[dict]
+
+
+def other_columns(rows: list[dict], prompt_column: str) -> list[dict]:
+    """Each row's columns but its prompt, as the judge stage passes them (`judge_stage`)."""
+    return [{c: v for c, v in r.items() if c != prompt_column} for r in rows]
 
 
 def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:

@@ -6,7 +6,7 @@ prompts; here it is measured on prompts no round trained on: in evaluation, each
 round started from (pi_0 .. pi_{T-1}) samples K candidates for every held-out prompt, with the
 round's decoding (`pofe.generate`'s temperature, top_p, max_new_tokens; the round's seed,
 `generate.seed + t - 1`), for evaluation only (never trained on). The recipe's scalar judge
-scores them; per round: their mean, their best-of-k (mean over prompts of the best reward),
+scores them (with each prompt's other columns, as the judge stage gave them); per round: their mean, their best-of-k (mean over prompts of the best reward),
 beside pi_t's mean held-out reward (at `pofe.eval`'s decoding). Only the policy's own samples
 count (not `include_dataset_responses`); they come from the rounds' vLLM engine when
 evaluation samples there (`pofe.eval.backend`), else from the transformers backend. A
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pofe.run.evaluation.answers import HeldOut
 from pofe.run.evaluation.judging import scalar_scores
 from pofe.run.evaluation.sampler import Progress
 from pofe_candidates.config import GenerateConfig, Sampling
@@ -39,20 +40,23 @@ def held_out_candidates(
 
 
 def best_of_k(
-    judge,
-    prompts: list,
-    rendered: list[str],
-    candidates: dict[int, list[list[Sample]]],
-    trained_reward: list[float | None],
+    judge, held_out: HeldOut, candidates: dict[int, list[list[Sample]]], trained_reward: list[float | None]
 ) -> tuple[list[dict], list[dict]]:
     """(entries, records). One entry per round t in `candidates` ({t: [prompt][k] samples from
-    pi_{t-1}}): {"round", "k", "mean_candidate_reward", "best_of_k_reward", "trained_mean_reward"
+    pi_{t-1} on the `held_out` prompts}): {"round", "k", "mean_candidate_reward", "best_of_k_reward", "trained_mean_reward"
     (pi_t's, from `trained_reward`, eval.json's mean_reward), "trained_minus_best_of_k"}; one
     record per candidate (eval/candidates.jsonl): round, prompt_index, k, response, tokens, reward."""
     out, records = [], []
     for t, cands in sorted(candidates.items()):
         responses = [[s.text for s in row] for row in cands]
-        rewards = scalar_scores(judge, prompts, rendered, responses, desc=f"judge round {t}'s held-out candidates")
+        rewards = scalar_scores(
+            judge,
+            held_out.prompts,
+            held_out.rendered,
+            responses,
+            held_out.columns,
+            desc=f"judge round {t}'s held-out candidates",
+        )
         records += [
             {
                 "round": t,

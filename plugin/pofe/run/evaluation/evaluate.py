@@ -103,9 +103,11 @@ def judge_held_out(
     """Every model's held-out answers judged together, per prompt (and by judge2)."""
     M, P, S = len(answers), len(held_out.prompts), num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
-    main = judge_models(judge, held_out.prompts, held_out.rendered, texts)
+    main = judge_models(judge, held_out.prompts, held_out.rendered, texts, columns=held_out.columns)
     second = (
-        judge_models(judge2, held_out.prompts, held_out.rendered, texts, "judge2 on the held-out answers")
+        judge_models(
+            judge2, held_out.prompts, held_out.rendered, texts, "judge2 on the held-out answers", held_out.columns
+        )
         if judge2
         else None
     )
@@ -307,7 +309,7 @@ def evaluate(
     verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
     if held_out:
         trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
-        rounds_bok, records = best_of_k(judge, held_out.prompts, held_out.rendered, answers.candidates, trained)
+        rounds_bok, records = best_of_k(judge, held_out, answers.candidates, trained)
         write_jsonl_atomic(run.folder.eval_dir / "candidates.jsonl", records, allow_nan=True)
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)

@@ -12,7 +12,7 @@ from pofe.args import PofeConfig, pofe_config
 from pofe.data.formats import RowFormat, prompt_row
 from pofe.files import read_jsonl
 from pofe.logs import Echo
-from pofe.run.evaluation.answers import HeldOut, reference_pairs
+from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.average import average_weights
 from pofe.run.folder import RunFolder, RunState
 from pofe_candidates.generators.hf import load_tokenizer
@@ -119,6 +119,7 @@ def held_out_set(run: EvalRun) -> HeldOut | None:
         fields = run.pcfg.dataset_fields[0] if run.pcfg.dataset_fields else {}
         prompts = dataset_prompts(rows, ecfg.prompt_column, fields, str(run.folder.held_out_prompts), run.pcfg.method)
     references = reference_pairs(run.tokenizer, prompts, [r.get(ecfg.reference_column) for r in rows])
+    source = ecfg.prompts or str(run.folder.held_out_prompts)
     return HeldOut(
-        prompts, render_prompts(run.tokenizer, prompts), references, ecfg.prompts or str(run.folder.held_out_prompts)
+        prompts, render_prompts(run.tokenizer, prompts), references, source, other_columns(rows, ecfg.prompt_column)
     )

@@ -72,10 +72,15 @@ def scalar_scores(
 
 
 def pairwise_preferences(
-    judge: PairwiseJudge, prompts: list, rendered: list[str], responses: list[list[str]], desc: str = "judge"
+    judge: PairwiseJudge,
+    prompts: list,
+    rendered: list[str],
+    responses: list[list[str]],
+    desc: str = "judge",
+    columns: list[dict] | None = None,
 ) -> Tensor:
     """(P, N, N) preference matrices of a pairwise judge, N responses per prompt."""
-    verdicts = judge_pass(judge, prompts, rendered, responses, desc)
+    verdicts = judge_pass(judge, prompts, rendered, responses, desc, columns=columns)
     return torch.stack([v.matrix.to(torch.float64) for v in verdicts])  # (P, N, N)
 
 
@@ -85,21 +90,23 @@ def judge_models(
     rendered: list[str],
     texts: list[list[list[str]]],
     desc: str = "judge the held-out answers",
+    columns: list[dict] | None = None,
 ) -> dict:
     """texts[p][m][s] -> {"rewards": (P, M, S) list or None, "win_matrix": (M, M), "method",
     "pref": the (P, M*S, M*S) response preferences behind the matrix (a tensor, not for JSON)}.
-    Scalar judges' preferences are Bradley-Terry's, sigmoid(r_i - r_j)."""
+    Scalar judges' preferences are Bradley-Terry's, sigmoid(r_i - r_j). `columns`: each prompt's
+    other dataset columns, for judges that read them."""
     P, M, S = len(texts), len(texts[0]), len(texts[0][0])
     flat = [[t for m in range(M) for t in texts[p][m]] for p in range(P)]  # (P, M*S), model-major
     if is_pairwise(judge):
-        pref = pairwise_preferences(judge, prompts, rendered, flat, desc)
+        pref = pairwise_preferences(judge, prompts, rendered, flat, desc, columns)
         return {
             "rewards": None,
             "win_matrix": block_win_matrix(pref, M, S).tolist(),
             "method": "pairwise",
             "pref": pref,
         }
-    scores = torch.tensor(scalar_scores(judge, prompts, rendered, flat, desc=desc), dtype=torch.float64)
+    scores = torch.tensor(scalar_scores(judge, prompts, rendered, flat, columns, desc=desc), dtype=torch.float64)
     scores = scores.reshape(P, M, S)
     return {
         "rewards": scores.tolist(),

@@ -37,7 +37,7 @@ import yaml
 
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
-from pofe.run.evaluation.answers import HeldOut, reference_pairs
+from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
 from pofe.run.recipe import recipe_fingerprint
@@ -104,7 +104,8 @@ def open_trained(
     _copy_trainer_state(Path(model), folder)
     echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
     run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
-    return run, HeldOut(prompts, render_prompts(tokenizer, prompts), references, source), NO_HEADLINE
+    columns = other_columns(rows, pcfg.eval.prompt_column)
+    return run, HeldOut(prompts, render_prompts(tokenizer, prompts), references, source, columns), NO_HEADLINE
 
 
 def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:

@@ -17,8 +17,6 @@ from pofe.run.plan import estimate as mem
 from pofe.run.plan.common import VLLM_UTILIZATION, PlanOptions, stage
 from pofe.run.plan.estimate import ModelSize
 
-PAIRWISE_JUDGES = ("pairrm", "python_pairwise", "pairwise_llm")
-
 
 def _unknown(names: tuple[str, ...]) -> dict:
     return dict.fromkeys(names)
@@ -165,19 +163,22 @@ def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
 
 
 def judge_calls(pcfg: PofeConfig, per_prompt: list[int] | None) -> int | None:
-    """A scalar judge scores each candidate once; pairwise judges every ordered pair, K(K-1) a prompt."""
+    """The judge's calls for the round: per prompt, one per candidate, or one per ordered pair,
+    K(K-1), as its type says (`JudgeSpec.calls`: PairRM and pairwise LLMs judge every ordered
+    pair; GPM embeds each candidate once)."""
     if per_prompt is None:
         return None
-    return sum(k * (k - 1) if pcfg.judge.type in PAIRWISE_JUDGES else k for k in per_prompt)
+    return sum(pcfg.judge.spec.judge_calls(k) for k in per_prompt)
 
 
 def judge_parts(judge, size: ModelSize | None, options: PlanOptions) -> tuple[str, dict]:
-    """(dtype, parts) of a judge model on its device: a reward model in its checkpoint's dtype,
-    PairRM's DeBERTa in float32 with eager (disentangled: content and two position) attention."""
-    shares = judge.type == "reward_model" and judge.prefix_sharing
+    """(dtype, parts) of a judge model on its device: a reward model or GPM in its checkpoint's
+    dtype (or `judge.dtype`), an encoder (PairRM's DeBERTa) in float32 with eager
+    (disentangled: content and two position) attention."""
+    shares = "prefix_sharing" in judge.spec.keys and judge.prefix_sharing
     if size is None:
         return judge.dtype, _unknown(("weights", "forward") + ("prefix_kv",) * shares + ("runtime",))
-    if judge.type == "pairrm":
+    if judge.spec.model_kind == "encoder":
         dtype, rows = "float32", judge.batch_size * judge.max_length
         forward = mem.forward_bytes(size, rows, dtype, attention_rows=3 * rows * judge.max_length)
     else:
@@ -196,8 +197,8 @@ def judge_stage(
     pcfg: PofeConfig, size: ModelSize | None, t: int, per_prompt: list[int] | None, options: PlanOptions
 ) -> dict:
     judge, workers = pcfg.judge, pcfg.candidates.num_workers
-    counts = {"judge_calls": judge_calls(pcfg, per_prompt), "pairwise": judge.type in PAIRWISE_JUDGES}
-    if judge.type in ("python", "python_pairwise"):
+    counts = {"judge_calls": judge_calls(pcfg, per_prompt), "pairwise": judge.spec.pairwise}
+    if judge.spec.calls_functions:
         return stage(
             "judge",
             t,
@@ -209,7 +210,7 @@ def judge_stage(
             counts=counts,
             note="Python functions, no model",
         )
-    if judge.type in ("llm", "pairwise_llm"):
+    if not judge.spec.loads_weights:  # a server's
         return stage(
             "judge",
             t,

@@ -14,7 +14,10 @@ from pathlib import Path
 
 from pofe.run.plan.estimate import ModelSize
 
-KINDS = ("causal_lm", "sequence_classification", "encoder")
+# how a model is built to be counted: with its language-model head, its classification head, or
+# as the bare transformer (an encoder such as PairRM's DeBERTa, or a decoder whose head is not
+# loaded: GPM reads the last hidden states); which a judge is, its type's spec says
+KINDS = ("causal_lm", "sequence_classification", "encoder", "backbone")
 
 
 def is_hub_id(model: str) -> bool:
@@ -62,6 +65,7 @@ def model_size(config: Path, kind: str = "causal_lm") -> ModelSize:
         "causal_lm": AutoModelForCausalLM,
         "sequence_classification": AutoModelForSequenceClassification,
         "encoder": AutoModel,
+        "backbone": AutoModel,
     }[kind]
     cfg = AutoConfig.from_pretrained(config.parent)
     dtype = _dtype_name(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))  # before from_config sets it

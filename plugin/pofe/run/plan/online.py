@@ -14,7 +14,7 @@ and, beside them (`online_parts`):
   during a refresh; a server (openai) holds nothing here;
 - zero3_gathered_weights: under ZeRO-3, TRL's `unwrap_model_for_generation` gathers the whole
   weights on every rank for a refresh (`pofe.online.models.policy_for_refresh`);
-- judge_*: a reward model or PairRM, loaded at the first refresh and kept for the run, as its
+- judge_*: a judge that loads weights (a reward model, PairRM, GPM), loaded at the first refresh and kept for the run, as its
   own judge stage sizes it (`pofe.run.plan.candidates.judge_parts`) but for the CUDA context,
   which the process has once; a Python judge, and an LLM judge's server, hold nothing here;
 - pi_0_weights: with pofe.online.kl_coef > 0 under full fine-tuning, a frozen copy of the base
@@ -41,7 +41,6 @@ NOTE = (
     "pofe.online: generate, judge and train share the training GPU(s), in one axolotl train process per GPU; "
     "parts summed"
 )
-JUDGE_MODELS = ("reward_model", "pairrm")
 
 
 def online_parts(
@@ -55,7 +54,7 @@ def online_parts(
     weights = None if size is None else mem.weights_bytes(size, dtype)
     if full and deepspeed_config(raw).get("stage") == 3:
         parts["zero3_gathered_weights"] = weights
-    if pcfg.judge.type in JUDGE_MODELS:
+    if pcfg.judge.spec.loads_weights:
         _, judge = judge_parts(pcfg.judge, judge_size, options)
         parts |= {f"judge_{k}": v for k, v in judge.items() if k != "runtime"}
     if full and pcfg.online.kl_coef > 0:

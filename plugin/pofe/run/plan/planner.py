@@ -68,7 +68,7 @@ def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict
     )
     judged = []
     for judge in (pcfg.judge, ev.judge2):
-        if judge is not None and judge.type in ("reward_model", "pairrm"):
+        if judge is not None and judge.spec.loads_weights:
             jdtype, jparts = judge_parts(judge, sizes.get(judge.model), options)
             judged.append(stage("eval-judging", None, judge.model, dtype=jdtype, parts=jparts, options=options))
     if not judged:

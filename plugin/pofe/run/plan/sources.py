@@ -13,8 +13,6 @@ from pofe.files import read_jsonl
 from pofe.run.plan.estimate import GB, ModelSize
 from pofe.run.plan.model_size import find_config, is_hub_id, model_size, pairrm_backbone
 
-JUDGE_KINDS = {"reward_model": "sequence_classification", "pairrm": "encoder"}
-
 
 class ModelNotFound(PofeError, ValueError):
     """The recipe's base_model is a local path with no model there: every stage of the run loads it."""
@@ -75,7 +73,7 @@ def model_sizes(raw: dict, pcfg: PofeConfig) -> tuple[dict[str, ModelSize | None
     judges = [("pofe.judge.model", pcfg.judge)]
     if pcfg.eval and pcfg.eval.judge2 is not None:
         judges.append(("pofe.eval.judge2.model", pcfg.eval.judge2))
-    wanted += [(j.model, JUDGE_KINDS[j.type], key) for key, j in judges if j.type in JUDGE_KINDS and j.model]
+    wanted += [(j.model, j.spec.model_kind, key) for key, j in judges if j.spec.loads_weights and j.model]
     sizes, warnings = {}, []
     for model, kind, key in wanted:
         if model not in sizes:

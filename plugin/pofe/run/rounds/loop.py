@@ -67,12 +67,14 @@ from pofe.run.rounds.publish import (
 )
 from pofe.run.rounds.round_recipe import RoundRecipe, round_recipe
 from pofe.run.rounds.runner import StageRunner, shown_path
+from pofe_candidates.generators.available import check_backend_runs
 
 
 def check_iterable(cfg, pcfg: PofeConfig) -> None:
-    """An iterated run needs a POFE method and exactly one pofe.prompts dataset."""
+    """An iterated run needs a POFE method, one pofe.prompts dataset and a backend that runs here."""
     if not pcfg.method:
         raise ValueError("the recipe sets no `rl: rrhf` / `rl: sppo`")
+    check_backend_runs(pcfg.generate, online=pcfg.online is not None)  # before the first stage, not in it
     entries = cfg.datasets or []
     if len(entries) != 1 or entries[0].type != "pofe.prompts":
         raise ValueError(
