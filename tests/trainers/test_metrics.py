@@ -377,8 +377,9 @@ def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     batch_and_logps, tiny64_model, tokenizer, tmp_path, method, monkeypatch, one_torch_thread
 ):
     """Issue 42: the losses called `.item()` on every statistic and the trainers on every pair
-    metric and mean: 18 (RRHF) and 14 (SPPO) host synchronisations a step from the losses and
-    trainers, besides the scoring's. Now: one in the loss (its value checks: one flag), one in
+    metric: 18 (RRHF: 10 in the loss, 7 pair metrics, 1 check) and 13 (SPPO: 5, 7, 1) reads of
+    device tensors a step, besides the scoring's (and, with several ranks, one per logged name
+    after each step's collective). Now: one in the loss (its value checks: one flag), one in
     `check_finite` (a NaN must stop the step it appears in), none in the pair metrics or in
     `log_stats`; the statistics are read in one `tolist` when transformers logs, however many
     steps the window holds. The scoring's own (packed-row shapes read from the mask) are
