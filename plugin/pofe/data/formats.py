@@ -12,14 +12,9 @@ preference layouts read as TRL reads them: a prompt column or none (the response
 start is the prompt, `implicit_prompt.py`), conversations or plain text, and a pair's
 `score_chosen` / `score_rejected` as its labels. Messages are checked in `messages.py`.
 
-A row trains as text, without the chat template (`AS_TEXT`; `pofe.data.tokenize`), when its
-entry's `prompt_format` is `text`, or `auto` and its prompt is text: TRL's rule (its
-`maybe_apply_chat_template` renders conversational rows only), which is the default of TRL's
-own layout, `pofe.pairs`. POFE's k-response rows (`pofe.rrhf`, `pofe.sppo`) and prompts default
-to `chat`, a text prompt being one user turn: that is the layout the candidate pipeline writes
-(`data.jsonl`), whose candidates were sampled after the chat-templated prompt, and TRL has no
-k-response layout to follow. A text row's canonical prompt is still one user message (its
-text), so prompts compare alike in both renderings (`label_checks.prompt_key`).
+A row trains as text, no chat template (`AS_TEXT`), when its entry's `prompt_format` is `text`, or
+`auto` (TRL's rule, `pofe.pairs`' default) and its prompt is text; POFE's own rows default to
+`chat` (docs/data-formats.md says why). Its canonical prompt is still one user message.
 
 Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
 wrong and what to do: nothing is dropped here. Labels are checked as training will see
@@ -118,11 +113,10 @@ def check_prompt_format(value: str, dataset: str, type_: str | None = None) -> N
             "for Anthropic HH transcripts ('\\n\\nHuman: ...\\n\\nAssistant:'), text for text trained without "
             "the chat template, or leave it out"
         )
-    if type_ == "pofe.prompts" and value in ("text", "auto"):
+    if type_ == "pofe.prompts" and value in ("text", "auto"):  # candidates are sampled after the template
         raise PofeDataError(
             f"dataset {dataset}: prompt_format {value} on a pofe.prompts entry: the candidate pipeline samples "
-            "every candidate after the prompt rendered with the chat template, and training scores them there; "
-            "leave prompt_format out (or chat, or hh)"
+            "after the chat-templated prompt, where training scores them; leave prompt_format out (or chat, hh)"
         )
 
 
@@ -218,12 +212,8 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     prompt_col = fmt.column("field_prompt")
     as_text = fmt.renders_as_text(row.get(prompt_col))
     if as_text and not isinstance(row.get(prompt_col), str):
-        raise fail(
-            prompt_col,
-            f"prompt_format: text reads a text prompt; this is {type(row.get(prompt_col)).__name__} "
-            f"{row.get(prompt_col)!r:.60}",
-            "Give the prompt as text, or drop prompt_format: text (chat messages train in the chat template).",
-        )
+        what = f"prompt_format: text reads a text prompt; this is {row.get(prompt_col)!r:.60}"
+        raise fail(prompt_col, what, "Give the prompt as text, or drop prompt_format: text (chat messages need it).")
     prompt = prompt_messages(row.get(prompt_col), prompt_col, fail)
     responses, names = _responses(row, fmt, fail)
     spec = method_spec(fmt.method)
