@@ -436,6 +436,8 @@ def test_steps_are_the_steps_run_not_the_last_logged(tmp_path):
         [10, 20],
         [27],
     ]
+    # issue 44: both panels drawn from 0 (a rank accuracy of 0.5 alone is not zoomed to fill the panel)
+    assert fig.axes[0].get_ylim()[0] == 0 and fig.axes[1].get_ylim()[0] == 0 < 0.5 < fig.axes[1].get_ylim()[1]
 
 
 def test_few_points_get_markers_and_an_empty_panel_says_why(tmp_path):

@@ -185,6 +185,9 @@ def loss_plot(rep: dict):
     for ax, key in zip(axes, ("loss", diagnostic)):
         if any(train["curves"].get(key) for _, train in curves):
             _style(ax, "step (rounds concatenated)")
+            # a loss and a diagnostic (a rate, a spread) are drawn from 0: a win-rate spread of
+            # 0.5140 then 0.5125 is a flat line, not a drop
+            _from_zero(ax, [v for _, train in curves for _, v in train["curves"].get(key, [])])
         elif any(train["curves"] for _, train in curves):
             _empty(ax, f"no {key} in the trainer's logs")
         else:  # nothing logged at all: every round shorter than logging_steps
