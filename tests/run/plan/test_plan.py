@@ -598,6 +598,10 @@ def test_a_generation_longer_than_training_room_is_warned(mistral_sizes):
     assert "Lower max_new_tokens to 512 or less" in said[0] and "raise sequence_len to 2560" in said[0]
     assert "trained cut to fit (pofe.truncation: truncate)" in said[0]
     assert not [w for w in plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions())["warnings"] if "fit" in w]
+    from pofe.args.lengths import generation_fit
+
+    for path in sorted((ROOT / "recipes").glob("*.yml")):  # every shipped recipe's candidates train whole
+        assert generation_fit(*translated_recipe(yaml.safe_load(path.read_text()))) is None, path.name
     # the prompt's bound: max_prompt_len, or the generation's max_prompt_tokens when lower
     assert generation_fit_warning(1024, 600, 400) is None
     assert generation_fit_warning(1024, 600, None, max_prompt_tokens=300) is None
