@@ -63,13 +63,64 @@ DEBERTA_V3_LARGE = {  # microsoft/deberta-v3-large's config.json
     "type_vocab_size": 0,
     "hidden_act": "gelu",
 }
+QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct's config.json
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+}
+LLAMA31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json (rope_scaling left out: no memory effect)
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+}
+SKYWORK_RM = {  # Skywork/Skywork-Reward-V2-Llama-3.1-8B's config.json: Llama-3.1-8B, one score head
+    **LLAMA31_8B,
+    "architectures": ["LlamaForSequenceClassification"],
+    "num_labels": 1,
+    "vocab_size": 128257,
+}
 CONFIGS = {
     "mistralai/Mistral-7B-Instruct-v0.2": MISTRAL_7B,
+    "Qwen/Qwen2.5-7B-Instruct": QWEN25_7B,
+    "meta-llama/Llama-3.1-8B-Instruct": LLAMA31_8B,
+    "Skywork/Skywork-Reward-V2-Llama-3.1-8B": SKYWORK_RM,
     "llm-blender/PairRM": PAIRRM,
     "microsoft/deberta-v3-large": DEBERTA_V3_LARGE,
 }
 # The authors' iteration-1 prompt set holds about 20k prompts (a hub dataset: plan counts it only with --prompts)
 PROMPTS = 20000
+# What the README's recipe table claims for each shipped GPU recipe: (GPUs, smallest GPU, largest GPU
+# in GB). `python -m benchmarks.plan_table --claims` plans each at both sizes; tests/run/plan holds
+# the README to `claim_text` and every plan to no stage over its GPU.
+CLAIMS = {
+    "sppo-qlora.yml": (1, 24, 80),
+    "rrhf-qlora.yml": (1, 24, 80),
+    "rrhf-qlora-online.yml": (1, 40, 80),  # the reward model stays on the GPU beside the policy
+    "sppo-zero3.yml": (8, 40, 80),
+    "rrhf-zero3.yml": (8, 40, 80),
+}
 CASES = {  # column title -> (recipe, GPUs)
     "`sppo-qlora.yml`, 1 x 80 GB GPU": ("recipes/sppo-qlora.yml", 1),
     "`sppo-zero3.yml`, 8 x 80 GB GPUs": ("recipes/sppo-zero3.yml", 8),
@@ -87,9 +138,15 @@ def write_hub_cache(cache: Path) -> None:
         (snapshot / "config.json").write_text(json.dumps(config))
 
 
-def plan_json(recipe: str, gpus: int, cache: Path) -> dict:
-    """`axolotl pofe plan RECIPE --json --gpus N --prompts PROMPTS`, run in this process from the
-    repository root (the recipes name their DeepSpeed JSON relative to it), reading `cache`."""
+def claim_text(gpus: int, smallest: float, largest: float) -> str:
+    """How the README's recipe table says a claim: "one 24-80 GB GPU", "8 x 40-80 GB GPUs"."""
+    return f"one {smallest:g}-{largest:g} GB GPU" if gpus == 1 else f"{gpus} x {smallest:g}-{largest:g} GB GPUs"
+
+
+def plan_json(recipe: str, gpus: int, cache: Path, gpu_memory: float = 80.0) -> dict:
+    """`axolotl pofe plan RECIPE --json --gpus N --gpu-memory G --prompts PROMPTS`, run in this
+    process from the repository root (the recipes name their DeepSpeed JSON relative to it),
+    reading `cache`."""
     from unittest import mock
 
     from click.testing import CliRunner
@@ -102,7 +159,9 @@ def plan_json(recipe: str, gpus: int, cache: Path) -> dict:
     try:
         with mock.patch.object(constants, "HF_HUB_CACHE", str(cache)):
             result = CliRunner().invoke(
-                pofe, ["plan", recipe, "--json", "--gpus", str(gpus), "--prompts", str(PROMPTS)]
+                pofe,
+                ["plan", recipe, "--json", "--gpus", str(gpus), "--gpu-memory", f"{gpu_memory:g}"]
+                + ["--prompts", str(PROMPTS)],
             )
     finally:
         os.chdir(cwd)
@@ -117,6 +176,22 @@ def plans() -> dict[str, dict]:
         return {title: plan_json(recipe, gpus, Path(tmp)) for title, (recipe, gpus) in CASES.items()}
 
 
+def claim_plans() -> dict[tuple[str, float], dict]:
+    """Each claimed recipe's plan at its smallest and its largest claimed GPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_hub_cache(Path(tmp))
+        return {
+            (name, memory): plan_json(f"recipes/{name}", gpus, Path(tmp), memory)
+            for name, (gpus, *sizes) in CLAIMS.items()
+            for memory in sizes
+        }
+
+
+def over_the_gpu(plan: dict) -> list[str]:
+    """A plan's warnings that a stage does not fit its GPUs (memory, vLLM's share, the workers' GPUs)."""
+    return [w for w in plan["warnings"] if "exceeds a" in w or "vLLM needs" in w or w.startswith("pofe.candidates")]
+
+
 def table() -> str:
     from pofe.run.plan.render import readme_table
 
@@ -126,7 +201,17 @@ def table() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="Rewrite README.md's generated block.")
+    parser.add_argument("--claims", action="store_true", help="Plan each recipe at the GPU sizes README claims.")
     args = parser.parse_args()
+    if args.claims:
+        for (name, memory), plan in claim_plans().items():
+            stages = ", ".join(
+                f"{s['stage']} {s['gpu_memory_gb']:g}" for s in plan["stages"] if s["round"] in (1, None)
+            )
+            print(
+                f"{name} at {CLAIMS[name][0]} x {memory:g} GB: {stages}; over the GPU: {over_the_gpu(plan) or 'none'}"
+            )
+        return
     text = table()
     if args.write:
         from pofe.run.plan.render import replace_block

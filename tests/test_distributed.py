@@ -73,19 +73,18 @@ def _metric_batch():
 
 
 def _log_stats(rank_rows, training):
-    """`KResponseTrainer.log_stats` for RRHF stats of `rank_rows`; what it stored."""
+    """`KResponseTrainer.log_stats` for RRHF stats of `rank_rows`, and what a log then reads:
+    {split: {name: value}}."""
     from pofe.losses import rrhf_loss
     from pofe.trainers.base import KResponseTrainer
+    from pofe.trainers.metrics import MetricWindow
 
     logp, lengths, rewards = (t[rank_rows] for t in _metric_batch())
     _, stats = rrhf_loss(logp, lengths, rewards)
-    stored = {}
-    trainer = SimpleNamespace(
-        args=SimpleNamespace(device=torch.device("cpu")),
-        store_metrics=lambda metrics, split: stored.update({split: metrics}),
-    )
+    trainer = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")), metric_window=MetricWindow())
     KResponseTrainer.log_stats(trainer, SimpleNamespace(training=training), "rrhf", stats, len(logp))
-    return stored
+    split = "train" if training else "eval"
+    return {split: trainer.metric_window.flush(split, torch.device("cpu"))}
 
 
 def _worker(rank, store, model_path, prep, out):
@@ -163,7 +162,7 @@ def test_metrics_are_means_over_every_ranks_prompts(two_ranks):
         train, evaluation = saved["metrics"]["train"], saved["metrics"]["eval"]
         assert train.keys() == {f"rrhf/{k}" for k in expected}
         assert evaluation.keys() == {f"eval_rrhf/{k}" for k in expected}
-        for name, value in expected.items():
+        for name, value in ((k, float(v)) for k, v in expected.items()):
             assert train[f"rrhf/{name}"] == pytest.approx(value, rel=tol["rtol"], abs=tol["atol"]), name
             assert evaluation[f"eval_rrhf/{name}"] == pytest.approx(value, rel=tol["rtol"], abs=tol["atol"]), name
 

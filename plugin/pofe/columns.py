@@ -19,10 +19,17 @@ PROMPT = "prompt"
 RESPONSES = "responses"
 # an anchored method's given log pi_t(y|x) per candidate (SPPO); else the trainer computes them
 ANCHOR_LOGPS = "anchor_logps"
+# a canonical row's flags: its prompt and responses are tokenised as text, without the chat
+# template (`pofe.data.formats`); its implicit prompt, a text, ends inside a word or number that
+# its responses continue (`pofe.data.implicit_prompt.splits_a_word`), counted by the loader
+AS_TEXT = "as_text"
+SPLIT_IN_WORD = "split_in_word"
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
-# names a column; `prompt_format` says how the text fields are written (`chat`: a string
-# or chat messages as they are; `hh`: Anthropic HH transcripts, see `pofe.data.transcripts`).
+# names a column; `prompt_format` says how the text fields are written and rendered (`chat`: a
+# string or chat messages, in the chat template; `text`: text without the template; `auto`: text
+# prompts as text, chat messages in the template, TRL's rule; `hh`: Anthropic HH transcripts, see
+# `pofe.data.transcripts`); unset, it depends on the entry's type (`pofe.data.formats.RowFormat`).
 # The config (`pofe.args.translate.FIELD_KEYS`) takes its list of keys from here.
 DEFAULT_FIELDS = {
     "field_prompt": "prompt",
@@ -35,7 +42,7 @@ DEFAULT_FIELDS = {
     "field_rejected": "rejected",
     "field_score_chosen": "score_chosen",
     "field_score_rejected": "score_rejected",
-    "prompt_format": "chat",
+    "prompt_format": None,
 }
 
 

@@ -134,3 +134,39 @@ def no_rows_message(policy: list[dict[str, Any]], sequence_len: int, max_prompt_
             "the same tokens; raise sequence_len or lower pofe.max_prompt_len"
         )
     return f"{why}. " + ("; ".join(fixes) or "Raise sequence_len")
+
+
+def generation_fit_warning(
+    sequence_len: int,
+    max_new_tokens: int,
+    max_prompt_len: int | None,
+    max_prompt_tokens: int | None = None,
+    truncation: str = "truncate",
+) -> str | None:
+    """Why candidates of up to `max_new_tokens` new tokens may not train whole under
+    `sequence_len`, or None when they do. A row is cut only when its prompt and longest response
+    overflow `sequence_len`; its prompt is then cut to `max_prompt_len` (default sequence_len // 2),
+    so a response trains whole when it fits the room left by the longest prompt that can reach
+    training: `max_prompt_len`, or the generation's `max_prompt_tokens` when lower. (The
+    template's end of turn, a token or two, comes on top: a candidate cut at max_new_tokens by
+    generation has no end of its own to lose.) A warning, not a refusal: cutting long candidates
+    to fit is a choice (the SPPO authors sample up to 2048 new tokens and train at max_length
+    1024), which `pofe.truncation` already counts."""
+    prompt = max_prompt_len or sequence_len // 2
+    if max_prompt_tokens is not None:
+        prompt = min(prompt, max_prompt_tokens)
+    room = sequence_len - prompt
+    if max_new_tokens <= room:
+        return None
+    fate = (
+        "trained cut to fit (pofe.truncation: truncate)"
+        if truncation == "truncate"
+        else "dropped (pofe.truncation: drop)"
+    )
+    return (
+        f"pofe.generate.max_new_tokens ({max_new_tokens}) does not fit sequence_len ({sequence_len}) after a "
+        f"prompt of up to {prompt} tokens (pofe.max_prompt_len, default sequence_len // 2, or "
+        f"pofe.generate.max_prompt_tokens): a candidate longer than {room} tokens is judged whole but "
+        f"{fate}. Lower max_new_tokens to {room} or less (less the end-of-turn tokens), or raise sequence_len "
+        f"to {prompt + max_new_tokens} or more"
+    )

@@ -8,12 +8,15 @@ from typing import Any
 from axolotl.integrations.base import BasePlugin
 
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
+from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
 from pofe.errors import record_uncaught_errors
-from pofe.logs import redact_logger
+from pofe.logs import get_logger, redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
 from pofe.recipe_modules import add_recipe_dirs
+
+LOG = get_logger(__name__)
 
 
 class PofePlugin(BasePlugin):
@@ -51,6 +54,8 @@ class PofePlugin(BasePlugin):
         pofe.check_files()
         if pofe.method is not None:
             check_top_level_keys(cfg)  # here too, before axolotl's schema repeats the whole recipe in its error
+        if warning := generation_fit(cfg, pofe):
+            LOG.warning(f"POFE: {warning}")
         # axolotl logs the whole config after this hook (console and output_dir/debug.log),
         # masking only its own key fields: a served policy's --api-key would be shown too.
         from pofe_candidates.config import redact_text

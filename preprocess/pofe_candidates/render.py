@@ -120,6 +120,18 @@ def _text(tokenizer, prompt: Prompt) -> str:
     return prompt_text(prompt) if not isinstance(prompt, str) else prompt
 
 
+def text_prompt(tokenizer, prompt: str) -> str:
+    """A prompt trained as text (no chat template, `pofe.data.tokenize.text_token_ids`) written so
+    that `prompt_token_ids` gives the ids training conditioned on, `tokenizer(prompt)` with its
+    special tokens: with a chat template `prompt_token_ids` adds none, so the ones the tokenizer
+    puts first (BOS) are written out."""
+    if not getattr(tokenizer, "chat_template", None):
+        return prompt
+    ids, plain = tokenizer(prompt)["input_ids"], tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    first = len(ids) - len(plain)
+    return (tokenizer.decode(ids[:first]) if first > 0 and ids[first:] == plain else "") + prompt
+
+
 def prompt_token_ids(tokenizer, text: str) -> list[int]:
     """The ids of a rendered prompt, as the trainer tokenises it (`pofe.data.tokenize`): a chat
     template writes BOS itself, so no special tokens are added; a raw prompt (no template)

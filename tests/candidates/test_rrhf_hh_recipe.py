@@ -45,11 +45,11 @@ TURNS = [
     [{"role": "user", "content": "What is 2+2?"}],
     [{"role": "user", "content": "Say yes."}],
 ]
-TRL_KEYS = [
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margins",
-    "rewards/accuracies",
+# RRHF's pair metrics (its scores under its own names, TRL's summed log-probs under TRL's)
+PAIR_KEYS = [
+    "rrhf/worst_score",
+    "rrhf/score_margin",
+    "rrhf/best_above_worst",
     "logps/chosen",
     "logps/rejected",
 ]
@@ -126,7 +126,10 @@ def test_hh_prompts_to_trained_model(tmp_path, tiny_policy, tiny_reward_model):
     steps = [h for h in log_history(tmp_path / "out") if "loss" in h]
     assert len(steps) == 2
     for h in steps:
-        for key in TRL_KEYS + ["rrhf/rank", "rrhf/ft"]:
+        for key in PAIR_KEYS + ["rrhf/rank", "rrhf/ft", "rrhf/best_score"]:
             assert math.isfinite(h[key]), key
-        assert h["rewards/margins"] == pytest.approx(h["rewards/chosen"] - h["rewards/rejected"], abs=1e-4)
-        assert h["rewards/chosen"] < 0 and h["logps/chosen"] <= h["rewards/chosen"]  # logp / n, n >= 1
+        assert not [k for k in h if k.startswith("rewards/")]  # RRHF has no implicit reward (issue 44)
+        # every prompt's reward-model scores differ, so every prompt has a pair: the pair's best score
+        # is the loss's best_score
+        assert h["rrhf/score_margin"] == pytest.approx(h["rrhf/best_score"] - h["rrhf/worst_score"], abs=1e-4)
+        assert h["rrhf/best_score"] < 0 and h["logps/chosen"] <= h["rrhf/best_score"]  # logp / n, n >= 1

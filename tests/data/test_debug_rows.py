@@ -5,6 +5,7 @@ nothing and checking a chat template meant decoding `prompt_ids` by hand."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -51,15 +52,22 @@ def test_each_candidate_is_shown_with_its_prompt_masked_and_its_tokens_trained(t
 
 @pytest.mark.e2e
 def test_axolotl_preprocess_debug_prints_pofe_rows(tmp_path, tiny_model):
+    """TRL's implicit text pairs (issue 44): the split of the first rows is shown, a split inside a
+    number marked, and each row trained as text: prompt "16+11=2" is 7 tokens (one a character),
+    candidate "7" and eos_token 2."""
+    from tests.data.test_text_rows import TEXT_PAIRS
     from tests.helpers import recipe, run_axolotl
 
-    rows = [{"prompt": f"{i}+1=", "chosen": str(i + 1), "rejected": str(i)} for i in range(4)]
+    rows = TEXT_PAIRS
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = recipe(tmp_path, tiny_model, "sppo", data, "pofe.pairs", pofe={"eta": 10.0})
     proc = run_axolotl("preprocess", str(cfg), "--debug", "--debug-num-examples", "2")
     out = proc.stdout + proc.stderr
-    assert "POFE row 0: prompt 7 tokens (not trained), 2 candidates; win rates: [1.0, 0.0]" in out
+    # the prepared rows come shuffled (axolotl's merge): a prompt of 7 ("16+11=2") or 5 ("2+11=") tokens
+    assert re.search(r"POFE row 0: prompt [57] tokens \(not trained\), 2 candidates; win rates: \[1.0, 0.0\]", out)
     assert "POFE row 1:" in out and "POFE row 2:" not in out
     assert "candidate 1 (win rate 0), 2 trained tokens:" in out
     assert "(-100," in out
+    assert "implicit prompt (the responses' shared start) '16+11=2' ENDS INSIDE A WORD OR NUMBER" in out
+    assert "2 of 4 rows of" in out and "part inside a word or number (rows 0, 1)" in out

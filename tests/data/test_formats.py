@@ -24,6 +24,8 @@ def test_rrhf_row_canonical_form():
         "responses": [{"role": "assistant", "content": t} for t in ("4", "5", "3")],
         "rewards": [1.0, 0.2, 0.3],
         "source_prompt": "2+2=",  # as a judge reads it: evaluation's held-out prompts
+        "as_text": False,  # POFE's own k-response rows: a text prompt is a user turn
+        "split_in_word": False,
     }
 
 

@@ -38,6 +38,8 @@ def test_anthropic_rows_without_a_prompt_column():
         "responses": [{"role": "assistant", "content": CHOSEN}, {"role": "assistant", "content": REJECTED}],
         "rewards": [1.0, 0.0],
         "source_prompt": TURNS,  # as a judge reads it: the transcript's turns
+        "as_text": False,
+        "split_in_word": False,
     }
     assert normalize_row(raw, 0, fmt(method="sppo"))["win_rates"] == [1.0, 0.0]
 
@@ -127,5 +129,7 @@ def test_malformed_transcripts_name_dataset_row_field(update, field, message):
 
 
 def test_unknown_prompt_format_is_refused():
-    with pytest.raises(PofeDataError, match=r"dataset d: prompt_format 'anthropic' is not one of \['chat', 'hh'\]"):
+    with pytest.raises(
+        PofeDataError, match=r"dataset d: prompt_format 'anthropic' is not one of \['auto', 'chat', 'text', 'hh'\]"
+    ):
         RowFormat(dataset="d", type="pofe.pairs", method="rrhf", fields={"prompt_format": "anthropic"})

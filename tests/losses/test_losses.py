@@ -53,12 +53,13 @@ def test_rrhf_worked_example():
     logp, n, r = _example()
     loss, stats = rrhf_loss(logp, n, r)
     assert loss.item() == pytest.approx(11.0)
-    assert stats["rank"] == pytest.approx(3.0)
-    assert stats["ft"] == pytest.approx(8.0)
-    assert stats["rank_accuracy"] == pytest.approx(1 / 3)
-    assert stats["best_score"] == pytest.approx(-2.0)
-    assert stats["other_score"] == pytest.approx(-2.0)
-    assert all(isinstance(v, float) for v in stats.values())
+    assert float(stats["rank"]) == pytest.approx(3.0)
+    assert float(stats["ft"]) == pytest.approx(8.0)
+    assert float(stats["rank_accuracy"]) == pytest.approx(1 / 3)
+    assert float(stats["best_score"]) == pytest.approx(-2.0)
+    assert float(stats["other_score"]) == pytest.approx(-2.0)
+    # 0-dim tensors, detached: the trainer reads them once per logging step (issue 42)
+    assert all(v.dim() == 0 and not v.requires_grad for v in stats.values())
 
 
 def test_rrhf_hand_gradient():
@@ -76,7 +77,7 @@ def test_rrhf_margin():
     """margin 1.5 on the worked example: 2.5 + 3.5 + relu(-1 + 1.5) = 6.5; loss 14.5."""
     logp, n, r = _example()
     loss, stats = rrhf_loss(logp, n, r, margin=1.5)
-    assert stats["rank"] == pytest.approx(6.5)
+    assert float(stats["rank"]) == pytest.approx(6.5)
     assert loss.item() == pytest.approx(14.5)
 
 
@@ -98,7 +99,7 @@ def test_rrhf_length_penalty(length_penalty, rank):
     loss, stats = rrhf_loss(
         torch.tensor([-8.0, -3.0]), torch.tensor([4, 2]), torch.tensor([1.0, 0.0]), length_penalty=length_penalty
     )
-    assert stats["rank"] == pytest.approx(rank)
+    assert float(stats["rank"]) == pytest.approx(rank)
     assert loss.item() == pytest.approx(rank + 8.0)
 
 
@@ -112,8 +113,8 @@ def test_rrhf_ties():
     """
     loss, stats = rrhf_loss(torch.tensor([-3.0, -1.0, -2.0]), torch.ones(3), torch.tensor([1.0, 1.0, 0.0]))
     assert loss.item() == pytest.approx(4.0)
-    assert stats["ft"] == pytest.approx(3.0)
-    assert stats["rank_accuracy"] == pytest.approx(0.5)
+    assert float(stats["ft"]) == pytest.approx(3.0)
+    assert float(stats["rank_accuracy"]) == pytest.approx(0.5)
 
 
 def test_rrhf_all_tied_has_no_pairs():
@@ -236,10 +237,10 @@ def test_sppo_worked_example():
     loss, stats = sppo_loss(logp, anchor, w, eta=4.0)
     assert loss.item() == pytest.approx(1 / 6)
     assert sppo_loss(logp, anchor, w, eta=4.0, reduction="sum")[0].item() == pytest.approx(0.5)
-    assert stats["loss"] == pytest.approx(1 / 6)
-    assert stats["logratio"] == pytest.approx(-1 / 6)
-    assert stats["target"] == pytest.approx(-1 / 6)
-    assert stats["win_rate_spread"] == pytest.approx(0.625)
+    assert float(stats["loss"]) == pytest.approx(1 / 6)
+    assert float(stats["logratio"]) == pytest.approx(-1 / 6)
+    assert float(stats["target"]) == pytest.approx(-1 / 6)
+    assert float(stats["win_rate_spread"]) == pytest.approx(0.625)
 
 
 def test_sppo_gradient():
@@ -261,7 +262,7 @@ def test_sppo_matches_naive_and_mask():
     terms += naive_sppo([-3, -4], [-3.5, -3], [0.6, 0.4], 4.0)
     assert loss.item() == pytest.approx(sum(terms) / 5)
     assert logp.grad[1, 2].item() == 0.0 and torch.isfinite(logp.grad).all()
-    assert stats["win_rate_spread"] == pytest.approx((0.625 + 0.2) / 2)
+    assert float(stats["win_rate_spread"]) == pytest.approx((0.625 + 0.2) / 2)
 
 
 def test_sppo_hard_worked_example():
@@ -273,9 +274,9 @@ def test_sppo_hard_worked_example():
     zeros = torch.zeros(2)
     loss, stats = sppo_hard_loss(torch.tensor([1.0, 3.0]), zeros, torch.tensor([-1.0, 0.0]), zeros, beta=0.25)
     assert loss.item() == pytest.approx(3.5)
-    assert stats["accuracy"] == 1.0
-    assert stats["chosen_logratio"] == pytest.approx(2.0)
-    assert stats["rejected_logratio"] == pytest.approx(-0.5)
+    assert float(stats["accuracy"]) == 1.0
+    assert float(stats["chosen_logratio"]) == pytest.approx(2.0)
+    assert float(stats["rejected_logratio"]) == pytest.approx(-0.5)
 
 
 def test_sppo_soft_with_hard_labels_is_half_the_hard_loss():

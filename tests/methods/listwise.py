@@ -40,7 +40,7 @@ class ListwiseTrainer(KResponseTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         logp, lengths = self.score_candidates(model, inputs)  # (B, K)
         loss = listnet_loss(logp, lengths, inputs["scores"], inputs["candidate_mask"])
-        self.log_stats(model, "listwise", {"loss": loss.item()}, num_prompts=len(logp))
+        self.log_stats(model, "listwise", {"loss": loss.detach()}, num_prompts=len(logp))  # read once per log
         return (loss, {"scores": logp}) if return_outputs else loss
 
 

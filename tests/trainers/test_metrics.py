@@ -1,4 +1,6 @@
-"""TRL's metric names (`rewards/*`, `logps/*`) logged by the RRHF and SPPO trainers.
+"""The pair metrics the RRHF and SPPO trainers log: TRL's names (`rewards/*`, `logps/*`) where
+the quantity is TRL's, RRHF's own (`rrhf/worst_score`, ...) where it is not; and the window that
+keeps them on the device until transformers logs.
 
 The trainers run for real (axolotl's trainer on the tiny model, POFE's collator); the
 expected values come from scoring each candidate with a plain full log-softmax and
@@ -12,7 +14,7 @@ import math
 import pytest
 import torch
 
-from pofe.trainers.metrics import best_worst_metrics
+from pofe.trainers.metrics import MetricWindow, pair_metrics
 
 # rows of prompt, responses, labels: k = 3, k = 2 (a padded slot), and one whose labels
 # all tie (no pair: it counts in rrhf/* and sppo/* but not in rewards/* or logps/*)
@@ -33,7 +35,11 @@ TRL_NAMES = (
 )
 
 
-def test_best_worst_metrics_by_hand():
+def _floats(pairs):
+    return {k: float(v) for k, v in pairs.values.items()}, int(pairs.num_pairs)
+
+
+def test_pair_metrics_by_hand():
     """Prompt 0: preference (1, 3, 2) -> chosen slot 1, rejected slot 0; rewards 0.5 vs
     -0.5, margin 1, right. Prompt 1: a tie for best between slots 0 and 1 goes to slot 0,
     rejected slot 2 (slot 3 is padding, its NaN and its preference 9 are ignored):
@@ -44,7 +50,7 @@ def test_best_worst_metrics_by_hand():
     reward = torch.tensor([[-0.5, 0.5, 0.0, 0.0], [1.0, 7.0, 2.0, float("nan")], [1.0, 2.0, 0.0, 0.0]])
     preference = torch.tensor([[1.0, 3.0, 2.0, 0.0], [5.0, 5.0, 4.0, 9.0], [1.0, 1.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True, False], [True, True, True, False], [True, True, False, False]])
-    values, n = best_worst_metrics(logp, reward, preference, mask)
+    values, n = _floats(pair_metrics(logp, reward, preference, mask))
     assert n == 2
     assert values == pytest.approx(
         {
@@ -59,8 +65,8 @@ def test_best_worst_metrics_by_hand():
 
 
 def test_no_pair_gives_nan():
-    values, n = best_worst_metrics(
-        torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=bool)
+    values, n = _floats(
+        pair_metrics(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2, dtype=bool))
     )
     assert n == 0 and all(math.isnan(v) for v in values.values())
 
@@ -136,17 +142,26 @@ def _expected(logps, implicit_reward, labels):
 
 
 def _stored(trainer, inputs, split):
-    """What one compute_loss call stores, as axolotl will log it (one value each)."""
+    """What one compute_loss call logs: the trainer's `log` at the next logging step (one value each)."""
     trainer.model.train(split == "train")
     trainer.compute_loss(trainer.model, inputs)
-    stored = trainer._stored_metrics[split]
-    return {k: v["values"][-1] for k, v in stored.items()}
+    logged = {}
+    trainer.callback_handler.on_log = lambda args, state, control, logs: logged.update(logs) or control
+    trainer.log({"loss" if split == "train" else "eval_loss": 0.0})
+    return logged
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])
-def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
-    """rewards/* are RRHF's scores logp / n ** 0.5 for the best- and worst-reward candidate
-    (prompt 0: slots 1 and 2, prompt 1: slots 1 and 0; prompt 2 ties: left out)."""
+def test_rrhf_trainer_logs_its_scores_under_its_own_names(
+    batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread
+):
+    """RRHF's pair metrics are its scores logp / n ** 0.5 for the best- and worst-reward
+    candidate (prompt 0: slots 1 and 2, prompt 1: slots 1 and 0; prompt 2 ties: left out):
+    rrhf/worst_score, rrhf/score_margin, rrhf/best_above_worst, not TRL's rewards/* (issue 44:
+    TRL's rewards are beta-scaled log-ratios to a reference RRHF has none of); logps/* are
+    TRL's quantity (summed log-probs of chosen and rejected) and keep TRL's names.
+    rrhf/best_score is the loss's, over all 3 prompts (prompt 2's best: slot 0, the first of
+    the tie)."""
     from pofe.trainers import RRHFTrainer
 
     batch, logps, _ = batch_and_logps
@@ -154,11 +169,20 @@ def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
         RRHFTrainer, tiny64_model, tokenizer, tmp_path, {"method": "rrhf", "length_penalty": LENGTH_PENALTY}
     )
     stored = _stored(trainer, dict(batch), split)
-    expected = _expected(logps, lambda row, i: row[i][0] / row[i][1] ** LENGTH_PENALTY, REWARDS)
+    score = lambda row, i: row[i][0] / row[i][1] ** LENGTH_PENALTY  # noqa: E731
+    trl = _expected(logps, score, REWARDS)
+    expected = {
+        "rrhf/worst_score": trl["rewards/rejected"],
+        "rrhf/score_margin": trl["rewards/margins"],
+        "rrhf/best_above_worst": trl["rewards/accuracies"],
+        "logps/chosen": trl["logps/chosen"],
+        "logps/rejected": trl["logps/rejected"],
+        "rrhf/best_score": (score(logps[0], 1) + score(logps[1], 1) + score(logps[2], 0)) / 3,
+    }
     prefix = "" if split == "train" else "eval_"
     for name, value in expected.items():
         assert stored[prefix + name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
-    assert f"{prefix}rrhf/rank" in stored  # POFE's own names stay beside TRL's
+    assert not [k for k in stored if k.startswith(f"{prefix}rewards/")]
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])
@@ -255,12 +279,8 @@ def _rank_worker(rank, store, out):
     )
     try:
         rows = slice(0, 2) if rank == 0 else slice(2, 5)
-        pairs = best_worst_metrics(*(t[rows] for t in _pair_batch()))
-        stored = {}
-        trainer = SimpleNamespace(
-            args=SimpleNamespace(device=torch.device("cpu")),
-            store_metrics=lambda metrics, split: stored.update(metrics),
-        )
+        pairs = pair_metrics(*(t[rows] for t in _pair_batch()))
+        trainer = SimpleNamespace(args=SimpleNamespace(device=torch.device("cpu")), metric_window=MetricWindow())
         KResponseTrainer.log_stats(
             trainer,
             SimpleNamespace(training=False),
@@ -269,7 +289,7 @@ def _rank_worker(rank, store, out):
             rows.stop - rows.start,
             pairs=pairs,
         )
-        torch.save(stored, f"{out}/rank{rank}.pt")
+        torch.save(trainer.metric_window.flush("eval", torch.device("cpu")), f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -278,7 +298,7 @@ def test_pair_metrics_are_means_over_every_ranks_pairs(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_rank_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
-    expected, n = best_worst_metrics(*_pair_batch())  # one process, all 5 prompts: 3 pairs
+    expected, n = _floats(pair_metrics(*_pair_batch()))  # one process, all 5 prompts: 3 pairs
     assert n == 3
     for rank in range(2):
         stored = torch.load(tmp_path / f"rank{rank}.pt")
@@ -289,16 +309,98 @@ def test_pair_metrics_are_means_over_every_ranks_pairs(tmp_path):
 
 def test_a_mean_of_zero_is_logged_as_0_not_minus_0():
     """SPPO's mean target is 0 by construction with every candidate kept; when its float comes
-    out as -0.0 the log showed 'sppo/target': '-0' (transformers formats with .4g). Stored: +0.0."""
+    out as -0.0 the log showed 'sppo/target': '-0' (transformers formats with .4g). Logged: +0.0."""
     import math
-    from types import SimpleNamespace
 
-    from pofe.trainers.base import KResponseTrainer
+    window = MetricWindow()
+    window.add("train", {"sppo/target": (torch.tensor(-0.0), 4), "sppo/loss": (2.0, 4)}, "cpu")
+    logged = window.flush("train", "cpu")
+    assert logged == {"sppo/loss": 2.0, "sppo/target": 0.0}
+    assert math.copysign(1.0, logged["sppo/target"]) == 1.0 and f"{logged['sppo/target']:.4g}" == "0"
 
-    stored = {}
-    trainer = SimpleNamespace(
-        args=SimpleNamespace(device=torch.device("cpu")), store_metrics=lambda metrics, split: stored.update(metrics)
-    )
-    KResponseTrainer.log_stats(trainer, SimpleNamespace(training=True), "sppo", {"target": -0.0, "loss": 2.0}, 4)
-    assert stored == {"sppo/loss": 2.0, "sppo/target": 0.0}
-    assert math.copysign(1.0, stored["sppo/target"]) == 1.0 and f"{stored['sppo/target']:.4g}" == "0"
+
+def test_window_is_the_mean_over_every_prompt_since_the_last_log():
+    """Three steps before one log: a (2 prompts) 1.0, 4.0 (3 prompts), NaN (1 prompt: weighs 0)
+    -> (2 x 1 + 3 x 4) / 5 = 2.8, not the mean of step means (2.5); b first appears at step 2
+    with 6.0 over 3 prompts and 0.0 over 1 -> 18 / 4 = 4.5; c has only NaN: left out. Each
+    split has its own window, evaluation's named eval_*; a flush empties the window."""
+    window = MetricWindow()
+    window.add("train", {"a": (torch.tensor(1.0), 2)}, "cpu")
+    window.add("train", {"a": (torch.tensor(4.0), 3), "b": (torch.tensor(6.0), torch.tensor(3.0))}, "cpu")
+    window.add("train", {"a": (float("nan"), 1), "b": (0.0, 1), "c": (torch.tensor(float("nan")), 5)}, "cpu")
+    window.add("eval", {"a": (7.0, 1)}, "cpu")
+    assert window.flush("train", "cpu") == pytest.approx({"a": 2.8, "b": 4.5})
+    assert window.flush("train", "cpu") == {}
+    assert window.flush("eval", "cpu") == {"eval_a": 7.0}
+
+
+# ---- host synchronisations: the losses' statistics are read once per logging step ------
+
+# Tensor methods that make the host wait for the device (a value read, or a shape that
+# depends on values)
+SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
+
+
+class SyncCounter:
+    """Counts the calls of `SYNCS` on tensors, each under the POFE module that made it (the
+    innermost caller frame in a `pofe` module): on the CPU they are free, on a GPU each is a
+    stall, so the count is what a GPU step would wait for."""
+
+    def __init__(self, monkeypatch):
+        from collections import Counter
+
+        self.calls = Counter()
+        for name in SYNCS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
+
+    def _counted(self, name, original):
+        import sys
+
+        def counted(tensor, *args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None and not frame.f_globals.get("__name__", "").startswith("pofe"):
+                frame = frame.f_back
+            where = frame.f_globals["__name__"] if frame is not None else "outside pofe"
+            self.calls[where] += 1
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.calls)
+        self.calls.clear()
+        return out
+
+
+@pytest.mark.parametrize("method", ["rrhf", "sppo"])
+def test_a_step_reads_its_statistics_on_the_host_once_per_log(
+    batch_and_logps, tiny64_model, tokenizer, tmp_path, method, monkeypatch, one_torch_thread
+):
+    """Issue 42: the losses called `.item()` on every statistic and the trainers on every pair
+    metric: 18 (RRHF: 10 in the loss, 7 pair metrics, 1 check) and 13 (SPPO: 5, 7, 1) reads of
+    device tensors a step, besides the scoring's (and, with several ranks, one per logged name
+    after each step's collective). Now: one in the loss (its value checks: one flag), one in
+    `check_finite` (a NaN must stop the step it appears in), none in the pair metrics or in
+    `log_stats`; the statistics are read in one `tolist` when transformers logs, however many
+    steps the window holds. The scoring's own (packed-row shapes read from the mask) are
+    counted apart and left as they are."""
+    from pofe.trainers import RRHFTrainer, SPPOTrainer
+
+    batch = dict(batch_and_logps[0])
+    pofe = {"method": "rrhf"} if method == "rrhf" else {"method": "sppo", "eta": ETA}
+    trainer = _trainer(RRHFTrainer if method == "rrhf" else SPPOTrainer, tiny64_model, tokenizer, tmp_path, pofe)
+    trainer.model.train()
+    trainer.compute_loss(trainer.model, batch)  # SPPO's first step computes its anchor table
+    trainer.metric_window = MetricWindow()
+    counter = SyncCounter(monkeypatch)
+    steps = 3
+    for _ in range(steps):
+        trainer.compute_loss(trainer.model, batch)
+    per_step = {k: v / steps for k, v in counter.take().items()}
+    trainer.callback_handler.on_log = lambda args, state, control, logs: control
+    trainer.log({"loss": 0.0})
+    logged = counter.take()
+    assert per_step.pop(f"pofe.losses.{method}") == 1
+    assert per_step.pop("pofe.trainers.base") == 1
+    assert not [m for m in per_step if m.startswith("pofe.trainers") or m.startswith("pofe.losses")], per_step
+    assert logged.get("pofe.trainers.metrics") == 1, logged

@@ -119,6 +119,15 @@ class StopWhen(KnownKeys):
         return self
 
 
+def samples_on_rounds_engine(backend: str, generate: GenerateConfig | None) -> bool:
+    """Whether evaluation (`pofe.eval.backend`) samples the answers on the rounds' engine: auto,
+    with an engine that can load any model of the run (in-process vLLM, or a server POFE starts
+    for each model; a fixed base_url serves one model, not each iterate)."""
+    if backend == "transformers" or generate is None:
+        return False
+    return generate.serve is not None or generate.backend == "vllm"
+
+
 class EvalConfig(KnownKeys):
     """`pofe.eval`: the report's headline, and held-out prompts with their decoding and an
     optional second judge.

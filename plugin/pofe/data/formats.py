@@ -12,6 +12,10 @@ preference layouts read as TRL reads them: a prompt column or none (the response
 start is the prompt, `implicit_prompt.py`), conversations or plain text, and a pair's
 `score_chosen` / `score_rejected` as its labels. Messages are checked in `messages.py`.
 
+A row trains as text, no chat template (`AS_TEXT`), when its entry's `prompt_format` is `text`, or
+`auto` (TRL's rule, `pofe.pairs`' default) and its prompt is text; POFE's own rows default to
+`chat` (docs/data-formats.md says why). Its canonical prompt is still one user message.
+
 Every problem is a `PofeDataError` naming the dataset, the row, the field, what was
 wrong and what to do: nothing is dropped here. Labels are checked as training will see
 them, in float32: a value that overflows it, or rewards that differ but round to the
@@ -27,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
-from pofe.data.implicit_prompt import implicit_prompt
+from pofe.columns import ANCHOR_LOGPS, AS_TEXT, DEFAULT_FIELDS, SPLIT_IN_WORD
+from pofe.data.implicit_prompt import implicit_prompt, splits_a_word
 from pofe.data.label_checks import check_labels
 from pofe.data.messages import prompt_messages, response_message
 from pofe.data.transcripts import hh_row
 from pofe.errors import PofeError
 from pofe.methods import Target, method_spec
 
-PROMPT_FORMATS = ("chat", "hh")
+PROMPT_FORMATS = ("auto", "chat", "text", "hh")
 # How far above 0 a summed log-prob may be from rounding alone (each token's log-softmax is
 # <= 0 up to float32 rounding, ~1e-7, over up to thousands of tokens)
 LOGP_ROUNDING = 1e-3
@@ -55,7 +59,7 @@ class RowFormat:
     fields: Mapping[str, str]
 
     def __post_init__(self):
-        check_prompt_format(self.prompt_format, self.dataset)
+        check_prompt_format(self.prompt_format, self.dataset, self.type)
 
     @classmethod
     def of_entry(cls, entry, index: int, pofe) -> RowFormat:
@@ -69,7 +73,13 @@ class RowFormat:
 
     @property
     def prompt_format(self) -> str:
-        return self.fields.get("prompt_format", DEFAULT_FIELDS["prompt_format"])
+        """The entry's `prompt_format`; unset, TRL's rule (`auto`) on TRL's layout (`pofe.pairs`),
+        `chat` on POFE's own (see the module)."""
+        return self.fields.get("prompt_format") or ("auto" if self.type == "pofe.pairs" else "chat")
+
+    def renders_as_text(self, prompt: Any) -> bool:
+        """Whether a row with this prompt (given, or its responses' shared start) trains as text."""
+        return self.prompt_format == "text" or (self.prompt_format == "auto" and isinstance(prompt, str))
 
     def response_columns(self) -> list[str]:
         """The columns holding responses: the k-response list, or chosen and rejected."""
@@ -96,11 +106,17 @@ class RowFormat:
         return [self.column("field_score_chosen"), self.column("field_score_rejected")]
 
 
-def check_prompt_format(value: str, dataset: str) -> None:
+def check_prompt_format(value: str, dataset: str, type_: str | None = None) -> None:
     if value not in PROMPT_FORMATS:
         raise PofeDataError(
             f"dataset {dataset}: prompt_format {value!r} is not one of {list(PROMPT_FORMATS)}; use hh "
-            "for Anthropic HH transcripts ('\\n\\nHuman: ...\\n\\nAssistant:'), or leave it out"
+            "for Anthropic HH transcripts ('\\n\\nHuman: ...\\n\\nAssistant:'), text for text trained without "
+            "the chat template, or leave it out"
+        )
+    if type_ == "pofe.prompts" and value in ("text", "auto"):  # candidates are sampled after the template
+        raise PofeDataError(
+            f"dataset {dataset}: prompt_format {value} on a pofe.prompts entry: the candidate pipeline samples "
+            "after the chat-templated prompt, where training scores them; leave prompt_format out (or chat, hh)"
         )
 
 
@@ -194,6 +210,10 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     fail = row_error(fmt.dataset, index)
     row = _with_prompt(row, fmt, fail)
     prompt_col = fmt.column("field_prompt")
+    as_text = fmt.renders_as_text(row.get(prompt_col))
+    if as_text and not isinstance(row.get(prompt_col), str):
+        what = f"prompt_format: text reads a text prompt; this is {row.get(prompt_col)!r:.60}"
+        raise fail(prompt_col, what, "Give the prompt as text, or drop prompt_format: text (chat messages need it).")
     prompt = prompt_messages(row.get(prompt_col), prompt_col, fail)
     responses, names = _responses(row, fmt, fail)
     spec = method_spec(fmt.method)
@@ -201,6 +221,8 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     check_labels(spec.target, labels, label_names, responses, names, fail)
     out: dict[str, Any] = {"prompt": prompt, "responses": responses, spec.target.column: labels}
     out["source_prompt"] = row[prompt_col]
+    out[AS_TEXT] = as_text
+    out[SPLIT_IN_WORD] = bool(row.get(SPLIT_IN_WORD))
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
         out[ANCHOR_LOGPS] = (
@@ -326,6 +348,7 @@ def _with_implicit_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> dict[
         values, names = [row.get(c) for c in columns], columns
     prompt, rests = implicit_prompt(values, names, fail, pair=len(columns) == 2)
     row[fmt.column("field_prompt")] = prompt
+    row[SPLIT_IN_WORD] = isinstance(prompt, str) and splits_a_word(prompt, rests)
     if len(columns) == 1:
         row[columns[0]] = rests
     else:

@@ -71,6 +71,12 @@ def implicit_prompt(responses: Sequence[Any], names: list[str], fail: Fail, pair
     return list(prompt), [rest[0] for rest in rests]
 
 
+def splits_a_word(prompt: str, rests: Sequence[str]) -> bool:
+    """Whether a text prompt ends inside a word or number that a response continues: TRL's split
+    of "16+11=27" / "16+11=21" is "16+11=2", answered by "7" and "1"."""
+    return prompt[-1:].isalnum() and any(rest[:1].isalnum() for rest in rests)
+
+
 def _kind(value: Any) -> str | None:
     from trl.data_utils import is_conversational
 

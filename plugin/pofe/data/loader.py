@@ -29,9 +29,9 @@ from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
 from pofe.args import PofeConfig
-from pofe.columns import ANCHOR_LOGPS
+from pofe.columns import ANCHOR_LOGPS, AS_TEXT, SPLIT_IN_WORD
 from pofe.data.candidates import candidates_from_prompts
-from pofe.data.debug_rows import show_rows
+from pofe.data.debug_rows import show_rows, show_splits
 from pofe.data.formats import (
     RowFormat,
     candidate_row,
@@ -44,7 +44,14 @@ from pofe.data.formats import (
 from pofe.data.held_out import SOURCE_PROMPT, held_out_count, hold_out
 from pofe.data.label_checks import conflicting_rows, reversed_pair_rows, shown, text_keys
 from pofe.data.sources import load_entry, local_files_digest
-from pofe.data.tokenize import EOS_APPENDED, check_stop_token, eos_appended_note, tokenize_row
+from pofe.data.tokenize import (
+    EOS_APPENDED,
+    PROMPT_TOKEN_MERGED,
+    check_stop_token,
+    eos_appended_note,
+    text_rows_notes,
+    tokenize_row,
+)
 from pofe.files import stable_hash, write_atomic
 from pofe.length_policy import entry_summary, no_rows_message, summary_message
 from pofe.logs import get_logger
@@ -52,13 +59,18 @@ from pofe.methods import MethodSpec, method_spec
 from pofe_candidates.render import ChatTemplateError
 
 LOG = get_logger(__name__)
+# the prompt formats whose rows are always rendered with the chat template
+CHAT = ("chat", "hh")
 
 # Bump when the prepared row layout changes, so stale caches are not reused.
 # 2: sampled response ids trained as they are; 3: whole turns cut; 4: a row_id on every anchored row;
-# 5: each row's source_prompt; 6: eos_token ends each response of a template that writes no stop token
-PREPARED_FORMAT_VERSION = 6
+# 5: each row's source_prompt; 6: eos_token ends each response of a template that writes no stop token;
+# 7: text rows trained as text (TRL's standard layout)
+PREPARED_FORMAT_VERSION = 7
 # the length policy's record of each tokenised row (`tokenize.tokenize_row`)
 POLICY_COLUMNS = ["truncated", "drop_reason", "turns_cut", "responses_cut"]
+# what a tokenised row tells the loader's warnings, then dropped
+NOTE_COLUMNS = [EOS_APPENDED, AS_TEXT, SPLIT_IN_WORD, PROMPT_TOKEN_MERGED, "prompt_key", "response_keys"]
 
 
 def load_pofe_datasets(
@@ -70,13 +82,14 @@ def load_pofe_datasets(
     `debug`: (rows, text only) to show, from axolotl's `--debug` flags (`debug_rows`).
     """
     tokenizer = load_tokenizer(cfg)
-    if not getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):
+        check_stop_token(tokenizer)  # before any candidate is sampled for a response that could not end
+    elif chat := [e.path for i, e in enumerate(cfg.datasets) if RowFormat.of_entry(e, i, pofe).prompt_format in CHAT]:
         raise ValueError(
-            f"the tokenizer of {cfg.tokenizer_config or cfg.base_model} has no chat "
-            "template; POFE renders prompts and responses with one: set "
-            "`chat_template:` (e.g. chatml) in the recipe"
+            f"the tokenizer of {cfg.tokenizer_config or cfg.base_model} has no chat template, and "
+            f"{', '.join(chat)} render prompts and responses with one: set `chat_template:` (e.g. chatml) in the "
+            "recipe (a dataset of text rows trains without one: `prompt_format: text` on its entry)"
         )
-    check_stop_token(tokenizer)  # before any candidate is sampled for a response that could not end
     dataset_hash = prepared_dataset_hash(cfg, pofe, tokenizer)
     Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
     loader = FileLockLoader(cfg)
@@ -86,6 +99,7 @@ def load_pofe_datasets(
         loader.cleanup()
 
     if debug[0]:
+        show_splits(cfg, pofe, debug[0])
         show_rows(dataset, tokenizer, pofe.method, *debug)
     eval_dataset = None
     if cfg.val_set_size:
@@ -174,7 +188,7 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
     dataset = merge_datasets(parts, cfg)
     if appended := sum(dataset[EOS_APPENDED]):
         LOG.warning(eos_appended_note(tokenizer, appended, sum(n > 0 for n in dataset[EOS_APPENDED])))
-    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, EOS_APPENDED, "prompt_key", "response_keys"])
+    dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, *NOTE_COLUMNS])
     if policy_path is not None and any(p["rows_over_sequence_len"] for p in policy):
         record = {"sequence_len": cfg.sequence_len, "max_prompt_len": max_prompt_len, "truncation": pofe.truncation}
         write_atomic(policy_path, json.dumps({**record, "datasets": policy}, indent=2) + "\n")
@@ -220,6 +234,10 @@ def _prepare_entry(
         },
         desc=f"POFE: tokenising {entry.path}",
     )
+    info, warning = text_rows_notes(fmt.dataset, part[AS_TEXT], part[SPLIT_IN_WORD], part[PROMPT_TOKEN_MERGED])
+    for log, note in ((LOG.info, info), (LOG.warning, warning)):
+        if note:
+            log(note)
     summary = entry_summary(entry.path, part.select_columns(POLICY_COLUMNS).to_dict())
     if summary["rows_over_sequence_len"] and entry.type == "pofe.prompts":
         _record_in_summary(Path(source).parent / "summary.json", summary, cfg.sequence_len, pofe.truncation)
@@ -287,7 +305,8 @@ def _prepare_row(
     except ChatTemplateError as e:
         dataset, columns = fields
         raise template_refused(dataset, index, columns[e.field], tokenizer.name_or_path, e.message) from e
-    return {**tokenized, **text_keys(row), SOURCE_PROMPT: source}
+    flags = {AS_TEXT: bool(row.get(AS_TEXT)), SPLIT_IN_WORD: bool(row.get(SPLIT_IN_WORD))}
+    return {**tokenized, **text_keys(row), **flags, SOURCE_PROMPT: source}
 
 
 def _warn_suspicious_labels(

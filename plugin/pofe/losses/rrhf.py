@@ -19,7 +19,7 @@ def rrhf_loss(
     rank_weight: float = 1.0,
     margin: float = 0.0,
     length_penalty: float = 1.0,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """RRHF loss over k scored responses per prompt.
 
     For each prompt, with p_i = logp_sum_i / lengths_i ** length_penalty:
@@ -52,11 +52,15 @@ def rrhf_loss(
     Returns:
         loss: scalar. Computed in float32 (float64 inputs stay float64): bf16 has too
             few mantissa bits for hinge differences of near-equal scores.
-        stats: python floats. "rank" and "ft": means over prompts of L_rank and L_ft;
-            "rank_accuracy": share of reward-ordered pairs (over the whole batch) with
-            p_i < p_j strictly, NaN if the batch has no ordered pair; "best_score":
-            mean p_b; "other_score": mean p_i over real non-best candidates (NaN if
-            none).
+        stats: detached 0-dim tensors on the inputs' device (no host synchronisation:
+            the trainer turns them into numbers once per logging step). "rank" and "ft":
+            means over prompts of L_rank and L_ft; "rank_accuracy": share of reward-ordered
+            pairs (over the whole batch) with p_i < p_j strictly, NaN if the batch has no
+            ordered pair; "best_score": mean p_b; "other_score": mean p_i over real non-best
+            candidates (NaN if none).
+
+    One host synchronisation per call: the value checks (every prompt has a real candidate,
+    lengths > 0, finite rewards) read one flag.
     """
     names = ("logp_sum", "lengths", "rewards", "mask")
     tensors = (logp_sum, lengths, rewards, mask)
@@ -86,9 +90,10 @@ def rrhf_loss(
     lp = torch.where(mask, logp_sum.to(dtype), 0.0)  # (B, k)
     n = torch.where(mask, lengths.to(dtype), 1.0)  # (B, k)
     r = torch.where(mask, rewards.to(dtype), 0.0)  # (B, k)
-    if not bool(mask.any(dim=1).all()):
-        raise ValueError("mask: every prompt needs at least one real candidate")
-    if not bool((n > 0).all()) or not bool(torch.isfinite(r).all()):
+    has_candidate = mask.any(dim=1).all()
+    if not bool(has_candidate & (n > 0).all() & torch.isfinite(r).all()):  # the one synchronisation
+        if not bool(has_candidate):
+            raise ValueError("mask: every prompt needs at least one real candidate")
         raise ValueError("lengths must be > 0 and rewards finite for real candidates")
 
     p = lp / n**length_penalty  # (B, k)
@@ -104,19 +109,22 @@ def rrhf_loss(
 
     with torch.no_grad():
         pd = p.detach()
-        n_pairs = ordered.sum()
         correct = (ordered & (pd[:, :, None] < pd[:, None, :])).sum()
         is_best = torch.zeros_like(mask).scatter_(1, best, True)  # (B, k)
         others = mask & ~is_best
-        n_others = others.sum()
         stats = {
-            "rank": l_rank.mean().item(),
-            "ft": l_ft.mean().item(),
-            "rank_accuracy": (correct / n_pairs).item() if n_pairs > 0 else float("nan"),
-            "best_score": pd.gather(1, best).mean().item(),
-            "other_score": (torch.where(others, pd, 0.0).sum() / n_others).item() if n_others > 0 else float("nan"),
+            "rank": l_rank.mean(),
+            "ft": l_ft.mean(),
+            "rank_accuracy": mean_or_nan(correct, ordered.sum()),
+            "best_score": pd.gather(1, best).mean(),
+            "other_score": mean_or_nan(torch.where(others, pd, 0.0).sum(), others.sum()),
         }
     return loss, stats
+
+
+def mean_or_nan(total: Tensor, count: Tensor) -> Tensor:
+    """total / count as a 0-dim tensor, NaN where count is 0, without reading either on the host."""
+    return torch.where(count > 0, total / count.clamp(min=1), float("nan"))
 
 
 def kl_penalised_rewards(rewards: Tensor, logp: Tensor, logp_base: Tensor, kl_coef: float) -> Tensor:

@@ -29,7 +29,7 @@ def sppo_loss(
     eta: float = 1000.0,
     reduction: str = "mean",
     mask: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SPPO loss with soft win rates, for K sampled responses per prompt.
 
         logratio_i = logp_i - anchor_logp_i
@@ -53,8 +53,11 @@ def sppo_loss(
     Returns:
         loss: scalar, float32 (float64 stays float64): eta * (w - 1/2) reaches
             hundreds and bf16 cannot resolve log-ratios next to it.
-        stats: python floats "loss", "logratio" (mean), "target" (mean
-            eta * (w - 1/2)), "win_rate_spread" (mean over prompts of max w - min w).
+        stats: detached 0-dim tensors "loss", "logratio" (mean), "target" (mean
+            eta * (w - 1/2)), "win_rate_spread" (mean over prompts of max w - min w), on the
+            inputs' device: the trainer turns them into numbers once per logging step.
+
+    One host synchronisation per call: the check that every prompt has a real response.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -85,10 +88,10 @@ def sppo_loss(
         w_max = torch.where(mask, w, float("-inf")).amax(dim=1)  # (B,)
         w_min = torch.where(mask, w, float("inf")).amin(dim=1)  # (B,)
         stats = {
-            "loss": loss.item(),
-            "logratio": (logratio.sum() / n).item(),
-            "target": (target.sum() / n).item(),
-            "win_rate_spread": (w_max - w_min).mean().item(),
+            "loss": loss.detach(),
+            "logratio": logratio.detach().sum() / n,
+            "target": target.sum() / n,
+            "win_rate_spread": (w_max - w_min).mean(),
         }
     return loss, stats
 
@@ -147,7 +150,7 @@ def sppo_hard_loss(
     rejected_anchor_logp: Tensor,
     *,
     beta: float = 0.001,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SPPO with hard labels, for plain chosen/rejected pairs.
 
         a = chosen_logp - chosen_anchor_logp,  b = rejected_logp - rejected_anchor_logp
@@ -165,8 +168,8 @@ def sppo_hard_loss(
 
     Returns:
         loss: scalar, float32 (float64 stays float64).
-        stats: python floats "loss", "chosen_logratio", "rejected_logratio" (means)
-            and "accuracy" (share of pairs with a > b).
+        stats: detached 0-dim tensors "loss", "chosen_logratio", "rejected_logratio"
+            (means) and "accuracy" (share of pairs with a > b). No host synchronisation.
     """
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -184,9 +187,9 @@ def sppo_hard_loss(
     loss = ((a - half) ** 2 + (b + half) ** 2).mean()
     with torch.no_grad():
         stats = {
-            "loss": loss.item(),
-            "chosen_logratio": a.mean().item(),
-            "rejected_logratio": b.mean().item(),
-            "accuracy": (a > b).to(dtype).mean().item(),
+            "loss": loss.detach(),
+            "chosen_logratio": a.detach().mean(),
+            "rejected_logratio": b.detach().mean(),
+            "accuracy": (a > b).to(dtype).mean(),
         }
     return loss, stats

@@ -8,11 +8,11 @@ from transformers import Trainer
 
 from pofe.anchor import AnchorLogps
 from pofe.columns import tokenized_columns
-from pofe.distributed import deepspeed_on_cpu_ranks, sum_over_ranks
+from pofe.distributed import deepspeed_on_cpu_ranks
 from pofe.methods import method_spec
 from pofe.quantization import keep_4bit_trainable
 from pofe.scoring import score_candidates as score_batch
-from pofe.trainers.metrics import PairMetrics
+from pofe.trainers.metrics import MetricWindow, PairMetrics, Stat
 
 BATCH_KEYS = ("input_ids", "attention_mask", "labels", "candidate_mask")
 # what to do when the policy's own log-probs (or a loss from finite inputs) are not finite
@@ -59,6 +59,8 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         # step, once accelerate/DeepSpeed/FSDP have wrapped the model, so the pass works under
         # every backend axolotl supports
         self.anchor = AnchorLogps(self) if method_spec(self.args.pofe_method).needs_anchor else None
+        # the loss's statistics, on the device until transformers logs (`log_stats`, `log`)
+        self.metric_window = MetricWindow()
 
     def create_accelerator_and_postprocess(self):
         if deepspeed_on_cpu_ranks(self.args.deepspeed):
@@ -117,29 +119,27 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         )
 
     def log_stats(
-        self, model, prefix: str, stats: dict[str, float], num_prompts: int, pairs: PairMetrics | None = None
+        self, model, prefix: str, stats: dict[str, Stat], num_prompts: int, pairs: PairMetrics | None = None
     ) -> None:
-        """Store the batch's stats as means over every rank's prompts.
+        """Keep the batch's stats (a loss's 0-dim tensors, or numbers) for the next log.
 
-        `stats` are stored as `<prefix>/<name>`, means over `num_prompts` prompts; `pairs`
-        (TRL's `rewards/*` and `logps/*`) under their own names, means over the prompts
-        that have a pair. Each rank's means are weighted by their prompt count and summed
-        over the ranks in one collective (a NaN, a stat with nothing to average, weighs
-        0). Every rank calls this once per loss, like TRL's `gather_for_metrics` in its
-        losses. Evaluation stats are stored as `eval_<name>`, as TRL's DPO names them,
-        beside `eval_loss`.
+        `stats` are kept as `<prefix>/<name>`, weighted by `num_prompts`; `pairs` under their
+        own names, weighted by the prompts that have a pair. Nothing is read on the host here:
+        `log` reads every kept statistic once per logging step, summed over the steps since the
+        last log and over the ranks in one collective (`MetricWindow`), so a statistic is the
+        mean over every prompt of every rank in the window (a NaN, a stat with nothing to
+        average, weighs 0). Every rank calls this once per loss. Evaluation stats are logged
+        as `eval_<name>`, as TRL's DPO names them, beside `eval_loss`.
         """
         counted = {f"{prefix}/{k}": (v, num_prompts) for k, v in stats.items()}
         if pairs is not None:
             counted.update({k: (v, pairs.num_pairs) for k, v in pairs.values.items()})
-        names = sorted(counted)  # the same order on every rank
-        values = torch.tensor([counted[k][0] for k in names], dtype=torch.float64)
-        counts = torch.tensor([float(counted[k][1]) for k in names], dtype=torch.float64)
-        weights = torch.where(values.isnan(), 0.0, counts)
-        weighted = torch.where(values.isnan(), 0.0, values) * weights
-        sums = sum_over_ranks(torch.stack([weighted, weights]), self.args.device)
-        split = "train" if model.training else "eval"
-        key = (lambda name: name) if split == "train" else (lambda name: f"eval_{name}")
-        # + 0.0: a mean of -0.0 (SPPO's mean target is 0 by construction when every candidate is
-        # kept) would be logged as '-0'
-        self.store_metrics({key(k): (total / n).item() + 0.0 for k, total, n in zip(names, *sums) if n > 0}, split)
+        self.metric_window.add("train" if model.training else "eval", counted, self.args.device)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The kept statistics of the split being logged (`loss`: training's, `eval_loss`:
+        evaluation's) read, once, into axolotl's stored metrics, which its `log` adds."""
+        split = "train" if "loss" in logs else "eval" if "eval_loss" in logs else None
+        if split is not None:
+            self.store_metrics(self.metric_window.flush(split, self.args.device), split)
+        super().log(logs, start_time)

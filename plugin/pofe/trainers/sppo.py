@@ -1,7 +1,7 @@
 """SPPO trainer: regress the log-ratio to the anchor policy onto eta * (win rate - 1/2).
 
 Besides `sppo/*` it logs TRL's `rewards/*` and `logps/*` for the highest- and lowest-
-win-rate candidate of each prompt (`best_worst_metrics`; with `sppo_loss: hard`, columns
+win-rate candidate of each prompt (`pair_metrics`; with `sppo_loss: hard`, columns
 0 and 1, the chosen and rejected response the loss reads): rewards are
 beta * (log pi - log pi_t) with beta = 1/eta, as TRL's DPOTrainer computes them for
 `loss_type="sppo_hard"`.
@@ -16,7 +16,7 @@ import torch
 
 from pofe.losses import mixed_anchor, sppo_hard_loss, sppo_loss
 from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
-from pofe.trainers.metrics import best_worst_metrics
+from pofe.trainers.metrics import pair_metrics
 
 
 class SPPOTrainer(KResponseTrainer):
@@ -31,7 +31,8 @@ class SPPOTrainer(KResponseTrainer):
             anchor = mixed_anchor(anchor, finite["pi_0"], self.args.pofe_anchor_mix)  # (B, K)
         mask = inputs["candidate_mask"]
         if self.args.pofe_sppo_loss == "hard":
-            if mask.shape[1] != 2 or not bool(mask.all()):
+            # K = 2 holds two real responses: every row has k >= 2 (`pofe.data.formats`)
+            if mask.shape[1] != 2:
                 raise ValueError(
                     "pofe.sppo_loss: hard needs exactly two responses (chosen, rejected) "
                     "per row; use a pofe.pairs dataset or sppo_loss: soft"
@@ -52,6 +53,6 @@ class SPPOTrainer(KResponseTrainer):
         hints = {"logp": LOGP_HINT, "anchor": anchor_hint, "pi_0": self.anchor.fix_hint(base=True), "loss": LOSS_HINT}
         self.check_finite(inputs, loss, hints, **finite)
         implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
-        pairs = best_worst_metrics(logp, implicit_rewards, preference, mask)
+        pairs = pair_metrics(logp, implicit_rewards, preference, mask)
         self.log_stats(model, "sppo", stats, num_prompts=len(mask), pairs=pairs)
         return (loss, {"logratio": logp - anchor}) if return_outputs else loss

@@ -226,3 +226,31 @@ def test_without_a_rule_a_regression_only_warns(tmp_path, tiny_model, monkeypatc
     assert trained == [1, 2, 3] and evaluated == [3]
     assert state["stopped"] is None and rep["stopped"] is None
     assert "Stopped after" not in md and "pi_2 REGRESSED against pi_1" in md
+
+
+def test_a_scalar_judge_chooses_by_reward():
+    """Issue 44: with a scalar judge the choice reads the rewards, not Bradley-Terry win rates.
+    Here pi_2 has the best length-controlled win rate (0.52, ties all round as Bradley-Terry over
+    [0, 1] rewards makes them) but pi_1 the best mean reward, 0.60 against pi_0's 0.20 (+0.40,
+    interval [0.30, 0.50]: clearly better); pi_2 fell to 0.50 against pi_1's 0.60 (-0.10, interval
+    [-0.20, -0.01]: a clear regression). An eval.json without the reward comparisons (written
+    before them) is still read by win rates."""
+
+    def diff(d, lo, hi):
+        return {"diff": d, "diff_ci95": [lo, hi]}
+
+    ev = {
+        **evaluation([0.51, 0.505], [0.2, 0.6, 0.5], lc_vs_pi_0=[0.51, 0.52]),
+        "reward_ci95": [[0.1, 0.3], [0.5, 0.7], [0.4, 0.6]],
+        "reward_vs_pi_0": [None, diff(0.4, 0.3, 0.5), diff(0.3, 0.2, 0.4)],
+        "reward_vs_previous": [None, diff(0.4, 0.3, 0.5), diff(-0.1, -0.2, -0.01)],
+    }
+    choice = choose_model(ev)
+    assert (choice["basis"], choice["name"], choice["mean_reward"], choice["clear"]) == ("reward", "pi_1", 0.6, True)
+    assert choice["diff_vs_pi_0"] == 0.4 and choice["reward_ci95"] == [0.5, 0.7]
+    assert [(r["model"], r["diff"], r["clear"]) for r in choice["regressions"]] == [("pi_2", -0.1, True)]
+    by_win_rate = choose_model({k: v for k, v in ev.items() if not k.startswith("reward_")})
+    assert (by_win_rate["basis"], by_win_rate["name"]) == ("win_rate", "pi_2")
+    # no iterate above pi_0's reward: the base, not clearly anything
+    worse = {**ev, "mean_reward": [0.7, 0.6, 0.5]}
+    assert (choose_model(worse)["name"], choose_model(worse)["clear"]) == ("pi_0", False)

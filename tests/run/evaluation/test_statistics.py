@@ -105,3 +105,24 @@ def test_bootstrap_interval_over_prompts():
         assert lo[1, 0] <= point <= hi[1, 0] and lo[0, 0] == hi[0, 0] == 0.5
         half = 1.96 * math.sqrt(point * (1 - point) / P)
         assert (hi[1, 0] - lo[1, 0]).item() / 2 == pytest.approx(half, rel=0.2)
+
+
+def test_reward_comparisons_by_hand():
+    """Two prompts, pi_0 scores [0, 0.5], pi_1 [1, 0.5] (one sample each): means 0.25 and 0.75,
+    difference +0.5. Resampling the two prompts: both prompt 0 (p = 1/4) gives a difference of
+    1, both prompt 1 (1/4) gives 0, one of each 0.5; so the 2.5 % and 97.5 % quantiles are 0 and 1,
+    and pi_0's own mean ranges over 0..0.5. pi_2 abstained (NaN) on prompt 1's first sample: its
+    mean is over the rewards it has, (0.25 + 0.75) / 2 = 0.5, as eval.json's mean_reward; its
+    difference to pi_1 is -0.25."""
+    from pofe.run.evaluation.statistics import reward_comparisons
+
+    nan = float("nan")
+    rewards = torch.tensor(
+        [[[0.0, 0.0], [1.0, 1.0], [0.25, 0.25]], [[0.5, 0.5], [0.5, 0.5], [nan, 0.75]]], dtype=torch.float64
+    )  # (P=2, M=3, S=2)
+    out = reward_comparisons(rewards, draws=2000, seed=0)
+    assert out["reward_ci95"][0] == pytest.approx([0.0, 0.5])
+    assert out["reward_vs_pi_0"][0] is None and out["reward_vs_previous"][0] is None
+    assert out["reward_vs_pi_0"][1]["diff"] == pytest.approx(0.5)
+    assert out["reward_vs_pi_0"][1]["diff_ci95"] == pytest.approx([0.0, 1.0])
+    assert out["reward_vs_previous"][2]["diff"] == pytest.approx(5 / 12 - 0.75)

@@ -127,7 +127,7 @@ def test_an_online_run_is_one_stage_holding_the_generator_judge_and_pi_0(sizes, 
 
 def _sppo() -> dict:
     """sppo-qlora.yml on one prompt set, sampled by the transformers backend (8 prompts x 5
-    candidates of 1024 + 2048 tokens a batch), without evaluation."""
+    candidates of 1024 + 500 tokens a batch), without evaluation."""
     raw = yaml.safe_load((ROOT / "recipes" / "sppo-qlora.yml").read_text())
     pofe = {k: v for k, v in raw["pofe"].items() if k not in ("rounds", "round_prompts")}
     pofe["generate"] = {**pofe["generate"], "backend": "transformers"}
@@ -142,7 +142,7 @@ def test_online_sppo_holds_pairrm_and_no_pi_0(sizes):
     (entry,) = online["stages"]
     size = sizes[MISTRAL]
     judge = {k: v for k, v in _round_1(offline, "judge")["parts_gb"].items() if k != "runtime"}
-    kv = mem.kv_bytes_per_token(size, BF16) * (8 * 5) * (1024 + 2048)
+    kv = mem.kv_bytes_per_token(size, BF16) * (8 * 5) * (1024 + 500)  # sequence_len + the recipe's max_new_tokens
     forward = mem.forward_bytes(size, 8 * 5, BF16) + mem.logit_chunk_bytes(size, 8 * 5)
     expected = _round_1(offline, "train")["parts_gb"] | _gb({"generate_kv_cache": kv, "generate_forward": forward})
     assert entry["parts_gb"] == expected | {f"judge_{k}": v for k, v in judge.items()}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.plan_table import CASES, PROMPTS, plans, write_hub_cache
+from benchmarks.plan_table import CASES, CLAIMS, PROMPTS, claim_plans, claim_text, over_the_gpu, plans, write_hub_cache
 from pofe.args.translate import LORA_KERNELS
 from pofe.run.plan.common import PlanOptions
 from pofe.run.plan.estimate import GB
@@ -87,7 +87,8 @@ def test_one_entry_per_stage_with_its_memory_and_disk(mistral_plans):
         names = [(s["stage"], s["round"]) for s in plan["stages"]]
         per_round = ["generate", "judge", "train"] + (["merge"] if plan["gpus"] == 1 else [])
         assert names == [(n, t) for t in (1, 2, 3) for n in per_round] + [
-            ("eval-answers", None),
+            ("eval-answers", None),  # on the rounds' vLLM engine (pofe.eval.backend: auto)
+            ("eval-logprobs", None),  # then the answers scored with transformers
             ("eval-judging", None),
         ]
         for s in plan["stages"]:
@@ -554,3 +555,96 @@ def test_a_gpm_judge_is_sized_as_its_backbone_and_called_once_a_candidate(tmp_pa
         s for s in plan_run(*translated_recipe(raw), {}, 10, PlanOptions())["stages"] if s["stage"] == "judge"
     ]
     assert pairrm["counts"]["judge_calls"] == 60
+
+
+# ---- issue 44: each stage costed on its backend; the README's claims are the plan's -------------
+
+
+def test_readme_claims_are_what_plan_fits():
+    """Every shipped GPU recipe plans no stage over its GPUs at the smallest and the largest GPU the
+    README's recipe table gives it, and the table says so (`benchmarks.plan_table.CLAIMS`).
+    Before: eval-answers was costed as model.generate (40.75 GB) where vLLM samples, and the online
+    recipe, claimed for 24 GB with the others, plans 37.06 GB."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    claimed = claim_plans()
+    for (name, memory), plan in claimed.items():
+        assert over_the_gpu(plan) == [], (name, memory)
+        row = next(line for line in readme if line.startswith("| ") and f"`{name}`" in line.split(" | ")[0])
+        assert claim_text(*CLAIMS[name]) in row, (name, row)
+    online = next(s for s in claimed[("rrhf-qlora-online.yml", 40)]["stages"] if s["stage"] == "train")
+    assert 24 < online["gpu_memory_gb"] <= 40  # why its claim starts at 40 GB
+
+
+def test_evaluation_is_costed_on_the_backend_it_uses(mistral_sizes):
+    """sppo-qlora generates with vLLM, so `pofe.eval.backend: auto` samples on it: eval-answers is
+    the engine's share (as generate's), then eval-logprobs holds the bf16 weights and one no-grad
+    forward of 16 answers (pofe.eval.batch_size) of sequence_len 1024 + 500 new tokens: one layer's
+    values (9 x 4096 + 2 x 1024 + 4 x 14336 = 96,256 a token, 2 bytes) x 16 x 1524 tokens
+    = 4.694 GB, plus a 1024-token chunk of fp32 logits (1024 x 32000 x 4 = 0.131 GB).
+    `backend: transformers` costs model.generate instead (no eval-logprobs)."""
+    plan = plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions(gpu_memory_gb=24))
+    stages = {s["stage"]: s for s in plan["stages"] if s["round"] is None}
+    assert (
+        stages["eval-answers"]["parts_gb"] == next(s for s in plan["stages"] if s["stage"] == "generate")["parts_gb"]
+    )
+    forward = 96_256 * 2 * 16 * (1024 + 500) + 1024 * 32000 * 4
+    assert stages["eval-logprobs"]["parts_gb"]["forward"] == round(forward / GB, 2) == 4.83
+    assert not over_the_gpu(plan)
+    raw = _recipe()
+    raw["pofe"] = {**raw["pofe"], "eval": {"backend": "transformers"}}
+    generate = {s["stage"]: s for s in plan_of(raw, mistral_sizes, PROMPTS, PlanOptions())["stages"]}
+    assert "kv_cache" in generate["eval-answers"]["parts_gb"] and "eval-logprobs" not in generate
+
+
+def test_gpus_reach_the_candidate_stages_or_are_warned(mistral_sizes):
+    """`sppo-zero3.yml --gpus 1`: its worker_devices name GPUs 0-7, which one GPU has not: warned
+    (generation was shown "on 8 GPU" without a word). Without worker_devices, its 8 workers share
+    the one GPU: the stage is on 1 GPU with 7 more engines there."""
+    raw = yaml.safe_load((ROOT / "recipes" / "sppo-zero3.yml").read_text())
+    plan = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=1))
+    said = [w for w in plan["warnings"] if w.startswith("pofe.candidates.worker_devices")]
+    assert len(said) == 1 and "names GPU(s) 1, 2, 3, 4, 5, 6, 7, which --gpus 1 (GPU 0) has not" in said[0]
+    assert not [w for w in plan_of(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=8))["warnings"] if "worker" in w]
+    raw["pofe"]["candidates"]["worker_devices"] = None
+    spread = plan_of(raw, mistral_sizes, PROMPTS, PlanOptions(gpus=1))
+    generate = spread["stages"][0]
+    assert generate["gpus"] == 1 and "7_more_workers_on_this_gpu" in generate["parts_gb"]
+    assert not [w for w in spread["warnings"] if w.startswith("pofe.candidates")]
+
+
+def test_a_generation_longer_than_training_room_is_warned(mistral_sizes):
+    """The authors' 2048 new tokens under sequence_len 1024 (the recipes before issue 44): a
+    512-token prompt leaves 512, so longer candidates are cut in training; the shipped recipes (500
+    new tokens) plan no such warning."""
+    from pofe.length_policy import generation_fit_warning
+
+    raw = _recipe()
+    raw["pofe"] = {**raw["pofe"], "generate": {**raw["pofe"]["generate"], "max_new_tokens": 2048}}
+    said = [w for w in plan_of(raw, mistral_sizes, PROMPTS, PlanOptions())["warnings"] if "does not fit" in w]
+    assert said == [generation_fit_warning(1024, 2048, None)]
+    assert "Lower max_new_tokens to 512 or less" in said[0] and "raise sequence_len to 2560" in said[0]
+    assert "trained cut to fit (pofe.truncation: truncate)" in said[0]
+    assert not [w for w in plan_of(_recipe(), mistral_sizes, PROMPTS, PlanOptions())["warnings"] if "fit" in w]
+    from pofe.args.lengths import generation_fit
+
+    for path in sorted((ROOT / "recipes").glob("*.yml")):  # every shipped recipe's candidates train whole
+        assert generation_fit(*translated_recipe(yaml.safe_load(path.read_text()))) is None, path.name
+    # the prompt's bound: max_prompt_len, or the generation's max_prompt_tokens when lower
+    assert generation_fit_warning(1024, 600, 400) is None
+    assert generation_fit_warning(1024, 600, None, max_prompt_tokens=300) is None
+    assert "dropped (pofe.truncation: drop)" in generation_fit_warning(1024, 600, None, truncation="drop")
+
+
+def test_the_recipe_read_warns_a_generation_longer_than_training_room(caplog):
+    """The same warning when axolotl reads the recipe (`PofePlugin.register`: every `axolotl
+    preprocess`, `train` and each stage of `pofe run`), not only in a plan."""
+    from pofe.plugin import LOG, PofePlugin
+
+    raw = _recipe()
+    raw["pofe"] = {**raw["pofe"], "generate": {**raw["pofe"]["generate"], "max_new_tokens": 2048}}
+    LOG.logger.addHandler(caplog.handler)
+    try:
+        PofePlugin().register(raw)
+    finally:
+        LOG.logger.removeHandler(caplog.handler)
+    assert "POFE: pofe.generate.max_new_tokens (2048) does not fit sequence_len (1024)" in caplog.text

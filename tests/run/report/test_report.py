@@ -12,7 +12,7 @@ from pofe.run.folder import RoundRecord, RunFolder, RunState
 from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
-from pofe.run.report.plots import loss_plot, rewards_plot, winrate_plot
+from pofe.run.report.plots import drift_plot, loss_plot, rewards_plot, winrate_plot
 
 
 def test_no_cycle_in_a_transitive_table():
@@ -436,6 +436,8 @@ def test_steps_are_the_steps_run_not_the_last_logged(tmp_path):
         [10, 20],
         [27],
     ]
+    # issue 44: both panels drawn from 0 (a rank accuracy of 0.5 alone is not zoomed to fill the panel)
+    assert fig.axes[0].get_ylim()[0] == 0 and fig.axes[1].get_ylim()[0] == 0 < 0.5 < fig.axes[1].get_ylim()[1]
 
 
 def test_few_points_get_markers_and_an_empty_panel_says_why(tmp_path):
@@ -535,9 +537,14 @@ def test_win_rates_clustered_at_one_half_are_explained():
     spread = [[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]
     assert "Every win rate lies within" not in "\n".join(win_rate_sections(eval_record(spread), ["a", "b", "c"]))
 
+    # issue 44: the colours span 0..1 whatever the spread (a scale zoomed to 0.5 +- 0.004 painted
+    # 0.499 dark red and repeated its colour-bar labels), the cells keep 3 decimals
     fig = winrate_plot(eval_record(clustered))
-    assert fig.axes[0].images[0].get_clim() == pytest.approx((0.496, 0.504))
+    assert fig.axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
     assert "0.504" in [t.get_text() for t in fig.axes[0].texts]
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert labels == ["0.00", "0.25", "0.50", "0.75", "1.00"]
     assert winrate_plot(eval_record(spread)).axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
 
 
@@ -604,6 +611,54 @@ def test_the_terminal_says_how_sure_the_choice_is():
     }
     rep = {"eval": ev, "choice": choose_model(ev)}
     assert held_out_summary(rep)[2:] == [
-        "  use pi_1 (best length-controlled win rate against pi_0, 0.504 [0.490, 0.520]: not clearly above 1/2)",
+        "  use pi_1 (best length-controlled win rate against pi_0, 0.504 [0.490, 0.520]: not clearly above 1/2; "
+        "chosen by win rate, the judge is pairwise)",
         "  every win rate within 0.5 ± 0.004: the report's 'Win rates' says why",
     ]
+
+
+def test_a_scalar_judges_choice_is_by_reward_and_says_why():
+    """The report and the console name the model by its mean held-out reward, with the paired
+    difference to pi_0 and its interval, and say why: the judge scores each answer."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.report import held_out_summary
+    from pofe.run.report.held_out import choice_section
+
+    ev = {
+        **eval_record([[0.5, 0.49], [0.51, 0.5]]),
+        "judge": {"type": "python"},
+        "mean_reward": [0.2, 0.45],
+        "kl_to_base": [0.0, 0.5],
+        "vs_pi_0": [None, {"raw": 0.51, "raw_ci95": [0.5, 0.52], "lc": 0.51, "lc_ci95": [0.49, 0.53]}],
+        "vs_previous": [None, {"raw": 0.51, "raw_ci95": [0.5, 0.52], "lc": 0.51, "lc_ci95": [0.49, 0.53]}],
+        "reward_ci95": [[0.1, 0.3], [0.35, 0.55]],
+        "reward_vs_pi_0": [None, {"diff": 0.25, "diff_ci95": [0.125, 0.375]}],
+        "reward_vs_previous": [None, {"diff": 0.25, "diff_ci95": [0.125, 0.375]}],
+    }
+    rep = {"eval": ev, "choice": choose_model(ev)}
+    md = "\n".join(choice_section(rep))
+    assert (
+        "**pi_1**: the highest mean reward on the held-out prompts (0.450 [0.350, 0.550]), +0.250 "
+        "[+0.125, +0.375] over pi_0's." in md
+    )
+    assert "Chosen by mean held-out reward: the judge `python` scores each answer on its own (pointwise)" in md
+    assert held_out_summary(rep)[2] == (
+        "  use pi_1 (best mean held-out reward 0.450 [0.350, 0.550], +0.250 [+0.125, +0.375] over pi_0; "
+        "chosen by reward, the judge scores each answer)"
+    )
+
+
+def test_length_and_drift_axes_start_at_zero():
+    """Issue 44: mean tokens of 3.82 and 3.94 drawn on a 3.82-3.94 axis looked like a large
+    change; the axis now includes 0 (KL too, perplexity too)."""
+    ev = {
+        **eval_record([[0.5, 0.5], [0.5, 0.5]]),
+        "mean_response_tokens": [3.82, 3.94],
+        "kl_to_base": [0.0, 0.02],
+        "perplexity": [5.1, 5.0],
+    }
+    fig = drift_plot(ev)
+    for ax in fig.axes:
+        lo, hi = ax.get_ylim()
+        assert lo <= 0 < hi
+    assert fig.axes[0].get_ylim()[1] < 5  # 3.94 and 8 % above it

@@ -109,13 +109,17 @@ def other_columns(rows: list[dict], prompt_column: str) -> list[dict]:
     return [{c: v for c, v in r.items() if c != prompt_column} for r in rows]
 
 
-def reference_pairs(tokenizer, prompts: list, references: list) -> list[TokenPair]:
-    """(prompt ids, response ids) of each non-empty reference, as the rendered assistant turn."""
-    from pofe.data.tokenize import render_row
+def reference_pairs(tokenizer, prompts: list, references: list, as_text: list[bool] | None = None) -> list[TokenPair]:
+    """(prompt ids, response ids) of each non-empty reference, as the rendered assistant turn, or
+    as text where `as_text` says the prompt trained as text (`pofe.data.tokenize.text_token_ids`)."""
+    from pofe.data.tokenize import render_row, text_token_ids
 
     pairs = []
-    for prompt, reference in zip(prompts, references):
-        if isinstance(reference, str) and reference:
+    for prompt, reference, text in zip(prompts, references, as_text or [False] * len(prompts)):
+        if isinstance(reference, str) and reference and text:
+            prompt_ids, (response_ids,), _ = text_token_ids(prompt, [reference], tokenizer)
+            pairs.append((prompt_ids, response_ids))
+        elif isinstance(reference, str) and reference:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             row = {"prompt": messages, "responses": [{"role": "assistant", "content": reference}]}
             prompt_text, (response_text,) = render_row(row, tokenizer)

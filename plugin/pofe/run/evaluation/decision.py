@@ -1,12 +1,24 @@
 """Decisions read off eval.json: which iterate to use, which rounds regressed, and whether
 `pofe.stop_when` ends the run.
 
-Which iterate to use (`choose_model`). The best model is the one with the highest length-controlled win rate against pi_0 on the
-held-out prompts (pi_0 itself counts 1/2; the first of equals), so that a round that only
-made answers longer does not win; "clearly" better when its whole 95 % interval is above
-1/2. A round regresses when its model's length-controlled win rate against the iterate
-before it is below 1/2: "clearly" when the whole 95 % interval is, otherwise within noise.
-The report warns about each; only `pofe.stop_when` ends a run on one. pi_avg
+Which iterate to use (`choose_model`), by what carries signal for the judge the run has:
+
+- a scalar judge (a reward model, a verifier, reward functions: one score per answer): the
+  highest mean held-out reward (the first of equals); "clearly" better than pi_0 when the 95 %
+  interval of its paired difference to pi_0's is above 0. A round regresses when its mean
+  reward is below the previous iterate's: "clearly" when the whole interval of the difference
+  is below 0. Win rates between models would be Bradley-Terry on those rewards: near 1/2 by
+  construction for rewards in [0, 1], they keep a gap's sign, not its size
+  (`pofe.run.evaluation.statistics.reward_comparisons`);
+- a pairwise judge (PairRM, an LLM comparing two answers: no score of its own): the highest
+  length-controlled win rate against pi_0 (pi_0 itself counts 1/2; the first of equals), so
+  that a round that only made answers longer does not win; "clearly" better when its whole
+  95 % interval is above 1/2. A round regresses when its length-controlled win rate against the
+  iterate before it is below 1/2: "clearly" when the whole interval is.
+
+The choice says which it read (`basis`). The report warns about each regression; only
+`pofe.stop_when` ends a run on one. An eval.json written before the reward comparisons existed
+is read by win rates. pi_avg
 (`pofe.eval.average_iterates`, eval.json's `average`) is a candidate like any iterate; it
 regresses against nothing (its "previous" is pi_T). With a KL ceiling (`pofe.stop_when`'s
 `kl_to_pi_0_above`, eval.json's `kl_ceiling`) only models whose KL to pi_0 is under it count.
@@ -46,16 +58,40 @@ def over_ceiling(ev: dict) -> list[int]:
 
 
 def choose_model(ev: dict | None) -> dict | None:
-    """{"best": model index, "name", "lc_vs_pi_0" (and its "lc_ci95"), "raw_vs_pi_0", "clear"
-    (the interval's lower end above 1/2), "regressions": [...], "over_kl_ceiling": [names]} from
-    eval.json's `vs_pi_0` / `vs_previous` (`pofe.run.evaluation.statistics`); None without them.
-    Models over the KL ceiling are not chosen."""
+    """{"basis": "reward" | "win_rate", "best": model index, "name", "clear" (better than pi_0
+    beyond noise), "regressions": [...], "over_kl_ceiling": [names], "kl_ceiling"}, with the basis's
+    figures: reward: "mean_reward", "reward_ci95", "diff_vs_pi_0", "diff_ci95"; win rate:
+    "lc_vs_pi_0", "lc_ci95", "raw_vs_pi_0". None without comparisons. Models over the KL ceiling
+    are not chosen."""
     if not ev or not ev.get("vs_pi_0"):
         return None
+    by_reward = bool(ev.get("reward_vs_pi_0"))
     names = [m["name"] for m in ev["models"]]
     excluded = over_ceiling(ev)
-    scores = [0.5] + [v["lc"] if v and v["lc"] is not None else float("-inf") for v in ev["vs_pi_0"][1:]]
+    scores = _reward_scores(ev) if by_reward else _win_rate_scores(ev)
     best = max((m for m in range(len(scores)) if m not in excluded), key=lambda m: (scores[m], -m))
+    figures, regressions = (_by_reward if by_reward else _by_win_rate)(ev, best, names)
+    return {
+        "basis": "reward" if by_reward else "win_rate",
+        "best": best,
+        "name": names[best],
+        **figures,
+        "regressions": regressions,
+        "over_kl_ceiling": [names[m] for m in excluded],
+        "kl_ceiling": ev.get("kl_ceiling"),
+    }
+
+
+def _win_rate_scores(ev: dict) -> list[float]:
+    return [0.5] + [v["lc"] if v and v["lc"] is not None else float("-inf") for v in ev["vs_pi_0"][1:]]
+
+
+def _reward_scores(ev: dict) -> list[float]:
+    rewards = [_number(x) for x in ev["mean_reward"]]
+    return [float("-inf") if x is None else x for x in rewards]
+
+
+def _by_win_rate(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict]]:
     regressions = []
     for m, v in enumerate(ev["vs_previous"][: last_iterate(ev) + 1]):
         if v and v["lc"] is not None and v["lc"] < 0.5:
@@ -71,17 +107,39 @@ def choose_model(ev: dict | None) -> dict | None:
             )
     chosen = ev["vs_pi_0"][best] or {}
     lower = (chosen.get("lc_ci95") or [None])[0]
-    return {
-        "best": best,
-        "name": names[best],
+    figures = {
         "lc_vs_pi_0": chosen.get("lc"),
         "lc_ci95": chosen.get("lc_ci95"),
         "raw_vs_pi_0": chosen.get("raw"),
         "clear": lower is not None and lower > 0.5,
-        "regressions": regressions,
-        "over_kl_ceiling": [names[m] for m in excluded],
-        "kl_ceiling": ev.get("kl_ceiling"),
     }
+    return figures, regressions
+
+
+def _by_reward(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict]]:
+    regressions = []
+    for m, v in enumerate(ev["reward_vs_previous"][: last_iterate(ev) + 1]):
+        if v and v["diff"] is not None and v["diff"] < 0:
+            upper = v["diff_ci95"][1]
+            regressions.append(
+                {
+                    "model": names[m],
+                    "previous": names[m - 1],
+                    "diff": v["diff"],
+                    "diff_ci95": v["diff_ci95"],
+                    "clear": upper is not None and upper < 0,
+                }
+            )
+    chosen = ev["reward_vs_pi_0"][best] or {}
+    lower = (chosen.get("diff_ci95") or [None])[0]
+    figures = {
+        "mean_reward": _number(ev["mean_reward"][best]),
+        "reward_ci95": ev["reward_ci95"][best],
+        "diff_vs_pi_0": chosen.get("diff"),
+        "diff_ci95": chosen.get("diff_ci95"),
+        "clear": lower is not None and lower > 0,
+    }
+    return figures, regressions
 
 
 def _number(x) -> float | None:

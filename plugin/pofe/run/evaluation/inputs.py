@@ -16,13 +16,22 @@ from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.average import average_weights
 from pofe.run.folder import RunFolder, RunState
 from pofe_candidates.generators.hf import load_tokenizer
-from pofe_candidates.render import render_prompt
+from pofe_candidates.render import render_prompt, text_prompt
 
 
-def render_prompts(tokenizer, prompts: list) -> list[str]:
+def render_prompts(tokenizer, prompts: list, as_text: list[bool] | None = None) -> list[str]:
     """Each prompt rendered with the chat template as the pipeline's generate stage renders
-    it: the text the models sample from, and the `rendered` prompt judges may read."""
-    return [render_prompt(tokenizer, p).text for p in prompts]
+    it, or as text where `as_text` says it trained as text (`text_prompt`): the text the models
+    sample from, and the `rendered` prompt judges may read."""
+    flags = as_text or [False] * len(prompts)
+    return [text_prompt(tokenizer, p) if text else render_prompt(tokenizer, p).text for p, text in zip(prompts, flags)]
+
+
+def trained_as_text(cfg, pcfg: PofeConfig, prompts: list) -> list[bool]:
+    """Whether each prompt is rendered as text: every dataset entry of the recipe trains such a
+    prompt as text (`pofe.data.formats.RowFormat.renders_as_text`)."""
+    formats = [RowFormat.of_entry(e, i, pcfg) for i, e in enumerate(cfg.datasets or [])]
+    return [bool(formats) and all(f.renders_as_text(p) for f in formats) for p in prompts]
 
 
 def prompt_file_rows(path: str | Path) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 from pofe.args.rounds import EvalConfig
 from pofe.run.evaluation.answers import ModelAnswers
 from pofe.run.evaluation.judging import mean_reward_per_model
-from pofe.run.evaluation.statistics import compare_iterates
+from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.win_rates import nan_mean
 
@@ -52,6 +52,12 @@ def summarise(
         "reference_count": references,
         "cycle_threshold": ecfg.cycle_threshold,
         **compare_iterates(main["pref"], tokens, ecfg.seed),
+        # a scalar judge's rewards, what the choice of a model reads (`pofe.run.evaluation.decision`)
+        **(
+            reward_comparisons(torch.tensor(main["rewards"], dtype=torch.float64), seed=ecfg.seed)
+            if main["rewards"] is not None
+            else {}
+        ),
     }
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pofe.args.rounds import samples_on_rounds_engine
 from pofe_candidates.config import GenerateConfig, Sampling
 from pofe_candidates.generators import make_generator, sampled_ids
 from pofe_candidates.generators.base import finish_reason
@@ -51,9 +52,7 @@ class LazyPolicy:
 def engine_for_eval(generate: GenerateConfig | None, backend: str) -> GenerateConfig | None:
     """The recipe's generate block when evaluation samples through it (see the module), else
     None (transformers)."""
-    if backend == "transformers" or generate is None:
-        return None
-    if generate.serve is None and generate.backend != "vllm":
+    if not samples_on_rounds_engine(backend, generate):
         return None
     # `model` names what a round's engine serves; here each model of the run is the policy
     return generate.model_copy(update={"model": None})

@@ -43,6 +43,13 @@ lengths in tokens, eval.json's
   against the iterate before it (W[t, 0], W[t, t-1]) beside the length-controlled one, each
   with its interval, and the fitted length slope;
 - `response_tokens`: each model's mean and median answer length.
+
+With a scalar judge (a reward model, a verifier, reward functions), the rewards themselves
+(`reward_comparisons`): each model's mean held-out reward with its interval, and its paired
+difference to pi_0 and to the iterate before it, resampling the same prompts for both models.
+That is what the choice of a model reads then (`pofe.run.evaluation.decision`): Bradley-Terry
+win rates over rewards in [0, 1] stay within 0.27-0.73 by construction and carry the sign of a
+reward gap, not its size.
 """
 
 from __future__ import annotations
@@ -292,3 +299,41 @@ def compare_iterates(pref: Tensor, tokens: Tensor, seed: int = 0) -> dict:
             "median": [float(statistics.median(x)) if x else None for x in per_model],
         },
     }
+
+
+def reward_comparisons(rewards: Tensor, draws: int = DRAWS, seed: int = 0, level: float = LEVEL) -> dict:
+    """eval.json's reward comparisons (a scalar judge's): per model its mean reward's interval, and
+    its mean reward minus pi_0's and minus the previous model's, each with a paired interval.
+
+    Args:
+        rewards: (P, M, S) reward of model m's sample s on prompt p (NaN = abstained).
+    Returns:
+        {"reward_ci95": [M][lower, upper], "reward_vs_pi_0": [None, {"diff", "diff_ci95"}, ...],
+        "reward_vs_previous": the same against model m - 1}. A mean is over every (prompt,
+        sample) with a reward, as eval.json's `mean_reward`; an interval resamples the prompts
+        (their samples together) and, for a difference, the same prompts for both models.
+    """
+    P, M, _ = rewards.shape
+    r = rewards.double()
+    sums = torch.nansum(r, dim=2)  # (P, M)
+    counts = (~r.isnan()).sum(dim=2).double()  # (P, M)
+    idx = prompt_resamples(P, draws, seed)  # (draws, P)
+    means = sums.sum(0) / counts.sum(0)  # (M,)
+    drawn = sums[idx].sum(1) / counts[idx].sum(1)  # (draws, M)
+    lo, hi = percentile_interval(drawn, level)
+
+    def versus(a: int, b: int) -> dict:
+        d_lo, d_hi = percentile_interval(drawn[:, a] - drawn[:, b], level)
+        return {"diff": _finite(means[a] - means[b]), "diff_ci95": [_finite(d_lo), _finite(d_hi)]}
+
+    return {
+        "reward_ci95": [[_finite(lo[m]), _finite(hi[m])] for m in range(M)],
+        "reward_vs_pi_0": [None] + [versus(m, 0) for m in range(1, M)],
+        "reward_vs_previous": [None] + [versus(m, m - 1) for m in range(1, M)],
+    }
+
+
+def _finite(x: Tensor) -> float | None:
+    """A 0-dim tensor as a float, None when NaN (a model with no reward at all)."""
+    value = float(x)
+    return None if np.isnan(value) else value

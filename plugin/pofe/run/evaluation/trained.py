@@ -38,7 +38,7 @@ import yaml
 from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
-from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts
+from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts, trained_as_text
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
 from pofe.run.recipe import recipe_fingerprint
 
@@ -98,14 +98,15 @@ def open_trained(
     tokenizer = load_tokenizer(cfg)
     rows, source = _held_out_rows(cfg, pcfg)
     prompts = [r[pcfg.eval.prompt_column] for r in rows]
-    references = reference_pairs(tokenizer, prompts, [r.get(pcfg.eval.reference_column) for r in rows])
+    as_text = trained_as_text(cfg, pcfg, prompts)  # rendered as training rendered them
+    references = reference_pairs(tokenizer, prompts, [r.get(pcfg.eval.reference_column) for r in rows], as_text)
     _write_state(folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
     write_jsonl_atomic(folder.held_out_prompts, rows)
     _copy_trainer_state(Path(model), folder)
     echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
     run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
     columns = other_columns(rows, pcfg.eval.prompt_column)
-    return run, HeldOut(prompts, render_prompts(tokenizer, prompts), references, source, columns), NO_HEADLINE
+    return run, HeldOut(prompts, render_prompts(tokenizer, prompts, as_text), references, source, columns), NO_HEADLINE
 
 
 def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:

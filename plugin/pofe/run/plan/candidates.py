@@ -22,15 +22,56 @@ def _unknown(names: tuple[str, ...]) -> dict:
     return dict.fromkeys(names)
 
 
-def workers_per_gpu(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> int:
-    """The most candidate workers sharing one GPU, each with `group` GPUs (tensor parallel), as the
-    pipeline assigns them (`pofe_candidates.parallel.assign_devices`) on --gpus visible GPUs."""
+def worker_gpu_ids(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> list[str] | None:
+    """Every GPU id a candidate worker holds (once per worker holding it), each worker with
+    `group` GPUs (tensor parallel), as the pipeline assigns them (`pofe_candidates.parallel.
+    assign_devices`) on --gpus visible GPUs; None when it cannot (`device_warnings` says why)."""
     from pofe_candidates.parallel import assign_devices
 
-    devices = assign_devices(
-        pcfg.candidates.num_workers, pcfg.candidates.worker_devices, group, [str(i) for i in range(options.gpus)]
-    )
-    return max(Counter(d.strip() for entry in devices for d in str(entry).split(",")).values())
+    visible = [str(i) for i in range(options.gpus)]
+    try:
+        devices = assign_devices(pcfg.candidates.num_workers, pcfg.candidates.worker_devices, group, visible)
+    except ValueError:
+        return None
+    return [d.strip() for entry in devices for d in str(entry).split(",")]
+
+
+def workers_per_gpu(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> int:
+    """The most candidate workers sharing one GPU (`worker_gpu_ids`)."""
+    ids = worker_gpu_ids(pcfg, options, group)
+    return max(Counter(ids).values()) if ids else 1
+
+
+def worker_gpus(pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> int:
+    """How many GPUs the candidate workers use (`worker_gpu_ids`)."""
+    ids = worker_gpu_ids(pcfg, options, group)
+    return len(set(ids)) if ids else pcfg.candidates.num_workers * group
+
+
+def device_warnings(pcfg: PofeConfig, options: PlanOptions) -> list[str]:
+    """The candidate workers' GPUs where --gpus cannot hold them: a `worker_devices` list naming a
+    GPU the machine has not (the recipe's list is kept, not re-spread: it may name GPUs on
+    purpose), or engines of several GPUs each that the GPUs cannot hold."""
+    from pofe_candidates.parallel import assign_devices, engine_group_size
+
+    if options.device != "cuda" or pcfg.generate is None or pcfg.online is not None:
+        return []
+    group, c = engine_group_size(pcfg.generate), pcfg.candidates
+    try:
+        assign_devices(c.num_workers, c.worker_devices, group, [str(i) for i in range(options.gpus)])
+    except ValueError as e:
+        return [f"pofe.candidates on --gpus {options.gpus}: {e}"]
+    ids = worker_gpu_ids(pcfg, options, group) or []
+    beyond = sorted({d for d in ids if not (d.isdigit() and int(d) < options.gpus)}, key=lambda d: (len(d), d))
+    if not beyond:
+        return []
+    return [
+        f"pofe.candidates.worker_devices {c.worker_devices} names GPU(s) {', '.join(beyond)}, which --gpus "
+        f"{options.gpus} (GPU{f's 0-{options.gpus - 1}' if options.gpus > 1 else ' 0'}) has not: their workers "
+        "would find no GPU. List only GPUs "
+        f"below {options.gpus} there, or drop worker_devices and set num_workers to spread the workers over the "
+        "GPUs there are"
+    ]
 
 
 def co_resident(parts: dict, pcfg: PofeConfig, options: PlanOptions, group: int = 1) -> dict:
@@ -48,7 +89,38 @@ def vllm_dtype(requested: str, size: ModelSize) -> str:
     return "bfloat16" if size.dtype == "float32" else size.dtype
 
 
-def _served_vllm(pcfg: PofeConfig) -> tuple[dict, int] | None:
+def vllm_parts(
+    pcfg: PofeConfig, size: ModelSize | None, options: PlanOptions, where: str
+) -> tuple[dict, str, int, list[str]]:
+    """(parts, dtype, tensor parallel size, warnings) of the vLLM engine generation runs on this
+    machine (`served_vllm`): its weights and one max_model_len sequence's KV cache, inside its
+    gpu_memory_utilization share of each GPU (`reserved`: the rest of the share, KV cache);
+    `where` names the stage in a warning when they do not fit in the share."""
+    kwargs, tp = served_vllm(pcfg)
+    util = float(kwargs.get("gpu_memory_utilization", VLLM_UTILIZATION))
+    if size is None:
+        return _unknown(("weights", "kv_cache_one_sequence", "reserved")), str(kwargs.get("dtype", "auto")), tp, []
+    dtype = vllm_dtype(str(kwargs.get("dtype", "auto")), size)
+    max_len = int(kwargs.get("max_model_len") or size.max_position)
+    parts = {
+        "weights": mem.weights_bytes(size, dtype) / tp,
+        "kv_cache_one_sequence": mem.kv_bytes_per_token(size, dtype) * max_len / tp,
+    }
+    need = sum(parts.values()) + options.runtime
+    share = util * options.gpu_memory_gb * mem.GB
+    parts["reserved"] = max(share, need) - parts["weights"] - parts["kv_cache_one_sequence"]
+    warnings = []
+    if need > share:
+        warnings.append(
+            f"{where}: vLLM needs {need / mem.GB:.1f} GB per GPU for the weights and one "
+            f"max_model_len = {max_len} sequence's KV cache, over its gpu_memory_utilization share "
+            f"({util} x {options.gpu_memory_gb:g} GB): lower pofe.generate.vllm_kwargs.max_model_len or "
+            "raise tensor_parallel_size / gpu_memory_utilization"
+        )
+    return parts, dtype, tp, warnings
+
+
+def served_vllm(pcfg: PofeConfig) -> tuple[dict, int] | None:
     """(vLLM's settings, tensor parallel size) when generation runs vLLM on this machine."""
     g = pcfg.generate
     if g.backend == "vllm":
@@ -77,7 +149,7 @@ def generate_stage(
         "candidates": None if per_prompt is None else sum(per_prompt),  # the dataset's responses included
         "sampled": None if per_prompt is None else len(per_prompt) * g.num_candidates,
     }
-    vllm = _served_vllm(pcfg) if options.device == "cuda" else None
+    vllm = served_vllm(pcfg) if options.device == "cuda" else None
     if g.backend == "openai" and vllm is None:
         servers = [g.base_url] if isinstance(g.base_url, str) else g.base_url or []
         return stage(
@@ -92,27 +164,8 @@ def generate_stage(
             note="an OpenAI-compatible server elsewhere",
         ), warnings
     if vllm is not None:
-        kwargs, tp = vllm
-        util = float(kwargs.get("gpu_memory_utilization", VLLM_UTILIZATION))
-        if size is None:
-            parts, dtype = _unknown(("weights", "kv_cache_one_sequence", "reserved")), str(kwargs.get("dtype", "auto"))
-        else:
-            dtype = vllm_dtype(str(kwargs.get("dtype", "auto")), size)
-            max_len = int(kwargs.get("max_model_len") or size.max_position)
-            parts = {
-                "weights": mem.weights_bytes(size, dtype) / tp,
-                "kv_cache_one_sequence": mem.kv_bytes_per_token(size, dtype) * max_len / tp,
-            }
-            need = sum(parts.values()) + options.runtime
-            share = util * options.gpu_memory_gb * mem.GB
-            parts["reserved"] = max(share, need) - parts["weights"] - parts["kv_cache_one_sequence"]
-            if need > share:
-                warnings.append(
-                    f"round {t} generate: vLLM needs {need / mem.GB:.1f} GB per GPU for the weights and one "
-                    f"max_model_len = {max_len} sequence's KV cache, over its gpu_memory_utilization share "
-                    f"({util} x {options.gpu_memory_gb:g} GB): lower pofe.generate.vllm_kwargs.max_model_len or "
-                    "raise tensor_parallel_size / gpu_memory_utilization"
-                )
+        parts, dtype, tp, said = vllm_parts(pcfg, size, options, f"round {t} generate")
+        warnings += said
         note = "vLLM takes gpu_memory_utilization of each GPU; all but the weights is KV cache"
         return stage(
             "generate",
@@ -121,7 +174,7 @@ def generate_stage(
             dtype=dtype,
             parts=co_resident(parts, pcfg, options, tp),
             options=options,
-            gpus=workers * tp,
+            gpus=worker_gpus(pcfg, options, tp),
             tp=tp,
             dp=workers,
             counts=counts,
@@ -158,7 +211,15 @@ def _hf_generate(raw, pcfg, size, t, model, counts, options) -> dict:
         }
     workers = pcfg.candidates.num_workers
     return stage(
-        "generate", t, model, dtype=dtype, parts=parts, options=options, gpus=workers, dp=workers, counts=counts
+        "generate",
+        t,
+        model,
+        dtype=dtype,
+        parts=co_resident(parts, pcfg, options),
+        options=options,
+        gpus=worker_gpus(pcfg, options),
+        dp=workers,
+        counts=counts,
     )
 
 
@@ -230,7 +291,7 @@ def judge_stage(
         dtype=dtype,
         parts=co_resident(parts, pcfg, options),
         options=options,
-        gpus=workers,
+        gpus=worker_gpus(pcfg, options),
         dp=workers,
         counts=counts,
     )

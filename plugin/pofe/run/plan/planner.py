@@ -18,11 +18,12 @@ from pathlib import Path
 import yaml
 
 from pofe.args import PofeConfig
+from pofe.args.lengths import generation_fit
 from pofe.args.translate import LORA_KERNELS
-from pofe.run.plan import estimate as mem
-from pofe.run.plan.candidates import generate_stage, judge_parts, judge_stage
-from pofe.run.plan.common import PlanOptions, recipe_device, round_candidates, stage
+from pofe.run.plan.candidates import device_warnings, generate_stage, judge_stage
+from pofe.run.plan.common import PlanOptions, recipe_device, round_candidates
 from pofe.run.plan.estimate import GB, ModelSize
+from pofe.run.plan.evaluation import eval_stages
 from pofe.run.plan.online import online_stage
 from pofe.run.plan.sources import disk_warning, double_bos, free_disk, model_sizes, prompt_rows
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
@@ -33,58 +34,6 @@ def lora_kernels_on(recipe: dict) -> list[str]:
     """The LoRA kernel keys a translated recipe turns on (`translate_raw_config` turns all four
     off for a LoRA / QLoRA recipe that sets none, so only keys the recipe sets are on)."""
     return [k for k in LORA_KERNELS if recipe.get(k)]
-
-
-def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict]:
-    """`axolotl pofe eval`: every model answers (one at a time, freed before the judges), then the judges."""
-    ev, rounds = pcfg.eval, pcfg.rounds
-    size = sizes.get(str(raw["base_model"]))
-    dtype = "float32" if options.device == "cpu" else "bfloat16"
-    # the default held-out slice (held_out unset) answers num_samples per prompt, as a set one does
-    sequences = max(ev.batch_size * ev.num_samples if ev.has_held_out else 0, ev.batch_size * ev.train_samples)
-    tokens = int(raw.get("sequence_len", 2048)) + max(ev.held_out_tokens(pcfg.generate), pcfg.generate.max_new_tokens)
-    if size is None:
-        parts = dict.fromkeys(("weights", "kv_cache", "runtime"))
-    else:
-        parts = {
-            "weights": mem.weights_bytes(size, dtype),
-            "kv_cache": mem.kv_bytes_per_token(size, dtype) * sequences * tokens,
-            "runtime": options.runtime,
-        }
-    counts = {
-        "models": rounds + 1,
-        "headline_answers": rounds * ev.train_prompts * ev.train_samples,
-        "held_out_answers": (rounds + 1) * ev.held_out * ev.num_samples if ev.held_out else None,
-    }
-    answers = stage(
-        "eval-answers",
-        None,
-        f"pi_0..pi_{rounds}",
-        dtype=dtype,
-        parts=parts,
-        options=options,
-        counts=counts,
-        note="one model at a time",
-    )
-    judged = []
-    for judge in (pcfg.judge, ev.judge2):
-        if judge is not None and judge.spec.loads_weights:
-            jdtype, jparts = judge_parts(judge, sizes.get(judge.model), options)
-            judged.append(stage("eval-judging", None, judge.model, dtype=jdtype, parts=jparts, options=options))
-    if not judged:
-        judged.append(
-            stage(
-                "eval-judging",
-                None,
-                pcfg.judge.function or pcfg.judge.model or "",
-                dtype="-",
-                parts={},
-                options=options,
-                device="cpu",
-                note="no model on a GPU",
-            )
-        )
-    return [answers, *judged]
 
 
 def round_stages(
@@ -146,6 +95,9 @@ def plan_run(
         warnings += said
     if pcfg.eval:
         stages += eval_stages(raw, pcfg, sizes, options)
+    warnings += device_warnings(pcfg, options)
+    if fit := generation_fit(raw, pcfg):
+        warnings.append(fit)
     warnings += memory_warnings(stages, options, online=pcfg.online is not None) + kernel_warnings(raw)
     disk = [s["disk_gb"] for s in stages]
     return {
@@ -172,7 +124,8 @@ STAGE_KEYS = {
     "train": "micro_batch_size, gradient_checkpointing, adapter: qlora or deepspeed",
     "merge": "merge_method: memory_efficient",
     "pi_0": "eval_batch_size (or micro_batch_size), sequence_len, or pofe.logit_chunk_size",
-    "eval-answers": "pofe.eval.batch_size",
+    "eval-answers": "pofe.eval.batch_size (model.generate) or pofe.generate.vllm_kwargs (the rounds' vLLM engine)",
+    "eval-logprobs": "pofe.eval.batch_size",
     "eval-judging": "pofe.judge.batch_size or pofe.judge.max_length",
 }
 # what else shrinks an online run's train stage, which holds the generator and the judge too

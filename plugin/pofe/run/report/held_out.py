@@ -29,9 +29,56 @@ def not_evaluated(missing: list[str]) -> str:
     )
 
 
+def choice_basis(ev: dict, choice: dict) -> str:
+    """Why the choice reads what it reads: the judge's kind."""
+    kind = ((ev or {}).get("judge") or {}).get("type")
+    judge = f"the judge `{kind}`" if kind else "the judge"
+    if choice["basis"] == "reward":
+        return (
+            f"Chosen by mean held-out reward: {judge} scores each answer on its own (pointwise), so a "
+            "reward says how much better one model's answers are. Win rates between models would be "
+            "Bradley-Terry on those rewards, near 1/2 by construction (rewards in [0, 1] never pass 0.73): "
+            "they give a gap's sign, not its size."
+        )
+    return (
+        f"Chosen by win rate: {judge} compares two answers and gives no score of its own, so the "
+        "length-controlled win rate against pi_0 (at equal length: a round that only made answers longer "
+        "does not win) is what carries its signal."
+    )
+
+
+def choice_line(choice: dict) -> str:
+    """The chosen model and its figure against pi_0, with how sure."""
+    if choice["best"] == 0:
+        beaten = "a higher mean reward" if choice["basis"] == "reward" else "a win at equal length"
+        return f"**{choice['name']}**, the base: no iterate has {beaten} on the held-out prompts."
+    if choice["basis"] == "reward":
+        return (
+            f"**{choice['name']}**: the highest mean reward on the held-out prompts "
+            f"({with_ci(choice['mean_reward'], choice['reward_ci95'])}), "
+            f"{signed(choice['diff_vs_pi_0'])} {ci(choice['diff_ci95'])} over pi_0's"
+            + ("." if choice["clear"] else ", though the interval of the difference holds 0: not clearly better.")
+        )
+    return (
+        f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
+        f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
+        + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0.")
+    )
+
+
+def regression_line(choice: dict, r: dict) -> str:
+    how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
+    if choice["basis"] == "reward":
+        return f"- {r['model']} {how} against {r['previous']}: mean reward {signed(r['diff'])} {ci(r['diff_ci95'])}."
+    return (
+        f"- {r['model']} {how} against {r['previous']}: length-controlled win rate {fmt(r['lc'])} "
+        f"[{fmt(r['lc_ci95'][0])}, {fmt(r['lc_ci95'][1])}]."
+    )
+
+
 def choice_section(rep: dict) -> list[str]:
-    """## Which model to use: the best iterate by the held-out comparisons, regressions, and
-    why the run stopped early."""
+    """## Which model to use: the best iterate by what carries the judge's signal (rewards or win
+    rates, `pofe.run.evaluation.decision`), regressions, and why the run stopped early."""
     choice = rep.get("choice")
     if rep.get("eval_missing"):
         return ["## Which model to use", "", *stopped_line(rep), not_evaluated(rep["eval_missing"]), ""]
@@ -39,27 +86,18 @@ def choice_section(rep: dict) -> list[str]:
         return ["## Which model to use", "", *stopped_line(rep)] if rep.get("stopped") else []
     md = ["## Which model to use", "", *stopped_line(rep)]
     average = ((rep.get("eval") or {}).get("average") or {}).get("of")
-    if choice["best"] == 0:
-        md.append(f"**{choice['name']}**, the base: no iterate beats it at equal length on the held-out prompts.")
-    else:
-        md.append(
-            f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
-            f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
-            + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0.")
-            + (f" pi_avg is the average of {', '.join(average)}'s weights." if choice["name"] == "pi_avg" else "")
-        )
+    md.append(
+        choice_line(choice)
+        + (f" pi_avg is the average of {', '.join(average)}'s weights." if choice["name"] == "pi_avg" else "")
+    )
+    md += ["", choice_basis(rep.get("eval"), choice), ""]
     if choice.get("over_kl_ceiling"):
         md.append(
             f"- Not chosen, over the KL ceiling {choice['kl_ceiling']} (`pofe.stop_when.kl_to_pi_0_above`): "
             + ", ".join(choice["over_kl_ceiling"])
             + "."
         )
-    for r in choice["regressions"]:
-        how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
-        md.append(
-            f"- {r['model']} {how} against {r['previous']}: length-controlled win rate {fmt(r['lc'])} "
-            f"[{fmt(r['lc_ci95'][0])}, {fmt(r['lc_ci95'][1])}]."
-        )
+    md += [regression_line(choice, r) for r in choice["regressions"]]
     return md + [""]
 
 
@@ -101,6 +139,19 @@ def models_table(ev: dict, names: list[str]) -> str:
 def with_ci(x, ci) -> str:
     """A rate with its interval: `0.620 [0.510, 0.730]`."""
     return fmt(x) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci and None not in ci else "")
+
+
+def signed(x) -> str:
+    """A difference with its sign: `+0.125`, `-0.040`; two significant digits under 0.01 (`+0.00045`),
+    where three decimals would print a real difference as +0.000."""
+    if x is None:
+        return "-"
+    return f"{x:+.2g}" if 0 < abs(x) < 0.01 else f"{x:+.3f}"
+
+
+def ci(interval) -> str:
+    """An interval of differences: `[+0.050, +0.200]`."""
+    return f"[{signed(interval[0])}, {signed(interval[1])}]" if interval and None not in interval else ""
 
 
 def clustered_note(matrix: list[list[float]], bradley_terry: bool) -> list[str]:

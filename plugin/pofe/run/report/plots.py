@@ -4,11 +4,14 @@ win-rate matrix, drift per iterate, an online training's refreshes.
 Each plot function returns its matplotlib figure, or None when the collected numbers
 (`collect.collect`) hold none of its data; a panel without data says why. Readable whatever
 the run's size: markers on series of few points, each series of a panel its own marker and line
-style (overlapping lines stay visible), legends below the axes, not over the data.
+style (overlapping lines stay visible), legends below the axes, not over the data. No scale
+zooms into noise: lengths, KL and perplexity axes include 0 (a 0.1-token change stays small),
+and the win-rate colours span 0..1 (a 0.499 is a pale tie, not dark red).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pofe.methods import method_spec
@@ -19,6 +22,7 @@ from pofe.run.report.cells import CLUSTERED
 SERIES_STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
 # a series of at most this many points gets markers
 FEW_POINTS = 30
+HELD_OUT = "pi_t on the held-out prompts (95 % CI)"
 
 
 def _pyplot():
@@ -115,7 +119,7 @@ def rewards_plot(rep: dict):
     average = None
     if ev and ev.get("mean_reward"):
         held_out, average = split_average(ev["mean_reward"], ev)
-        series["pi_t on the held-out prompts"] = list(enumerate(held_out))
+        series[HELD_OUT] = list(enumerate(held_out))
     if ev and ev.get("best_of_k"):
         series["held-out: best-of-k of round t's candidates"] = [
             (b["round"], b["best_of_k_reward"]) for b in ev["best_of_k"]
@@ -129,11 +133,33 @@ def rewards_plot(rep: dict):
         if points:
             _line(ax, [x for x, _ in points], [y for _, y in points], name, i)
     _average_mark(ax, average, "pi_avg on the held-out prompts")
+    _held_out_intervals(ax, ev)
     # candidates of round t come from pi_{t-1}; the trained model of round t is pi_t
     _style(ax, "round t (models: pi_t, 0 = base)")
     ax.set_ylabel("mean reward")
     ax.set_title("Rewards per round")
     return fig
+
+
+def _held_out_intervals(ax, ev: dict | None) -> None:
+    """The held-out mean rewards' 95 % intervals (`reward_ci95`, what the choice of a model reads
+    with a scalar judge) as error bars on their line."""
+    if not ev or not ev.get("reward_ci95") or not ev.get("mean_reward"):
+        return
+    line = next((ln for ln in ax.lines if ln.get_label() == HELD_OUT), None)
+    means, _ = split_average(ev["mean_reward"], ev)
+    cis, _ = split_average(ev["reward_ci95"], ev)
+    points = [(m, y, ci) for m, (y, ci) in enumerate(zip(means, cis)) if y is not None and ci and None not in ci]
+    if line is None or not points:
+        return
+    ax.errorbar(
+        [m for m, _, _ in points],
+        [y for _, y, _ in points],
+        yerr=[[y - ci[0] for _, y, ci in points], [ci[1] - y for _, y, ci in points]],
+        fmt="none",
+        ecolor=line.get_color(),
+        capsize=3,
+    )
 
 
 def loss_plot(rep: dict):
@@ -159,6 +185,9 @@ def loss_plot(rep: dict):
     for ax, key in zip(axes, ("loss", diagnostic)):
         if any(train["curves"].get(key) for _, train in curves):
             _style(ax, "step (rounds concatenated)")
+            # a loss and a diagnostic (a rate, a spread) are drawn from 0: a win-rate spread of
+            # 0.5140 then 0.5125 is a flat line, not a drop
+            _from_zero(ax, [v for _, train in curves for _, v in train["curves"].get(key, [])])
         elif any(train["curves"] for _, train in curves):
             _empty(ax, f"no {key} in the trainer's logs")
         else:  # nothing logged at all: every round shorter than logging_steps
@@ -169,29 +198,41 @@ def loss_plot(rep: dict):
 
 
 def winrate_plot(ev: dict):
-    """The (M, M) win-rate matrix as a heat map, each cell labelled. Win rates that cluster at
-    1/2 get a colour scale spanning only their range (else every cell is the same white) and
-    a third decimal."""
+    """The (M, M) win-rate matrix as a heat map, each cell labelled (3 decimals when the rates
+    cluster at 1/2). The colours span the whole 0..1, always: rates that cluster at 1/2 are ties
+    and stay pale, as they are; a scale zoomed to their spread painted 0.499 dark red."""
     names = [m["name"] for m in ev["models"]]
     w = ev["win_matrix"]
-    spread = distance_from_half(w)
-    clustered = spread < CLUSTERED
-    # every rate 1/2 (to 3 decimals): no range to span
-    half = spread if clustered and round(spread, 3) > 0 else 0.5
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 2, 1.1 * len(names) + 1.5))
-    image = ax.imshow(w, vmin=0.5 - half, vmax=0.5 + half, cmap="RdBu")
+    image = ax.imshow(w, vmin=0.0, vmax=1.0, cmap="RdBu")
     ax.set_xticks(range(len(names)), names)
     ax.set_yticks(range(len(names)), names)
-    digits = 3 if clustered else 2
+    digits = 3 if distance_from_half(w) < CLUSTERED else 2
     for i in range(len(names)):
         for j in range(len(names)):
-            dark = abs(w[i][j] - 0.5) > 0.6 * half  # the colour map's dark ends: white text
+            dark = abs(w[i][j] - 0.5) > 0.3  # the colour map's dark ends: white text
             ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9, color="w" if dark else "k")
-    ax.set_title("P(row beats column)" + ("" if half == 0.5 else f"\ncolours: 0.5 ± {half:.3f}"))
-    # five ticks across the scale, to the cells' decimals (automatic ones repeat at 3 decimals)
-    fig.colorbar(image, ax=ax, ticks=[0.5 + half * k / 2 for k in range(-2, 3)], format=f"%.{digits}f")
+    how = "Bradley-Terry on the rewards" if ev.get("win_matrix_method") == "bradley_terry" else "the pairwise judge"
+    ax.set_title(f"P(row beats column)\n{how}")
+    ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
+    fig.colorbar(image, ax=ax, ticks=ticks, format=f"%.{distinct_digits(ticks)}f")
     return fig
+
+
+def distinct_digits(values: list[float]) -> int:
+    """The fewest decimals (2 to 4) at which `values` print distinct."""
+    return next((d for d in (2, 3) if len({f"{v:.{d}f}" for v in values}) == len(values)), 4)
+
+
+def _from_zero(ax, values: list) -> None:
+    """A y axis that includes 0 (and the data): a magnitude drawn from 0, so a small change looks small."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return
+    lo, hi = min(0.0, *finite), max(0.0, *finite)
+    pad = 0.08 * (hi - lo) or 1.0
+    ax.set_ylim(lo - (pad if lo < 0 else 0), hi + pad)
 
 
 def drift_plot(ev: dict):
@@ -206,6 +247,7 @@ def drift_plot(ev: dict):
         ys, average = split_average(values, ev)
         _line(ax, list(range(len(ys))), ys, title, 0)
         _average_mark(ax, average)
+        _from_zero(ax, [*ys, average])
         ax.set_xticks(range(len(names)), names)
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -243,7 +285,10 @@ def lengths_plot(rep: dict):
                 label=label,
             )
     _average_mark(axes[0], (average or {}).get("lc"), "pi_avg, length-controlled")
-    axes[0].set_title("held-out win rate of pi_t against pi_0 (95 % CI)")
+    bt = ev.get("win_matrix_method") == "bradley_terry"  # a scalar judge's: the choice reads its rewards
+    axes[0].set_title(
+        "held-out win rate of pi_t against pi_0 (95 % CI)" + ("\nBradley-Terry on the rewards" if bt else "")
+    )
     if wins:
         axes[0].axhline(0.5, color="gray", lw=0.8, ls="--")
         axes[0].set_ylim(0, 1)
@@ -261,6 +306,7 @@ def lengths_plot(rep: dict):
         tokens, average_tokens = split_average(ev["response_tokens"]["mean"], ev)
         _line(axes[1], list(range(len(tokens))), tokens, "held-out answers of pi_t", i)
         _average_mark(axes[1], average_tokens, "held-out answers of pi_avg")
+    _from_zero(axes[1], [y for line in axes[1].lines for y in line.get_ydata()])
     axes[1].set_title("mean tokens")
     _style(axes[1], "round t / model pi_t (0 = base)")
     return fig
