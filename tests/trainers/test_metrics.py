@@ -143,6 +143,7 @@ def _stored(trainer, inputs, split):
     return {k: v["values"][-1] for k, v in stored.items()}
 
 
+@pytest.mark.trl
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
     """rewards/* are RRHF's scores logp / n ** 0.5 for the best- and worst-reward candidate
@@ -161,6 +162,7 @@ def test_rrhf_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, t
     assert f"{prefix}rrhf/rank" in stored  # POFE's own names stay beside TRL's
 
 
+@pytest.mark.trl
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_sppo_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
     """rewards/* are beta * (logp - anchor), beta = 1/eta, for the highest- and lowest-
