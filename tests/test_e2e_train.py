@@ -111,7 +111,7 @@ SPPO_KEYS = ["sppo/loss", "sppo/logratio", "sppo/target", "sppo/win_rate_spread"
 
 
 @pytest.mark.newest
-@pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("mode", [pytest.param("full", marks=pytest.mark.trl), "lora", "qlora"])
 def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
     # QLoRA at LoRA's 1e-2 spiked at its last step (grad norm 48 on axolotl 0.19, the best
     # response falling back below its start on 0.21, seed 0): half of it is stable on both
@@ -146,7 +146,7 @@ def test_rrhf_trains(tmp_path, tiny_model, rrhf_jsonl, mode):
 
 
 @pytest.mark.newest
-@pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("mode", ["full", pytest.param("lora", marks=pytest.mark.trl), "qlora"])
 def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
     # LoRA's 1e-2 sits at the edge of stability for SPPO: the share below fell to 0.51-0.68
     # (LoRA) and 0.56-0.64 (QLoRA, seeds 0-2) over recipe seeds 0-4; half of it holds

@@ -68,6 +68,7 @@ def test_no_token_perplexity_in_log(tmp_path, tiny_model, rrhf_jsonl):
     assert (proc.stdout + proc.stderr).count("Plugin loaded successfully: pofe.PofePlugin") == 1
 
 
+@pytest.mark.trl
 def test_one_round_pofe_run(tmp_path, tiny_model):
     """`axolotl pofe run` for one round: prompts, candidates, training, eval, report."""
     path = write_rounds_recipe(tmp_path, tiny_model, "rrhf")

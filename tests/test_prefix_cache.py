@@ -125,7 +125,7 @@ def test_cache_dropped_by_a_layer_raises(tiny64_model, tokenizer, monkeypatch):
 
     model = load_llama(tiny64_model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    monkeypatch.setattr(prefix_cache, "_cache_kept_under_checkpointing", lambda m: contextlib.nullcontext())
+    monkeypatch.setattr(prefix_cache, "cache_kept_under_checkpointing", lambda m: contextlib.nullcontext())
     batch = KResponseCollator(tokenizer, prefix_sharing=True)(features())
     with pytest.raises(ValueError, match="did not read the prompt's KV cache"):
         score_candidates(model, batch, prefix_layout="cache")

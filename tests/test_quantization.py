@@ -42,7 +42,8 @@ def _adapter_grads(model, ids):
 
 
 def test_no_grad_pass_leaves_qlora_gradients_intact(tiny64_model, one_torch_thread):
-    from pofe.quantization import is_packed_for_cpu_inference, keep_4bit_trainable
+    from pofe.compat import packed_for_cpu_inference
+    from pofe.quantization import keep_4bit_trainable
 
     ids = torch.randint(5, 60, (2, 12), generator=torch.Generator().manual_seed(1))
     reference = _adapter_grads(_qlora(tiny64_model), ids)
@@ -53,7 +54,7 @@ def test_no_grad_pass_leaves_qlora_gradients_intact(tiny64_model, one_torch_thre
     model.eval()
     with torch.no_grad():  # the anchor pass's conditions
         model(input_ids=ids)
-    assert not any(is_packed_for_cpu_inference(m) for m in model.modules())
+    assert not any(packed_for_cpu_inference(m) for m in model.modules())
     grads = _adapter_grads(model, ids)
     for name, ref in reference.items():
         assert grads[name] is not None, name
@@ -64,7 +65,8 @@ def test_layers_packed_earlier_are_unpacked(tiny64_model, one_torch_thread):
     """A model some earlier pass packed (forced here, whatever the CPU) trains like a fresh one."""
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
-    from pofe.quantization import is_packed_for_cpu_inference, keep_4bit_trainable
+    from pofe.compat import packed_for_cpu_inference
+    from pofe.quantization import keep_4bit_trainable
 
     ids = torch.randint(5, 60, (2, 12), generator=torch.Generator().manual_seed(1))
     reference = _adapter_grads(_qlora(tiny64_model), ids)
@@ -73,7 +75,7 @@ def test_layers_packed_earlier_are_unpacked(tiny64_model, one_torch_thread):
     for m in layers:
         m.weight.data, m.weight.quant_state = _convert_weight_packed_for_cpu(m.weight.data, m.weight.quant_state)
     assert keep_4bit_trainable(model) == len(layers) == 14  # 7 projections x 2 layers
-    assert not any(is_packed_for_cpu_inference(m) for m in layers)
+    assert not any(packed_for_cpu_inference(m) for m in layers)
     grads = _adapter_grads(model, ids)
     for name, ref in reference.items():
         # the weights come back bit-equal, but bitsandbytes re-quantises the double-quantised

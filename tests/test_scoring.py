@@ -23,7 +23,8 @@ from pofe.scoring import (
 )
 from tests.helpers import assert_float_close, load_llama, n_terms
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# the reference path is TRL's selective_log_softmax
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.trl]
 
 
 def features(seed=0, prompt_lens=(5, 9, 3), k_lens=((3, 7, 1), (4, 2), (6, 6, 2, 5))):

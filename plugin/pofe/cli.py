@@ -247,3 +247,32 @@ def report(config: str, model: str | None, output: str | None, output_dir: str |
     folder = report_folder(config, model, output, output_dir)
     with holding_run(folder, click.echo, REPORT):
         click.echo(write_report(folder).terminal_summary())
+
+
+@pofe.command()
+@click.argument("names", nargs=-1)
+@click.option(
+    "--to",
+    "destination",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="recipes",
+    show_default=True,
+    help="Folder to copy into. The shipped recipes name their DeepSpeed config under recipes/ (relative to "
+    "where a run starts); elsewhere the copy names the copied config.",
+)
+@click.option("--force", is_flag=True, help="Replace a file that differs from the shipped one.")
+def recipes(names: tuple[str, ...], destination: Path, force: bool):
+    """The recipes POFE ships: without NAMES, list them; with NAMES, copy each (and the
+    DeepSpeed config it names) into --to, ready for `axolotl pofe run recipes/<name>.yml`."""
+    from pofe.shipped_recipes import copy_recipe, shipped
+
+    if not names:
+        listed = shipped()
+        width = max(len(r.name) for r in listed)
+        for r in listed:
+            click.echo(f"{r.name:<{width}}  {r.summary}" + (f" (+ {r.deepspeed})" if r.deepspeed else ""))
+        click.echo(f"\n`axolotl pofe recipes NAME` copies one into {destination}/")
+        return
+    for name in names:
+        for line in copy_recipe(name, destination, force):
+            click.echo(f"wrote {line}")

@@ -6,11 +6,10 @@ stand-in trainers use them alike; accelerate, DeepSpeed and FSDP all initialise 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
+from pofe.compat import disable_deepspeed_shm_op, load_rank_on_cpu, remake_state_on_cpu
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
@@ -72,9 +71,7 @@ def skip_deepspeed_shm_build(cfg) -> None:
     """
     if not cfg.get("deepspeed") or torch.accelerator.is_available():
         return
-    from deepspeed.ops import __compatible_ops__ as compatible_ops  # noqa: N811 (DeepSpeed's name)
-
-    compatible_ops["deepspeed_shm_comm"] = False
+    disable_deepspeed_shm_op()
 
 
 def place_ranks_on_cpu(cfg) -> None:
@@ -96,20 +93,11 @@ def place_ranks_on_cpu(cfg) -> None:
     device_map = cfg.get("device_map")
     if (cfg.get("world_size") or 1) == 1 or torch.accelerator.is_available() or not isinstance(device_map, dict):
         return
-    from accelerate import PartialState  # imported only here: this module stays torch-only otherwise
-
-    device_map[""] = "cpu"
-    PartialState._reset_state()
+    load_rank_on_cpu(device_map)
+    state = remake_state_on_cpu(deepspeed=bool(cfg.get("deepspeed")))
     if cfg.get("deepspeed"):
-        # accelerate 1.13 takes the DeepSpeed branch only without `cpu=True` (state.py: `if not
-        # cpu` before `ACCELERATE_USE_DEEPSPEED`), and without a known accelerator it counts the
-        # processes only when told the backend (else `backend is None`: one process)
-        state = PartialState(backend="gloo")
         # the Trainer's Accelerator must keep this state: made anew it would count one process
         cfg.accelerator_config = {**(cfg.get("accelerator_config") or {}), "use_configured_state": True}
-    else:
-        os.environ["ACCELERATE_USE_CPU"] = "true"
-        state = PartialState(cpu=True)
     LOG.info(
         f"POFE: no accelerator: rank {state.process_index} of {state.num_processes} trains on the CPU "
         f"({state.distributed_type.value}, {dist.get_backend()})"

@@ -5,11 +5,12 @@ alone, not a traceback (`pofe.cli`). Each subclass also keeps the builtin it ref
 (`ValueError` for bad input, `RuntimeError` for a state POFE cannot go on from), so code
 that catches those still does.
 
-This module is a leaf: standard library only.
+This module is a leaf: standard library only (and `pofe.compat`).
 """
 
 import os
-import sys
+
+from pofe.compat import chain_excepthook
 
 
 class PofeError(Exception):
@@ -37,13 +38,5 @@ def record_uncaught_errors() -> None:
     """In a stage process, an uncaught PofeError is also written by `record_error` before
     Python prints its traceback (which stays in the stage's log). Installed once; a no-op
     outside `axolotl pofe run`'s stages."""
-    if ERROR_FILE_ENV not in os.environ or getattr(sys.excepthook, "records_pofe_errors", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        record_error(value)
-        previous(kind, value, traceback)
-
-    hook.records_pofe_errors = True
-    sys.excepthook = hook
+    if ERROR_FILE_ENV in os.environ:
+        chain_excepthook(record_error, marker="records_pofe_errors")

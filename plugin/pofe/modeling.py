@@ -2,13 +2,16 @@
 
 Models reach POFE bare, or wrapped by PEFT, DDP, DeepSpeed or FSDP; these helpers look
 through the wrappers (and say where a wrapper keeps POFE from calling the output
-embedding by itself: :func:`head_outside_forward`). This module is a leaf: it imports torch only.
+embedding by itself: :func:`head_outside_forward`). This module is a leaf: it imports torch only
+(and `pofe.compat`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+from pofe.compat import attn_implementation, is_zero3_partitioned
 
 # Config attributes of models whose logits are not just `lm_head(hidden)`: scoring
 # through the output embedding alone would be wrong for them.
@@ -24,8 +27,8 @@ def model_config(model: torch.nn.Module):
 
 
 def attention_backend(model: torch.nn.Module) -> str:
-    """transformers' `config._attn_implementation` ("eager", "sdpa", "flash_attention_2", ...)."""
-    return getattr(model_config(model), "_attn_implementation", None) or "sdpa"
+    """The model's attention implementation ("eager", "sdpa", "flash_attention_2", ...)."""
+    return attn_implementation(model_config(model)) or "sdpa"
 
 
 def mask_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -66,11 +69,11 @@ def head_outside_forward(model: torch.nn.Module) -> str | None:
     backward gathers them again at once otherwise; it is FSDP2's own default for a root).
     Where a call of the head gathers its weights by itself the per-rank call counts would
     pair unequal collectives across ranks: FSDP2 with the head in a group of its own,
-    FSDP1's flat parameters, DeepSpeed ZeRO-3 (its parameters carry `ds_id`). Returns
+    FSDP1's flat parameters, DeepSpeed ZeRO-3. Returns
     that reason in words, and the caller then lets the model's forward run the head.
     """
     head = output_embedding(model)
-    if any(hasattr(p, "ds_id") for p in head.parameters()):
+    if any(is_zero3_partitioned(p) for p in head.parameters()):
         return "DeepSpeed ZeRO-3 gathers the output embedding's weights at each call"
     if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return "FSDP1 shards the output embedding in flat parameters"

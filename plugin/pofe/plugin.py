@@ -10,6 +10,7 @@ from axolotl.integrations.base import BasePlugin
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
+from pofe.compat import AXOLOTL_CONFIG_LOGGER
 from pofe.errors import record_uncaught_errors
 from pofe.logs import get_logger, redact_logger
 from pofe.methods import method_spec
@@ -60,7 +61,7 @@ class PofePlugin(BasePlugin):
         # masking only its own key fields: a served policy's --api-key would be shown too.
         from pofe_candidates.config import redact_text
 
-        redact_logger("axolotl.cli.config", redact_text)
+        redact_logger(AXOLOTL_CONFIG_LOGGER, redact_text)
         check_unexpanded_paths(cfg)
         from pofe.distributed import skip_deepspeed_shm_build
 

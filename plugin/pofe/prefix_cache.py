@@ -30,21 +30,19 @@ through the recorded keys: :func:`cache_hidden_states` refuses it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from pofe.compat import cache_kept_under_checkpointing, fill_cache_layer, reentrant_checkpointing
 
 
 class _RecordingLayer(DynamicLayer):
     """Keeps the last keys/values the layer computed; a replay overwrites them with equal ones."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys, self.values = key_states, value_states  # (B, H, P, D)
-        self.is_initialized = True
+        fill_cache_layer(self, key_states, value_states)  # (B, H, P, D)
         return key_states, value_states
 
 
@@ -53,9 +51,7 @@ class _PrefixLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.keys, self.values = keys, values
-        self.is_initialized = True
+        fill_cache_layer(self, keys, values)
         self.read = False
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -65,40 +61,6 @@ class _PrefixLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.keys.shape[-2]
-
-
-@contextlib.contextmanager
-def _cache_kept_under_checkpointing(model: torch.nn.Module) -> Iterator[None]:
-    """Let checkpointed decoder layers keep `past_key_values` during our two forwards.
-
-    transformers' `GradientCheckpointingLayer` drops the cache under checkpointing
-    unless the layer sets `_can_checkpoint_with_cache`, which its docstring reserves for
-    layers whose replay reads the same states: ours are (see the cache layers above).
-    Set on the instances for the call only, restored after.
-    """
-    layers = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
-    before = [m.__dict__.get("_can_checkpoint_with_cache") for m in layers]
-    for m in layers:
-        m._can_checkpoint_with_cache = True
-    try:
-        yield
-    finally:
-        for m, value in zip(layers, before):
-            if value is None:
-                del m._can_checkpoint_with_cache
-            else:
-                m._can_checkpoint_with_cache = value
-
-
-def reentrant_checkpointing(model: torch.nn.Module) -> bool:
-    """True when the model's layers are checkpointed with `use_reentrant=True`."""
-    for m in model.modules():
-        if getattr(m, "gradient_checkpointing", False) is True:
-            func = getattr(m, "_gradient_checkpointing_func", None)
-            keywords = getattr(func, "keywords", {}) or {}
-            if keywords.get("use_reentrant", True):  # unsaid (a custom function): assume the worst
-                return True
-    return False
 
 
 def split_packed(
@@ -211,7 +173,8 @@ def cache_hidden_states(
     s = split_packed(input_ids, segment_ids, position_ids, candidate_mask)
     prompt_of = s["prompt_of"]
     outputs = dict(logits_to_keep=0) if logits else dict(output_hidden_states=True, logits_to_keep=1)
-    with _cache_kept_under_checkpointing(model):
+    # checkpointed decoder layers drop the cache unless told that a replay reads the same states, as ours do
+    with cache_kept_under_checkpointing(model):
         prompt_out, keys_values = recorded_forward(
             model, input_ids=s["prompt_ids"], attention_mask=s["prompt_mask"], **outputs
         )
@@ -221,7 +184,7 @@ def cache_hidden_states(
             _per_response(s["prompt_mask"], prompt_of),
             input_ids=s["response_ids"],
             attention_mask=s["response_mask"],
-            remedy="a transformers version without `_can_checkpoint_with_cache` under gradient checkpointing, or a "
+            remedy="a transformers version that drops the cache under gradient checkpointing, or a "
             "model whose attention keeps its own cache; set `pofe.prefix_layout: packed`",
             **outputs,
         )

@@ -2,32 +2,25 @@
 
 On a CPU with AVX512-BF16, bitsandbytes 0.50's `Linear4bit.forward`, called in eval mode
 on an input that needs no gradient, repacks the layer's weight for a fused inference
-kernel (`_convert_weight_packed_for_cpu`) and leaves it packed. Every later forward, in
+kernel and leaves it packed. Every later forward, in
 training too, then takes that kernel, which casts activations to bf16 and carries no
 gradient to the layer's input: adapters behind a 4-bit layer get no gradient at all, the
 others wrong ones. SPPO's anchor pass and any evaluation pass are such passes, and the
 anchor's log-probs would come from a different kernel than the training forward's.
 
 A model that trains must therefore never take that path: `keep_4bit_trainable` switches
-it off on every 4-bit layer and restores any layer an earlier pass already packed.
+it off on every 4-bit layer and restores any layer an earlier pass already packed (through
+`pofe.compat.keep_4bit_layer_trainable`: bitsandbytes' own flag and unpacking).
 """
 
 from __future__ import annotations
 
 import torch
 
+from pofe.compat import keep_4bit_layer_trainable
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
-
-# the Linear4bit attribute that lets an eval-mode, no-grad forward repack the weight
-_CPU_PACKING_FLAG = "support_avx512bf16_for_cpu"
-
-
-def is_packed_for_cpu_inference(module: torch.nn.Module) -> bool:
-    """True when a 4-bit layer's weight is in bitsandbytes' fused CPU inference layout."""
-    quant_state = getattr(getattr(module, "weight", None), "quant_state", None)
-    return bool(getattr(quant_state, "packing_format_for_cpu", False))
 
 
 def keep_4bit_trainable(model: torch.nn.Module) -> int:
@@ -36,17 +29,7 @@ def keep_4bit_trainable(model: torch.nn.Module) -> int:
     Returns how many layers were already packed (by an earlier no-grad eval pass) and
     have been unpacked; a model without 4-bit layers is left untouched.
     """
-    restored = 0
-    for module in model.modules():
-        if not hasattr(module, _CPU_PACKING_FLAG):
-            continue
-        setattr(module, _CPU_PACKING_FLAG, False)
-        if is_packed_for_cpu_inference(module):
-            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
-
-            weight = module.weight
-            weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, weight.quant_state)
-            restored += 1
+    restored = sum(keep_4bit_layer_trainable(module) is True for module in model.modules())
     if restored:
         LOG.warning(
             f"POFE: {restored} 4-bit layers had been repacked for bitsandbytes' CPU inference "

@@ -11,6 +11,8 @@ import pytest
 
 from pofe.data.formats import PofeDataError, RowFormat, check_columns, normalize_row
 
+pytestmark = pytest.mark.trl  # TRL's layouts, read with trl.data_utils
+
 
 def fmt(dtype="pofe.pairs", method="rrhf", **fields):
     return RowFormat(dataset="trl-lib/x", type=dtype, method=method, fields=fields)

@@ -96,6 +96,7 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(tmp_path, recipe
 
 
 @pytest.mark.newest  # transformers' training loop, whose get_batch_samples the trainer takes over
+@pytest.mark.trl  # each refresh unwraps the policy with TRL's unwrap_model_for_generation
 def test_a_killed_online_run_resumes_on_the_candidates_it_was_training_on(tmp_path):
     """Uninterrupted: 12 steps of 5 prompts, refreshes at steps 0, 4, 8, checkpoints at 6 and 12.
     Killed: only checkpoint-6 and the refreshes of steps 0 and 4 left (a kill at step 7). The

@@ -151,6 +151,7 @@ def _stored(trainer, inputs, split):
     return logged
 
 
+@pytest.mark.trl
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_rrhf_trainer_logs_its_scores_under_its_own_names(
     batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread
@@ -185,6 +186,7 @@ def test_rrhf_trainer_logs_its_scores_under_its_own_names(
     assert not [k for k in stored if k.startswith(f"{prefix}rewards/")]
 
 
+@pytest.mark.trl
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_sppo_trainer_logs_trl_names(batch_and_logps, tiny64_model, tokenizer, tmp_path, split, one_torch_thread):
     """rewards/* are beta * (logp - anchor), beta = 1/eta, for the highest- and lowest-

@@ -3,11 +3,11 @@
 Builds a tiny random Llama and addition prompts ("12+7=") with a reference answer and
 near misses, then runs the real `axolotl preprocess` (sample candidates from the tiny
 model, add the dataset's responses, judge with the verifiable reward) and
-`axolotl train` on the method's recipe (`recipes/tiny-rrhf-cpu.yml`,
-`recipes/tiny-sppo-cpu.yml`). It greedy-decodes the prompts with the model before and
+`axolotl train` on the method's shipped recipe (`tiny-rrhf-cpu.yml`, `tiny-sppo-cpu.yml`
+in `pofe/recipes/`, the repository's `recipes/`). It greedy-decodes the prompts with the model before and
 after training and prints the reward side by side with the candidates' mean and best-of-k
 reward. `make demo` runs both methods, then both online (`--online`: the recipes
-`recipes/tiny-<method>-online-cpu.yml`, whose candidates are sampled from the policy as it
+`tiny-<method>-online-cpu.yml`, whose candidates are sampled from the policy as it
 trains inside `axolotl train`; the table then shows the policy's samples' reward at the first
 and the last refresh).
 """
@@ -28,6 +28,7 @@ from pofe.demo.evaluate import greedy_reward
 from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
 from pofe.demo.tiny import build_tiny_model
 from pofe.online.refresh import FOLDER, read_refresh
+from pofe.shipped_recipes import find
 
 NUM_TRAIN_PROMPTS = 60
 NUM_HELD_OUT = 40
@@ -141,12 +142,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=METHODS,
         default="rrhf",
         help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
-        "(a verifier's sharp comparisons). Picks the recipe recipes/tiny-<method>-cpu.yml.",
+        "(a verifier's sharp comparisons). Picks the shipped recipe tiny-<method>-cpu.yml (`axolotl pofe recipes`).",
     )
     parser.add_argument(
         "--online",
         action="store_true",
-        help="Train online (recipes/tiny-<method>-online-cpu.yml): the candidates are sampled from the policy "
+        help="Train online (the shipped tiny-<method>-online-cpu.yml): the candidates are sampled from the policy "
         "as it trains, every pofe.online.refresh_every steps, inside one `axolotl train`.",
     )
     parser.add_argument(
@@ -166,14 +167,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself (`axolotl pofe recipes NAME` copies a "
+        "shipped one into recipes/).",
     )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    recipe_path = args.recipe or Path("recipes") / f"tiny-{args.method}{'-online' if args.online else ''}-cpu.yml"
+    recipe_path = args.recipe or find(f"tiny-{args.method}{'-online' if args.online else ''}-cpu").path
     recipe = yaml.safe_load(recipe_path.read_text())
     rows = prepare(recipe, args.seed)
     print(f"wrote a tiny model to {recipe['base_model']} and {len(rows)} prompts")

@@ -8,7 +8,7 @@ sample and put back to sleep, so the optimizer state and vLLM's KV cache share t
 The candidates are the ids vLLM sampled; `Completions` below gives them the candidate
 pipeline's shape.
 
-vLLM runs in the training venv only on GPU installs (`pip install -e '.[vllm]'`): the CPU build
+vLLM runs in the training venv only on GPU installs (`pip install '.[vllm]'`): the CPU build
 pins another torch. What is tested without a GPU is everything up to the engine: the choice of
 this sampler, the engine's settings, and what its output becomes.
 """

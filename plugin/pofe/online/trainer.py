@@ -1,6 +1,7 @@
 """The online trainer: RRHF's or SPPO's trainer, its batches refreshed from the moving policy.
 
-transformers' training loop asks `get_batch_samples` for each optimizer step's micro-batches.
+transformers' training loop asks for each optimizer step's micro-batches (`step_batches`, through
+`pofe.compat.StepBatches`).
 Here, when the current window is used up, it takes the prompt batches of the next
 `refresh_every` steps from the data loader at once (fewer at an epoch's end), samples and
 judges their candidates with the policy as it is (`refresh.py`), and hands the k-response
@@ -23,6 +24,7 @@ from datasets import Dataset
 
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
+from pofe.compat import StepBatches
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world
 from pofe.errors import PofeError
@@ -57,7 +59,7 @@ class OnlineRefreshError(PofeError, RuntimeError):
     """A refresh cannot feed the steps it is for."""
 
 
-class OnlineTraining:
+class OnlineTraining(StepBatches):
     """Mixed in before a `KResponseTrainer` subclass by `online_trainer`."""
 
     def __init__(self, *args, **kwargs):
@@ -89,16 +91,15 @@ class OnlineTraining:
         finally:
             sampler.close()  # a server started for the run stops with it, trained or failed
 
-    def _set_signature_columns_if_needed(self):
+    def batch_columns(self) -> list[str]:
         # the prompt columns reach the collator; candidates come at each refresh
-        if self._signature_columns is None:
-            self._signature_columns = list(PROMPT_COLUMNS)
+        return list(PROMPT_COLUMNS)
 
-    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+    def step_batches(self, epoch_iterator, num_batches: int) -> list[dict]:
         if not self._left:
             self._left = self._next_window(epoch_iterator, num_batches)
         batches, self._left = self._left[:num_batches], self._left[num_batches:]
-        return batches, None  # the losses are means over prompts: no token count
+        return batches
 
     def _next_window(self, epoch_iterator, per_step: int) -> list[dict]:
         """The collated batches of the next window: read back when a resumed run's step falls in a

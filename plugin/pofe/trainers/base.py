@@ -8,6 +8,7 @@ from transformers import Trainer
 
 from pofe.anchor import AnchorLogps
 from pofe.columns import tokenized_columns
+from pofe.compat import TrainerHooks, without_token_perplexity
 from pofe.distributed import deepspeed_on_cpu_ranks
 from pofe.methods import method_spec
 from pofe.quantization import keep_4bit_trainable
@@ -23,35 +24,19 @@ LOGP_HINT = (
 LOSS_HINT = "check those rows' labels and the method's settings (e.g. eta, margin, length_penalty)"
 
 
-class _WithoutTokenPerplexity(Trainer):
-    """Drops the `ppl` / `eval_ppl` that axolotl 0.19's `AxolotlTrainer.log` adds to every
-    log (it has no switch). Placed after `AxolotlTrainer` in the MRO, it sees the finished
-    logs just before transformers records them. Not needed once axolotl >= 0.21."""
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs.pop("ppl", None)
-        logs.pop("eval_ppl", None)
-        super().log(logs, start_time)
-
-
-class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
+class KResponseTrainer(TrainerHooks, AxolotlTrainer, without_token_perplexity(Trainer)):
     """Scores every candidate of a (B prompts x k candidates) batch from `KResponseCollator`.
 
     The `pofe:` keys it reads are `self.args.pofe_<key>` (`pofe.training_args`), filled once
-    by `PofePlugin.get_training_args`.
+    by `PofePlugin.get_training_args`. The Trainer's internals it overrides, and axolotl 0.19's
+    token perplexity it drops from the logs, are `pofe.compat`'s.
     """
-
-    # axolotl >= 0.21 reads this: exp(loss) is a token perplexity only for cross-entropy
-    reports_token_perplexity = False
 
     # keys besides BATCH_KEYS that compute_loss reads from the batch
     required_keys: tuple[str, ...] = ()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Our losses are means over prompts, so the Trainer must divide by the
-        # accumulation steps itself rather than pass token counts to the loss.
-        self.model_accepts_loss_kwargs = False
         # SPPO's anchor pass and evaluation run without gradients; on some CPUs that would
         # move 4-bit layers to a kernel that trains wrong (pofe.quantization)
         keep_4bit_trainable(self.model)
@@ -62,19 +47,14 @@ class KResponseTrainer(AxolotlTrainer, _WithoutTokenPerplexity):
         # the loss's statistics, on the device until transformers logs (`log_stats`, `log`)
         self.metric_window = MetricWindow()
 
-    def create_accelerator_and_postprocess(self):
-        if deepspeed_on_cpu_ranks(self.args.deepspeed):
-            # keep the DeepSpeed state `place_ranks_on_cpu` made: TrainingArguments popped
-            # `use_configured_state` from this config when it took that state, so axolotl's
-            # override would reset it, and accelerate, making it again without a backend,
-            # would count one process and give each rank the whole data set
-            self.args.accelerator_config.use_configured_state = True
-        super().create_accelerator_and_postprocess()
+    def keeps_configured_state(self) -> bool:
+        # the DeepSpeed state `place_ranks_on_cpu` made: accelerate, making it again without a
+        # backend, would count one process and give each rank the whole data set
+        return deepspeed_on_cpu_ranks(self.args.deepspeed)
 
-    def _set_signature_columns_if_needed(self):
+    def batch_columns(self) -> list[str]:
         # the prepared columns are not forward() arguments but must reach the collator
-        if self._signature_columns is None:
-            self._signature_columns = list(tokenized_columns())
+        return list(tokenized_columns())
 
     def score_candidates(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the model on all candidates; return logp_sum and lengths as (B, K).

@@ -18,7 +18,7 @@ from pofe.errors import PofeError
 from pofe_candidates.config import GenerateConfig
 
 # the README's install line for vLLM in POFE's venv: axolotl's own `vllm` extra, through POFE's
-VLLM_INSTALL = "pip install -e '.[vllm]'"
+VLLM_INSTALL = "pip install '.[vllm]'"
 
 
 class BackendUnavailable(PofeError, ValueError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
+from pofe.compat import vllm_abort, vllm_engine, vllm_max_num_seqs, vllm_shutdown
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.adapters import max_lora_rank, read_adapter
 from pofe_candidates.generators.available import VLLM_INSTALL
@@ -69,8 +70,8 @@ class VLLMGenerator:
         in its own process and keeps decoding while the caller writes a finished shard. vLLM
         gets each prompt's token ids (a TokensPrompt), never its text: tokenising the text again
         would add a BOS to the one the template wrote."""
-        window = self.in_flight or self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
-        engine, where = self.llm.llm_engine, {}  # where: vLLM's request id -> (job, prompt's place)
+        window = self.in_flight or vllm_max_num_seqs(self.llm)
+        engine, where = vllm_engine(self.llm), {}  # where: vLLM's request id -> (job, prompt's place)
 
         def submit(job: ShardJob, i: int) -> None:
             if job.sampling.strategy != "sample":
@@ -109,7 +110,7 @@ class VLLMGenerator:
             yield from run_window(jobs, window, submit, wait)
         finally:
             if where:  # stopped early (an error, or the caller's): the engine must not keep them
-                engine.abort_request(list(where), internal=False)
+                vllm_abort(engine, list(where))
 
     def _params(self, n: int, sampling: Sampling, seed: int):
         from vllm.sampling_params import RequestOutputKind
@@ -127,5 +128,5 @@ class VLLMGenerator:
     def close(self) -> None:
         """Stop the engine: its core process holds the weights and KV cache on the GPU until
         it ends (the pipeline calls this before the judge loads)."""
-        self.llm.llm_engine.engine_core.shutdown()
+        vllm_shutdown(self.llm)
         del self.llm
