@@ -187,13 +187,20 @@ def plan(
     Reads config.json files from disk or the hub cache only: never downloads."""
     import json
 
+    from pofe.files import write_atomic
     from pofe.run.plan.common import PlanOptions
     from pofe.run.plan.planner import plan_recipe
     from pofe.run.plan.render import render_text
 
+    if output and not Path(output).resolve().parent.is_dir():
+        # checked before planning, which reads every config.json: not a traceback after it
+        raise click.BadParameter(
+            f"the folder {Path(output).parent} does not exist: create it, or give a file in an existing folder",
+            param_hint="--output",
+        )
     result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
     if output:
-        Path(output).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(output), json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
 
 
