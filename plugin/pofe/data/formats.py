@@ -29,7 +29,7 @@ import numpy as np
 
 from pofe.columns import ANCHOR_LOGPS, DEFAULT_FIELDS
 from pofe.data.implicit_prompt import implicit_prompt
-from pofe.data.label_checks import check_labels
+from pofe.data.label_checks import check_labels, check_ranks_agree
 from pofe.data.messages import prompt_messages, response_message
 from pofe.data.transcripts import hh_row
 from pofe.errors import PofeError
@@ -240,7 +240,9 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
             )
         responses = [
             response_message(
-                r, lambda what, j=j: fail(f"{resp_col}[{j}]", what, "Remove the empty candidate or regenerate it.")
+                r,
+                lambda what, fix, j=j: fail(f"{resp_col}[{j}]", what, fix),
+                "Remove the empty candidate or regenerate it.",
             )
             for j, r in enumerate(raw)
         ]
@@ -250,7 +252,9 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
     chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
     responses = [
         response_message(
-            row.get(col), lambda what, col=col: fail(col, what, "Both responses of a pair must be non-empty.")
+            row.get(col),
+            lambda what, fix, col=col: fail(col, what, fix),
+            "Both responses of a pair must be non-empty.",
         )
         for col in (chosen_col, rejected_col)
     ]
@@ -271,6 +275,9 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
     elif row.get(fmt.column("field_rewards")) is not None:
         col = fmt.column("field_rewards")
         labels = _numbers(row, col, k, fail)
+        if row.get(fmt.column("field_ranks")) is not None:
+            ranks_col = fmt.column("field_ranks")
+            check_ranks_agree(labels, _numbers(row, ranks_col, k, fail), col, ranks_col, fail)
     else:
         # rank 1 is the best response; a reward only needs to order them
         col = fmt.column("field_ranks")

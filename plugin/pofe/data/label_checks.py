@@ -2,7 +2,8 @@
 
 Within a row (`check_labels`, called by `pofe.data.formats` on each row), an error naming
 the row and field: a label outside its target's range, one text with two labels, labels that
-differ but tie in float32 (training's precision).
+differ but tie in float32 (training's precision); rewards and ranks given together that order
+two responses oppositely (`check_ranks_agree`: the ranks would be ignored).
 
 Across rows, suspicious but not impossible, so warned about with a count:
 
@@ -18,6 +19,7 @@ Rows are compared by digests of their texts (`text_keys`), so the check keeps no
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -125,3 +127,18 @@ def check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
                     "Shift or rescale this row's rewards (e.g. subtract the row's "
                     "mean) so their differences survive float32.",
                 )
+
+
+def check_ranks_agree(rewards: list[float], ranks: list[float], rewards_col: str, ranks_col: str, fail) -> None:
+    """A row with both rewards and ranks trains on the rewards; refused when the two order some
+    pair of responses oppositely (a tie in one is no disagreement), as the ranks would be ignored."""
+    for i, j in itertools.permutations(range(len(rewards)), 2):
+        if ranks[i] < ranks[j] and rewards[i] < rewards[j]:
+            raise fail(
+                f"{rewards_col} and {ranks_col}",
+                f"they disagree: {ranks_col}[{i}] = {ranks[i]:g} ranks response {i} above response {j} "
+                f"({ranks_col}[{j}] = {ranks[j]:g}), {rewards_col}[{i}] = {rewards[i]:g} scores it below "
+                f"({rewards_col}[{j}] = {rewards[j]:g})",
+                f"POFE trains on {rewards_col} when a row has both, so {ranks_col} would be ignored: fix the row, "
+                f"or keep one of the two columns (drop {ranks_col}, or drop {rewards_col} to train on the ranks).",
+            )
