@@ -330,3 +330,67 @@ def test_axolotls_config_dump_masks_the_served_policys_key(tiny_model, tmp_path,
     dump = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config:")]
     assert dump and "--api-key ***" in dump[0]
     assert KEY not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "in_clear"),
+    [
+        ("http://10.0.0.5:8000/v1", True),
+        ("http://judge.example.com/v1", True),
+        ("http://[2001:db8::1]:8000/v1", True),
+        ("http://127.0.0.1:8000/v1", False),
+        ("http://127.0.0.2:8000/v1", False),
+        ("http://localhost:8000/v1", False),
+        ("http://[::1]:8000/v1", False),
+        ("https://judge.example.com/v1", False),
+    ],
+)
+def test_plain_http_to_another_host_is_sent_in_clear(url, in_clear):
+    from pofe_candidates.openai_client import sent_in_clear
+
+    assert sent_in_clear(url) is in_clear
+
+
+# builds an LLM judge as a run does (the key from $JUDGE_KEY), then judges one candidate
+LLM_JUDGE = """
+import logging, sys
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.judges import make_judge
+logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
+cfg = JudgeConfig(type="llm", base_url=sys.argv[1], model="m", api_key_env="JUDGE_KEY", max_retries=0)
+judge = make_judge(cfg)
+print("-- judging", flush=True)
+try:
+    judge.score(["2+2="], [["4"]])
+except Exception as e:
+    print("-- raised", type(e).__name__)
+"""
+
+
+@pytest.mark.parametrize("url", ["http://192.0.2.7:8000/v1", "http://127.0.0.1:9/v1", "https://192.0.2.7/v1"])
+def test_a_key_bound_for_plain_http_to_another_host_is_warned_before_any_request(url):
+    """In a network namespace of the test's own (`unshare -rn`: no interface up, so no request
+    can leave, and each fails at once): the plain-http URL of another host (192.0.2.7, a
+    documentation address) is warned about as the judge is made, before its first request,
+    naming the variable and not the key; loopback and https are not."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JUDGE_KEY": "sk-test-abcdefghijklmnopqrstuvwx"}
+    proc = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-c", LLM_JUDGE, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    )
+    before, _, after = proc.stdout.partition("-- judging")
+    assert "-- raised EndpointError" in after  # the request made after the warning: unreachable here
+    assert "sk-test" not in proc.stdout + proc.stderr
+    warned = (
+        f"POFE: {url} is plain http to a host other than this machine: every request sends the API key from "
+        "JUDGE_KEY unencrypted"
+    )
+    assert (warned in before) is url.startswith("http://192.0.2.7"), proc.stdout
