@@ -29,18 +29,25 @@ The evaluation's folder (`--output`, else `<model>/pofe-eval`) is laid out as a 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import yaml
 
-from pofe.files import write_atomic, write_jsonl_atomic
+from pofe.errors import PofeError
+from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
+from pofe.locks import TRAIN_LOCK, describe, holder
 from pofe.logs import Echo
 from pofe.run.evaluation.answers import HeldOut, reference_pairs
 from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
 from pofe.run.recipe import recipe_fingerprint
+from pofe.run.weights import weights_problem
 
 NO_HEADLINE = (
     "one trained model's evaluation: the headline sets a round's model beside the round's own candidates, "
@@ -77,8 +84,9 @@ def report_folder(recipe_path: str, model: str | None, output: str | None, outpu
 
 def open_trained(
     recipe_path, raw: dict, cfg, model: str | None, output, overrides: dict | None, echo: Echo
-) -> tuple[EvalRun, HeldOut, str]:
-    """The trained model's evaluation, set up: (its run, its held-out prompts, why it has no headline)."""
+) -> tuple[EvalRun, HeldOut, str, Callable[[], None]]:
+    """The trained model's evaluation, set up once the model is found whole (`_check_model`): (its
+    run, its held-out prompts, why it has no headline, what writes its state once it has run)."""
     from axolotl.loaders import load_tokenizer
 
     pcfg = checked_eval(recipe_path, cfg)
@@ -99,12 +107,15 @@ def open_trained(
     rows, source = _held_out_rows(cfg, pcfg)
     prompts = [r[pcfg.eval.prompt_column] for r in rows]
     references = reference_pairs(tokenizer, prompts, [r.get(pcfg.eval.reference_column) for r in rows])
-    _write_state(folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
+    folder.root.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(folder.held_out_prompts, rows)
     _copy_trainer_state(Path(model), folder)
     echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
     run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
-    return run, HeldOut(prompts, render_prompts(tokenizer, prompts), references, source), NO_HEADLINE
+    held_out = HeldOut(prompts, render_prompts(tokenizer, prompts), references, source)
+    # the state last, once the evaluation has run: one that fails leaves none a report would read as one
+    record = partial(_write_state, folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
+    return run, held_out, NO_HEADLINE, record
 
 
 def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
@@ -134,16 +145,75 @@ def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
     return [{ecfg.prompt_column: p} for p in prompts], source
 
 
+class ModelNotWhole(PofeError, ValueError):
+    """The model to evaluate is not there whole: absent, still training, or its weights cut."""
+
+
 def _check_model(model: str, recipe_path) -> None:
-    """A local folder must hold a model or a PEFT adapter (a hub id is left to the loader)."""
+    """The model must be whole before anything is written: a local folder holds a model or a PEFT
+    adapter, no training holds it (`axolotl train`'s `TRAIN_LOCK`), and its weights are whole
+    (`weights_problem`: every file and shard, none cut short); each refusal names the file and,
+    when the folder has one, its newest whole checkpoint to evaluate instead. A name that is no
+    local folder and cannot be a hub id's is refused as a missing folder; a hub id is left to the
+    loader."""
     path = Path(model)
-    if path.exists() and not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
-        raise ValueError(
+    if not path.exists():
+        _check_absent(model, recipe_path)
+        return
+    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ModelNotWhole(
             f"no trained model in {path} (no config.json or adapter_config.json): run `axolotl train {recipe_path}` "
-            "first, or give the model with --model"
+            f"first, or give the model with --model. {_instead(path, recipe_path)}"
         )
-    if not path.exists() and model.startswith((".", "/")):
-        raise ValueError(f"no trained model at {path}: run `axolotl train {recipe_path}` first, or give --model")
+    training = holder(path / TRAIN_LOCK)
+    if training is not None:
+        raise ModelNotWhole(
+            f"{path} is still being trained (`axolotl train`, {describe(training)}): its weights are written when "
+            f"the training ends. Wait for it to finish. {_instead(path, recipe_path)}"
+        )
+    problem = weights_problem(path)
+    if problem is not None:
+        unfinished = (path / "config.json").is_file() and "holds no weights" in problem
+        why = (
+            " (axolotl writes config.json when a training starts and the weights when it ends: this training "
+            "did not end)"
+            if unfinished
+            else ""
+        )
+        raise ModelNotWhole(f"{problem}{why}: it cannot be evaluated. {_instead(path, recipe_path)}")
+
+
+def _instead(path: Path, recipe_path) -> str:
+    """What to evaluate instead of a model folder that is not whole: its newest whole checkpoint."""
+    for checkpoint in reversed(checkpoints(path)):
+        if weights_problem(checkpoint) is None:
+            try:
+                state = json.loads((checkpoint / "trainer_state.json").read_text())
+                at = f" (step {state['global_step']} of {state['max_steps']})"
+            except (OSError, ValueError, KeyError, TypeError):
+                at = ""
+            return f"Its newest whole checkpoint is {checkpoint}{at}: evaluate it with --model {checkpoint}."
+    return f"It holds no whole checkpoint: train it again (`axolotl train {recipe_path}`)."
+
+
+def _check_absent(model: str, recipe_path) -> None:
+    """A model that is not on disk: refused when it can only be a local path (absolute, ./relative,
+    or under a folder that exists here), naming what that folder holds; else a hub id, refused
+    only offline and not in the hub's cache."""
+    path = Path(model).expanduser()
+    parent = path.parent
+    if model.startswith((".", "/", "~")) or (str(parent) != "." and parent.is_dir()):
+        near = sorted(p.name for p in parent.iterdir() if p.is_dir())[:8] if parent.is_dir() else []
+        holds = f" ({parent} holds: {', '.join(near)})" if near else f" ({parent} does not exist either)"
+        raise ModelNotWhole(
+            f"no trained model at {path.resolve()}: no such folder{holds}. Run `axolotl train {recipe_path}` "
+            "first, or give --model the folder of a trained model"
+        )
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and weights_fingerprint(model) in ("not cached", "not found"):
+        raise ModelNotWhole(
+            f"no trained model at {model}: neither a local folder (from {Path.cwd()}) nor a model in the hub's "
+            "cache, and HF_HUB_OFFLINE=1 forbids downloading it. Give --model a trained model's folder"
+        )
 
 
 def _local(path: str) -> str:
@@ -151,7 +221,8 @@ def _local(path: str) -> str:
 
 
 def _write_state(folder: RunFolder, recipe_path, raw: dict, method: str, pi_0: str, model: str, overrides) -> None:
-    """pofe-run.json (kind "trained") and round-1/recipe.yml, written anew at each evaluation."""
+    """pofe-run.json (kind "trained") and round-1/recipe.yml, written anew at each evaluation, once
+    it has run."""
     state = RunState(
         folder.state,
         recipe=str(Path(recipe_path).resolve()),
