@@ -247,10 +247,11 @@ def eval_(config: str, no_report: bool = False, model: str | None = None, output
 def report(config: str, model: str | None, output: str | None, output_dir: str | None):
     """(Re)write the report of CONFIG's run, or of a trained model's evaluation: report.md,
     report.json, report-*.png."""
-    from pofe.run.evaluation.trained import report_folder
+    from pofe.run.evaluation.trained import check_reportable, report_folder
     from pofe.run.guards import REPORT, holding_run
     from pofe.run.report import write_report
 
     folder = report_folder(config, model, output, output_dir)
     with holding_run(folder, click.echo, REPORT):
+        check_reportable(folder, config)
         click.echo(write_report(folder).terminal_summary())

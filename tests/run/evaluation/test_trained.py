@@ -192,11 +192,40 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
         said = refused(training)
     assert said.startswith(f"{training} is still being trained (`axolotl train`, PID {os.getpid()} on host ")
 
+    config = tmp_path / "m" / "config-cut"
+    shutil.copytree(tiny_model, config)
+    (config / "config.json").write_text((config / "config.json").read_text()[:30])
+    assert refused(config).startswith(f"{config / 'config.json'} is not valid JSON (")
+
     monkeypatch.chdir(tmp_path)
     assert refused("m/typo") == (
-        f"no trained model at {tmp_path / 'm' / 'typo'}: no such folder (m holds: cut, sharded, training). Run "
+        f"no trained model at {tmp_path / 'm' / 'typo'}: no such folder (m holds: config-cut, cut, sharded, "
+        "training). Run "
         f"`axolotl train {path}` first, or give --model the folder of a trained model"
     )
+
+
+def test_a_report_needs_a_finished_evaluation_of_a_model_still_whole(tmp_path, tiny_model):
+    """`pofe report` of a trained model's evaluation: none there (an evaluation that stopped writes
+    no state) is named with the command that makes one; an evaluation whose pi_1 has since been cut
+    (or retrained and killed) is refused naming the file, not reported as that model."""
+    from pofe.run.evaluation.trained import check_reportable
+    from pofe.run.folder import RoundRecord, RunState
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    folder = RunFolder(model / "pofe-eval")
+    with pytest.raises(ValueError, match=rf"^no evaluation in {folder.root}: `axolotl pofe eval r.yml` \(with"):
+        check_reportable(folder, "r.yml")
+    rounds = {"1": RoundRecord(policy_in=str(tiny_model), policy_out=str(model))}
+    folder.root.mkdir()
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds=rounds, final_policy=str(model), kind="trained").save()
+    check_reportable(folder, "r.yml")
+    (model / "model.safetensors").unlink()
+    with pytest.raises(
+        ValueError, match=rf"^pi_1 is not whole now: {model} holds no weights .* this training did not"
+    ):
+        check_reportable(folder, "r.yml")
 
 
 def test_an_evaluation_judge_beside_the_recipes_judge_is_refused():

@@ -150,37 +150,64 @@ class ModelNotWhole(PofeError, ValueError):
 
 
 def _check_model(model: str, recipe_path) -> None:
-    """The model must be whole before anything is written: a local folder holds a model or a PEFT
-    adapter, no training holds it (`axolotl train`'s `TRAIN_LOCK`), and its weights are whole
-    (`weights_problem`: every file and shard, none cut short); each refusal names the file and,
-    when the folder has one, its newest whole checkpoint to evaluate instead. A name that is no
-    local folder and cannot be a hub id's is refused as a missing folder; a hub id is left to the
-    loader."""
+    """The model must be whole before anything is written (`model_problem`); each refusal names the
+    file and, when the folder has one, its newest whole checkpoint to evaluate instead. A name that
+    is no local folder and cannot be a hub id's is refused as a missing folder; a hub id is left to
+    the loader."""
     path = Path(model)
     if not path.exists():
         _check_absent(model, recipe_path)
         return
-    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
-        raise ModelNotWhole(
-            f"no trained model in {path} (no config.json or adapter_config.json): run `axolotl train {recipe_path}` "
-            f"first, or give the model with --model. {_instead(path, recipe_path)}"
-        )
+    problem = model_problem(path)
+    if problem is not None:
+        raise ModelNotWhole(f"{problem}: it cannot be evaluated. {_instead(path, recipe_path)}")
+
+
+def model_problem(path: Path) -> str | None:
+    """Why the model folder `path` is not whole now, or None: it holds no model or PEFT adapter, its
+    config is not JSON (cut short), `axolotl train` still holds it (its `TRAIN_LOCK`), or its
+    weights are not whole (`weights_problem`: every file and shard, none cut short)."""
+    configs = [path / name for name in ("config.json", "adapter_config.json") if (path / name).is_file()]
+    if not configs:
+        return f"no trained model in {path} (no config.json or adapter_config.json)"
+    for config in configs:
+        try:
+            json.loads(config.read_text())
+        except ValueError as e:
+            return f"{config} is not valid JSON ({e}): cut short or edited"
     training = holder(path / TRAIN_LOCK)
     if training is not None:
-        raise ModelNotWhole(
+        return (
             f"{path} is still being trained (`axolotl train`, {describe(training)}): its weights are written when "
-            f"the training ends. Wait for it to finish. {_instead(path, recipe_path)}"
+            "the training ends"
         )
     problem = weights_problem(path)
-    if problem is not None:
-        unfinished = (path / "config.json").is_file() and "holds no weights" in problem
-        why = (
+    if problem is not None and (path / "config.json").is_file() and "holds no weights" in problem:
+        problem += (
             " (axolotl writes config.json when a training starts and the weights when it ends: this training "
             "did not end)"
-            if unfinished
-            else ""
         )
-        raise ModelNotWhole(f"{problem}{why}: it cannot be evaluated. {_instead(path, recipe_path)}")
+    return problem
+
+
+def check_reportable(folder: RunFolder, recipe_path) -> None:
+    """`axolotl pofe report` of `report_folder`'s folder: an iterated run's passes; a trained model's
+    evaluation must be there (its state, written once it has run), and pi_1, when still on disk,
+    whole now (`model_problem`): a report of it as it was evaluated would present a folder since
+    retrained, cut or killed as that model."""
+    if not folder.state.exists():
+        raise ModelNotWhole(
+            f"no evaluation in {folder.root}: `axolotl pofe eval {recipe_path}` (with the --model and --output "
+            "given here) writes one, its pofe-run.json once it has run; an evaluation that stopped leaves none"
+        )
+    state = RunState.read(folder.state)
+    model = Path(state.final_policy or "")
+    if state.kind != "trained" or not model.is_dir() or (problem := model_problem(model)) is None:
+        return
+    raise ModelNotWhole(
+        f"pi_1 is not whole now: {problem}. The evaluation in {folder.root} was of it as it was then; evaluate it "
+        f"again once whole. {_instead(model, recipe_path)}"
+    )
 
 
 def _instead(path: Path, recipe_path) -> str:
