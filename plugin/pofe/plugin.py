@@ -120,7 +120,7 @@ class PofePlugin(BasePlugin):
             return  # a job of this process trains there again
         self.post_train_unload(cfg)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._train_lock = FolderLock.acquire(path, LOG.warning, "axolotl train", partial(_in_use, path.parent))
+        self._train_lock = FolderLock.acquire(path, _warn, "axolotl train", partial(_in_use, path.parent))
 
     def post_train_unload(self, cfg):
         if self._train_lock is not None:
@@ -175,6 +175,10 @@ class PofePlugin(BasePlugin):
 
             return PromptCollator, kwargs
         return KResponseCollator, kwargs
+
+
+def _warn(line: str) -> None:
+    LOG.warning(f"POFE: {line}")
 
 
 def _in_use(output_dir: Path, holder: dict) -> TrainingRefused:

@@ -136,8 +136,8 @@ def test_a_run_resumed_with_another_refresh_every_says_whose_windows_it_trains_o
     every_3 = _resumed(path, "every-3.yml", online={"refresh_every": 3})
     said = _said(run_axolotl("train", str(every_3), cwd=out.parent, env=JUDGES_ENV))
     assert (
-        "online: the refresh of step 2 was sampled for refresh_every 2 (steps 2-3); this recipe's is 3: steps 3-3 "
-        "train on its rows, and the refreshes after it come every 3 steps" in said
+        "online: the refresh of step 2 was sampled for refresh_every 2 (steps 2-3); this recipe's is 3: step 3 "
+        "trains on its rows, and the refreshes after it come every 3 steps" in said
     )
     assert "the refresh of step 4 was sampled for refresh_every 2 (steps 4-5); this recipe's is 3: steps 4-5" in said
     assert [w.start_step for w, _, _ in _refreshes(out)] == [0, 2, 4]

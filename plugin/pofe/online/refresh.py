@@ -234,11 +234,23 @@ def refresh_record(folder: Path) -> dict | None:
     return _refresh_json(folder) if (folder / "refresh.json").exists() else None
 
 
+IDENTITY = "judge_identity."
+
+
 def setting_changes(recorded_with: dict | None, made: dict) -> str:
-    """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ..."."""
+    """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ...". A
+    judge function's or model's digest is said only when its code or weights changed under the
+    same name (another function or model is said by its own key)."""
     if recorded_with is None:
         return "its refresh.json records nothing of what made it (an older POFE wrote it)"
-    return "; ".join(f"{key}: {then} then, {now} now" for key, then, now in changed_settings(recorded_with, made))
+    said = []
+    for key, then, now in changed_settings(recorded_with, made):
+        if not key.startswith(IDENTITY):
+            said.append(f"{key}: {then} then, {now} now")
+        elif "unset" not in (then, now):
+            was, now = (json.loads(digest)[:12] for digest in (then, now))
+            said.append(f"the code or weights of {key[len(IDENTITY) :]} (sha256 {was} then, {now} now)")
+    return "; ".join(said)
 
 
 def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:

@@ -259,10 +259,11 @@ class OnlineTraining:
             self._check_made_with(folder, record, step, end)
             every = self.pofe.online.refresh_every
             if record.get("refresh_every", every) != every:
+                feeds = f"steps {step}-{end - 1} train" if end - 1 > step else f"step {step} trains"
                 LOG.info(
                     f"POFE: online: the refresh of step {start} was sampled for refresh_every "
-                    f"{record['refresh_every']} (steps {start}-{end - 1}); this recipe's is {every}: steps {step}-"
-                    f"{end - 1} train on its rows, and the refreshes after it come every {every} steps"
+                    f"{record['refresh_every']} (steps {start}-{end - 1}); this recipe's is {every}: {feeds} on its "
+                    f"rows, and the refreshes after it come every {every} steps"
                 )
             return read_refresh(folder)
         return None
