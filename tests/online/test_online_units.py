@@ -212,3 +212,31 @@ def test_held_out_prompts_and_their_repeats_are_not_trained_on(tmp_path):
     assert rows[PROMPT_INDEX] == [0, 1, 2]
     assert [json.loads(r)["prompt"] for r in rows[PROMPT_ROW]] == ["1+1=", "3+3=", "5+5="]
     assert meta.total_num_steps == 2
+
+
+def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
+    """made_with records the method, the judge with its code's digest, the generate settings, the
+    filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only
+    when its code changed under the same name."""
+    from pofe.online.refresh import made_with, setting_changes
+    from pofe_candidates.identity import module_digest
+
+    pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=4, kl_coef=0.01))
+    made = made_with(pofe, sequence_len=64)
+    assert made["judge_identity"] == {"pofe.demo.task:reward": module_digest("pofe.demo.task")}
+    assert (made["method"], made["kl_coef"], made["generate"]["temperature"]) == ("rrhf", 0.01, 1.0)
+    assert made["tokenize"] == {"sequence_len": 64, "max_prompt_len": 32, "truncation": pofe.truncation}
+    assert made_with(PofeConfig.model_validate(_online("rrhf", refresh_every=8, kl_coef=0.01)), 64) == made
+    hotter = made_with(
+        PofeConfig.model_validate(
+            {**_online("rrhf", kl_coef=0.01), "generate": {**pofe_block("rrhf")["generate"], "temperature": 0.7}}
+        ),
+        64,
+    )
+    assert setting_changes(made, hotter) == "generate.temperature: 1.0 then, 0.7 now"
+    edited = {**made, "judge_identity": {"pofe.demo.task:reward": "f" * 64}}
+    digest = made["judge_identity"]["pofe.demo.task:reward"][:12]
+    assert setting_changes(made, edited) == (
+        f"the code or weights of pofe.demo.task:reward (sha256 {digest} then, ffffffffffff now)"
+    )
+    assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
