@@ -191,6 +191,9 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
     with FolderLock.acquire(training / "pofe-train.lock", print, "axolotl train", RuntimeError):
         said = refused(training)
     assert said.startswith(f"{training} is still being trained (`axolotl train`, PID {os.getpid()} on host ")
+    assert said.endswith(
+        "it cannot be evaluated. Wait for the training to finish: it has written no whole checkpoint yet."
+    )
 
     config = tmp_path / "m" / "config-cut"
     shutil.copytree(tiny_model, config)

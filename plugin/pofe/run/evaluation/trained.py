@@ -211,7 +211,9 @@ def check_reportable(folder: RunFolder, recipe_path) -> None:
 
 
 def _instead(path: Path, recipe_path) -> str:
-    """What to evaluate instead of a model folder that is not whole: its newest whole checkpoint."""
+    """What to do about a model folder that is not whole: wait for the training that holds it, or
+    evaluate its newest whole checkpoint; train it again when it has none."""
+    training = holder(path / TRAIN_LOCK) is not None
     for checkpoint in reversed(checkpoints(path)):
         if weights_problem(checkpoint) is None:
             try:
@@ -219,7 +221,12 @@ def _instead(path: Path, recipe_path) -> str:
                 at = f" (step {state['global_step']} of {state['max_steps']})"
             except (OSError, ValueError, KeyError, TypeError):
                 at = ""
-            return f"Its newest whole checkpoint is {checkpoint}{at}: evaluate it with --model {checkpoint}."
+            evaluate = f"evaluate it with --model {checkpoint}"
+            return f"Its newest whole checkpoint is {checkpoint}{at}: " + (
+                f"wait for the training to finish, or {evaluate}." if training else f"{evaluate}."
+            )
+    if training:
+        return "Wait for the training to finish: it has written no whole checkpoint yet."
     return f"It holds no whole checkpoint: train it again (`axolotl train {recipe_path}`)."
 
 
