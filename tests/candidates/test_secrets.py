@@ -351,24 +351,24 @@ def test_plain_http_to_another_host_is_sent_in_clear(url, in_clear):
     assert sent_in_clear(url) is in_clear
 
 
-# builds an LLM judge as a run does (the key from $JUDGE_KEY), then judges one candidate
-LLM_JUDGE = """
+# for each URL: builds an LLM judge as a run does (the key from $JUDGE_KEY), then judges one candidate
+LLM_JUDGES = """
 import logging, sys
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges import make_judge
 logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
-cfg = JudgeConfig(type="llm", base_url=sys.argv[1], model="m", api_key_env="JUDGE_KEY", max_retries=0)
-judge = make_judge(cfg)
-print("-- judging", flush=True)
-try:
-    judge.score(["2+2="], [["4"]])
-except Exception as e:
-    print("-- raised", type(e).__name__)
+for url in sys.argv[1:]:
+    print("-- making", url, flush=True)
+    judge = make_judge(JudgeConfig(type="llm", base_url=url, model="m", api_key_env="JUDGE_KEY", max_retries=0))
+    print("-- judging", flush=True)
+    try:
+        judge.score(["2+2="], [["4"]])
+    except Exception as e:
+        print("-- raised", type(e).__name__, flush=True)
 """
 
 
-@pytest.mark.parametrize("url", ["http://192.0.2.7:8000/v1", "http://127.0.0.1:9/v1", "https://192.0.2.7/v1"])
-def test_a_key_bound_for_plain_http_to_another_host_is_warned_before_any_request(url):
+def test_a_key_bound_for_plain_http_to_another_host_is_warned_before_any_request():
     """In a network namespace of the test's own (`unshare -rn`: no interface up, so no request
     can leave, and each fails at once): the plain-http URL of another host (192.0.2.7, a
     documentation address) is warned about as the judge is made, before its first request,
@@ -377,20 +377,22 @@ def test_a_key_bound_for_plain_http_to_another_host_is_warned_before_any_request
     import subprocess
     import sys
 
-    env = {**os.environ, "JUDGE_KEY": "sk-test-abcdefghijklmnopqrstuvwx"}
+    urls = ["http://192.0.2.7:8000/v1", "http://127.0.0.1:9/v1", "https://192.0.2.7/v1"]
     proc = subprocess.run(
-        ["unshare", "-rn", sys.executable, "-c", LLM_JUDGE, url],
+        ["unshare", "-rn", sys.executable, "-c", LLM_JUDGES, *urls],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env={**os.environ, "JUDGE_KEY": "sk-test-abcdefghijklmnopqrstuvwx"},
         check=True,
     )
-    before, _, after = proc.stdout.partition("-- judging")
-    assert "-- raised EndpointError" in after  # the request made after the warning: unreachable here
     assert "sk-test" not in proc.stdout + proc.stderr
-    warned = (
-        f"POFE: {url} is plain http to a host other than this machine: every request sends the API key from "
-        "JUDGE_KEY unencrypted"
-    )
-    assert (warned in before) is url.startswith("http://192.0.2.7"), proc.stdout
+    made = {}
+    for part in proc.stdout.split("-- making ")[1:]:
+        url, _, rest = part.partition("\n")
+        before, _, after = rest.partition("-- judging")
+        made[url] = before
+        assert "-- raised EndpointError" in after  # the request made after the warning: unreachable here
+    warned = "is plain http to a host other than this machine: every request sends the API key from JUDGE_KEY"
+    assert {url: warned in before for url, before in made.items()} == dict(zip(urls, [True, False, False]))
+    assert f"POFE: {urls[0]} {warned} unencrypted" in made[urls[0]]
