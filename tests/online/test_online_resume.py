@@ -130,17 +130,23 @@ def test_a_resumed_run_trains_only_on_refreshes_its_recipe_makes(killed):
 
 
 def test_a_run_resumed_with_another_refresh_every_says_whose_windows_it_trains_on(killed):
-    """refresh_every 3 where the killed run refreshed every 2: steps 3 and 4-5 train on the
-    windows it wrote (refreshes 2 and 4), each said on the console; nothing is sampled anew."""
+    """refresh_every 3 where the killed run refreshed every 2, and the killed run's refresh 4 cut
+    short as it was written (no refresh.json, a rows.jsonl.tmp-<pid> left): step 3 trains on
+    refresh 2, said on the console; step 4 samples a new window, for refresh_every 3, in a
+    folder cleared of the cut one's files."""
     path, out = killed
+    cut = out / "online" / "refresh-0000004"
+    (cut / "refresh.json").unlink()
+    (cut / "rows.jsonl").rename(cut / "rows.jsonl.tmp-999")
     every_3 = _resumed(path, "every-3.yml", online={"refresh_every": 3})
     said = _said(run_axolotl("train", str(every_3), cwd=out.parent, env=JUDGES_ENV))
     assert (
         "online: the refresh of step 2 was sampled for refresh_every 2 (steps 2-3); this recipe's is 3: step 3 "
         "trains on its rows, and the refreshes after it come every 3 steps" in said
     )
-    assert "the refresh of step 4 was sampled for refresh_every 2 (steps 4-5); this recipe's is 3: steps 4-5" in said
     assert [w.start_step for w, _, _ in _refreshes(out)] == [0, 2, 4]
+    assert sorted(p.name for p in cut.iterdir()) == ["generate.jsonl", "judge.jsonl", "refresh.json", "rows.jsonl"]
+    assert json.loads((cut / "refresh.json").read_text())["refresh_every"] == 3
 
 
 def test_a_second_training_in_an_output_dir_in_use_is_refused_before_it_deletes(killed):

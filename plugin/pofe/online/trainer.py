@@ -153,10 +153,13 @@ class OnlineTraining:
     def _refresh(self, window: Window, prompt_rows: dict[int, dict]) -> Refreshed:
         """Sample, judge and score the window's candidates; write them before any step trains."""
         pofe, timings = self.pofe, defaultdict(float)
+        folder = self._folder(window.start_step)
+        if folder.exists() and refresh_record(folder) is None:  # a killed run's, cut short: its files go
+            shutil.rmtree(folder)
         if self._judge is None:
             self._judge = make_judge(pofe.judge)
         with policy_for_refresh(self) as model:
-            generator = self._sampler.generator(model, self._folder(window.start_step))
+            generator = self._sampler.generator(model, folder)
             generated, judged = sample_and_judge(
                 window,
                 prompt_rows,
@@ -184,7 +187,7 @@ class OnlineTraining:
         stats = window_stats(generated, judged, kept, kl) | {f"{k}_seconds": v for k, v in timings.items()}
         refreshed = Refreshed(window, self._batched(window, data_rows), stats)
         write_refresh(
-            self._folder(window.start_step),
+            folder,
             refreshed,
             generated,
             judged,
