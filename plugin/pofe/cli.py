@@ -187,13 +187,20 @@ def plan(
     Reads config.json files from disk or the hub cache only: never downloads."""
     import json
 
+    from pofe.files import write_atomic
     from pofe.run.plan.common import PlanOptions
     from pofe.run.plan.planner import plan_recipe
     from pofe.run.plan.render import render_text
 
+    if output and not Path(output).resolve().parent.is_dir():
+        # checked before planning, which reads every config.json: not a traceback after it
+        raise click.BadParameter(
+            f"the folder {Path(output).parent} does not exist: create it, or give a file in an existing folder",
+            param_hint="--output",
+        )
     result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
     if output:
-        Path(output).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(output), json.dumps(result, indent=2) + "\n")
     click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
 
 
@@ -240,12 +247,13 @@ def eval_(config: str, no_report: bool = False, model: str | None = None, output
 def report(config: str, model: str | None, output: str | None, output_dir: str | None):
     """(Re)write the report of CONFIG's run, or of a trained model's evaluation: report.md,
     report.json, report-*.png."""
-    from pofe.run.evaluation.trained import report_folder
+    from pofe.run.evaluation.trained import check_reportable, report_folder
     from pofe.run.guards import REPORT, holding_run
     from pofe.run.report import write_report
 
     folder = report_folder(config, model, output, output_dir)
     with holding_run(folder, click.echo, REPORT):
+        check_reportable(folder, config)
         click.echo(write_report(folder).terminal_summary())
 
 

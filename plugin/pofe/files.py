@@ -10,6 +10,7 @@ resolved, is in every environment POFE runs in).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,18 +32,40 @@ def private_opener(name, flags):
     return os.open(name, flags, 0o600)
 
 
+class WriteFailed(PofeError, OSError):
+    """A file POFE writes could not be written (a full disk, no permission): the message names
+    the file and the system's reason; `errno` is the system's."""
+
+    def __init__(self, path: Path, error: OSError):
+        super().__init__(
+            f"could not write {path}: {error.strerror or error} (errno {error.errno}). Nothing of it was left "
+            f"half-written. Free space on the disk holding {path.parent} (or make it writable), then run again."
+        )
+        self.errno, self.filename = error.errno, str(path)
+
+    def __str__(self) -> str:
+        return self.args[0]  # OSError's own would be "[Errno 28] None: path"
+
+
 def write_atomic(path: Path, text: str, *, private: bool = False) -> None:
     """Write `text` to `path` all or nothing (temporary file, fsync, os.replace); `private`:
-    readable by its owner only (0600), for a file that may hold config (a served policy's key)."""
+    readable by its owner only (0600), for a file that may hold config (a served policy's key).
+    A write that fails (a full disk) removes its temporary file and raises `WriteFailed`
+    naming `path`: the bare OSError names neither the file nor what to do."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)  # os.open's mode applies only to a file it creates
-    with open(tmp, "w", encoding="utf-8", opener=private_opener if private else None) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)  # os.open's mode applies only to a file it creates
+        with open(tmp, "w", encoding="utf-8", opener=private_opener if private else None) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise WriteFailed(path, e) from e
 
 
 def write_jsonl_atomic(path: Path, rows: Iterable[Any], *, allow_nan: bool = False) -> None:

@@ -6,7 +6,8 @@ too. The file names the holder (PID, host, start, command) for the refusal a sec
 gets, and records a clean release (`ended`), so a record without one found unlocked is a
 crashed holder's. Who may not share which folder, and what the refusal says, is the
 caller's: `pofe.run.guards` (a run's output_dir), `pofe_candidates.pipeline` (a candidates
-folder).
+folder), `pofe.plugin` (`axolotl train`'s output_dir, `TRAIN_LOCK`). A reader that must not
+start while a writer runs asks `holder`, which takes nothing.
 
 This module is a leaf: standard library only.
 """
@@ -22,6 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pofe.errors import PofeError
+
+# the file `axolotl train` of a POFE recipe holds in its output_dir while it trains (`pofe.plugin`)
+TRAIN_LOCK = "pofe-train.lock"
 
 
 def alive(pid: int) -> bool:
@@ -97,6 +101,24 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def holder(path: Path) -> dict | None:
+    """The record of the process holding `path`'s lock now; None when none does (or there is no
+    such file). Takes no lock and writes nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read(fd) or {"unreadable": ""}  # locked, its record not yet written
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read(fd: int) -> dict:

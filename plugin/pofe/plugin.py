@@ -1,8 +1,17 @@
-"""`pofe.PofePlugin`: the class a recipe lists under `plugins:`."""
+"""`pofe.PofePlugin`: the class a recipe lists under `plugins:`.
+
+One `axolotl train` of a POFE recipe per output_dir: the first process of a launch holds
+`<output_dir>/pofe-train.lock` (`pofe.locks`) from the first hook that sees the datasets, before
+anything is written or deleted there, to the end of training; a second is refused naming it.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
+from functools import partial
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from axolotl.integrations.base import BasePlugin
@@ -11,13 +20,20 @@ from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
 from pofe.compat import AXOLOTL_CONFIG_LOGGER
-from pofe.errors import record_uncaught_errors
+from pofe.errors import PofeError, record_uncaught_errors
+from pofe.locks import TRAIN_LOCK, FolderLock, describe
 from pofe.logs import get_logger, redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
 from pofe.recipe_modules import add_recipe_dirs
 
 LOG = get_logger(__name__)
+
+LOG = get_logger(__name__)
+
+
+class TrainingRefused(PofeError, RuntimeError):
+    """Another training holds the output_dir."""
 
 
 class PofePlugin(BasePlugin):
@@ -28,6 +44,8 @@ class PofePlugin(BasePlugin):
     _validated: tuple[Any, PofeConfig] | None = None
     # axolotl's `--debug` flags, which only the raw config holds (`pofe.data.debug_rows`)
     _debug: tuple[int, bool] = (0, False)
+    # the output_dir's lock while `axolotl train` runs in this process (`_hold_output_dir`)
+    _train_lock: FolderLock | None = None
 
     def _pofe(self, cfg) -> PofeConfig:
         """The validated `pofe:` block of `cfg` (one process may run several jobs, each with
@@ -87,6 +105,8 @@ class PofePlugin(BasePlugin):
         pofe = self._pofe(cfg)
         if pofe.method is None:
             return None
+        if not preprocess:  # `axolotl train`'s first hook with its datasets, before it writes or deletes
+            self._hold_output_dir(cfg)
         if pofe.online is not None:
             from pofe.online import load_online_prompts
             from pofe_candidates.generators.available import check_backend_runs
@@ -100,6 +120,24 @@ class PofePlugin(BasePlugin):
         if pofe.anchor_mix > 0:
             _prepare_pi_0_table(cfg, pofe, meta)
         return meta
+
+    def _hold_output_dir(self, cfg) -> None:
+        """One `axolotl train` per output_dir (`TRAIN_LOCK`, taken by the first process of the
+        launch): a second would overwrite the first's checkpoints and, online, delete its
+        refreshes as an earlier run's. Held until `post_train_unload`, or the process's end."""
+        if int(os.environ.get("RANK", 0)) != 0:
+            return
+        path = Path(cfg.output_dir or "./model-out").resolve() / TRAIN_LOCK
+        if self._train_lock is not None and self._train_lock.path == path:
+            return  # a job of this process trains there again
+        self.post_train_unload(cfg)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._train_lock = FolderLock.acquire(path, _warn, "axolotl train", partial(_in_use, path.parent))
+
+    def post_train_unload(self, cfg):
+        if self._train_lock is not None:
+            self._train_lock.release()
+            self._train_lock = None
 
     def get_training_args_mixin(self) -> str:
         # merged into axolotl's TrainingArguments when axolotl.core.training_args is imported
@@ -149,6 +187,21 @@ class PofePlugin(BasePlugin):
 
             return PromptCollator, kwargs
         return KResponseCollator, kwargs
+
+
+def _warn(line: str) -> None:
+    LOG.warning(f"POFE: {line}")
+
+
+def _in_use(output_dir: Path, holder: dict) -> TrainingRefused:
+    """The refusal of a second training in `output_dir`, naming the one that holds it."""
+    pid = holder.get("pid") if holder.get("host") == socket.gethostname() else None
+    return TrainingRefused(
+        f"output_dir {output_dir} is in use by another `{holder.get('command', 'axolotl train')}` "
+        f"({describe(holder)}): two trainings writing one output_dir would overwrite each other's checkpoints and "
+        "model (and, online, replace each other's refreshes). Wait for it to finish"
+        f"{f' or stop it (kill {pid})' if pid else ''}, or give this training an output_dir of its own."
+    )
 
 
 def _prepare_pi_0_table(cfg, pofe: PofeConfig, meta) -> None:

@@ -45,10 +45,15 @@ def generate_manifest(
         "prompts_sha256": digest.hexdigest(),
         "num_prompts": len(rows),
         "prompt_column": prompt_column,
-        # in_flight: how many prompts share the engine, which the samples do not depend on
-        "generate": generate.model_dump(exclude={"serve": set(SERVE_RUNTIME_KEYS), "in_flight": True}),
+        "generate": generate_settings(generate),
         "shard_size": shard_size,
     }
+
+
+def generate_settings(generate: GenerateConfig) -> dict:
+    """The generate settings the samples depend on: all but the server's runtime keys and
+    in_flight (how many prompts share the engine)."""
+    return generate.model_dump(exclude={"serve": set(SERVE_RUNTIME_KEYS), "in_flight": True})
 
 
 def judge_manifest(*, method: str, judge: JudgeConfig) -> dict:
@@ -76,7 +81,9 @@ def check_manifest(stage_dir: Path, manifest: dict) -> None:
     if old is None:
         write_atomic(path, _text(manifest), private=True)
     elif old != json.loads(_text(manifest)):
-        differ = "; ".join(f"{key}: {a} in the folder, {b} in this recipe" for key, a, b in _changes(old, manifest))
+        differ = "; ".join(
+            f"{key}: {a} in the folder, {b} in this recipe" for key, a, b in changed_settings(old, manifest)
+        )
         raise ManifestMismatch(
             f"{path} holds shards built from other inputs or settings ({differ}): another recipe's "
             f"candidates, or this one's before an edit. Set pofe.candidates.out_dir to a folder of its own, "
@@ -92,7 +99,7 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
     if old is not None and old != json.loads(_text(manifest)):
         parked = out / f"judge-{stable_hash(old, 12)}"
         judge_dir.rename(parked)
-        changed = ", ".join(key for key, _, _ in _changes(old, manifest))
+        changed = ", ".join(key for key, _, _ in changed_settings(old, manifest))
         LOG.warning(f"POFE: judge settings changed ({changed}); earlier judge shards kept in {parked}")
     returning = out / f"judge-{stable_hash(json.loads(_text(manifest)), 12)}"
     if not judge_dir.exists() and returning.exists():
@@ -101,6 +108,12 @@ def select_judge_dir(out: Path, manifest: dict) -> Path:
     judge_dir.mkdir(exist_ok=True)
     check_manifest(judge_dir, manifest)
     return judge_dir
+
+
+def recorded(settings: dict) -> dict:
+    """`settings` as a manifest records them (redacted; values JSON, others as text): equal
+    settings give equal records, which `changed_settings` compares."""
+    return json.loads(_text(settings))
 
 
 def _text(manifest: dict) -> str:
@@ -121,10 +134,11 @@ def _read(path: Path) -> dict | None:
 _UNSET = object()  # a key one side lacks
 
 
-def _changes(old: dict, new: dict) -> list[tuple[str, str, str]]:
+def changed_settings(old: dict, new: dict) -> list[tuple[str, str, str]]:
     """(dotted key, its value in `old`, in `new`) for each leaf that differs, nested blocks
-    followed down (`generate.dedupe`, not `generate`); values as JSON, absent as `unset`."""
-    return _leaf_changes(old, json.loads(_text(new)), "")
+    followed down (`generate.dedupe`, not `generate`); values as JSON, absent as `unset`;
+    `old` as recorded, `new` as given (`recorded`)."""
+    return _leaf_changes(old, recorded(new), "")
 
 
 def _leaf_changes(old, new, prefix: str) -> list[tuple[str, str, str]]:

@@ -6,13 +6,18 @@ bound each network operation, so a server trickling a byte at a time could hold 
 ever), and the waits between tries are capped. A request that fails for good raises an
 error naming the URL, the cause and what the cause usually means. API keys come from the
 environment and are only ever placed in the Authorization header (never logged, never in
-an error message).
+an error message). A key bound for a plain-http server on another host is warned about when
+the client is made, before any request (`sent_in_clear`): it would cross the network
+unencrypted. Warned, not refused: vLLM serves plain http unless given a certificate, and a
+server on a cluster's own network is commonly reached so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -20,11 +25,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 
 from pofe.errors import PofeError
-from pofe_candidates.config import GenerateConfig, JudgeConfig, read_api_key
+from pofe.logs import logger_name
+from pofe_candidates.config import GenerateConfig, JudgeConfig, read_api_key, redact_url
 from pofe_candidates.counts import Counts
 
 # The longest wait a server's `Retry-After` gets: a longer one is cut to this, so a
@@ -35,6 +42,8 @@ MAX_RETRY_AFTER = 60.0
 # vocabularies are runs of spaces or symbols of a few dozen characters. A completion longer than
 # max_tokens times this did not come from max_tokens tokens.
 MAX_CHARS_PER_TOKEN = 256
+
+LOG = logging.getLogger(logger_name(__name__))
 
 NETWORK_HINT = (
     "Check that the server is running and reachable at this URL (base_url), or raise request_timeout / max_retries."
@@ -59,6 +68,20 @@ class EndpointError(PofeError, RuntimeError):
         # failing): another replica of it may answer (replicas.py)
         self.url, self.cause, self.tries, self.hint, self.transient = url, cause, tries, hint, transient
         super().__init__(f"{method} {url} failed after {tries} tr{'y' if tries == 1 else 'ies'}: {cause}. {hint}")
+
+
+def sent_in_clear(url: str) -> bool:
+    """Whether requests to `url` cross a network unencrypted: plain http to a host that is not
+    this machine's loopback (localhost, 127.0.0.0/8, ::1). Read from the URL alone: nothing is
+    resolved or connected to."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    host = parts.hostname
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only localhost is known to stay on this machine
+        return host != "localhost" and not host.endswith(".localhost")
 
 
 def status_hint(status: int, *, key_env: str | None, model: object) -> str:
@@ -161,6 +184,13 @@ class OpenAIClient:
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
+            if sent_in_clear(self.base_url):
+                LOG.warning(
+                    f"POFE: {redact_url(self.base_url)} is plain http to a host other than this machine: every "
+                    f"request sends the API key{f' from {key_env}' if key_env else ''} unencrypted, readable on "
+                    "the network on its way. Serve over https (base_url https://...), or reach the server "
+                    "through an SSH tunnel to 127.0.0.1."
+                )
         # built once: loading the CA bundle for every try would cost more than the request
         self._ssl = httpx.create_ssl_context()
         self.stats = ClientStats()

@@ -315,6 +315,22 @@ def test_apply_judge_names_the_dataset_row_of_a_missing_verdict():
         apply_judge(pairwise, ["q"], ["Q"], [["a", "b"]], rows=[7])
 
 
+def test_a_result_that_is_not_a_number_names_its_dataset_row():
+    """An online window judges prompts 4 and 9 of the dataset, in that order: a python judge, or
+    a reward function, returning None on candidate 1 of prompt 9 is named as dataset row 9 (it was "prompt 1",
+    its place in the judge call), as a missing verdict is."""
+    from pofe_candidates.judges.reward_funcs import RewardFuncsJudge
+
+    judge = PythonJudge(lambda p, r: None if r == "c" else 1.0, name="m:f")
+    with pytest.raises(
+        TypeError, match=r"^judge m:f returned NoneType None for dataset row 9, candidate 1; expected a number"
+    ):
+        apply_judge(judge, ["p", "q"], ["P", "Q"], [["a"], ["b", "c"]], rows=[4, 9])
+    funcs = RewardFuncsJudge([("word", lambda prompts, completions, **kw: [1.0, 1.0, "good"])])
+    with pytest.raises(TypeError, match=r"^reward function word returned str 'good' for dataset row 9, candidate 1;"):
+        apply_judge(funcs, ["p", "q"], ["P", "Q"], [["a"], ["b", "c"]], rows=[4, 9])
+
+
 def test_apply_judge_checks_lengths_and_skips_empty_calls():
     judge = Recorder(rendered=False, columns=True)
     assert apply_judge(judge, [], [], []) == [] and judge.calls == []

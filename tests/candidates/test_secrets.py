@@ -122,7 +122,9 @@ def _axolotl_validate(pofe_changes: dict) -> None:
 
     raw = yaml.safe_load(RECIPE.read_text())
     for block, changes in pofe_changes.items():
-        raw["pofe"][block] = {**raw["pofe"][block], **changes}
+        # a judge of another type shares none of the recipe's judge keys (each type reads its own)
+        kept = {} if "type" in changes else raw["pofe"][block]
+        raw["pofe"][block] = {**kept, **changes}
     cfg = DictDefault(raw)
     prepare_plugins(cfg)
     cpu = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
@@ -330,3 +332,69 @@ def test_axolotls_config_dump_masks_the_served_policys_key(tiny_model, tmp_path,
     dump = [r.getMessage() for r in caplog.records if r.getMessage().startswith("config:")]
     assert dump and "--api-key ***" in dump[0]
     assert KEY not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "in_clear"),
+    [
+        ("http://10.0.0.5:8000/v1", True),
+        ("http://judge.example.com/v1", True),
+        ("http://[2001:db8::1]:8000/v1", True),
+        ("http://127.0.0.1:8000/v1", False),
+        ("http://127.0.0.2:8000/v1", False),
+        ("http://localhost:8000/v1", False),
+        ("http://[::1]:8000/v1", False),
+        ("https://judge.example.com/v1", False),
+    ],
+)
+def test_plain_http_to_another_host_is_sent_in_clear(url, in_clear):
+    from pofe_candidates.openai_client import sent_in_clear
+
+    assert sent_in_clear(url) is in_clear
+
+
+# for each URL: builds an LLM judge as a run does (the key from $JUDGE_KEY), then judges one candidate
+LLM_JUDGES = """
+import logging, sys
+from pofe_candidates.config import JudgeConfig
+from pofe_candidates.judges import make_judge
+logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
+for url in sys.argv[1:]:
+    print("-- making", url, flush=True)
+    judge = make_judge(JudgeConfig(type="llm", base_url=url, model="m", api_key_env="JUDGE_KEY", max_retries=0))
+    print("-- judging", flush=True)
+    try:
+        judge.score(["2+2="], [["4"]])
+    except Exception as e:
+        print("-- raised", type(e).__name__, flush=True)
+"""
+
+
+def test_a_key_bound_for_plain_http_to_another_host_is_warned_before_any_request():
+    """In a network namespace of the test's own (`unshare -rn`: no interface up, so no request
+    can leave, and each fails at once): the plain-http URL of another host (192.0.2.7, a
+    documentation address) is warned about as the judge is made, before its first request,
+    naming the variable and not the key; loopback and https are not."""
+    import os
+    import subprocess
+    import sys
+
+    urls = ["http://192.0.2.7:8000/v1", "http://127.0.0.1:9/v1", "https://192.0.2.7/v1"]
+    proc = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-c", LLM_JUDGES, *urls],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JUDGE_KEY": "sk-test-abcdefghijklmnopqrstuvwx"},
+        check=True,
+    )
+    assert "sk-test" not in proc.stdout + proc.stderr
+    made = {}
+    for part in proc.stdout.split("-- making ")[1:]:
+        url, _, rest = part.partition("\n")
+        before, _, after = rest.partition("-- judging")
+        made[url] = before
+        assert "-- raised EndpointError" in after  # the request made after the warning: unreachable here
+    warned = "is plain http to a host other than this machine: every request sends the API key from JUDGE_KEY"
+    assert {url: warned in before for url, before in made.items()} == dict(zip(urls, [True, False, False]))
+    assert f"POFE: {urls[0]} {warned} unencrypted" in made[urls[0]]

@@ -145,10 +145,49 @@ def test_conversational_responses_take_the_final_assistant_turn():
 
     row = normalize_row({"prompt": "p", "chosen": conv("good"), "rejected": conv("bad")}, 0, fmt)
     assert [m["content"] for m in row["responses"]] == ["good", "bad"]
-    with pytest.raises(
-        PofeDataError, match="field 'rejected': a response message must have role 'assistant', not 'user'"
-    ):
+    with pytest.raises(PofeDataError) as refused:
         normalize_row({"prompt": "p", "chosen": conv("a"), "rejected": conv("b")[:1]}, 0, fmt)
+    assert str(refused.value) == (
+        "dataset d, row 0 (0-based), field 'rejected': the conversation ends with a 'user' turn, not the "
+        "assistant's reply. End each response conversation with the assistant turn being ranked, or give the "
+        "reply alone (its text, or {role: assistant, content: ...})."
+    )
+
+
+def test_a_response_conversation_ending_in_a_user_turn_is_named_with_its_own_fix():
+    """k responses, the second a conversation whose last turn is the user's: the error says so, with
+    the fix for it (it said "Remove the empty candidate or regenerate it", the fix of an empty one)."""
+    turns = [
+        {"role": "user", "content": "2+2="},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "?"},
+    ]
+    with pytest.raises(PofeDataError) as refused:
+        normalize_row(good_rrhf(responses=["4", turns, "3"]), 5, RRHF)
+    assert str(refused.value) == (
+        "dataset data/c.jsonl, row 5 (0-based), field 'responses[1]': the conversation ends with a 'user' turn, not "
+        "the assistant's reply. End each response conversation with the assistant turn being ranked, or give the "
+        "reply alone (its text, or {role: assistant, content: ...})."
+    )
+    with pytest.raises(PofeDataError, match=r"field 'responses\[1\]': the response is empty\. Remove the empty"):
+        normalize_row(good_rrhf(responses=["4", " ", "3"]), 5, RRHF)
+
+
+def test_rewards_and_ranks_that_disagree_are_refused_naming_the_pair():
+    """Row 3 gives rewards [1.0, 0.2, 0.3] and ranks [3, 2, 1] (1 = best): the ranks put response 1
+    above response 0 (rank 2 < 3), the rewards below it (0.2 < 1.0), the first such pair named.
+    Ranks that agree with the rewards, or tie where the rewards do not, pass; the rewards are
+    trained on."""
+    with pytest.raises(PofeDataError) as refused:
+        normalize_row(good_rrhf(ranks=[3, 2, 1]), 3, RRHF)
+    assert str(refused.value) == (
+        "dataset data/c.jsonl, row 3 (0-based), field 'rewards and ranks': they disagree: ranks[1] = 2 ranks "
+        "response 1 above response 0 (ranks[0] = 3), rewards[1] = 0.2 scores it below (rewards[0] = 1). POFE "
+        "trains on rewards when a row has both, so ranks would be ignored: fix the row, or keep one of the two "
+        "columns (drop ranks, or drop rewards to train on the ranks)."
+    )
+    assert normalize_row(good_rrhf(ranks=[1, 3, 2]), 3, RRHF)["rewards"] == [1.0, 0.2, 0.3]
+    assert normalize_row(good_rrhf(ranks=[1, 2, 2]), 3, RRHF)["rewards"] == [1.0, 0.2, 0.3]
 
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]

@@ -18,6 +18,7 @@ from pofe.online.refresh import (
     TOKENS,
     Refreshed,
     Window,
+    dropped_candidates,
     read_refresh,
     refresh_dir,
     window_stats,
@@ -106,23 +107,50 @@ def test_with_scores_folds_the_anchor_or_the_penalty_in():
 
 
 def test_window_stats_count_prompts_and_read_the_policys_samples_only():
+    """Two prompts: the first kept 3 candidates after dedupe dropped 1 exact and 1 near copy and
+    the judge abstained on 1 of 4; the second kept 1 after 2 empty samples and 1 cut at
+    max_new_tokens. Counts as generate_shard and judge_shard record them."""
     generated = [
-        {"candidates": ["3", "5", "4"], "sources": ["answer", "policy", "policy"]},
-        {"candidates": ["x"], "sources": ["policy"]},
+        {"candidates": ["3", "5", "4", "2"], "sources": ["answer", "policy", "policy", "policy"], "exact_dups": 1},
+        {"candidates": ["x"], "sources": ["policy"], "empty": 2, "truncated_dropped": 1},
     ]
+    generated[0]["near_dups"] = 1
     judged = [
-        {"responses": ["3", "5", "4"], "rewards": [1.0, 0.2, 0.6]},
-        {"responses": ["x"], "rewards": [0.0]},
+        {"responses": ["3", "5", "4"], "rewards": [1.0, 0.2, 0.6], "judged": 4, "abstained": 1},
+        {"responses": ["x"], "rewards": [0.0], "judged": 1, "abstained": 0},
     ]
     stats = window_stats(generated, judged, kept={0: {}}, kl=[0.5, 1.5, -1.0])
     assert stats == {
         "prompts": 2.0,
         "prompts_dropped": 1.0,  # one candidate left: too few to rank
         "candidates": 4.0,
+        "candidates_empty": 2.0,
+        "candidates_duplicate": 2.0,
+        "candidates_truncated": 1.0,
+        "judge_verdicts": 5.0,
+        "judge_abstentions": 1.0,
         "candidate_reward_mean": pytest.approx((0.2 + 0.6 + 0.0) / 3),  # the dataset's answer left out
         "candidate_reward_best": pytest.approx((0.6 + 0.0) / 2),
         "kl_to_base": pytest.approx(1.0 / 3),
     }
+
+
+def test_a_window_whose_samples_were_all_empty_says_so(tmp_path):
+    """A policy that samples only its end-of-turn token: 20 prompts x 4 samples, all empty, no
+    dataset responses. The error of a micro-batch left with nothing says that every candidate
+    removed was empty, and what to do about a policy that ends at once (it listed dedupe,
+    abstentions and the length policy, never the empty samples)."""
+    generated = [{"candidates": [], "sources": [], "empty": 4} for _ in range(20)]
+    judged = [{"responses": [], "rewards": None, "abstained": 0} for _ in range(20)]
+    stats = window_stats(generated, judged, kept={}, kl=[])
+    assert dropped_candidates(stats, tmp_path) == (
+        "Of this window's 20 prompts, 20 kept too few: its candidates removed were 80 empty (the policy ended its "
+        "turn at once), 0 duplicates (generate.dedupe), 0 cut at max_new_tokens (candidates.truncated: drop), and "
+        f"the judge abstained on 0 of 0 verdicts; the length policy drops the rest (the samples are in "
+        f"{tmp_path / 'generate.jsonl'}). The policy mostly answers with its end-of-turn token alone: check its "
+        "samples and its chat template's generation prompt, raise pofe.generate.temperature, or add dataset "
+        "responses (generate.include_dataset_responses)"
+    )
 
 
 def test_a_refresh_reads_back_as_written_and_only_once_finished(tmp_path):
@@ -131,7 +159,15 @@ def test_a_refresh_reads_back_as_written_and_only_once_finished(tmp_path):
     assert refresh_dir(tmp_path, 12, rank=1, world=2) == folder / "rank-1"
     window = Window(12, [[3, 1], [0, 2]])
     rows = [_row(rewards=[1.0, float("0.5")])]
-    write_refresh(folder, Refreshed(window, [], {"prompts": 4.0}), [{"index": 7}], [{"index": 7}], rows)
+    write_refresh(
+        folder,
+        Refreshed(window, [], {"prompts": 4.0}),
+        [{"index": 7}],
+        [{"index": 7}],
+        rows,
+        made={"method": "rrhf"},
+        refresh_every=2,
+    )
     assert read_refresh(folder) == (window, rows, {"prompts": 4.0})
     assert json.loads((folder / "refresh.json").read_text())["micro_batches"] == [[3, 1], [0, 2]]
     (folder / "refresh.json").unlink()  # killed before the refresh was finished: sampled again
@@ -176,3 +212,31 @@ def test_held_out_prompts_and_their_repeats_are_not_trained_on(tmp_path):
     assert rows[PROMPT_INDEX] == [0, 1, 2]
     assert [json.loads(r)["prompt"] for r in rows[PROMPT_ROW]] == ["1+1=", "3+3=", "5+5="]
     assert meta.total_num_steps == 2
+
+
+def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
+    """made_with records the method, the judge with its code's digest, the generate settings, the
+    filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only
+    when its code changed under the same name."""
+    from pofe.online.refresh import made_with, setting_changes
+    from pofe_candidates.identity import module_digest
+
+    pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=4, kl_coef=0.01))
+    made = made_with(pofe, sequence_len=64)
+    assert made["judge_identity"] == {"pofe.demo.task:reward": module_digest("pofe.demo.task")}
+    assert (made["method"], made["kl_coef"], made["generate"]["temperature"]) == ("rrhf", 0.01, 1.0)
+    assert made["tokenize"] == {"sequence_len": 64, "max_prompt_len": 32, "truncation": pofe.truncation}
+    assert made_with(PofeConfig.model_validate(_online("rrhf", refresh_every=8, kl_coef=0.01)), 64) == made
+    hotter = made_with(
+        PofeConfig.model_validate(
+            {**_online("rrhf", kl_coef=0.01), "generate": {**pofe_block("rrhf")["generate"], "temperature": 0.7}}
+        ),
+        64,
+    )
+    assert setting_changes(made, hotter) == "generate.temperature: 1.0 then, 0.7 now"
+    edited = {**made, "judge_identity": {"pofe.demo.task:reward": "f" * 64}}
+    digest = made["judge_identity"]["pofe.demo.task:reward"][:12]
+    assert setting_changes(made, edited) == (
+        f"the code or weights of pofe.demo.task:reward (sha256 {digest} then, ffffffffffff now)"
+    )
+    assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"

@@ -24,25 +24,19 @@ same float32, are errors; so are identical responses with different labels.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from pofe.columns import ANCHOR_LOGPS, AS_TEXT, DEFAULT_FIELDS, SPLIT_IN_WORD
 from pofe.data.implicit_prompt import implicit_prompt, splits_a_word
-from pofe.data.label_checks import check_labels
+from pofe.data.label_checks import check_labels, check_ranks_agree, label_log_probs, label_number, label_numbers
 from pofe.data.messages import prompt_messages, response_message
 from pofe.data.transcripts import hh_row
 from pofe.errors import PofeError
 from pofe.methods import Target, method_spec
 
 PROMPT_FORMATS = ("auto", "chat", "text", "hh")
-# How far above 0 a summed log-prob may be from rounding alone (each token's log-softmax is
-# <= 0 up to float32 rounding, ~1e-7, over up to thousands of tokens)
-LOGP_ROUNDING = 1e-3
 
 
 class PofeDataError(PofeError, ValueError):
@@ -226,7 +220,7 @@ def normalize_row(row: Mapping[str, Any], index: int, fmt: RowFormat) -> dict[st
     if spec.needs_anchor:
         anchor_col = fmt.column("field_anchor_logps")
         out[ANCHOR_LOGPS] = (
-            _log_probs(row, anchor_col, len(responses), fail) if row.get(anchor_col) is not None else None
+            label_log_probs(row, anchor_col, len(responses), fail) if row.get(anchor_col) is not None else None
         )
     return out
 
@@ -262,7 +256,9 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
             )
         responses = [
             response_message(
-                r, lambda what, j=j: fail(f"{resp_col}[{j}]", what, "Remove the empty candidate or regenerate it.")
+                r,
+                lambda what, fix, j=j: fail(f"{resp_col}[{j}]", what, fix),
+                "Remove the empty candidate or regenerate it.",
             )
             for j, r in enumerate(raw)
         ]
@@ -272,7 +268,9 @@ def _responses(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[dict]
     chosen_col, rejected_col = fmt.column("field_chosen"), fmt.column("field_rejected")
     responses = [
         response_message(
-            row.get(col), lambda what, col=col: fail(col, what, "Both responses of a pair must be non-empty.")
+            row.get(col),
+            lambda what, fix, col=col: fail(col, what, fix),
+            "Both responses of a pair must be non-empty.",
         )
         for col in (chosen_col, rejected_col)
     ]
@@ -286,17 +284,20 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
     if fmt.type == "pofe.sppo_ucla":
         # The SPPO authors' release: chosen/rejected plus each one's win rate.
         names = ["chosen_probs_win", "chosen_probs_lose"]
-        return [_number(row, name, fail) for name in names], names
+        return [label_number(row, name, fail) for name in names], names
     if fmt.type == "pofe.sppo":
         col = fmt.column("field_win_rates")
-        labels = _numbers(row, col, k, fail)
+        labels = label_numbers(row, col, k, fail)
     elif row.get(fmt.column("field_rewards")) is not None:
         col = fmt.column("field_rewards")
-        labels = _numbers(row, col, k, fail)
+        labels = label_numbers(row, col, k, fail)
+        if row.get(fmt.column("field_ranks")) is not None:
+            ranks_col = fmt.column("field_ranks")
+            check_ranks_agree(labels, label_numbers(row, ranks_col, k, fail), col, ranks_col, fail)
     else:
         # rank 1 is the best response; a reward only needs to order them
         col = fmt.column("field_ranks")
-        ranks = _numbers(row, col, k, fail)
+        ranks = label_numbers(row, col, k, fail)
         for j, r in enumerate(ranks):
             if r < 0:
                 raise fail(
@@ -317,7 +318,7 @@ def _pair_labels(row: Mapping[str, Any], fmt: RowFormat, fail) -> tuple[list[flo
     names = fmt.score_columns()
     if row.get(names[0]) is None and row.get(names[1]) is None:
         return [1.0, 0.0], [fmt.column("field_chosen"), fmt.column("field_rejected")]
-    chosen, rejected = (_number(row, name, fail) for name in names)
+    chosen, rejected = (label_number(row, name, fail) for name in names)
     if not method_spec(fmt.method).target.from_win_rates:
         return [chosen, rejected], names
     p = 1.0 if chosen > rejected else 0.5 if chosen == rejected else 0.0
@@ -354,47 +355,3 @@ def _with_implicit_prompt(row: Mapping[str, Any], fmt: RowFormat, fail) -> dict[
     else:
         row.update(zip(columns, rests))
     return row
-
-
-def _number(row: Mapping[str, Any], col: str, fail) -> float:
-    return _checked_number(row.get(col), col, fail)
-
-
-def _checked_number(value: Any, field: str, fail) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail(field, f"expected a number, got {value!r}", "Fix or remove this row.")
-    if not math.isfinite(value):
-        raise fail(field, f"{value} is not finite", "Fix or remove this row.")
-    with np.errstate(over="ignore"):
-        if not np.isfinite(np.float32(value)):
-            raise fail(
-                field,
-                f"{value} overflows float32 (training's precision) to inf",
-                "Rescale the values of this dataset to within about 1e38.",
-            )
-    return float(value)
-
-
-def _numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
-    values = row.get(col)
-    if not isinstance(values, (list, tuple)):
-        raise fail(col, f"expected a list of {k} numbers, got {values!r:.80}", "Give one value per response.")
-    if len(values) != k:
-        raise fail(
-            col, f"{len(values)} values for {k} responses", "Give exactly one value per response, in the same order."
-        )
-    return [_checked_number(v, f"{col}[{j}]", fail) for j, v in enumerate(values)]
-
-
-def _log_probs(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
-    """k summed log-probs, each <= 0 (a probability is at most 1) up to rounding."""
-    values = _numbers(row, col, k, fail)
-    for j, v in enumerate(values):
-        if v > LOGP_ROUNDING:
-            raise fail(
-                f"{col}[{j}]",
-                f"log-prob {v:g} is positive, so a probability above 1",
-                "Anchor log-probs are sums of token log-probs (<= 0): recompute them, or remove the "
-                "column to let the trainer compute the anchor.",
-            )
-    return values

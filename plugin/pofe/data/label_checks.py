@@ -2,7 +2,10 @@
 
 Within a row (`check_labels`, called by `pofe.data.formats` on each row), an error naming
 the row and field: a label outside its target's range, one text with two labels, labels that
-differ but tie in float32 (training's precision).
+differ but tie in float32 (training's precision); rewards and ranks given together that order
+two responses oppositely (`check_ranks_agree`: the ranks would be ignored). Each label value
+is checked as it is read (`label_number`, `label_numbers`, `label_log_probs`): a number,
+finite, and finite in float32.
 
 Across rows, suspicious but not impossible, so warned about with a count:
 
@@ -18,6 +21,9 @@ Rows are compared by digests of their texts (`text_keys`), so the check keeps no
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -125,3 +131,69 @@ def check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
                     "Shift or rescale this row's rewards (e.g. subtract the row's "
                     "mean) so their differences survive float32.",
                 )
+
+
+def check_ranks_agree(rewards: list[float], ranks: list[float], rewards_col: str, ranks_col: str, fail) -> None:
+    """A row with both rewards and ranks trains on the rewards; refused when the two order some
+    pair of responses oppositely (a tie in one is no disagreement), as the ranks would be ignored."""
+    for i, j in itertools.permutations(range(len(rewards)), 2):
+        if ranks[i] < ranks[j] and rewards[i] < rewards[j]:
+            raise fail(
+                f"{rewards_col} and {ranks_col}",
+                f"they disagree: {ranks_col}[{i}] = {ranks[i]:g} ranks response {i} above response {j} "
+                f"({ranks_col}[{j}] = {ranks[j]:g}), {rewards_col}[{i}] = {rewards[i]:g} scores it below "
+                f"({rewards_col}[{j}] = {rewards[j]:g})",
+                f"POFE trains on {rewards_col} when a row has both, so {ranks_col} would be ignored: fix the row, "
+                f"or keep one of the two columns (drop {ranks_col}, or drop {rewards_col} to train on the ranks).",
+            )
+
+
+# How far above 0 a summed log-prob may be from rounding alone (each token's log-softmax is
+# <= 0 up to float32 rounding, ~1e-7, over up to thousands of tokens)
+LOGP_ROUNDING = 1e-3
+
+
+def label_number(row: Mapping[str, Any], col: str, fail) -> float:
+    """The number in column `col` of `row`, checked (`checked_number`)."""
+    return checkedlabel_number(row.get(col), col, fail)
+
+
+def checkedlabel_number(value: Any, field: str, fail) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise fail(field, f"expected a number, got {value!r}", "Fix or remove this row.")
+    if not math.isfinite(value):
+        raise fail(field, f"{value} is not finite", "Fix or remove this row.")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(np.float32(value)):
+            raise fail(
+                field,
+                f"{value} overflows float32 (training's precision) to inf",
+                "Rescale the values of this dataset to within about 1e38.",
+            )
+    return float(value)
+
+
+def label_numbers(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
+    """The k numbers, one per response, in list column `col` of `row`, each checked."""
+    values = row.get(col)
+    if not isinstance(values, (list, tuple)):
+        raise fail(col, f"expected a list of {k} numbers, got {values!r:.80}", "Give one value per response.")
+    if len(values) != k:
+        raise fail(
+            col, f"{len(values)} values for {k} responses", "Give exactly one value per response, in the same order."
+        )
+    return [checkedlabel_number(v, f"{col}[{j}]", fail) for j, v in enumerate(values)]
+
+
+def label_log_probs(row: Mapping[str, Any], col: str, k: int, fail) -> list[float]:
+    """k summed log-probs, each <= 0 (a probability is at most 1) up to rounding."""
+    values = label_numbers(row, col, k, fail)
+    for j, v in enumerate(values):
+        if v > LOGP_ROUNDING:
+            raise fail(
+                f"{col}[{j}]",
+                f"log-prob {v:g} is positive, so a probability above 1",
+                "Anchor log-probs are sums of token log-probs (<= 0): recompute them, or remove the "
+                "column to let the trainer compute the anchor.",
+            )
+    return values

@@ -58,24 +58,39 @@ def prompt_messages(value: Any, col: str, fail) -> list[dict[str, str]]:
     raise fail(col, f"expected text or chat messages, got {value!r:.80}", fix)
 
 
-def response_message(value: Any, fail) -> dict[str, str]:
+def response_message(value: Any, fail, empty_fix: str) -> dict[str, str]:
     """A response (text, an assistant message, or a conversation ending with one) as one
-    assistant message; `fail(what)` names the field already."""
+    assistant message; `fail(what, fix)` names the field already; `empty_fix`: what to do
+    about an empty response, which depends on the dataset's layout."""
+    reply = "give the reply alone (its text, or {role: assistant, content: ...})"
     if isinstance(value, Mapping):
         if value.get("role", "assistant") != "assistant":
-            raise fail(f"a response message must have role 'assistant', not {value.get('role')!r}")
+            raise fail(
+                f"a response message must have role 'assistant', not {value.get('role')!r}",
+                f"A response is the assistant's reply: {reply}.",
+            )
         if value.get("tool_calls") and not (isinstance(value.get("content"), str) and value["content"].strip()):
             raise fail(
                 "the response is a tool call (tool_calls) with no text; POFE trains on text responses "
-                "and does not support tool calls as a response"
+                "and does not support tool calls as a response",
+                "Give the assistant's text reply, or leave this row out.",
             )
         value = value.get("content")
     elif isinstance(value, (list, tuple)) and value and isinstance(value[-1], Mapping):
         # a whole conversation (TRL's conversational preference rows, the SPPO
         # authors' release): the response is its final, assistant, turn
-        return response_message(value[-1], fail)
+        role = value[-1].get("role", "assistant")
+        if role != "assistant":
+            raise fail(
+                f"the conversation ends with a {role!r} turn, not the assistant's reply",
+                f"End each response conversation with the assistant turn being ranked, or {reply}.",
+            )
+        return response_message(value[-1], fail, empty_fix)
     if not isinstance(value, str):
-        raise fail(f"expected text or an assistant message, got {type(value).__name__}")
+        raise fail(
+            f"expected text or an assistant message, got {type(value).__name__}",
+            "Give each response as text, an assistant message, or a conversation ending with one.",
+        )
     if not value.strip():
-        raise fail("the response is empty")
+        raise fail("the response is empty", empty_fix)
     return {"role": "assistant", "content": value}

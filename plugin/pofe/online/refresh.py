@@ -12,10 +12,14 @@ its first step trains:
     rows.jsonl       the rows trained on: prompt, responses, sampled ids, the judge's label,
                      the token ids trained on, the policy's (and pi_0's) summed log-probs of
                      each response
-    refresh.json     written last: the window (start step, micro-batches of prompt indices), stats
+    refresh.json     written last: the window (start step, micro-batches of prompt indices), stats,
+                     refresh_every, and what made the rows (`made_with`: the method, the judge's
+                     settings and code or weights, the generate settings, the candidates' filters,
+                     kl_coef, the tokenisation)
 
 A resumed run reads the window its checkpoint's step falls in back from these files and
-trains on exactly its rows, with the anchors and rewards the killed run computed.
+trains on exactly its rows, with the anchors and rewards the killed run computed, once its
+recipe is found to make them alike (`made_with`; else it stops, naming what differs).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import torch
 
+from pofe.args import PofeConfig
 from pofe.data.formats import candidate_row
 from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
@@ -36,12 +41,22 @@ from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.build import build_rows
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
+from pofe_candidates.manifest import changed_settings, generate_settings, judge_manifest, recorded
 from pofe_candidates.render import ChatTemplateError
 from pofe_candidates.shard_work import generate_shard, judge_shard
 
 FOLDER = "online"
 # window stats that add up over ranks; the others are means weighted by each rank's prompts
-COUNTS = ("prompts", "prompts_dropped", "candidates")
+COUNTS = (
+    "prompts",
+    "prompts_dropped",
+    "candidates",
+    "candidates_empty",
+    "candidates_duplicate",
+    "candidates_truncated",
+    "judge_verdicts",
+    "judge_abstentions",
+)
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (with kl_coef)
 LOGP, LOGP_BASE = "logp", "logp_base"
@@ -79,6 +94,31 @@ def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: i
     """Where the refresh starting at `start_step` is written (each rank its own, under several)."""
     folder = Path(output_dir) / FOLDER / f"refresh-{start_step:07d}"
     return folder / f"rank-{rank}" if world > 1 else folder
+
+
+def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
+    """What a refresh's rows depend on besides its window and the policy that sampled it, as
+    refresh.json records it (redacted: a served policy's command may carry its --api-key): the
+    method, the judge (`judge_manifest`: its settings and its code or weights), the generate
+    settings, the candidates' filters, kl_coef (RRHF's rewards use pi_0's log-probs, written
+    only with it) and the tokenisation of the rows trained on."""
+    judge = judge_manifest(method=pofe.method, judge=pofe.judge)
+    candidates = pofe.candidates.for_method(pofe.method)
+    return recorded(
+        {
+            "method": pofe.method,
+            "judge": judge["judge"],
+            "judge_identity": judge["judge_identity"],
+            "generate": generate_settings(pofe.generate),
+            "candidates": candidates.model_dump(include={"keep", "min_candidates", "truncated"}),
+            "kl_coef": pofe.online.kl_coef,
+            "tokenize": {
+                "sequence_len": sequence_len,
+                "max_prompt_len": pofe.max_prompt_len or sequence_len // 2,
+                "truncation": pofe.truncation,
+            },
+        }
+    )
 
 
 def sample_and_judge(
@@ -159,26 +199,65 @@ def with_scores(row: dict, method: MethodSpec, kl_coef: float) -> dict:
 
 
 def write_refresh(
-    folder: Path, refreshed: Refreshed, generated: list[dict], judged: list[dict], data_rows: list[dict]
+    folder: Path,
+    refreshed: Refreshed,
+    generated: list[dict],
+    judged: list[dict],
+    data_rows: list[dict],
+    *,
+    made: dict,
+    refresh_every: int,
 ) -> None:
-    """Write a refresh; refresh.json last, so a folder without it is redone on resume."""
+    """Write a refresh; refresh.json last, so a folder without it is redone on resume. `made`:
+    what made its rows (`made_with`)."""
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(folder / "generate.jsonl", generated)
     write_jsonl_atomic(folder / "judge.jsonl", judged, allow_nan=True)
     write_jsonl_atomic(folder / "rows.jsonl", data_rows)
-    record = {"start_step": refreshed.window.start_step, "micro_batches": refreshed.window.micro_batches}
-    write_atomic(folder / "refresh.json", json.dumps({**record, "stats": refreshed.stats}, indent=1) + "\n")
+    record = {
+        "start_step": refreshed.window.start_step,
+        "micro_batches": refreshed.window.micro_batches,
+        "stats": refreshed.stats,
+        "refresh_every": refresh_every,
+        "made_with": made,
+    }
+    write_atomic(folder / "refresh.json", json.dumps(record, indent=1) + "\n")
 
 
 def _refresh_json(folder: Path) -> dict:
     return read_json(folder / "refresh.json", f"Delete {folder}: the resumed run samples the window again")
 
 
+def refresh_record(folder: Path) -> dict | None:
+    """A finished refresh's refresh.json (window, stats, refresh_every, made_with); None when
+    not finished."""
+    return _refresh_json(folder) if (folder / "refresh.json").exists() else None
+
+
+IDENTITY = "judge_identity."
+
+
+def setting_changes(recorded_with: dict | None, made: dict) -> str:
+    """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ...". A
+    judge function's or model's digest is said only when its code or weights changed under the
+    same name (another function or model is said by its own key)."""
+    if recorded_with is None:
+        return "its refresh.json records nothing of what made it (an older POFE wrote it)"
+    said = []
+    for key, then, now in changed_settings(recorded_with, made):
+        if not key.startswith(IDENTITY):
+            said.append(f"{key}: {then} then, {now} now")
+        elif "unset" not in (then, now):
+            was, now = (json.loads(digest)[:12] for digest in (then, now))
+            said.append(f"the code or weights of {key[len(IDENTITY) :]} (sha256 {was} then, {now} now)")
+    return "; ".join(said)
+
+
 def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:
     """A written refresh: its window, rows.jsonl's rows and its stats; None when not finished."""
-    if not (folder / "refresh.json").exists():
+    record = refresh_record(folder)
+    if record is None:
         return None
-    record = _refresh_json(folder)
     window = Window(record["start_step"], record["micro_batches"])
     return window, read_jsonl(folder / "rows.jsonl"), record["stats"]
 
@@ -226,7 +305,9 @@ def window_stats(
 ) -> dict[str, float]:
     """What `online/*` logs of a window: prompts, candidates, the judge's mean and best-of-k
     reward of the policy's own samples (scalar judges; dataset responses left out: they do not
-    move), and the mean sampled log-ratio to pi_0 (when measured)."""
+    move), and the mean sampled log-ratio to pi_0 (when measured); and what removed candidates
+    before training: empty, duplicate and cut ones (generation), the judge's abstentions (of its
+    verdicts: candidates, or pairs for a pairwise judge)."""
     sampled = []
     for g, r in zip(generated, judged, strict=True):
         policy = {c for c, source in zip(g["candidates"], g["sources"]) if source == "policy"}
@@ -237,6 +318,11 @@ def window_stats(
         "prompts": float(len(judged)),
         "prompts_dropped": float(len(judged) - len(kept)),
         "candidates": float(sum(len(r["responses"]) for r in judged)),
+        "candidates_empty": float(sum(g.get("empty", 0) for g in generated)),
+        "candidates_duplicate": float(sum(g.get("exact_dups", 0) + g.get("near_dups", 0) for g in generated)),
+        "candidates_truncated": float(sum(g.get("truncated_dropped", 0) for g in generated)),
+        "judge_verdicts": float(sum(r.get("judged", 0) for r in judged)),
+        "judge_abstentions": float(sum(r.get("abstained", 0) for r in judged)),
     }
     if sampled:
         stats["candidate_reward_mean"] = sum(sum(r) for r in sampled) / sum(len(r) for r in sampled)
@@ -244,3 +330,30 @@ def window_stats(
     if kl:
         stats["kl_to_base"] = sum(kl) / len(kl)
     return stats
+
+
+def dropped_candidates(stats: dict[str, float], folder: Path) -> str:
+    """Why a window's prompts kept too few candidates, from its stats (`window_stats`), and what
+    to do: for a micro-batch left with none to train on."""
+    counts = {
+        "empty (the policy ended its turn at once)": stats.get("candidates_empty", 0),
+        "duplicates (generate.dedupe)": stats.get("candidates_duplicate", 0),
+        "cut at max_new_tokens (candidates.truncated: drop)": stats.get("candidates_truncated", 0),
+    }
+    removed = ", ".join(f"{int(n)} {what}" for what, n in counts.items())
+    said = (
+        f"Of this window's {int(stats['prompts'])} prompts, {int(stats['prompts_dropped'])} kept too few: its "
+        f"candidates removed were {removed}, and the judge abstained on {int(stats.get('judge_abstentions', 0))} of "
+        f"{int(stats.get('judge_verdicts', 0))} verdicts; the length policy drops the rest (the samples are in "
+        f"{folder / 'generate.jsonl'}). "
+    )
+    if max(counts.values()) == counts["empty (the policy ended its turn at once)"] > 0:
+        return said + (
+            "The policy mostly answers with its end-of-turn token alone: check its samples and its chat template's "
+            "generation prompt, raise pofe.generate.temperature, or add dataset responses "
+            "(generate.include_dataset_responses)"
+        )
+    return said + (
+        "Raise pofe.generate.num_candidates or temperature, micro_batch_size, or add dataset responses "
+        "(generate.include_dataset_responses)"
+    )

@@ -39,11 +39,15 @@ from pofe.online.refresh import (
     TOKENS,
     Refreshed,
     Window,
+    dropped_candidates,
+    made_with,
     merged_stats,
     read_refresh,
     refresh_dir,
+    refresh_record,
     refresh_starts,
     sample_and_judge,
+    setting_changes,
     trainable_rows,
     window_stats,
     with_scores,
@@ -67,6 +71,7 @@ class OnlineTraining(StepBatches):
         self.spec = method_spec(self.args.pofe_method)
         self._left: list[dict] = []  # the current window's collated batches not yet trained on
         self._judge = None  # made at the first refresh, kept for the run
+        self._first_window = True  # this process's first: a new training's, or a resumed one's
         self.rank, self.world = rank_and_world()
 
     # axolotl sets `axolotl_cfg` after the trainer is built: what it holds is read at the first refresh
@@ -77,6 +82,12 @@ class OnlineTraining(StepBatches):
     @cached_property
     def _base(self) -> BasePolicy:
         return BasePolicy(self.axolotl_cfg, self.accelerator)
+
+    @cached_property
+    def _made_with(self) -> dict:
+        """What this recipe makes a refresh's rows with (`refresh.made_with`), recorded in each
+        and checked against one a resumed run reads back."""
+        return made_with(self.pofe, self.axolotl_cfg.sequence_len)
 
     @cached_property
     def _sampler(self):
@@ -120,19 +131,21 @@ class OnlineTraining(StepBatches):
         if stored:
             refreshed = self._resumed(stored, offset, batches)
         else:
+            if self._first_window:
+                self._clear_refreshes_from(start)
             prompt_rows = {i: row for b in pulled for i, row in zip(b[PROMPT_INDEX].tolist(), b[PROMPT_ROW])}
             refreshed = self._refresh(Window(start, batches), prompt_rows)
+        self._first_window = False
         self._log_refresh(refreshed)
-        return [self._collate(rows, refreshed.window, m) for m, rows in enumerate(refreshed.rows)]
+        return [self._collate(rows, refreshed, m) for m, rows in enumerate(refreshed.rows)]
 
-    def _collate(self, rows: list[dict], window: Window, m: int) -> dict:
+    def _collate(self, rows: list[dict], refreshed: Refreshed, m: int) -> dict:
         if not rows:
+            window = refreshed.window
             raise OnlineRefreshError(
-                f"online refresh at step {window.start_step}: no prompt of micro-batch {m} "
-                f"(prompts {window.micro_batches[m]}) kept {self.pofe.candidates.min_candidates} candidates "
-                "(identical samples are deduplicated; judge abstentions and the length policy drop others). Raise "
-                "pofe.generate.num_candidates or temperature, micro_batch_size, or add dataset responses "
-                "(generate.include_dataset_responses)"
+                f"online refresh at step {window.start_step}: no prompt of micro-batch {m} (prompts "
+                f"{window.micro_batches[m]}) kept {self.pofe.candidates.min_candidates} candidates. "
+                f"{dropped_candidates(refreshed.stats, self._folder(window.start_step))}"
             )
         return self.data_collator.rows(rows)
 
@@ -140,13 +153,14 @@ class OnlineTraining(StepBatches):
 
     def _refresh(self, window: Window, prompt_rows: dict[int, dict]) -> Refreshed:
         """Sample, judge and score the window's candidates; write them before any step trains."""
-        if window.start_step == 0:
-            self._clear_earlier_run()
         pofe, timings = self.pofe, defaultdict(float)
+        folder = self._folder(window.start_step)
+        if folder.exists() and refresh_record(folder) is None:  # a killed run's, cut short: its files go
+            shutil.rmtree(folder)
         if self._judge is None:
             self._judge = make_judge(pofe.judge)
         with policy_for_refresh(self) as model:
-            generator = self._sampler.generator(model, self._folder(window.start_step))
+            generator = self._sampler.generator(model, folder)
             generated, judged = sample_and_judge(
                 window,
                 prompt_rows,
@@ -173,7 +187,15 @@ class OnlineTraining(StepBatches):
             data_rows.append(record)
         stats = window_stats(generated, judged, kept, kl) | {f"{k}_seconds": v for k, v in timings.items()}
         refreshed = Refreshed(window, self._batched(window, data_rows), stats)
-        write_refresh(self._folder(window.start_step), refreshed, generated, judged, data_rows)
+        write_refresh(
+            folder,
+            refreshed,
+            generated,
+            judged,
+            data_rows,
+            made=self._made_with,
+            refresh_every=pofe.online.refresh_every,
+        )
         return refreshed
 
     def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
@@ -226,16 +248,48 @@ class OnlineTraining(StepBatches):
         return refresh_dir(self.args.output_dir, start_step, self.rank, self.world)
 
     def _stored_window(self, step: int, per_step: int):
-        """The written refresh whose steps include `step` (a resumed run's), if any."""
+        """The written refresh whose steps include `step` (a resumed run's), if any, once checked
+        to be made as this recipe makes them (`_check_made_with`)."""
         if step == 0:
             return None
         for start in reversed([s for s in refresh_starts(self.args.output_dir) if s <= step]):
-            stored = read_refresh(self._folder(start))
-            if stored is None:
+            folder = self._folder(start)
+            record = refresh_record(folder)
+            if record is None:
                 continue
-            steps = -(-len(stored[0].micro_batches) // per_step)
-            return stored if step < start + steps else None
+            end = start + -(-len(record["micro_batches"]) // per_step)
+            if step >= end:
+                return None
+            self._check_made_with(folder, record, step, end)
+            every = self.pofe.online.refresh_every
+            if record.get("refresh_every", every) != every:
+                feeds = f"steps {step}-{end - 1} train" if end - 1 > step else f"step {step} trains"
+                LOG.info(
+                    f"POFE: online: the refresh of step {start} was sampled for refresh_every "
+                    f"{record['refresh_every']} (steps {start}-{end - 1}); this recipe's is {every}: {feeds} on its "
+                    f"rows, and the refreshes after it come every {every} steps"
+                )
+            return read_refresh(folder)
         return None
+
+    def _check_made_with(self, folder: Path, record: dict, step: int, end: int) -> None:
+        """Stop when the refresh read back was made otherwise than this recipe makes refreshes
+        (another judge, other generate settings...): its rows are what the checkpoint trained
+        on, and the steps left of its window would train on them in this recipe's name. Stopped,
+        not redone: as an iterated run's training resumed with other settings stops
+        (`pofe.run.rounds.checkpoints.check_resume`), since the checkpoint is the other
+        settings' work; the message says how to go on with these settings."""
+        if record.get("made_with") == self._made_with:
+            return
+        start = record["start_step"]
+        raise OnlineRefreshError(
+            f"resuming at step {step}: the refresh of step {start} ({folder}), whose rows steps {start}-{end - 1} "
+            f"train on, was made otherwise than this recipe makes them: "
+            f"{setting_changes(record.get('made_with'), self._made_with)}. Resume with the recipe that made it; "
+            f"or, to go on with this recipe's settings, delete {folder.parent if self.world > 1 else folder}: "
+            f"the run then samples and judges a new window at step {step} (the checkpoint keeps what it learnt "
+            "from the old one); or start afresh in a new output_dir"
+        )
 
     def _resumed(self, stored, offset: int, batches: list[list[int]]) -> Refreshed:
         window, data_rows, stats = stored
@@ -250,15 +304,33 @@ class OnlineTraining(StepBatches):
         tail = Window(window.start_step, window.micro_batches[offset:])
         return Refreshed(tail, self._batched(tail, data_rows), stats)
 
-    def _clear_earlier_run(self) -> None:
-        """A training started afresh (not resumed) in an output_dir that holds an earlier run's
-        refreshes: replaced, as the run's checkpoints are."""
-        folder = Path(self.args.output_dir) / FOLDER
-        earlier = list(folder.glob("refresh-*")) if self.rank == 0 else []
-        if earlier:
-            LOG.warning(f"POFE: online: a new training in {folder.parent}: replacing {len(earlier)} earlier refreshes")
-            for path in earlier:
-                shutil.rmtree(path)
+    def _clear_refreshes_from(self, step: int) -> None:
+        """Before this process samples its first window, at `step`, the refreshes written from
+        that step on are removed: at step 0 an earlier training's (a new training replaces them,
+        as it does the checkpoints); at a resumed step that no finished refresh holds (deleted, or
+        cut short by the kill), the killed run's beyond its checkpoint, on a schedule this run no
+        longer follows: a later window would read their rows back as its own."""
+        starts = refresh_starts(self.args.output_dir) if self.rank == 0 else []
+        stale = [s for s in starts if s >= step]
+        later = [s for s in stale if s > step]
+        if step and self.rank == 0:
+            cut = step in starts
+            (LOG.info if cut else LOG.warning)(
+                f"POFE: online: resuming at step {step}, which no finished refresh holds "
+                f"({'its refresh was cut short' if cut else f'refreshes start at steps {starts}'}): sampling a new "
+                f"window at step {step} with the checkpoint's policy, then every {self.pofe.online.refresh_every} steps"
+            )
+        if step == 0 and stale:
+            LOG.warning(
+                f"POFE: online: a new training in {self.args.output_dir}: replacing {len(stale)} earlier refreshes"
+            )
+        elif later:
+            LOG.warning(
+                f"POFE: online: removing the {len(later)} refreshes the killed run wrote after step {step} (steps "
+                f"{later}): this run samples its own windows from there"
+            )
+        for start in stale:
+            shutil.rmtree(refresh_dir(self.args.output_dir, start))
         # no rank writes its first refresh before rank 0 has cleared the folder
         self.accelerator.wait_for_everyone()
 
@@ -277,9 +349,14 @@ class OnlineTraining(StepBatches):
             else ""
         )
         kl = f", KL to pi_0 {means['kl_to_base']:.3f}" if "kl_to_base" in means else ""
+        abstained = (
+            f", judge abstained on {int(means['judge_abstentions'])} of {int(means['judge_verdicts'])} verdicts"
+            if means.get("judge_abstentions")
+            else ""
+        )
         LOG.info(
             f"POFE: online refresh {number} at step {refreshed.window.start_step}: {int(means['prompts'])} prompts, "
-            f"{int(means['candidates'])} candidates{reward}{kl}; generated in "
+            f"{int(means['candidates'])} candidates{reward}{kl}{abstained}; generated in "
             f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
         )
 

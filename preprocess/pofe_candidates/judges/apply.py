@@ -7,7 +7,15 @@ here those flags pick its inputs, so that a judge sees the same thing in the pip
 
 from __future__ import annotations
 
-from pofe_candidates.judges.base import JudgeError, PairwiseJudge, PairwiseVerdict, ScalarJudge, Score, is_pairwise
+from pofe_candidates.judges.base import (
+    JudgeError,
+    NotANumber,
+    PairwiseJudge,
+    PairwiseVerdict,
+    ScalarJudge,
+    Score,
+    is_pairwise,
+)
 from pofe_candidates.render import Prompt
 
 
@@ -27,8 +35,8 @@ def apply_judge(
     the policy saw them (`render.render_prompt(...).text`, chat template applied). The judge
     gets `rendered` if it `reads_rendered_prompt`, else `prompts`. columns: each prompt's
     other dataset columns, passed only to judges that `reads_columns`. rows: each prompt's
-    dataset row; a `JudgeError` (allow_abstain: false) is re-raised naming it, as the judge
-    itself knows only positions in this call. No prompts: no judge call.
+    dataset row; a `JudgeError` (allow_abstain: false) or a `NotANumber` (a result that is no
+    number) is re-raised naming it, as the judge itself knows only positions in this call. No prompts: no judge call.
     """
     for name, xs in (
         ("rendered prompts", rendered),
@@ -49,7 +57,7 @@ def apply_judge(
     call = judge.preferences if is_pairwise(judge) else judge.score
     try:
         return call(rendered if judge.reads_rendered_prompt else prompts, responses, **extra)
-    except JudgeError as e:
+    except (JudgeError, NotANumber) as e:
         if e.prompt is None or rows is None:
             raise
         raise e.at_row(rows[e.prompt]) from e

@@ -53,11 +53,30 @@ Score = float | Abstain
 MAX_SCORE = float(np.finfo(np.float32).max)
 
 
-def as_number(value: Any, who: str, where: str, expected: str = "a number (int or float)") -> float:
-    """A judge function's result as a float; TypeError naming `who` (the judge) and `where` (the
-    candidate) for anything but a number: "0.7" or True are a judge's bug, not a verdict."""
+class NotANumber(PofeError, TypeError):
+    """A judge function returned something that is not a number: a bug in the judge, not a
+    verdict. `prompt` is the prompt's position in the judge call, re-raised naming the dataset
+    row (`at_row`) as `JudgeError` is."""
+
+    def __init__(self, who: str, value: Any, where: str, expected: str, *, prompt=None, row=None):
+        self.who, self.value, self.where, self.expected, self.prompt = who, value, where, expected, prompt
+        place = f"dataset row {row}, " if row is not None else f"prompt {prompt}, " if prompt is not None else ""
+        super().__init__(
+            f"{who} returned {type(value).__name__} {value!r:.40} for {place}{where}; expected {expected}"
+        )
+
+    def at_row(self, row: int) -> NotANumber:
+        return NotANumber(self.who, self.value, self.where, self.expected, row=row)
+
+
+def as_number(
+    value: Any, who: str, where: str, expected: str = "a number (int or float)", *, prompt: int | None = None
+) -> float:
+    """A judge function's result as a float; `NotANumber` naming `who` (the judge), `where` (the
+    candidate) and `prompt` (its prompt's position in the call) for anything but a number:
+    "0.7" or True are a judge's bug, not a verdict."""
     if isinstance(value, (str, bytes, bool, np.bool_)) or not hasattr(value, "__float__"):
-        raise TypeError(f"{who} returned {type(value).__name__} {value!r:.40} for {where}; expected {expected}")
+        raise NotANumber(who, value, where, expected, prompt=prompt)
     return float(value)
 
 

@@ -73,7 +73,7 @@ class PythonJudge:
                 self.stats.count_call()
                 at = dict(allow=self.allow_abstain, where=f"candidate {k} ({self.name})", prompt=p)
                 row.append(
-                    _call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"prompt {p}, candidate {k}")
+                    _call(self.fn, (prompt, resp), self.stats, at, "score", self.name, f"candidate {k}", prompt=p)
                 )
             out.append(row)
         return out
@@ -129,10 +129,14 @@ class PythonPairwiseJudge:
         return preferences_both_orders(self.judge_pairs, prompts, responses, self.stats)
 
 
-def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, name: str, where: str) -> float | Abstain:
+def _call(
+    fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, name: str, where: str, prompt: int | None = None
+) -> float | Abstain:
     """fn(*args) as a float; a user function's exception, a non-finite value or one beyond
     float32 is an abstention, counted in `stats` (or an error where `at` forbids abstaining).
-    A result that is not a number is a TypeError naming the judge (`name`) and `where` (the candidate)."""
+    A result that is not a number is a `NotANumber` naming the judge (`name`), `where` (the
+    candidate) and `prompt` (its prompt's position in the call, which `apply_judge` turns into
+    the dataset row)."""
     try:
         out = fn(args, where=at["where"], prompt=at["prompt"]) if isinstance(fn, TimedCalls) else fn(*args)
     except JudgeTimeout:
@@ -141,6 +145,6 @@ def _call(fn: Callable, args: tuple, stats: JudgeStats, at: dict, what: str, nam
         return stats.abstain(str(e), **at)
     except Exception as e:  # a user function: any failure is an abstention, counted
         return stats.abstain(f"{type(e).__name__}: {e}", **at)
-    v = as_number(out, f"judge {name}", where)
+    v = as_number(out, f"judge {name}", where, prompt=prompt)
     reason = unusable_score(v, what)
     return v if reason is None else stats.abstain(reason, **at)

@@ -212,5 +212,5 @@ def as_rewards(name: str, out: Any, where: list[tuple[int, int]]) -> list[float]
         if v is None:
             rewards.append(math.nan)
             continue
-        rewards.append(as_number(v, f"reward function {name}", f"prompt {p}, candidate {k}", "a number or None"))
+        rewards.append(as_number(v, f"reward function {name}", f"candidate {k}", "a number or None", prompt=p))
     return rewards

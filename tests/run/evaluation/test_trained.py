@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 
 import pytest
 import yaml
@@ -132,8 +134,101 @@ def test_what_a_trained_model_evaluation_needs_is_named(tmp_path, tiny_model):
     (tmp_path / "out").mkdir(exist_ok=True)
     with pytest.raises(ValueError, match=r"no trained model in .*out \(no config.json or adapter_config.json\)"):
         opened(eval={"judge": JUDGE, "held_out": 2})
-    with pytest.raises(ValueError, match=r"no trained model at .*absent: run `axolotl train"):
+    with pytest.raises(ValueError, match=r"no trained model at .*absent: no such folder \(.* holds: out\)"):
         opened(str(tmp_path / "absent"), eval={"judge": JUDGE, "held_out": 2})
+
+
+def _whole_checkpoint(model, folder, step, of):
+    """A checkpoint of `folder` holding `model`'s weights whole, at `step` of `of`."""
+    checkpoint = folder / f"checkpoint-{step}"
+    shutil.copytree(model, checkpoint)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": of}))
+    return checkpoint
+
+
+def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path, tiny_model, monkeypatch):
+    """`pofe eval --model M` of a model whose weights are cut short (a full disk, a partial copy),
+    whose index names a shard that is missing, that is still training, or that is no folder at all
+    (a typo): each refused naming the file, and the newest whole checkpoint to evaluate instead,
+    before any evaluation state is written (it wrote pofe-eval/pofe-run.json, then failed with a
+    safetensors traceback naming no file; a typo was told to give --output)."""
+    from transformers import AutoModelForCausalLM
+
+    from pofe.locks import FolderLock
+    from pofe.run.evaluation.evaluate import evaluate_run
+
+    path, _, _ = _loaded(tmp_path, tiny_model, eval={"judge": JUDGE, "held_out": 2})
+
+    def refused(model) -> str:
+        with pytest.raises(ValueError) as error:
+            evaluate_run(path, model=str(model))
+        assert not list(tmp_path.rglob("pofe-eval"))  # nothing written: no state a report would read
+        return str(error.value)
+
+    cut = tmp_path / "m" / "cut"
+    shutil.copytree(tiny_model, cut)
+    weights = cut / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: size // 2])
+    assert refused(cut) == (
+        f"{weights} has {size // 2} bytes; its header says {size}: it cannot be evaluated. It holds no whole "
+        f"checkpoint: train it again (`axolotl train {path}`)."
+    )
+    checkpoint = _whole_checkpoint(tiny_model, cut, 2, 4)
+    assert refused(cut).endswith(
+        f"Its newest whole checkpoint is {checkpoint} (step 2 of 4): evaluate it with --model {checkpoint}."
+    )
+
+    sharded = tmp_path / "m" / "sharded"
+    AutoModelForCausalLM.from_pretrained(tiny_model).save_pretrained(sharded, max_shard_size="1MB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) == 2
+    shards[1].unlink()
+    assert refused(sharded).startswith(f"{sharded} lacks {shards[1].name}, named in its model.safetensors.index.json")
+
+    training = tmp_path / "m" / "training"
+    shutil.copytree(tiny_model, training)
+    with FolderLock.acquire(training / "pofe-train.lock", print, "axolotl train", RuntimeError):
+        said = refused(training)
+    assert said.startswith(f"{training} is still being trained (`axolotl train`, PID {os.getpid()} on host ")
+    assert said.endswith(
+        "it cannot be evaluated. Wait for the training to finish: it has written no whole checkpoint yet."
+    )
+
+    config = tmp_path / "m" / "config-cut"
+    shutil.copytree(tiny_model, config)
+    (config / "config.json").write_text((config / "config.json").read_text()[:30])
+    assert refused(config).startswith(f"{config / 'config.json'} is not valid JSON (")
+
+    monkeypatch.chdir(tmp_path)
+    assert refused("m/typo") == (
+        f"no trained model at {tmp_path / 'm' / 'typo'}: no such folder (m holds: config-cut, cut, sharded, "
+        "training). Run "
+        f"`axolotl train {path}` first, or give --model the folder of a trained model"
+    )
+
+
+def test_a_report_needs_a_finished_evaluation_of_a_model_still_whole(tmp_path, tiny_model):
+    """`pofe report` of a trained model's evaluation: none there (an evaluation that stopped writes
+    no state) is named with the command that makes one; an evaluation whose pi_1 has since been cut
+    (or retrained and killed) is refused naming the file, not reported as that model."""
+    from pofe.run.evaluation.trained import check_reportable
+    from pofe.run.folder import RoundRecord, RunState
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    folder = RunFolder(model / "pofe-eval")
+    with pytest.raises(ValueError, match=rf"^no evaluation in {folder.root}: `axolotl pofe eval r.yml` \(with"):
+        check_reportable(folder, "r.yml")
+    rounds = {"1": RoundRecord(policy_in=str(tiny_model), policy_out=str(model))}
+    folder.root.mkdir()
+    RunState(folder.state, "r.yml", "f", "rrhf", rounds=rounds, final_policy=str(model), kind="trained").save()
+    check_reportable(folder, "r.yml")
+    (model / "model.safetensors").unlink()
+    with pytest.raises(
+        ValueError, match=rf"^pi_1 is not whole now: {model} holds no weights .* this training did not"
+    ):
+        check_reportable(folder, "r.yml")
 
 
 def test_an_evaluation_judge_beside_the_recipes_judge_is_refused():

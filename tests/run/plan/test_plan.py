@@ -286,6 +286,29 @@ def test_cli_json(tmp_path):
     assert "round 1 train" in text.output and "WARNING: base_model: nobody/not-cached is not in the" in text.output
 
 
+def test_an_output_in_a_missing_folder_is_refused_before_planning(tmp_path, monkeypatch):
+    """`--output no/such/dir/plan.json`: a usage error naming the folder, before the plan is made
+    (it was a FileNotFoundError traceback after planning)."""
+    from click.testing import CliRunner
+
+    from pofe.cli import pofe
+    from pofe.run.plan import planner
+
+    def planned(*args, **kwargs):
+        raise AssertionError("planned before the output was checked")
+
+    monkeypatch.setattr(planner, "plan_recipe", planned)
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(_recipe(output_dir=str(tmp_path / "out"), base_model="nobody/not-cached")))
+    out = tmp_path / "no" / "such" / "plan.json"
+    result = CliRunner().invoke(pofe, ["plan", str(recipe), "--output", str(out)])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for --output: the folder {out.parent} does not exist: create it, or give a file in an" in (
+        " ".join(result.output.split())
+    )
+    assert not (tmp_path / "no").exists()
+
+
 def test_a_local_base_model_that_is_not_there_is_an_error(tmp_path, monkeypatch):
     """A base_model that can only be a local path (absolute, ./relative, or a/b/c) and does not
     exist: the run could not start, so plan exits 1 saying the path is not found, naming the key

@@ -468,6 +468,7 @@ def test_a_run_shorter_than_logging_steps_is_reported_as_such(tmp_path):
     rep = collect(folder)
     assert rep["rounds"][0]["train"] | {"curves": None} == {
         "steps": 1,
+        "max_steps": None,
         "logging_steps": 10,
         "first_loss": None,
         "last_loss": None,

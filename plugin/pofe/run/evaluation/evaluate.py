@@ -281,9 +281,11 @@ def evaluate_run(
             run = open_run(recipe_path, cfg, folder)
             skipped, on_train = headline_plan(run)
             return evaluate(run, held_out_set(run), skipped, on_train, echo)
-    run, held_out, skipped = open_trained(recipe_path, raw, cfg, model, output, overrides, echo)
+    run, held_out, skipped, record = open_trained(recipe_path, raw, cfg, model, output, overrides, echo)
     with holding_run(run.folder, echo, EVAL):
-        return evaluate(run, held_out, skipped, {}, echo)
+        folder = evaluate(run, held_out, skipped, {}, echo)
+        record()
+        return folder
 
 
 def evaluate(

@@ -29,18 +29,25 @@ The evaluation's folder (`--output`, else `<model>/pofe-eval`) is laid out as a 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import yaml
 
-from pofe.files import write_atomic, write_jsonl_atomic
+from pofe.errors import PofeError
+from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
+from pofe.locks import TRAIN_LOCK, describe, holder
 from pofe.logs import Echo
 from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts, trained_as_text
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
 from pofe.run.recipe import recipe_fingerprint
+from pofe.run.weights import weights_problem
 
 NO_HEADLINE = (
     "one trained model's evaluation: the headline sets a round's model beside the round's own candidates, "
@@ -77,8 +84,9 @@ def report_folder(recipe_path: str, model: str | None, output: str | None, outpu
 
 def open_trained(
     recipe_path, raw: dict, cfg, model: str | None, output, overrides: dict | None, echo: Echo
-) -> tuple[EvalRun, HeldOut, str]:
-    """The trained model's evaluation, set up: (its run, its held-out prompts, why it has no headline)."""
+) -> tuple[EvalRun, HeldOut, str, Callable[[], None]]:
+    """The trained model's evaluation, set up once the model is found whole (`_check_model`): (its
+    run, its held-out prompts, why it has no headline, what writes its state once it has run)."""
     from axolotl.loaders import load_tokenizer
 
     pcfg = checked_eval(recipe_path, cfg)
@@ -100,13 +108,16 @@ def open_trained(
     prompts = [r[pcfg.eval.prompt_column] for r in rows]
     as_text = trained_as_text(cfg, pcfg, prompts)  # rendered as training rendered them
     references = reference_pairs(tokenizer, prompts, [r.get(pcfg.eval.reference_column) for r in rows], as_text)
-    _write_state(folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
+    folder.root.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(folder.held_out_prompts, rows)
     _copy_trainer_state(Path(model), folder)
     echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
     run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
     columns = other_columns(rows, pcfg.eval.prompt_column)
-    return run, HeldOut(prompts, render_prompts(tokenizer, prompts, as_text), references, source, columns), NO_HEADLINE
+    held_out = HeldOut(prompts, render_prompts(tokenizer, prompts, as_text), references, source, columns)
+    # the state last, once the evaluation has run: one that fails leaves none a report would read as one
+    record = partial(_write_state, folder, recipe_path, raw, pcfg.method, pi_0, _local(model), overrides)
+    return run, held_out, NO_HEADLINE, record
 
 
 def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
@@ -136,16 +147,109 @@ def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
     return [{ecfg.prompt_column: p} for p in prompts], source
 
 
+class ModelNotWhole(PofeError, ValueError):
+    """The model to evaluate is not there whole: absent, still training, or its weights cut."""
+
+
 def _check_model(model: str, recipe_path) -> None:
-    """A local folder must hold a model or a PEFT adapter (a hub id is left to the loader)."""
+    """The model must be whole before anything is written (`model_problem`); each refusal names the
+    file and, when the folder has one, its newest whole checkpoint to evaluate instead. A name that
+    is no local folder and cannot be a hub id's is refused as a missing folder; a hub id is left to
+    the loader."""
     path = Path(model)
-    if path.exists() and not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
-        raise ValueError(
-            f"no trained model in {path} (no config.json or adapter_config.json): run `axolotl train {recipe_path}` "
-            "first, or give the model with --model"
+    if not path.exists():
+        _check_absent(model, recipe_path)
+        return
+    problem = model_problem(path)
+    if problem is not None:
+        raise ModelNotWhole(f"{problem}: it cannot be evaluated. {_instead(path, recipe_path)}")
+
+
+def model_problem(path: Path) -> str | None:
+    """Why the model folder `path` is not whole now, or None: it holds no model or PEFT adapter, its
+    config is not JSON (cut short), `axolotl train` still holds it (its `TRAIN_LOCK`), or its
+    weights are not whole (`weights_problem`: every file and shard, none cut short)."""
+    configs = [path / name for name in ("config.json", "adapter_config.json") if (path / name).is_file()]
+    if not configs:
+        return f"no trained model in {path} (no config.json or adapter_config.json)"
+    for config in configs:
+        try:
+            json.loads(config.read_text())
+        except ValueError as e:
+            return f"{config} is not valid JSON ({e}): cut short or edited"
+    training = holder(path / TRAIN_LOCK)
+    if training is not None:
+        return (
+            f"{path} is still being trained (`axolotl train`, {describe(training)}): its weights are written when "
+            "the training ends"
         )
-    if not path.exists() and model.startswith((".", "/")):
-        raise ValueError(f"no trained model at {path}: run `axolotl train {recipe_path}` first, or give --model")
+    problem = weights_problem(path)
+    if problem is not None and (path / "config.json").is_file() and "holds no weights" in problem:
+        problem += (
+            " (axolotl writes config.json when a training starts and the weights when it ends: this training "
+            "did not end)"
+        )
+    return problem
+
+
+def check_reportable(folder: RunFolder, recipe_path) -> None:
+    """`axolotl pofe report` of `report_folder`'s folder: an iterated run's passes; a trained model's
+    evaluation must be there (its state, written once it has run), and pi_1, when still on disk,
+    whole now (`model_problem`): a report of it as it was evaluated would present a folder since
+    retrained, cut or killed as that model."""
+    if not folder.state.exists():
+        raise ModelNotWhole(
+            f"no evaluation in {folder.root}: `axolotl pofe eval {recipe_path}` (with the --model and --output "
+            "given here) writes one, its pofe-run.json once it has run; an evaluation that stopped leaves none"
+        )
+    state = RunState.read(folder.state)
+    model = Path(state.final_policy or "")
+    if state.kind != "trained" or not model.is_dir() or (problem := model_problem(model)) is None:
+        return
+    raise ModelNotWhole(
+        f"pi_1 is not whole now: {problem}. The evaluation in {folder.root} was of it as it was then; evaluate it "
+        f"again once whole. {_instead(model, recipe_path)}"
+    )
+
+
+def _instead(path: Path, recipe_path) -> str:
+    """What to do about a model folder that is not whole: wait for the training that holds it, or
+    evaluate its newest whole checkpoint; train it again when it has none."""
+    training = holder(path / TRAIN_LOCK) is not None
+    for checkpoint in reversed(checkpoints(path)):
+        if weights_problem(checkpoint) is None:
+            try:
+                state = json.loads((checkpoint / "trainer_state.json").read_text())
+                at = f" (step {state['global_step']} of {state['max_steps']})"
+            except (OSError, ValueError, KeyError, TypeError):
+                at = ""
+            evaluate = f"evaluate it with --model {checkpoint}"
+            return f"Its newest whole checkpoint is {checkpoint}{at}: " + (
+                f"wait for the training to finish, or {evaluate}." if training else f"{evaluate}."
+            )
+    if training:
+        return "Wait for the training to finish: it has written no whole checkpoint yet."
+    return f"It holds no whole checkpoint: train it again (`axolotl train {recipe_path}`)."
+
+
+def _check_absent(model: str, recipe_path) -> None:
+    """A model that is not on disk: refused when it can only be a local path (absolute, ./relative,
+    or under a folder that exists here), naming what that folder holds; else a hub id, refused
+    only offline and not in the hub's cache."""
+    path = Path(model).expanduser()
+    parent = path.parent
+    if model.startswith((".", "/", "~")) or (str(parent) != "." and parent.is_dir()):
+        near = sorted(p.name for p in parent.iterdir() if p.is_dir())[:8] if parent.is_dir() else []
+        holds = f" ({parent} holds: {', '.join(near)})" if near else f" ({parent} does not exist either)"
+        raise ModelNotWhole(
+            f"no trained model at {path.resolve()}: no such folder{holds}. Run `axolotl train {recipe_path}` "
+            "first, or give --model the folder of a trained model"
+        )
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and weights_fingerprint(model) in ("not cached", "not found"):
+        raise ModelNotWhole(
+            f"no trained model at {model}: neither a local folder (from {Path.cwd()}) nor a model in the hub's "
+            "cache, and HF_HUB_OFFLINE=1 forbids downloading it. Give --model a trained model's folder"
+        )
 
 
 def _local(path: str) -> str:
@@ -153,7 +257,8 @@ def _local(path: str) -> str:
 
 
 def _write_state(folder: RunFolder, recipe_path, raw: dict, method: str, pi_0: str, model: str, overrides) -> None:
-    """pofe-run.json (kind "trained") and round-1/recipe.yml, written anew at each evaluation."""
+    """pofe-run.json (kind "trained") and round-1/recipe.yml, written anew at each evaluation, once
+    it has run."""
     state = RunState(
         folder.state,
         recipe=str(Path(recipe_path).resolve()),

@@ -45,6 +45,7 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
     diagnostic = curves.get(key, [])
     return {
         "steps": state["global_step"],  # steps run; the last logged one is a multiple of logging_steps
+        "max_steps": state.get("max_steps"),  # steps planned: more than `steps` in a checkpoint's, or a stopped run's
         "logging_steps": state.get("logging_steps"),
         "first_loss": steps[0]["loss"] if steps else None,
         "last_loss": steps[-1]["loss"] if steps else None,

@@ -355,6 +355,12 @@ def render_markdown(rep: dict, plots: dict[str, str]) -> str:
             f"pi_1 = `{round_1['policy_out']}` (trained), pi_0 = `{round_1['policy_in']}` (its base); "
             f"evaluation and this report in `{rep['output_dir']}`.",
         ]
+        train = round_1["train"] or {}
+        if train.get("max_steps") and train["steps"] < train["max_steps"]:
+            md.append(
+                f"**pi_1 was trained {train['steps']} of {train['max_steps']} steps**: its training had not ended "
+                "(a checkpoint, or a training stopped early), as its trainer_state.json records."
+            )
     else:
         md = [
             f"# POFE run report: {rep['method'].upper()}, {rep['rounds_finished']} of {rep['rounds_planned']} rounds",

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from pofe.args.online import OnlineConfig
-from pofe.run.folder import RunFolder, RunState
+from pofe.run.folder import CHECKPOINT, RunFolder, RunState
 from pofe.run.provenance import online_record
 from pofe.run.report.cells import fmt, table
 
@@ -43,6 +43,12 @@ def online_training(folder: RunFolder, state: RunState) -> tuple[dict | None, di
     settings = OnlineConfig.model_validate(block["online"])
     output_dir = Path(state.round(1).policy_out)
     refreshes = written_refreshes(output_dir)
+    checkpoint = CHECKPOINT.fullmatch(output_dir.name)
+    if checkpoint and not refreshes:
+        # a checkpoint of the training, evaluated on its own: its refreshes are its output_dir's,
+        # those whose first step it trained
+        output_dir = output_dir.parent
+        refreshes = [r for r in written_refreshes(output_dir) if r.start_step < int(checkpoint.group(1))]
     part = {
         "folder": str(output_dir / FOLDER),
         "refresh_every": settings.refresh_every,

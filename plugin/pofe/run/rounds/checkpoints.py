@@ -24,23 +24,13 @@ from __future__ import annotations
 
 import json
 import re
-import struct
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from transformers.utils import (
-    ADAPTER_SAFE_WEIGHTS_NAME,
-    ADAPTER_WEIGHTS_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-)
-
 from pofe.files import file_sha256, not_json, stable_hash, write_atomic
 from pofe.run.folder import RunStateMismatch, checkpoints
+from pofe.run.weights import WEIGHTS, file_problem, weights_problem
 
 # transformers.trainer's names for a checkpoint's parts, written out: importing that module in the
 # runner costs 4 s and prints torchao's warnings to the console (a test holds them equal)
@@ -55,15 +45,6 @@ DATA_KEY = "<candidates data.jsonl>"
 # a rank's partition in DeepSpeed's global_step<N>/: `[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt`
 # (stage 3 also `zero_pp_rank_<r>_mp_rank_00_model_states.pt`; DeepSpeed still reads `..._00optim_states.pt`)
 PARTITION = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_?(model|optim)_states\.pt")
-# the weights files transformers' `Trainer._load_from_checkpoint` looks for, any one of which will do
-WEIGHTS = (
-    SAFE_WEIGHTS_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    ADAPTER_SAFE_WEIGHTS_NAME,
-    ADAPTER_WEIGHTS_NAME,
-)
 # `Trainer._save_rng_state`: `rng_state.pth` from one process, `rng_state_<rank>.pth` from each of several
 RNG_STATE = re.compile(r"rng_state(?:_(\d+))?\.pth")
 
@@ -118,35 +99,6 @@ def check_resume(train_dir: Path, checkpoint: Path, identity: dict[str, str], t:
     )
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return f"{path} has {size} bytes, not even its header's length"
-        (n,) = struct.unpack("<Q", head)
-        try:
-            header = json.loads(f.read(n))
-        except ValueError:
-            return f"{path}'s header is cut short or not JSON"
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    need = 8 + n + max(ends, default=0)
-    return None if size >= need else f"{path} has {size} bytes; its header says {need}"
-
-
-def file_problem(path: Path) -> str | None:
-    """Why a checkpoint file is unusable (cut short), or None. Cheap: a safetensors file's
-    header against its size; a torch (zip) file's central directory, which is written last."""
-    if path.suffix == ".safetensors":
-        return _safetensors_problem(path)
-    if path.suffix in (".pt", ".pth", ".bin") and path.stat().st_size:
-        try:
-            zipfile.ZipFile(path).close()
-        except (zipfile.BadZipFile, OSError) as e:
-            return f"{path} is cut short or damaged ({e})"
-    return None
-
-
 def cut_file(checkpoint: Path) -> str | None:
     """The first file of `checkpoint` that is cut short, described; None when all look whole."""
     for path in sorted(checkpoint.rglob("*")):
@@ -170,22 +122,14 @@ def read_trainer_state(checkpoint: Path) -> dict | str:
 
 
 def _weights_problem(checkpoint: Path) -> str | None:
-    """Why `Trainer._load_from_checkpoint` would find no weights (or a sharded index's shard
-    is missing), or None. FSDP's own layout is taken as transformers takes it."""
-    names = [name for name in WEIGHTS if (checkpoint / name).is_file()]
+    """Why `Trainer._load_from_checkpoint` would find no weights whole (`pofe.run.weights`), or
+    None. FSDP's own layout is taken as transformers takes it."""
     fsdp = (checkpoint / f"{FSDP_MODEL_NAME}.bin").is_file() or any(
         p.is_dir() and FSDP_MODEL_NAME in p.name for p in checkpoint.iterdir()
     )
-    if not names and not fsdp:
-        return f"{checkpoint} holds no weights (none of {', '.join(WEIGHTS)})"
-    for index in {SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME} & set(names):
-        try:
-            shards = set(json.loads((checkpoint / index).read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return f"{checkpoint / index} is cut short or holds no weight_map"
-        if missing := sorted(s for s in shards if not (checkpoint / s).is_file()):
-            return f"{checkpoint} lacks {', '.join(missing)}, named in its {index}"
-    return None
+    if fsdp and not any((checkpoint / name).is_file() for name in WEIGHTS):
+        return None
+    return weights_problem(checkpoint)
 
 
 def missing_part(checkpoint: Path, state: dict, deepspeed: bool) -> str | None:

@@ -1,0 +1,19 @@
+"""Python judges the online tests train with, imported by `axolotl train` from the repository
+(`PYTHONPATH`): the demo's reward, or another judge, or one that misbehaves where a test needs it."""
+
+from __future__ import annotations
+
+from pofe.demo.task import reward
+
+
+def halved(prompt: str, response: str) -> float:
+    """Another judge than the demo's: half its reward."""
+    return reward(prompt, response) / 2
+
+
+def abstains_on_a_quarter(prompt: str, response: str) -> float:
+    """The demo's reward, but raising (an abstention) on about a quarter of the responses: those
+    whose characters' code points sum to a multiple of 4."""
+    if sum(map(ord, response)) % 4 == 0:
+        raise ValueError(f"no verdict on {response!r}")
+    return reward(prompt, response)
