@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.translate import translate_raw_config
-from pofe.errors import record_uncaught_errors
+from pofe.errors import show_pofe_errors
 from pofe.logs import redact_logger
 from pofe.methods import method_spec
 from pofe.paths import check_unexpanded_paths
+
+
+def debug_log(cfg: dict) -> str:
+    """axolotl's log of a run, `<output_dir>/debug.log` (`axolotl.utils.tee.prepare_debug_log`),
+    from the raw config: output_dir's default is axolotl's schema's."""
+    from axolotl.utils.schemas.config import AxolotlInputConfig
+
+    output_dir = cfg.get("output_dir") or AxolotlInputConfig.model_fields["output_dir"].default
+    return str(Path(output_dir) / "debug.log")
 
 
 class PofePlugin(BasePlugin):
@@ -32,8 +42,9 @@ class PofePlugin(BasePlugin):
         return self._validated[1]
 
     def register(self, cfg: dict):
-        # in a stage of `axolotl pofe run`, a POFE error reaches the runner as its message
-        record_uncaught_errors()
+        # a POFE error ends the console with its message; the traceback goes to axolotl's own
+        # log of the run (it tees the console to output_dir/debug.log), or the console with --debug
+        show_pofe_errors(debug_log(cfg), debug=bool(cfg.get("debug")))
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so
         # the run follows the SFT builder path with POFE's trainer and collator.
         translate_raw_config(cfg)
