@@ -63,7 +63,7 @@ def check_command(words: list[str]) -> None:
         # a synopsis writes [--a x|y] [--b]: the option names are what is checked
         given = {w.strip("[]").split("=")[0] for w in rest if w.strip("[").startswith("--")}
         assert given <= known, f"{' '.join(words)}: no option {sorted(given - known)}"
-    elif words[1:3] == ["-m", "pofe.demo"] or words[:2] == ["python", "-m"] and words[2] == "pofe.demo":
+    elif words[1:3] == ["-m", "pofe.demo"]:
         from pofe.demo.__main__ import parse_args
 
         parse_args(words[3:])  # exits (argparse's error) on an option it does not take

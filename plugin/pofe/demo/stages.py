@@ -89,8 +89,17 @@ def held_out_prompts(train: list[str], seed: int) -> list[str]:
 
 
 def greedy(model: str | Path, prompts: dict[str, list[str]]) -> dict:
-    """The model's greedy reward on each prompt set (`greedy_reward`), samples as lists."""
-    scores = {name: greedy_reward(model, p) for name, p in prompts.items()}
+    """The model's greedy reward on each prompt set (`greedy_reward`), samples as lists; on one
+    thread, as the stages train (`ENV`): a float32 sum's order, and so a close call between two
+    answers, then depends on the CPU's instructions only, not on its number of cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scores = {name: greedy_reward(model, p) for name, p in prompts.items()}
+    finally:
+        torch.set_num_threads(threads)
     return {name: {**s, "samples": [list(sample) for sample in s["samples"]]} for name, s in scores.items()}
 
 
