@@ -27,7 +27,8 @@ def test_make_demo_prints_its_stages_and_one_table_in_80_lines(demo_console):
     stages = [line for line in lines if line.startswith("  done in ")]
     # prepare, then per offline recipe preprocess, train, evaluate; per online recipe train, evaluate
     assert len(stages) == 1 + 2 * 3 + 2 * 2
-    assert all(re.search(r"; log outputs/demo/logs/[\w-]+\.log$", line) for line in stages), stages
+    assert lines[1] == "POFE demo on the CPU, in outputs/demo (each stage's log in logs/ there)"
+    assert all(re.search(r"; log logs/[\w-]+\.log$", line) for line in stages), stages
     table = result_table(demo_console.results)
     assert "\n".join(table) in demo_console.console
     for noise in ("#@@", "[WARNING]", "Traceback", "torchao", "base_model:"):

@@ -69,4 +69,5 @@ def test_a_failed_stage_ends_the_console_with_its_error_and_log(tmp_path):
     assert errors[0].startswith("Error: rrhf/preprocess failed: judge gave no verdict for dataset row ")
     assert errors[-1] == f"(the stage's whole output, traceback included: {log.relative_to(tmp_path)})"
     assert proc.stdout.splitlines()[-1] == "RRHF: axolotl preprocess recipes/no-verdict.yml"
+    assert proc.stdout.splitlines()[0] == "POFE demo on the CPU, in outputs/demo (each stage's log in logs/ there)"
     assert "Traceback" not in proc.stdout + proc.stderr and "Traceback" in log.read_text()

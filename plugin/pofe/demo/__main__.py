@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = recipes(args)
     # the demo's logs, state and results: beside the (first) recipe's output_dir
     logs = Path(yaml.safe_load(paths[0].read_text())["output_dir"]).parent / "logs"
-    # the training stack prints as it loads (torchao's and bitsandbytes' warnings): to the demo's own log
+    # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
+    # imports load): to the demo's own log
     with output_to(logs / "demo.log", print):
         from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, prepare
     chosen = [DemoRecipe.read(path) for path in paths]
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = StatusLine() if StatusLine.possible() and not args.debug else None
     echo = lambda line: print(line, flush=True)  # noqa: E731
     demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)
-    print(f"POFE demo on the CPU, each stage's log in {demo.logs}")
+    print(f"POFE demo on the CPU, in {demo.folder} (each stage's log in {demo.logs.name}/ there)")
     try:
         results = demo.run()
     except StageFailed as e:

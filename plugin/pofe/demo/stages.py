@@ -24,6 +24,7 @@ from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
 from pofe.demo.tiny import build_tiny_model
 from pofe.files import write_atomic
 from pofe.logs import Echo
+from pofe.online.refresh import FOLDER, read_refresh
 from pofe.run.folder import RunState
 from pofe.run.rounds.processes import axolotl_command
 from pofe.run.rounds.runner import StageRunner
@@ -116,9 +117,6 @@ def candidates_summary(recipe: DemoRecipe) -> dict:
 
 def online_refreshes(recipe: DemoRecipe) -> list[dict]:
     """Each refresh's stats, in step order, from the run's output_dir (`pofe.online.refresh`)."""
-    # imported here: it loads the training stack, whose import-time warnings belong in a stage's log
-    from pofe.online.refresh import FOLDER, read_refresh
-
     folders = sorted((Path(recipe.cfg["output_dir"]) / FOLDER).glob("refresh-*"))
     return [read_refresh(folder)[2] for folder in folders]
 
