@@ -124,30 +124,40 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def moved(ranges: dict[str, list[str]]) -> list[str]:
-    """`figure lo-hi` for each figure whose range is not one value."""
-    return [f"{name} {lo}-{hi}" for name, (lo, hi) in ranges.items() if lo != hi]
+def moved(ranges: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The figures whose range over the runs is not one value."""
+    return {name: bounds for name, bounds in ranges.items() if bounds[0] != bounds[1]}
+
+
+def moved_table(changed: dict[str, list[str]], titles: list[str]) -> list[str]:
+    """A Markdown table of the moved figures (`<row> | <column>`: `lo-hi`): one row per table row,
+    one column per run that has any."""
+    rows = list(dict.fromkeys(name.split(" | ")[0] for name in changed))
+    columns = [t for t in titles if any(name.endswith(f" | {t}") for name in changed)]
+    lines = [f"| moved between CPU profiles | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    for row in rows:
+        cells = ["-".join(changed[f"{row} | {c}"]) if f"{row} | {c}" in changed else "" for c in columns]
+        lines.append(f"| {row} | {' | '.join(cells)} |")
+    return lines
 
 
 def demo_block(stored: dict) -> str:
-    """README.md's demo block: the native run's table, its times, what moved between profiles."""
+    """README.md's demo block: the native run's table, its time, the figures that moved between
+    CPU profiles with their ranges."""
     from pofe.demo.tables import figures, result_table
 
     native = stored["demo"]["native"]
-    ranges = spread([figures(results) for results in stored["demo"].values()])
-    changed = moved(ranges)
+    changed = moved(spread([figures(results) for results in stored["demo"].values()]))
     minutes, seconds = divmod(round(native["wall_seconds"]), 60)
     lines = ["```text", *result_table(native), "```", ""]
     lines.append(
-        f"`make demo` took {minutes} min {seconds:02d} s on {stored['machine']} (the seconds row: each recipe's "
-        "`axolotl` stages). Run under each CPU profile of `python -m benchmarks.demo_figures` (torch's, MKL's and "
-        f"oneDNN's kernels limited to {', '.join(stored['demo'])}), standing in for other CPUs, "
-        + (
-            f"these figures moved: {'; '.join(changed)}; every other was the same."
-            if changed
-            else "every figure was the same."
-        )
+        f"`make demo` took {minutes} min {seconds:02d} s on {stored['machine']}, shared with other work (the seconds "
+        "row: each recipe's `axolotl` stages). Run under each CPU profile of `python -m benchmarks.demo_figures` "
+        f"(torch's, MKL's and oneDNN's kernels limited to {', '.join(stored['demo'])}), standing in for other CPUs, "
+        + ("these figures moved; every other was the same:" if changed else "every figure was the same.")
     )
+    if changed:
+        lines += ["", *moved_table(changed, [r["title"] for r in native["runs"]])]
     return "\n".join(lines)
 
 
@@ -166,8 +176,11 @@ def iterated_block(stored: dict) -> str:
         interval = ", ".join(run["lc_ci95"])
         lines.append(f"| {run['seed']} | {rewards} | {run['use']} | {run['lc_vs_pi_0']} [{interval}] |")
     profiles = list(stored["iterated"]["profiles"].values())
-    ranges = spread([{m: p["held_out_reward"][m] for m in models} | {"lc": p["lc_vs_pi_0"]} for p in profiles])
-    changed = moved(ranges)
+    names = {m: f"{m}'s held-out reward" for m in models} | {"lc": "the chosen model's length-controlled win rate"}
+    ranges = spread(
+        [{names[m]: p["held_out_reward"][m] for m in models} | {names["lc"]: p["lc_vs_pi_0"]} for p in profiles]
+    )
+    changed = [f"{name} {lo}-{hi}" for name, (lo, hi) in moved(ranges).items()]
     lines += [
         "",
         f"Seed 0 is the two commands above; seeds 1 and 2 add `--seed 1` or `--seed 2` to both. Seed 0 under "

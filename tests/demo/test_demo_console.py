@@ -73,8 +73,17 @@ def readme_figures() -> tuple[dict[str, str], dict[str, tuple[float, float]]]:
         shown |= {
             f"{row[:LABEL].strip()} | {t}": row[a:b].strip() for t, (a, b) in zip(titles, cuts) if row[a:b].strip()
         }
-    moved = re.findall(r"([^;:]+ \| [^;]+?) (\d+\.\d+)-(\d+\.\d+)", note)
-    return shown, {name.strip(): (float(lo), float(hi)) for name, lo, hi in moved}
+    ranges = {}
+    rows = [line.strip("|").split("|") for line in note.splitlines() if line.startswith("| ")]
+    if rows:  # the table of the figures that moved: a row per table row, a column per run
+        (_, *columns), *body = rows
+        for label, *cells in body:
+            ranges |= {
+                f"{label.strip()} | {c.strip()}": tuple(map(float, cell.strip().split("-")))
+                for c, cell in zip(columns, cells, strict=True)
+                if cell.strip()
+            }
+    return shown, ranges
 
 
 def test_the_readme_shows_the_figures_the_demo_printed(demo_console):

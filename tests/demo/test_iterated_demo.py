@@ -50,8 +50,10 @@ def readme_seed_0() -> tuple[dict[str, str], dict[str, tuple[float, float]]]:
     header, _, seed_0, *rest = table.splitlines()
     cells = dict(zip(header.strip("|").split("|"), seed_0.strip("|").split("|"), strict=True))
     note = "\n".join(rest)
-    moved = re.findall(r"(pi_\d|lc) (\d+\.\d+)-(\d+\.\d+)", note)
-    return {k.strip(): v.strip() for k, v in cells.items()}, {m: (float(lo), float(hi)) for m, lo, hi in moved}
+    moved = re.findall(r"(pi_\d+)'s held-out reward (\d+\.\d+)-(\d+\.\d+)", note)
+    moved += re.findall(r"(?:the chosen model's )(length-controlled) win rate (\d+\.\d+)-(\d+\.\d+)", note)
+    ranges = {("lc" if m == "length-controlled" else m): (float(lo), float(hi)) for m, lo, hi in moved}
+    return {k.strip(): v.strip() for k, v in cells.items()}, ranges
 
 
 def test_the_readme_shows_the_figures_this_run_printed(iterated_report):
