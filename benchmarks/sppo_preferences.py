@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sppo_preferences.json")
     args = parser.parse_args(argv)
 
-    from pofe.demo.__main__ import NEAR_MISSES, NUM_TRAIN_PROMPTS
+    from pofe.demo.stages import NEAR_MISSES, NUM_TRAIN_PROMPTS
     from pofe.demo.task import make_prompt_rows, write_jsonl
     from pofe.demo.tiny import build_tiny_model
 

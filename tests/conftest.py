@@ -19,6 +19,15 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_console(tmp_path_factory):
+    """The README's `make demo`, run once per session (`tests/demo_run.py`): every test that reads
+    it is marked `xdist_group("demo")`, so one worker runs it."""
+    from tests.demo_run import run_make_demo
+
+    return run_make_demo(tmp_path_factory.mktemp("make-demo"))
+
+
+@pytest.fixture(scope="session")
 def tiny64_model(tmp_path_factory) -> Path:
     """A narrower tiny model (hidden 64) for the many forward/backward comparisons."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny64") / "model", hidden_size=64)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import click
 
@@ -23,6 +29,28 @@ class PofeGroup(click.Group):
         except (PofeError, ValueError) as e:
             record_error(e)  # run as a stage of `axolotl pofe run`: the runner shows this message
             raise click.ClickException(str(e)) from e
+
+
+@contextmanager
+def json_stdout() -> Iterator[TextIO]:
+    """The stream a `--json` command writes its JSON to; anything else the process prints from
+    here on (through Python or a C library: torchao's warnings as the planner loads models'
+    code, axolotl's log lines) goes to stderr, by moving file descriptor 1 onto stderr's.
+
+    `python -m pofe.cli plan --json` prints the JSON alone. Under `axolotl pofe` the JSON follows
+    axolotl's banner, which its CLI prints and flushes (colorama wraps stdout when axolotl.cli is
+    imported) before it imports a plugin's command: nothing of POFE runs before it. Under click's
+    CliRunner (no file descriptor) the command's own stream is used as it is.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        yield sys.stdout
+        return
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)  # for good: stdout's buffer is flushed (to stderr) at exit
+    with os.fdopen(saved, "w", encoding="utf-8") as out:
+        yield out
 
 
 class FiniteFloat(click.FloatRange):
@@ -171,7 +199,7 @@ def run(
     "--output",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write the JSON plan to this file (axolotl's CLI prints its banner on stdout first).",
+    help="Write the JSON plan to this file as well (under `axolotl pofe`, stdout starts with axolotl's banner).",
 )
 def plan(
     config: str,
@@ -198,10 +226,16 @@ def plan(
             f"the folder {Path(output).parent} does not exist: create it, or give a file in an existing folder",
             param_hint="--output",
         )
-    result = plan_recipe(config, PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device), prompts)
+    options = PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device)
+    if not as_json:
+        result = plan_recipe(config, options, prompts)
+        click.echo(render_text(result))
+    else:
+        with json_stdout() as out:
+            result = plan_recipe(config, options, prompts)
+            out.write(json.dumps(result, indent=2) + "\n")
     if output:
         write_atomic(Path(output), json.dumps(result, indent=2) + "\n")
-    click.echo(json.dumps(result, indent=2) if as_json else render_text(result))
 
 
 @pofe.command(name="eval")
@@ -284,3 +318,9 @@ def recipes(names: tuple[str, ...], destination: Path, force: bool):
     for name in names:
         for line in copy_recipe(name, destination, force):
             click.echo(f"wrote {line}")
+
+
+if __name__ == "__main__":
+    # `python -m pofe.cli plan recipe.yml --json`: POFE's commands without axolotl's CLI around them
+    # (whose banner comes first on stdout)
+    pofe(prog_name="python -m pofe.cli")

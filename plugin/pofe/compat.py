@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,17 @@ ENTRIES["AXOLOTL_CONFIG_LOGGER"] = Entry(
 AXOLOTL_CONFIG_LOGGER = "axolotl.cli.config"
 
 
+@entry(
+    reaches="axolotl: where prepare_debug_log (axolotl.utils.tee) tees a run's console, <output_dir>/debug.log",
+    names=("debug.log",),
+    written_for="axolotl 0.19.0, 0.21.0",
+    goes_when="axolotl hands a plugin its log of the run (or POFE keeps tracebacks in a log of its own)",
+)
+def axolotl_debug_log(output_dir: str) -> str:
+    """The file axolotl tees the console of a run with `output_dir` into."""
+    return os.path.join(output_dir, "debug.log")
+
+
 # -- vLLM (in process) --------------------------------------------------------------------------
 
 
@@ -377,21 +389,22 @@ def vllm_shutdown(llm) -> None:
 
 
 @entry(
-    reaches="Python: sys.excepthook, replaced process-wide by a hook that calls the one before it",
+    reaches="Python: sys.excepthook, replaced process-wide by a hook that may pass to the one before it",
     names=("excepthook",),
     written_for="Python 3.11, 3.12",
-    goes_when="axolotl's CLI hands a plugin's uncaught errors to the plugin (then `pofe.errors` writes them there)",
+    goes_when="axolotl's CLI hands a plugin's uncaught errors to the plugin (then `pofe.errors` shows them there)",
 )
-def chain_excepthook(before: Callable[[BaseException], None], marker: str) -> None:
-    """Call `before(error)` ahead of the current `sys.excepthook` for every uncaught error;
-    once per process (`marker` names the hook's attribute that says it is installed)."""
+def chain_excepthook(handle: Callable[[type, BaseException, Any], bool], marker: str) -> None:
+    """Give every uncaught error to `handle(kind, error, traceback)` first; the `sys.excepthook`
+    before it still runs unless `handle` returns True (it showed the error itself). Once per
+    process (`marker` names the hook's attribute that says it is installed)."""
     if getattr(sys.excepthook, marker, False):
         return
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
-        before(value)
-        previous(kind, value, traceback)
+        if not handle(kind, value, traceback):
+            previous(kind, value, traceback)
 
     setattr(hook, marker, True)
     sys.excepthook = hook

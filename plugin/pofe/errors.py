@@ -1,7 +1,8 @@
 """`PofeError`: the base of POFE's own errors.
 
 Each error says what was wrong and what to do, so `axolotl pofe ...` shows its message
-alone, not a traceback (`pofe.cli`). Each subclass also keeps the builtin it refines
+alone, not a traceback (`pofe.cli`), and so do `axolotl train` and `axolotl preprocess`
+(`show_pofe_errors`, installed by the plugin). Each subclass also keeps the builtin it refines
 (`ValueError` for bad input, `RuntimeError` for a state POFE cannot go on from), so code
 that catches those still does.
 
@@ -9,6 +10,7 @@ This module is a leaf: standard library only (and `pofe.compat`).
 """
 
 import os
+import sys
 
 from pofe.compat import chain_excepthook
 
@@ -34,9 +36,50 @@ def record_error(error: BaseException) -> None:
     os.replace(tmp, path)
 
 
-def record_uncaught_errors() -> None:
-    """In a stage process, an uncaught PofeError is also written by `record_error` before
-    Python prints its traceback (which stays in the stage's log). Installed once; a no-op
-    outside `axolotl pofe run`'s stages."""
-    if ERROR_FILE_ENV in os.environ:
-        chain_excepthook(record_error, marker="records_pofe_errors")
+# What `show_pofe_errors` was last told: where tracebacks go, and whether `--debug` shows them
+_SHOWN: dict[str, object] = {"traceback_log": None, "debug": False}
+
+
+def show_pofe_errors(traceback_log: str | None = None, debug: bool = False) -> None:
+    """An uncaught PofeError ends this process's output with its message alone (installed
+    once through `pofe.compat.chain_excepthook`, its settings updated at each call).
+
+    In `axolotl train` or `axolotl preprocess`: the message goes to stderr, the traceback to
+    `traceback_log` (axolotl's `<output_dir>/debug.log`, which also holds the run's whole
+    output; a file in the temporary folder when that folder does not exist yet, as when the
+    recipe itself is refused), named under the message. `debug` (axolotl's `--debug`) prints
+    the traceback as Python would. In a stage of `axolotl pofe run` the error goes to the runner
+    (`record_error`) and the traceback to the stage's log, which holds the stage's output.
+    Any other exception is printed as Python would.
+    """
+    _SHOWN.update(traceback_log=traceback_log, debug=debug)
+    chain_excepthook(_show_pofe_error, marker="shows_pofe_errors")
+
+
+def _show_pofe_error(kind, value, tb) -> bool:
+    """Record the error for the runner; a PofeError outside a stage and without `--debug` is
+    shown as its message (True), anything else is left to Python's hook (False)."""
+    record_error(value)
+    if not isinstance(value, PofeError) or _SHOWN["debug"] or ERROR_FILE_ENV in os.environ:
+        return False
+    where = _write_traceback(kind, value, tb)
+    sys.stderr.write(f"Error: {value}\n(the traceback: {where}; `--debug` prints it here)\n")
+    sys.stderr.flush()
+    return True
+
+
+def _write_traceback(kind, value, tb) -> str:
+    """Append the traceback to the log `show_pofe_errors` was given (or a new temporary file); its path."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(kind, value, tb))
+    log = _SHOWN["traceback_log"]
+    if not log or not os.path.isdir(os.path.dirname(os.path.abspath(log))):
+        handle, log = tempfile.mkstemp(prefix="pofe-error-", suffix=".log")
+        os.close(handle)
+    sys.stdout.flush()  # what the process printed before goes first in a log it shares
+    sys.stderr.flush()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(text)
+    return log

@@ -19,8 +19,8 @@ from axolotl.integrations.base import BasePlugin
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
-from pofe.compat import AXOLOTL_CONFIG_LOGGER
-from pofe.errors import PofeError, record_uncaught_errors
+from pofe.compat import AXOLOTL_CONFIG_LOGGER, axolotl_debug_log
+from pofe.errors import PofeError, show_pofe_errors
 from pofe.locks import TRAIN_LOCK, FolderLock, describe
 from pofe.logs import get_logger, redact_logger
 from pofe.methods import method_spec
@@ -29,11 +29,16 @@ from pofe.recipe_modules import add_recipe_dirs
 
 LOG = get_logger(__name__)
 
-LOG = get_logger(__name__)
-
 
 class TrainingRefused(PofeError, RuntimeError):
     """Another training holds the output_dir."""
+
+
+def debug_log(cfg: dict) -> str:
+    """axolotl's log of a run, from the raw config (output_dir's default is axolotl's schema's)."""
+    from axolotl.utils.schemas.config import AxolotlInputConfig
+
+    return axolotl_debug_log(cfg.get("output_dir") or AxolotlInputConfig.model_fields["output_dir"].default)
 
 
 class PofePlugin(BasePlugin):
@@ -55,8 +60,10 @@ class PofePlugin(BasePlugin):
         return self._validated[1]
 
     def register(self, cfg: dict):
-        # in a stage of `axolotl pofe run`, a POFE error reaches the runner as its message
-        record_uncaught_errors()
+        # a POFE error ends the console with its message; the traceback goes to axolotl's own
+        # log of the run (it tees the console to output_dir/debug.log), or the console with --debug;
+        # in a stage of `axolotl pofe run`, it reaches the runner as its message
+        show_pofe_errors(debug_log(cfg), debug=bool(cfg.get("debug")))
         # a judge module beside the recipe or in the working directory imports, here and in children
         add_recipe_dirs(cfg.get("axolotl_config_path"))
         # `rl:` is a closed enum in axolotl: take rrhf/sppo out before validation, so

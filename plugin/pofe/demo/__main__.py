@@ -6,128 +6,38 @@ model, add the dataset's responses, judge with the verifiable reward) and
 `axolotl train` on the method's shipped recipe (`tiny-rrhf-cpu.yml`, `tiny-sppo-cpu.yml`
 in `pofe/recipes/`, the repository's `recipes/`). It greedy-decodes the prompts with the model before and
 after training and prints the reward side by side with the candidates' mean and best-of-k
-reward. `make demo` runs both methods, then both online (`--online`: the recipes
-`tiny-<method>-online-cpu.yml`, whose candidates are sampled from the policy as it
-trains inside `axolotl train`; the table then shows the policy's samples' reward at the first
-and the last refresh).
+reward. `--online` trains on the shipped `tiny-<method>-online-cpu.yml`, whose candidates are
+sampled from the policy as it trains inside `axolotl train` (the table then shows the policy's
+samples' reward at the first and the last refresh); `--all` (what `make demo` runs) trains every
+method offline, then online, and prints one table.
+
+The console shows each stage as `axolotl pofe run` does (`pofe.demo.stages`); each stage's whole
+output is in its log, named when a stage fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-from pofe.demo.evaluate import greedy_reward
-from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
-from pofe.demo.tiny import build_tiny_model
-from pofe.online.refresh import FOLDER, read_refresh
+from pofe.demo.tables import result_table, sample_lines
+from pofe.run.rounds.processes import StageFailed, output_to
+from pofe.run.rounds.runner import StatusLine
 from pofe.shipped_recipes import find
 
-NUM_TRAIN_PROMPTS = 60
-NUM_HELD_OUT = 40
-NEAR_MISSES = 3
 METHODS = ("rrhf", "sppo")
 
 
-def prepare(recipe: dict, seed: int) -> list[dict]:
-    """Write the tiny model and the prompt rows where the recipe expects them."""
-    build_tiny_model(Path(recipe["base_model"]), seed=seed)
-    rows = make_prompt_rows(NUM_TRAIN_PROMPTS, k_wrong=NEAR_MISSES, seed=seed)
-    write_jsonl(rows, Path(recipe["datasets"][0]["path"]))
-    return rows
-
-
-def axolotl(command: str, recipe_path: Path) -> float:
-    """Run `axolotl <command> recipe` as a user would; returns its wall time."""
-    bin_dir = Path(sys.executable).parent
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "AXOLOTL_DO_NOT_TRACK": "1",
-        "WANDB_MODE": "disabled",
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    start = time.perf_counter()
-    cmd = [str(bin_dir / "axolotl"), command, str(recipe_path)]
-    if command == "train":
-        cmd += ["--launcher", "python"]
-    print(f"$ {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, env=env, check=True)
-    return time.perf_counter() - start
-
-
-def candidates_summary(recipe: dict, method: str) -> dict:
-    """The summary.json of the candidates this run built: the newest of the method's under the
-    recipe's dataset_prepared_path (the two tiny recipes share one; each method has its folders)."""
-    found = [
-        (path.stat().st_mtime, summary)
-        for path in Path(recipe["dataset_prepared_path"]).glob("pofe-candidates-*/summary.json")
-        if (summary := json.loads(path.read_text()))["method"] == method
-    ]
-    return max(found, key=lambda pair: pair[0])[1]
-
-
-def print_table(method: str, summary: dict, seconds: float, before: dict, after: dict) -> None:
-    """The before/after table: greedy reward and exact match on the training prompts, greedy
-    reward on held-out ones, and the candidates' mean and best-of-k reward."""
-    kept = summary["candidates_per_prompt"]["mean"]
-    judged = sum(summary["candidates_by_source"].values()) / summary["rows"]
-    trained = f", {kept:.1f} trained on" if f"{kept:.1f}" != f"{judged:.1f}" else ""
-    print(
-        f"\n{method.upper()} on {summary['rows']} addition prompts, {judged:.1f} candidates per prompt "
-        f"(sampled + dataset){trained}, preprocess + train took {seconds:.0f} s\n"
-    )
-    print_greedy(before, after)
-    print(f"{'candidates: mean reward':34}{summary['mean_candidate_reward']:>10.3f}")
-    print(f"{'candidates: best-of-k (ceiling)':34}{summary['mean_best_of_k_reward']:>10.3f}")
-    print_samples(before, after)
-
-
-def print_online_table(method: str, refreshes: list[dict], seconds: float, before: dict, after: dict) -> None:
-    """The online run's table: greedy rewards as offline, and the policy's own samples' mean and
-    best-of-k reward at the first and the last refresh (each refresh's `refresh.json` stats)."""
-    first, last = refreshes[0], refreshes[-1]
-    print(
-        f"\nONLINE {method.upper()} on {int(first['prompts'])} addition prompts, {len(refreshes)} refreshes "
-        f"of the candidates from the policy as it trained, train took {seconds:.0f} s\n"
-    )
-    print_greedy(before, after)
-    print(f"{'':34}{'refresh 1':>11}{f'refresh {len(refreshes)}':>11}")
-    for name, key in (
-        ("policy samples: mean reward", "candidate_reward_mean"),
-        ("policy samples: best-of-k", "candidate_reward_best"),
-    ):
-        print(f"{name:34}{first[key]:>11.3f}{last[key]:>11.3f}")
-    print_samples(before, after)
-
-
-def online_refreshes(recipe: dict) -> list[dict]:
-    """Each refresh's stats, in step order, from the run's output_dir (`pofe.online.refresh`)."""
-    folders = sorted((Path(recipe["output_dir"]) / FOLDER).glob("refresh-*"))
-    return [read_refresh(folder)[2] for folder in folders]
-
-
-def print_greedy(before: dict, after: dict) -> None:
-    train, held = (before["train"], after["train"]), (before["held_out"], after["held_out"])
-    print(f"{'':34}{'before':>10}{'after':>10}")
-    print(f"{'greedy reward, training prompts':34}{train[0]['mean_reward']:>10.3f}{train[1]['mean_reward']:>10.3f}")
-    print(f"{'exact match, training prompts':34}{train[0]['exact_match']:>10.3f}{train[1]['exact_match']:>10.3f}")
-    print(f"{'greedy reward, held-out prompts':34}{held[0]['mean_reward']:>10.3f}{held[1]['mean_reward']:>10.3f}")
-
-
-def print_samples(before: dict, after: dict) -> None:
-    print("\nsamples (prompt -> before | after):")
-    for (p, b, _), (_, a, r) in list(zip(before["train"]["samples"], after["train"]["samples"]))[:6]:
-        print(f"  {p:<7} -> {b!r:<12} | {a!r:<8} reward {r:.2f}")
+def recipes(args: argparse.Namespace) -> list[Path]:
+    """The recipes to run: the user's, every method's (`--all`: offline, then online), or one."""
+    if args.recipe:
+        return [args.recipe]
+    online = [False, True] if args.all else [args.online]
+    methods = METHODS if args.all else (args.method,)
+    return [find(f"tiny-{m}{'-online' if o else ''}-cpu").path for o in online for m in methods]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -151,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "as it trains, every pofe.online.refresh_every steps, inside one `axolotl train`.",
     )
     parser.add_argument(
+        "--all",
+        action="store_true",
+        help="Every method, offline then online, one table for all (what `make demo` runs).",
+    )
+    parser.add_argument(
         "--recipe",
         type=Path,
         default=None,
@@ -164,43 +79,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Seed of the tiny model's weights and of the prompts (default 0); training keeps the recipe's.",
     )
     parser.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="With --prepare-only: how many prompt rows to write (default 60; a recipe whose pofe.eval.held_out "
+        "keeps some from training, or whose rounds split them, may want more).",
+    )
+    parser.add_argument(
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself (`axolotl pofe recipes NAME` copies a "
-        "shipped one into recipes/).",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="Stream every stage's whole output (axolotl's banner, config and warnings, tracebacks) to the "
+        "console as well; a failure ends with its traceback. Otherwise each stage's output is in its log.",
     )
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    recipe_path = args.recipe or find(f"tiny-{args.method}{'-online' if args.online else ''}-cpu").path
-    recipe = yaml.safe_load(recipe_path.read_text())
-    rows = prepare(recipe, args.seed)
-    print(f"wrote a tiny model to {recipe['base_model']} and {len(rows)} prompts")
+    paths = recipes(args)
+    # the demo's logs, state and results: beside the (first) recipe's output_dir
+    logs = Path(yaml.safe_load(paths[0].read_text())["output_dir"]).parent / "logs"
+    # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
+    # imports load): to the demo's own log
+    with output_to(logs / "demo.log", print):
+        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, prepare
+    chosen = [DemoRecipe.read(path) for path in paths]
     if args.prepare_only:
-        return
-    method = recipe["rl"]
-    prompts = {"train": [r["prompt"] for r in rows]}
-    # operands are drawn without replacement, so the tail of a longer list is unseen
-    tail = make_prompts(NUM_TRAIN_PROMPTS + NUM_HELD_OUT, seed=args.seed)[NUM_TRAIN_PROMPTS:]
-    prompts["held_out"] = [p for p in tail if p not in set(prompts["train"])]
-    before = {name: greedy_reward(recipe["base_model"], p) for name, p in prompts.items()}
-    online = "online" in (recipe.get("pofe") or {})
-    # online, the candidates are sampled inside `axolotl train`: nothing to preprocess
-    seconds = (0.0 if online else axolotl("preprocess", recipe_path)) + axolotl("train", recipe_path)
-    after = {name: greedy_reward(recipe["output_dir"], p) for name, p in prompts.items()}
-    if online:
-        print_online_table(method, online_refreshes(recipe), seconds, before, after)
-        return
-    print_table(method, candidates_summary(recipe, method), seconds, before, after)
+        with output_to(logs / "demo.log", print):
+            rows = prepare(chosen[0].cfg, args.seed, args.prompts or NUM_TRAIN_PROMPTS)
+        print(f"wrote a tiny model to {chosen[0].cfg['base_model']} and {len(rows)} prompts")
+        return 0
+    progress = StatusLine() if StatusLine.possible() and not args.debug else None
+    echo = lambda line: print(line, flush=True)  # noqa: E731
+    demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)
+    print(f"POFE demo on the CPU, in {demo.folder} (each stage's log in {demo.logs.name}/ there)")
+    try:
+        results = demo.run()
+    except StageFailed as e:
+        if args.debug:
+            raise
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    print()
+    print("\n".join(result_table(results)))
+    print()
+    print("\n".join(sample_lines(results)))
     print(
-        "\nThe tiny model learns the training prompts; held-out additions stay hard for a 2-layer, "
-        "128-wide model. Best-of-k is the ceiling RRHF converges to; SPPO moves each candidate's "
-        "log-probability by its win rate, so its greedy answer rises towards the candidates' best."
+        f"\nThe tiny model learns its {NUM_TRAIN_PROMPTS} training prompts; held-out additions stay hard for a "
+        "2-layer, 128-wide model.\nBest-of-k is the ceiling RRHF converges to; SPPO moves each candidate's "
+        "log-probability by its win rate."
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

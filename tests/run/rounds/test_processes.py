@@ -203,13 +203,13 @@ def test_pofe_warnings_reach_the_console_and_library_warnings_stay_in_the_log(tm
 
 
 def test_a_pofe_error_in_the_stage_is_the_whole_message(tmp_path):
-    """A stage (as axolotl's CLI runs the plugin: `record_uncaught_errors` in `register`) raises a
+    """A stage (as axolotl's CLI runs the plugin: `show_pofe_errors` in `register`) raises a
     PofeError: StageFailed says that message and where the traceback is, nothing else; the
     log keeps the traceback."""
     log = tmp_path / "preprocess.log"
     stage = (
-        "from pofe.errors import PofeError, record_uncaught_errors\n"
-        "record_uncaught_errors()\n"
+        "from pofe.errors import PofeError, show_pofe_errors\n"
+        "show_pofe_errors()\n"
         "raise PofeError(\"dataset d.jsonl, row 2, field 'rewards': expected a number. Fix or remove this row.\")"
     )
     with pytest.raises(StageFailed) as err:

@@ -167,3 +167,39 @@ def test_a_command_holds_the_runners_fds_and_gets_its_env(state, tmp_path):
         os.close(read_end)
         os.close(write_end)
     assert on_disk(state)["stages"]["s"]["status"] == "done"
+
+
+def test_work_in_this_process_goes_to_its_log_and_a_failure_names_it(state, tmp_path):
+    """`in_process`: what the stage's own process prints (file descriptors 1 and 2: Python's
+    streams write there outside pytest's capture, C libraries always) goes to the log its end line names; an exception leaves its traceback there and ends the stage with
+    StageFailed, POFE's message as it is, any other as `Kind: message`, and the log's path."""
+    said = []
+    runner = StageRunner(state, echo=said.append, stream=False)
+    log = tmp_path / "logs" / "prepare.log"
+
+    def work():
+        with runner.in_process(log):
+            os.write(1, b"a library's warning\n")
+            os.write(2, b"a C library's line\n")
+
+    runner.run("prepare", work, says="prepare")
+    assert said == ["prepare", "  done in 1 s; log logs/prepare.log"]
+    assert log.read_text().splitlines() == ["a library's warning", "a C library's line"]
+
+    from pofe.errors import PofeError
+
+    for error, shown in ((PofeError("row 2: fix it"), "row 2: fix it"), (KeyError("x"), "KeyError: 'x'")):
+
+        def failing(error=error):
+            with runner.in_process(tmp_path / "logs" / "evaluate.log"):
+                raise error
+
+        with pytest.raises(StageFailed) as failed:
+            runner.run("evaluate", failing, says="evaluate")
+        log_path = tmp_path / "logs" / "evaluate.log"
+        assert (
+            str(failed.value)
+            == f"evaluate failed: {shown}\n(the stage's whole output, traceback included: {log_path})"
+        )
+        assert "Traceback (most recent call last):" in log_path.read_text()
+        assert on_disk(state)["stages"]["evaluate"]["status"] == "running"

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pofe.errors import PofeError
 from pofe.logs import Echo
 from pofe.run.folder import RunState
 from pofe.run.guards import LOCK_FD_ENV
-from pofe.run.rounds.processes import StageFailed, run_logged
+from pofe.run.rounds.processes import StageFailed, output_to, run_logged
 
 # What a stage's work returns: the facts its finish records (None: none).
 Facts = Mapping[str, Any] | None
@@ -134,3 +137,22 @@ class StageRunner:
         error and `log` if it exits with an error."""
         self.logs.append(log)
         run_logged(cmd, log, self.echo, self.stream, self.keep_fds, {**self.env, **(env or {})}, self.progress)
+
+    @contextmanager
+    def in_process(self, log: Path) -> Iterator[None]:
+        """Work of the running stage done in this process: its output (file descriptors 1 and 2,
+        `output_to`) goes to `log`, which the stage's end line names, as a stage process's does;
+        an exception's traceback goes there too, and `StageFailed` says what it was and where.
+        With `stream`, the output stays on the console (no log)."""
+        if self.stream:
+            yield
+            return
+        self.logs.append(log)
+        try:
+            with output_to(log, self.echo):
+                yield
+        except Exception as e:
+            with log.open("a", encoding="utf-8") as f:
+                f.write(traceback.format_exc())
+            what = str(e) if isinstance(e, PofeError) else f"{type(e).__name__}: {e}"
+            raise StageFailed(f"{what}\n(the stage's whole output, traceback included: {log})") from e

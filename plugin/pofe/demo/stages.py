@@ -1,0 +1,233 @@
+"""The demo's stages, run and shown as `axolotl pofe run` runs and shows its own.
+
+Each recipe of the demo is a few named stages (`pofe.run.rounds.runner.StageRunner`): the
+tiny model and prompts with the model's greedy answers before training (`prepare`, once for
+all the recipes that share them), `axolotl preprocess` (offline recipes), `axolotl train`, and
+the trained model's greedy answers (`evaluate`). The console gets a line as a stage starts and
+one as it ends, with how long it took, what it made and its log; each stage's whole output
+(axolotl's banner and config, library warnings, a traceback) goes to its log in
+`<demo folder>/logs/`. The numbers of the result table are written to `demo-results.json`
+beside them (`pofe.demo.tables` prints them; `benchmarks/demo_figures.py` writes the README's
+copy from them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pofe.demo.evaluate import greedy_reward
+from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
+from pofe.demo.tiny import build_tiny_model
+from pofe.files import write_atomic
+from pofe.logs import Echo
+from pofe.online.refresh import FOLDER, read_refresh
+from pofe.run.folder import RunState
+from pofe.run.rounds.processes import axolotl_command
+from pofe.run.rounds.runner import StageRunner
+
+NUM_TRAIN_PROMPTS = 60
+NUM_HELD_OUT = 40
+NEAR_MISSES = 3
+RESULTS = "demo-results.json"
+STATE = "pofe-demo.json"
+# the demo's stages run offline, on the CPU's cores one thread each (two would contend on 2 cores)
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "AXOLOTL_DO_NOT_TRACK": "1",
+    "WANDB_MODE": "disabled",
+}
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """A recipe the demo runs: its file and its settings."""
+
+    path: Path
+    cfg: dict
+
+    @classmethod
+    def read(cls, path: Path) -> DemoRecipe:
+        return cls(path, yaml.safe_load(Path(path).read_text()))
+
+    @property
+    def online(self) -> bool:
+        return "online" in (self.cfg.get("pofe") or {})
+
+    @property
+    def title(self) -> str:
+        """Its column in the result table: `RRHF`, `SPPO online`."""
+        return self.cfg["rl"].upper() + (" online" if self.online else "")
+
+    @property
+    def name(self) -> str:
+        """Its stages' prefix and logs' names: `rrhf`, `sppo-online`."""
+        return self.title.lower().replace(" ", "-")
+
+    @property
+    def prompts_path(self) -> Path:
+        return Path(self.cfg["datasets"][0]["path"])
+
+
+def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[dict]:
+    """Write the tiny model and `prompts` prompt rows where the recipe expects them."""
+    build_tiny_model(Path(recipe["base_model"]), seed=seed)
+    rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
+    write_jsonl(rows, Path(recipe["datasets"][0]["path"]))
+    return rows
+
+
+def held_out_prompts(train: list[str], seed: int) -> list[str]:
+    """Prompts none of the training rows hold: operands are drawn without replacement, so the
+    tail of a longer list of the same seed is unseen."""
+    tail = make_prompts(NUM_TRAIN_PROMPTS + NUM_HELD_OUT, seed=seed)[NUM_TRAIN_PROMPTS:]
+    return [p for p in tail if p not in set(train)]
+
+
+def greedy(model: str | Path, prompts: dict[str, list[str]]) -> dict:
+    """The model's greedy reward on each prompt set (`greedy_reward`), samples as lists; on one
+    thread, as the stages train (`ENV`): a float32 sum's order, and so a close call between two
+    answers, then depends on the CPU's instructions only, not on its number of cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scores = {name: greedy_reward(model, p) for name, p in prompts.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return {name: {**s, "samples": [list(sample) for sample in s["samples"]]} for name, s in scores.items()}
+
+
+def candidates_summary(recipe: DemoRecipe) -> dict:
+    """The summary.json of the candidates this run built: the newest of the method's under the
+    recipe's dataset_prepared_path (the two tiny recipes share one; each method has its folders)."""
+    found = [
+        (path.stat().st_mtime, summary)
+        for path in Path(recipe.cfg["dataset_prepared_path"]).glob("pofe-candidates-*/summary.json")
+        if (summary := json.loads(path.read_text()))["method"] == recipe.cfg["rl"]
+    ]
+    return max(found, key=lambda pair: pair[0])[1]
+
+
+def online_refreshes(recipe: DemoRecipe) -> list[dict]:
+    """Each refresh's stats, in step order, from the run's output_dir (`pofe.online.refresh`)."""
+    folders = sorted((Path(recipe.cfg["output_dir"]) / FOLDER).glob("refresh-*"))
+    return [read_refresh(folder)[2] for folder in folders]
+
+
+class Demo:
+    """The stages of the demo's recipes, their logs in `logs`, their state and results in the
+    folder above it; every run starts over (the tiny model is written again, so nothing earlier
+    is reused)."""
+
+    def __init__(
+        self, recipes: list[DemoRecipe], seed: int, logs: Path, *, echo: Echo, stream: bool, progress: Echo | None
+    ):
+        self.recipes, self.seed = recipes, seed
+        self.logs, self.folder = logs, logs.parent
+        (self.folder / STATE).unlink(missing_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state = RunState.open(self.folder / STATE, fingerprint="demo", recipe=str(recipes[0].path), method="demo")
+        self.runner = StageRunner(state, echo=echo, stream=stream, progress=progress)
+
+    def in_process(self, name: str):
+        """A stage's work in this process, its output and traceback in `logs/<name>.log`."""
+        return self.runner.in_process(self.logs / f"{name}.log")
+
+    def run(self) -> dict:
+        """Every stage, then the results (also written to `demo-results.json`)."""
+        before = {}
+        for recipe in self.recipes:
+            key = (recipe.cfg["base_model"], str(recipe.prompts_path))
+            if key not in before:
+                before[key] = self.prepare(recipe, f"prepare-{len(before) + 1}" if before else "prepare")
+        runs = [
+            self.run_recipe(recipe, before[recipe.cfg["base_model"], str(recipe.prompts_path)])
+            for recipe in self.recipes
+        ]
+        results = {"seed": self.seed, "runs": runs}
+        write_atomic(self.folder / RESULTS, json.dumps(results, indent=1) + "\n")
+        return results
+
+    def prepare(self, recipe: DemoRecipe, stage: str) -> dict:
+        """The tiny model and prompts, and the model's greedy answers before training."""
+        found = {}
+
+        def work():
+            with self.in_process(stage):
+                train = [r["prompt"] for r in prepare(recipe.cfg, self.seed)]
+                found.update(prompts={"train": train, "held_out": held_out_prompts(train, self.seed)})
+                found.update(before=greedy(recipe.cfg["base_model"], found["prompts"]))
+
+        self.runner.run(
+            stage,
+            work,
+            says=f"prepare: a random 2-layer Llama and {NUM_TRAIN_PROMPTS} addition prompts (seed {self.seed}), "
+            "the model's greedy answers",
+            made=lambda _: (
+                f"{recipe.cfg['base_model']}, {recipe.prompts_path}, "
+                f"greedy reward {found['before']['train']['mean_reward']:.3f}"
+            ),
+        )
+        return found
+
+    def run_recipe(self, recipe: DemoRecipe, prepared: dict) -> dict:
+        """`axolotl preprocess` (offline) and `axolotl train` on the recipe, then its greedy answers."""
+        seconds = {}
+        if not recipe.online:  # online, the candidates are sampled inside `axolotl train`
+            seconds["preprocess"] = self.axolotl(recipe, "preprocess", self.candidates_made)
+        seconds["train"] = self.axolotl(recipe, "train", self.training_made)
+        after = {}
+
+        def work():
+            with self.in_process(f"{recipe.name}-evaluate"):
+                after.update(greedy(recipe.cfg["output_dir"], prepared["prompts"]))
+
+        self.runner.run(
+            f"{recipe.name}/evaluate",
+            work,
+            says=f"{recipe.title}: the trained model's greedy answers",
+            made=lambda _: (
+                f"greedy reward {after['train']['mean_reward']:.3f} on the training prompts, "
+                f"{after['held_out']['mean_reward']:.3f} held out"
+            ),
+        )
+        run = {"title": recipe.title, "recipe": str(recipe.path), "method": recipe.cfg["rl"], "online": recipe.online}
+        run.update(before=prepared["before"], after=after, seconds=seconds)
+        if recipe.online:
+            run["refreshes"] = online_refreshes(recipe)
+        else:
+            run["candidates"] = candidates_summary(recipe)
+        return run
+
+    def axolotl(self, recipe: DemoRecipe, command: str, made) -> float:
+        """`axolotl <command> recipe` as a stage process; its seconds."""
+        stage = f"{recipe.name}/{command}"
+        cmd = axolotl_command(command, str(recipe.path), *(["--launcher", "python"] if command == "train" else []))
+        self.runner.run(
+            stage,
+            lambda: self.runner.command(cmd, self.logs / f"{recipe.name}-{command}.log", ENV),
+            says=f"{recipe.title}: axolotl {command} {recipe.path}",
+            made=lambda _: made(recipe),
+        )
+        return self.runner.state.stages[stage]["seconds"]
+
+    def candidates_made(self, recipe: DemoRecipe) -> str:
+        summary = candidates_summary(recipe)
+        kept = summary["candidates_per_prompt"]["mean"]
+        judged = sum(summary["candidates_by_source"].values()) / summary["rows"]
+        trained = f" ({kept:.1f} kept)" if f"{kept:.1f}" != f"{judged:.1f}" else ""
+        return (
+            f"{summary['rows']} prompts x {judged:.1f} candidates{trained}, mean reward "
+            f"{summary['mean_candidate_reward']:.3f}, best-of-k {summary['mean_best_of_k_reward']:.3f}"
+        )
+
+    def training_made(self, recipe: DemoRecipe) -> str:
+        model = f"model {recipe.cfg['output_dir']}"
+        return f"{len(online_refreshes(recipe))} refreshes of the candidates, {model}" if recipe.online else model

@@ -1,0 +1,93 @@
+"""What a user's console ends with (issue 42): a POFE error in `axolotl preprocess` or `axolotl
+train` ends it with POFE's message alone (the traceback in axolotl's own log of the run, or on the
+console with `--debug`), and `--json` output is alone on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import AXOLOTL_ENV, ROOT, recipe, run_axolotl
+
+pytestmark = pytest.mark.e2e
+BAD_ROW = (
+    "dataset data.jsonl, row 2 (0-based), field 'rewards[1]': expected a number, got None. Fix or remove this row."
+)
+
+
+@pytest.fixture
+def bad_row_recipe(tmp_path, tiny_model) -> Path:
+    """An RRHF recipe whose third row has `null` for a reward."""
+    rows = [{"prompt": f"1+{i}=", "responses": [str(i + 1), "0"], "rewards": [1.0, 0.2]} for i in range(3)]
+    rows[2]["rewards"][1] = None
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = recipe(tmp_path, tiny_model, "rrhf", Path("data.jsonl"), "pofe.rrhf", output_dir="out")
+    return path
+
+
+def _ending(proc) -> list[str]:
+    return proc.stderr.strip().splitlines()[-2:]
+
+
+def test_a_bad_row_ends_axolotl_preprocess_with_pofes_message(bad_row_recipe, tmp_path):
+    """The message, then where the traceback is: axolotl's own log of the run (it tees the console
+    to output_dir/debug.log), which holds it; `--debug` prints the traceback instead."""
+    proc = run_axolotl("preprocess", "recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert _ending(proc) == [f"Error: {BAD_ROW}", "(the traceback: out/debug.log; `--debug` prints it here)"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    log = (tmp_path / "out" / "debug.log").read_text()
+    assert "Traceback (most recent call last):" in log and f"PofeDataError: {BAD_ROW}" in log
+
+    debug = run_axolotl("preprocess", "recipe.yml", "--debug", cwd=tmp_path, check=False)
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last):" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1] == f"pofe.data.formats.PofeDataError: {BAD_ROW}"
+
+
+def test_a_bad_row_ends_axolotl_train_with_pofes_message(bad_row_recipe, tmp_path):
+    """`axolotl train` under accelerate (axolotl's default launcher): the trainer's process ends
+    with POFE's message; accelerate adds its own traceback of the launch unless told `--quiet`
+    (its option, after `--`), which is how this checks the ending."""
+    env = {**os.environ, **AXOLOTL_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [str(Path(sys.executable).parent / "axolotl"), "train", "recipe.yml", "--", "--quiet"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert _ending(proc) == [f"Error: {BAD_ROW}", "(the traceback: out/debug.log; `--debug` prints it here)"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_plan_json_is_alone_on_stdout(tmp_path, tiny_model):
+    """`python -m pofe.cli plan --json`, a real process: stdout parses as JSON (the libraries'
+    lines went to stderr), with PYTHONUNBUFFERED set or not. Under `axolotl pofe` the JSON follows
+    axolotl's banner and nothing else: its CLI prints and flushes the banner before it imports a
+    plugin's command (docs/iterated.md says so)."""
+    from axolotl.cli.art import AXOLOTL_LOGO
+
+    raw = yaml.safe_load((ROOT / "recipes" / "tiny-sppo-cpu.yml").read_text())
+    raw.update(base_model=str(tiny_model), output_dir=str(tmp_path / "out"))
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, **AXOLOTL_ENV, "PYTHONUNBUFFERED": "1"}
+    alone = subprocess.run(
+        [sys.executable, "-m", "pofe.cli", "plan", "recipe.yml", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    plan = json.loads(alone.stdout)
+    assert plan["method"] == "sppo" and [s["stage"] for s in plan["stages"]][:2] == ["generate", "judge"]
+    under_axolotl = run_axolotl("pofe", "plan", "recipe.yml", "--json", cwd=tmp_path)
+    assert under_axolotl.stdout.startswith(AXOLOTL_LOGO + "\n")
+    again = json.loads(under_axolotl.stdout.removeprefix(AXOLOTL_LOGO + "\n"))
+    assert {k: v for k, v in again.items() if k != "free_disk_gb"} == {
+        k: v for k, v in plan.items() if k != "free_disk_gb"
+    }
