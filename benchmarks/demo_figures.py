@@ -92,7 +92,8 @@ def run_iterated(seed: int, profile: str) -> dict:
 
 def iterated_figures(report: dict) -> dict:
     """What the README's iterated table shows of a run's report.json: each model's held-out
-    reward, and the model the report says to use with its length-controlled win rate against pi_0."""
+    reward, and the model the report says to use (a verifier's run: by held-out reward) with its
+    reward gain over pi_0 and that gain's interval."""
     from pofe.run.report.cells import fmt
 
     held_out, choice = report["eval"], report["choice"]
@@ -100,8 +101,8 @@ def iterated_figures(report: dict) -> dict:
     return {
         "held_out_reward": rewards,
         "use": choice["name"],
-        "lc_vs_pi_0": fmt(choice["lc_vs_pi_0"]),
-        "lc_ci95": [fmt(x) for x in choice["lc_ci95"]],
+        "gain_vs_pi_0": fmt(choice["diff_vs_pi_0"]),
+        "gain_ci95": [fmt(x) for x in choice["diff_ci95"]],
         "clear": choice["clear"],
     }
 
@@ -168,17 +169,17 @@ def iterated_block(stored: dict) -> str:
     models = list(runs[0]["held_out_reward"])
     lines = [
         f"| seed | {' | '.join(f'{m} held-out reward' for m in models)} | the report: use | "
-        "its length-controlled win rate vs pi_0 [95 % interval] |",
+        "its held-out reward gain over pi_0 [95 % interval] |",
         "|---" * (len(models) + 3) + "|",
     ]
     for run in runs:
         rewards = " | ".join(run["held_out_reward"][m] for m in models)
-        interval = ", ".join(run["lc_ci95"])
-        lines.append(f"| {run['seed']} | {rewards} | {run['use']} | {run['lc_vs_pi_0']} [{interval}] |")
+        interval = ", ".join(run["gain_ci95"])
+        lines.append(f"| {run['seed']} | {rewards} | {run['use']} | {run['gain_vs_pi_0']} [{interval}] |")
     profiles = list(stored["iterated"]["profiles"].values())
-    names = {m: f"{m}'s held-out reward" for m in models} | {"lc": "the chosen model's length-controlled win rate"}
+    names = {m: f"{m}'s held-out reward" for m in models} | {"gain": "the chosen model's gain over pi_0"}
     ranges = spread(
-        [{names[m]: p["held_out_reward"][m] for m in models} | {names["lc"]: p["lc_vs_pi_0"]} for p in profiles]
+        [{names[m]: p["held_out_reward"][m] for m in models} | {names["gain"]: p["gain_vs_pi_0"]} for p in profiles]
     )
     changed = [f"{name} {lo}-{hi}" for name, (lo, hi) in moved(ranges).items()]
     lines += [

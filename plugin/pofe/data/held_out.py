@@ -68,9 +68,10 @@ def source_prompts(rows: Dataset, fmt: RowFormat, start: int = 0) -> list:
     return [source_prompt(row, start + i, fmt) for i, row in enumerate(rows)]
 
 
-def trained_held_out(cfg, pofe) -> tuple[list | None, str]:
-    """(the distinct prompts of the rows `pofe.eval.held_out` kept from training, where they
-    came from); (None, "") when it is not set."""
+def trained_held_out(cfg, pofe) -> tuple[list[dict] | None, str]:
+    """(one row per distinct prompt of the rows `pofe.eval.held_out` kept from training, where
+    they came from); (None, "") when it is not set. Each row is `{"prompt": its prompt as a judge
+    reads it, "columns": the dataset row's other columns}` (a reward function's `answer`)."""
     n = held_out_count(pofe, cfg.datasets)
     if not n:
         return None, ""
@@ -78,13 +79,14 @@ def trained_held_out(cfg, pofe) -> tuple[list | None, str]:
     fmt = RowFormat.of_entry(entry, 0, pofe)
     raw = load_entry(entry, cfg.hf_use_auth_token)
     _, held, _ = hold_out(raw, fmt, n)
-    prompts, seen = [], set()
-    for i, prompt in enumerate(source_prompts(held, fmt, start=len(raw) - n)):
+    rows, seen = [], set()
+    prompt_field = fmt.column("field_prompt")
+    for i, (row, prompt) in enumerate(zip(held, source_prompts(held, fmt, start=len(raw) - n))):
         key = prompt_key(_messages(prompt, fmt, len(raw) - n + i))
         if key not in seen:
             seen.add(key)
-            prompts.append(prompt)
-    return prompts, f"the last {n} rows of {entry.path} (pofe.eval.held_out), kept from training"
+            rows.append({"prompt": prompt, "columns": {c: v for c, v in row.items() if c != prompt_field}})
+    return rows, f"the last {n} rows of {entry.path} (pofe.eval.held_out), kept from training"
 
 
 def validation_prompts(train: Dataset, validation: Dataset) -> tuple[list, int]:

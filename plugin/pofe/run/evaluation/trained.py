@@ -127,8 +127,11 @@ def _held_out_rows(cfg, pcfg) -> tuple[list[dict], str]:
     ecfg = pcfg.eval
     if ecfg.prompts:
         return prompt_file_rows(ecfg.prompts), ecfg.prompts
-    prompts, source = trained_held_out(cfg, pcfg)
-    if prompts is None and cfg.val_set_size:
+    held, source = trained_held_out(cfg, pcfg)
+    if held is not None:
+        return [{**h["columns"], ecfg.prompt_column: h["prompt"]} for h in held], source
+    prompts = None
+    if cfg.val_set_size:
         from pofe.data.loader import load_pofe_datasets
 
         # the prepared rows, split as training split them (axolotl's own split, not shuffled)
