@@ -16,7 +16,7 @@ from pofe.paths import check_unexpanded_paths
 
 
 class PofePlugin(BasePlugin):
-    """Adds `rl: rrhf` and `rl: sppo` to axolotl. Every hook is a no-op unless one is set."""
+    """Adds `rl: rrhf`, `rl: sppo` and `rl: nash_md` to axolotl. Every hook is a no-op unless one is set."""
 
     # the last validated cfg and its `pofe:` block: axolotl hands every hook after `register`
     # the same validated cfg, so its block is validated once, not once per hook
