@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
-#               on the CPU, then both online (pofe.online), and prints each one's reward before and after
+#               on the CPU, then both online (pofe.online) and Nash-MD (online only), and prints
+#               each one's reward before and after
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
 #               test suite on Python 3.11 (axolotl 0.19), then the end-to-end subset marked
 #               `newest` on Python 3.12 with the newest axolotl POFE admits (0.21);
@@ -67,6 +68,7 @@ demo: install
 	$(PY) -m pofe.demo --method sppo
 	$(PY) -m pofe.demo --method rrhf --online
 	$(PY) -m pofe.demo --method sppo --online
+	$(PY) -m pofe.demo --method nash_md --online
 
 # ruff (lint and format) and import-linter's contracts (pyproject.toml), on the checkout as it is
 lint: install

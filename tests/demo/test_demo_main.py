@@ -30,11 +30,18 @@ def test_help_describes_every_option():
         parse_args(["--help"])
     proc = _demo(ROOT, "--help", timeout=120)
     assert proc.returncode == 0
-    for option in ("--method {rrhf,sppo}", "--recipe RECIPE", "--seed SEED", "--prepare-only"):
+    for option in ("--method {rrhf,sppo,nash_md}", "--recipe RECIPE", "--seed SEED", "--prepare-only"):
         assert option in proc.stdout
     # each option has its own help line, not argparse's bare name
     assert "rrhf (default): rank the candidates by their reward" in " ".join(proc.stdout.split())
     assert "Write the tiny model and the prompts where the recipe expects them" in " ".join(proc.stdout.split())
+
+
+def test_a_method_that_trains_online_only_asks_for_online():
+    from pofe.demo.__main__ import main
+
+    with pytest.raises(SystemExit, match="--method nash_md trains online only: add --online"):
+        main(["--method", "nash_md"])
 
 
 @pytest.mark.e2e

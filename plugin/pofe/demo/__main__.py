@@ -1,4 +1,4 @@
-"""`python -m pofe.demo`: RRHF or SPPO from prompts on a toy task, end to end on the CPU.
+"""`python -m pofe.demo`: RRHF, SPPO or Nash-MD from prompts on a toy task, end to end on the CPU.
 
 Builds a tiny random Llama and addition prompts ("12+7=") with a reference answer and
 near misses, then runs the real `axolotl preprocess` (sample candidates from the tiny
@@ -9,7 +9,9 @@ after training and prints the reward side by side with the candidates' mean and 
 reward. `make demo` runs both methods, then both online (`--online`: the recipes
 `recipes/tiny-<method>-online-cpu.yml`, whose candidates are sampled from the policy as it
 trains inside `axolotl train`; the table then shows the policy's samples' reward at the first
-and the last refresh).
+and the last refresh), and Nash-MD, which trains online only (`--method nash_md --online`,
+`recipes/tiny-nash-md-online-cpu.yml`: each sample judged against one of the mixture of the
+policy and the base model).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import yaml
 from pofe.demo.evaluate import greedy_reward
 from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
 from pofe.demo.tiny import build_tiny_model
+from pofe.methods import method_spec
 from pofe.online.refresh import FOLDER, read_refresh
 
 NUM_TRAIN_PROMPTS = 60
 NUM_HELD_OUT = 40
 NEAR_MISSES = 3
-METHODS = ("rrhf", "sppo")
+METHODS = ("rrhf", "sppo", "nash_md")
 
 
 def prepare(recipe: dict, seed: int) -> list[dict]:
@@ -104,8 +107,10 @@ def print_online_table(method: str, refreshes: list[dict], seconds: float, befor
     for name, key in (
         ("policy samples: mean reward", "candidate_reward_mean"),
         ("policy samples: best-of-k", "candidate_reward_best"),
+        ("preference over the mixture", "preference"),  # a method that plays the mixture (Nash-MD)
     ):
-        print(f"{name:34}{first[key]:>11.3f}{last[key]:>11.3f}")
+        if key in first:
+            print(f"{name:34}{first[key]:>11.3f}{last[key]:>11.3f}")
     print_samples(before, after)
 
 
@@ -141,7 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=METHODS,
         default="rrhf",
         help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
-        "(a verifier's sharp comparisons). Picks the recipe recipes/tiny-<method>-cpu.yml.",
+        "(a verifier's sharp comparisons); nash_md (with --online): a policy gradient on each sample's "
+        "preference over a sample of the mixture of the policy and the base model. Picks the recipe "
+        "recipes/tiny-<method>[-online]-cpu.yml (nash_md: tiny-nash-md-online-cpu.yml).",
     )
     parser.add_argument(
         "--online",
@@ -173,7 +180,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    recipe_path = args.recipe or Path("recipes") / f"tiny-{args.method}{'-online' if args.online else ''}-cpu.yml"
+    if args.recipe is None and method_spec(args.method).trains_online_only and not args.online:
+        raise SystemExit(f"python -m pofe.demo: --method {args.method} trains online only: add --online")
+    name = args.method.replace("_", "-")
+    recipe_path = args.recipe or Path("recipes") / f"tiny-{name}{'-online' if args.online else ''}-cpu.yml"
     recipe = yaml.safe_load(recipe_path.read_text())
     rows = prepare(recipe, args.seed)
     print(f"wrote a tiny model to {recipe['base_model']} and {len(rows)} prompts")

@@ -1,4 +1,4 @@
-"""The online trainer: RRHF's or SPPO's trainer, its batches refreshed from the moving policy.
+"""The online trainer: a method's trainer (RRHF's, SPPO's, Nash-MD's), its batches refreshed from the moving policy.
 
 transformers' training loop asks `get_batch_samples` for each optimizer step's micro-batches.
 Here, when the current window is used up, it takes the prompt batches of the next
@@ -197,7 +197,7 @@ class OnlineTraining:
 
     def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
-        kl_coef asks, and pi_0's when kl_coef asks (None: not measured)."""
+        pi_0's are measured, and pi_0's when kl_coef asks or the loss reads them (None: not measured)."""
         # a loss with its own KL reads pi_0's log-probs whatever kl_coef (and the log shows the KL)
         kl = self.pofe.online.kl_coef > 0 or self.spec.kl_in_loss
         if not rows or not (self.spec.needs_anchor or kl):
