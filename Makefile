@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11 and pip):
 #   make demo   builds a tiny model and toy data, trains RRHF and then SPPO with `axolotl train`
-#               on the CPU, then both online (pofe.online), and prints their rewards before and after
-#               in one table (`python -m pofe.demo --all`; each stage's output in outputs/demo/logs)
+#               on the CPU, then both online (pofe.online), then Nash-MD (online only), and prints
+#               their rewards before and after in one table (`python -m pofe.demo --all`; each
+#               stage's output in outputs/demo/logs)
 #   make test   runs the linters (`make lint`: ruff and import-linter's layer contracts), the
 #               test suite on Python 3.11 (axolotl 0.19), then on Python 3.12 with the newest
 #               axolotl POFE admits (0.21) and POFE installed as a wheel the end-to-end subset

@@ -18,6 +18,7 @@ from tests.helpers import ROOT
 
 ENTRIES = [
     "AXOLOTL_CONFIG_LOGGER",
+    "AXOLOTL_DEBUG_LOG",
     "StepBatches.get_batch_samples",
     "TrainerHooks.__init__",
     "TrainerHooks._set_signature_columns_if_needed",

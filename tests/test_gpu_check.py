@@ -220,3 +220,19 @@ def test_judges_stage_measures_the_reward_model_and_the_anchor_pass(tiny_check):
     anchor = report["judges"]["anchor_pass"]
     assert anchor["rows"] == 8
     assert rows["anchor pass vs one epoch's forwards"]["status"] == "measured"
+
+
+def test_online_nash_md_samples_the_mixture_and_pi_0_is_its_base(tiny_check):
+    """The online stage's Nash-MD run (QLoRA, the verifier judging each sample against the mixture's
+    opponent): refreshes at 0, 2, 4 of 8 prompts; at the first the policy (B = 0) and pi_0 score
+    every sample alike (the same float32 passes: a gap of exactly 0) and the mixture is the policy
+    (its per-token KL from it is float32 rounding); by the last both have moved."""
+    report, rows, _ = tiny_check
+    r = report["online_nash_md"]
+    assert rows["online nash_md-qlora (mixture 0.125)"]["status"] == "pass", rows[
+        "online nash_md-qlora (mixture 0.125)"
+    ]
+    assert r["refresh_steps"] == [0, 2, 4] and r["refresh_prompts"] == [8.0, 8.0, 8.0]
+    assert r["first_refresh_gaps"]["worst_over_tolerance"] == 0.0 and r["first_refresh_gaps"]["candidates"] >= 16
+    assert abs(r["mixture_kl"][0]) < 1e-6 and r["kl_to_base"][0] == 0.0 and r["kl_to_base"][-1] > 0.0
+    assert len(r["losses"]) == 6 and not r["repack_warning"]

@@ -133,10 +133,10 @@ def test_functions_are_short():
 # A method's name or label column compared outside `pofe.methods`: a branch that a new
 # method would have to edit. Reading a column by name (`row["rewards"]`) is not a branch.
 METHOD_BRANCHES = re.compile(
-    r"""(==|!=)\s*["'](rrhf|sppo|rewards|win_rates)["']"""  # x == "sppo"
-    r"""|["'](rrhf|sppo|rewards|win_rates)["']\s*(==|!=)"""  # "sppo" == x
-    r"""|\bin\s*[(\[{][^)\]}]*["'](rrhf|sppo)["']"""  # x in (None, "sppo")
-    r"""|["'](rrhf|sppo)["']\s+(not\s+)?in\b"""  # "sppo" in methods
+    r"""(==|!=)\s*["'](rrhf|sppo|nash_md|rewards|win_rates|preferences)["']"""  # x == "sppo"
+    r"""|["'](rrhf|sppo|nash_md|rewards|win_rates|preferences)["']\s*(==|!=)"""  # "sppo" == x
+    r"""|\bin\s*[(\[{][^)\]}]*["'](rrhf|sppo|nash_md)["']"""  # x in (None, "sppo")
+    r"""|["'](rrhf|sppo|nash_md)["']\s+(not\s+)?in\b"""  # "sppo" in methods
     r"""|["'](rewards|win_rates)["']\s+(not\s+)?in\s+\w+\.column_names"""  # a dataset's label column
     r"""|\.target\s*(==|!=)"""  # spec.target == ...
     r"""|pofe\.\{[^}]*method"""  # f"pofe.{method}": a dataset type made from a method name

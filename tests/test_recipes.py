@@ -112,7 +112,7 @@ def _raw(name: str) -> dict:
     return yaml.safe_load((RECIPES[0].parent / f"{name}.yml").read_text())
 
 
-@pytest.mark.parametrize("name", ["rrhf-qlora", "sppo-qlora"])
+@pytest.mark.parametrize("name", ["rrhf-qlora", "sppo-qlora", "nash-md-qlora-online"])
 def test_qlora_recipes_state_the_lora_kernels_off(name):
     raw = _raw(name)
     assert {k: raw[k] for k in LORA_KERNELS} == dict.fromkeys(LORA_KERNELS, False)

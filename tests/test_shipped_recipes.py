@@ -30,7 +30,8 @@ def test_the_list_names_each_recipe_with_its_first_clause():
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     assert len(lines) == len(shipped()) + 2  # a line each, a blank line, how to copy one
-    assert "sppo-qlora              SPPO with QLoRA on one 24-80 GB GPU, as the paper runs it" in lines
+    width = max(len(r.name) for r in shipped())  # names padded to the longest
+    assert f"{'sppo-qlora':<{width}}  SPPO with QLoRA on one 24-80 GB GPU, as the paper runs it" in lines
     assert lines[-1] == "`axolotl pofe recipes NAME` copies one into recipes/"
     zero3 = [line for line in lines if line.startswith("sppo-zero3 ")]
     assert zero3 and zero3[0].endswith("(+ recipes/deepspeed/zero3_bf16.json)")
@@ -84,7 +85,9 @@ def test_a_changed_copy_is_kept_unless_forced(tmp_path, monkeypatch):
 def test_an_unknown_name_lists_the_shipped_ones():
     out = recipes("sppo-qlroa")
     assert out.exit_code == 1
-    assert out.output.startswith("Error: no shipped recipe 'sppo-qlroa'; POFE ships rrhf-qlora-online, rrhf-qlora, ")
+    assert out.output.startswith(
+        "Error: no shipped recipe 'sppo-qlroa'; POFE ships nash-md-qlora-online, rrhf-qlora-online, "
+    )
 
 
 def test_the_readme_install_line_is_what_the_wheel_leg_installs():

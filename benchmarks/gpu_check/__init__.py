@@ -6,7 +6,8 @@
 Stages, each a module: `model` (a random ~1B Llama and a tokenizer that writes and adds BOS),
 `train` (SPPO and RRHF through `axolotl train`: full fine-tuning, and QLoRA with axolotl's LoRA
 kernels off and on), `online` (online RRHF with QLoRA and the KL penalty: the training model
-samples on the GPU, the adapter-disabled base scores as pi_0), `generate` (K = 5 from token ids through POFE's transformers backend, the
+samples on the GPU, the adapter-disabled base scores as pi_0; and `nash_md`, online Nash-MD with
+QLoRA, the mixture's opponents sampled token by token with pi_0's logits from the same model), `generate` (K = 5 from token ids through POFE's transformers backend, the
 prompt-identity check of issue 18; vLLM too where there is one), `prefix` (prefix sharing against
 the unshared layout on each attention backend, in numbers and time; chunked scoring's memory),
 `speed` (the CPU benchmark's ratios, tokens/s and MFU), `judges` (the reward-model judge against a

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from benchmarks.gpu_check import generate, judges, online, prefix, speed, train
+    from benchmarks.gpu_check import generate, judges, nash_md, online, prefix, speed, train
     from benchmarks.gpu_check.model import bos_behaviour, build_model, build_tokenizer
     from benchmarks.gpu_check.report import row, table, write
 
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
             )
             return None
         finally:
-            seconds[name] = time.time() - t0
+            seconds[name] = seconds.get(name, 0.0) + time.time() - t0
 
     max_tokens = 128 if cuda else 8
     runs = timed("train", train.run_all, args.work / "train", model, 2 if args.tiny else 20, cuda)
@@ -145,6 +145,10 @@ def main(argv=None) -> int:
     if online_run is not None:
         rows += online.checks(online_run)
         report["online"] = online_run
+    nash_md_run = timed("online", nash_md.run, args.work / "nash-md", model, cuda)  # the online stage's second run
+    if nash_md_run is not None:
+        rows += nash_md.checks(nash_md_run)
+        report["online_nash_md"] = nash_md_run
     hf = timed("generate", generate.run_transformers, model, tokenizer, max_tokens, cuda)
     if hf is not None:
         rows += generate.transformers_checks(hf, tokenizer.bos_token_id)

@@ -24,6 +24,8 @@ ANCHOR_LOGPS = "anchor_logps"
 # its responses continue (`pofe.data.implicit_prompt.splits_a_word`), counted by the loader
 AS_TEXT = "as_text"
 SPLIT_IN_WORD = "split_in_word"
+# pi_0's log pi_0(y|x) per candidate, for a loss with its own KL to pi_0 (Nash-MD, online)
+BASE_LOGPS = "base_logps"
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
 # names a column; `prompt_format` says how the text fields are written and rendered (`chat`: a
@@ -48,8 +50,8 @@ DEFAULT_FIELDS = {
 
 def candidate_float_columns() -> tuple[str, ...]:
     """Per-candidate float columns carried through tokenisation and collation as (B, K)
-    tensors: every registered method's label column, and the anchor log-probs."""
-    return (*label_columns(), ANCHOR_LOGPS)
+    tensors: every registered method's label column, the anchor's and pi_0's log-probs."""
+    return (*label_columns(), ANCHOR_LOGPS, BASE_LOGPS)
 
 
 def tokenized_columns() -> tuple[str, ...]:

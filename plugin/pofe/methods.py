@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 RoundPrompts = Literal["split", "all"]
+# what a candidate is judged against (`MethodSpec.opponent`)
+Opponent = Literal["candidates", "mixture"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ WIN_RATES = Target(
     bounds=(0.0, 1.0),
     report_column="cand. win-rate spread",
 )
+# Nash-MD's label: P(y beats y') of each policy sample against its opponent, formed as the win
+# rates are (a pairwise judge's verdict, or a scalar judge's two rewards through `judge.preferences`)
+PREFERENCES = Target(column="preferences", noun="preferences", from_win_rates=True, bounds=(0.0, 1.0))
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,10 @@ class MethodSpec:
     # "drop" avoids that, but loses every candidate of a policy that rarely stops within
     # max_new_tokens (an untrained model: all of them)
     truncated_candidates: Literal["drop", "keep"] = "keep"
+    # what to do with a sampled candidate that is empty (end of turn at once): "drop" (counted;
+    # nothing to rank), or "keep" for a policy gradient over every sample, where dropping it would
+    # let a policy that says nothing escape every verdict
+    empty_candidates: Literal["drop", "keep"] = "drop"
     # further logged metrics the run report keeps as curves, beside the loss and the diagnostic
     report_curves: tuple[str, ...] = ()
     # what the run report says under its rounds table about reading the diagnostic
@@ -94,6 +103,19 @@ class MethodSpec:
     # `pofe:` keys that only this method reads; set to a non-default value under another
     # method they are an error
     own_keys: tuple[str, ...] = ()
+    # what each candidate is judged against: the prompt's other candidates ("candidates": RRHF's
+    # rewards, SPPO's win rates), or a response sampled while training from the geometric mixture
+    # of the policy and pi_0 ("mixture": Nash-MD, `pofe.online.opponents`), which only online
+    # training (`pofe.online`) has; the candidates are then the policy's own samples only
+    opponent: Opponent = "candidates"
+    # `pofe.online.kl_coef` is the loss's own KL(pi || pi_0) term (each row carries pi_0's log-probs
+    # of its candidates, `base_logps`), not a penalty on the judge's rewards (RRHF's)
+    kl_in_loss: bool = False
+
+    @property
+    def trains_online_only(self) -> bool:
+        """Whether the method needs `pofe.online` (its opponents are sampled while training)."""
+        return self.opponent == "mixture"
 
     @property
     def takes_pairwise_judges(self) -> bool:
@@ -167,8 +189,32 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
+NASH_MD = MethodSpec(
+    name="nash_md",
+    target=PREFERENCES,
+    trainer="pofe.trainers.nash_md.NashMDTrainer",
+    dataset_types=("pofe.prompts",),
+    needs_anchor=False,
+    default_round_prompts="all",  # not used: online only, one training
+    diagnostic_metric="nash_md/preference",
+    diagnostic_label="preference against the mixture",
+    candidate_keeps=("all",),
+    # each sample is a Monte-Carlo draw of the policy gradient: dropping duplicates would bias it
+    dedupe_candidates=False,
+    report_curves=("nash_md/kl", "nash_md/logp"),
+    report_note="Nash-MD's preference is P(sample beats the mixture's sample): above 1/2 the policy beats its "
+    "own mixture with pi_0; it moves toward 1/2 as the policy nears the regularised equilibrium.",
+    headline_note="Nash-MD's trained model plays the regularised game against pi_0: its reward is the policy's "
+    "own, not a level its samples bound.",
+    own_keys=("nash_md",),
+    empty_candidates="keep",
+    opponent="mixture",
+    kl_in_loss=True,
+)
+
 register_method(RRHF)
 register_method(SPPO)
+register_method(NASH_MD)
 
 
 def method_spec(name: str) -> MethodSpec:

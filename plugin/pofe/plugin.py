@@ -19,7 +19,7 @@ from axolotl.integrations.base import BasePlugin
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
-from pofe.compat import AXOLOTL_CONFIG_LOGGER, axolotl_debug_log
+from pofe.compat import AXOLOTL_CONFIG_LOGGER, AXOLOTL_DEBUG_LOG
 from pofe.errors import PofeError, show_pofe_errors
 from pofe.locks import TRAIN_LOCK, FolderLock, describe
 from pofe.logs import get_logger, redact_logger
@@ -38,11 +38,12 @@ def debug_log(cfg: dict) -> str:
     """axolotl's log of a run, from the raw config (output_dir's default is axolotl's schema's)."""
     from axolotl.utils.schemas.config import AxolotlInputConfig
 
-    return axolotl_debug_log(cfg.get("output_dir") or AxolotlInputConfig.model_fields["output_dir"].default)
+    output_dir = cfg.get("output_dir") or AxolotlInputConfig.model_fields["output_dir"].default
+    return str(Path(output_dir) / AXOLOTL_DEBUG_LOG)
 
 
 class PofePlugin(BasePlugin):
-    """Adds `rl: rrhf` and `rl: sppo` to axolotl. Every hook is a no-op unless one is set."""
+    """Adds `rl: rrhf`, `rl: sppo` and `rl: nash_md` to axolotl. Every hook is a no-op unless one is set."""
 
     # the last validated cfg and its `pofe:` block: axolotl hands every hook after `register`
     # the same validated cfg, so its block is validated once, not once per hook

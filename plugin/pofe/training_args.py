@@ -36,6 +36,7 @@ class PofeTrainingArgsMixin:
     pofe_anchor_base: str | None = _filled_from("anchor_base")
     pofe_logit_chunk_size: int | None = _filled_from("logit_chunk_size")
     pofe_prefix_layout: str | None = _filled_from("prefix_layout")
+    pofe_kl_coef: float | None = _filled_from("online.kl_coef")
 
 
 def pofe_training_args(pofe: PofeConfig) -> dict[str, Any]:

@@ -72,6 +72,7 @@ def generate_shard(
     prompt_column: str = "prompt",
     truncated: str = "drop",
     shard: Path | str | None = None,
+    empty: str = "drop",
 ) -> list[dict]:
     """Candidates for one shard of prompts (`shard`: its file, named in errors).
 
@@ -83,12 +84,15 @@ def generate_shard(
     backends that return none), retokenized_differently (how many of them the chat template's
     text, tokenised again, would not have given), candidate_tokens, counts of truncated / empty /
     duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
-    candidates that ended at max_new_tokens (finish reason "length").
+    candidates that ended at max_new_tokens (finish reason "length"); `empty: keep` keeps the
+    empty ones (end of turn at once), which are otherwise removed and counted.
     """
     rendered = render_shard(rows, tokenizer, cfg, prompt_column, first_index)
     live = [r for r in rendered if r.text is not None]
     gen = generator.generate(live, cfg.num_candidates, sampling) if live else []
-    return shard_rows(rows, first_index, rendered, gen, generator, tokenizer, cfg, prompt_column, truncated, shard)
+    return shard_rows(
+        rows, first_index, rendered, gen, generator, tokenizer, cfg, prompt_column, truncated, shard, empty
+    )
 
 
 def render_shard(
@@ -121,6 +125,7 @@ def shard_rows(
     prompt_column: str = "prompt",
     truncated: str = "drop",
     shard: Path | str | None = None,
+    empty: str = "drop",
 ) -> list[dict]:
     """A shard's rows (as `generate_shard` returns them) from its rendered prompts and `gen`,
     the backend's candidates for the live ones, in order."""
@@ -161,7 +166,9 @@ def shard_rows(
                 for text in column_texts(row, col, first_index + i)
             ]
             rec.update(
-                _row_candidates(dataset, by_row[i], tokenizer, cfg, truncated), truncated=r.truncated, dropped=None
+                _row_candidates(dataset, by_row[i], tokenizer, cfg, truncated, empty),
+                truncated=r.truncated,
+                dropped=None,
             )
             rec["retokenized_differently"] = _retokenized_differently(tokenizer, row[prompt_column], rec)
         out.append(rec)
@@ -169,11 +176,11 @@ def shard_rows(
 
 
 def _row_candidates(
-    dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig, truncated: str
+    dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig, truncated: str, empty: str = "drop"
 ) -> dict[str, Any]:
     """One prompt's candidates (its dataset responses first, then the policy's), filtered:
-    truncated ones (if asked), empty ones, duplicates; texts, sources, finish reasons and
-    sampled ids are filtered together."""
+    truncated ones (if asked), empty ones (unless `empty` is "keep"), duplicates; texts, sources,
+    finish reasons and sampled ids are filtered together."""
     ids = [None] * len(dataset) + [
         None if sampled_ids(c) is None else content_ids(sampled_ids(c), finish_reason(c), tokenizer) for c in sampled
     ]
@@ -187,8 +194,10 @@ def _row_candidates(
     if truncated == "drop":
         cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
     cut, n = n - len(cols[0]), len(cols[0])
-    # a policy may answer with end-of-turn at once (trained ones do): nothing to score
-    cols = _take(cols, [k for k, c in enumerate(cols[0]) if c.strip()])
+    # a policy may answer with end-of-turn at once (trained ones do): nothing to rank, unless the
+    # method trains on every sample of the policy (`MethodSpec.empty_candidates`)
+    if empty != "keep":
+        cols = _take(cols, [k for k, c in enumerate(cols[0]) if c.strip()])
     empty = n - len(cols[0])
     exact = near = 0
     if cfg.dedupe:

@@ -38,7 +38,8 @@ def test_other_rl_values_are_left_to_axolotl():
 
 def test_unknown_rl_names_both_vocabularies():
     with pytest.raises(
-        ValueError, match=r"unknown `rl: rrfh`: POFE adds \['rrhf', 'sppo'\]; axolotl itself knows \[.*'dpo'"
+        ValueError,
+        match=r"unknown `rl: rrfh`: POFE adds \['rrhf', 'sppo', 'nash_md'\]; axolotl itself knows \[.*'dpo'",
     ):
         translate_raw_config({"rl": "rrfh"})
 
@@ -66,7 +67,7 @@ def test_bounds_and_cross_field_rules():
     with pytest.raises(ValidationError, match="pofe.eta: 5.0 applies to `rl: sppo` only"):
         PofeConfig(method="rrhf", eta=5.0)
     assert PofeConfig(method="rrhf", eta=1000.0, rank_weight=2.0).rank_weight == 2.0  # eta at its default
-    with pytest.raises(ValidationError, match=r"unknown POFE method 'dpo'; known: \['rrhf', 'sppo'\]"):
+    with pytest.raises(ValidationError, match=r"unknown POFE method 'dpo'; known: \['nash_md', 'rrhf', 'sppo'\]"):
         PofeConfig(method="dpo")
     with pytest.raises(ValidationError, match=r"unknown key 'rank_wieght' \(did you mean 'rank_weight'\?\)"):
         PofeConfig(rank_wieght=2.0)

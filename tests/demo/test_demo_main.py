@@ -28,7 +28,14 @@ def test_help_describes_every_option():
         parse_args(["--help"])
     proc = _demo(ROOT, "--help", timeout=120)
     assert proc.returncode == 0
-    for option in ("--method {rrhf,sppo}", "--all", "--recipe RECIPE", "--seed SEED", "--prepare-only", "--debug"):
+    for option in (
+        "--method {rrhf,sppo,nash_md}",
+        "--all",
+        "--recipe RECIPE",
+        "--seed SEED",
+        "--prepare-only",
+        "--debug",
+    ):
         assert option in proc.stdout
     # each option has its own help line, not argparse's bare name
     assert "rrhf (default): rank the candidates by their reward" in " ".join(proc.stdout.split())
@@ -36,11 +43,17 @@ def test_help_describes_every_option():
 
 
 def test_the_recipes_make_demo_runs():
-    """`--all`: each method offline, then each online; one recipe otherwise."""
+    """`--all`: each method offline, then each online (Nash-MD online only); one recipe otherwise."""
     from pofe.demo.__main__ import parse_args, recipes
 
     names = [p.name for p in recipes(parse_args(["--all"]))]
-    assert names == ["tiny-rrhf-cpu.yml", "tiny-sppo-cpu.yml", "tiny-rrhf-online-cpu.yml", "tiny-sppo-online-cpu.yml"]
+    assert names == [
+        "tiny-rrhf-cpu.yml",
+        "tiny-sppo-cpu.yml",
+        "tiny-rrhf-online-cpu.yml",
+        "tiny-sppo-online-cpu.yml",
+        "tiny-nash-md-online-cpu.yml",
+    ]
     assert [p.name for p in recipes(parse_args(["--method", "sppo", "--online"]))] == ["tiny-sppo-online-cpu.yml"]
 
 
@@ -51,6 +64,13 @@ def test_prepare_only_says_one_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).splitlines() == ["wrote a tiny model to outputs/demo/model and 12 prompts"]
     assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 12
+
+
+def test_a_method_that_trains_online_only_asks_for_online():
+    from pofe.demo.__main__ import main
+
+    with pytest.raises(SystemExit, match="--method nash_md trains online only: add --online"):
+        main(["--method", "nash_md"])
 
 
 @pytest.mark.e2e

@@ -240,3 +240,31 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
         f"the code or weights of pofe.demo.task:reward (sha256 {digest} then, ffffffffffff now)"
     )
     assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
+
+
+def test_a_refresh_summary_says_what_its_stats_hold():
+    """The console line of a Nash-MD refresh with abstentions, and of an RRHF one without (no
+    preference, no abstention clause): each figure as merged, to three decimals."""
+    from pofe.online.summary import refresh_summary
+
+    nash = {
+        "prompts": 4.0,
+        "candidates": 16.0,
+        "candidate_reward_mean": 0.125,
+        "candidate_reward_best": 0.5,
+        "kl_to_base": 0.0104,
+        "preference": 0.5625,
+        "mixture_kl": 0.02,
+        "judge_verdicts": 32.0,
+        "judge_abstentions": 2.0,
+        "generate_seconds": 1.25,
+        "judge_seconds": 0.5,
+    }
+    assert refresh_summary(3, 6, nash) == (
+        "POFE: online refresh 3 at step 6: 4 prompts, 16 candidates, candidate reward 0.125 (best-of-k 0.500), "
+        "KL to pi_0 0.010, preference over the mixture 0.562 (mixture's KL from the policy 0.020 per token), "
+        "judge abstained on 2 of 32 verdicts; generated in 1.2 s, judged in 0.5 s"
+    )
+    assert refresh_summary(1, 0, {"prompts": 2.0, "candidates": 8.0, "judge_abstentions": 0.0}) == (
+        "POFE: online refresh 1 at step 0: 2 prompts, 8 candidates; generated in 0.0 s, judged in 0.0 s"
+    )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pofe.args.nash_md import NashMDConfig, check_mixture_opponent
 from pofe.args.online import OnlineConfig, check_online_recipe
 from pofe.args.rounds import (
     EvalConfig,
@@ -87,6 +88,10 @@ class PofeConfig(KnownKeys):
         lt=0.5,
         description="A prompt is saturated when all its candidates' win rates lie within this of 1/2 "
         "(summary.json and the run report count them per round).",
+    )
+    # Nash-MD (Munos et al. 2023)
+    nash_md: NashMDConfig | None = Field(
+        default=None, description="Nash-MD: the mixture its opponents are sampled from."
     )
     # Performance (both leave the scores unchanged, up to float rounding)
     prefix_sharing: bool = Field(
@@ -231,6 +236,8 @@ class PofeConfig(KnownKeys):
             )
         if self.online is not None and self.method is not None:
             self._check_online()
+        if self.method is not None:
+            check_mixture_opponent(self)
         if isinstance(self.round_prompts, list):
             check_round_prompt_count(self.round_prompts, self.rounds)
         if self.stop_when is not None:
@@ -260,7 +267,8 @@ class PofeConfig(KnownKeys):
                 "pofe.online with generate.serve loads each refresh's adapter into the server while it runs: add "
                 "{lora_modules} to generate.serve.command (POFE fills it with --enable-lora and --max-lora-rank)"
             )
-        if self.online.kl_coef and method_spec(self.method).target.from_win_rates:
+        spec = method_spec(self.method)
+        if self.online.kl_coef and spec.target.from_win_rates and not spec.kl_in_loss:
             raise ValueError(
                 f"pofe.online.kl_coef penalises the rewards a method trains on; `rl: {self.method}` trains on win "
                 "rates and anchors each refresh to the policy that sampled it instead: drop kl_coef"
@@ -272,6 +280,11 @@ class PofeConfig(KnownKeys):
             )
         if self.anchor_mix:
             raise ValueError("pofe.anchor_mix reads tables of fixed rows, which online training has not: drop it")
+
+    @property
+    def kl_coef(self) -> float:
+        """`pofe.online.kl_coef` (0 offline): what a method with the KL in its loss weighs it by."""
+        return self.online.kl_coef if self.online is not None else 0.0
 
     def _check_stop_when(self) -> None:
         """`stop_when` reads the held-out evaluation; a falling reward needs a scalar judge."""

@@ -34,8 +34,9 @@ class OnlineConfig(KnownKeys):
         default=0.0,
         ge=0.0,
         description="RRHF: each candidate's reward becomes reward - kl_coef * (log pi(y|x) - log pi_0(y|x)), "
-        "the RRHF paper's fix for online reward hacking (it used 0.01); pi_0 is the base model (the adapter "
-        "disabled under LoRA/QLoRA, a frozen copy under full fine-tuning). 0: off.",
+        "the RRHF paper's fix for online reward hacking (it used 0.01). Nash-MD: tau, the weight of "
+        "KL(pi || pi_0) in its loss. pi_0 is the base model (the adapter disabled under LoRA/QLoRA, a frozen "
+        "copy under full fine-tuning). 0: off.",
     )
 
 

@@ -1,4 +1,4 @@
-"""`python -m pofe.demo`: RRHF or SPPO from prompts on a toy task, end to end on the CPU.
+"""`python -m pofe.demo`: RRHF, SPPO or Nash-MD from prompts on a toy task, end to end on the CPU.
 
 Builds a tiny random Llama and addition prompts ("12+7=") with a reference answer and
 near misses, then runs the real `axolotl preprocess` (sample candidates from the tiny
@@ -8,8 +8,10 @@ in `pofe/recipes/`, the repository's `recipes/`). It greedy-decodes the prompts 
 after training and prints the reward side by side with the candidates' mean and best-of-k
 reward. `--online` trains on the shipped `tiny-<method>-online-cpu.yml`, whose candidates are
 sampled from the policy as it trains inside `axolotl train` (the table then shows the policy's
-samples' reward at the first and the last refresh); `--all` (what `make demo` runs) trains every
-method offline, then online, and prints one table.
+samples' reward at the first and the last refresh); Nash-MD trains online only (`--method nash_md
+--online`, `tiny-nash-md-online-cpu.yml`: each sample judged against one of the mixture of the
+policy and the base model). `--all` (what `make demo` runs) trains every method offline, then
+online, and prints one table.
 
 The console shows each stage as `axolotl pofe run` does (`pofe.demo.stages`); each stage's whole
 output is in its log, named when a stage fails.
@@ -24,20 +26,32 @@ from pathlib import Path
 import yaml
 
 from pofe.demo.tables import result_table, sample_lines
+from pofe.methods import method_spec
 from pofe.run.rounds.processes import StageFailed, output_to
 from pofe.run.rounds.runner import StatusLine
 from pofe.shipped_recipes import find
 
-METHODS = ("rrhf", "sppo")
+METHODS = ("rrhf", "sppo", "nash_md")
+
+
+def recipe_name(method: str, online: bool) -> str:
+    """The shipped tiny recipe of `method`, offline or online."""
+    return f"tiny-{method.replace('_', '-')}{'-online' if online else ''}-cpu"
 
 
 def recipes(args: argparse.Namespace) -> list[Path]:
-    """The recipes to run: the user's, every method's (`--all`: offline, then online), or one."""
+    """The recipes to run: the user's, every method's (`--all`: offline, then online; a method that
+    trains online only, once), or one."""
     if args.recipe:
         return [args.recipe]
-    online = [False, True] if args.all else [args.online]
-    methods = METHODS if args.all else (args.method,)
-    return [find(f"tiny-{m}{'-online' if o else ''}-cpu").path for o in online for m in methods]
+    if args.all:
+        offline = [(m, False) for m in METHODS if not method_spec(m).trains_online_only]
+        runs = offline + [(m, True) for m in METHODS]
+    elif method_spec(args.method).trains_online_only and not args.online:
+        raise SystemExit(f"python -m pofe.demo: --method {args.method} trains online only: add --online")
+    else:
+        runs = [(args.method, args.online)]
+    return [find(recipe_name(m, online)).path for m, online in runs]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,7 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=METHODS,
         default="rrhf",
         help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
-        "(a verifier's sharp comparisons). Picks the shipped recipe tiny-<method>-cpu.yml (`axolotl pofe recipes`).",
+        "(a verifier's sharp comparisons); nash_md (with --online): a policy gradient on each sample's "
+        "preference over a sample of the mixture of the policy and the base model. Picks the shipped recipe "
+        "tiny-<method>[-online]-cpu.yml (`axolotl pofe recipes`; nash_md: tiny-nash-md-online-cpu.yml).",
     )
     parser.add_argument(
         "--online",

@@ -61,8 +61,8 @@ class DemoRecipe:
 
     @property
     def title(self) -> str:
-        """Its column in the result table: `RRHF`, `SPPO online`."""
-        return self.cfg["rl"].upper() + (" online" if self.online else "")
+        """Its column in the result table: `RRHF`, `SPPO online`, `NASH-MD online`."""
+        return self.cfg["rl"].upper().replace("_", "-") + (" online" if self.online else "")
 
     @property
     def name(self) -> str:

@@ -3,13 +3,13 @@
 One column per trained recipe beside the model before training: the greedy reward and exact
 match on the training prompts, the greedy reward on held-out ones, what each trained on (the
 candidates' mean and best-of-k reward; online, the policy's own samples at the first and the
-last refresh) and how long it took. The console prints it; `benchmarks/demo_figures.py` writes
+last refresh, and Nash-MD's preference over the mixture's samples) and how long it took. The console prints it; `benchmarks/demo_figures.py` writes
 the README's copy with the same function.
 """
 
 from __future__ import annotations
 
-LABEL, BEFORE, COLUMN = 42, 8, 13
+LABEL, BEFORE, COLUMN = 42, 8, 15
 SECONDS = "seconds: preprocess + train"  # the only row that depends on the machine's speed
 SAMPLES_SHOWN = 4
 
@@ -27,7 +27,7 @@ def _candidates(run: dict, key: str) -> float | None:
 
 
 def _refresh(run: dict, which: int, key: str) -> float | None:
-    return run["refreshes"][which][key] if run.get("refreshes") else None
+    return run["refreshes"][which].get(key) if run.get("refreshes") else None
 
 
 def _per_prompt(run: dict, trained: bool) -> str:
@@ -69,7 +69,10 @@ def table_rows(results: dict) -> list[tuple[str, str, list[str]]]:
                 ("policy samples: mean reward, refresh 1", 0, "candidate_reward_mean"),
                 (f"policy samples: mean reward, refresh {last}", -1, "candidate_reward_mean"),
                 (f"policy samples: best-of-k, refresh {last}", -1, "candidate_reward_best"),
+                # a method that plays the mixture of the policy and the base model (Nash-MD)
+                (f"preference over the mixture, refresh {last}", -1, "preference"),
             )
+            if any(_refresh(r, which, key) is not None for r in online)
         ]
     rows.append((SECONDS, "", [f"{sum(r['seconds'].values()):.0f}" for r in runs]))
     return rows

@@ -1,5 +1,5 @@
-"""Online RRHF and SPPO (`pofe.online`): candidates resampled from the moving policy inside
-one `axolotl train`.
+"""Online RRHF, SPPO and Nash-MD (`pofe.online`): candidates resampled from the moving policy
+inside one `axolotl train`.
 
     prompts.py   the training set of an online run: its prompts, and the collator that
                  passes a batch's prompts to the trainer
@@ -8,7 +8,9 @@ one `axolotl train`.
     sampling.py  what samples a refresh: the training model, or a vLLM server into which each
                  refresh loads the policy's LoRA adapter
     colocated.py vLLM in the training process (TRL's VLLMGeneration), asleep between refreshes
-    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty
+    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty and Nash-MD
+    mixture.py   Nash-MD's opponent: the mixture of the policy and pi_0, sampled token by token
+    opponents.py a Nash-MD refresh: each policy sample judged against an opponent of the mixture
     trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
 
 The loss, the optimizer and the schedule are the offline trainer's: only where a step's

@@ -1,4 +1,4 @@
-"""The models a refresh uses: the policy as it trains, and pi_0 for RRHF's KL penalty.
+"""The models a refresh uses: the policy as it trains, and pi_0 (RRHF's KL penalty, Nash-MD's mixture).
 
 The policy samples and scores through TRL's `unwrap_model_for_generation`, which takes it out
 of accelerate's and DeepSpeed's wrappers and, under ZeRO-3, gathers its weights on every rank
@@ -11,8 +11,9 @@ gathered for each refresh; `axolotl pofe plan` counts it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from trl.distributed import DistributedBackend
@@ -38,7 +39,7 @@ def policy_for_refresh(trainer) -> Iterator[torch.nn.Module]:
 
 
 class BasePolicy:
-    """pi_0 for `pofe.online.kl_coef`: the adapter-disabled policy, or a frozen copy."""
+    """pi_0 for `pofe.online.kl_coef` and Nash-MD's mixture: the adapter-disabled policy, or a frozen copy."""
 
     def __init__(self, cfg, accelerator):
         self.cfg, self.accelerator = cfg, accelerator
@@ -55,17 +56,39 @@ class BasePolicy:
             with adapter_disabled(policy) as base:
                 yield base
             return
+        with self._gathered_copy() as copy:
+            yield copy
+
+    @contextmanager
+    def forward(self, policy: torch.nn.Module) -> Iterator[Callable[..., Any]]:
+        """pi_0's forward, `forward(**inputs) -> outputs`, callable between forwards of the unwrapped
+        `policy` (Nash-MD samples its opponent from both, token by token): under LoRA/QLoRA each call
+        runs with the adapter disabled and the policy's adapter is back on between calls."""
+        if self.is_adapter:
+
+            def base_forward(**inputs):
+                with adapter_disabled(policy) as base:
+                    return base(**inputs)
+
+            yield base_forward
+            return
+        with self._gathered_copy() as copy:
+            yield copy
+
+    @contextmanager
+    def _gathered_copy(self) -> Iterator[torch.nn.Module]:
+        """The frozen copy (loaded at the first call), whole: under ZeRO-3 it loads partitioned, as the
+        policy does, and is gathered for the refresh only."""
         if self.copy is None:
             from pofe_candidates.generators.hf import load_policy
 
             LOG.info(
-                f"POFE: pofe.online.kl_coef under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "
-                "as pi_0 (its weights stay in memory beside the policy's)"
+                f"POFE: pi_0 under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "
+                "(its weights stay in memory beside the policy's)"
             )
             self.copy = load_policy(
                 str(self.cfg.base_model), device=self.accelerator.device, dtype=recipe_dtype(self.cfg)
             )
             self.copy.requires_grad_(False)
-        # under ZeRO-3 the copy loads partitioned, as the policy does: whole for the refresh only
         with DistributedBackend(self.accelerator).gather_params(list(self.copy.parameters())):
             yield self.copy

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from pofe.args import PofeConfig
+from pofe.columns import ANCHOR_LOGPS, BASE_LOGPS
 from pofe.data.formats import candidate_row
 from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
@@ -101,7 +102,8 @@ def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
     refresh.json records it (redacted: a served policy's command may carry its --api-key): the
     method, the judge (`judge_manifest`: its settings and its code or weights), the generate
     settings, the candidates' filters, kl_coef (RRHF's rewards use pi_0's log-probs, written
-    only with it) and the tokenisation of the rows trained on."""
+    only with it), the opponents' mixture (`pofe.nash_md`) and the tokenisation of the rows
+    trained on."""
     judge = judge_manifest(method=pofe.method, judge=pofe.judge)
     candidates = pofe.candidates.for_method(pofe.method)
     return recorded(
@@ -112,6 +114,8 @@ def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
             "generate": generate_settings(pofe.generate),
             "candidates": candidates.model_dump(include={"keep", "min_candidates", "truncated"}),
             "kl_coef": pofe.online.kl_coef,
+            # the opponents' mixture (Nash-MD): another mixture_coef samples other opponents
+            "nash_md": pofe.nash_md.model_dump() if pofe.nash_md else None,
             "tokenize": {
                 "sequence_len": sequence_len,
                 "max_prompt_len": pofe.max_prompt_len or sequence_len // 2,
@@ -119,6 +123,50 @@ def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
             },
         }
     )
+
+
+def sample_window(
+    window: Window,
+    prompt_rows: dict[int, dict],
+    generator,
+    tokenizer,
+    generate: GenerateConfig,
+    candidates: CandidatesConfig,
+    timer,
+    method: MethodSpec,
+    seed_offset: int = 0,
+) -> list[dict]:
+    """The window's generate rows (`shard_work.generate_shard`'s), `index` the prompt's, empty
+    candidates kept or not as `method` says. Seeded by the window's first step (plus
+    `seed_offset`, for a second sampler), never a running RNG: a refresh sampled again samples
+    the same."""
+    indices = window.prompts
+    rows = [prompt_rows[i] for i in indices]
+    seed = generate.seed + window.start_step * SHARD_SEED_STRIDE + seed_offset
+    sampling = dataclasses.replace(generate.sampling(), seed=seed)
+    with timer("generate"):
+        try:
+            generated = generate_shard(
+                rows,
+                0,
+                generator,
+                tokenizer,
+                generate,
+                sampling,
+                "prompt",
+                candidates.truncated,
+                empty=method.empty_candidates,
+            )
+        except ChatTemplateError as e:
+            raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
+    for g in generated:
+        g["index"] = indices[g["index"]]
+    return generated
+
+
+def prompt_columns(window: Window, prompt_rows: dict[int, dict]) -> list[dict]:
+    """Each prompt's dataset columns but the prompt, in the window's order (judges that read them)."""
+    return [{c: v for c, v in prompt_rows[i].items() if c != "prompt"} for i in window.prompts]
 
 
 def sample_and_judge(
@@ -134,23 +182,10 @@ def sample_and_judge(
     candidates: CandidatesConfig,
     timer,
 ) -> tuple[list[dict], list[dict]]:
-    """The window's generate and judge rows (`shard_work`'s), `index` the prompt's. Seeded by
-    the window's first step, never a running RNG: a refresh sampled again samples the same."""
-    indices = window.prompts
-    rows = [prompt_rows[i] for i in indices]
-    sampling = dataclasses.replace(generate.sampling(), seed=generate.seed + window.start_step * SHARD_SEED_STRIDE)
-    with timer("generate"):
-        try:
-            generated = generate_shard(
-                rows, 0, generator, tokenizer, generate, sampling, "prompt", candidates.truncated
-            )
-        except ChatTemplateError as e:
-            raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
-    for g in generated:
-        g["index"] = indices[g["index"]]
-    columns = [{c: v for c, v in r.items() if c != "prompt"} for r in rows]
+    """The window's generate and judge rows (`shard_work`'s), `index` the prompt's."""
+    generated = sample_window(window, prompt_rows, generator, tokenizer, generate, candidates, timer, method)
     with timer("judge"):
-        judged = judge_shard(generated, judge, method.target, judge_cfg, columns)
+        judged = judge_shard(generated, judge, method.target, judge_cfg, prompt_columns(window, prompt_rows))
     unit = "pairs" if judge_cfg.is_pairwise else "candidates"
     check_abstentions(
         AbstentionTally().plus(judged),
@@ -181,13 +216,16 @@ def trainable_rows(judged: list[dict], method: MethodSpec, candidates: Candidate
 
 def with_scores(row: dict, method: MethodSpec, kl_coef: float) -> dict:
     """The trainer's row of a rows.jsonl row: its token ids and label, with the scores folded in:
-    an anchored method's anchor is the log-probs of the policy that sampled the window; with
-    `kl_coef`, the rewards are penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
+    an anchored method's anchor is the log-probs of the policy that sampled the window; a loss
+    with its own KL reads pi_0's log-probs (`base_logps`); else, with `kl_coef`, the rewards are
+    penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
     column = method.target.column
     out = {**row[TOKENS], column: row[column]}
     if method.needs_anchor:
-        out["anchor_logps"] = list(row[LOGP])
-    if kl_coef:
+        out[ANCHOR_LOGPS] = list(row[LOGP])
+    if method.kl_in_loss:
+        out[BASE_LOGPS] = list(row[LOGP_BASE])
+    elif kl_coef:
         shaped = kl_penalised_rewards(
             torch.tensor(row[column], dtype=torch.float64),
             torch.tensor(row[LOGP], dtype=torch.float64),

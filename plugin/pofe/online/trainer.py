@@ -1,4 +1,4 @@
-"""The online trainer: RRHF's or SPPO's trainer, its batches refreshed from the moving policy.
+"""The online trainer: a method's trainer (RRHF's, SPPO's, Nash-MD's), its batches refreshed from the moving policy.
 
 transformers' training loop asks for each optimizer step's micro-batches (`step_batches`, through
 `pofe.compat.StepBatches`).
@@ -24,13 +24,16 @@ from datasets import Dataset
 
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
+from pofe.args.nash_md import NashMDConfig
 from pofe.compat import StepBatches
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world
 from pofe.errors import PofeError
 from pofe.logs import get_logger
 from pofe.methods import method_spec
+from pofe.online.mixture import MixtureGenerator
 from pofe.online.models import BasePolicy, policy_for_refresh
+from pofe.online.opponents import opponent_stats, play_window, preference_rows
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
     FOLDER,
@@ -54,6 +57,7 @@ from pofe.online.refresh import (
     write_refresh,
 )
 from pofe.online.sampling import sampler_for
+from pofe.online.summary import refresh_summary
 from pofe_candidates.judges import make_judge
 
 LOG = get_logger(__name__)
@@ -160,20 +164,7 @@ class OnlineTraining(StepBatches):
         if self._judge is None:
             self._judge = make_judge(pofe.judge)
         with policy_for_refresh(self) as model:
-            generator = self._sampler.generator(model, folder)
-            generated, judged = sample_and_judge(
-                window,
-                prompt_rows,
-                generator=generator,
-                judge=self._judge,
-                tokenizer=self.processing_class,
-                method=self.spec,
-                generate=pofe.generate,
-                judge_cfg=pofe.judge,
-                candidates=pofe.candidates.for_method(pofe.method),
-                timer=partial(_timed, timings),
-            )
-            kept = trainable_rows(judged, self.spec, pofe.candidates, self._tokenize)
+            generated, judged, kept, played = self._judged(model, window, prompt_rows, partial(_timed, timings))
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
         data_rows, kl = [], []
@@ -185,7 +176,7 @@ class OnlineTraining(StepBatches):
                 record[LOGP_BASE] = logp_base[j]
                 kl.extend(a - b for a, b in zip(logp[j], logp_base[j]))
             data_rows.append(record)
-        stats = window_stats(generated, judged, kept, kl) | {f"{k}_seconds": v for k, v in timings.items()}
+        stats = window_stats(generated, judged, kept, kl) | played | {f"{k}_seconds": v for k, v in timings.items()}
         refreshed = Refreshed(window, self._batched(window, data_rows), stats)
         write_refresh(
             folder,
@@ -198,16 +189,49 @@ class OnlineTraining(StepBatches):
         )
         return refreshed
 
+    def _judged(self, model, window: Window, prompt_rows: dict[int, dict], timer) -> tuple[list, list, dict, dict]:
+        """The window's generate and judge rows, its trainable rows (`trainable_rows`' shape) and
+        the stats of its opponents: a method that plays the mixture (Nash-MD) judges each sample
+        against one of the mixture's (`pofe.online.opponents`), the others judge the candidates."""
+        pofe = self.pofe
+        common = dict(
+            generator=self._sampler.generator(model, self._folder(window.start_step)),
+            judge=self._judge,
+            tokenizer=self.processing_class,
+            method=self.spec,
+            generate=pofe.generate,
+            judge_cfg=pofe.judge,
+            candidates=pofe.candidates.for_method(pofe.method),
+            timer=timer,
+        )
+        if self.spec.opponent != "mixture":
+            generated, judged = sample_and_judge(window, prompt_rows, **common)
+            return generated, judged, trainable_rows(judged, self.spec, pofe.candidates, self._tokenize), {}
+        mixture = (pofe.nash_md or NashMDConfig()).mixture_coef
+        opponent = MixtureGenerator(
+            model,
+            partial(self._base.forward, model),
+            self.processing_class,
+            mixture_coef=mixture,
+            batch_size=pofe.generate.batch_size,
+        )
+        generated, judged = play_window(window, prompt_rows, opponent=opponent, **common)
+        kept = preference_rows(judged, self.spec, self._tokenize)
+        return generated, judged, kept, opponent_stats(judged, kept, self.spec, opponent.distance.mean)
+
     def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
-        kl_coef asks, and pi_0's when kl_coef asks (None: not measured)."""
-        kl = self.pofe.online.kl_coef > 0
+        pi_0's are measured, and pi_0's when kl_coef asks or the loss reads them (None: not measured)."""
+        # a loss with its own KL reads pi_0's log-probs whatever kl_coef (and the log shows the KL)
+        kl = self.pofe.online.kl_coef > 0 or self.spec.kl_in_loss
         if not rows or not (self.spec.needs_anchor or kl):
             return None, None
-        # the label column only passes the trainer's batch check: scoring does not read it
-        label = self.spec.target.column
+        # the columns the loss reads only pass the trainer's batch check: scoring does not read them
         dataset = Dataset.from_list(
-            [{**r, label: [0.0] * len(r["response_ids"]), "row_id": j} for j, r in enumerate(rows)]
+            [
+                {**r, **dict.fromkeys(self.required_keys, [0.0] * len(r["response_ids"])), "row_id": j}
+                for j, r in enumerate(rows)
+            ]
         )
         scorer = RowScorer(
             collate=self.data_collator.rows,
@@ -343,22 +367,7 @@ class OnlineTraining(StepBatches):
         means = merged_stats(gather_object([refreshed.stats]))
         number = sum(start <= refreshed.window.start_step for start in refresh_starts(self.args.output_dir))
         self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
-        reward = (
-            f", candidate reward {means['candidate_reward_mean']:.3f} (best-of-k {means['candidate_reward_best']:.3f})"
-            if "candidate_reward_mean" in means
-            else ""
-        )
-        kl = f", KL to pi_0 {means['kl_to_base']:.3f}" if "kl_to_base" in means else ""
-        abstained = (
-            f", judge abstained on {int(means['judge_abstentions'])} of {int(means['judge_verdicts'])} verdicts"
-            if means.get("judge_abstentions")
-            else ""
-        )
-        LOG.info(
-            f"POFE: online refresh {number} at step {refreshed.window.start_step}: {int(means['prompts'])} prompts, "
-            f"{int(means['candidates'])} candidates{reward}{kl}{abstained}; generated in "
-            f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
-        )
+        LOG.info(refresh_summary(number, refreshed.window.start_step, means))
 
 
 @contextmanager

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pofe.compat import AXOLOTL_DEBUG_LOG
 from pofe.errors import PofeError
 from pofe.files import write_atomic
 from pofe.locks import FolderLock, describe, here_and_gone
@@ -115,7 +116,7 @@ PREEXISTING_NAME = "pofe-preexisting.json"
 SHOWN = 5  # entries named in the refusal
 # axolotl's log of a recipe's load, which it writes into output_dir (replacing one there)
 # whenever the recipe is loaded, before POFE can look: a folder holding only it is new
-AXOLOTL_LOG = "debug.log"
+AXOLOTL_LOG = AXOLOTL_DEBUG_LOG
 AXOLOTL_OUTPUT_DIR = "./model-out"  # axolotl's default output_dir
 
 

@@ -101,9 +101,14 @@ def sample_responses(
     *,
     batch_size: int,
     progress: Callable[[int], object] | None = None,
+    logits_processor_for: Callable[[torch.Tensor], object] | None = None,
 ) -> list[list[Sample]]:
     """P rendered prompts (strings, tokenised as the trainer does, or token ids) -> P lists of
     n Samples, for every `sampling.strategy`; `progress` gets each batch's prompt count as it ends.
+    `logits_processor_for` (strategy `sample` only): called with each batch's prompt attention
+    mask (B * n, P), left-padded, one row per sequence, it returns transformers logits processors
+    for that batch, applied before the temperature, top-k and top-p (Nash-MD's mixture: a second
+    model's logits, from a cache of its own per batch).
 
     Temperature 0 with strategy `sample` is greedy decoding (one response: n must be 1).
     Batch b is seeded with `sampling.seed + b` inside `torch.random.fork_rng`, so the same
@@ -121,8 +126,11 @@ def sample_responses(
         enc = tokenizer.pad(
             {"input_ids": ids[start : start + batch_size]}, padding=True, padding_side="left", return_tensors="pt"
         ).to(device)
+        extra = {}
+        if logits_processor_for is not None:
+            extra["logits_processor"] = logits_processor_for(enc["attention_mask"].repeat_interleave(n, dim=0))
         with _seeded(sampling.seed + b):
-            new = _generate(model, tokenizer, enc, n, sampling, stops)  # (B * n, T)
+            new = _generate(model, tokenizer, enc, n, sampling, stops, **extra)  # (B * n, T)
         out.extend(_to_samples(tokenizer, enc, new.tolist(), n, stops))
         if progress is not None:
             progress(len(enc["input_ids"]))
@@ -136,10 +144,14 @@ def _seeded(seed: int):
         yield
 
 
-def _generate(model, tokenizer, enc, n: int, s: Sampling, stops: list[int]) -> torch.Tensor:
+def _generate(model, tokenizer, enc, n: int, s: Sampling, stops: list[int], logits_processor=None) -> torch.Tensor:
     """New token ids (B * n, T), prompt-major; rows that stopped early end in padding."""
     prompt_len = enc["input_ids"].shape[1]
     common = dict(max_new_tokens=s.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=stops)
+    if logits_processor is not None:
+        if s.strategy != "sample" or s.temperature == 0.0:
+            raise ValueError("logits processors are applied when sampling only (strategy sample, temperature > 0)")
+        common["logits_processor"] = logits_processor
     if s.strategy == "sample":
         if s.temperature == 0.0:
             seqs = model.generate(**enc, do_sample=False, num_beams=1, **common)

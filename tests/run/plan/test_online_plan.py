@@ -205,3 +205,36 @@ def test_what_sampling_holds_follows_the_backend(sizes):
     assert parts["vllm"] == {**rest, "generate_vllm_share": pytest.approx(0.3 * 80, abs=0.01)}
     assert parts["vllm 0.5"]["generate_vllm_share"] == pytest.approx(0.5 * 80, abs=0.01)
     assert parts["openai"] == rest
+
+
+def _nash_md(**changes) -> dict:
+    """nash-md-qlora-online.yml (transformers backend, 8 prompts x 2 samples of 1024 + 512 tokens a
+    batch, PairRM) on Mistral-7B, without evaluation."""
+    raw = yaml.safe_load((ROOT / "recipes" / "nash-md-qlora-online.yml").read_text())
+    return {**raw, "pofe": {**raw["pofe"], "eval": False}, **changes}
+
+
+def test_online_nash_md_holds_pi_0s_cache_beside_the_policys(sizes):
+    """Nash-MD samples each opponent from the mixture with the training model, pi_0 beside it token
+    by token: its plan holds pi_0's KV cache for those sequences, the size of the policy's own
+    (2 x 32 layers x 1024 kv width x 2 bytes, for 8 x 2 sequences of 1024 + 512 tokens); under
+    full fine-tuning pi_0's bf16 copy even with kl_coef 0 (the mixture and the loss's KL read it);
+    with a vLLM backend the training model's own cache and decode step for the mixture too."""
+    size = sizes[MISTRAL]
+    kv = 2 * 32 * 1024 * 2 * (8 * 2) * (1024 + 512)
+    forward = mem.forward_bytes(size, 8 * 2, BF16) + mem.logit_chunk_bytes(size, 8 * 2)
+    (qlora,) = _plan(_nash_md(), sizes)["stages"]
+    parts = qlora["parts_gb"]
+    assert parts["mixture_pi_0_kv_cache"] == parts["generate_kv_cache"] == _gb({"kv": kv})["kv"]
+    assert "pi_0_weights" not in parts and "mixture_kv_cache" not in parts
+    full = _nash_md(**FULL)
+    full["pofe"]["online"] = {**full["pofe"]["online"], "kl_coef": 0.0}
+    (entry,) = _plan(full, sizes)["stages"]
+    assert entry["parts_gb"]["pi_0_weights"] == _gb({"w": 2 * size.total})["w"]
+    colocated = _nash_md()
+    colocated["pofe"]["generate"] = {**colocated["pofe"]["generate"], "backend": "vllm"}
+    colocated["pofe"]["generate"].pop("batch_size")
+    (entry,) = _plan(colocated, sizes)["stages"]
+    assert {k: entry["parts_gb"][k] for k in ("mixture_kv_cache", "mixture_forward")} == _gb(
+        {"mixture_kv_cache": kv, "mixture_forward": forward}
+    )

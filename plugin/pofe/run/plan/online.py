@@ -17,9 +17,15 @@ and, beside them (`online_parts`):
 - judge_*: a judge that loads weights (a reward model, PairRM, GPM), loaded at the first refresh and kept for the run, as its
   own judge stage sizes it (`pofe.run.plan.candidates.judge_parts`) but for the CUDA context,
   which the process has once; a Python judge, and an LLM judge's server, hold nothing here;
-- pi_0_weights: with pofe.online.kl_coef > 0 under full fine-tuning, a frozen copy of the base
-  model in the recipe's dtype (`pofe.online.models.BasePolicy`); under LoRA/QLoRA pi_0 is the
-  policy with its adapter disabled: no copy.
+- pi_0_weights: under full fine-tuning, with pofe.online.kl_coef > 0 or a method that reads pi_0
+  in its loss or its opponent (Nash-MD), a frozen copy of the base model in the recipe's dtype
+  (`pofe.online.models.BasePolicy`); under LoRA/QLoRA pi_0 is the policy with its adapter
+  disabled: no copy;
+- mixture_*: a method that plays the mixture (Nash-MD) samples its opponents with the training
+  model whatever generate.backend, pi_0 beside it token by token (`pofe.online.mixture`): pi_0's
+  KV cache for those sequences (mixture_pi_0_kv_cache, as large as the policy's), and with a
+  vLLM backend the training model's own cache and decode step too (mixture_kv_cache,
+  mixture_forward), which the transformers backend's generate_* already count.
 
 Each part is counted at its own peak and the parts are summed: a bound, as a refresh runs
 between optimizer steps, when the last step's activations are freed. The no-grad passes that
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 from pofe.args import PofeConfig
 from pofe.args.online import GPU_SHARE
+from pofe.methods import method_spec
 from pofe.run.plan import estimate as mem
 from pofe.run.plan.candidates import hf_sampling_bytes, judge_parts
 from pofe.run.plan.common import PlanOptions, compute_dtype, deepspeed_config
@@ -57,8 +64,21 @@ def online_parts(
     if pcfg.judge.spec.loads_weights:
         _, judge = judge_parts(pcfg.judge, judge_size, options)
         parts |= {f"judge_{k}": v for k, v in judge.items() if k != "runtime"}
-    if full and pcfg.online.kl_coef > 0:
+    spec = method_spec(pcfg.method)
+    if full and (pcfg.online.kl_coef > 0 or spec.kl_in_loss or spec.opponent == "mixture"):
         parts["pi_0_weights"] = weights
+    if spec.opponent == "mixture":
+        parts |= mixture_parts(raw, pcfg, size, dtype)
+    return parts
+
+
+def mixture_parts(raw: dict, pcfg: PofeConfig, size: ModelSize | None, dtype: str) -> dict:
+    """What sampling the opponents from the mixture holds (the module docstring): pi_0's KV cache
+    beside the policy's, and the policy's own when generate.backend is not the training model."""
+    sampling = dict.fromkeys(("kv_cache", "forward")) if size is None else hf_sampling_bytes(raw, pcfg, size, dtype)
+    parts = {"mixture_pi_0_kv_cache": sampling["kv_cache"]}
+    if pcfg.generate.backend != "transformers":
+        parts |= {"mixture_kv_cache": sampling["kv_cache"], "mixture_forward": sampling["forward"]}
     return parts
 
 

@@ -1,0 +1,26 @@
+"""A refresh's console line: what a user watches of an online run between the training logs."""
+
+from __future__ import annotations
+
+
+def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> str:
+    """One line for refresh `number` (at `start_step`) from its stats merged over the ranks
+    (`pofe.online.refresh.merged_stats`): prompts and candidates, the candidates' reward, the
+    KL to pi_0, a mixture's preference and distance (Nash-MD), the judge's abstentions, times."""
+    said = [f"{int(means['prompts'])} prompts", f"{int(means['candidates'])} candidates"]
+    if "candidate_reward_mean" in means:
+        said[-1] += (
+            f", candidate reward {means['candidate_reward_mean']:.3f} (best-of-k {means['candidate_reward_best']:.3f})"
+        )
+    if "kl_to_base" in means:
+        said.append(f"KL to pi_0 {means['kl_to_base']:.3f}")
+    if "preference" in means:  # a method that plays the mixture (Nash-MD)
+        said.append(f"preference over the mixture {means['preference']:.3f}")
+    if "mixture_kl" in means:
+        said[-1] += f" (mixture's KL from the policy {means['mixture_kl']:.3f} per token)"
+    if means.get("judge_abstentions"):
+        said.append(f"judge abstained on {int(means['judge_abstentions'])} of {int(means['judge_verdicts'])} verdicts")
+    return (
+        f"POFE: online refresh {number} at step {start_step}: {', '.join(said)}; generated in "
+        f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
+    )

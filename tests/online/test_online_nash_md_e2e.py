@@ -1,0 +1,63 @@
+"""Online Nash-MD through the real `axolotl train` on the demo's toy (`recipes/tiny-nash-md-online-cpu.yml`,
+4 epochs): what each refresh wrote is what it logged, its preferences are the verifier's verdicts
+on the written texts, and pi_0's log-probs are a plain forward of the base model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pofe.demo.task import reward
+from pofe.online.opponents import OPPONENTS
+from pofe.online.refresh import LOGP, LOGP_BASE
+from tests.helpers import assert_float_close, log_history, run_axolotl
+from tests.online.test_online_e2e import _independent, _refreshes, _scored, _toy
+
+pytestmark = pytest.mark.e2e
+
+
+def _hard(r: float, r_opp: float) -> float:
+    """`judge.preferences: hard`, written out: 1 if r > r', 1/2 on a tie, 0 otherwise."""
+    return 1.0 if r > r_opp else 0.5 if r == r_opp else 0.0
+
+
+def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
+    """Refreshes at steps 0, 3, 6, 9 (60 prompts in steps of 20). In each: every written
+    preference is the toy's verifier on the sample's and its opponent's text (recomputed here from
+    judge.jsonl), the logged `online/preference` is their mean over rows.jsonl and
+    `online/kl_to_base` the mean of its log-ratios. At step 0 the policy is pi_0: its log-probs
+    and pi_0's of the written ids are one plain forward's, and the mixture's per-token KL from the
+    policy is 0 (float32 log-softmaxes: below 1e-6); at step 9 the policy has moved from pi_0,
+    whose log-probs are still the base model's, and the mixture from the policy (above 1e-4)."""
+    changes = dict(num_epochs=4, logging_steps=1, save_strategy="steps", save_steps=12)  # a checkpoint: the log
+    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", **changes)
+    assert cfg["pofe"]["judge"]["preferences"] == "hard"
+    run_axolotl("train", str(path), cwd=tmp_path)
+    out = Path(cfg["output_dir"])
+    refreshes = _refreshes(out)
+    assert [w.start_step for w, _, _ in refreshes] == [0, 3, 6, 9]
+    logged = {e["step"]: e for e in log_history(out) if "online/refresh" in e}
+    for window, rows, stats in refreshes:
+        folder = out / "online" / f"refresh-{window.start_step:07d}"
+        for judged in map(json.loads, (folder / "judge.jsonl").read_text().splitlines()):
+            verdicts = [
+                _hard(reward(judged["prompt"], y), reward(judged["prompt"], y_opp))
+                for y, y_opp in zip(judged["responses"], judged[OPPONENTS], strict=True)
+            ]
+            assert judged["preferences"] == verdicts
+        preferences = [p for row in rows for p in row["preferences"]]
+        log_ratios = [a - b for row in rows for a, b in zip(row[LOGP], row[LOGP_BASE], strict=True)]
+        entry = logged[window.start_step]
+        assert entry["online/preference"] == pytest.approx(sum(preferences) / len(preferences), rel=1e-9)
+        assert entry["online/kl_to_base"] == pytest.approx(sum(log_ratios) / len(log_ratios), rel=1e-9)
+        assert entry["online/mixture_kl"] == pytest.approx(stats["mixture_kl"], rel=1e-9)
+    _, first, stats = refreshes[0]
+    plain = _independent(cfg["base_model"], first)
+    assert_float_close(_scored(first, LOGP), plain, n_terms=64 * 16)
+    assert_float_close(_scored(first, LOGP_BASE), plain, n_terms=64 * 16)
+    assert abs(stats["mixture_kl"]) < 1e-6
+    _, last, stats = refreshes[-1]
+    assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
+    assert stats["kl_to_base"] > 0.1 and stats["mixture_kl"] > 1e-4
