@@ -112,12 +112,15 @@ def held_out_summary(rep: dict) -> list[str]:
         "  held-out: "
         + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
     ]
-    if ev.get("vs_pi_0"):
+    choice = rep.get("choice")
+    # a scalar judge's run is chosen by reward: its Bradley-Terry win rates (near 1/2 by
+    # construction) stay in report.md, off the console
+    by_win_rate = not choice or choice["basis"] == "win_rate"
+    if ev.get("vs_pi_0") and by_win_rate:
         lines.append(
             "  vs pi_0, raw / length-controlled: "
             + ", ".join(f"{names[m]} {fmt(v['raw'])} / {fmt(v['lc'])}" for m, v in enumerate(ev["vs_pi_0"]) if v)
         )
-    choice = rep.get("choice")
     if rep.get("eval_missing"):
         lines.append(f"  {not_evaluated(rep['eval_missing'])}")
     if choice:
@@ -129,7 +132,7 @@ def held_out_summary(rep: dict) -> list[str]:
             )
         )
     spread = distance_from_half(ev["win_matrix"])
-    if len(names) > 1 and spread < CLUSTERED:
+    if len(names) > 1 and spread < CLUSTERED and by_win_rate:
         cluster = "is 1/2" if round(spread, 3) == 0 else f"within 0.5 ± {spread:.3f}"
         lines.append(f"  every win rate {cluster}: the report's 'Win rates' says why")
     if ev["cycles"]:
