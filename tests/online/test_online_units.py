@@ -214,6 +214,32 @@ def test_held_out_prompts_and_their_repeats_are_not_trained_on(tmp_path):
     assert meta.total_num_steps == 2
 
 
+def test_a_prompt_field_of_another_name_reaches_a_refresh_as_its_prompt(tmp_path):
+    """`field_prompt: question`: a refresh reads each row's prompt under "prompt" (the column its
+    generate stage renders) and the row's other columns as they are, for the judge."""
+    import json
+
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.args import pofe_config
+    from pofe.online.prompts import PROMPT_ROW, load_online_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"question": p, "answer": a}) + "\n" for p, a in [("1+1=", 2), ("2+3=", 5)]))
+    raw = {
+        "rl": "rrhf",
+        "datasets": [{"path": str(path), "type": "pofe.prompts", "field_prompt": "question"}],
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "num_epochs": 1,
+        "pofe": _online("rrhf"),
+    }
+    cfg = DictDefault(raw)
+    cfg.datasets = [DictDefault(d) for d in raw["datasets"]]
+    rows = [json.loads(r) for r in load_online_prompts(cfg, pofe_config(raw)).train_dataset[PROMPT_ROW]]
+    assert rows == [{"prompt": "1+1=", "answer": 2}, {"prompt": "2+3=", "answer": 5}]
+
+
 def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
     """made_with records the method, the judge with its code's digest, the generate settings, the
     filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only

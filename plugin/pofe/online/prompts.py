@@ -32,6 +32,14 @@ PROMPT_ROW = "prompt_row"
 PROMPT_COLUMNS = (PROMPT_INDEX, PROMPT_ROW)
 
 
+def refresh_prompt_row(row: dict, index: int, fmt: RowFormat, include: list[str]) -> dict[str, Any]:
+    """A prompt row as a refresh reads it: the candidate pipeline's (`prompt_row`, checked), its
+    prompt under "prompt" whatever the dataset's `field_prompt` calls it, its other columns as
+    they are (a reward function reads them)."""
+    checked = prompt_row(row, index, fmt, include)
+    return {"prompt": checked.pop(fmt.column("field_prompt")), **checked}
+
+
 def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
     """The prompts an online run trains on (the `load_datasets` hook's answer under `pofe.online`)."""
     held = held_out_count(pofe, cfg.datasets)
@@ -47,7 +55,7 @@ def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
         include = pofe.generate.include_dataset_responses
         first = len(parts)  # the recipe's datasets, one after another
         parts += [
-            {PROMPT_INDEX: first + j, PROMPT_ROW: json.dumps(prompt_row(row, j, fmt, include))}
+            {PROMPT_INDEX: first + j, PROMPT_ROW: json.dumps(refresh_prompt_row(row, j, fmt, include))}
             for j, row in enumerate(raw)
         ]
     prompts = Dataset.from_list(parts)
