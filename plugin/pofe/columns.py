@@ -19,6 +19,9 @@ PROMPT = "prompt"
 RESPONSES = "responses"
 # an anchored method's given log pi_t(y|x) per candidate (SPPO); else the trainer computes them
 ANCHOR_LOGPS = "anchor_logps"
+# pi_0's log pi_0(y|x) per candidate, for an anchor mixed toward pi_0 (`pofe.anchor_mix`), when the
+# rows carry them (an online refresh's); else pi_0's table (`pofe.anchor.pi_0`)
+BASE_LOGPS = "base_logps"
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
 # names a column; `prompt_format` says how the text fields are written (`chat`: a string
@@ -41,8 +44,8 @@ DEFAULT_FIELDS = {
 
 def candidate_float_columns() -> tuple[str, ...]:
     """Per-candidate float columns carried through tokenisation and collation as (B, K)
-    tensors: every registered method's label column, and the anchor log-probs."""
-    return (*label_columns(), ANCHOR_LOGPS)
+    tensors: every registered method's label column, and the anchor's and pi_0's log-probs."""
+    return (*label_columns(), ANCHOR_LOGPS, BASE_LOGPS)
 
 
 def tokenized_columns() -> tuple[str, ...]:

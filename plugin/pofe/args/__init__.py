@@ -270,8 +270,18 @@ class PofeConfig(KnownKeys):
                 "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
                 "rounds: 1 (or drop pofe.online to iterate offline rounds)"
             )
-        if self.anchor_mix:
-            raise ValueError("pofe.anchor_mix reads tables of fixed rows, which online training has not: drop it")
+        if self.anchor_base is not None:
+            raise ValueError(
+                f"pofe.anchor_base ({self.anchor_base}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
+                "(the policy with its adapter disabled under LoRA/QLoRA, a frozen copy under full fine-tuning), as "
+                "for kl_coef: drop anchor_base, or set base_model to the model pi_0 should be"
+            )
+
+    @property
+    def online_scores_pi_0(self) -> bool:
+        """An online refresh scores its candidates under pi_0 too: for RRHF's KL penalty
+        (`online.kl_coef`) or SPPO's anchor mixed toward pi_0 (`anchor_mix`)."""
+        return self.online is not None and (self.online.kl_coef > 0 or self.anchor_mix > 0)
 
     def _check_stop_when(self) -> None:
         """`stop_when` reads the held-out evaluation; a falling reward needs a scalar judge."""

@@ -8,7 +8,10 @@ one `axolotl train`.
     sampling.py  what samples a refresh: the training model, or a vLLM server into which each
                  refresh loads the policy's LoRA adapter
     colocated.py vLLM in the training process (TRL's VLLMGeneration), asleep between refreshes
-    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty
+    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty and
+                 SPPO's anchor mixed toward pi_0
+    monitor.py   every `monitor_every` refreshes: the policy's perplexity of held-out reference
+                 responses and a few sampled completions with their judgements
     trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
 
 The loss, the optimizer and the schedule are the offline trainer's: only where a step's

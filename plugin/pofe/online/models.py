@@ -1,4 +1,5 @@
-"""The models a refresh uses: the policy as it trains, and pi_0 for RRHF's KL penalty.
+"""The models a refresh uses: the policy as it trains, and pi_0 for RRHF's KL penalty and SPPO's
+anchor mixed toward pi_0.
 
 The policy samples and scores through TRL's `unwrap_model_for_generation`, which takes it out
 of accelerate's and DeepSpeed's wrappers and, under ZeRO-3, gathers its weights on every rank
@@ -38,7 +39,7 @@ def policy_for_refresh(trainer) -> Iterator[torch.nn.Module]:
 
 
 class BasePolicy:
-    """pi_0 for `pofe.online.kl_coef`: the adapter-disabled policy, or a frozen copy."""
+    """pi_0 for `pofe.online.kl_coef` and `pofe.anchor_mix`: the adapter-disabled policy, or a frozen copy."""
 
     def __init__(self, cfg, accelerator):
         self.cfg, self.accelerator = cfg, accelerator
@@ -59,7 +60,7 @@ class BasePolicy:
             from pofe_candidates.generators.hf import load_policy
 
             LOG.info(
-                f"POFE: pofe.online.kl_coef under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "
+                f"POFE: pi_0 (pofe.online.kl_coef, pofe.anchor_mix) under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "
                 "as pi_0 (its weights stay in memory beside the policy's)"
             )
             self.copy = load_policy(

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pofe.columns import ANCHOR_LOGPS, BASE_LOGPS
 from pofe.data.formats import candidate_row
 from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
@@ -108,7 +109,7 @@ def sample_and_judge(
             raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
     for g in generated:
         g["index"] = indices[g["index"]]
-    columns = [{c: v for c, v in r.items() if c != "prompt"} for r in rows]
+    columns = [judged_columns(r) for r in rows]
     with timer("judge"):
         judged = judge_shard(generated, judge, method.target, judge_cfg, columns)
     unit = "pairs" if judge_cfg.is_pairwise else "candidates"
@@ -120,6 +121,11 @@ def sample_and_judge(
         final=True,
     )
     return generated, judged
+
+
+def judged_columns(prompt_row: dict) -> dict:
+    """A prompt row's columns besides the prompt: what judges that read columns take."""
+    return {c: v for c, v in prompt_row.items() if c != "prompt"}
 
 
 def trainable_rows(judged: list[dict], method: MethodSpec, candidates: CandidatesConfig, tokenize) -> dict[int, dict]:
@@ -139,14 +145,17 @@ def trainable_rows(judged: list[dict], method: MethodSpec, candidates: Candidate
     return out
 
 
-def with_scores(row: dict, method: MethodSpec, kl_coef: float) -> dict:
+def with_scores(row: dict, method: MethodSpec, kl_coef: float, anchor_mix: float = 0.0) -> dict:
     """The trainer's row of a rows.jsonl row: its token ids and label, with the scores folded in:
-    an anchored method's anchor is the log-probs of the policy that sampled the window; with
+    an anchored method's anchor is the log-probs of the policy that sampled the window, and with
+    `anchor_mix` pi_0's come along (the trainer mixes the two, `pofe.losses.mixed_anchor`); with
     `kl_coef`, the rewards are penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
     column = method.target.column
     out = {**row[TOKENS], column: row[column]}
     if method.needs_anchor:
-        out["anchor_logps"] = list(row[LOGP])
+        out[ANCHOR_LOGPS] = list(row[LOGP])
+        if anchor_mix:
+            out[BASE_LOGPS] = list(row[LOGP_BASE])
     if kl_coef:
         shaped = kl_penalised_rewards(
             torch.tensor(row[column], dtype=torch.float64),

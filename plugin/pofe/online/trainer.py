@@ -29,6 +29,7 @@ from pofe.errors import PofeError
 from pofe.logs import get_logger
 from pofe.methods import method_spec
 from pofe.online.models import BasePolicy, policy_for_refresh
+from pofe.online.monitor import Monitor
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
     FOLDER,
@@ -37,6 +38,7 @@ from pofe.online.refresh import (
     TOKENS,
     Refreshed,
     Window,
+    judged_columns,
     merged_stats,
     read_refresh,
     refresh_dir,
@@ -75,6 +77,18 @@ class OnlineTraining:
     @cached_property
     def _base(self) -> BasePolicy:
         return BasePolicy(self.axolotl_cfg, self.accelerator)
+
+    @cached_property
+    def _monitor(self) -> Monitor:
+        return Monitor(
+            self.axolotl_cfg,
+            self.pofe,
+            self.args.output_dir,
+            tokenize=self._tokenize,
+            score=self.score_table,
+            main=self.accelerator.is_main_process,
+            report_to=self.args.report_to,
+        )
 
     @cached_property
     def _sampler(self):
@@ -161,6 +175,10 @@ class OnlineTraining:
             kept = trainable_rows(judged, self.spec, pofe.candidates, self._tokenize)
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
+            monitored, measured = self._monitor.due(window.start_step), {}
+            if monitored:
+                with _timed(timings, "monitor"):
+                    measured = self._monitor.measure(model)
         data_rows, kl = [], []
         for j, (index, row) in enumerate(kept.items()):
             record = {"prompt_index": index, **row["data"], TOKENS: row[TOKENS]}
@@ -171,16 +189,29 @@ class OnlineTraining:
                 kl.extend(a - b for a, b in zip(logp[j], logp_base[j]))
             data_rows.append(record)
         stats = window_stats(generated, judged, kept, kl) | {f"{k}_seconds": v for k, v in timings.items()}
+        if monitored:
+            columns = {i: judged_columns(row) for i, row in prompt_rows.items()}
+            measured |= self._monitor.observe(generated, judged, data_rows, columns)
+        stats |= measured
         refreshed = Refreshed(window, self._batched(window, data_rows), stats)
         write_refresh(self._folder(window.start_step), refreshed, generated, judged, data_rows)
         return refreshed
 
     def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
-        kl_coef asks, and pi_0's when kl_coef asks (None: not measured)."""
-        kl = self.pofe.online.kl_coef > 0
-        if not rows or not (self.spec.needs_anchor or kl):
+        pi_0's are scored, and pi_0's for kl_coef or anchor_mix (None: not measured)."""
+        pi_0 = self.pofe.online_scores_pi_0
+        if not rows or not (self.spec.needs_anchor or pi_0):
             return None, None
+        logp = self.score_table(model, rows, "the policy's")
+        if not pi_0:
+            return logp, None
+        with self._base.scoring(model) as base:
+            return logp, self.score_table(base, rows, "pi_0's")
+
+    def score_table(self, model, rows: list[dict], what: str) -> list[list[float]]:
+        """`model`'s summed log-probs of each response of `rows` (their prompt_ids and
+        response_ids), as the trainer scores a batch's candidates, without gradients."""
         # the label column only passes the trainer's batch check: scoring does not read it
         label = self.spec.target.column
         dataset = Dataset.from_list(
@@ -193,16 +224,8 @@ class OnlineTraining:
             device=self.args.device,
             progress=False,
         )
-
-        def table(m, what: str) -> list[list[float]]:
-            t = score_rows(m, [dataset], scorer, what, ranks=(0, 1))
-            return [t[j, : len(r["response_ids"])].tolist() for j, r in enumerate(rows)]
-
-        logp = table(model, "the policy's")
-        if not kl:
-            return logp, None
-        with self._base.scoring(model) as base:
-            return logp, table(base, "pi_0's")
+        table = score_rows(model, [dataset], scorer, what, ranks=(0, 1))
+        return [table[j, : len(r["response_ids"])].tolist() for j, r in enumerate(rows)]
 
     def _tokenize(self, canonical: dict) -> dict:
         cfg = self.axolotl_cfg
@@ -216,7 +239,10 @@ class OnlineTraining:
 
     def _batched(self, window: Window, data_rows: list[dict]) -> list[list[dict]]:
         """Each micro-batch's trainable rows, with the scores folded in (`with_scores`)."""
-        by_index = {row["prompt_index"]: with_scores(row, self.spec, self.pofe.online.kl_coef) for row in data_rows}
+        pofe = self.pofe
+        by_index = {
+            row["prompt_index"]: with_scores(row, self.spec, pofe.online.kl_coef, pofe.anchor_mix) for row in data_rows
+        }
         return [[by_index[i] for i in batch if i in by_index] for batch in window.micro_batches]
 
     # -- resuming -----------------------------------------------------------------------
@@ -276,11 +302,20 @@ class OnlineTraining:
             else ""
         )
         kl = f", KL to pi_0 {means['kl_to_base']:.3f}" if "kl_to_base" in means else ""
+        monitored = "".join(
+            f", {name} {means[key]:.3f}"
+            for key, name in (
+                ("judge2_reward_mean", "judge2 reward"),
+                ("reference_perplexity", "reference perplexity"),
+            )
+            if key in means
+        )
         LOG.info(
             f"POFE: online refresh {number} at step {refreshed.window.start_step}: {int(means['prompts'])} prompts, "
-            f"{int(means['candidates'])} candidates{reward}{kl}; generated in "
+            f"{int(means['candidates'])} candidates{reward}{kl}{monitored}; generated in "
             f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
         )
+        self._monitor.show(refreshed.window.start_step, number, means)
 
 
 @contextmanager

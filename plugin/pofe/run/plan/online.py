@@ -17,7 +17,7 @@ and, beside them (`online_parts`):
 - judge_*: a reward model or PairRM, loaded at the first refresh and kept for the run, as its
   own judge stage sizes it (`pofe.run.plan.candidates.judge_parts`) but for the CUDA context,
   which the process has once; a Python judge, and an LLM judge's server, hold nothing here;
-- pi_0_weights: with pofe.online.kl_coef > 0 under full fine-tuning, a frozen copy of the base
+- pi_0_weights: with pofe.online.kl_coef > 0 or pofe.anchor_mix under full fine-tuning, a frozen copy of the base
   model in the recipe's dtype (`pofe.online.models.BasePolicy`); under LoRA/QLoRA pi_0 is the
   policy with its adapter disabled: no copy.
 
@@ -58,7 +58,7 @@ def online_parts(
     if pcfg.judge.type in JUDGE_MODELS:
         _, judge = judge_parts(pcfg.judge, judge_size, options)
         parts |= {f"judge_{k}": v for k, v in judge.items() if k != "runtime"}
-    if full and pcfg.online.kl_coef > 0:
+    if full and pcfg.online_scores_pi_0:
         parts["pi_0_weights"] = weights
     return parts
 
