@@ -5,7 +5,9 @@ the written token ids), and a killed run resumes on what it was training on."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,8 +19,20 @@ import yaml
 
 from pofe.demo.__main__ import prepare
 from pofe.demo.evaluate import greedy_reward
+from pofe.demo.task import answer, make_prompts, reward, verbose_reward
+from pofe.demo.tiny import build_tokenizer
+from pofe.files import read_jsonl
 from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
-from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, load_llama, log_history, naive_logps, run_axolotl
+from tests.helpers import (
+    AXOLOTL_ENV,
+    ROOT,
+    assert_float_close,
+    float_tolerance,
+    load_llama,
+    log_history,
+    naive_logps,
+    run_axolotl,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -60,27 +74,48 @@ def _independent(model_dir: str, rows: list[dict]) -> torch.Tensor:
     return naive_logps(load_llama(Path(model_dir)), tokens)
 
 
-@pytest.mark.parametrize(
-    ("recipe", "at_least"),
-    # greedy reward on the 60 training prompts after training, from 0.000 before; measured over
-    # model and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): see the README
-    [("tiny-rrhf-online-cpu.yml", 0.3), ("tiny-sppo-online-cpu.yml", 0.1)],
-)
-def test_online_training_learns_the_toy_and_writes_each_refresh(tmp_path, recipe, at_least):
-    path, cfg, rows = _toy(tmp_path, recipe)
+@pytest.fixture(scope="module")
+def online_rrhf(tmp_path_factory) -> tuple[dict, list[dict], str]:
+    """The shipped online RRHF recipe trained once on the toy (the demo's tiny model and prompts,
+    seed 0): (its recipe, the prompt rows, the run's console). The learning test reads it; the
+    hacking demonstration starts from its model."""
+    tmp = tmp_path_factory.mktemp("online-rrhf")
+    path, cfg, rows = _toy(tmp, "tiny-rrhf-online-cpu.yml")
+    proc = run_axolotl("train", str(path), cwd=tmp)
+    return cfg, rows, proc.stdout + proc.stderr
+
+
+# greedy reward on the 60 training prompts after training, from 0.000 before; measured over model
+# and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): 0.954-1.000 (RRHF),
+# 0.949-... (SPPO), docs/online.md
+def test_online_rrhf_learns_the_toy_and_writes_each_refresh(online_rrhf):
+    cfg, rows, console = online_rrhf
+    _check_learned(cfg, rows, console, at_least=0.9)
+
+
+def test_online_sppo_learns_the_toy_and_writes_each_refresh(tmp_path):
+    path, cfg, rows = _toy(tmp_path, "tiny-sppo-online-cpu.yml")
+    proc = run_axolotl("train", str(path), cwd=tmp_path)
+    _check_learned(cfg, rows, proc.stdout + proc.stderr, at_least=0.9)
+
+
+def _check_learned(cfg: dict, rows: list[dict], console: str, at_least: float) -> None:
     prompts = [r["prompt"] for r in rows]
     before = greedy_reward(cfg["base_model"], prompts)["mean_reward"]
-    proc = run_axolotl("train", str(path), cwd=tmp_path)
     after = greedy_reward(cfg["output_dir"], prompts)["mean_reward"]
     assert before == 0.0 and after >= at_least, (before, after)
 
     refreshes = _refreshes(Path(cfg["output_dir"]))
-    # 60 prompts in steps of 20: 3 steps an epoch, refresh_every 3, 50 epochs
-    assert [w.start_step for w, _, _ in refreshes] == list(range(0, 150, 3))
+    # 60 prompts in steps of 20: 3 steps an epoch, refresh_every 3, one refresh an epoch
+    epochs = cfg["num_epochs"]
+    assert [w.start_step for w, _, _ in refreshes] == list(range(0, 3 * epochs, 3))
     assert all(sorted(w.prompts) == list(range(60)) for w, _, _ in refreshes)
     rewards = [stats["candidate_reward_mean"] for _, _, stats in refreshes]
-    assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.02, rewards
-    assert (proc.stdout + proc.stderr).count("POFE: online refresh ") == 50
+    assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.3, rewards
+    assert len(re.findall(r"POFE: online refresh \d+ at step", console)) == epochs
+    # monitor_every 10: refreshes 1, 11, 21, ... show their samples
+    shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion: judgement\)", console)
+    assert shown == [str(n) for n in range(1, epochs + 1, 10)]
 
     # step 0: the policy is pi_0; its scores of the written ids are a plain forward's
     window, first, _ = refreshes[0]
@@ -93,6 +128,130 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(tmp_path, recipe
         assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
         ratio = [a - b for r in last for a, b in zip(r[LOGP], r[LOGP_BASE])]
         assert sum(ratio) / len(ratio) == pytest.approx(stats["kl_to_base"], rel=1e-9) and stats["kl_to_base"] > 1.0
+
+
+HACK_SEEDS, HACK_KL = (0, 1, 2), 0.3
+
+
+def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(online_rrhf, tmp_path):
+    """docs/online.md's demonstration of the RRHF paper's warning. pi_0 is the shipped recipe's
+    trained model (it knows the training prompts' sums); 15 refreshes of online RRHF against
+    `verbose_reward`, which pays 0.25 per character written after the number, with the monitors:
+    `pofe.eval.judge2` the verifiable reward, the held-out prompts' sums as references. Training
+    seeds 0-2, kl_coef 0 and 0.3. Measured (refresh 1 -> 15, refresh 1 alike in both arms): without
+    KL the judge's reward of the samples rose 0.49-0.53 -> 0.82-0.93, the verifiable reward fell
+    0.36-0.41 -> 0.05-0.10 and the held-out perplexity rose 5.1 -> 10.1-13.4 (x 1.98-2.63); with
+    kl_coef 0.3 they ended at 0.50-0.58, 0.33-0.39 (-0.08 to +0.03) and 5.0-5.2 (x 0.98-1.02). The
+    bounds lie between the arms: a rise or fall of 0.15, a perplexity ratio of 1.45."""
+    trained, rows, _ = online_rrhf
+    held = [p for p in make_prompts(100, seed=0)[60:] if p not in {r["prompt"] for r in rows}]
+    held_path = tmp_path / "held.jsonl"
+    held_path.write_text("".join(json.dumps({"prompt": p, "answer": str(answer(p))}) + "\n" for p in held))
+    curves = {}
+    for kl in (0.0, HACK_KL):
+        for seed in HACK_SEEDS:
+            out = tmp_path / f"kl{kl}-seed{seed}"
+            recipe = {
+                **trained,
+                "base_model": trained["output_dir"],
+                "output_dir": str(out),
+                "num_epochs": 15,
+                "seed": seed,
+                "pofe": {
+                    **trained["pofe"],
+                    "online": {**trained["pofe"]["online"], "kl_coef": kl, "monitor_every": 1},
+                    "generate": {**trained["pofe"]["generate"], "seed": seed},
+                    "judge": {"type": "python", "function": "pofe.demo.task:verbose_reward"},
+                    "eval": {
+                        "prompts": str(held_path),
+                        "reference_column": "answer",
+                        "judge2": {"type": "python", "function": "pofe.demo.task:reward"},
+                    },
+                },
+            }
+            path = tmp_path / f"kl{kl}-seed{seed}.yml"
+            path.write_text(yaml.safe_dump(recipe))
+            proc = run_axolotl("train", str(path), cwd=tmp_path)
+            stats = [s for _, _, s in _refreshes(out)]
+            curves[kl, seed] = {
+                k: (stats[0][k], stats[-1][k])
+                for k in ("candidate_reward_mean", "judge2_reward_mean", "reference_perplexity")
+            }
+    for seed in HACK_SEEDS:
+        (judge0, judge), (true0, true), (ppl0, ppl) = curves[0.0, seed].values()
+        _, (_, true_kl), (_, ppl_kl) = curves[HACK_KL, seed].values()
+        assert judge > judge0 + 0.15 and true < true0 - 0.15 and ppl > 1.45 * ppl0, curves  # hacked
+        assert true_kl > true0 - 0.15 and ppl_kl < 1.45 * ppl0, curves  # held
+        assert curves[HACK_KL, seed]["reference_perplexity"][0] == ppl0  # the same pi_0 at refresh 1
+
+    # the monitors, checked on the last run: refresh 1's figures recomputed independently
+    _, first_rows, first = read_refresh(out / "online" / "refresh-0000000")
+    generated = read_jsonl(out / "online" / "refresh-0000000" / "generate.jsonl")
+    sampled = [
+        reward(g["prompt"], c) for g in generated for c, s in zip(g["candidates"], g["sources"]) if s == "policy"
+    ]
+    assert first["judge2_reward_mean"] == pytest.approx(sum(sampled) / len(sampled), rel=1e-12)
+    # the chat template's user turn and generation prompt, then the sum and <|end|>: one token a character
+    tokenizer = build_tokenizer()
+    references = [
+        {
+            "row_id": j,
+            "prompt_ids": tokenizer(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                ),
+                add_special_tokens=False,
+            )["input_ids"],
+            "response_ids": [
+                [*tokenizer(str(answer(p)), add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+            ],
+        }
+        for j, p in enumerate(held)
+    ]
+    logps = naive_logps(load_llama(Path(trained["output_dir"])), references)[:, 0]
+    tokens = sum(len(r["response_ids"][0]) for r in references)
+    expected = math.exp(-logps.sum().item() / tokens)
+    assert first["reference_perplexity"] == pytest.approx(expected, rel=1e-4)
+    records = read_jsonl(out / "online" / "monitor.jsonl")
+    assert [r["step"] for r in records] == list(range(0, 45, 3))
+    assert records[0]["reference_perplexity"] == first["reference_perplexity"]
+    shown = records[0]["completions"]
+    assert shown and {r["prompt"] for r in shown} <= {r["prompt"] for r in rows}
+    assert all(r["reward"] == verbose_reward(r["prompt"], r["completion"]) for r in shown)
+    assert all(r["judge2_reward"] == reward(r["prompt"], r["completion"]) for r in shown)
+    console = proc.stdout + proc.stderr
+    assert "POFE: online refresh 15's samples (prompt -> completion: judgement)" in console
+    assert re.search(r"POFE: online refresh 15 at step 42: .*judge2 reward [\d.]+, reference perplexity", console)
+
+
+def test_online_sppo_mixes_each_refreshs_anchor_toward_pi_0(tmp_path):
+    """`pofe.anchor_mix: 0.5`: each refresh scores its candidates under pi_0 (the frozen base) as well
+    as under the policy that sampled them, and SPPO regresses log pi - [0.5 log pi_t + 0.5 log pi_0].
+    Refreshes at steps 0 and 2 (60 prompts, 20 a step); at the first step of the second window the
+    policy is still pi_t, so the logged sppo/logratio of step 3 is 0.5 * mean(log pi_t - log pi_0)
+    over the step's candidates, read from its rows.jsonl; at step 1 pi_t = pi_0 and it is 0."""
+    changes = dict(
+        max_steps=3,
+        logging_steps=1,
+        lr_scheduler="constant",
+        warmup_steps=0,
+        save_strategy="steps",
+        save_steps=3,
+        pofe={"anchor_mix": 0.5, "online": {"refresh_every": 2}},
+    )
+    path, cfg, _ = _toy(tmp_path, "tiny-sppo-online-cpu.yml", **changes)
+    run_axolotl("train", str(path), cwd=tmp_path)
+    (_, first, _), (window, rows, stats) = _refreshes(Path(cfg["output_dir"]))
+    assert window.start_step == 2 and len(window.micro_batches) == 1
+    assert_float_close(_scored(first, LOGP_BASE), _independent(cfg["base_model"], first), n_terms=64 * 16)
+    assert_float_close(_scored(rows, LOGP_BASE), _independent(cfg["base_model"], rows), n_terms=64 * 16)
+    ratio = _scored(rows, LOGP) - _scored(rows, LOGP_BASE)  # (rows, 2): keep best_worst
+    assert stats["kl_to_base"] == pytest.approx(ratio.mean().item(), rel=1e-6) and stats["kl_to_base"] > 0.1
+    logged = {e["step"]: e["sppo/logratio"] for e in log_history(Path(cfg["output_dir"])) if "sppo/logratio" in e}
+    magnitude = _scored(rows, LOGP).abs().max().item()
+    tolerance = float_tolerance(torch.float32, 64 * 16, magnitude)["atol"]
+    assert logged[1] == pytest.approx(0.0, abs=tolerance)
+    assert logged[3] == pytest.approx(0.5 * ratio.mean().item(), abs=tolerance)
 
 
 @pytest.mark.newest  # transformers' training loop, whose get_batch_samples the trainer takes over

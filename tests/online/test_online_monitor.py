@@ -83,24 +83,42 @@ def test_references_are_the_held_out_prompts_answers_as_eval_reads_them(tmp_path
 
 
 def test_completions_are_the_policys_samples_of_the_first_prompts_with_their_judgements():
+    """The dataset's answer "3" and a sample "3" are one text: the judged row's second "3" is the
+    sample (the judge keeps the generated order); the second prompt is past `count`."""
     generated = [
         {
-            "candidates": ["3", "4", "x!"],
-            "sources": ["answer", "policy", "policy"],
-            "finish_reasons": [None, "stop", "length"],
+            "candidates": ["3", "4", "3", "x!"],
+            "sources": ["answer", "policy", "policy", "policy"],
+            "finish_reasons": [None, "stop", "stop", "length"],
         },
         {"candidates": ["9", "8"], "sources": ["answer", "policy"], "finish_reasons": [None, "stop"]},
     ]
     judged = [
-        {"index": 5, "prompt": "1+2=", "responses": ["3", "4", "x!"], "rewards": [1.0, 0.25, 0.4], "win_rates": None},
-        {"index": 2, "prompt": "4+5=", "responses": ["9", "8"], "rewards": [1.0, 0.25], "win_rates": None},
+        {"index": 5, "prompt": "1+2=", "responses": ["3", "4", "3", "x!"], "rewards": [1.0, 0.25, 1.0, 0.0]},
+        {"index": 2, "prompt": "4+5=", "responses": ["9", "8"], "rewards": [1.0, 0.25]},
     ]
-    shown = completions(generated, judged, 1, {5: {"3": 9.0, "4": 1.5}})
+    second = [{"index": 5, "responses": ["4", "3", "x!"], "rewards": [0.5, 0.9, 0.1], "win_rates": None}]
+    shown = completions(generated, judged, 1, {5: {"3": 9.0, "4": 1.5}}, second)
     assert shown == [
-        {"prompt": "1+2=", "completion": "4", "finish_reason": "stop", "reward": 0.25, "logratio_to_pi_0": 1.5},
-        {"prompt": "1+2=", "completion": "x!", "finish_reason": "length", "reward": 0.4},  # not kept: no log-ratio
+        {
+            "prompt": "1+2=",
+            "completion": "4",
+            "finish_reason": "stop",
+            "reward": 0.25,
+            "logratio_to_pi_0": 1.5,
+            "judge2_reward": 0.5,
+        },
+        {
+            "prompt": "1+2=",
+            "completion": "3",
+            "finish_reason": "stop",
+            "reward": 1.0,
+            "logratio_to_pi_0": 9.0,
+            "judge2_reward": 0.9,
+        },
+        {"prompt": "1+2=", "completion": "x!", "finish_reason": "length", "reward": 0.0, "judge2_reward": 0.1},
     ]
-    assert len(completions(generated, judged, 2, {})) == 3
+    assert [r["completion"] for r in completions(generated, judged, 2, {})] == ["4", "3", "x!", "8"]
 
 
 def test_the_file_holds_one_record_per_refresh_and_a_resumed_run_replaces_the_later_ones(tmp_path):

@@ -209,13 +209,16 @@ def completions(
     seconds = {row["index"]: row for row in second}
     out = []
     for g, r in list(zip(generated, judged, strict=True))[:count]:
-        finish = {c: f for c, s, f in zip(g["candidates"], g["sources"], g["finish_reasons"]) if s == "policy"}
+        # the judge keeps the candidates' order, less abstentions: the k-th copy of a text judged
+        # is the k-th copy generated (the dataset's answer and a sample may be the same text)
+        unclaimed = list(zip(g["candidates"], g["sources"], g["finish_reasons"]))
         ratios = logratios.get(r["index"], {})
         other = seconds.get(r["index"], {})
         for j, response in enumerate(r["responses"]):
-            if response not in finish:
+            _, source, finish = unclaimed.pop(next(i for i, (c, _, _) in enumerate(unclaimed) if c == response))
+            if source != "policy":
                 continue
-            record = {"prompt": r["prompt"], "completion": response, "finish_reason": finish[response]}
+            record = {"prompt": r["prompt"], "completion": response, "finish_reason": finish}
             record |= _labels(r, j)
             if response in ratios:
                 record["logratio_to_pi_0"] = ratios[response]
