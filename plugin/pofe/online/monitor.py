@@ -86,11 +86,17 @@ class Monitor:
                 "POFE: online monitor: no held-out prompts (pofe.eval.prompts or pofe.eval.held_out): the policy's "
                 "perplexity of reference responses is not measured"
             )
+        elif rows and not kept:
+            LOG.warning(
+                f"POFE: online monitor: all {len(rows)} reference responses of the held-out prompts ({source}) are "
+                "dropped by the length policy (sequence_len, pofe.truncation): the perplexity is not measured"
+            )
         elif kept:
             dropped = f" ({len(rows) - len(kept)} dropped by the length policy)" if len(kept) < len(rows) else ""
             LOG.info(
                 f"POFE: online monitor: the policy's perplexity of {len(kept)} reference responses{dropped} of the "
-                f"held-out prompts, {source}, every {self.every} refreshes (online/reference_perplexity)"
+                f"held-out prompts, {source}, {'every refresh' if self.every == 1 else f'every {self.every} refreshes'} "
+                "(online/reference_perplexity)"
             )
         return kept
 
