@@ -86,8 +86,9 @@ def online_rrhf(tmp_path_factory) -> tuple[dict, list[dict], str]:
 
 
 # greedy reward on the 60 training prompts after training, from 0.000 before; measured over model
-# and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): 0.954-1.000 (RRHF),
-# 0.949-... (SPPO), docs/online.md
+# and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): RRHF 0.954 / 1.000 / 0.955,
+# SPPO 0.949 / 1.000 / 1.000; the policy's samples' mean reward 0.000 -> 0.47-0.59 (RRHF) and
+# 0.87-0.93 (SPPO) (docs/online.md). Seed 0 here.
 def test_online_rrhf_learns_the_toy_and_writes_each_refresh(online_rrhf):
     cfg, rows, console = online_rrhf
     _check_learned(cfg, rows, console, at_least=0.9)
@@ -117,17 +118,13 @@ def _check_learned(cfg: dict, rows: list[dict], console: str, at_least: float) -
     shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion: judgement\)", console)
     assert shown == [str(n) for n in range(1, epochs + 1, 10)]
 
-    # step 0: the policy is pi_0; its scores of the written ids are a plain forward's
-    window, first, _ = refreshes[0]
-    anchor_or_logp = _scored(first, LOGP)
-    assert_float_close(anchor_or_logp, _independent(cfg["base_model"], first), n_terms=64 * 16)
-    if "kl_coef" in cfg["pofe"]["online"]:
-        # RRHF: pi_0 is the frozen base all along, and the policy has moved away from it by the end
-        assert_float_close(_scored(first, LOGP_BASE), anchor_or_logp, n_terms=64 * 16)
-        _, last, stats = refreshes[-1]
-        assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
-        ratio = [a - b for r in last for a, b in zip(r[LOGP], r[LOGP_BASE])]
-        assert sum(ratio) / len(ratio) == pytest.approx(stats["kl_to_base"], rel=1e-9) and stats["kl_to_base"] > 1.0
+    # SPPO: each refresh's anchor is the sampling policy's scores, at step 0 pi_0's, a plain forward's.
+    # RRHF without kl_coef scores nothing (pi_0 with kl_coef: the hacking test below, and ZeRO-3's)
+    _, first, _ = refreshes[0]
+    if cfg["rl"] == "sppo":
+        assert_float_close(_scored(first, LOGP), _independent(cfg["base_model"], first), n_terms=64 * 16)
+    else:
+        assert not cfg["pofe"]["online"]["kl_coef"] and LOGP not in first[0] and LOGP_BASE not in first[0]
 
 
 HACK_SEEDS, HACK_KL = (0, 1, 2), 0.3
@@ -139,10 +136,11 @@ def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(
     `verbose_reward`, which pays 0.25 per character written after the number, with the monitors:
     `pofe.eval.judge2` the verifiable reward, the held-out prompts' sums as references. Training
     seeds 0-2, kl_coef 0 and 0.3. Measured (refresh 1 -> 15, refresh 1 alike in both arms): without
-    KL the judge's reward of the samples rose 0.49-0.53 -> 0.82-0.93, the verifiable reward fell
-    0.36-0.41 -> 0.05-0.10 and the held-out perplexity rose 5.1 -> 10.1-13.4 (x 1.98-2.63); with
-    kl_coef 0.3 they ended at 0.50-0.58, 0.33-0.39 (-0.08 to +0.03) and 5.0-5.2 (x 0.98-1.02). The
-    bounds lie between the arms: a rise or fall of 0.15, a perplexity ratio of 1.45."""
+    KL the judge's reward of the samples rose 0.55-0.61 -> 0.85-0.88 (+0.24 to +0.32), the
+    verifiable reward fell 0.41-0.50 -> 0.03-0.04 (-0.37 to -0.46) and the held-out perplexity rose
+    4.39 -> 11.5-15.6 (x 2.62-3.55); with kl_coef 0.3 they ended at 0.54-0.65, 0.38-0.47 (-0.07 to
+    +0.04) and 4.35-5.06 (x 0.99-1.15). The bounds lie between the arms: a judge's rise of 0.15, a
+    verifiable fall of 0.2, a perplexity ratio of 1.7 (about the two arms' geometric mean)."""
     trained, rows, _ = online_rrhf
     held = [p for p in make_prompts(100, seed=0)[60:] if p not in {r["prompt"] for r in rows}]
     held_path = tmp_path / "held.jsonl"
@@ -180,9 +178,15 @@ def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(
     for seed in HACK_SEEDS:
         (judge0, judge), (true0, true), (ppl0, ppl) = curves[0.0, seed].values()
         _, (_, true_kl), (_, ppl_kl) = curves[HACK_KL, seed].values()
-        assert judge > judge0 + 0.15 and true < true0 - 0.15 and ppl > 1.45 * ppl0, curves  # hacked
-        assert true_kl > true0 - 0.15 and ppl_kl < 1.45 * ppl0, curves  # held
+        assert judge > judge0 + 0.15 and true < true0 - 0.2 and ppl > 1.7 * ppl0, curves  # hacked
+        assert true_kl > true0 - 0.2 and ppl_kl < 1.7 * ppl0, curves  # held
         assert curves[HACK_KL, seed]["reference_perplexity"][0] == ppl0  # the same pi_0 at refresh 1
+
+    # the last run's (kl_coef 0.3, full fine-tuning): pi_0 is a frozen copy of the trained model all
+    # along, and the policy has moved from it by the last refresh
+    _, last, stats = _refreshes(out)[-1]
+    assert_float_close(_scored(last, LOGP_BASE), _independent(trained["output_dir"], last), n_terms=64 * 16)
+    assert stats["kl_to_base"] > 0.01, stats
 
     # the monitors, checked on the last run: refresh 1's figures recomputed independently
     _, first_rows, first = read_refresh(out / "online" / "refresh-0000000")

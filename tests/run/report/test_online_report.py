@@ -38,6 +38,7 @@ def online_run(tmp_path_factory, tiny_model):
         "num_epochs": EPOCHS,
     }
     raw["pofe"]["eval"] = {"held_out": HELD_OUT}
+    raw["pofe"]["online"]["kl_coef"] = 0.01  # the report's KL column
     raw["pofe"]["generate"]["seed"] = 7
     path = root / "recipe.yml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -79,7 +80,7 @@ def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run
     assert len(rep["online"]["refreshes"]) == len(records)
     for got, r in zip(rep["online"]["refreshes"], records):
         assert got == pytest.approx({"step": r["start_step"], **r["stats"]}, rel=1e-12)
-    assert (rep["online"]["refresh_every"], rep["online"]["kl_coef"]) == (3, 0.001)
+    assert (rep["online"]["refresh_every"], rep["online"]["kl_coef"]) == (3, 0.01)
     md = (folder.root / "report.md").read_text()
     expected = [
         [
@@ -122,7 +123,7 @@ def test_the_training_record_digests_its_refreshes_files_in_step_order(online_ru
     assert record["seeds"] == {"generate": 7, "train": 0}
     assert record["recipe"]["pofe"]["online"] == {
         "refresh_every": 3,
-        "kl_coef": 0.001,
+        "kl_coef": 0.01,
         "monitor_every": 10,
         "monitor_samples": 2,
     }
