@@ -121,12 +121,7 @@ def test_the_training_record_digests_its_refreshes_files_in_step_order(online_ru
     assert record["sha256"]["candidates"] == digest("generate.jsonl")
     assert record["sha256"]["trained_on"] == digest("rows.jsonl")
     assert record["seeds"] == {"generate": 7, "train": 0}
-    assert record["recipe"]["pofe"]["online"] == {
-        "refresh_every": 3,
-        "kl_coef": 0.01,
-        "monitor_every": 10,
-        "monitor_samples": 2,
-    }
+    assert record["recipe"]["pofe"]["online"] == {"refresh_every": 3, "kl_coef": 0.01, "monitor_every": 10}
     row = _table((folder.root / "report.md").read_text(), "## Reproducing each round")[0]
     assert row[:6] == [
         "1",
