@@ -1,10 +1,10 @@
 """Online RRHF against rounds of offline RRHF, at an equal number of sampled candidates.
 
-    python -m benchmarks.online            # ~12 min on 2 cores
+    python -m benchmarks.online            # ~8 min on 2 cores
     python -m benchmarks.online --quick    # a smoke run: 2 epochs, three arms (~2 min)
 
 On the demo's toy task (`python -m pofe.demo`: the tiny random Llama, 60 addition prompts with
-their answer and 3 near misses, the verifiable reward `pofe.demo.task:reward`), every arm samples
+their answer, the verifiable reward `pofe.demo.task:reward`), every arm samples
 4 candidates per prompt for each of the 60 prompts once per epoch's worth of steps, E times:
 
 online-r<N>-kl<c>  `axolotl train` on recipes/tiny-rrhf-online-cpu.yml, E epochs of 15 steps
@@ -15,7 +15,9 @@ rounds             `axolotl pofe run` on recipes/tiny-rrhf-cpu.yml with `pofe.ro
                    model for all 60 prompts, `pofe.eval: false` (each round is an `axolotl
                    preprocess` and an `axolotl train` process)
 
-Both add the dataset's answer and near misses to the samples, as the recipes do. Both use a
+Both sample, add the dataset's responses and judge as recipes/tiny-rrhf-online-cpu.yml does (its
+`pofe.generate` and `pofe.judge`: the answer joins 4 samples; the rounds take these blocks over
+the offline recipe's, which adds the near misses too). Both use a
 constant learning rate (1e-3, no warm-up) where the recipes take a cosine schedule with 10
 warm-up steps: a round restarts its schedule (and its optimizer) every 15 steps where the online
 run's spans all E epochs, and the schedule would then be the difference measured.
@@ -51,12 +53,12 @@ from benchmarks.trainers import axolotl, environment
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 MICRO_BATCH = 4
 # refresh_every: every step, a third of an epoch, an epoch (60 prompts / 4 = 15 steps)
-REFRESH_EVERY, KL_COEFS = (1, 5, 15), (0.01, 0.0)
+REFRESH_EVERY, KL_COEFS = (1, 5, 15), (0.001, 0.0)
 
 
 def arm_names(quick: bool) -> list[str]:
     """The arms, online and rounds interleaved so that neither kind runs all at once."""
-    online = [(n, c) for n in ((1, 15) if quick else REFRESH_EVERY) for c in ((0.01,) if quick else KL_COEFS)]
+    online = [(n, c) for n in ((1, 15) if quick else REFRESH_EVERY) for c in ((0.001,) if quick else KL_COEFS)]
     names = [f"online-r{n}-kl{c:g}" for n, c in online]
     names.insert(len(names) // 2, "rounds")
     return names
@@ -80,9 +82,12 @@ def recipe_for(arm: str, work: Path, epochs: int) -> dict:
     pofe = dict(base["pofe"])
     if online:
         refresh, kl = arm.removeprefix("online-r").split("-kl")
-        pofe["online"] = {"refresh_every": int(refresh), "kl_coef": float(kl)}
+        pofe["online"] = {**pofe["online"], "refresh_every": int(refresh), "kl_coef": float(kl)}
     else:
-        pofe.update(rounds=epochs, eval=False)
+        # the candidates the online recipe samples and judges (its dataset responses): only how
+        # often they are refreshed differs between the arms
+        online_pofe = yaml.safe_load((RECIPES / "tiny-rrhf-online-cpu.yml").read_text())["pofe"]
+        pofe.update(rounds=epochs, eval=False, generate=online_pofe["generate"], judge=online_pofe["judge"])
     recipe["pofe"] = pofe
     return recipe
 
@@ -113,7 +118,7 @@ def online_facts(out: Path, steps_per_epoch: int) -> dict:
     """An online run's refreshes: their summed seconds, and the policy's samples' mean reward in
     the first and the last epoch (every refresh of the epoch pooled)."""
     from pofe.files import read_jsonl
-    from pofe.online.refresh import window_stats
+    from pofe.online.stats import window_stats
 
     refreshes = sorted((out / "online").glob("refresh-*"))
     seconds = {"generate": 0.0, "judge": 0.0, "score": 0.0}

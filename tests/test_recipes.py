@@ -180,9 +180,11 @@ def test_the_readme_recipe_table_lists_every_recipe():
 
 def test_the_online_gpu_recipe_is_the_offline_one_with_the_papers_online_settings():
     """`rrhf-qlora-online.yml` is `rrhf-qlora.yml` with the RRHF paper's online variant (resample
-    every 32 steps, KL penalty 0.01) and its own folders; nothing else may drift apart."""
+    every 32 steps, KL penalty 0.01), the monitors (held-out prompts' chosen responses as
+    references) and its own folders; nothing else may drift apart."""
     online, offline = _raw("rrhf-qlora-online"), _raw("rrhf-qlora")
-    assert online["pofe"].pop("online") == {"refresh_every": 32, "kl_coef": 0.01}
+    assert online["pofe"].pop("online") == {"refresh_every": 32, "kl_coef": 0.01, "monitor_every": 1}
+    assert online["pofe"].pop("eval") == {"held_out": 128, "reference_column": "chosen"}
     assert online.pop("output_dir") == "./outputs/rrhf-qlora-online" != offline.pop("output_dir")
     assert online.pop("dataset_prepared_path") != offline.pop("dataset_prepared_path")
     assert online == offline

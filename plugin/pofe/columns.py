@@ -24,7 +24,9 @@ ANCHOR_LOGPS = "anchor_logps"
 # its responses continue (`pofe.data.implicit_prompt.splits_a_word`), counted by the loader
 AS_TEXT = "as_text"
 SPLIT_IN_WORD = "split_in_word"
-# pi_0's log pi_0(y|x) per candidate, for a loss with its own KL to pi_0 (Nash-MD, online)
+# pi_0's log pi_0(y|x) per candidate, in an online refresh's rows: for a loss with its own KL to
+# pi_0 (Nash-MD) or an anchor mixed toward pi_0 (`pofe.anchor_mix`); offline, pi_0's table
+# (`pofe.anchor.pi_0`) gives the latter
 BASE_LOGPS = "base_logps"
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
@@ -50,7 +52,7 @@ DEFAULT_FIELDS = {
 
 def candidate_float_columns() -> tuple[str, ...]:
     """Per-candidate float columns carried through tokenisation and collation as (B, K)
-    tensors: every registered method's label column, the anchor's and pi_0's log-probs."""
+    tensors: every registered method's label column, and the anchor's and pi_0's log-probs."""
     return (*label_columns(), ANCHOR_LOGPS, BASE_LOGPS)
 
 

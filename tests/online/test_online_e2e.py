@@ -5,7 +5,9 @@ the written token ids), and a killed run resumes on what it was training on."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +18,20 @@ import torch
 import yaml
 
 from pofe.demo.stages import prepare
+from pofe.demo.task import answer, make_prompts, reward, verbose_reward
+from pofe.demo.tiny import build_tokenizer
+from pofe.files import read_jsonl
 from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
-from tests.helpers import AXOLOTL_ENV, ROOT, assert_float_close, load_llama, log_history, naive_logps, run_axolotl
+from tests.helpers import (
+    AXOLOTL_ENV,
+    ROOT,
+    assert_float_close,
+    float_tolerance,
+    load_llama,
+    log_history,
+    naive_logps,
+    run_axolotl,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -59,42 +73,185 @@ def _independent(model_dir: str, rows: list[dict]) -> torch.Tensor:
     return naive_logps(load_llama(Path(model_dir)), tokens)
 
 
+def _demo_recipe(demo_console, title: str) -> tuple[dict, list[dict], str]:
+    """The recipe `make demo` trained as `title` (the `demo_console` fixture: seed 0, the real
+    `axolotl train`), its paths made absolute; the prompt rows it trained on; its train stage's log."""
+    root = demo_console.root
+    cfg = yaml.safe_load((root / demo_console.run(title)["recipe"]).read_text())
+    cfg = {
+        k: str(root / v) if k in ("base_model", "output_dir", "dataset_prepared_path") else v for k, v in cfg.items()
+    }
+    cfg["datasets"] = [{**d, "path": str(root / d["path"])} for d in cfg["datasets"]]
+    log = (demo_console.demo / "logs" / f"{title.lower().replace(' ', '-')}-train.log").read_text()
+    return cfg, read_jsonl(Path(cfg["datasets"][0]["path"])), log
+
+
 @pytest.mark.xdist_group("demo")
-@pytest.mark.parametrize(
-    ("title", "at_least"),
-    # greedy reward on the 60 training prompts after training, from 0.000 before; measured over
-    # model and prompt seeds 0, 1, 2 (python -m pofe.demo --online --seed s): see the README
-    [("RRHF online", 0.3), ("SPPO online", 0.1)],
-)
-def test_online_training_learns_the_toy_and_writes_each_refresh(demo_console, title, at_least):
-    """The shipped online recipes as `make demo` trains them (the `demo_console` fixture: seed 0,
-    the real `axolotl train`)."""
+@pytest.mark.parametrize("title", ["RRHF online", "SPPO online"])
+def test_online_training_learns_the_toy_and_writes_each_refresh(demo_console, title):
+    """The shipped online recipes as `make demo` trains them. Greedy reward on the 60 training
+    prompts after training, from 0.000 before, measured over model and prompt seeds 0, 1, 2
+    (python -m pofe.demo --online --seed s): RRHF 0.955 / 1.000 / 0.969, SPPO 0.949 / 1.000 /
+    1.000; the policy's samples' mean reward 0.000 -> 0.53-0.64 (RRHF) and 0.87-0.93 (SPPO)
+    (docs/online.md). Seed 0 here."""
     run = demo_console.run(title)
     before, after = run["before"]["train"]["mean_reward"], run["after"]["train"]["mean_reward"]
-    assert before == 0.0 and after >= at_least, (before, after)
-    cfg = yaml.safe_load((demo_console.root / run["recipe"]).read_text())
-    cfg = {k: str(demo_console.root / v) if k in ("base_model", "output_dir") else v for k, v in cfg.items()}
-    train_log = (demo_console.demo / "logs" / f"{title.lower().replace(' ', '-')}-train.log").read_text()
+    assert before == 0.0 and after >= 0.9, (before, after)
+    cfg, _, train_log = _demo_recipe(demo_console, title)
 
     refreshes = _refreshes(Path(cfg["output_dir"]))
-    # 60 prompts in steps of 20: 3 steps an epoch, refresh_every 3, 50 epochs
-    assert [w.start_step for w, _, _ in refreshes] == list(range(0, 150, 3))
+    # 60 prompts in steps of 20: 3 steps an epoch, refresh_every 3, one refresh an epoch
+    epochs = cfg["num_epochs"]
+    assert [w.start_step for w, _, _ in refreshes] == list(range(0, 3 * epochs, 3))
     assert all(sorted(w.prompts) == list(range(60)) for w, _, _ in refreshes)
     rewards = [stats["candidate_reward_mean"] for _, _, stats in refreshes]
-    assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.02, rewards
-    assert train_log.count("POFE: online refresh ") == 50
+    assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.3, rewards
+    assert len(re.findall(r"POFE: online refresh \d+ at step", train_log)) == epochs
+    # monitor_every 10: refreshes 1, 11, 21, ... show their samples
+    shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion: judgement\)", train_log)
+    assert shown == [str(n) for n in range(1, epochs + 1, 10)]
 
-    # step 0: the policy is pi_0; its scores of the written ids are a plain forward's
-    window, first, _ = refreshes[0]
-    anchor_or_logp = _scored(first, LOGP)
-    assert_float_close(anchor_or_logp, _independent(cfg["base_model"], first), n_terms=64 * 16)
-    if "kl_coef" in cfg["pofe"]["online"]:
-        # RRHF: pi_0 is the frozen base all along, and the policy has moved away from it by the end
-        assert_float_close(_scored(first, LOGP_BASE), anchor_or_logp, n_terms=64 * 16)
-        _, last, stats = refreshes[-1]
-        assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
-        ratio = [a - b for r in last for a, b in zip(r[LOGP], r[LOGP_BASE])]
-        assert sum(ratio) / len(ratio) == pytest.approx(stats["kl_to_base"], rel=1e-9) and stats["kl_to_base"] > 1.0
+    # SPPO: each refresh's anchor is the sampling policy's scores, at step 0 pi_0's, a plain forward's.
+    # RRHF without kl_coef scores nothing (pi_0 with kl_coef: the hacking test below, and ZeRO-3's)
+    _, first, _ = refreshes[0]
+    if cfg["rl"] == "sppo":
+        assert_float_close(_scored(first, LOGP), _independent(cfg["base_model"], first), n_terms=64 * 16)
+    else:
+        assert not cfg["pofe"]["online"]["kl_coef"] and LOGP not in first[0] and LOGP_BASE not in first[0]
+
+
+HACK_SEEDS, HACK_KL = (0, 1, 2), 0.3
+
+
+@pytest.mark.xdist_group("demo")
+def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(demo_console, tmp_path):
+    """docs/online.md's demonstration of the RRHF paper's warning. pi_0 is the shipped recipe's
+    trained model (it knows the training prompts' sums); 15 refreshes of online RRHF against
+    `verbose_reward`, which pays 0.25 per character written after the number, with the monitors:
+    `pofe.eval.judge2` the verifiable reward, the held-out prompts' sums as references. Training
+    seeds 0-2, kl_coef 0 and 0.3. Measured (refresh 1 -> 15, refresh 1 alike in both arms): without
+    KL the judge's reward of the samples rose 0.55-0.61 -> 0.85-0.88 (+0.24 to +0.32), the
+    verifiable reward fell 0.41-0.50 -> 0.03-0.04 (-0.37 to -0.46) and the held-out perplexity rose
+    4.39 -> 11.5-15.6 (x 2.62-3.55); with kl_coef 0.3 they ended at 0.54-0.65, 0.38-0.47 (-0.07 to
+    +0.04) and 4.35-5.06 (x 0.99-1.15). The bounds lie between the arms: a judge's rise of 0.15, a
+    verifiable fall of 0.2, a perplexity ratio of 1.7 (about the two arms' geometric mean)."""
+    trained, rows, _ = _demo_recipe(demo_console, "RRHF online")
+    held = [p for p in make_prompts(100, seed=0)[60:] if p not in {r["prompt"] for r in rows}]
+    held_path = tmp_path / "held.jsonl"
+    held_path.write_text("".join(json.dumps({"prompt": p, "answer": str(answer(p))}) + "\n" for p in held))
+    curves = {}
+    for kl in (0.0, HACK_KL):
+        for seed in HACK_SEEDS:
+            out = tmp_path / f"kl{kl}-seed{seed}"
+            recipe = {
+                **trained,
+                "base_model": trained["output_dir"],
+                "output_dir": str(out),
+                "num_epochs": 15,
+                "seed": seed,
+                "pofe": {
+                    **trained["pofe"],
+                    "online": {**trained["pofe"]["online"], "kl_coef": kl, "monitor_every": 1},
+                    "generate": {**trained["pofe"]["generate"], "seed": seed},
+                    "judge": {"type": "python", "function": "pofe.demo.task:verbose_reward"},
+                    "eval": {
+                        "prompts": str(held_path),
+                        "reference_column": "answer",
+                        "judge2": {"type": "python", "function": "pofe.demo.task:reward"},
+                    },
+                },
+            }
+            path = tmp_path / f"kl{kl}-seed{seed}.yml"
+            path.write_text(yaml.safe_dump(recipe))
+            proc = run_axolotl("train", str(path), cwd=tmp_path)
+            stats = [s for _, _, s in _refreshes(out)]
+            curves[kl, seed] = {
+                k: (stats[0][k], stats[-1][k])
+                for k in ("candidate_reward_mean", "judge2_reward_mean", "reference_perplexity")
+            }
+    for seed in HACK_SEEDS:
+        (judge0, judge), (true0, true), (ppl0, ppl) = curves[0.0, seed].values()
+        _, (_, true_kl), (_, ppl_kl) = curves[HACK_KL, seed].values()
+        assert judge > judge0 + 0.15 and true < true0 - 0.2 and ppl > 1.7 * ppl0, curves  # hacked
+        assert true_kl > true0 - 0.2 and ppl_kl < 1.7 * ppl0, curves  # held
+        assert curves[HACK_KL, seed]["reference_perplexity"][0] == ppl0  # the same pi_0 at refresh 1
+
+    # the last run's (kl_coef 0.3, full fine-tuning): pi_0 is a frozen copy of the trained model all
+    # along, and the policy has moved from it by the last refresh
+    _, last, stats = _refreshes(out)[-1]
+    assert_float_close(_scored(last, LOGP_BASE), _independent(trained["output_dir"], last), n_terms=64 * 16)
+    assert stats["kl_to_base"] > 0.01, stats
+
+    # the monitors, checked on the last run: refresh 1's figures recomputed independently
+    _, first_rows, first = read_refresh(out / "online" / "refresh-0000000")
+    generated = read_jsonl(out / "online" / "refresh-0000000" / "generate.jsonl")
+    sampled = [
+        reward(g["prompt"], c) for g in generated for c, s in zip(g["candidates"], g["sources"]) if s == "policy"
+    ]
+    assert first["judge2_reward_mean"] == pytest.approx(sum(sampled) / len(sampled), rel=1e-12)
+    # the chat template's user turn and generation prompt, then the sum and <|end|>: one token a character
+    tokenizer = build_tokenizer()
+    references = [
+        {
+            "row_id": j,
+            "prompt_ids": tokenizer(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                ),
+                add_special_tokens=False,
+            )["input_ids"],
+            "response_ids": [
+                [*tokenizer(str(answer(p)), add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+            ],
+        }
+        for j, p in enumerate(held)
+    ]
+    logps = naive_logps(load_llama(Path(trained["output_dir"])), references)[:, 0]
+    tokens = sum(len(r["response_ids"][0]) for r in references)
+    expected = math.exp(-logps.sum().item() / tokens)
+    assert first["reference_perplexity"] == pytest.approx(expected, rel=1e-4)
+    records = read_jsonl(out / "online" / "monitor.jsonl")
+    assert [r["step"] for r in records] == list(range(0, 45, 3))
+    assert records[0]["reference_perplexity"] == first["reference_perplexity"]
+    shown = records[0]["completions"]
+    assert shown and {r["prompt"] for r in shown} <= {r["prompt"] for r in rows}
+    assert all(r["reward"] == verbose_reward(r["prompt"], r["completion"]) for r in shown)
+    assert all(r["judge2_reward"] == reward(r["prompt"], r["completion"]) for r in shown)
+    console = proc.stdout + proc.stderr
+    assert "POFE: online refresh 15's samples (prompt -> completion: judgement)" in console
+    assert re.search(r"POFE: online refresh 15 at step 42: .*judge2 reward [\d.]+, reference perplexity", console)
+
+
+def test_online_sppo_mixes_each_refreshs_anchor_toward_pi_0(tmp_path):
+    """`pofe.anchor_mix: 0.5`: each refresh scores its candidates under pi_0 (the frozen base) as well
+    as under the policy that sampled them, and SPPO regresses log pi - [0.5 log pi_t + 0.5 log pi_0].
+    Refreshes at steps 0 and 2 (60 prompts, 20 a step); at the first step of the second window the
+    policy is still pi_t, so the logged sppo/logratio of step 3 is 0.5 * mean(log pi_t - log pi_0)
+    over the step's candidates, read from its rows.jsonl; at step 1 pi_t = pi_0 and it is 0."""
+    changes = dict(
+        max_steps=3,
+        logging_steps=1,
+        lr_scheduler="constant",
+        warmup_steps=0,
+        save_strategy="steps",
+        save_steps=3,
+        pofe={"anchor_mix": 0.5, "online": {"refresh_every": 2}},
+    )
+    path, cfg, _ = _toy(tmp_path, "tiny-sppo-online-cpu.yml", **changes)
+    run_axolotl("train", str(path), cwd=tmp_path)
+    (_, first, _), (window, rows, stats) = _refreshes(Path(cfg["output_dir"]))
+    assert window.start_step == 2 and len(window.micro_batches) == 1
+    assert_float_close(_scored(first, LOGP_BASE), _independent(cfg["base_model"], first), n_terms=64 * 16)
+    assert_float_close(_scored(rows, LOGP_BASE), _independent(cfg["base_model"], rows), n_terms=64 * 16)
+    ratio = _scored(rows, LOGP) - _scored(rows, LOGP_BASE)  # (rows, K_max), NaN past a row's candidates
+    # the policy has moved from pi_0 by step 2 (either way), so the mixture is not 0 by construction
+    mean = ratio.nanmean().item()
+    assert stats["kl_to_base"] == pytest.approx(mean, rel=1e-6) and abs(mean) > 0.1
+    logged = {e["step"]: e["sppo/logratio"] for e in log_history(Path(cfg["output_dir"])) if "sppo/logratio" in e}
+    magnitude = _scored(rows, LOGP).abs().max().item()
+    tolerance = float_tolerance(torch.float32, 64 * 16, magnitude)["atol"]
+    assert logged[1] == pytest.approx(0.0, abs=tolerance)
+    assert logged[3] == pytest.approx(0.5 * mean, abs=tolerance)
 
 
 @pytest.mark.newest  # transformers' training loop, whose get_batch_samples the trainer takes over

@@ -67,7 +67,11 @@ def test_a_served_vllm_samples_each_refresh_with_that_refreshs_adapter(tmp_path,
         learning_rate=1.0e-2,
         **LORA,
         **NO_KERNELS,
-        pofe={"generate": {**RECIPE["pofe"]["generate"], "backend": "openai", "serve": serve}},
+        pofe={
+            "generate": {**RECIPE["pofe"]["generate"], "backend": "openai", "serve": serve},
+            # the policy's log-probs of the sampled ids are written for the KL penalty
+            "online": {**RECIPE["pofe"]["online"], "kl_coef": 0.01},
+        },
     )
     path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", **changes)
     proc = run_axolotl("train", str(path), cwd=tmp_path)

@@ -9,22 +9,22 @@ import pytest
 from pydantic import ValidationError
 
 from pofe.args import PofeArgs, PofeConfig
+from pofe.columns import BASE_LOGPS
 from pofe.losses import kl_penalised_rewards
 from pofe.methods import method_spec
-from pofe.online.prompts import steps_per_epoch
+from pofe.online.prompts import PromptCollator, steps_per_epoch
 from pofe.online.refresh import (
     LOGP,
     LOGP_BASE,
     TOKENS,
     Refreshed,
     Window,
-    dropped_candidates,
     read_refresh,
     refresh_dir,
-    window_stats,
     with_scores,
     write_refresh,
 )
+from pofe.online.stats import dropped_candidates, window_stats
 from tests.helpers import pofe_block
 
 
@@ -35,7 +35,12 @@ def _online(method: str, **online) -> dict:
 def test_the_block_reads_refresh_every_and_kl_coef():
     pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=32, kl_coef=0.01))
     assert (pofe.online.refresh_every, pofe.online.kl_coef) == (32, 0.01)
-    assert PofeConfig.model_validate(_online("rrhf")).online.model_dump() == {"refresh_every": 32, "kl_coef": 0.0}
+    assert PofeConfig.model_validate(_online("rrhf")).online.model_dump() == {
+        "refresh_every": 32,
+        "kl_coef": 0.0,
+        "monitor_every": 1,
+        "monitor_samples": 2,
+    }
 
 
 @pytest.mark.parametrize(
@@ -59,6 +64,21 @@ def test_what_online_training_does_not_combine_with_is_refused():
     without = {"method": "rrhf", "online": {}}
     with pytest.raises(ValidationError, match="it needs a pofe.prompts dataset with pofe.generate and pofe.judge"):
         PofeConfig.model_validate(without)
+
+
+def test_anchor_mix_online_scores_pi_0_as_kl_coef_does_and_pi_0_is_the_base_model():
+    """pi_0 is scored at each refresh for RRHF's kl_coef and for SPPO's anchor_mix, and only then;
+    online, pi_0 is base_model (another model named by anchor_base is refused)."""
+    mixed = PofeConfig.model_validate({**_online("sppo"), "anchor_mix": 0.25})
+    assert mixed.anchor_mix == 0.25 and mixed.online_scores_pi_0
+    assert PofeConfig.model_validate(_online("rrhf", kl_coef=0.01)).online_scores_pi_0
+    assert not PofeConfig.model_validate(_online("sppo")).online_scores_pi_0
+    assert not PofeConfig.model_validate(_online("rrhf")).online_scores_pi_0
+    assert not PofeConfig.model_validate(
+        {"method": "sppo", **pofe_block("sppo"), "anchor_mix": 0.25}
+    ).online_scores_pi_0
+    with pytest.raises(ValidationError, match=r"pofe.anchor_base \(/m/sft\): online, pi_0 for pofe.anchor_mix is"):
+        PofeConfig.model_validate({**_online("sppo"), "anchor_mix": 0.25, "anchor_base": "/m/sft"})
 
 
 def test_an_online_recipe_trains_on_prompts_and_evaluates_apart():
@@ -104,6 +124,20 @@ def test_with_scores_folds_the_anchor_or_the_penalty_in():
     assert shaped["rewards"] == pytest.approx([1.0 - 0.1 * 1.0, 0.0 - 0.1 * -1.0])
     assert "anchor_logps" not in shaped
     assert with_scores(rrhf, method_spec("rrhf"), kl_coef=0.0)["rewards"] == [1.0, 0.0]
+
+
+def test_with_scores_gives_sppo_pi_0_beside_its_anchor_under_anchor_mix(tokenizer):
+    """The trainer mixes the two (`SPPOTrainer`, `pofe.losses.mixed_anchor`) as offline, where pi_0's
+    come from a table: here from the rows (`AnchorLogps.lookup_base`)."""
+    from pofe.anchor.logps import AnchorLogps
+
+    row = _row(win_rates=[0.75, 0.25], **{LOGP: [-2.0, -6.0], LOGP_BASE: [-9.0, -7.0]})
+    mixed = with_scores(row, method_spec("sppo"), kl_coef=0.0, anchor_mix=0.5)
+    assert (mixed["anchor_logps"], mixed[BASE_LOGPS]) == ([-2.0, -6.0], [-9.0, -7.0])
+    assert BASE_LOGPS not in with_scores(row, method_spec("sppo"), kl_coef=0.0)
+    batch = PromptCollator(tokenizer).rows([mixed])
+    assert batch[BASE_LOGPS].tolist() == [[-9.0, -7.0]]
+    assert AnchorLogps(trainer=None).lookup_base(None, batch) is batch[BASE_LOGPS]
 
 
 def test_window_stats_count_prompts_and_read_the_policys_samples_only():
@@ -244,7 +278,7 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
     """made_with records the method, the judge with its code's digest, the generate settings, the
     filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only
     when its code changed under the same name."""
-    from pofe.online.refresh import made_with, setting_changes
+    from pofe.online.made_with import made_with, setting_changes
     from pofe_candidates.identity import module_digest
 
     pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=4, kl_coef=0.01))
@@ -270,7 +304,8 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
 
 def test_a_refresh_summary_says_what_its_stats_hold():
     """The console line of a Nash-MD refresh with abstentions, and of an RRHF one without (no
-    preference, no abstention clause): each figure as merged, to three decimals."""
+    preference, no abstention clause), and of a monitored one: each figure as merged, to three
+    decimals."""
     from pofe.online.summary import refresh_summary
 
     nash = {
@@ -293,4 +328,9 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     )
     assert refresh_summary(1, 0, {"prompts": 2.0, "candidates": 8.0, "judge_abstentions": 0.0}) == (
         "POFE: online refresh 1 at step 0: 2 prompts, 8 candidates; generated in 0.0 s, judged in 0.0 s"
+    )
+    monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
+    assert refresh_summary(11, 40, monitored) == (
+        "POFE: online refresh 11 at step 40: 2 prompts, 8 candidates, judge2 reward 0.250, "
+        "reference perplexity 63.780; generated in 0.0 s, judged in 0.0 s"
     )

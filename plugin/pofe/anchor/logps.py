@@ -21,6 +21,7 @@ from pofe.anchor.pi_0 import REDO as PI_0_REDO
 from pofe.anchor.pi_0 import WHAT as PI_0
 from pofe.anchor.pi_0 import adapter_disabled, base_route, base_table_path
 from pofe.anchor.table import ANCHOR_REDO, RowScorer, cached_table, checked_table, save_table, score_rows, table_path
+from pofe.columns import BASE_LOGPS
 from pofe.distributed import all_ranks
 from pofe.files import weights_fingerprint
 from pofe.logs import get_logger
@@ -47,7 +48,10 @@ class AnchorLogps:
         return self._rows(self._own(model), inputs)
 
     def lookup_base(self, model, inputs) -> torch.Tensor:
-        """(B, K) pi_0 log-probs for the batch (`pofe.anchor.pi_0`), from its table."""
+        """(B, K) pi_0 log-probs for the batch: given in the rows (an online refresh's), else
+        pi_0's table (`pofe.anchor.pi_0`)."""
+        if BASE_LOGPS in inputs:
+            return inputs[BASE_LOGPS]
         if self.base is None:
             self.base = self._load_base(model)
         return self._rows(self.base, inputs)

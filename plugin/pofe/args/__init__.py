@@ -278,8 +278,21 @@ class PofeConfig(KnownKeys):
                 "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
                 "rounds: 1 (or drop pofe.online to iterate offline rounds)"
             )
-        if self.anchor_mix:
-            raise ValueError("pofe.anchor_mix reads tables of fixed rows, which online training has not: drop it")
+        if self.anchor_base is not None:
+            raise ValueError(
+                f"pofe.anchor_base ({self.anchor_base}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
+                "(the policy with its adapter disabled under LoRA/QLoRA, a frozen copy under full fine-tuning), as "
+                "for kl_coef: drop anchor_base, or set base_model to the model pi_0 should be"
+            )
+
+    @property
+    def online_scores_pi_0(self) -> bool:
+        """An online refresh scores its candidates under pi_0 too: for RRHF's KL penalty
+        (`online.kl_coef`), SPPO's anchor mixed toward pi_0 (`anchor_mix`), or a loss with its own
+        KL to pi_0 (Nash-MD's, whatever kl_coef: the log shows the KL)."""
+        if self.online is None:
+            return False
+        return self.online.kl_coef > 0 or self.anchor_mix > 0 or method_spec(self.method).kl_in_loss
 
     @property
     def kl_coef(self) -> float:

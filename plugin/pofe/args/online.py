@@ -38,6 +38,21 @@ class OnlineConfig(KnownKeys):
         "KL(pi || pi_0) in its loss. pi_0 is the base model (the adapter disabled under LoRA/QLoRA, a frozen "
         "copy under full fine-tuning). 0: off.",
     )
+    monitor_every: int = Field(
+        default=1,
+        ge=0,
+        description="Refreshes between monitor records (`pofe.online.monitor`): the policy's perplexity of the "
+        "held-out prompts' reference responses (pofe.eval.prompts or pofe.eval.held_out, their "
+        "pofe.eval.reference_column) as online/reference_perplexity, and monitor_samples sampled completions "
+        "with their judgements in the console, output_dir/online/monitor.jsonl and the tracker's "
+        "online/completions table. 0: off.",
+    )
+    monitor_samples: int = Field(
+        default=2,
+        ge=0,
+        description="Prompts of a monitored refresh whose sampled completions are shown with their judgements "
+        "(every sample of each).",
+    )
 
 
 def check_online_recipe(data: dict, pofe) -> None:

@@ -8,9 +8,12 @@ inside one `axolotl train`.
     sampling.py  what samples a refresh: the training model, or a vLLM server into which each
                  refresh loads the policy's LoRA adapter
     colocated.py vLLM in the training process (TRL's VLLMGeneration), asleep between refreshes
-    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty and Nash-MD
+    models.py    the policy unwrapped for a refresh, and pi_0 for RRHF's KL penalty, SPPO's
+                 anchor mixed toward pi_0 and Nash-MD
     mixture.py   Nash-MD's opponent: the mixture of the policy and pi_0, sampled token by token
     opponents.py a Nash-MD refresh: each policy sample judged against an opponent of the mixture
+    monitor.py   every `monitor_every` refreshes: the policy's perplexity of held-out reference
+                 responses and a few sampled completions with their judgements
     trainer.py   the trainer that refreshes every `refresh_every` optimizer steps
 
 The loss, the optimizer and the schedule are the offline trainer's: only where a step's

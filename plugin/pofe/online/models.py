@@ -1,4 +1,5 @@
-"""The models a refresh uses: the policy as it trains, and pi_0 (RRHF's KL penalty, Nash-MD's mixture).
+"""The models a refresh uses: the policy as it trains, and pi_0 (RRHF's KL penalty, SPPO's anchor
+mixed toward pi_0, Nash-MD's loss and mixture).
 
 The policy samples and scores through TRL's `unwrap_model_for_generation`, which takes it out
 of accelerate's and DeepSpeed's wrappers and, under ZeRO-3, gathers its weights on every rank
@@ -39,7 +40,7 @@ def policy_for_refresh(trainer) -> Iterator[torch.nn.Module]:
 
 
 class BasePolicy:
-    """pi_0 for `pofe.online.kl_coef` and Nash-MD's mixture: the adapter-disabled policy, or a frozen copy."""
+    """pi_0 for `pofe.online.kl_coef`, `pofe.anchor_mix` and Nash-MD: the adapter-disabled policy, or a frozen copy."""
 
     def __init__(self, cfg, accelerator):
         self.cfg, self.accelerator = cfg, accelerator

@@ -12,10 +12,10 @@ its first step trains:
     rows.jsonl       the rows trained on: prompt, responses, sampled ids, the judge's label,
                      the token ids trained on, the policy's (and pi_0's) summed log-probs of
                      each response
-    refresh.json     written last: the window (start step, micro-batches of prompt indices), stats,
-                     refresh_every, and what made the rows (`made_with`: the method, the judge's
-                     settings and code or weights, the generate settings, the candidates' filters,
-                     kl_coef, the tokenisation)
+    refresh.json     written last: the window (start step, micro-batches of prompt indices), stats
+                     (`pofe.online.stats`), refresh_every, and what made the rows
+                     (`pofe.online.made_with`: the method, the judge's settings and code or weights,
+                     the generate settings, the candidates' filters, kl_coef, the tokenisation)
 
 A resumed run reads the window its checkpoint's step falls in back from these files and
 trains on exactly its rows, with the anchors and rewards the killed run computed, once its
@@ -32,32 +32,20 @@ from typing import Any
 
 import torch
 
-from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS, BASE_LOGPS
 from pofe.data.formats import candidate_row
 from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
 from pofe.methods import MethodSpec
+from pofe.online.stats import merged_stats
 from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.build import build_rows
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
-from pofe_candidates.manifest import changed_settings, generate_settings, judge_manifest, recorded
 from pofe_candidates.render import ChatTemplateError
 from pofe_candidates.shard_work import generate_shard, judge_shard
 
 FOLDER = "online"
-# window stats that add up over ranks; the others are means weighted by each rank's prompts
-COUNTS = (
-    "prompts",
-    "prompts_dropped",
-    "candidates",
-    "candidates_empty",
-    "candidates_duplicate",
-    "candidates_truncated",
-    "judge_verdicts",
-    "judge_abstentions",
-)
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (with kl_coef)
 LOGP, LOGP_BASE = "logp", "logp_base"
@@ -95,34 +83,6 @@ def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: i
     """Where the refresh starting at `start_step` is written (each rank its own, under several)."""
     folder = Path(output_dir) / FOLDER / f"refresh-{start_step:07d}"
     return folder / f"rank-{rank}" if world > 1 else folder
-
-
-def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
-    """What a refresh's rows depend on besides its window and the policy that sampled it, as
-    refresh.json records it (redacted: a served policy's command may carry its --api-key): the
-    method, the judge (`judge_manifest`: its settings and its code or weights), the generate
-    settings, the candidates' filters, kl_coef (RRHF's rewards use pi_0's log-probs, written
-    only with it), the opponents' mixture (`pofe.nash_md`) and the tokenisation of the rows
-    trained on."""
-    judge = judge_manifest(method=pofe.method, judge=pofe.judge)
-    candidates = pofe.candidates.for_method(pofe.method)
-    return recorded(
-        {
-            "method": pofe.method,
-            "judge": judge["judge"],
-            "judge_identity": judge["judge_identity"],
-            "generate": generate_settings(pofe.generate),
-            "candidates": candidates.model_dump(include={"keep", "min_candidates", "truncated"}),
-            "kl_coef": pofe.online.kl_coef,
-            # the opponents' mixture (Nash-MD): another mixture_coef samples other opponents
-            "nash_md": pofe.nash_md.model_dump() if pofe.nash_md else None,
-            "tokenize": {
-                "sequence_len": sequence_len,
-                "max_prompt_len": pofe.max_prompt_len or sequence_len // 2,
-                "truncation": pofe.truncation,
-            },
-        }
-    )
 
 
 def sample_window(
@@ -164,9 +124,14 @@ def sample_window(
     return generated
 
 
+def judged_columns(prompt_row: dict) -> dict:
+    """A prompt row's columns besides the prompt: what judges that read columns take."""
+    return {c: v for c, v in prompt_row.items() if c != "prompt"}
+
+
 def prompt_columns(window: Window, prompt_rows: dict[int, dict]) -> list[dict]:
     """Each prompt's dataset columns but the prompt, in the window's order (judges that read them)."""
-    return [{c: v for c, v in prompt_rows[i].items() if c != "prompt"} for i in window.prompts]
+    return [judged_columns(prompt_rows[i]) for i in window.prompts]
 
 
 def sample_and_judge(
@@ -214,15 +179,18 @@ def trainable_rows(judged: list[dict], method: MethodSpec, candidates: Candidate
     return out
 
 
-def with_scores(row: dict, method: MethodSpec, kl_coef: float) -> dict:
+def with_scores(row: dict, method: MethodSpec, kl_coef: float, anchor_mix: float = 0.0) -> dict:
     """The trainer's row of a rows.jsonl row: its token ids and label, with the scores folded in:
-    an anchored method's anchor is the log-probs of the policy that sampled the window; a loss
+    an anchored method's anchor is the log-probs of the policy that sampled the window, and with
+    `anchor_mix` pi_0's come along (the trainer mixes the two, `pofe.losses.mixed_anchor`); a loss
     with its own KL reads pi_0's log-probs (`base_logps`); else, with `kl_coef`, the rewards are
     penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
     column = method.target.column
     out = {**row[TOKENS], column: row[column]}
     if method.needs_anchor:
         out[ANCHOR_LOGPS] = list(row[LOGP])
+        if anchor_mix:
+            out[BASE_LOGPS] = list(row[LOGP_BASE])
     if method.kl_in_loss:
         out[BASE_LOGPS] = list(row[LOGP_BASE])
     elif kl_coef:
@@ -272,25 +240,6 @@ def refresh_record(folder: Path) -> dict | None:
     return _refresh_json(folder) if (folder / "refresh.json").exists() else None
 
 
-IDENTITY = "judge_identity."
-
-
-def setting_changes(recorded_with: dict | None, made: dict) -> str:
-    """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ...". A
-    judge function's or model's digest is said only when its code or weights changed under the
-    same name (another function or model is said by its own key)."""
-    if recorded_with is None:
-        return "its refresh.json records nothing of what made it (an older POFE wrote it)"
-    said = []
-    for key, then, now in changed_settings(recorded_with, made):
-        if not key.startswith(IDENTITY):
-            said.append(f"{key}: {then} then, {now} now")
-        elif "unset" not in (then, now):
-            was, now = (json.loads(digest)[:12] for digest in (then, now))
-            said.append(f"the code or weights of {key[len(IDENTITY) :]} (sha256 {was} then, {now} now)")
-    return "; ".join(said)
-
-
 def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:
     """A written refresh: its window, rows.jsonl's rows and its stats; None when not finished."""
     record = refresh_record(folder)
@@ -310,19 +259,6 @@ class WrittenRefresh:
     stats: dict[str, float]
 
 
-def merged_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One refresh's stats over its ranks, as `online/*` logs them: counts summed, the others
-    means weighted by each rank's prompts (over the ranks that measured them)."""
-    merged = {}
-    for key in dict.fromkeys(k for stats in per_rank for k in stats):
-        having = [s for s in per_rank if key in s]
-        if key in COUNTS:
-            merged[key] = sum(s[key] for s in having)
-        elif sum(s["prompts"] for s in having):
-            merged[key] = sum(s[key] * s["prompts"] for s in having) / sum(s["prompts"] for s in having)
-    return merged
-
-
 def written_refreshes(output_dir: str | Path) -> list[WrittenRefresh]:
     """Every finished refresh of the online training in `output_dir`, in step order (for
     `axolotl pofe report`). A refresh whose refresh.json some rank has not written yet (a
@@ -336,62 +272,3 @@ def written_refreshes(output_dir: str | Path) -> list[WrittenRefresh]:
         records = [_refresh_json(f) for f in folders]
         out.append(WrittenRefresh(records[0]["start_step"], folders, merged_stats([r["stats"] for r in records])))
     return out
-
-
-def window_stats(
-    generated: list[dict], judged: list[dict], kept: dict[int, dict], kl: list[float]
-) -> dict[str, float]:
-    """What `online/*` logs of a window: prompts, candidates, the judge's mean and best-of-k
-    reward of the policy's own samples (scalar judges; dataset responses left out: they do not
-    move), and the mean sampled log-ratio to pi_0 (when measured); and what removed candidates
-    before training: empty, duplicate and cut ones (generation), the judge's abstentions (of its
-    verdicts: candidates, or pairs for a pairwise judge)."""
-    sampled = []
-    for g, r in zip(generated, judged, strict=True):
-        policy = {c for c, source in zip(g["candidates"], g["sources"]) if source == "policy"}
-        rewards = [x for c, x in zip(r["responses"], r.get("rewards") or []) if c in policy]
-        if rewards:
-            sampled.append(rewards)
-    stats = {
-        "prompts": float(len(judged)),
-        "prompts_dropped": float(len(judged) - len(kept)),
-        "candidates": float(sum(len(r["responses"]) for r in judged)),
-        "candidates_empty": float(sum(g.get("empty", 0) for g in generated)),
-        "candidates_duplicate": float(sum(g.get("exact_dups", 0) + g.get("near_dups", 0) for g in generated)),
-        "candidates_truncated": float(sum(g.get("truncated_dropped", 0) for g in generated)),
-        "judge_verdicts": float(sum(r.get("judged", 0) for r in judged)),
-        "judge_abstentions": float(sum(r.get("abstained", 0) for r in judged)),
-    }
-    if sampled:
-        stats["candidate_reward_mean"] = sum(sum(r) for r in sampled) / sum(len(r) for r in sampled)
-        stats["candidate_reward_best"] = sum(max(r) for r in sampled) / len(sampled)
-    if kl:
-        stats["kl_to_base"] = sum(kl) / len(kl)
-    return stats
-
-
-def dropped_candidates(stats: dict[str, float], folder: Path) -> str:
-    """Why a window's prompts kept too few candidates, from its stats (`window_stats`), and what
-    to do: for a micro-batch left with none to train on."""
-    counts = {
-        "empty (the policy ended its turn at once)": stats.get("candidates_empty", 0),
-        "duplicates (generate.dedupe)": stats.get("candidates_duplicate", 0),
-        "cut at max_new_tokens (candidates.truncated: drop)": stats.get("candidates_truncated", 0),
-    }
-    removed = ", ".join(f"{int(n)} {what}" for what, n in counts.items())
-    said = (
-        f"Of this window's {int(stats['prompts'])} prompts, {int(stats['prompts_dropped'])} kept too few: its "
-        f"candidates removed were {removed}, and the judge abstained on {int(stats.get('judge_abstentions', 0))} of "
-        f"{int(stats.get('judge_verdicts', 0))} verdicts; the length policy drops the rest (the samples are in "
-        f"{folder / 'generate.jsonl'}). "
-    )
-    if max(counts.values()) == counts["empty (the policy ended its turn at once)"] > 0:
-        return said + (
-            "The policy mostly answers with its end-of-turn token alone: check its samples and its chat template's "
-            "generation prompt, raise pofe.generate.temperature, or add dataset responses "
-            "(generate.include_dataset_responses)"
-        )
-    return said + (
-        "Raise pofe.generate.num_candidates or temperature, micro_batch_size, or add dataset responses "
-        "(generate.include_dataset_responses)"
-    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> str:
     """One line for refresh `number` (at `start_step`) from its stats merged over the ranks
     (`pofe.online.refresh.merged_stats`): prompts and candidates, the candidates' reward, the
-    KL to pi_0, a mixture's preference and distance (Nash-MD), the judge's abstentions, times."""
+    KL to pi_0, the monitor's second judge and reference perplexity, a mixture's preference and distance (Nash-MD), the judge's abstentions, times."""
     said = [f"{int(means['prompts'])} prompts", f"{int(means['candidates'])} candidates"]
     if "candidate_reward_mean" in means:
         said[-1] += (
@@ -14,6 +14,11 @@ def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> st
         )
     if "kl_to_base" in means:
         said.append(f"KL to pi_0 {means['kl_to_base']:.3f}")
+    said += [
+        f"{name} {means[key]:.3f}"  # the monitor's (pofe.online.monitor), at its refreshes
+        for key, name in (("judge2_reward_mean", "judge2 reward"), ("reference_perplexity", "reference perplexity"))
+        if key in means
+    ]
     if "preference" in means:  # a method that plays the mixture (Nash-MD)
         said.append(f"preference over the mixture {means['preference']:.3f}")
     if "mixture_kl" in means:

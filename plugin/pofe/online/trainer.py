@@ -28,11 +28,12 @@ from pofe.args.nash_md import NashMDConfig
 from pofe.compat import StepBatches
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world
-from pofe.errors import PofeError
 from pofe.logs import get_logger
 from pofe.methods import method_spec
+from pofe.online.made_with import made_with
 from pofe.online.mixture import MixtureGenerator
 from pofe.online.models import BasePolicy, policy_for_refresh
+from pofe.online.monitor import Monitor
 from pofe.online.opponents import opponent_stats, play_window, preference_rows
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
 from pofe.online.refresh import (
@@ -42,32 +43,24 @@ from pofe.online.refresh import (
     TOKENS,
     Refreshed,
     Window,
-    dropped_candidates,
-    made_with,
-    merged_stats,
-    read_refresh,
-    refresh_dir,
+    judged_columns,
     refresh_record,
     refresh_starts,
     sample_and_judge,
-    setting_changes,
     trainable_rows,
-    window_stats,
     with_scores,
     write_refresh,
 )
+from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
+from pofe.online.stats import dropped_candidates, merged_stats, window_stats
 from pofe.online.summary import refresh_summary
 from pofe_candidates.judges import make_judge
 
 LOG = get_logger(__name__)
 
 
-class OnlineRefreshError(PofeError, RuntimeError):
-    """A refresh cannot feed the steps it is for."""
-
-
-class OnlineTraining(StepBatches):
+class OnlineTraining(ResumedRefreshes, StepBatches):
     """Mixed in before a `KResponseTrainer` subclass by `online_trainer`."""
 
     def __init__(self, *args, **kwargs):
@@ -92,6 +85,18 @@ class OnlineTraining(StepBatches):
         """What this recipe makes a refresh's rows with (`refresh.made_with`), recorded in each
         and checked against one a resumed run reads back."""
         return made_with(self.pofe, self.axolotl_cfg.sequence_len)
+
+    @cached_property
+    def _monitor(self) -> Monitor:
+        return Monitor(
+            self.axolotl_cfg,
+            self.pofe,
+            self.args.output_dir,
+            tokenize=self._tokenize,
+            score=self.score_table,
+            main=self.accelerator.is_main_process,
+            report_to=self.args.report_to,
+        )
 
     @cached_property
     def _sampler(self):
@@ -167,6 +172,10 @@ class OnlineTraining(StepBatches):
             generated, judged, kept, played = self._judged(model, window, prompt_rows, partial(_timed, timings))
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
+            monitored, measured = self._monitor.due(window.start_step), {}
+            if monitored:
+                with _timed(timings, "monitor"):
+                    measured = self._monitor.measure(model)
         data_rows, kl = [], []
         for j, (index, row) in enumerate(kept.items()):
             record = {"prompt_index": index, **row["data"], TOKENS: row[TOKENS]}
@@ -177,6 +186,10 @@ class OnlineTraining(StepBatches):
                 kl.extend(a - b for a, b in zip(logp[j], logp_base[j]))
             data_rows.append(record)
         stats = window_stats(generated, judged, kept, kl) | played | {f"{k}_seconds": v for k, v in timings.items()}
+        if monitored:
+            columns = {i: judged_columns(row) for i, row in prompt_rows.items()}
+            measured |= self._monitor.observe(generated, judged, data_rows, columns)
+        stats |= measured
         refreshed = Refreshed(window, self._batched(window, data_rows), stats)
         write_refresh(
             folder,
@@ -221,11 +234,19 @@ class OnlineTraining(StepBatches):
 
     def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
-        pi_0's are measured, and pi_0's when kl_coef asks or the loss reads them (None: not measured)."""
-        # a loss with its own KL reads pi_0's log-probs whatever kl_coef (and the log shows the KL)
-        kl = self.pofe.online.kl_coef > 0 or self.spec.kl_in_loss
-        if not rows or not (self.spec.needs_anchor or kl):
+        pi_0's are scored, and pi_0's for kl_coef, anchor_mix or a loss that reads them (None: not measured)."""
+        pi_0 = self.pofe.online_scores_pi_0
+        if not rows or not (self.spec.needs_anchor or pi_0):
             return None, None
+        logp = self.score_table(model, rows, "the policy's")
+        if not pi_0:
+            return logp, None
+        with self._base.scoring(model) as base:
+            return logp, self.score_table(base, rows, "pi_0's")
+
+    def score_table(self, model, rows: list[dict], what: str) -> list[list[float]]:
+        """`model`'s summed log-probs of each response of `rows` (their prompt_ids and
+        response_ids), as the trainer scores a batch's candidates, without gradients."""
         # the columns the loss reads only pass the trainer's batch check: scoring does not read them
         dataset = Dataset.from_list(
             [
@@ -240,16 +261,8 @@ class OnlineTraining(StepBatches):
             device=self.args.device,
             progress=False,
         )
-
-        def table(m, what: str) -> list[list[float]]:
-            t = score_rows(m, [dataset], scorer, what, ranks=(0, 1))
-            return [t[j, : len(r["response_ids"])].tolist() for j, r in enumerate(rows)]
-
-        logp = table(model, "the policy's")
-        if not kl:
-            return logp, None
-        with self._base.scoring(model) as base:
-            return logp, table(base, "pi_0's")
+        table = score_rows(model, [dataset], scorer, what, ranks=(0, 1))
+        return [table[j, : len(r["response_ids"])].tolist() for j, r in enumerate(rows)]
 
     def _tokenize(self, canonical: dict) -> dict:
         cfg = self.axolotl_cfg
@@ -263,100 +276,11 @@ class OnlineTraining(StepBatches):
 
     def _batched(self, window: Window, data_rows: list[dict]) -> list[list[dict]]:
         """Each micro-batch's trainable rows, with the scores folded in (`with_scores`)."""
-        by_index = {row["prompt_index"]: with_scores(row, self.spec, self.pofe.online.kl_coef) for row in data_rows}
+        pofe = self.pofe
+        by_index = {
+            row["prompt_index"]: with_scores(row, self.spec, pofe.online.kl_coef, pofe.anchor_mix) for row in data_rows
+        }
         return [[by_index[i] for i in batch if i in by_index] for batch in window.micro_batches]
-
-    # -- resuming -----------------------------------------------------------------------
-
-    def _folder(self, start_step: int) -> Path:
-        return refresh_dir(self.args.output_dir, start_step, self.rank, self.world)
-
-    def _stored_window(self, step: int, per_step: int):
-        """The written refresh whose steps include `step` (a resumed run's), if any, once checked
-        to be made as this recipe makes them (`_check_made_with`)."""
-        if step == 0:
-            return None
-        for start in reversed([s for s in refresh_starts(self.args.output_dir) if s <= step]):
-            folder = self._folder(start)
-            record = refresh_record(folder)
-            if record is None:
-                continue
-            end = start + -(-len(record["micro_batches"]) // per_step)
-            if step >= end:
-                return None
-            self._check_made_with(folder, record, step, end)
-            every = self.pofe.online.refresh_every
-            if record.get("refresh_every", every) != every:
-                feeds = f"steps {step}-{end - 1} train" if end - 1 > step else f"step {step} trains"
-                LOG.info(
-                    f"POFE: online: the refresh of step {start} was sampled for refresh_every "
-                    f"{record['refresh_every']} (steps {start}-{end - 1}); this recipe's is {every}: {feeds} on its "
-                    f"rows, and the refreshes after it come every {every} steps"
-                )
-            return read_refresh(folder)
-        return None
-
-    def _check_made_with(self, folder: Path, record: dict, step: int, end: int) -> None:
-        """Stop when the refresh read back was made otherwise than this recipe makes refreshes
-        (another judge, other generate settings...): its rows are what the checkpoint trained
-        on, and the steps left of its window would train on them in this recipe's name. Stopped,
-        not redone: as an iterated run's training resumed with other settings stops
-        (`pofe.run.rounds.checkpoints.check_resume`), since the checkpoint is the other
-        settings' work; the message says how to go on with these settings."""
-        if record.get("made_with") == self._made_with:
-            return
-        start = record["start_step"]
-        raise OnlineRefreshError(
-            f"resuming at step {step}: the refresh of step {start} ({folder}), whose rows steps {start}-{end - 1} "
-            f"train on, was made otherwise than this recipe makes them: "
-            f"{setting_changes(record.get('made_with'), self._made_with)}. Resume with the recipe that made it; "
-            f"or, to go on with this recipe's settings, delete {folder.parent if self.world > 1 else folder}: "
-            f"the run then samples and judges a new window at step {step} (the checkpoint keeps what it learnt "
-            "from the old one); or start afresh in a new output_dir"
-        )
-
-    def _resumed(self, stored, offset: int, batches: list[list[int]]) -> Refreshed:
-        window, data_rows, stats = stored
-        if window.micro_batches[offset : offset + len(batches)] != batches:
-            raise OnlineRefreshError(
-                f"resuming at step {self.state.global_step}: the data loader's prompts differ from those the "
-                f"refresh written at step {window.start_step} ({self._folder(window.start_step)}) was sampled for. "
-                "Resume with the recipe the run started with (same datasets, seed, batch sizes), or start over in "
-                "a new output_dir"
-            )
-        LOG.info(f"POFE: online: resuming in the refresh of step {window.start_step}, read from its files")
-        tail = Window(window.start_step, window.micro_batches[offset:])
-        return Refreshed(tail, self._batched(tail, data_rows), stats)
-
-    def _clear_refreshes_from(self, step: int) -> None:
-        """Before this process samples its first window, at `step`, the refreshes written from
-        that step on are removed: at step 0 an earlier training's (a new training replaces them,
-        as it does the checkpoints); at a resumed step that no finished refresh holds (deleted, or
-        cut short by the kill), the killed run's beyond its checkpoint, on a schedule this run no
-        longer follows: a later window would read their rows back as its own."""
-        starts = refresh_starts(self.args.output_dir) if self.rank == 0 else []
-        stale = [s for s in starts if s >= step]
-        later = [s for s in stale if s > step]
-        if step and self.rank == 0:
-            cut = step in starts
-            (LOG.info if cut else LOG.warning)(
-                f"POFE: online: resuming at step {step}, which no finished refresh holds "
-                f"({'its refresh was cut short' if cut else f'refreshes start at steps {starts}'}): sampling a new "
-                f"window at step {step} with the checkpoint's policy, then every {self.pofe.online.refresh_every} steps"
-            )
-        if step == 0 and stale:
-            LOG.warning(
-                f"POFE: online: a new training in {self.args.output_dir}: replacing {len(stale)} earlier refreshes"
-            )
-        elif later:
-            LOG.warning(
-                f"POFE: online: removing the {len(later)} refreshes the killed run wrote after step {step} (steps "
-                f"{later}): this run samples its own windows from there"
-            )
-        for start in stale:
-            shutil.rmtree(refresh_dir(self.args.output_dir, start))
-        # no rank writes its first refresh before rank 0 has cleared the folder
-        self.accelerator.wait_for_everyone()
 
     # -- what a user watches ------------------------------------------------------------
 
@@ -368,6 +292,7 @@ class OnlineTraining(StepBatches):
         number = sum(start <= refreshed.window.start_step for start in refresh_starts(self.args.output_dir))
         self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
         LOG.info(refresh_summary(number, refreshed.window.start_step, means))
+        self._monitor.show(refreshed.window.start_step, number, means)
 
 
 @contextmanager

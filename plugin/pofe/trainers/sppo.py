@@ -7,13 +7,15 @@ beta * (log pi - log pi_t) with beta = 1/eta, as TRL's DPOTrainer computes them 
 `loss_type="sppo_hard"`.
 
 With `pofe.anchor_mix` = beta > 0 the anchor is `mixed_anchor`: (1 - beta) log pi_t + beta
-log pi_0 (pi_0's table: `pofe.anchor.pi_0`), for both losses and the implicit rewards.
+log pi_0 (pi_0's log-probs given in the rows, as an online refresh gives them, else pi_0's table:
+`pofe.anchor.pi_0`), for both losses and the implicit rewards.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pofe.columns import BASE_LOGPS
 from pofe.losses import mixed_anchor, sppo_hard_loss, sppo_loss
 from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from pofe.trainers.metrics import pair_metrics
@@ -50,7 +52,12 @@ class SPPOTrainer(KResponseTrainer):
             if "anchor_logps" in inputs
             else self.anchor.fix_hint()
         )
-        hints = {"logp": LOGP_HINT, "anchor": anchor_hint, "pi_0": self.anchor.fix_hint(base=True), "loss": LOSS_HINT}
+        base_hint = (
+            f"they came with the rows ({BASE_LOGPS}): check the dtype of the model that scored them"
+            if BASE_LOGPS in inputs
+            else self.anchor.fix_hint(base=True)
+        )
+        hints = {"logp": LOGP_HINT, "anchor": anchor_hint, "pi_0": base_hint, "loss": LOSS_HINT}
         self.check_finite(inputs, loss, hints, **finite)
         implicit_rewards = (logp - anchor) / self.args.pofe_eta  # (B, K), beta * log-ratio
         pairs = pair_metrics(logp, implicit_rewards, preference, mask)

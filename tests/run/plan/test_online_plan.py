@@ -162,13 +162,18 @@ def test_an_online_run_too_large_names_the_sampling_keys(sizes):
 def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
     """recipes/tiny-rrhf-online-cpu.yml on the tests' tiny Llama, as `axolotl pofe plan` reads it:
     axolotl accepts it; one train stage on the CPU, in float32, whose Python judge holds nothing
-    and whose full fine-tuning with kl_coef 0.01 holds pi_0's float32 copy; the text says the
+    and whose kl_coef 0 loads no copy of pi_0; the text says the
     stages share the training GPU(s) and how often it refreshes."""
     from pofe.run.plan.render import render_text
 
     raw = yaml.safe_load((ROOT / "recipes" / "tiny-rrhf-online-cpu.yml").read_text())
     raw |= {"base_model": str(tiny_model), "output_dir": str(tmp_path / "out"), "pofe": {**raw["pofe"], "eval": False}}
-    assert validated_recipe(raw, CPU).pofe["online"] == {"refresh_every": 3, "kl_coef": 0.01}
+    assert validated_recipe(raw, CPU).pofe["online"] == {
+        "refresh_every": 3,
+        "kl_coef": 0.0,
+        "monitor_every": 10,
+        "monitor_samples": 2,
+    }
     recipe = tmp_path / "r.yml"
     recipe.write_text(yaml.safe_dump(raw))
     plan = plan_recipe(recipe, PlanOptions(device=None), prompts=60)
@@ -176,7 +181,7 @@ def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
     assert (entry["stage"], entry["device"], entry["dtype"]) == ("train", "cpu", "float32")
     assert set(entry["parts_gb"]) == {
         *("weights", "trainable_state", "activations", "logits", "runtime"),
-        *("generate_kv_cache", "generate_forward", "pi_0_weights"),
+        *("generate_kv_cache", "generate_forward"),
     }
     text = render_text(plan)
     assert text.startswith("plan: rrhf, online, a refresh every 3 steps, 1 x 80 GB (cpu")

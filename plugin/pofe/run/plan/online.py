@@ -17,8 +17,9 @@ and, beside them (`online_parts`):
 - judge_*: a judge that loads weights (a reward model, PairRM, GPM), loaded at the first refresh and kept for the run, as its
   own judge stage sizes it (`pofe.run.plan.candidates.judge_parts`) but for the CUDA context,
   which the process has once; a Python judge, and an LLM judge's server, hold nothing here;
-- pi_0_weights: under full fine-tuning, with pofe.online.kl_coef > 0 or a method that reads pi_0
-  in its loss or its opponent (Nash-MD), a frozen copy of the base model in the recipe's dtype
+- pi_0_weights: under full fine-tuning, when a refresh scores pi_0 (pofe.online.kl_coef > 0,
+  pofe.anchor_mix, a method that reads pi_0 in its loss) or a method samples its opponent from
+  the mixture (Nash-MD), a frozen copy of the base model in the recipe's dtype
   (`pofe.online.models.BasePolicy`); under LoRA/QLoRA pi_0 is the policy with its adapter
   disabled: no copy;
 - mixture_*: a method that plays the mixture (Nash-MD) samples its opponents with the training
@@ -65,7 +66,7 @@ def online_parts(
         _, judge = judge_parts(pcfg.judge, judge_size, options)
         parts |= {f"judge_{k}": v for k, v in judge.items() if k != "runtime"}
     spec = method_spec(pcfg.method)
-    if full and (pcfg.online.kl_coef > 0 or spec.kl_in_loss or spec.opponent == "mixture"):
+    if full and (pcfg.online_scores_pi_0 or spec.opponent == "mixture"):
         parts["pi_0_weights"] = weights
     if spec.opponent == "mixture":
         parts |= mixture_parts(raw, pcfg, size, dtype)

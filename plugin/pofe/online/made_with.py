@@ -1,0 +1,57 @@
+"""What made an online refresh's rows, as its refresh.json records it (`made_with`), and how a
+resumed run's recipe differs from it (`setting_changes`): a resumed run trains on a written
+refresh only when its recipe makes rows alike."""
+
+from __future__ import annotations
+
+import json
+
+from pofe.args import PofeConfig
+from pofe_candidates.manifest import changed_settings, generate_settings, judge_manifest, recorded
+
+
+def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
+    """What a refresh's rows depend on besides its window and the policy that sampled it, as
+    refresh.json records it (redacted: a served policy's command may carry its --api-key): the
+    method, the judge (`judge_manifest`: its settings and its code or weights), the generate
+    settings, the candidates' filters, kl_coef (RRHF's rewards use pi_0's log-probs, written
+    only with it), the opponents' mixture (`pofe.nash_md`) and the tokenisation of the rows
+    trained on."""
+    judge = judge_manifest(method=pofe.method, judge=pofe.judge)
+    candidates = pofe.candidates.for_method(pofe.method)
+    return recorded(
+        {
+            "method": pofe.method,
+            "judge": judge["judge"],
+            "judge_identity": judge["judge_identity"],
+            "generate": generate_settings(pofe.generate),
+            "candidates": candidates.model_dump(include={"keep", "min_candidates", "truncated"}),
+            "kl_coef": pofe.online.kl_coef,
+            # the opponents' mixture (Nash-MD): another mixture_coef samples other opponents
+            "nash_md": pofe.nash_md.model_dump() if pofe.nash_md else None,
+            "tokenize": {
+                "sequence_len": sequence_len,
+                "max_prompt_len": pofe.max_prompt_len or sequence_len // 2,
+                "truncation": pofe.truncation,
+            },
+        }
+    )
+
+
+IDENTITY = "judge_identity."
+
+
+def setting_changes(recorded_with: dict | None, made: dict) -> str:
+    """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ...". A
+    judge function's or model's digest is said only when its code or weights changed under the
+    same name (another function or model is said by its own key)."""
+    if recorded_with is None:
+        return "its refresh.json records nothing of what made it (an older POFE wrote it)"
+    said = []
+    for key, then, now in changed_settings(recorded_with, made):
+        if not key.startswith(IDENTITY):
+            said.append(f"{key}: {then} then, {now} now")
+        elif "unset" not in (then, now):
+            was, now = (json.loads(digest)[:12] for digest in (then, now))
+            said.append(f"the code or weights of {key[len(IDENTITY) :]} (sha256 {was} then, {now} now)")
+    return "; ".join(said)

@@ -1,0 +1,90 @@
+"""What `online/*` logs of a refresh: a window's stats, merged over the ranks, and why a window's
+prompts kept too few candidates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# window stats that add up over ranks; the others are means weighted by each rank's prompts
+COUNTS = (
+    "prompts",
+    "prompts_dropped",
+    "candidates",
+    "candidates_empty",
+    "candidates_duplicate",
+    "candidates_truncated",
+    "judge_verdicts",
+    "judge_abstentions",
+)
+
+
+def merged_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One refresh's stats over its ranks, as `online/*` logs them: counts summed, the others
+    means weighted by each rank's prompts (over the ranks that measured them)."""
+    merged = {}
+    for key in dict.fromkeys(k for stats in per_rank for k in stats):
+        having = [s for s in per_rank if key in s]
+        if key in COUNTS:
+            merged[key] = sum(s[key] for s in having)
+        elif sum(s["prompts"] for s in having):
+            merged[key] = sum(s[key] * s["prompts"] for s in having) / sum(s["prompts"] for s in having)
+    return merged
+
+
+def window_stats(
+    generated: list[dict], judged: list[dict], kept: dict[int, dict], kl: list[float]
+) -> dict[str, float]:
+    """What `online/*` logs of a window: prompts, candidates, the judge's mean and best-of-k
+    reward of the policy's own samples (scalar judges; dataset responses left out: they do not
+    move), and the mean sampled log-ratio to pi_0 (when measured); and what removed candidates
+    before training: empty, duplicate and cut ones (generation), the judge's abstentions (of its
+    verdicts: candidates, or pairs for a pairwise judge)."""
+    sampled = []
+    for g, r in zip(generated, judged, strict=True):
+        policy = {c for c, source in zip(g["candidates"], g["sources"]) if source == "policy"}
+        rewards = [x for c, x in zip(r["responses"], r.get("rewards") or []) if c in policy]
+        if rewards:
+            sampled.append(rewards)
+    stats = {
+        "prompts": float(len(judged)),
+        "prompts_dropped": float(len(judged) - len(kept)),
+        "candidates": float(sum(len(r["responses"]) for r in judged)),
+        "candidates_empty": float(sum(g.get("empty", 0) for g in generated)),
+        "candidates_duplicate": float(sum(g.get("exact_dups", 0) + g.get("near_dups", 0) for g in generated)),
+        "candidates_truncated": float(sum(g.get("truncated_dropped", 0) for g in generated)),
+        "judge_verdicts": float(sum(r.get("judged", 0) for r in judged)),
+        "judge_abstentions": float(sum(r.get("abstained", 0) for r in judged)),
+    }
+    if sampled:
+        stats["candidate_reward_mean"] = sum(sum(r) for r in sampled) / sum(len(r) for r in sampled)
+        stats["candidate_reward_best"] = sum(max(r) for r in sampled) / len(sampled)
+    if kl:
+        stats["kl_to_base"] = sum(kl) / len(kl)
+    return stats
+
+
+def dropped_candidates(stats: dict[str, float], folder: Path) -> str:
+    """Why a window's prompts kept too few candidates, from its stats (`window_stats`), and what
+    to do: for a micro-batch left with none to train on."""
+    counts = {
+        "empty (the policy ended its turn at once)": stats.get("candidates_empty", 0),
+        "duplicates (generate.dedupe)": stats.get("candidates_duplicate", 0),
+        "cut at max_new_tokens (candidates.truncated: drop)": stats.get("candidates_truncated", 0),
+    }
+    removed = ", ".join(f"{int(n)} {what}" for what, n in counts.items())
+    said = (
+        f"Of this window's {int(stats['prompts'])} prompts, {int(stats['prompts_dropped'])} kept too few: its "
+        f"candidates removed were {removed}, and the judge abstained on {int(stats.get('judge_abstentions', 0))} of "
+        f"{int(stats.get('judge_verdicts', 0))} verdicts; the length policy drops the rest (the samples are in "
+        f"{folder / 'generate.jsonl'}). "
+    )
+    if max(counts.values()) == counts["empty (the policy ended its turn at once)"] > 0:
+        return said + (
+            "The policy mostly answers with its end-of-turn token alone: check its samples and its chat template's "
+            "generation prompt, raise pofe.generate.temperature, or add dataset responses "
+            "(generate.include_dataset_responses)"
+        )
+    return said + (
+        "Raise pofe.generate.num_candidates or temperature, micro_batch_size, or add dataset responses "
+        "(generate.include_dataset_responses)"
+    )
