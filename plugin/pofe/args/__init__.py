@@ -7,7 +7,6 @@ run then takes axolotl's ordinary SFT builder path with POFE's trainer and colla
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Literal
@@ -15,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pofe.args.nash_md import NashMDConfig, check_mixture_opponent
-from pofe.args.online import OnlineConfig, check_online_recipe
+from pofe.args.online import OnlineConfig, check_online_block, check_online_recipe
 from pofe.args.rounds import (
     EvalConfig,
     RoundPrompts,
@@ -235,7 +234,7 @@ class PofeConfig(KnownKeys):
                 keep=self.candidates.keep,
             )
         if self.online is not None and self.method is not None:
-            self._check_online()
+            check_online_block(self)
         if self.method is not None:
             check_mixture_opponent(self)
         if isinstance(self.round_prompts, list):
@@ -254,45 +253,12 @@ class PofeConfig(KnownKeys):
             )
         return self
 
-    def _check_online(self) -> None:
-        """What `pofe.online` needs and what it does not combine with (yet)."""
-        if self.generate is None:
-            raise ValueError(
-                "pofe.online samples candidates during training: it needs a pofe.prompts dataset with "
-                "pofe.generate and pofe.judge"
-            )
-        generate = self.generate
-        if generate.serve is not None and "{lora_modules}" not in shlex.split(generate.serve.command):
-            raise ValueError(
-                "pofe.online with generate.serve loads each refresh's adapter into the server while it runs: add "
-                "{lora_modules} to generate.serve.command (POFE fills it with --enable-lora and --max-lora-rank)"
-            )
-        spec = method_spec(self.method)
-        if self.online.kl_coef and spec.target.from_win_rates and not spec.kl_in_loss:
-            raise ValueError(
-                f"pofe.online.kl_coef penalises the rewards a method trains on; `rl: {self.method}` trains on win "
-                "rates and anchors each refresh to the policy that sampled it instead: drop kl_coef"
-            )
-        if self.rounds > 1:
-            raise ValueError(
-                "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
-                "rounds: 1 (or drop pofe.online to iterate offline rounds)"
-            )
-        if self.anchor_base is not None:
-            raise ValueError(
-                f"pofe.anchor_base ({self.anchor_base}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
-                "(the policy with its adapter disabled under LoRA/QLoRA, a frozen copy under full fine-tuning), as "
-                "for kl_coef: drop anchor_base, or set base_model to the model pi_0 should be"
-            )
-
     @property
     def online_scores_pi_0(self) -> bool:
-        """An online refresh scores its candidates under pi_0 too: for RRHF's KL penalty
-        (`online.kl_coef`), SPPO's anchor mixed toward pi_0 (`anchor_mix`), or a loss with its own
-        KL to pi_0 (Nash-MD's, whatever kl_coef: the log shows the KL)."""
-        if self.online is None:
-            return False
-        return self.online.kl_coef > 0 or self.anchor_mix > 0 or method_spec(self.method).kl_in_loss
+        """Whether an online refresh scores its candidates under pi_0 too: for RRHF's `online.kl_coef`,
+        SPPO's `anchor_mix` toward pi_0, or a loss with its own KL (Nash-MD's: the log shows it)."""
+        kl_in_loss = method_spec(self.method).kl_in_loss
+        return self.online is not None and (self.online.kl_coef > 0 or self.anchor_mix > 0 or kl_in_loss)
 
     @property
     def kl_coef(self) -> float:

@@ -9,10 +9,12 @@ trains on them (`pofe.online`). Declared here with the rules of the recipe aroun
 
 from __future__ import annotations
 
+import shlex
 from functools import partial
 
 from pydantic import Field
 
+from pofe.methods import method_spec
 from pofe_candidates.config.base import KnownKeys
 
 # colocated vLLM's share of each GPU beside training (generate.backend vllm), unless
@@ -53,6 +55,39 @@ class OnlineConfig(KnownKeys):
         description="Prompts of a monitored refresh whose sampled completions are shown with their judgements "
         "(every sample of each).",
     )
+
+
+def check_online_block(pofe) -> None:
+    """What a `pofe.online` block (`pofe`: its PofeConfig, with a method) needs, and what it does not
+    combine with (yet)."""
+    if pofe.generate is None:
+        raise ValueError(
+            "pofe.online samples candidates during training: it needs a pofe.prompts dataset with "
+            "pofe.generate and pofe.judge"
+        )
+    generate = pofe.generate
+    if generate.serve is not None and "{lora_modules}" not in shlex.split(generate.serve.command):
+        raise ValueError(
+            "pofe.online with generate.serve loads each refresh's adapter into the server while it runs: add "
+            "{lora_modules} to generate.serve.command (POFE fills it with --enable-lora and --max-lora-rank)"
+        )
+    spec = method_spec(pofe.method)
+    if pofe.online.kl_coef and spec.target.from_win_rates and not spec.kl_in_loss:
+        raise ValueError(
+            f"pofe.online.kl_coef penalises the rewards a method trains on; `rl: {pofe.method}` trains on win "
+            "rates and anchors each refresh to the policy that sampled it instead: drop kl_coef"
+        )
+    if pofe.rounds > 1:
+        raise ValueError(
+            "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
+            "rounds: 1 (or drop pofe.online to iterate offline rounds)"
+        )
+    if pofe.anchor_base is not None:
+        raise ValueError(
+            f"pofe.anchor_base ({pofe.anchor_base}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
+            "(the policy with its adapter disabled under LoRA/QLoRA, a frozen copy under full fine-tuning), as "
+            "for kl_coef: drop anchor_base, or set base_model to the model pi_0 should be"
+        )
 
 
 def check_online_recipe(data: dict, pofe) -> None:
