@@ -275,7 +275,8 @@ def test_a_prompt_field_of_another_name_reaches_a_refresh_as_its_prompt(tmp_path
 
 
 def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
-    """made_with records the method, the judge with its code's digest, the generate settings, the
+    """made_with records the method, the judge with its code's digest, the generate settings (dedupe
+    resolved per method, as the refresh samples), the
     filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only
     when its code changed under the same name."""
     from pofe.online.made_with import made_with, setting_changes
@@ -285,6 +286,9 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
     made = made_with(pofe, sequence_len=64)
     assert made["judge_identity"] == {"pofe.demo.task:reward": module_digest("pofe.demo.task")}
     assert (made["method"], made["kl_coef"], made["generate"]["temperature"]) == ("rrhf", 0.01, 1.0)
+    # dedupe as `axolotl preprocess` resolves it: the method's default (RRHF drops copies, SPPO keeps all K)
+    assert made["generate"]["dedupe"] is True
+    assert made_with(PofeConfig.model_validate(_online("sppo")), 64)["generate"]["dedupe"] is False
     assert made["tokenize"] == {"sequence_len": 64, "max_prompt_len": 32, "truncation": pofe.truncation}
     assert made_with(PofeConfig.model_validate(_online("rrhf", refresh_every=8, kl_coef=0.01)), 64) == made
     hotter = made_with(

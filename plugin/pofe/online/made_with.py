@@ -24,7 +24,7 @@ def made_with(pofe: PofeConfig, sequence_len: int) -> dict:
             "method": pofe.method,
             "judge": judge["judge"],
             "judge_identity": judge["judge_identity"],
-            "generate": generate_settings(pofe.generate),
+            "generate": generate_settings(pofe.generate.for_method(pofe.method)),
             "candidates": candidates.model_dump(include={"keep", "min_candidates", "truncated"}),
             "kl_coef": pofe.online.kl_coef,
             # the opponents' mixture (Nash-MD): another mixture_coef samples other opponents

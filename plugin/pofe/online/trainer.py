@@ -212,7 +212,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             judge=self._judge,
             tokenizer=self.processing_class,
             method=self.spec,
-            generate=pofe.generate,
+            generate=pofe.generate.for_method(pofe.method),  # dedupe: the method's default unless set
             judge_cfg=pofe.judge,
             candidates=pofe.candidates.for_method(pofe.method),
             timer=timer,
