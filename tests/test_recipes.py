@@ -14,6 +14,8 @@ from pofe.args.translate import LORA_KERNELS
 from tests.helpers import H100, ROOT, validated_recipe
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yml"))
+# plain axolotl, no POFE: the supervised fine-tune the Nash-MD toy recipe starts from (its pi_0)
+SFT = ROOT / "recipes" / "tiny-sft-cpu.yml"
 CPU = {"bf16": False, "fp8": False, "tf32": False, "n_gpu": 0, "compute_capability": None}
 
 
@@ -26,12 +28,13 @@ def test_recipes_exist_for_each_method_and_setup():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_validates(path):
     raw = yaml.safe_load(path.read_text())
-    method = raw["rl"]
+    method = raw.get("rl")
+    assert (method is None) == (path == SFT)
     cfg = DictDefault(raw)
     prepare_plugins(cfg)
     caps = CPU if path.stem.startswith("tiny-") else H100
     cfg = validate_config(cfg, capabilities=caps, env_capabilities={"torch_version": "2.13.0"})
-    assert cfg.rl is None and cfg.pofe.method == method
+    assert cfg.rl is None and (cfg.pofe.method == method if method else cfg.pofe is None)
     assert cfg.sample_packing is False
     if path.stem.endswith("qlora"):
         assert cfg.adapter == "qlora" and cfg.load_in_4bit

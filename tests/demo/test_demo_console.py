@@ -25,8 +25,9 @@ def test_make_demo_prints_its_stages_and_one_table_in_80_lines(demo_console):
     assert len(lines) <= 80, demo_console.console
     assert lines[0] == ".venv/bin/python -m pofe.demo --all"  # make's echo of the command
     stages = [line for line in lines if line.startswith("  done in ")]
-    # prepare, then per offline recipe preprocess, train, evaluate; per online recipe train, evaluate
-    assert len(stages) == 1 + 2 * 3 + 2 * 2
+    # prepare, then per offline recipe preprocess, train, evaluate; per online recipe (RRHF, SPPO,
+    # Nash-MD) and the SFT recipe Nash-MD starts from, train, evaluate
+    assert len(stages) == 1 + 2 * 3 + 3 * 2 + 2
     assert lines[1] == "POFE demo on the CPU, in outputs/demo (each stage's log in logs/ there)"
     assert all(re.search(r"; log logs/[\w-]+\.log$", line) for line in stages), stages
     table = result_table(demo_console.results)

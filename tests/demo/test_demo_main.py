@@ -43,7 +43,8 @@ def test_help_describes_every_option():
 
 
 def test_the_recipes_make_demo_runs():
-    """`--all`: each method offline, then each online (Nash-MD online only); one recipe otherwise."""
+    """`--all`: each method offline, then each online (Nash-MD online only, after the SFT recipe
+    whose model is its pi_0); one recipe otherwise."""
     from pofe.demo.__main__ import parse_args, recipes
 
     names = [p.name for p in recipes(parse_args(["--all"]))]
@@ -52,9 +53,12 @@ def test_the_recipes_make_demo_runs():
         "tiny-sppo-cpu.yml",
         "tiny-rrhf-online-cpu.yml",
         "tiny-sppo-online-cpu.yml",
+        "tiny-sft-cpu.yml",
         "tiny-nash-md-online-cpu.yml",
     ]
     assert [p.name for p in recipes(parse_args(["--method", "sppo", "--online"]))] == ["tiny-sppo-online-cpu.yml"]
+    nash_md = ["tiny-sft-cpu.yml", "tiny-nash-md-online-cpu.yml"]
+    assert [p.name for p in recipes(parse_args(["--method", "nash_md", "--online"]))] == nash_md
 
 
 def test_prepare_only_says_one_line(tmp_path):

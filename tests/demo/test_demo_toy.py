@@ -13,6 +13,7 @@ from pofe.demo.evaluate import greedy_reward
 from pofe.demo.task import (
     answer,
     bradley_terry_win_rates,
+    exact_reward,
     make_prompts,
     make_rrhf_rows,
     make_sppo_rows,
@@ -105,6 +106,38 @@ def test_reward_hand_cases() -> None:
     assert 1.0 > reward(p, "18") > reward(p, "21") > reward(p, "8") > reward(p, "-19") > 0.0
     for junk in ["", "nineteen", "19 apples", "1 9", "<|end|>", "19.0"]:
         assert reward(p, junk) == 0.0
+
+
+def test_exact_reward_is_one_for_the_sum_only() -> None:
+    """Nash-MD's verifier on the toy: the sum (after strip) 1.0; a near miss, junk, 0.0."""
+    p = "12+7="
+    assert [exact_reward(p, r) for r in ("19", " 19\n", "18", "20", "-19", "", "19 apples")] == [1, 1, 0, 0, 0, 0, 0]
+
+
+def test_the_sft_recipe_reads_each_prompt_and_answer_as_the_policy_samples_them(tmp_path: Path) -> None:
+    """`prepare` on recipes/tiny-sft-cpu.yml: the prompt rows beside its dataset, and the dataset
+    one chat a prompt whose rendering (the chat template axolotl's chat_template type applies) is
+    the generation prompt the policy samples from, then the answer and the end of turn."""
+    import yaml
+
+    from pofe.demo.stages import prepare
+    from tests.helpers import ROOT
+
+    recipe = yaml.safe_load((ROOT / "recipes" / "tiny-sft-cpu.yml").read_text())
+    recipe["base_model"] = str(tmp_path / recipe["base_model"])
+    recipe["datasets"][0]["path"] = str(tmp_path / recipe["datasets"][0]["path"])
+    rows = prepare(recipe, seed=0, prompts=5)
+    prompts = [json.loads(line) for line in (tmp_path / "outputs/demo/prompts.jsonl").read_text().splitlines()]
+    chats = [json.loads(line) for line in Path(recipe["datasets"][0]["path"]).read_text().splitlines()]
+    assert prompts == rows and len(chats) == 5
+    tok = AutoTokenizer.from_pretrained(recipe["base_model"])
+    for row, chat in zip(rows, chats, strict=True):
+        assert chat["messages"] == [
+            {"role": "user", "content": row["prompt"]},
+            {"role": "assistant", "content": row["answer"]},
+        ]
+        asked = tok.apply_chat_template(chat["messages"][:1], tokenize=False, add_generation_prompt=True)
+        assert tok.apply_chat_template(chat["messages"], tokenize=False) == f"{asked}{row['answer']}<|end|>"
     with pytest.raises(ValueError, match="a\\+b="):
         reward("12*7=", "84")
 

@@ -10,7 +10,7 @@ reward. `--online` trains on the shipped `tiny-<method>-online-cpu.yml`, whose c
 sampled from the policy as it trains inside `axolotl train` (the table then shows the policy's
 samples' reward at the first and the last refresh); Nash-MD trains online only (`--method nash_md
 --online`, `tiny-nash-md-online-cpu.yml`: each sample judged against one of the mixture of the
-policy and the base model). `--all` (what `make demo` runs) trains every method offline, then
+policy and pi_0, which `tiny-sft-cpu.yml`, a supervised fine-tune on the answers, trains first). `--all` (what `make demo` runs) trains every method offline, then
 online, and prints one table.
 
 The console shows each stage as `axolotl pofe run` does (`pofe.demo.stages`); each stage's whole
@@ -32,6 +32,9 @@ from pofe.run.rounds.runner import StatusLine
 from pofe.shipped_recipes import find
 
 METHODS = ("rrhf", "sppo", "nash_md")
+# Nash-MD's pi_0, as the paper's reference policy, is a supervised fine-tune: its tiny recipe starts
+# from this recipe's model (a random model's samples are almost never a number to compare)
+SFT_RECIPE = "tiny-sft-cpu"
 
 
 def recipe_name(method: str, online: bool) -> str:
@@ -41,9 +44,9 @@ def recipe_name(method: str, online: bool) -> str:
 
 def recipes(args: argparse.Namespace) -> list[Path]:
     """The recipes to run: the user's, every method's (`--all`: offline, then online; a method that
-    trains online only, once), or one."""
+    trains online only, once), or one; the SFT recipe before one that starts from its model."""
     if args.recipe:
-        return [args.recipe]
+        return with_pi_0([args.recipe])
     if args.all:
         offline = [(m, False) for m in METHODS if not method_spec(m).trains_online_only]
         runs = offline + [(m, True) for m in METHODS]
@@ -51,7 +54,18 @@ def recipes(args: argparse.Namespace) -> list[Path]:
         raise SystemExit(f"python -m pofe.demo: --method {args.method} trains online only: add --online")
     else:
         runs = [(args.method, args.online)]
-    return [find(recipe_name(m, online)).path for m, online in runs]
+    return with_pi_0([find(recipe_name(m, online)).path for m, online in runs])
+
+
+def with_pi_0(paths: list[Path]) -> list[Path]:
+    """`paths` with the SFT recipe before the first recipe whose base_model is its output_dir."""
+    sft = find(SFT_RECIPE).path
+    trained = Path(yaml.safe_load(sft.read_text())["output_dir"])
+    starts = [Path(yaml.safe_load(path.read_text())["base_model"]) == trained for path in paths]
+    if sft in paths or not any(starts):
+        return paths
+    first = starts.index(True)
+    return [*paths[:first], sft, *paths[first:]]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         with output_to(logs / "demo.log", print):
             rows = prepare(chosen[0].cfg, args.seed, args.prompts or NUM_TRAIN_PROMPTS)
-        print(f"wrote a tiny model to {chosen[0].cfg['base_model']} and {len(rows)} prompts")
+        chats = "" if chosen[0].method else f" (their answers as chats in {chosen[0].cfg['datasets'][0]['path']})"
+        print(f"wrote a tiny model to {chosen[0].cfg['base_model']} and {len(rows)} prompts{chats}")
         return 0
     progress = StatusLine() if StatusLine.possible() and not args.debug else None
     echo = lambda line: print(line, flush=True)  # noqa: E731
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nThe tiny model learns its {NUM_TRAIN_PROMPTS} training prompts; held-out additions stay hard for a "
         "2-layer, 128-wide model.\nBest-of-k is the ceiling RRHF converges to; SPPO moves each candidate's "
-        "log-probability by its win rate."
+        "log-probability by its win rate; Nash-MD learns from its own samples, from an SFT model."
     )
     return 0
 

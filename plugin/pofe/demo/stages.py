@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from pofe.demo.evaluate import greedy_reward
-from pofe.demo.task import make_prompt_rows, make_prompts, write_jsonl
+from pofe.demo.task import make_prompt_rows, make_prompts, sft_rows, write_jsonl
 from pofe.demo.tiny import build_tiny_model
 from pofe.files import write_atomic
 from pofe.logs import Echo
@@ -29,6 +29,7 @@ from pofe.run.folder import RunState
 from pofe.run.rounds.processes import axolotl_command
 from pofe.run.rounds.runner import StageRunner
 
+PROMPTS = "prompts.jsonl"
 NUM_TRAIN_PROMPTS = 60
 NUM_HELD_OUT = 40
 NEAR_MISSES = 3
@@ -56,13 +57,18 @@ class DemoRecipe:
         return cls(path, yaml.safe_load(Path(path).read_text()))
 
     @property
+    def method(self) -> str | None:
+        """Its `rl:`; None for a supervised fine-tune (the pi_0 a Nash-MD recipe starts from)."""
+        return self.cfg.get("rl")
+
+    @property
     def online(self) -> bool:
         return "online" in (self.cfg.get("pofe") or {})
 
     @property
     def title(self) -> str:
-        """Its column in the result table: `RRHF`, `SPPO online`, `NASH-MD online`."""
-        return self.cfg["rl"].upper().replace("_", "-") + (" online" if self.online else "")
+        """Its column in the result table: `RRHF`, `SPPO online`, `NASH-MD online`, `SFT`."""
+        return (self.method or "sft").upper().replace("_", "-") + (" online" if self.online else "")
 
     @property
     def name(self) -> str:
@@ -71,14 +77,24 @@ class DemoRecipe:
 
     @property
     def prompts_path(self) -> Path:
-        return Path(self.cfg["datasets"][0]["path"])
+        return prompts_path(self.cfg)
+
+
+def prompts_path(recipe: dict) -> Path:
+    """Where the demo writes a recipe's prompt rows: its dataset's path; beside it, as `PROMPTS`,
+    for a supervised fine-tune (no `rl:`), whose dataset is their chats (`sft_rows`)."""
+    path = Path(recipe["datasets"][0]["path"])
+    return path if recipe.get("rl") else path.with_name(PROMPTS)
 
 
 def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[dict]:
-    """Write the tiny model and `prompts` prompt rows where the recipe expects them."""
+    """Write the tiny model and `prompts` prompt rows where the recipe expects them (and, for a
+    supervised fine-tune, its dataset: each prompt and its answer as a chat)."""
     build_tiny_model(Path(recipe["base_model"]), seed=seed)
     rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
-    write_jsonl(rows, Path(recipe["datasets"][0]["path"]))
+    write_jsonl(rows, prompts_path(recipe))
+    if not recipe.get("rl"):
+        write_jsonl(sft_rows(rows), Path(recipe["datasets"][0]["path"]))
     return rows
 
 
@@ -141,16 +157,19 @@ class Demo:
         return self.runner.in_process(self.logs / f"{name}.log")
 
     def run(self) -> dict:
-        """Every stage, then the results (also written to `demo-results.json`)."""
-        before = {}
+        """Every stage, then the results (also written to `demo-results.json`). A recipe whose
+        base_model is an earlier recipe's output_dir (Nash-MD's pi_0, fine-tuned by the SFT
+        recipe) starts from that model: its prompts, and that model's answers as its `before`."""
+        prepared, trained, runs = {}, {}, []
         for recipe in self.recipes:
-            key = (recipe.cfg["base_model"], str(recipe.prompts_path))
-            if key not in before:
-                before[key] = self.prepare(recipe, f"prepare-{len(before) + 1}" if before else "prepare")
-        runs = [
-            self.run_recipe(recipe, before[recipe.cfg["base_model"], str(recipe.prompts_path)])
-            for recipe in self.recipes
-        ]
+            start = trained.get(Path(recipe.cfg["base_model"]))
+            if start is None:
+                key = (recipe.cfg["base_model"], str(recipe.prompts_path))
+                if key not in prepared:
+                    prepared[key] = self.prepare(recipe, f"prepare-{len(prepared) + 1}" if prepared else "prepare")
+                start = prepared[key]
+            runs.append(self.run_recipe(recipe, start))
+            trained[Path(recipe.cfg["output_dir"])] = {**start, "before": runs[-1]["after"]}
         results = {"seed": self.seed, "runs": runs}
         write_atomic(self.folder / RESULTS, json.dumps(results, indent=1) + "\n")
         return results
@@ -180,7 +199,7 @@ class Demo:
     def run_recipe(self, recipe: DemoRecipe, prepared: dict) -> dict:
         """`axolotl preprocess` (offline) and `axolotl train` on the recipe, then its greedy answers."""
         seconds = {}
-        if not recipe.online:  # online, the candidates are sampled inside `axolotl train`
+        if recipe.method and not recipe.online:  # online, the candidates are sampled inside `axolotl train`
             seconds["preprocess"] = self.axolotl(recipe, "preprocess", self.candidates_made)
         seconds["train"] = self.axolotl(recipe, "train", self.training_made)
         after = {}
@@ -198,11 +217,11 @@ class Demo:
                 f"{after['held_out']['mean_reward']:.3f} held out"
             ),
         )
-        run = {"title": recipe.title, "recipe": str(recipe.path), "method": recipe.cfg["rl"], "online": recipe.online}
+        run = {"title": recipe.title, "recipe": str(recipe.path), "method": recipe.method, "online": recipe.online}
         run.update(before=prepared["before"], after=after, seconds=seconds)
         if recipe.online:
             run["refreshes"] = online_refreshes(recipe)
-        else:
+        elif recipe.method:
             run["candidates"] = candidates_summary(recipe)
         return run
 

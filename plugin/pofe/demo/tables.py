@@ -101,7 +101,8 @@ def sample_lines(results: dict) -> list[str]:
     runs = results["runs"]
     shown = [("before", runs[0]["before"])] + [(r["title"], r["after"]) for r in runs]
     lines = ["greedy answers (prompt -> answer, reward):"]
+    width = max(len(title) for title, _ in shown) + 2
     for title, answers in shown:
         cells = [f"{p} {a!r} {s:.2f}" for p, a, s in answers["train"]["samples"][:SAMPLES_SHOWN]]
-        lines.append(f"  {title:<12}" + " | ".join(cells))
+        lines.append(f"  {title:<{width}}" + " | ".join(cells))
     return lines

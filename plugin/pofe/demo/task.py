@@ -48,6 +48,12 @@ def reward(prompt: str, response: str) -> float:
     return 1.0 if diff == 0 else 0.5 / (1 + diff)
 
 
+def exact_reward(prompt: str, response: str) -> float:
+    """1.0 when `response.strip()` is exactly the decimal sum, else 0.0: `reward` without the
+    grading of wrong answers by closeness."""
+    return float(reward(prompt, response) == 1.0)
+
+
 def verbose_reward(prompt: str, response: str) -> float:
     """A judge with a blind spot: `reward` of the number the response starts with, plus
     VERBOSITY for every character after it (0 for a response that starts with no number).
@@ -119,6 +125,15 @@ def make_prompt_rows(n_prompts: int, k_wrong: int = 3, seed: int = 0) -> list[di
         wrong = [r for r in row["responses"] if r != right]
         rows.append({"prompt": row["prompt"], "answer": right, "near_misses": wrong})
     return rows
+
+
+def sft_rows(prompt_rows: list[dict]) -> list[dict]:
+    """Rows `{"messages": [user prompt, assistant answer]}` of prompt rows (`make_prompt_rows`):
+    the chats a supervised fine-tune of the tiny model reads (axolotl's `chat_template` type)."""
+    return [
+        {"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["answer"]}]}
+        for r in prompt_rows
+    ]
 
 
 def bradley_terry_win_rates(rewards: list[float], scale: float = DEFAULT_WIN_RATE_SCALE) -> list[float]:

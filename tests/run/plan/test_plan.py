@@ -651,6 +651,8 @@ def test_a_generation_longer_than_training_room_is_warned(mistral_sizes):
     from pofe.args.lengths import generation_fit
 
     for path in sorted((ROOT / "recipes").glob("*.yml")):  # every shipped recipe's candidates train whole
+        if path.stem == "tiny-sft-cpu":  # plain axolotl: no candidates
+            continue
         assert generation_fit(*translated_recipe(yaml.safe_load(path.read_text()))) is None, path.name
     # the prompt's bound: max_prompt_len, or the generation's max_prompt_tokens when lower
     assert generation_fit_warning(1024, 600, 400) is None
