@@ -123,12 +123,16 @@ def doc_recipe(block: dict, method: str) -> tuple[dict, dict]:
     `pofe:` keys the block's (a fragment of the `pofe:` block alone, `judge:` say, goes under it);
     a fragment whose datasets are rows takes the recipe's candidate blocks away with its prompts."""
     from pofe.args import PofeConfig
+    from pofe.demo.__main__ import recipe_name
+    from pofe.methods import method_spec
 
     if "base_model" in block:
         return block, (CPU if block.get("bf16") is False else H100)
     if "pofe" not in block and set(block) <= set(PofeConfig.model_fields):
         block = {"pofe": block}
-    recipe = yaml.safe_load((ROOT / "recipes" / f"tiny-{block.get('rl', method)}-cpu.yml").read_text())
+    method = block.get("rl", method)  # a method that trains online only (Nash-MD) has an online tiny recipe
+    name = recipe_name(method, online=method_spec(method).trains_online_only)
+    recipe = yaml.safe_load((ROOT / "recipes" / f"{name}.yml").read_text())
     recipe.update({k: v for k, v in block.items() if k != "pofe"})
     if all(d.get("type") != "pofe.prompts" for d in recipe["datasets"]):  # rows: nothing to generate
         recipe["pofe"] = {k: v for k, v in recipe["pofe"].items() if k not in ("generate", "judge", "candidates")}
