@@ -37,8 +37,8 @@ def test_the_last_round_beats_pi_0_on_the_held_out_prompts_and_the_report_says_s
     """pi_2's mean held-out reward above pi_0's, and the report's choice (by reward: the judge is a
     verifier) a trained model whose reward gain over pi_0 is above 0 with its whole interval (`clear`).
     Margin: over seeds 0, 1 and 2 (README) pi_0 scored 0.000 each, pi_2 0.193, 0.263 and 0.093
-    (seed 0 0.193-0.251 over CPU profiles), and the report chose pi_2, pi_2 and pi_1 with
-    intervals from 0.528, 0.513 and 0.508 up (seed 0: from 0.518 to 0.530 over the profiles)."""
+    (seed 0 0.193-0.251 over CPU profiles), and the report chose pi_2, pi_2 and pi_1, their gains'
+    intervals from 0.091, 0.141 and 0.069 up (seed 0: from 0.091 to 0.133 over the profiles)."""
     rewards = iterated_report["eval"]["mean_reward"]
     choice = iterated_report["choice"]
     assert rewards[-1] > rewards[0] + 0.05, rewards

@@ -1,5 +1,5 @@
 """Online Nash-MD through the real `axolotl train` on the demo's toy (`recipes/tiny-nash-md-online-cpu.yml`,
-4 epochs): what each refresh wrote is what it logged, its preferences are the verifier's verdicts
+4 epochs, from the random model with the graded reward): what each refresh wrote is what it logged, its preferences are the verifier's verdicts
 on the written texts, and pi_0's log-probs are a plain forward of the base model's."""
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
     policy is 0 (float32 log-softmaxes: below 1e-6); at step 9 the policy has moved from pi_0,
     whose log-probs are still the base model's, and the mixture from the policy (above 1e-4)."""
     changes = dict(num_epochs=4, logging_steps=1, save_strategy="steps", save_steps=12)  # a checkpoint: the log
-    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", **changes)
-    assert cfg["pofe"]["judge"]["preferences"] == "hard"
+    # pi_0 here is the random model (no SFT first), whose samples never hit a sum: the graded
+    # reward's comparisons and a faster rate move it within 4 epochs, where exact_reward ties them all
+    judge = {"type": "python", "function": "pofe.demo.task:reward", "preferences": "hard"}
+    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", learning_rate=5e-3, pofe={"judge": judge}, **changes)
     run_axolotl("train", str(path), cwd=tmp_path)
     out = Path(cfg["output_dir"])
     refreshes = _refreshes(out)

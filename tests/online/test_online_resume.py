@@ -79,7 +79,7 @@ def _said(proc) -> str:
 
 
 def _folders(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "online").iterdir())
+    return sorted(p.name for p in (out / "online").glob("refresh-*"))  # beside them: monitor.jsonl
 
 
 def test_each_refresh_counts_its_judges_abstentions(trained):
