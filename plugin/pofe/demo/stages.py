@@ -180,7 +180,8 @@ class Demo:
 
         def work():
             with self.in_process(stage):
-                train = [r["prompt"] for r in prepare(recipe.cfg, self.seed)]
+                found["rows"] = prepare(recipe.cfg, self.seed)
+                train = [r["prompt"] for r in found["rows"]]
                 found.update(prompts={"train": train, "held_out": held_out_prompts(train, self.seed)})
                 found.update(before=greedy(recipe.cfg["base_model"], found["prompts"]))
 
@@ -201,6 +202,8 @@ class Demo:
         seconds = {}
         if recipe.method and not recipe.online:  # online, the candidates are sampled inside `axolotl train`
             seconds["preprocess"] = self.axolotl(recipe, "preprocess", self.candidates_made)
+        if not recipe.method:  # a supervised fine-tune reads the prompts' chats (another recipe prepared them)
+            write_jsonl(sft_rows(prepared["rows"]), Path(recipe.cfg["datasets"][0]["path"]))
         seconds["train"] = self.axolotl(recipe, "train", self.training_made)
         after = {}
 
