@@ -61,16 +61,16 @@ def table_rows(results: dict) -> list[tuple[str, str, list[str]]]:
             ("candidates: best-of-k", "", [_score(_candidates(r, "mean_best_of_k_reward")) for r in runs]),
         ]
     online = [r for r in runs if r.get("refreshes")]
-    if online:
-        last = max(len(r["refreshes"]) for r in online)
+    if online:  # each run's own first and last refresh (the recipes train for different epochs)
+        rows.append(("online refreshes", "", [str(len(r["refreshes"])) if r.get("refreshes") else "" for r in runs]))
         rows += [
             (label, "", [_score(_refresh(r, which, key)) for r in runs])
             for label, which, key in (
-                ("policy samples: mean reward, refresh 1", 0, "candidate_reward_mean"),
-                (f"policy samples: mean reward, refresh {last}", -1, "candidate_reward_mean"),
-                (f"policy samples: best-of-k, refresh {last}", -1, "candidate_reward_best"),
+                ("policy samples: mean reward, first refresh", 0, "candidate_reward_mean"),
+                ("policy samples: mean reward, last refresh", -1, "candidate_reward_mean"),
+                ("policy samples: best-of-k, last refresh", -1, "candidate_reward_best"),
                 # a method that plays the mixture of the policy and the base model (Nash-MD)
-                (f"preference over the mixture, refresh {last}", -1, "preference"),
+                ("preference over the mixture, last refresh", -1, "preference"),
             )
             if any(_refresh(r, which, key) is not None for r in online)
         ]
