@@ -138,6 +138,9 @@ def test_the_sft_recipe_reads_each_prompt_and_answer_as_the_policy_samples_them(
         ]
         asked = tok.apply_chat_template(chat["messages"][:1], tokenize=False, add_generation_prompt=True)
         assert tok.apply_chat_template(chat["messages"], tokenize=False) == f"{asked}{row['answer']}<|end|>"
+    # a recipe of prompts (any other dataset type, or none given: benchmarks.online's) gets them at its path
+    plain = {"base_model": str(tmp_path / "other"), "datasets": [{"path": str(tmp_path / "p.jsonl")}]}
+    assert prepare(plain, seed=0, prompts=3) == [json.loads(line) for line in (tmp_path / "p.jsonl").open()]
     with pytest.raises(ValueError, match="a\\+b="):
         reward("12*7=", "84")
 

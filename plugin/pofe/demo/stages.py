@@ -80,11 +80,16 @@ class DemoRecipe:
         return prompts_path(self.cfg)
 
 
+def is_sft(recipe: dict) -> bool:
+    """A supervised fine-tune (tiny-sft-cpu.yml): its dataset is chats, axolotl's `chat_template` type."""
+    return recipe["datasets"][0].get("type") == "chat_template"
+
+
 def prompts_path(recipe: dict) -> Path:
     """Where the demo writes a recipe's prompt rows: its dataset's path; beside it, as `PROMPTS`,
-    for a supervised fine-tune (no `rl:`), whose dataset is their chats (`sft_rows`)."""
+    for a supervised fine-tune, whose dataset is their chats (`sft_rows`)."""
     path = Path(recipe["datasets"][0]["path"])
-    return path if recipe.get("rl") else path.with_name(PROMPTS)
+    return path.with_name(PROMPTS) if is_sft(recipe) else path
 
 
 def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[dict]:
@@ -93,7 +98,7 @@ def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[d
     build_tiny_model(Path(recipe["base_model"]), seed=seed)
     rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
     write_jsonl(rows, prompts_path(recipe))
-    if not recipe.get("rl"):
+    if is_sft(recipe):
         write_jsonl(sft_rows(rows), Path(recipe["datasets"][0]["path"]))
     return rows
 
@@ -202,7 +207,7 @@ class Demo:
         seconds = {}
         if recipe.method and not recipe.online:  # online, the candidates are sampled inside `axolotl train`
             seconds["preprocess"] = self.axolotl(recipe, "preprocess", self.candidates_made)
-        if not recipe.method:  # a supervised fine-tune reads the prompts' chats (another recipe prepared them)
+        if is_sft(recipe.cfg):  # its dataset is the prompts' chats (another recipe prepared them)
             write_jsonl(sft_rows(prepared["rows"]), Path(recipe.cfg["datasets"][0]["path"]))
         seconds["train"] = self.axolotl(recipe, "train", self.training_made)
         after = {}
