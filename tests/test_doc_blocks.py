@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -335,8 +336,10 @@ def test_the_docs_reward_functions_judge_the_held_out_evaluation(tmp_path, tiny_
     """`axolotl pofe eval --model` (the tiny model against itself: the evaluation, not a training,
     is what is tested) on the held-out prompts, judged by docs/candidates.md's reward functions."""
     recipe = _reward_funcs_recipe(tmp_path, tiny_model)
+    # a copy: the evaluation goes into the model's folder (pofe-eval/), and the session's tiny model is shared
+    model = shutil.copytree(tiny_model, tmp_path / "trained")
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "axolotl"), "pofe", "eval", recipe.name, "--model", str(tiny_model)],
+        [str(Path(sys.executable).parent / "axolotl"), "pofe", "eval", recipe.name, "--model", str(model)],
         cwd=tmp_path,
         env=_axolotl_env(),
         capture_output=True,
