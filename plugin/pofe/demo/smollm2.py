@@ -84,6 +84,9 @@ def convert(gguf: Path, folder: Path, dtype: str = "float32") -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     for name, token_id in special_token_ids(gguf).items():
         setattr(tokenizer, name, tokenizer.convert_ids_to_tokens(token_id))
+    # the conversion turns it on; on a BPE tokenizer it would strip spaces before punctuation (the
+    # hub's SmolLM2 tokenizer has it off, and transformers warns on every load otherwise)
+    tokenizer.clean_up_tokenization_spaces = False
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
