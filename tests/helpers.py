@@ -416,11 +416,12 @@ def whole_candidates(folder: RunFolder, t: int) -> None:
     (folder.candidates(t) / "summary.json").write_text(json.dumps({"data_sha256": digest}))
 
 
-def checked_eval_samples(folder: RunFolder, held: list[str]) -> tuple[dict, list[dict]]:
+def checked_eval_samples(folder: RunFolder, held: list[str], reward=None) -> tuple[dict, list[dict]]:
     """A trained model's evaluation against its base (`axolotl pofe eval` of a recipe): eval.json
-    and samples.jsonl, every sample's reward checked as the demo's reward of its answer to its
-    held-out prompt (`held`), recomputed here, and each model's mean reward as their mean."""
-    from pofe.demo.task import reward
+    and samples.jsonl, every sample's reward checked as `reward` (default: the demo's) of its
+    answer to its held-out prompt (`held`), recomputed here, and each model's mean reward as their mean."""
+    if reward is None:
+        from pofe.demo.task import reward
 
     ev = json.loads((folder.eval_dir / "eval.json").read_text())
     samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
