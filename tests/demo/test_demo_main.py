@@ -66,8 +66,29 @@ def test_prepare_only_says_one_line(tmp_path):
     from a folder without recipes/ (the demo reads its packaged recipes)."""
     proc = _demo(tmp_path, "--prepare-only", "--prompts", "12", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (proc.stdout + proc.stderr).splitlines() == ["wrote a tiny model to outputs/demo/model and 12 prompts"]
+    assert (proc.stdout + proc.stderr).splitlines() == [
+        "wrote a tiny model to outputs/demo/model, 12 prompts to outputs/demo/prompts.jsonl"
+    ]
     assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 12
+
+
+def test_prepare_only_keeps_the_data_file_of_a_recipe_of_ones_own(tmp_path):
+    """`--recipe mine.yml --prepare-only` (issue 49): the recipe's dataset holds the user's prompts,
+    which stay byte for byte as they were, and the console says so; the tiny model is written."""
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    recipe = yaml.safe_load((tmp_path / "recipes" / "tiny-rrhf-cpu.yml").read_text())
+    data = tmp_path / recipe["datasets"][0]["path"]
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b'{"prompt": "my own prompt", "answer": "mine"}\n')
+    (tmp_path / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", "--prepare-only", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert data.read_bytes() == b'{"prompt": "my own prompt", "answer": "mine"}\n'
+    assert (proc.stdout + proc.stderr).splitlines() == [
+        f"wrote a tiny model to {recipe['base_model']}",
+        f"kept {recipe['datasets'][0]['path']} as it is: it exists (remove it for 60 toy rows there)",
+    ]
+    assert (tmp_path / recipe["base_model"] / "config.json").exists()
 
 
 def test_a_method_that_trains_online_only_asks_for_online():

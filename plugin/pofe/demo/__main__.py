@@ -85,6 +85,26 @@ def prepare_real(folder: Path) -> int:
     return 0
 
 
+def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
+    """`--prepare-only`: the tiny model and the recipe's data files; with `--recipe`, a data file
+    that exists is the user's: kept as it is, and said so."""
+    from pofe.demo.stages import NUM_TRAIN_PROMPTS, data_paths, prepare, prompts_path
+
+    kept = [path for path in data_paths(recipe) if path.exists()] if args.recipe else []
+    with output_to(logs / "demo.log", print):
+        rows = prepare(recipe, args.seed, args.prompts or NUM_TRAIN_PROMPTS, keep=kept)
+    made = [f"a tiny model to {recipe['base_model']}"]
+    made += [
+        f"{len(rows)} {'prompts' if path == prompts_path(recipe) else 'chats'} to {path}"
+        for path in data_paths(recipe)
+        if path not in kept
+    ]
+    print(f"wrote {', '.join(made)}")
+    for path in kept:
+        print(f"kept {path} as it is: it exists (remove it for {len(rows)} toy rows there)")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pofe.demo",
@@ -136,7 +156,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself. With --recipe, a data file that "
+        "exists already is yours and kept as it is (the console says so).",
     )
     parser.add_argument(
         "--prepare-real",
@@ -169,14 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
     # imports load): to the demo's own log
     with output_to(logs / "demo.log", print):
-        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, prepare
+        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe
     chosen = [DemoRecipe.read(path) for path in paths]
     if args.prepare_only:
-        with output_to(logs / "demo.log", print):
-            rows = prepare(chosen[0].cfg, args.seed, args.prompts or NUM_TRAIN_PROMPTS)
-        chats = "" if chosen[0].method else f" (their answers as chats in {chosen[0].cfg['datasets'][0]['path']})"
-        print(f"wrote a tiny model to {chosen[0].cfg['base_model']} and {len(rows)} prompts{chats}")
-        return 0
+        return prepare_only(chosen[0].cfg, args, logs)
     progress = StatusLine() if StatusLine.possible() and not args.debug else None
     echo = lambda line: print(line, flush=True)  # noqa: E731
     demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)

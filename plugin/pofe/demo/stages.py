@@ -14,6 +14,7 @@ copy from them).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,14 +93,23 @@ def prompts_path(recipe: dict) -> Path:
     return path.with_name(PROMPTS) if is_sft(recipe) else path
 
 
-def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[dict]:
-    """Write the tiny model and `prompts` prompt rows where the recipe expects them (and, for a
-    supervised fine-tune, its dataset: each prompt and its answer as a chat)."""
+def data_paths(recipe: dict) -> list[Path]:
+    """The data files the demo writes for a recipe: its prompt rows (and, for a supervised
+    fine-tune, its dataset: each prompt and its answer as a chat, `sft_rows`)."""
+    paths = [prompts_path(recipe)]
+    if is_sft(recipe):
+        paths.append(Path(recipe["datasets"][0]["path"]))
+    return paths
+
+
+def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS, *, keep: Collection[Path] = ()) -> list[dict]:
+    """Write the tiny model and `prompts` prompt rows where the recipe expects them (`data_paths`),
+    but for the data files in `keep` (a user's own: left as they are)."""
     build_tiny_model(Path(recipe["base_model"]), seed=seed)
     rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
-    write_jsonl(rows, prompts_path(recipe))
-    if is_sft(recipe):
-        write_jsonl(sft_rows(rows), Path(recipe["datasets"][0]["path"]))
+    for path, file_rows in zip(data_paths(recipe), (rows, sft_rows(rows)), strict=False):
+        if path not in keep:
+            write_jsonl(file_rows, path)
     return rows
 
 
