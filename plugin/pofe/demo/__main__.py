@@ -108,7 +108,7 @@ def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pofe.demo",
-        description="Train a tiny random model with RRHF or SPPO on addition prompts (12+7=), on the CPU, "
+        description="Train a tiny random model with RRHF, SPPO or Nash-MD on addition prompts (12+7=), on the CPU, "
         "through the real `axolotl preprocess` and `axolotl train`, and print its greedy reward before "
         "and after beside the candidates' mean and best-of-k reward.",
     )
