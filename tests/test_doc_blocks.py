@@ -192,15 +192,19 @@ JSON_BLOCKS = [b for b in BLOCKS if b.language == "json"]
 @pytest.mark.parametrize("block", JSON_BLOCKS, ids=_ids(JSON_BLOCKS))
 def test_json_rows_pass_the_row_checks(block):
     """Each line a row of the type its columns say (rewards: pofe.rrhf, win_rates: pofe.sppo,
-    chosen/rejected: pofe.pairs), read by `normalize_row` as the loader reads it."""
+    chosen/rejected: pofe.pairs), read by `normalize_row` as the loader reads it; a block's rows
+    all of one type, a file a user can copy (issue 49: an RRHF and an SPPO row in one block)."""
     from pofe.data.formats import RowFormat, normalize_row
 
+    kinds = set()
     for index, line in enumerate(block.text.splitlines()):
         row = json.loads(line)
         kind, method = ("pofe.sppo", "sppo") if "win_rates" in row else ("pofe.rrhf", "rrhf")
         if "chosen" in row:
             kind = "pofe.pairs"
         normalize_row(row, index, RowFormat(dataset=block.where, type=kind, method=method, fields={}))
+        kinds.add(kind)
+    assert len(kinds) == 1, f"{block.where}: rows of {sorted(kinds)} in one block"
 
 
 # ---- Python snippets: run against the real judge and pipeline code ------------------------
