@@ -63,13 +63,19 @@ def test_the_recipes_make_demo_runs():
 
 def test_prepare_only_says_one_line(tmp_path):
     """The training stack's import-time warnings (torchao's, bitsandbytes') go to the demo's log;
-    from a folder without recipes/ (the demo reads its packaged recipes)."""
+    from a folder without recipes/ (the demo reads its packaged recipes). Each file written named."""
     proc = _demo(tmp_path, "--prepare-only", "--prompts", "12", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).splitlines() == [
         "wrote a tiny model to outputs/demo/model, 12 prompts to outputs/demo/prompts.jsonl"
     ]
     assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 12
+    # the toy's rows of the first run are the demo's to write again
+    proc = _demo(tmp_path, "--prepare-only", "--prompts", "5", "--seed", "1", timeout=300)
+    assert proc.stdout.splitlines() == [
+        "wrote a tiny model to outputs/demo/model, 5 prompts to outputs/demo/prompts.jsonl"
+    ]
+    assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 5
 
 
 def test_prepare_only_keeps_the_data_file_of_a_recipe_of_ones_own(tmp_path):
@@ -86,9 +92,34 @@ def test_prepare_only_keeps_the_data_file_of_a_recipe_of_ones_own(tmp_path):
     assert data.read_bytes() == b'{"prompt": "my own prompt", "answer": "mine"}\n'
     assert (proc.stdout + proc.stderr).splitlines() == [
         f"wrote a tiny model to {recipe['base_model']}",
-        f"kept {recipe['datasets'][0]['path']} as it is: it exists (remove it for 60 toy rows there)",
+        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for 60 toy "
+        "rows there)",
     ]
     assert (tmp_path / recipe["base_model"] / "config.json").exists()
+
+
+def test_the_demo_does_not_start_on_a_recipe_whose_data_file_holds_the_users_rows(tmp_path):
+    """`--recipe mine.yml` (issue 49): the demo's run would write the toy's prompts over the recipe's
+    dataset, which holds the user's rows: it stops first, naming the file, which stays as it was. A
+    file of the toy's own rows (an earlier run's) is rewritten as before."""
+    from pofe.demo.stages import holds_toy_rows, prepare
+
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    recipe = yaml.safe_load((tmp_path / "recipes" / "tiny-rrhf-cpu.yml").read_text())
+    data = tmp_path / recipe["datasets"][0]["path"]
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b'{"prompt": "my own prompt", "answer": "mine"}\n')
+    (tmp_path / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Error: {recipe['datasets'][0]['path']} holds rows of its own, not the toy's")
+    assert data.read_bytes() == b'{"prompt": "my own prompt", "answer": "mine"}\n'
+    assert not holds_toy_rows(data)
+    sft = yaml.safe_load((ROOT / "recipes" / "tiny-sft-cpu.yml").read_text())
+    sft["base_model"] = str(tmp_path / "model")
+    sft["datasets"][0]["path"] = str(tmp_path / "sft.jsonl")
+    prepare(sft, seed=1, prompts=3)
+    assert holds_toy_rows(tmp_path / "sft.jsonl") and holds_toy_rows(tmp_path / "prompts.jsonl")
 
 
 def test_a_method_that_trains_online_only_asks_for_online():

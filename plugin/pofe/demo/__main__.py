@@ -86,11 +86,11 @@ def prepare_real(folder: Path) -> int:
 
 
 def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
-    """`--prepare-only`: the tiny model and the recipe's data files; with `--recipe`, a data file
-    that exists is the user's: kept as it is, and said so."""
+    """`--prepare-only`: the tiny model and the recipe's data files; one that holds the user's rows
+    (`users_data`) is kept as it is, and said so."""
     from pofe.demo.stages import NUM_TRAIN_PROMPTS, data_paths, prepare, prompts_path
 
-    kept = [path for path in data_paths(recipe) if path.exists()] if args.recipe else []
+    kept = users_data([recipe])
     with output_to(logs / "demo.log", print):
         rows = prepare(recipe, args.seed, args.prompts or NUM_TRAIN_PROMPTS, keep=kept)
     made = [f"a tiny model to {recipe['base_model']}"]
@@ -101,8 +101,16 @@ def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
     ]
     print(f"wrote {', '.join(made)}")
     for path in kept:
-        print(f"kept {path} as it is: it exists (remove it for {len(rows)} toy rows there)")
+        print(f"kept {path} as it is: it holds rows other than the toy's (remove it for {len(rows)} toy rows there)")
     return 0
+
+
+def users_data(recipes: list[dict]) -> list[Path]:
+    """The recipes' data files that exist and hold a user's rows, not the toy's (an earlier run's
+    toy rows are the demo's to write again): the demo never writes over these."""
+    from pofe.demo.stages import data_paths, holds_toy_rows
+
+    return [path for recipe in recipes for path in data_paths(recipe) if path.exists() and not holds_toy_rows(path)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,7 +145,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="A recipe of your own in place of the method's (its base_model, datasets[0].path and "
-        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method.",
+        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method. A data file there "
+        "that holds rows other than the toy's is yours: the demo does not start on it (--prepare-only keeps it).",
     )
     parser.add_argument(
         "--seed",
@@ -156,8 +165,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself. With --recipe, a data file that "
-        "exists already is yours and kept as it is (the console says so).",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself. A data file there that holds "
+        "rows other than the toy's is yours and kept as it is (the console says so).",
     )
     parser.add_argument(
         "--prepare-real",
@@ -194,6 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [DemoRecipe.read(path) for path in paths]
     if args.prepare_only:
         return prepare_only(chosen[0].cfg, args, logs)
+    if theirs := users_data([r.cfg for r in chosen]):
+        print(
+            f"Error: {', '.join(map(str, theirs))} holds rows of its own, not the toy's additions, which the demo "
+            "would write there: point the recipe's datasets[0].path elsewhere, or prepare the model alone "
+            "(--prepare-only keeps it) and run axolotl on the recipe yourself",
+            file=sys.stderr,
+        )
+        return 1
     progress = StatusLine() if StatusLine.possible() and not args.debug else None
     echo = lambda line: print(line, flush=True)  # noqa: E731
     demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)

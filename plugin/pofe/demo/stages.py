@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 
 from pofe.demo.evaluate import greedy_reward
-from pofe.demo.task import make_prompt_rows, make_prompts, sft_rows, write_jsonl
+from pofe.demo.task import answer, make_prompt_rows, make_prompts, sft_rows, write_jsonl
 from pofe.demo.tiny import build_tiny_model
-from pofe.files import write_atomic
+from pofe.files import read_jsonl, write_atomic
 from pofe.logs import Echo
 from pofe.online.refresh import FOLDER, read_refresh
 from pofe.run.folder import RunState
@@ -100,6 +100,20 @@ def data_paths(recipe: dict) -> list[Path]:
     if is_sft(recipe):
         paths.append(Path(recipe["datasets"][0]["path"]))
     return paths
+
+
+def holds_toy_rows(path: Path) -> bool:
+    """Whether a data file holds the toy's rows only, as the demo writes them (`make_prompt_rows`,
+    or their `sft_rows`): each an addition prompt and its sum. A file of other rows is a user's."""
+    try:
+        rows = read_jsonl(path)
+        pairs = [
+            (r["prompt"], r["answer"]) if "prompt" in r else (r["messages"][0]["content"], r["messages"][1]["content"])
+            for r in rows
+        ]
+        return bool(pairs) and all(str(answer(prompt)) == said for prompt, said in pairs)
+    except (OSError, KeyError, IndexError, TypeError, ValueError):  # UnreadableFile is a ValueError
+        return False
 
 
 def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS, *, keep: Collection[Path] = ()) -> list[dict]:
