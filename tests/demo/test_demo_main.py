@@ -78,48 +78,66 @@ def test_prepare_only_says_one_line(tmp_path):
     assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 5
 
 
+USERS_ROWS = b'{"prompt": "my own prompt", "answer": "mine"}\n'
+USERS_MODEL = b'{"model_type": "llama", "vocab_size": 49152}\n'
+
+
+def _own_recipe(folder, model: bool = False) -> dict:
+    """recipes/mine.yml in `folder`: the tiny RRHF recipe whose dataset holds the user's rows (and,
+    with `model`, whose base_model folder holds a model of theirs)."""
+    shutil.copytree(ROOT / "recipes", folder / "recipes")
+    recipe = yaml.safe_load((folder / "recipes" / "tiny-rrhf-cpu.yml").read_text())
+    (folder / recipe["datasets"][0]["path"]).parent.mkdir(parents=True)
+    (folder / recipe["datasets"][0]["path"]).write_bytes(USERS_ROWS)
+    if model:
+        recipe["base_model"] = "my-model"
+        (folder / "my-model").mkdir()
+        (folder / "my-model" / "config.json").write_bytes(USERS_MODEL)
+    (folder / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    return recipe
+
+
 def test_prepare_only_keeps_the_data_file_of_a_recipe_of_ones_own(tmp_path):
     """`--recipe mine.yml --prepare-only` (issue 49): the recipe's dataset holds the user's prompts,
     which stay byte for byte as they were, and the console says so; the tiny model is written."""
-    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    recipe = yaml.safe_load((tmp_path / "recipes" / "tiny-rrhf-cpu.yml").read_text())
-    data = tmp_path / recipe["datasets"][0]["path"]
-    data.parent.mkdir(parents=True)
-    data.write_bytes(b'{"prompt": "my own prompt", "answer": "mine"}\n')
-    (tmp_path / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    recipe = _own_recipe(tmp_path)
     proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", "--prepare-only", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert data.read_bytes() == b'{"prompt": "my own prompt", "answer": "mine"}\n'
+    assert (tmp_path / recipe["datasets"][0]["path"]).read_bytes() == USERS_ROWS
     assert (proc.stdout + proc.stderr).splitlines() == [
         f"wrote a tiny model to {recipe['base_model']}",
-        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for 60 toy "
-        "rows there)",
+        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for the toy's)",
     ]
     assert (tmp_path / recipe["base_model"] / "config.json").exists()
 
 
-def test_the_demo_does_not_start_on_a_recipe_whose_data_file_holds_the_users_rows(tmp_path):
-    """`--recipe mine.yml` (issue 49): the demo's run would write the toy's prompts over the recipe's
-    dataset, which holds the user's rows: it stops first, naming the file, which stays as it was. A
-    file of the toy's own rows (an earlier run's) is rewritten as before."""
-    from pofe.demo.stages import holds_toy_rows, prepare
+def test_the_demo_writes_over_no_model_or_rows_of_the_users(tmp_path):
+    """A recipe whose base_model folder holds a model of the user's and whose dataset their rows:
+    `--prepare-only` keeps both and says so; the demo's run, which would write the toy's over both,
+    stops first, naming them. The toy's own model and rows (an earlier run's) are the demo's."""
+    from pofe.demo.stages import prepare, users_files
 
-    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    recipe = yaml.safe_load((tmp_path / "recipes" / "tiny-rrhf-cpu.yml").read_text())
-    data = tmp_path / recipe["datasets"][0]["path"]
-    data.parent.mkdir(parents=True)
-    data.write_bytes(b'{"prompt": "my own prompt", "answer": "mine"}\n')
-    (tmp_path / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    recipe = _own_recipe(tmp_path, model=True)
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", "--prepare-only", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "kept my-model as it is: it holds a model other than the toy's (remove it for the toy's)",
+        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for the toy's)",
+    ]
     proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", timeout=300)
     assert proc.returncode == 1
-    assert proc.stderr.startswith(f"Error: {recipe['datasets'][0]['path']} holds rows of its own, not the toy's")
-    assert data.read_bytes() == b'{"prompt": "my own prompt", "answer": "mine"}\n'
-    assert not holds_toy_rows(data)
+    assert proc.stderr.startswith(
+        "Error: my-model holds a model other than the toy's; "
+        f"{recipe['datasets'][0]['path']} holds rows other than the toy's, where the demo writes the toy's"
+    )
+    assert (tmp_path / "my-model" / "config.json").read_bytes() == USERS_MODEL
+    assert [p.name for p in (tmp_path / "my-model").iterdir()] == ["config.json"]
+    assert (tmp_path / recipe["datasets"][0]["path"]).read_bytes() == USERS_ROWS
     sft = yaml.safe_load((ROOT / "recipes" / "tiny-sft-cpu.yml").read_text())
     sft["base_model"] = str(tmp_path / "model")
     sft["datasets"][0]["path"] = str(tmp_path / "sft.jsonl")
     prepare(sft, seed=1, prompts=3)
-    assert holds_toy_rows(tmp_path / "sft.jsonl") and holds_toy_rows(tmp_path / "prompts.jsonl")
+    assert users_files(sft) == {}
 
 
 def test_a_method_that_trains_online_only_asks_for_online():

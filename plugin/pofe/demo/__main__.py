@@ -86,31 +86,24 @@ def prepare_real(folder: Path) -> int:
 
 
 def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
-    """`--prepare-only`: the tiny model and the recipe's data files; one that holds the user's rows
-    (`users_data`) is kept as it is, and said so."""
-    from pofe.demo.stages import NUM_TRAIN_PROMPTS, data_paths, prepare, prompts_path
+    """`--prepare-only`: the tiny model and the recipe's data files; a file that holds the user's
+    work (`users_files`) is kept as it is, and said so."""
+    from pofe.demo.stages import NUM_TRAIN_PROMPTS, data_paths, prepare, prompts_path, users_files
 
-    kept = users_data([recipe])
+    kept = users_files(recipe)
     with output_to(logs / "demo.log", print):
         rows = prepare(recipe, args.seed, args.prompts or NUM_TRAIN_PROMPTS, keep=kept)
-    made = [f"a tiny model to {recipe['base_model']}"]
+    made = [f"a tiny model to {recipe['base_model']}"] if Path(recipe["base_model"]) not in kept else []
     made += [
         f"{len(rows)} {'prompts' if path == prompts_path(recipe) else 'chats'} to {path}"
         for path in data_paths(recipe)
         if path not in kept
     ]
-    print(f"wrote {', '.join(made)}")
-    for path in kept:
-        print(f"kept {path} as it is: it holds rows other than the toy's (remove it for {len(rows)} toy rows there)")
+    if made:
+        print(f"wrote {', '.join(made)}")
+    for path, what in kept.items():
+        print(f"kept {path} as it is: it holds {what} (remove it for the toy's)")
     return 0
-
-
-def users_data(recipes: list[dict]) -> list[Path]:
-    """The recipes' data files that exist and hold a user's rows, not the toy's (an earlier run's
-    toy rows are the demo's to write again): the demo never writes over these."""
-    from pofe.demo.stages import data_paths, holds_toy_rows
-
-    return [path for recipe in recipes for path in data_paths(recipe) if path.exists() and not holds_toy_rows(path)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -145,8 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="A recipe of your own in place of the method's (its base_model, datasets[0].path and "
-        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method. A data file there "
-        "that holds rows other than the toy's is yours: the demo does not start on it (--prepare-only keeps it).",
+        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method. A base_model folder "
+        "there that holds a model other than the toy's, or a data file rows other than the toy's, is yours: the "
+        "demo does not start on it (--prepare-only keeps it).",
     )
     parser.add_argument(
         "--seed",
@@ -165,8 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself. A data file there that holds "
-        "rows other than the toy's is yours and kept as it is (the console says so).",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself. A model or rows other than the "
+        "toy's there are yours and kept as they are (the console says so).",
     )
     parser.add_argument(
         "--prepare-real",
@@ -199,15 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
     # imports load): to the demo's own log
     with output_to(logs / "demo.log", print):
-        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe
+        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, users_files
     chosen = [DemoRecipe.read(path) for path in paths]
     if args.prepare_only:
         return prepare_only(chosen[0].cfg, args, logs)
-    if theirs := users_data([r.cfg for r in chosen]):
+    if theirs := {path: what for r in chosen for path, what in users_files(r.cfg).items()}:
+        held = "; ".join(f"{path} holds {what}" for path, what in theirs.items())
         print(
-            f"Error: {', '.join(map(str, theirs))} holds rows of its own, not the toy's additions, which the demo "
-            "would write there: point the recipe's datasets[0].path elsewhere, or prepare the model alone "
-            "(--prepare-only keeps it) and run axolotl on the recipe yourself",
+            f"Error: {held}, where the demo writes the toy's: point the recipe elsewhere, or prepare what is "
+            "missing (--prepare-only keeps these) and run axolotl on the recipe yourself",
             file=sys.stderr,
         )
         return 1

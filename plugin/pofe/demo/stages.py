@@ -22,7 +22,7 @@ import yaml
 
 from pofe.demo.evaluate import greedy_reward
 from pofe.demo.task import answer, make_prompt_rows, make_prompts, sft_rows, write_jsonl
-from pofe.demo.tiny import build_tiny_model
+from pofe.demo.tiny import build_tiny_model, is_tiny_model
 from pofe.files import read_jsonl, write_atomic
 from pofe.logs import Echo
 from pofe.online.refresh import FOLDER, read_refresh
@@ -116,10 +116,26 @@ def holds_toy_rows(path: Path) -> bool:
         return False
 
 
+def users_files(recipe: dict) -> dict[Path, str]:
+    """The files the demo would write a recipe's toy over that hold a user's work, each with what it
+    holds: its base_model folder, a model other than the tiny one (`is_tiny_model`); a data file,
+    rows other than the toy's (`holds_toy_rows`). The demo never writes over these; the toy's model
+    and rows of an earlier run it writes again."""
+    found = {}
+    model = Path(recipe["base_model"])
+    if model.is_dir() and any(model.iterdir()) and not is_tiny_model(model):
+        found[model] = "a model other than the toy's"
+    for path in data_paths(recipe):
+        if path.exists() and not holds_toy_rows(path):
+            found[path] = "rows other than the toy's"
+    return found
+
+
 def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS, *, keep: Collection[Path] = ()) -> list[dict]:
     """Write the tiny model and `prompts` prompt rows where the recipe expects them (`data_paths`),
-    but for the data files in `keep` (a user's own: left as they are)."""
-    build_tiny_model(Path(recipe["base_model"]), seed=seed)
+    but for the files in `keep` (a user's own, `users_files`: left as they are)."""
+    if Path(recipe["base_model"]) not in keep:
+        build_tiny_model(Path(recipe["base_model"]), seed=seed)
     rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
     for path, file_rows in zip(data_paths(recipe), (rows, sft_rows(rows)), strict=False):
         if path not in keep:
