@@ -19,11 +19,15 @@ import click
 import pytest
 import yaml
 
-from tests.doc_blocks import SHELL, Block, blocks
+from pofe.shipped_recipes import FOLDER
+from tests.doc_blocks import DOCS, SHELL, Block, blocks
 from tests.helpers import AXOLOTL_ENV, CPU, H100, ROOT, validated_recipe
 
 BLOCKS = blocks()
 SHELL_BLOCKS = [b for b in BLOCKS if b.language in SHELL]
+# huggingface_hub's command-line programs, and a command of one as a doc or a message writes it
+HUB_CLIS = ("hf", "huggingface-cli")
+HUB_COMMAND = re.compile(r"(?:^|[\s`(\"'])((?:hf|huggingface-cli)(?: [a-z][a-z-]*)+)", re.M)
 # the shell blocks that run here, each with the files its placeholders name (set up by the test)
 RUN_HERE = {("README.md", "axolotl preprocess recipe.yml && axolotl train recipe.yml")}
 
@@ -78,6 +82,24 @@ def check_command(words: list[str]) -> None:
         assert set(words[1:]) <= _makefile_targets(), f"{' '.join(words)}: no such target"
     elif program.startswith(("benchmarks/", ".ci/")):
         assert (ROOT / program).exists(), f"no script {program}"
+    elif program in HUB_CLIS:  # huggingface_hub's CLI: the installed one answers its --help
+        env = {**os.environ, **AXOLOTL_ENV, "NO_COLOR": "1"}
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / program), *words[1:], "--help"], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, f"{' '.join(words)}: {proc.stdout[-800:]}{proc.stderr[-800:]}"
+
+
+def test_every_hub_cli_command_a_user_is_given_runs():
+    """Each `hf` (or `huggingface-cli`) command the docs, the recipes or POFE's messages give a
+    user, in a block or in prose, answers `--help` under the installed huggingface_hub (issue 49:
+    `huggingface-cli login` exits 1 with huggingface_hub 1.x, "use `hf` instead")."""
+    sources = [*DOCS, *sorted((ROOT / "plugin" / "pofe").rglob("*.py")), *sorted(FOLDER.glob("*.yml"))]
+    sources += sorted((ROOT / "preprocess" / "pofe_candidates").rglob("*.py"))
+    found = {command for path in sources for command in HUB_COMMAND.findall(path.read_text())}
+    assert any(command.startswith("hf auth login") for command in found), found
+    for command in sorted(found):
+        check_command(command.split())
 
 
 def test_every_shell_block_runs_here_or_is_marked():
@@ -170,15 +192,19 @@ JSON_BLOCKS = [b for b in BLOCKS if b.language == "json"]
 @pytest.mark.parametrize("block", JSON_BLOCKS, ids=_ids(JSON_BLOCKS))
 def test_json_rows_pass_the_row_checks(block):
     """Each line a row of the type its columns say (rewards: pofe.rrhf, win_rates: pofe.sppo,
-    chosen/rejected: pofe.pairs), read by `normalize_row` as the loader reads it."""
+    chosen/rejected: pofe.pairs), read by `normalize_row` as the loader reads it; a block's rows
+    all of one type, a file a user can copy (issue 49: an RRHF and an SPPO row in one block)."""
     from pofe.data.formats import RowFormat, normalize_row
 
+    kinds = set()
     for index, line in enumerate(block.text.splitlines()):
         row = json.loads(line)
         kind, method = ("pofe.sppo", "sppo") if "win_rates" in row else ("pofe.rrhf", "rrhf")
         if "chosen" in row:
             kind = "pofe.pairs"
         normalize_row(row, index, RowFormat(dataset=block.where, type=kind, method=method, fields={}))
+        kinds.add(kind)
+    assert len(kinds) == 1, f"{block.where}: rows of {sorted(kinds)} in one block"
 
 
 # ---- Python snippets: run against the real judge and pipeline code ------------------------

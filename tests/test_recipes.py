@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 import yaml
@@ -191,3 +193,62 @@ def test_the_online_gpu_recipe_is_the_offline_one_with_the_papers_online_setting
     assert online.pop("output_dir") == "./outputs/rrhf-qlora-online" != offline.pop("output_dir")
     assert online.pop("dataset_prepared_path") != offline.pop("dataset_prepared_path")
     assert online == offline
+
+
+def _tiny_recipe_counts(text: str, raw: dict) -> dict[str, int]:
+    """What a tiny recipe trains on and for how long, as POFE counts it: the demo's prompts (its
+    default, or the `--prompts N` the recipe's comment runs it with), the held-out ones and each
+    round's (`pofe.run.prompts`), an epoch's and a round's optimizer steps (`pofe.run.plan.estimate`),
+    an online run's refreshes."""
+    from pofe.demo.stages import NUM_TRAIN_PROMPTS
+    from pofe.run.plan.estimate import steps_per_epoch, steps_per_round
+    from pofe.run.prompts import held_out_count, resolve_round_prompts, split_prompts
+
+    pofe = raw.get("pofe") or {}
+    given = re.search(r"--prompts (\d+)", text)
+    pool = int(given[1]) if given else NUM_TRAIN_PROMPTS
+    rounds = pofe.get("rounds")
+    held = held_out_count(pool, (pofe.get("eval") or {}).get("held_out"), False) if rounds else 0
+    mode = resolve_round_prompts(raw["rl"], pofe.get("round_prompts", "auto")) if rounds else "all"
+    per_round = len(split_prompts(pool - held, rounds or 1, mode)[0])
+    batch = (raw["micro_batch_size"], raw["gradient_accumulation_steps"], 1)
+    steps = steps_per_round(per_round, *batch, raw["num_epochs"], raw.get("max_steps"))
+    refresh_every = (pofe.get("online") or {}).get("refresh_every")
+    return {
+        "pool": pool,
+        "held": held,
+        "per_round": per_round,
+        "kept": pool - held,
+        "epoch_steps": steps_per_epoch(per_round, *batch),
+        "batch": raw["micro_batch_size"] * raw["gradient_accumulation_steps"],
+        "steps": steps,
+        "refreshes": math.ceil(steps / refresh_every) if refresh_every else None,
+    }
+
+
+# a comment's claim, and the count it states
+CLAIMS = {
+    r"(\d+) prompts in \d+ steps of \d+": "per_round",
+    r"\d+ prompts in (\d+) steps of \d+": "epoch_steps",
+    r"\d+ prompts in \d+ steps of (\d+)": "batch",
+    r"a round is (\d+) steps": "steps",
+    r"^num_epochs: \d+ +# (\d+) steps": "steps",
+    r"^num_epochs: \d+ +# (\d+) refreshes": "refreshes",
+    r"each on[\s#]+(\d+) new prompts": "per_round",
+    r"on (\d+) held-out prompts": "held",
+    r"here (\d+) of the \d+ kept for training": "per_round",
+    r"here \d+ of the (\d+) kept for training": "kept",
+    r"writes the tiny model and (\d+) prompts": "pool",
+}
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem.startswith("tiny-")], ids=lambda p: p.stem)
+def test_a_tiny_recipes_comments_count_prompts_and_steps_as_it_trains(path):
+    """The numbers of prompts, steps and refreshes a tiny recipe's comments state are what it
+    trains on the demo's prompts (issue 49: tiny-sppo-verifier-cpu.yml said "a round is 20
+    steps", and its rounds run 100)."""
+    text = path.read_text()
+    counts = _tiny_recipe_counts(text, yaml.safe_load(text))
+    stated = [(claim, key, int(n)) for claim, key in CLAIMS.items() for n in re.findall(claim, text, re.M)]
+    wrong = [f"{claim!r}: {n}, runs {counts[key]}" for claim, key, n in stated if n != counts[key]]
+    assert not wrong, counts

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from pofe.cli import pofe
 from pofe.shipped_recipes import FOLDER, shipped
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_axolotl
 
 
 def recipes(*args: str):
@@ -35,6 +35,17 @@ def test_the_list_names_each_recipe_with_its_first_clause():
     assert lines[-1] == "`axolotl pofe recipes NAME` copies one into recipes/"
     zero3 = [line for line in lines if line.startswith("sppo-zero3 ")]
     assert zero3 and zero3[0].endswith("(+ recipes/deepspeed/zero3_bf16.json)")
+
+
+def test_the_console_names_the_three_methods_and_each_first_clause_whole():
+    """`axolotl pofe --help` and `axolotl pofe recipes` as a user runs them (issue 49): the help
+    names every method, and a clause's citation "(Munos et al. 2023)" is not cut at its "al. "."""
+    assert "POFE (RRHF, SPPO, Nash-MD) tools." in run_axolotl("pofe", "--help").stdout
+    lines = run_axolotl("pofe", "recipes").stdout.splitlines()
+    nash_md = "Nash-MD (Munos et al. 2023) with QLoRA on one 24-80 GB GPU, trained online in one command"
+    assert any(line.startswith("nash-md-qlora-online ") and line.endswith(nash_md) for line in lines), lines
+    for recipe in shipped():
+        assert recipe.summary.count("(") == recipe.summary.count(")"), recipe
 
 
 def test_a_copy_brings_the_deepspeed_config_it_names(tmp_path, monkeypatch):

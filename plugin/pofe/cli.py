@@ -64,7 +64,7 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
-@click.group(cls=PofeGroup, help="POFE (RRHF / SPPO) tools.")
+@click.group(cls=PofeGroup, help="POFE (RRHF, SPPO, Nash-MD) tools.")
 def pofe():
     pass
 

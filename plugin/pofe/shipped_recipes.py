@@ -36,14 +36,20 @@ class ShippedRecipe:
 
 
 def _summary(text: str) -> str:
-    """The leading comment's first clause: up to the first ': ' or '. ' (or its end)."""
+    """The leading comment's first clause: up to the first ': ' or '. ' outside parentheses (a
+    citation's "(Munos et al. 2023)" is part of it), or its end."""
     lines = []
     for line in text.splitlines():
         if not line.startswith("# ") or line.startswith("#  "):
             break
         lines.append(line[2:].strip())
     first = " ".join(lines)
-    return re.split(r":\s|\.\s", first, maxsplit=1)[0].rstrip(".")
+    depth = 0
+    for i, (char, after) in enumerate(zip(first, first[1:] + " ", strict=True)):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ":." and after.isspace():
+            return first[:i]
+    return first.rstrip(".")
 
 
 def shipped() -> list[ShippedRecipe]:

@@ -198,7 +198,7 @@ def test_published_layout_errors(published_dir, tmp_path):
         PairRMJudge.from_pretrained(str(d))
     (d / "config.json").write_text(json.dumps({**raw, "model_name": "nobody/no-such-backbone"}))  # offline in tests
     with pytest.raises(
-        FileNotFoundError, match="model_name 'nobody/no-such-backbone' .* Fetch them once: huggingface-cli"
+        FileNotFoundError, match="model_name 'nobody/no-such-backbone' .* Fetch them once: hf download"
     ):
         PairRMJudge.from_pretrained(str(d))
     (d / "config.json").write_text(json.dumps({**raw, "model_name": None}))

@@ -63,11 +63,81 @@ def test_the_recipes_make_demo_runs():
 
 def test_prepare_only_says_one_line(tmp_path):
     """The training stack's import-time warnings (torchao's, bitsandbytes') go to the demo's log;
-    from a folder without recipes/ (the demo reads its packaged recipes)."""
+    from a folder without recipes/ (the demo reads its packaged recipes). Each file written named."""
     proc = _demo(tmp_path, "--prepare-only", "--prompts", "12", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (proc.stdout + proc.stderr).splitlines() == ["wrote a tiny model to outputs/demo/model and 12 prompts"]
+    assert (proc.stdout + proc.stderr).splitlines() == [
+        "wrote a tiny model to outputs/demo/model, 12 prompts to outputs/demo/prompts.jsonl"
+    ]
     assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 12
+    # the toy's rows of the first run are the demo's to write again
+    proc = _demo(tmp_path, "--prepare-only", "--prompts", "5", "--seed", "1", timeout=300)
+    assert proc.stdout.splitlines() == [
+        "wrote a tiny model to outputs/demo/model, 5 prompts to outputs/demo/prompts.jsonl"
+    ]
+    assert len((tmp_path / "outputs" / "demo" / "prompts.jsonl").read_text().splitlines()) == 5
+
+
+USERS_ROWS = b'{"prompt": "my own prompt", "answer": "mine"}\n'
+USERS_MODEL = b'{"model_type": "llama", "vocab_size": 49152}\n'
+
+
+def _own_recipe(folder, model: bool = False) -> dict:
+    """recipes/mine.yml in `folder`: the tiny RRHF recipe whose dataset holds the user's rows (and,
+    with `model`, whose base_model folder holds a model of theirs)."""
+    shutil.copytree(ROOT / "recipes", folder / "recipes")
+    recipe = yaml.safe_load((folder / "recipes" / "tiny-rrhf-cpu.yml").read_text())
+    (folder / recipe["datasets"][0]["path"]).parent.mkdir(parents=True)
+    (folder / recipe["datasets"][0]["path"]).write_bytes(USERS_ROWS)
+    if model:
+        recipe["base_model"] = "my-model"
+        (folder / "my-model").mkdir()
+        (folder / "my-model" / "config.json").write_bytes(USERS_MODEL)
+    (folder / "recipes" / "mine.yml").write_text(yaml.safe_dump(recipe))
+    return recipe
+
+
+def test_prepare_only_keeps_the_data_file_of_a_recipe_of_ones_own(tmp_path):
+    """`--recipe mine.yml --prepare-only` (issue 49): the recipe's dataset holds the user's prompts,
+    which stay byte for byte as they were, and the console says so; the tiny model is written."""
+    recipe = _own_recipe(tmp_path)
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", "--prepare-only", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / recipe["datasets"][0]["path"]).read_bytes() == USERS_ROWS
+    assert (proc.stdout + proc.stderr).splitlines() == [
+        f"wrote a tiny model to {recipe['base_model']}",
+        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for the toy's)",
+    ]
+    assert (tmp_path / recipe["base_model"] / "config.json").exists()
+
+
+def test_the_demo_writes_over_no_model_or_rows_of_the_users(tmp_path):
+    """A recipe whose base_model folder holds a model of the user's and whose dataset their rows:
+    `--prepare-only` keeps both and says so; the demo's run, which would write the toy's over both,
+    stops first, naming them. The toy's own model and rows (an earlier run's) are the demo's."""
+    from pofe.demo.stages import prepare, users_files
+
+    recipe = _own_recipe(tmp_path, model=True)
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", "--prepare-only", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "kept my-model as it is: it holds a model other than the toy's (remove it for the toy's)",
+        f"kept {recipe['datasets'][0]['path']} as it is: it holds rows other than the toy's (remove it for the toy's)",
+    ]
+    proc = _demo(tmp_path, "--recipe", "recipes/mine.yml", timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(
+        "Error: my-model holds a model other than the toy's; "
+        f"{recipe['datasets'][0]['path']} holds rows other than the toy's, where the demo writes the toy's"
+    )
+    assert (tmp_path / "my-model" / "config.json").read_bytes() == USERS_MODEL
+    assert [p.name for p in (tmp_path / "my-model").iterdir()] == ["config.json"]
+    assert (tmp_path / recipe["datasets"][0]["path"]).read_bytes() == USERS_ROWS
+    sft = yaml.safe_load((ROOT / "recipes" / "tiny-sft-cpu.yml").read_text())
+    sft["base_model"] = str(tmp_path / "model")
+    sft["datasets"][0]["path"] = str(tmp_path / "sft.jsonl")
+    prepare(sft, seed=1, prompts=3)
+    assert users_files(sft) == {}
 
 
 def test_a_method_that_trains_online_only_asks_for_online():

@@ -100,7 +100,7 @@ def test_bad_specs_name_the_round_and_the_spec(sources):
     with pytest.raises(
         ValueError,
         match=r"round_prompts\[0\] \(round 1\): dataset path='nobody/nothing'.* does not "
-        r"load .*huggingface-cli login",
+        r"load .*hf auth login",
     ):
         load_round_prompts(ENTRY, [RoundPromptSet(path="nobody/nothing")], False)
     with pytest.raises(ValueError, match=r"unknown key 'splitt' \(did you mean 'split'\?\)"):

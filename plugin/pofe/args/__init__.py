@@ -323,7 +323,7 @@ def check_top_level_keys(data: Mapping) -> None:
 class PofeArgs(BaseModel):
     """Plugin input args merged into axolotl's config schema."""
 
-    pofe: PofeConfig = Field(default_factory=PofeConfig, description="RRHF / SPPO settings (POFE plugin).")
+    pofe: PofeConfig = Field(default_factory=PofeConfig, description="RRHF, SPPO and Nash-MD settings (POFE plugin).")
 
     @model_validator(mode="before")
     @classmethod

@@ -85,10 +85,31 @@ def prepare_real(folder: Path) -> int:
     return 0
 
 
+def prepare_only(recipe: dict, args: argparse.Namespace, logs: Path) -> int:
+    """`--prepare-only`: the tiny model and the recipe's data files; a file that holds the user's
+    work (`users_files`) is kept as it is, and said so."""
+    from pofe.demo.stages import NUM_TRAIN_PROMPTS, data_paths, prepare, prompts_path, users_files
+
+    kept = users_files(recipe)
+    with output_to(logs / "demo.log", print):
+        rows = prepare(recipe, args.seed, args.prompts or NUM_TRAIN_PROMPTS, keep=kept)
+    made = [f"a tiny model to {recipe['base_model']}"] if Path(recipe["base_model"]) not in kept else []
+    made += [
+        f"{len(rows)} {'prompts' if path == prompts_path(recipe) else 'chats'} to {path}"
+        for path in data_paths(recipe)
+        if path not in kept
+    ]
+    if made:
+        print(f"wrote {', '.join(made)}")
+    for path, what in kept.items():
+        print(f"kept {path} as it is: it holds {what} (remove it for the toy's)")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m pofe.demo",
-        description="Train a tiny random model with RRHF or SPPO on addition prompts (12+7=), on the CPU, "
+        description="Train a tiny random model with RRHF, SPPO or Nash-MD on addition prompts (12+7=), on the CPU, "
         "through the real `axolotl preprocess` and `axolotl train`, and print its greedy reward before "
         "and after beside the candidates' mean and best-of-k reward.",
     )
@@ -117,7 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="A recipe of your own in place of the method's (its base_model, datasets[0].path and "
-        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method.",
+        "dataset_prepared_path are where the demo writes and reads); its `rl:` is the method. A base_model folder "
+        "there that holds a model other than the toy's, or a data file rows other than the toy's, is yours: the "
+        "demo does not start on it (--prepare-only keeps it).",
     )
     parser.add_argument(
         "--seed",
@@ -136,7 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prepare-only",
         action="store_true",
         help="Write the tiny model and the prompts where the recipe expects them, and stop: then run "
-        "`axolotl preprocess` and `axolotl train` on the recipe yourself.",
+        "`axolotl preprocess` and `axolotl train` on the recipe yourself. A model or rows other than the "
+        "toy's there are yours and kept as they are (the console says so).",
     )
     parser.add_argument(
         "--prepare-real",
@@ -169,14 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
     # imports load): to the demo's own log
     with output_to(logs / "demo.log", print):
-        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, prepare
+        from pofe.demo.stages import NUM_TRAIN_PROMPTS, Demo, DemoRecipe, users_files
     chosen = [DemoRecipe.read(path) for path in paths]
     if args.prepare_only:
-        with output_to(logs / "demo.log", print):
-            rows = prepare(chosen[0].cfg, args.seed, args.prompts or NUM_TRAIN_PROMPTS)
-        chats = "" if chosen[0].method else f" (their answers as chats in {chosen[0].cfg['datasets'][0]['path']})"
-        print(f"wrote a tiny model to {chosen[0].cfg['base_model']} and {len(rows)} prompts{chats}")
-        return 0
+        return prepare_only(chosen[0].cfg, args, logs)
+    if theirs := {path: what for r in chosen for path, what in users_files(r.cfg).items()}:
+        held = "; ".join(f"{path} holds {what}" for path, what in theirs.items())
+        print(
+            f"Error: {held}, where the demo writes the toy's: point the recipe elsewhere, or prepare what is "
+            "missing (--prepare-only keeps these) and run axolotl on the recipe yourself",
+            file=sys.stderr,
+        )
+        return 1
     progress = StatusLine() if StatusLine.possible() and not args.debug else None
     echo = lambda line: print(line, flush=True)  # noqa: E731
     demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)

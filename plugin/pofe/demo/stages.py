@@ -14,15 +14,16 @@ copy from them).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from pofe.demo.evaluate import greedy_reward
-from pofe.demo.task import make_prompt_rows, make_prompts, sft_rows, write_jsonl
-from pofe.demo.tiny import build_tiny_model
-from pofe.files import write_atomic
+from pofe.demo.task import answer, make_prompt_rows, make_prompts, sft_rows, write_jsonl
+from pofe.demo.tiny import build_tiny_model, is_tiny_model
+from pofe.files import read_jsonl, write_atomic
 from pofe.logs import Echo
 from pofe.online.refresh import FOLDER, read_refresh
 from pofe.run.folder import RunState
@@ -92,14 +93,53 @@ def prompts_path(recipe: dict) -> Path:
     return path.with_name(PROMPTS) if is_sft(recipe) else path
 
 
-def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS) -> list[dict]:
-    """Write the tiny model and `prompts` prompt rows where the recipe expects them (and, for a
-    supervised fine-tune, its dataset: each prompt and its answer as a chat)."""
-    build_tiny_model(Path(recipe["base_model"]), seed=seed)
-    rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
-    write_jsonl(rows, prompts_path(recipe))
+def data_paths(recipe: dict) -> list[Path]:
+    """The data files the demo writes for a recipe: its prompt rows (and, for a supervised
+    fine-tune, its dataset: each prompt and its answer as a chat, `sft_rows`)."""
+    paths = [prompts_path(recipe)]
     if is_sft(recipe):
-        write_jsonl(sft_rows(rows), Path(recipe["datasets"][0]["path"]))
+        paths.append(Path(recipe["datasets"][0]["path"]))
+    return paths
+
+
+def holds_toy_rows(path: Path) -> bool:
+    """Whether a data file holds the toy's rows only, as the demo writes them (`make_prompt_rows`,
+    or their `sft_rows`): each an addition prompt and its sum. A file of other rows is a user's."""
+    try:
+        rows = read_jsonl(path)
+        pairs = [
+            (r["prompt"], r["answer"]) if "prompt" in r else (r["messages"][0]["content"], r["messages"][1]["content"])
+            for r in rows
+        ]
+        return bool(pairs) and all(str(answer(prompt)) == said for prompt, said in pairs)
+    except (OSError, KeyError, IndexError, TypeError, ValueError):  # UnreadableFile is a ValueError
+        return False
+
+
+def users_files(recipe: dict) -> dict[Path, str]:
+    """The files the demo would write a recipe's toy over that hold a user's work, each with what it
+    holds: its base_model folder, a model other than the tiny one (`is_tiny_model`); a data file,
+    rows other than the toy's (`holds_toy_rows`). The demo never writes over these; the toy's model
+    and rows of an earlier run it writes again."""
+    found = {}
+    model = Path(recipe["base_model"])
+    if model.is_dir() and any(model.iterdir()) and not is_tiny_model(model):
+        found[model] = "a model other than the toy's"
+    for path in data_paths(recipe):
+        if path.exists() and not holds_toy_rows(path):
+            found[path] = "rows other than the toy's"
+    return found
+
+
+def prepare(recipe: dict, seed: int, prompts: int = NUM_TRAIN_PROMPTS, *, keep: Collection[Path] = ()) -> list[dict]:
+    """Write the tiny model and `prompts` prompt rows where the recipe expects them (`data_paths`),
+    but for the files in `keep` (a user's own, `users_files`: left as they are)."""
+    if Path(recipe["base_model"]) not in keep:
+        build_tiny_model(Path(recipe["base_model"]), seed=seed)
+    rows = make_prompt_rows(prompts, k_wrong=NEAR_MISSES, seed=seed)
+    for path, file_rows in zip(data_paths(recipe), (rows, sft_rows(rows)), strict=False):
+        if path not in keep:
+            write_jsonl(file_rows, path)
     return rows
 
 

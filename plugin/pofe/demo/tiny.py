@@ -7,6 +7,7 @@ without any download: tests, recipes and the vLLM CPU server all point at the fo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -87,3 +88,13 @@ def build_tiny_model(path: str | Path, *, hidden_size: int = 128, num_layers: in
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def is_tiny_model(path: str | Path) -> bool:
+    """Whether a folder holds a model `build_tiny_model` wrote, trained since or not: a Llama of the
+    character vocabulary (any other model is a user's)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get("model_type") == "llama" and config.get("vocab_size") == len(SPECIAL_TOKENS) + len(CHARS)

@@ -74,7 +74,7 @@ def load_round_prompts(entry: Any, sources: list[RoundPromptSource], use_auth_to
             raise ValueError(
                 f"{what} does not load ({type(e).__name__}: {e}). Check path (a hub dataset id, or a local "
                 "file or folder), name, split and data_files; a gated or private hub dataset needs "
-                "`huggingface-cli login` (or HF_TOKEN)."
+                "`hf auth login` (or HF_TOKEN)."
             ) from e
         if isinstance(rows, DatasetDict):  # a save_to_disk folder of splits: axolotl returns them all
             split = source.split if isinstance(source, RoundPromptSet) else "train"

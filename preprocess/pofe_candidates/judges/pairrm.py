@@ -266,7 +266,7 @@ def load_pairrm(path: str, max_length: int | None = None) -> tuple[PairRMModel, 
                 raise FileNotFoundError(
                     f"{cfg_file}: model_name {name!r} (the DeBERTa backbone) is neither a directory nor reachable "
                     f"on the hub ({type(e).__name__}); its config.json, tokenizer_config.json and spm.model are "
-                    f"needed. Fetch them once: huggingface-cli download {name} config.json tokenizer_config.json spm.model"
+                    f"needed. Fetch them once: hf download {name} config.json tokenizer_config.json spm.model"
                 ) from e
     else:  # llm-blender/PairRM-hf: a DeBERTa-v2 config carrying the ranker fields
         settings = PairRMSettings.from_ranker_config(raw)

@@ -336,7 +336,7 @@ def test_a_local_base_model_that_is_not_there_is_an_error(tmp_path, monkeypatch)
         result = CliRunner().invoke(pofe, ["plan", str(recipe), "--prompts", "30"])
         assert result.exit_code == 1, result.output
         assert result.output.startswith(f"Error: base_model: {said}"), result.output
-        assert "huggingface-cli download" not in result.output
+        assert "hf download" not in result.output
 
 
 def test_a_local_judge_that_is_not_there_is_said_not_found(tmp_path, tiny_model):
@@ -351,7 +351,7 @@ def test_a_local_judge_that_is_not_there_is_said_not_found(tmp_path, tiny_model)
     assert said == [
         f"pofe.judge.model: local path {tmp_path / 'rm'} not found: correct pofe.judge.model, or name a hub model id"
     ]
-    assert not [w for w in plan["warnings"] if "huggingface-cli download" in w]
+    assert not [w for w in plan["warnings"] if "hf download" in w]
     judge = next(s for s in plan["stages"] if s["stage"] == "judge")
     assert judge["gpu_memory_gb"] is None
 

@@ -42,8 +42,8 @@ def not_found(model: str, key: str) -> str | None:
 def _not_cached(model: str, key: str) -> str:
     return (
         f"{key}: {model} is not in the local cache (HF hub cache) and is not a local directory: it cannot be "
-        "sized offline, nor told missing or gated (gated models need `huggingface-cli login` and the model's "
-        f"terms accepted). Fetch its config once: huggingface-cli download {model} config.json"
+        "sized offline, nor told missing or gated (gated models need `hf auth login` and the model's "
+        f"terms accepted). Fetch its config once: hf download {model} config.json"
     )
 
 
