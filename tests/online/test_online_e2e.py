@@ -234,7 +234,10 @@ def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(
     assert all(r["reward"] == verbose_reward(r["prompt"], r["completion"]) for r in shown)
     assert all(r["judge2_reward"] == reward(r["prompt"], r["completion"]) for r in shown)
     console = proc.stdout + proc.stderr
-    assert "POFE: online refresh 15's samples (prompt -> completion: judgement)" in console
+    assert (
+        "POFE: online refresh 15's samples (prompt -> completion xN: judgement; every one in online/monitor.jsonl)"
+        in console
+    )
     assert re.search(r"POFE: online refresh 15 at step 42: .*judge2 reward [\d.]+, reference perplexity", console)
 
 

@@ -12,7 +12,16 @@ import pytest
 from axolotl.utils.dict import DictDefault
 
 from pofe.args import pofe_config
-from pofe.online.monitor import FILE, Monitor, completions, log_table, perplexity, reference_rows, write_record
+from pofe.online.monitor import (
+    FILE,
+    Monitor,
+    completions,
+    console_lines,
+    log_table,
+    perplexity,
+    reference_rows,
+    write_record,
+)
 from pofe.online.refresh import refresh_dir
 from tests.helpers import pofe_block
 
@@ -119,6 +128,30 @@ def test_completions_are_the_policys_samples_of_the_first_prompts_with_their_jud
         {"prompt": "1+2=", "completion": "x!", "finish_reason": "length", "reward": 0.0, "judge2_reward": 0.1},
     ]
     assert [r["completion"] for r in completions(generated, judged, 2, {})] == ["4", "3", "x!", "8"]
+
+
+def test_the_console_counts_identical_completions_and_shows_the_most_frequent_of_each_prompt():
+    """'1+2=': "3" three times (win rates 0.75, 0.5, 1.0 against three opponents: mean 0.75), "5"
+    and "7" twice (win rates 0 and 0.5: 0.25), "4", "x" and "6" once: the 4 most frequent, ties in
+    sampled order ("4" before "x" and "6"), and a line counting the other 2 (2 samples). '4+5='
+    (chat messages: the last one's text) has one sample."""
+    rows = [("4", 0.0, 0.25), ("3", 1.0, 0.75), ("3", 1.0, 0.5), ("x", 0.0, 0.25), ("3", 1.0, 1.0)]
+    rows += [("5", 0.0, 0.0), ("5", 0.0, 0.5), ("6", 0.0, 0.25), ("7", 0.0, 0.5), ("7", 0.0, 0.0)]
+    records = [{"prompt": "1+2=", "completion": c, "reward": r, "win_rate": w} for c, r, w in rows]
+    records.append({"prompt": [{"role": "user", "content": "4+5="}], "completion": "9", "reward": 1.0})
+    assert console_lines(records) == [
+        "  '1+2=' -> '3' x3: reward 1.000, win_rate 0.750",
+        "  '1+2=' -> '5' x2: reward 0.000, win_rate 0.250",
+        "  '1+2=' -> '7' x2: reward 0.000, win_rate 0.250",
+        "  '1+2=' -> '4': reward 0.000, win_rate 0.250",
+        "  '1+2=' -> 2 other completions (2 samples)",
+        "  '4+5=' -> '9': reward 1.000",
+    ]
+
+
+def test_a_recipe_is_monitored_every_10th_refresh_unless_it_says():
+    pofe = pofe_config({"rl": "rrhf", "pofe": {**pofe_block("rrhf"), "online": {}}})
+    assert (pofe.online.monitor_every, pofe.online.monitor_samples) == (10, 2)
 
 
 def test_the_file_holds_one_record_per_refresh_and_a_resumed_run_replaces_the_later_ones(tmp_path):

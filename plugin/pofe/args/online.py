@@ -41,19 +41,20 @@ class OnlineConfig(KnownKeys):
         "copy under full fine-tuning). 0: off.",
     )
     monitor_every: int = Field(
-        default=1,
+        default=10,
         ge=0,
         description="Refreshes between monitor records (`pofe.online.monitor`): the policy's perplexity of the "
         "held-out prompts' reference responses (pofe.eval.prompts or pofe.eval.held_out, their "
         "pofe.eval.reference_column) as online/reference_perplexity, and monitor_samples sampled completions "
         "with their judgements in the console, output_dir/online/monitor.jsonl and the tracker's "
-        "online/completions table. 0: off.",
+        "online/completions table. 0: off. Every 10th by default: a few lines a time in the console.",
     )
     monitor_samples: int = Field(
         default=2,
         ge=0,
         description="Prompts of a monitored refresh whose sampled completions are shown with their judgements "
-        "(every sample of each).",
+        "(every sample of each in monitor.jsonl; in the console each distinct completion once, counted, the "
+        "4 most frequent of a prompt).",
     )
 
 

@@ -134,8 +134,8 @@ class Monitor:
             return
         if records:
             LOG.info(
-                f"POFE: online refresh {number}'s samples (prompt -> completion: judgement):\n"
-                + "\n".join(console_lines(records))
+                f"POFE: online refresh {number}'s samples (prompt -> completion xN: judgement; every one in "
+                f"{FOLDER}/{FILE}):\n" + "\n".join(console_lines(records))
             )
         write_record(self.folder, step, number, stats, records)
         log_table(self.report_to, step, records)
@@ -241,14 +241,33 @@ def _labels(row: dict, j: int) -> dict[str, float]:
     }
 
 
+# distinct completions of a prompt shown in the console, the most frequent first; the rest are
+# counted in one line (monitor.jsonl and the tracker's table hold every sample)
+CONSOLE_COMPLETIONS = 4
+
+
 def console_lines(records: list[dict[str, Any]]) -> list[str]:
-    """One line per completion: prompt -> completion, its judgement."""
-    lines = []
+    """One line per distinct completion of a prompt, the most frequent first: prompt -> completion,
+    how many samples said it when more than one ("x12"), and its judgement (the mean over those
+    samples: a win rate against opponents differs between copies of one text). Past
+    CONSOLE_COMPLETIONS distinct completions, one line counts the others."""
+    groups: dict[str, dict[str, list[dict]]] = {}
     for r in records:
-        shown = ("reward", "win_rate", "judge2_reward", "judge2_win_rate", "logratio_to_pi_0")
-        verdict = ", ".join(f"{k} {r[k]:.3f}" for k in shown if k in r)
         prompt = r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"]
-        lines.append(f"  {_short(prompt)!r} -> {_short(r['completion'])!r}: {verdict}")
+        groups.setdefault(prompt, {}).setdefault(r["completion"], []).append(r)
+    shown = ("reward", "win_rate", "judge2_reward", "judge2_win_rate", "logratio_to_pi_0")
+    lines = []
+    for prompt, by_text in groups.items():
+        ranked = sorted(by_text.items(), key=lambda item: -len(item[1]))  # stable: first sampled first on a tie
+        for text, copies in ranked[:CONSOLE_COMPLETIONS]:
+            means = {k: [c[k] for c in copies if k in c] for k in shown}
+            verdict = ", ".join(f"{k} {sum(v) / len(v):.3f}" for k, v in means.items() if v)
+            times = f" x{len(copies)}" if len(copies) > 1 else ""
+            lines.append(f"  {_short(prompt)!r} -> {_short(text)!r}{times}: {verdict}")
+        rest = ranked[CONSOLE_COMPLETIONS:]
+        if rest:
+            samples = sum(len(copies) for _, copies in rest)
+            lines.append(f"  {_short(prompt)!r} -> {len(rest)} other completions ({samples} samples)")
     return lines
 
 
