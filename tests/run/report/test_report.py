@@ -665,3 +665,86 @@ def test_length_and_drift_axes_start_at_zero():
         lo, hi = ax.get_ylim()
         assert lo <= 0 < hi
     assert fig.axes[0].get_ylim()[1] < 5  # 3.94 and 8 % above it
+
+
+def _summary(rep: dict) -> list[str]:
+    from pathlib import Path
+
+    from pofe.run.report import Report
+
+    base = {"stopped": None, "headline": None, "online": None, "eval": None, "eval_missing": [], "choice": None}
+    return Report({**base, **rep}, Path("out/report.md"), Path("out/report.json")).terminal_summary().splitlines()
+
+
+def test_the_console_summary_of_a_trained_online_model_shows_only_the_numbers_it_has():
+    """Online Nash-MD with a pairwise judge, trained by `axolotl train` and evaluated: no candidates of
+    its own (no round fields, no headline line), its loss first -> last; the refreshes' preference
+    over the mixture, judge2's reward of the two monitored ones (steps 0 and 6) and KL to pi_0, no
+    scalar candidate reward; held out, judge2's rewards and the KL, the pairwise judge's none."""
+    from pofe.run.evaluation.trained import NO_HEADLINE
+
+    refreshes = [
+        {"step": 0, "preference": 0.5, "judge2_reward_mean": 0.25, "kl_to_base": 0.0},
+        {"step": 3, "preference": 0.55, "kl_to_base": 0.25},
+        {"step": 6, "preference": 0.625, "judge2_reward_mean": 0.125, "kl_to_base": 0.5},
+    ]
+    lc = {"raw": 0.6, "raw_ci95": [0.5, 0.7], "lc": 0.625, "lc_ci95": [0.5, 0.75]}
+    ev = {
+        **eval_record([[0.5, 0.4], [0.6, 0.5]], "pairwise"),
+        "mean_reward": None,
+        "mean_reward_judge2": [0.25, 0.375],
+        "kl_to_base": [0.0, 0.5],
+        "vs_pi_0": [None, lc],
+    }
+    round_1 = {"round": 1, "candidates": None, "train": {"first_loss": 63.99, "last_loss": 63.609}}
+    rep = {
+        "kind": "trained",
+        "method": "nash_md",
+        "final_policy": "out",
+        "rounds": [{**round_1, "trained_on_train_prompts": None}],
+        "headline": {"skipped": NO_HEADLINE},
+        "online": {"folder": "out/online", "refreshes": refreshes},
+        "eval": ev,
+    }
+    assert _summary(rep) == [
+        "POFE NASH_MD: out (pi_1) against its base (pi_0)",
+        "  training: loss 63.990 -> 63.609",
+        "  online: 3 refreshes, steps 0 -> 6: judge2 reward 0.250 -> 0.125, preference over the mixture 0.500 -> "
+        "0.625, KL to pi_0 0.000 -> 0.500",
+        "  held-out: pi_0 judge2 reward 0.250 KL 0.000, pi_1 judge2 reward 0.375 KL 0.500",
+        "  vs pi_0, raw / length-controlled: pi_1 0.600 / 0.625",
+        "  report: out/report.md",
+    ]
+
+
+def test_the_console_summary_of_rounds_leaves_out_what_a_round_has_not_measured():
+    """Round 1 made its candidates from the dataset's responses (no policy samples) and trained;
+    round 2 made candidates with the policy's samples and has not trained (no loss); a run not
+    evaluated says so. An online training with a scalar judge shows its reward and best-of-k."""
+    rounds = [
+        {"candidates": {"mean_reward": 0.5, "best_of_k_reward": 0.75}, "train": {"first_loss": 2.0, "last_loss": 1.5}},
+        {"candidates": {"mean_reward": 0.625, "best_of_k_reward": 0.875, "policy_sample_mean_reward": 0.25}},
+    ]
+    rep = {
+        "kind": "rounds",
+        "method": "rrhf",
+        "rounds_finished": 1,
+        "rounds_planned": 2,
+        "final_policy": "pi_1",
+        "rounds": [
+            {"round": t, "train": None, "trained_on_train_prompts": None, **r} for t, r in enumerate(rounds, 1)
+        ],
+    }
+    assert _summary(rep)[1:] == [
+        "  round 1: candidates mean 0.500, best-of-k 0.750; loss 2.000 -> 1.500",
+        "  round 2: candidates mean 0.625, best-of-k 0.875, policy samples 0.250",
+        "  no held-out evaluation",
+        "  report: out/report.md",
+    ]
+    from pofe.run.report import online_summary
+
+    refreshes = [{"step": 0, "candidate_reward_mean": 0.5, "candidate_reward_best": 1.0}, {"step": 3}]
+    refreshes[1] |= {"candidate_reward_mean": 0.75, "candidate_reward_best": 1.0}
+    assert online_summary({"folder": "o", "refreshes": refreshes}) == [
+        "  online: 2 refreshes, steps 0 -> 3: candidate reward 0.500 -> 0.750 (best-of-k 1.000 -> 1.000)"
+    ]

@@ -16,7 +16,7 @@ from pofe.files import write_atomic
 from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.report.cells import CLUSTERED, fmt
+from pofe.run.report.cells import CLUSTERED, fmt, missing
 from pofe.run.report.collect import collect
 from pofe.run.report.held_out import ci, not_evaluated, signed, with_ci
 from pofe.run.report.markdown import render_markdown
@@ -50,9 +50,11 @@ class Report:
                 f"  STOPPED after round {rep['stopped']['after_round']} (pofe.stop_when): "
                 + "; ".join(f["why"] for f in rep["stopped"]["fired"])
             )
+        trained = rep.get("kind") == "trained"
         for r in rep["rounds"]:
-            lines += _round_lines(r)
-        if (rep["headline"] or {}).get("skipped"):
+            lines += _round_lines(r, "training" if trained else f"round {r['round']}")
+        # a trained model has no candidates of its own to set beside it: the first line says what it is compared with
+        if (rep["headline"] or {}).get("skipped") and not trained:
             lines.append(f"  no headline: {rep['headline']['skipped']}")
         lines += online_summary(rep.get("online"))
         lines += held_out_summary(rep)
@@ -60,44 +62,68 @@ class Report:
         return "\n".join(lines)
 
 
-def _round_lines(r: dict) -> list[str]:
-    """A round's terminal line (and its saturation warning)."""
+def numbers(*fields: tuple[str, object], sep: str = ", ") -> str:
+    """The fields that hold a number, each "name value", joined by `sep`: the console leaves a
+    missing one out rather than dash it."""
+    return sep.join(f"{name} {fmt(value)}" for name, value in fields if not missing(value))
+
+
+def _round_lines(r: dict, label: str) -> list[str]:
+    """A round's terminal line, of the numbers it has (none: no line), and its saturation warning."""
     cands, train, head = r["candidates"] or {}, r["train"] or {}, r["trained_on_train_prompts"]
-    trained = (
-        f"; trained model {fmt(head['model_mean_reward'])} vs best-of-k "
-        f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
-        if head
-        else ""
-    )
-    sat = cands.get("saturation") or {}
-    saturated = f"; saturated prompts {fmt(sat['saturated_share'])}" if sat.get("prompts") else ""
-    lines = [
-        f"  round {r['round']}: candidates mean {fmt(cands.get('mean_reward'))}, best-of-k "
-        f"{fmt(cands.get('best_of_k_reward'))}, policy samples {fmt(cands.get('policy_sample_mean_reward'))}; "
-        f"loss {fmt(train.get('first_loss'))} -> {fmt(train.get('last_loss'))}{trained}{saturated}"
+    parts = [
+        numbers(
+            ("candidates mean", cands.get("mean_reward")),
+            ("best-of-k", cands.get("best_of_k_reward")),
+            ("policy samples", cands.get("policy_sample_mean_reward")),
+        )
     ]
+    if not missing(train.get("first_loss")):
+        parts.append(f"loss {fmt(train['first_loss'])} -> {fmt(train['last_loss'])}")
+    if head:
+        parts.append(
+            f"trained model {fmt(head['model_mean_reward'])} vs best-of-k "
+            f"{fmt(head['candidates_best_of_k_reward'])} on {head['num_prompts']} of its prompts"
+        )
+    sat = cands.get("saturation") or {}
+    if sat.get("prompts"):
+        parts.append(f"saturated prompts {fmt(sat['saturated_share'])}")
+    said = "; ".join(p for p in parts if p)
+    lines = [f"  {label}: {said}"] if said else []
     if saturation_warning(sat, ""):
-        lines.append(f"  round {r['round']}: SATURATED (see the report's Saturation section)")
+        lines.append(f"  {label}: SATURATED (see the report's Saturation section)")
     return lines
 
 
+# an online training's refresh stats on the console: (key, name); each shown first -> last
+# over the refreshes that measured it (judge2's: the monitored ones only)
+ONLINE_CHANGES = (
+    ("judge2_reward_mean", "judge2 reward"),
+    ("preference", "preference over the mixture"),
+    ("kl_to_base", "KL to pi_0"),
+)
+
+
 def online_summary(online: dict | None) -> list[str]:
-    """An online training's terminal line: its refreshes, first and last."""
+    """An online training's terminal line: its refreshes, first and last, of the stats it measured."""
     if online is None:
         return []
     refreshes = online["refreshes"]
     if not refreshes:
         return [f"  online: no finished refresh under {online['folder']}"]
+
+    def change(key: str) -> str | None:
+        values = [r[key] for r in refreshes if not missing(r.get(key))]
+        return f"{fmt(values[0])} -> {fmt(values[-1])}" if values else None
+
+    parts = []
+    if change("candidate_reward_mean"):  # a scalar judge's
+        best = change("candidate_reward_best")
+        parts.append(f"candidate reward {change('candidate_reward_mean')}" + (f" (best-of-k {best})" if best else ""))
+    parts += [f"{name} {change(key)}" for key, name in ONLINE_CHANGES if change(key)]
     first, last = refreshes[0], refreshes[-1]
-
-    def change(key: str) -> str:
-        return f"{fmt(first.get(key))} -> {fmt(last.get(key))}"
-
-    return [
-        f"  online: {len(refreshes)} refreshes, steps {first['step']} -> {last['step']}: candidate reward "
-        f"{change('candidate_reward_mean')} (best-of-k {change('candidate_reward_best')}), "
-        f"KL to pi_0 {change('kl_to_base')}"
-    ]
+    head = f"  online: {len(refreshes)} refreshes, steps {first['step']} -> {last['step']}"
+    return [head + (": " + ", ".join(parts) if parts else "")]
 
 
 def held_out_summary(rep: dict) -> list[str]:
@@ -107,11 +133,14 @@ def held_out_summary(rep: dict) -> list[str]:
     if not ev:
         return ["  no held-out evaluation"]
     names = [m["name"] for m in ev["models"]]
-    rewards = ev["mean_reward"] or [None] * len(names)
-    lines = [
-        "  held-out: "
-        + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
+    none = [None] * len(names)
+    per_model = [
+        numbers(("reward", r), ("judge2 reward", r2), ("KL", k), sep=" ")
+        for r, r2, k in zip(ev["mean_reward"] or none, ev.get("mean_reward_judge2") or none, ev["kl_to_base"])
     ]
+    lines = []
+    if any(per_model):
+        lines.append("  held-out: " + ", ".join(f"{n} {said}" if said else n for n, said in zip(names, per_model)))
     choice = rep.get("choice")
     # a scalar judge's run is chosen by reward: its Bradley-Terry win rates (near 1/2 by
     # construction) stay in report.md, off the console

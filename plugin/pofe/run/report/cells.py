@@ -14,9 +14,14 @@ CLUSTERED = 0.05
 MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
 
 
+def missing(x) -> bool:
+    """Whether a number is not there: None or NaN."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def fmt(x, digits: int = 3) -> str:
     """A number for a table cell: `digits` decimals for floats, `-` for missing or NaN."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if missing(x):
         return "-"
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
