@@ -185,7 +185,10 @@ def test_sppo_trains(tmp_path, tiny_model, sppo_jsonl, mode):
 
 def test_rrhf_reads_its_weights_from_the_recipe(tmp_path, tiny_model, rrhf_jsonl):
     """Non-default pofe: keys reach the trainer through axolotl's TrainingArguments: the
-    logged loss is rank_weight * rank + ft, and the saved arguments hold the recipe's values."""
+    logged loss is rank_weight * rank + ft, and the saved arguments hold the recipe's values.
+    The console ends with POFE's summary, after axolotl's "Model successfully saved": what was
+    trained, the loss and rank accuracy of step 1 -> step 2 (the saved log history's), the
+    command that evaluates it, and that no prompt was held out (the recipe sets no pofe.eval)."""
     pofe = {"rank_weight": 0.25, "margin": 0.5, "length_penalty": 0.5}
     cfg = recipe(
         tmp_path,
@@ -198,13 +201,27 @@ def test_rrhf_reads_its_weights_from_the_recipe(tmp_path, tiny_model, rrhf_jsonl
         save_strategy="steps",
         save_steps=2,
     )
-    run_axolotl("train", str(cfg))
+    proc = run_axolotl("train", str(cfg))
     steps = check_finite(log_history(tmp_path / "out"), RRHF_KEYS)
     for h in steps:
         assert h["loss"] == pytest.approx(0.25 * h["rrhf/rank"] + h["rrhf/ft"], rel=2e-3)
     (saved,) = (tmp_path / "out").glob("checkpoint-*/training_args.bin")
     args = torch.load(saved, weights_only=False)
     assert {key: getattr(args, f"pofe_{key}") for key in pofe} == pofe
+
+    console = proc.stdout.splitlines()
+    saved_at = max(i for i, line in enumerate(console) if "Model successfully saved" in line)
+    said = [line[line.index("POFE: ") :] for line in console[saved_at:] if "POFE: " in line]
+    first, last = steps[0], steps[-1]
+    assert said == [
+        f"POFE: trained rl: rrhf (full fine-tune) into {tmp_path / 'out'}, 2 steps: loss {first['loss']:.3f} -> "
+        f"{last['loss']:.3f}, rrhf/rank_accuracy {first['rrhf/rank_accuracy']:.3f} -> "
+        f"{last['rrhf/rank_accuracy']:.3f}",
+        f"POFE: next, evaluate it against its base on held-out prompts: axolotl pofe eval {cfg}",
+        "POFE: pofe.eval.held_out is not set, so every row of the dataset was trained on: set it before training "
+        "(held_out: n keeps the last n rows out) to hold prompts out for `axolotl pofe eval`, or give it prompts "
+        "of its own (pofe.eval.prompts)",
+    ]
 
 
 def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_jsonl):

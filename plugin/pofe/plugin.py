@@ -52,6 +52,10 @@ class PofePlugin(BasePlugin):
     _debug: tuple[int, bool] = (0, False)
     # the output_dir's lock while `axolotl train` runs in this process (`_hold_output_dir`)
     _train_lock: FolderLock | None = None
+    # the training's trainer until it has trained, then its log history and steps, which the
+    # console's last lines read (`post_train_unload`)
+    _trainer: Any = None
+    _logged: tuple[list[dict], int] | None = None
 
     def _pofe(self, cfg) -> PofeConfig:
         """The validated `pofe:` block of `cfg` (one process may run several jobs, each with
@@ -138,14 +142,35 @@ class PofePlugin(BasePlugin):
         path = Path(cfg.output_dir or "./model-out").resolve() / TRAIN_LOCK
         if self._train_lock is not None and self._train_lock.path == path:
             return  # a job of this process trains there again
-        self.post_train_unload(cfg)
+        self._release_output_dir()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._train_lock = FolderLock.acquire(path, _warn, "axolotl train", partial(_in_use, path.parent))
 
-    def post_train_unload(self, cfg):
+    def _release_output_dir(self) -> None:
         if self._train_lock is not None:
             self._train_lock.release()
             self._train_lock = None
+
+    def post_trainer_create(self, cfg, trainer):
+        if self._pofe(cfg).method is not None:
+            self._trainer, self._logged = trainer, None
+
+    def post_train(self, cfg, model):
+        # called once trainer.train() returns, and again after the save: the first keeps the log
+        if self._trainer is not None:
+            self._logged = (list(self._trainer.state.log_history), self._trainer.state.global_step)
+            self._trainer = None  # nor is the trainer (and its model) kept past axolotl's own references
+
+    def post_train_unload(self, cfg):
+        # axolotl's last hook of `axolotl train`, after "Model successfully saved": POFE's
+        # summary ends the console, from the process that held the output_dir (rank 0)
+        if self._logged is not None and self._train_lock is not None:
+            from pofe.training_log import training_summary
+
+            for line in training_summary(cfg, self._pofe(cfg), *self._logged):
+                LOG.info(line)
+        self._logged = None
+        self._release_output_dir()
 
     def get_training_args_mixin(self) -> str:
         # merged into axolotl's TrainingArguments when axolotl.core.training_args is imported

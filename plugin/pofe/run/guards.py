@@ -46,6 +46,7 @@ from pofe.files import write_atomic
 from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import Echo
 from pofe.run.folder import RunFolder, RunState, RunStateMismatch
+from pofe.training_log import LOCK_FD_ENV  # the run's lock, inherited by each stage it starts
 
 
 class RunLocked(PofeError, RuntimeError):
@@ -60,9 +61,6 @@ _WHY = {
     EVAL: "an evaluation read now would take a round that is still training as finished",
     REPORT: "a report read now would take a round that is still training as finished",
 }
-# Set by `axolotl pofe run` in a stage that reads the run (its eval stage): the descriptor of
-# the run's lock, which the stage inherits, so the stage reads under its runner's lock
-LOCK_FD_ENV = "POFE_RUN_LOCK_FD"
 
 
 def _locked_message(path: Path, holder: dict, command: str) -> str:

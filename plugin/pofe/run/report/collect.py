@@ -25,6 +25,7 @@ from pofe.run.provenance import round_record
 from pofe.run.report.lengths import candidate_lengths
 from pofe.run.report.online import online_training
 from pofe.run.report.truncation import round_truncation
+from pofe.training_log import logged_curves
 
 
 def training_stats(trainer_state: Path, method: str) -> dict | None:
@@ -37,11 +38,7 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
     steps = [h for h in state["log_history"] if "loss" in h and "step" in h]
     spec = method_spec(method)
     key = spec.diagnostic_metric
-    curves: dict[str, list] = {}
-    for name in ("loss", key, *spec.report_curves):
-        points = [[h["step"], h[name]] for h in steps if name in h]
-        if points:
-            curves[name] = points
+    curves = logged_curves(steps, ("loss", key, *spec.report_curves))
     diagnostic = curves.get(key, [])
     return {
         "steps": state["global_step"],  # steps run; the last logged one is a multiple of logging_steps
