@@ -108,7 +108,7 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(demo_console, ti
     assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.3, rewards
     assert len(re.findall(r"POFE: online refresh \d+ at step", train_log)) == epochs
     # monitor_every 10: refreshes 1, 11, 21, ... show their samples
-    shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion: judgement\)", train_log)
+    shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion xN: judgement", train_log)
     assert shown == [str(n) for n in range(1, epochs + 1, 10)]
 
     # SPPO: each refresh's anchor is the sampling policy's scores, at step 0 pi_0's, a plain forward's.
