@@ -149,11 +149,6 @@ def test_the_console_counts_identical_completions_and_shows_the_most_frequent_of
     ]
 
 
-def test_a_recipe_is_monitored_every_10th_refresh_unless_it_says():
-    pofe = pofe_config({"rl": "rrhf", "pofe": {**pofe_block("rrhf"), "online": {}}})
-    assert (pofe.online.monitor_every, pofe.online.monitor_samples) == (10, 2)
-
-
 def test_the_file_holds_one_record_per_refresh_and_a_resumed_run_replaces_the_later_ones(tmp_path):
     for step in (0, 3, 6):
         write_record(tmp_path, step, step // 3 + 1, {"reference_perplexity": 10.0 - step}, [{"completion": "1"}])
