@@ -665,3 +665,45 @@ def test_length_and_drift_axes_start_at_zero():
         lo, hi = ax.get_ylim()
         assert lo <= 0 < hi
     assert fig.axes[0].get_ylim()[1] < 5  # 3.94 and 8 % above it
+
+
+def test_one_held_out_prompt_is_never_clear():
+    """Issue 50: `pofe.eval.held_out: 1`, pi_1 scoring 2.5 above pi_0 on the one prompt, printed
+    "use pi_1 ... +2.500 [+2.500, +2.500] over pi_0" and `clear: true`. Now there is no interval,
+    the choice is not clear, and the console and the report say why: too few prompts."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons
+    from pofe.run.report import held_out_summary
+    from pofe.run.report.held_out import choice_section
+    from pofe_candidates.win_rates import bradley_terry_preferences
+
+    rewards = torch.tensor([[[0.0], [2.5]]], dtype=torch.float64)  # (P=1, M=2, S=1)
+    ev = {
+        **eval_record([[0.5, 0.076], [0.924, 0.5]]),
+        "num_prompts": 1,
+        "mean_reward": [0.0, 2.5],
+        "kl_to_base": [0.0, 0.5],
+        **compare_iterates(bradley_terry_preferences(rewards.reshape(1, 2)), torch.ones(1, 2, 1)),
+        **reward_comparisons(rewards),
+    }
+    choice = choose_model(ev)
+    assert choice["clear"] is False
+    why = "too few prompts (1) for an interval (at least 6: raise pofe.eval.held_out)"
+    assert (choice["name"], choice["clear"], choice["diff_ci95"], choice["no_interval"]) == (
+        "pi_1",
+        False,
+        [None, None],
+        why,
+    )
+    assert held_out_summary({"eval": ev, "choice": choice})[1] == (
+        f"  use pi_1 (best mean held-out reward 2.500, +2.500 over pi_0, not clearly: {why}; "
+        "chosen by reward, the judge scores each answer)"
+    )
+    md = "\n".join(choice_section({"eval": ev, "choice": choice}))
+    assert (
+        f"**pi_1**: the highest mean reward on the held-out prompts (2.500), +2.500 over pi_0's, not clearly: {why}."
+        in md
+    )
+    # an eval.json written before comparisons counted their prompts: its num_prompts decides
+    old = {**ev, "reward_vs_pi_0": [None, {"diff": 2.5, "diff_ci95": [2.5, 2.5]}]}
+    assert (choose_model(old)["clear"], choose_model(old)["no_interval"]) == (False, why)

@@ -18,7 +18,7 @@ from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.report.cells import CLUSTERED, fmt
 from pofe.run.report.collect import collect
-from pofe.run.report.held_out import ci, not_evaluated, signed, with_ci
+from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 from pofe_candidates.win_rates import saturation_warning
@@ -147,15 +147,15 @@ def choice_reason(choice: dict) -> str:
             return "no iterate has a higher mean held-out reward; chosen by reward, the judge scores each answer"
         return (
             f"best mean held-out reward {with_ci(choice['mean_reward'], choice['reward_ci95'])}, "
-            f"{signed(choice['diff_vs_pi_0'])} {ci(choice['diff_ci95'])} over pi_0"
-            + ("" if choice["clear"] else ", not clearly")
+            f"{signed_ci(choice['diff_vs_pi_0'], choice['diff_ci95'])} over pi_0"
+            + unclear(choice, ", not clearly")
             + "; chosen by reward, the judge scores each answer"
         )
     if choice["best"] == 0:
         return "no iterate beats it at equal length; chosen by win rate, the judge is pairwise"
     return (
         f"best length-controlled win rate against pi_0, {with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}"
-        + ("" if choice["clear"] else ": not clearly above 1/2")
+        + unclear(choice, ": not clearly above 1/2")
         + "; chosen by win rate, the judge is pairwise"
     )
 
