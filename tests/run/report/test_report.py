@@ -707,3 +707,35 @@ def test_one_held_out_prompt_is_never_clear():
     # an eval.json written before comparisons counted their prompts: its num_prompts decides
     old = {**ev, "reward_vs_pi_0": [None, {"diff": 2.5, "diff_ci95": [2.5, 2.5]}]}
     assert (choose_model(old)["clear"], choose_model(old)["no_interval"]) == (False, why)
+
+
+def test_the_plots_never_draw_a_missing_verdict(tmp_path):
+    """Issue 50: a held-out evaluation where the judge abstained on every answer (NaN rewards:
+    an eval.json written before such a pass stopped the evaluation, or a judge2) gave NaN win
+    rates, and the report crashed on matplotlib's "Axis limits cannot be NaN or Inf". The NaN
+    values are left out of the plots; the win-rate heat map labels the pairs without a verdict
+    "-"; the comparison against pi_0 has no win rate (None, not NaN)."""
+    from pofe.run.evaluation.judging import mean_reward_per_model
+    from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons, win_matrix_from_rewards
+    from pofe.run.report.plots import make_plots
+    from pofe_candidates.win_rates import bradley_terry_preferences
+
+    P, M = 8, 2
+    rewards = torch.full((P, M, 1), float("nan"), dtype=torch.float64)
+    ev = {
+        **eval_record(win_matrix_from_rewards(rewards).tolist()),
+        "mean_reward": mean_reward_per_model(rewards.tolist(), M),
+        "mean_response_tokens": [3.0, 4.0],
+        "mean_response_chars": [9.0, 12.0],
+        "kl_to_base": [0.0, 0.1],
+        "perplexity": None,
+        **compare_iterates(bradley_terry_preferences(rewards.reshape(P, M)), torch.ones(P, M, 1)),
+        **reward_comparisons(rewards),
+    }
+    assert ev["mean_reward"] == [None, None] and ev["vs_pi_0"][1]["raw"] is None
+    plots = make_plots({"eval": ev, "rounds": []}, tmp_path)
+    assert plots == {"winrate": "report-winrate.png", "drift": "report-drift.png"}
+    # a pi_1 with win rates but NaN where it has none: drawn without them
+    ev["vs_pi_0"][1] = {"raw": 0.6, "raw_ci95": [float("nan"), 0.7], "lc": float("nan"), "lc_ci95": [None, None]}
+    ev["mean_reward"] = [0.5, float("nan")]
+    assert set(make_plots({"eval": ev, "rounds": []}, tmp_path)) == {"rewards", "lengths", "winrate", "drift"}

@@ -293,7 +293,7 @@ def versus(
     fit = fit_length_logistic(y, d)
     lo, hi = bootstrap_lc(y, d, seed=seed)
     return {
-        "raw": float(win_matrix[a, b]),
+        "raw": _finite(win_matrix[a, b]),  # None: no verdict on the pair
         "raw_ci95": [_finite(ci[0][a, b]), _finite(ci[1][a, b])],
         "lc": fit["lc"],
         "lc_ci95": [lo, hi],

@@ -18,7 +18,7 @@ from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.report.cells import CLUSTERED, fmt
 from pofe.run.report.collect import collect
-from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
+from pofe.run.report.held_out import abstained, not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 from pofe_candidates.win_rates import saturation_warning
@@ -110,7 +110,10 @@ def held_out_summary(rep: dict) -> list[str]:
     rewards = ev["mean_reward"] or [None] * len(names)
     lines = [
         "  held-out: "
-        + ", ".join(f"{n} reward {fmt(r)} KL {fmt(k)}" for n, r, k in zip(names, rewards, ev["kl_to_base"]))
+        + ", ".join(
+            f"{n} reward {fmt(r)}{abstained(ev, m)} KL {fmt(k)}"
+            for m, (n, r, k) in enumerate(zip(names, rewards, ev["kl_to_base"]))
+        )
     ]
     choice = rep.get("choice")
     # a scalar judge's run is chosen by reward: its Bradley-Terry win rates (near 1/2 by

@@ -132,8 +132,8 @@ def models_table(ev: dict, names: list[str]) -> str:
         rows.append(
             [
                 name,
-                fmt((ev["mean_reward"] or missing)[i]),
-                fmt((ev["mean_reward_judge2"] or missing)[i]),
+                fmt((ev["mean_reward"] or missing)[i]) + abstained(ev, i),
+                fmt((ev["mean_reward_judge2"] or missing)[i]) + abstained(ev, i, "_judge2"),
                 fmt(w[i][0]) if i >= 1 else "-",
                 fmt(w[i][i - 1]) if i >= 1 else "-",
                 fmt(w[i][i - 2]) if i >= 2 else "-",
@@ -144,6 +144,16 @@ def models_table(ev: dict, names: list[str]) -> str:
             ]
         )
     return table(header, rows)
+
+
+def abstained(ev: dict, m: int, judge: str = "") -> str:
+    """How many of model m's held-out answers its mean reward reads when the judge (`judge`:
+    "" or "_judge2") abstained on some, ` (3 of 16 answers, 13 abstained)`; nothing when it
+    scored them all."""
+    counts, missing = ev.get(f"reward_count{judge}"), ev.get(f"abstained{judge}")
+    if not counts or not missing or not missing[m]:
+        return ""
+    return f" ({counts[m]} of {counts[m] + missing[m]} answers, {missing[m]} abstained)"
 
 
 def with_ci(x, ci) -> str:
