@@ -154,7 +154,7 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
     safetensors traceback naming no file; a typo was told to give --output)."""
     from transformers import AutoModelForCausalLM
 
-    from pofe.locks import FolderLock
+    from pofe.locks import TRAIN_LOCK, FolderLock
     from pofe.run.evaluation.evaluate import evaluate_run
 
     path, _, _ = _loaded(tmp_path, tiny_model, eval={"judge": JUDGE, "held_out": 2})
@@ -188,7 +188,7 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
 
     training = tmp_path / "m" / "training"
     shutil.copytree(tiny_model, training)
-    with FolderLock.acquire(training / "pofe-train.lock", print, "axolotl train", RuntimeError):
+    with FolderLock.acquire(training / TRAIN_LOCK, print, "axolotl train", RuntimeError):
         said = refused(training)
     assert said.startswith(f"{training} is still being trained (`axolotl train`, PID {os.getpid()} on host ")
     assert said.endswith(
