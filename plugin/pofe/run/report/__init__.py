@@ -16,9 +16,9 @@ from pofe.files import write_atomic
 from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.report.cells import CLUSTERED, fmt
+from pofe.run.report.cells import CLUSTERED, abstained, fmt
 from pofe.run.report.collect import collect
-from pofe.run.report.held_out import abstained, not_evaluated, signed_ci, unclear, with_ci
+from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 from pofe_candidates.win_rates import saturation_warning

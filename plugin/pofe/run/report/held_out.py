@@ -5,7 +5,7 @@ win-rate matrix and its cycles, best-of-k against the trained model, lengths."""
 from __future__ import annotations
 
 from pofe.run.evaluation.statistics import distance_from_half
-from pofe.run.report.cells import CLUSTERED, fmt, table
+from pofe.run.report.cells import CLUSTERED, abstained, fmt, table
 
 
 def stopped_line(rep: dict) -> list[str]:
@@ -144,16 +144,6 @@ def models_table(ev: dict, names: list[str]) -> str:
             ]
         )
     return table(header, rows)
-
-
-def abstained(ev: dict, m: int, judge: str = "") -> str:
-    """How many of model m's held-out answers its mean reward reads when the judge (`judge`:
-    "" or "_judge2") abstained on some, ` (3 of 16 answers, 13 abstained)`; nothing when it
-    scored them all."""
-    counts, missing = ev.get(f"reward_count{judge}"), ev.get(f"abstained{judge}")
-    if not counts or not missing or not missing[m]:
-        return ""
-    return f" ({counts[m]} of {counts[m] + missing[m]} answers, {missing[m]} abstained)"
 
 
 def with_ci(x, ci) -> str:
