@@ -33,6 +33,7 @@ def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_repor
     cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf", pofe=block, learning_rate=1e-3)
     train = run_axolotl("train", str(cfg))
     assert f"the last 4 rows of {data} are held out for `axolotl pofe eval`" in train.stdout + train.stderr
+    assert not list((tmp_path / "out").glob("*pofe-train.lock"))  # issue 50: no lock file left in the model
     proc = run_axolotl("pofe", "eval", str(cfg), "--seed", "0")
 
     folder = RunFolder(tmp_path / "out" / "pofe-eval")
