@@ -6,6 +6,7 @@ same files; `tests/test_wheel.py` copies and trains one from the wheel.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -121,6 +122,30 @@ def test_a_copy_never_writes_through_a_link(tmp_path, monkeypatch):
     assert recipes("tiny-rrhf-cpu").output == "wrote recipes/tiny-rrhf-cpu.yml (already there, unchanged)\n"
 
 
+def test_a_copy_never_writes_into_a_linked_folder(tmp_path, monkeypatch):
+    """`recipes/deepspeed` a link to a user's folder: the DeepSpeed config is not written there;
+    --force replaces the link with a folder of its own, the user's folder left as it was."""
+    monkeypatch.chdir(tmp_path)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "deepspeed").symlink_to(theirs)
+    out = recipes("sppo-zero3")
+    assert out.exit_code == 1
+    assert out.output == (
+        f"Error: recipes/deepspeed is a symbolic link to {theirs}: a copy never writes through a link. --force "
+        "replaces the link itself with a folder, leaving what it points to as it is\n"
+    )
+    assert os.listdir(theirs) == [] and os.listdir(tmp_path / "recipes") == ["deepspeed"]
+    assert recipes("sppo-zero3", "--force").exit_code == 0
+    copied = tmp_path / "recipes" / "deepspeed" / "zero3_bf16.json"
+    assert (
+        not copied.parent.is_symlink()
+        and copied.read_bytes() == (FOLDER / "deepspeed" / "zero3_bf16.json").read_bytes()
+    )
+    assert os.listdir(theirs) == []
+
+
 def test_a_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     """A read-only --to folder gave a raw OSError traceback; now a clear error names the file,
     the system's reason and what to do. (Run as root, which writes a 0555 folder anyway, the
@@ -128,7 +153,6 @@ def test_a_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
     import builtins
     import errno
     import io
-    import os
 
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "readonly"

@@ -95,13 +95,28 @@ def _state(source: Path, target: Path, text: str, force: bool) -> str | None:
     if force:
         return None
     if link:
-        raise RecipeCopyError(
-            f"{target} is a symbolic link to {os.readlink(target)}"
-            + ("" if target.exists() else " (which does not exist)")
-            + ": a copy never writes through a link. --force replaces the link itself with the shipped "
-            f"{source.name}, leaving what it points to as it is"
-        )
+        raise _through_link(target, f"the shipped {source.name}")
     raise RecipeCopyError(f"{target} exists and differs from the shipped {source.name}: --force replaces it")
+
+
+def _through_link(link: Path, replacement: str) -> RecipeCopyError:
+    """The refusal to write through `link`; --force puts `replacement` in its place."""
+    return RecipeCopyError(
+        f"{link} is a symbolic link to {os.readlink(link)}"
+        + ("" if link.exists() else " (which does not exist)")
+        + f": a copy never writes through a link. --force replaces the link itself with {replacement}, "
+        "leaving what it points to as it is"
+    )
+
+
+def _linked_folder(destination: Path, target: Path) -> Path | None:
+    """The first folder between `destination` and `target` (`deepspeed/`) that is a symbolic link."""
+    folder = destination
+    for part in target.relative_to(destination).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            return folder
+    return None
 
 
 def _read(target: Path) -> str:
@@ -136,9 +151,15 @@ def copy_recipe(name: str, destination: Path = DEFAULT_DESTINATION, force: bool 
         assert count == 1, f"{recipe.path.name}: one `deepspeed:` line expected, found {count}"
     files.insert(0, (recipe.path, destination / recipe.path.name, text))
     states = [_state(*file, force) for file in files]  # every check before any write
+    for (_, target, _), state in zip(files, states):
+        linked = _linked_folder(destination, target) if state is None else None
+        if linked and not force:
+            raise _through_link(linked, "a folder")
     done = []
     for (_, target, content), state in zip(files, states):
         if state is None:
+            if linked := _linked_folder(destination, target):
+                linked.unlink()  # --force: the link itself, not the folder it points to
             try:
                 write_atomic(target, content)  # os.replace: a link at `target` is replaced, not followed
             except WriteFailed as e:
