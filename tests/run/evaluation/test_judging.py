@@ -188,3 +188,27 @@ def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch)
     assert held_out_summary({"eval": ev})[0] == (
         "  held-out: pi_0 reward 1.000 KL 0.000, pi_1 reward 1.000 (5 of 8 answers, 3 abstained) KL 0.250"
     )
+
+
+def test_a_pairwise_judges_abstentions_are_counted_by_pairs():
+    """A pairwise judge abstains on pairs of answers: 3 answers (3 pairs) per prompt, 2 prompts,
+    4 of the 6 pairs without a preference are over the limit, named as pairs; 1 of 6 is not."""
+    from pofe.run.evaluation.judging import check_verdicts
+    from pofe_candidates.abstentions import NoJudgeSignal
+    from pofe_candidates.config import JudgeConfig
+    from pofe_candidates.judges import PairwiseVerdict
+
+    cfg = JudgeConfig(type="pairrm", model="llm-blender/PairRM")
+
+    def verdict(abstained: int) -> PairwiseVerdict:
+        return PairwiseVerdict(torch.full((3, 3), 0.5), abstained, ("no verdict",) * abstained)
+
+    with pytest.raises(NoJudgeSignal) as caught:
+        check_verdicts([verdict(2), verdict(2)], cfg, "pofe.judge", "judge the held-out answers")
+    assert str(caught.value).startswith(
+        "judge pairrm abstained on 4 of 6 pairs of answers (67%, limit pofe.judge.max_abstention_rate=0.5): "
+        "top reason "
+    )
+    assert "e.g. judge the held-out answers, prompt 0: no verdict" in str(caught.value)
+    tally = check_verdicts([verdict(1), verdict(0)], cfg, "pofe.judge", "judge the held-out answers")
+    assert (tally.verdicts, tally.abstained) == (6, 1)

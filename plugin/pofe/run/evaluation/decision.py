@@ -18,9 +18,9 @@ Which iterate to use (`choose_model`), by what carries signal for the judge the 
 
 An interval needs `MIN_INTERVAL_PROMPTS` held-out prompts (`pofe.run.evaluation.statistics`):
 from fewer, nothing is "clearly" better or worse, and the choice and each regression say so
-(`no_interval`: "too few prompts (N) for an interval ..."). The choice says which it read (`basis`). The report warns about each regression; only
-`pofe.stop_when` ends a run on one. An eval.json written before the reward comparisons existed
-is read by win rates. pi_avg
+(`no_interval`: "too few prompts (N) for an interval ..."). The choice says which it read
+(`basis`). The report warns about each regression; only `pofe.stop_when` ends a run on one.
+An eval.json written before the reward comparisons existed is read by win rates. pi_avg
 (`pofe.eval.average_iterates`, eval.json's `average`) is a candidate like any iterate; it
 regresses against nothing (its "previous" is pi_T). With a KL ceiling (`pofe.stop_when`'s
 `kl_to_pi_0_above`, eval.json's `kl_ceiling`) only models whose KL to pi_0 is under it count.

@@ -221,8 +221,8 @@ MIN_INTERVAL_PROMPTS = 6
 
 
 def too_few_prompts(n: int, minimum: int = MIN_INTERVAL_PROMPTS) -> str | None:
-    """Why `n` prompts give no interval ("too few prompts (1) for an interval, ..."), None when
-    they are enough."""
+    """Why `n` prompts give no interval ("too few prompts (1) for an interval (at least 6: ...)"),
+    None when they are enough."""
     if n >= minimum:
         return None
     return f"too few prompts ({n}) for an interval (at least {minimum}: raise pofe.eval.held_out)"
