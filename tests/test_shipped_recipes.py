@@ -6,8 +6,10 @@ same files; `tests/test_wheel.py` copies and trains one from the wheel.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -91,6 +93,100 @@ def test_a_changed_copy_is_kept_unless_forced(tmp_path, monkeypatch):
     assert edited.read_text() == "base_model: mine\n" and not (tmp_path / "recipes" / "deepspeed").exists()
     assert recipes("sppo-zero3", "--force").exit_code == 0
     assert edited.read_bytes() == (FOLDER / "sppo-zero3.yml").read_bytes()
+
+
+def test_a_copy_never_writes_through_a_link(tmp_path, monkeypatch):
+    """Issue 50: a dangling `recipes/<name>.yml` link made the copy create the link's target
+    outside the folder, and with --force a link to a user's file replaced that file. A link is
+    refused, naming it and where it points; --force replaces the link itself, and what it
+    pointed to stays as it was (created nowhere, or unchanged)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    dangling, linked = tmp_path / "recipes" / "sppo-zero3.yml", tmp_path / "recipes" / "tiny-rrhf-cpu.yml"
+    dangling.symlink_to("../outside/new.yml")
+    mine = tmp_path / "mine.yml"
+    mine.write_text("base_model: mine\n")
+    linked.symlink_to(mine)
+    for name, link, to in (
+        ("sppo-zero3", dangling, "../outside/new.yml (which does not exist)"),
+        ("tiny-rrhf-cpu", linked, mine),
+    ):
+        out = recipes(name)
+        assert out.exit_code == 1
+        assert out.output == (
+            f"Error: recipes/{link.name} is a symbolic link to {to}: a copy never writes through a link. --force "
+            f"replaces the link itself with the shipped {link.name}, leaving what it points to as it is\n"
+        )
+    assert not (tmp_path / "outside").exists() and mine.read_text() == "base_model: mine\n"
+    assert not (tmp_path / "recipes" / "deepspeed").exists()  # every check before any write
+
+    out = recipes("sppo-zero3", "tiny-rrhf-cpu", "--force")
+    assert out.exit_code == 0, out.output
+    for link in (dangling, linked):
+        assert not link.is_symlink() and link.read_bytes() == (FOLDER / link.name).read_bytes()
+    assert not (tmp_path / "outside").exists() and mine.read_text() == "base_model: mine\n"
+    # a link to a file as shipped needs no write
+    same = tmp_path / "same.yml"
+    same.write_bytes((FOLDER / "tiny-rrhf-cpu.yml").read_bytes())
+    linked.unlink()
+    linked.symlink_to(same)
+    assert recipes("tiny-rrhf-cpu").output == "wrote recipes/tiny-rrhf-cpu.yml (already there, unchanged)\n"
+
+
+def test_a_copy_never_writes_into_a_linked_folder(tmp_path, monkeypatch):
+    """`recipes/deepspeed` a link to a user's folder: the DeepSpeed config is not written there;
+    --force replaces the link with a folder of its own, the user's folder left as it was."""
+    monkeypatch.chdir(tmp_path)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "deepspeed").symlink_to(theirs)
+    out = recipes("sppo-zero3")
+    assert out.exit_code == 1
+    assert out.output == (
+        f"Error: recipes/deepspeed is a symbolic link to {theirs}: a copy never writes through a link. --force "
+        "replaces the link itself with a folder, leaving what it points to as it is\n"
+    )
+    assert os.listdir(theirs) == [] and os.listdir(tmp_path / "recipes") == ["deepspeed"]
+    assert recipes("sppo-zero3", "--force").exit_code == 0
+    copied = tmp_path / "recipes" / "deepspeed" / "zero3_bf16.json"
+    assert (
+        not copied.parent.is_symlink()
+        and copied.read_bytes() == (FOLDER / "deepspeed" / "zero3_bf16.json").read_bytes()
+    )
+    assert os.listdir(theirs) == []
+
+
+def test_a_folder_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    """A read-only --to folder gave a raw OSError traceback; now a clear error names the file,
+    the system's reason and what to do. (Run as root, which writes a 0555 folder anyway, the
+    kernel's refusal to create a file there is stood in for at `open`.)"""
+    import builtins
+    import errno
+    import io
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    folder.chmod(0o555)
+    real_open = io.open
+
+    def refuse_in_folder(file, mode="r", *args, **kwargs):
+        if "w" in mode and Path(file).parent.resolve() == folder:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", refuse_in_folder)
+    monkeypatch.setattr(builtins, "open", refuse_in_folder)
+    try:
+        out = recipes("tiny-rrhf-cpu", "--to", "readonly")
+    finally:
+        monkeypatch.undo()
+        folder.chmod(0o755)
+    assert out.exit_code == 1
+    assert out.output.startswith("Error: could not write readonly/tiny-rrhf-cpu.yml: Permission denied (errno 13).")
+    assert out.output.endswith("Or copy into a folder you can write: --to DIR.\n")
+    assert os.listdir(folder) == []  # nothing left behind
 
 
 def test_an_unknown_name_lists_the_shipped_ones():

@@ -9,11 +9,21 @@ caller's: `pofe.run.guards` (a run's output_dir), `pofe_candidates.pipeline` (a 
 folder), `pofe.plugin` (`axolotl train`'s output_dir, `TRAIN_LOCK`). A reader that must not
 start while a writer runs asks `holder`, which takes nothing.
 
+Released on every ordinary end of the holder's process: by `release` (or the `with` block),
+else at the interpreter's exit (`atexit`: a normal end, an uncaught exception, `sys.exit`), so
+only a holder that was killed (SIGKILL, a crash of the interpreter, `os._exit`) leaves a
+record the next holder takes over with a word. A lock acquired with `keep_file=False` removes
+its file on release (a trained model's folder keeps no lock file to be uploaded with it); a
+holder that opened the file before it was removed finds it gone once it gets the lock, and
+opens the new one (`acquire`). Such a lock is not for children to inherit: a child still
+holding the removed file locks no one out.
+
 This module is a leaf: standard library only.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -24,8 +34,10 @@ from pathlib import Path
 
 from pofe.errors import PofeError
 
-# the file `axolotl train` of a POFE recipe holds in its output_dir while it trains (`pofe.plugin`)
-TRAIN_LOCK = "pofe-train.lock"
+# the file `axolotl train` of a POFE recipe holds in its output_dir while it trains
+# (`pofe.plugin`), removed when it ends. Its leading "_": the Trainer's hub uploads of the
+# output_dir (`push_to_hub`, `hub_strategy`) skip "_*" files, and they run while it is held.
+TRAIN_LOCK = "_pofe-train.lock"
 
 
 def alive(pid: int) -> bool:
@@ -55,42 +67,68 @@ def here_and_gone(holder: dict) -> bool:
 
 
 class FolderLock:
-    """The held lock; `fileno()` for children to inherit, `release()` when the work ends."""
+    """The held lock; `fileno()` for children to inherit, `release()` when the work ends (else
+    at the process's exit)."""
 
-    def __init__(self, path: Path, fd: int, holder: dict):
+    def __init__(self, path: Path, fd: int, holder: dict, keep_file: bool = True):
         self.path = path
         self.holder = holder
-        self._fd = fd
+        self.keep_file = keep_file
+        self._fd: int | None = fd
 
     @classmethod
     def acquire(
-        cls, path: Path, echo: Callable[[str], None], command: str, refuse: Callable[[dict], PofeError]
+        cls,
+        path: Path,
+        echo: Callable[[str], None],
+        command: str,
+        refuse: Callable[[dict], PofeError],
+        keep_file: bool = True,
     ) -> FolderLock:
         """Take the lock for `command`, or raise `refuse(holder)` with the holder's record;
-        says so when taking over from a holder that crashed."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            os.close(fd)
-            raise refuse(holder) from None
+        says so when taking over from a holder that was killed. `keep_file=False`: the file is
+        removed on release (its record then gone with it)."""
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(fd)
+                os.close(fd)
+                raise refuse(holder) from None
+            if _still_at(fd, path):
+                break
+            os.close(fd)  # its holder removed the file we opened as it released it: open the new one
         previous = _read(fd)
         if previous and "ended" not in previous:
             echo(f"{path}: taking over from a run that ended without releasing it ({describe(previous)})")
-        lock = cls(
-            path, fd, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
-        )
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "command": command}
+        lock = cls(path, fd, holder, keep_file)
         lock._write()
+        atexit.register(lock._at_exit)
         return lock
 
     def fileno(self) -> int:
         return self._fd
 
     def release(self) -> None:
-        self.holder["ended"] = time.time()
-        self._write()
+        """Record the clean end (or, `keep_file=False`, remove the file), then let go; once."""
+        if self._fd is None:
+            return
+        atexit.unregister(self._at_exit)
+        if self.keep_file:
+            self.holder["ended"] = time.time()
+            self._write()
+        else:
+            self.path.unlink(missing_ok=True)  # still held: whoever opened it retries (`acquire`)
         os.close(self._fd)  # children that still hold it keep it locked
+        self._fd = None
+
+    def _at_exit(self) -> None:
+        """The release at the interpreter's exit, in the process that took the lock (a forked
+        child runs its parent's exit handlers too: it must not release its parent's lock)."""
+        if os.getpid() == self.holder["pid"]:
+            self.release()
 
     def _write(self) -> None:
         os.ftruncate(self._fd, 0)
@@ -119,6 +157,16 @@ def holder(path: Path) -> dict | None:
         return None
     finally:
         os.close(fd)
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    """Whether the file open as `fd` is still the one at `path` (not removed nor replaced)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _read(fd: int) -> dict:

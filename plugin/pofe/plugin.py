@@ -1,8 +1,10 @@
 """`pofe.PofePlugin`: the class a recipe lists under `plugins:`.
 
 One `axolotl train` of a POFE recipe per output_dir: the first process of a launch holds
-`<output_dir>/pofe-train.lock` (`pofe.locks`) from the first hook that sees the datasets, before
-anything is written or deleted there, to the end of training; a second is refused naming it.
+`<output_dir>/_pofe-train.lock` (`pofe.locks`) from the first hook that sees the datasets, before
+anything is written or deleted there, to the end of training (or of the process, however it
+ends but killed); a second is refused naming it. The file is removed when the lock is released:
+a trained model's folder holds none.
 """
 
 from __future__ import annotations
@@ -144,7 +146,9 @@ class PofePlugin(BasePlugin):
             return  # a job of this process trains there again
         self._release_output_dir()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._train_lock = FolderLock.acquire(path, _warn, "axolotl train", partial(_in_use, path.parent))
+        self._train_lock = FolderLock.acquire(
+            path, _warn, "axolotl train", partial(_in_use, path.parent), keep_file=False
+        )
 
     def _release_output_dir(self) -> None:
         if self._train_lock is not None:

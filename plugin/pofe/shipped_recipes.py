@@ -6,10 +6,17 @@ them and copies one, with the DeepSpeed config it names, to a folder (`recipes/`
 path relative to the directory a run starts in (`deepspeed: recipes/deepspeed/zero3_bf16.json`),
 so a copy into `recipes/` runs as the README's commands say, and a copy elsewhere names its
 copied config.
+
+A copy never writes through a symbolic link: a target that is a link (to a user's file, or
+dangling: its target would be created wherever it points) is refused, naming it; `--force`
+replaces the link itself with the shipped file, and what it pointed to stays as it was. Each
+file is written whole or not at all (`pofe.files.write_atomic`); a folder that cannot be
+written is named, with what to do.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from pofe.errors import PofeError
+from pofe.files import WriteFailed, write_atomic
 
 FOLDER = Path(__file__).resolve().parent / "recipes"
 # where a copy goes unless told: the folder the shipped recipes' DeepSpeed paths start with
@@ -24,7 +32,8 @@ DEFAULT_DESTINATION = Path("recipes")
 
 
 class RecipeCopyError(PofeError, ValueError):
-    """An unknown recipe name, or a copy that would overwrite a different file."""
+    """An unknown recipe name, a copy that would overwrite a different file or write through a
+    link, or a folder that cannot be written."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +85,55 @@ def find(name: str) -> ShippedRecipe:
 
 
 def _state(source: Path, target: Path, text: str, force: bool) -> str | None:
-    """Why `target` needs no write (None: it does); raises when it holds a different file and not `force`."""
-    if not target.exists():
+    """Why `target` needs no write (None: it does); raises when it holds a different file, or
+    is a link, and not `force` (then the write replaces the file, or the link itself)."""
+    link = target.is_symlink()
+    if not target.exists() and not link:
         return None
     if target.resolve() == source.resolve():
         return "the shipped file itself"
-    if target.read_text(encoding="utf-8") == text:
+    if target.is_dir():
+        raise RecipeCopyError(
+            f"{target} is a folder, where the shipped {source.name} would go: move it, or copy --to another folder"
+        )
+    if target.is_file() and _read(target) == text:
         return "already there, unchanged"
-    if not force:
-        raise RecipeCopyError(f"{target} exists and differs from the shipped {source.name}: --force replaces it")
+    if force:
+        return None
+    if link:
+        raise _through_link(target, f"the shipped {source.name}")
+    raise RecipeCopyError(f"{target} exists and differs from the shipped {source.name}: --force replaces it")
+
+
+def _through_link(link: Path, replacement: str) -> RecipeCopyError:
+    """The refusal to write through `link`; --force puts `replacement` in its place."""
+    return RecipeCopyError(
+        f"{link} is a symbolic link to {os.readlink(link)}"
+        + ("" if link.exists() else " (which does not exist)")
+        + f": a copy never writes through a link. --force replaces the link itself with {replacement}, "
+        "leaving what it points to as it is"
+    )
+
+
+def _linked_folder(destination: Path, target: Path) -> Path | None:
+    """The first folder between `destination` and `target` (`deepspeed/`) that is a symbolic link."""
+    folder = destination
+    for part in target.relative_to(destination).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            return folder
     return None
+
+
+def _read(target: Path) -> str:
+    """`target`'s text, to compare with the shipped file; a clear error when it cannot be read."""
+    try:
+        return target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise RecipeCopyError(
+            f"cannot read {target} to compare it with the shipped file: {why}. Move it, or copy --to another folder"
+        ) from e
 
 
 def copy_recipe(name: str, destination: Path = DEFAULT_DESTINATION, force: bool = False) -> list[str]:
@@ -93,8 +141,9 @@ def copy_recipe(name: str, destination: Path = DEFAULT_DESTINATION, force: bool 
 
     The config goes to `destination/deepspeed/`; outside `recipes/` the copy's `deepspeed:`
     line names it there (relative to the directory a run starts in, as the recipe's own path).
-    Nothing is written when a target holds a different file, unless `force`. Returns one line
-    per file: where it went.
+    Nothing is written when a target holds a different file or is a symbolic link, unless
+    `force` (which replaces the file, or the link itself: never what a link points to).
+    Returns one line per file: where it went.
     """
     recipe = find(name)
     text = recipe.path.read_text(encoding="utf-8")
@@ -108,10 +157,19 @@ def copy_recipe(name: str, destination: Path = DEFAULT_DESTINATION, force: bool 
         assert count == 1, f"{recipe.path.name}: one `deepspeed:` line expected, found {count}"
     files.insert(0, (recipe.path, destination / recipe.path.name, text))
     states = [_state(*file, force) for file in files]  # every check before any write
+    for (_, target, _), state in zip(files, states):
+        linked = _linked_folder(destination, target) if state is None else None
+        if linked and not force:
+            raise _through_link(linked, "a folder")
     done = []
     for (_, target, content), state in zip(files, states):
         if state is None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+            if linked := _linked_folder(destination, target):
+                linked.unlink()  # --force: the link itself, not the folder it points to
+            try:
+                write_atomic(target, content)  # os.replace: a link at `target` is replaced, not followed
+            except WriteFailed as e:
+                before = f" ({', '.join(done)} written before it)" if done else ""
+                raise RecipeCopyError(f"{e} Or copy into a folder you can write: --to DIR{before}.") from e
         done.append(f"{target}" + (f" ({state})" if state else ""))
     return done

@@ -23,7 +23,8 @@ class NoJudgeSignal(PofeError, RuntimeError):
 @dataclass(frozen=True)
 class AbstentionTally:
     """Verdicts asked (candidates for a scalar judge, unordered pairs for a pairwise one) and
-    abstentions, by reason kind, with the first row seen for each kind."""
+    abstentions, by reason kind, with the first row seen for each kind (a judged row's `where`,
+    else its dataset row `index`)."""
 
     verdicts: int = 0
     abstained: int = 0
@@ -36,7 +37,8 @@ class AbstentionTally:
             for reason in r.get("abstain_reasons", []):
                 kind = reason_kind(reason)
                 reasons[kind] += 1
-                examples.setdefault(kind, f"dataset row {r['index']}: {reason}")
+                where = r.get("where") or f"dataset row {r['index']}"
+                examples.setdefault(kind, f"{where}: {reason}")
         return replace(
             self,
             verdicts=self.verdicts + sum(r.get("judged", 0) for r in judged_rows),
@@ -50,9 +52,19 @@ class AbstentionTally:
         return self.abstained / self.verdicts if self.verdicts else 0.0
 
 
-def check_abstentions(tally: AbstentionTally, *, limit: float, judge: str, unit: str, final: bool) -> None:
+def check_abstentions(
+    tally: AbstentionTally,
+    *,
+    limit: float,
+    judge: str,
+    unit: str,
+    final: bool,
+    setting: str = "pofe.judge",
+    redo: str = "judge shards over the limit are not written",
+) -> None:
     """Raise NoJudgeSignal when the rate passes `limit`, or (final: the whole stage) when every
-    verdict abstained. `unit` names a verdict: "candidates" or "pairs"."""
+    verdict abstained. `unit` names a verdict: "candidates" or "pairs"; `setting`, the judge's
+    config block (its max_abstention_rate is the limit); `redo`, what a rerun does again."""
     everything = final and tally.verdicts > 0 and tally.abstained == tally.verdicts
     if not everything and tally.rate <= limit:
         return
@@ -63,6 +75,6 @@ def check_abstentions(tally: AbstentionTally, *, limit: float, judge: str, unit:
         why = "no reasons recorded"
     raise NoJudgeSignal(
         f"judge {judge} abstained on {tally.abstained} of {tally.verdicts} {unit} ({tally.rate:.0%}, "
-        f"limit judge.max_abstention_rate={limit:g}): {why}. Fix the judge and run again (judge "
-        "shards over the limit are not written); raise pofe.judge.max_abstention_rate to accept more."
+        f"limit {setting}.max_abstention_rate={limit:g}): {why}. Fix the judge and run again ({redo}); "
+        f"raise {setting}.max_abstention_rate to accept more."
     )

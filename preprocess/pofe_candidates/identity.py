@@ -16,17 +16,18 @@ Which a judge is, its type's spec says (`JudgeSpec.source`).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from pofe.files import file_sha256, weights_fingerprint
+from pofe.recipe_modules import find_recipe_module
 from pofe_candidates.config import JudgeConfig
 
 
 def module_digest(module_name: str) -> str:
-    """sha256 of the module's source file; "not found" (the judge's import then says why)."""
+    """sha256 of the module's source file, found where the judge imports it from (beside the
+    recipe too: `pofe.recipe_modules`); "not found" (the judge's import then says why)."""
     try:
-        spec = importlib.util.find_spec(module_name)
+        spec = find_recipe_module(module_name)
     except (ImportError, ValueError):
         spec = None
     origin = getattr(spec, "origin", None)

@@ -18,7 +18,6 @@ such as -1 that could be trained on. Abstentions are counted in `judge.stats`; w
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from pofe.errors import PofeError
+from pofe.recipe_modules import RecipeModuleError, import_recipe_module
 from pofe_candidates.counts import Counts
 from pofe_candidates.render import Prompt
 
@@ -196,8 +196,12 @@ def load_dotted(path: str, key: str) -> Callable[..., Any]:
 
 
 def _import_callable(module_name: str, attr: str, what: str) -> Callable[..., Any]:
+    """The callable `attr` of the module a recipe names: beside the recipe, in the working
+    directory, or installed (`pofe.recipe_modules.import_recipe_module`)."""
     try:
-        module = importlib.import_module(module_name)
+        module = import_recipe_module(module_name, what)
+    except RecipeModuleError:
+        raise
     except ImportError as e:
         raise ImportError(f"{what}: cannot import module {module_name!r}: {e}") from e
     try:

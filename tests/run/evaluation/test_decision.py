@@ -132,7 +132,7 @@ def report_fields(M: int) -> dict:
     """The rest of an eval.json of M models that the report reads (values of no interest here)."""
     per_model = [1.0] * M
     return {
-        "num_prompts": 4,
+        "num_prompts": 8,  # enough for an interval (MIN_INTERVAL_PROMPTS)
         "prompts_source": "held-out",
         "judge": {"type": "python", "function": "m:f"},
         "judge2": None,

@@ -120,3 +120,95 @@ def test_a_judge_pass_in_chunks_gives_the_same_verdicts_and_a_progress_bar(capsy
     strict = make_judge(JudgeConfig(type="python", function="nan_at:reward", allow_abstain=False))
     with pytest.raises(JudgeError, match="judge gave no verdict for prompt 33, "):
         judge_pass(strict, prompts, prompts, responses, "judge")
+
+
+def abstaining_judge(tmp_path, monkeypatch):
+    """A python judge `abstains_on_x:reward`: NaN (an abstention) for the answer "x", else 1.0."""
+    (tmp_path / "abstains_on_x.py").write_text(
+        "def reward(prompt, response):\n    return float('nan') if response == 'x' else 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from pofe_candidates.config import JudgeConfig
+
+    return JudgeConfig(type="python", function="abstains_on_x:reward")
+
+
+def test_held_out_abstentions_over_the_limit_stop_the_evaluation(tmp_path, monkeypatch):
+    """Issue 50: 13 of 16 held-out rewards NaN (the judge abstained) exited 0, the choice made on 3
+    answers, the abstentions uncounted. Over the judge's max_abstention_rate (0.5) the evaluation
+    stops, naming the judge, the count, the reason with its prompt and the setting; every answer
+    abstained stops it whatever the limit; judge2's limit is named as pofe.eval.judge2's."""
+    from pofe.run.evaluation.judging import judge_models
+    from pofe_candidates.abstentions import NoJudgeSignal
+    from pofe_candidates.judges import make_judge
+
+    cfg = abstaining_judge(tmp_path, monkeypatch)
+    prompts = [f"{i}+1=" for i in range(8)]
+    texts = [[["x"], ["x"]] for _ in range(8)]  # (P=8, M=2, S=1)
+    texts[5][1], texts[6][1], texts[7][0] = ["1"], ["1"], ["1"]  # 3 answers scored, 13 abstained
+    with pytest.raises(NoJudgeSignal) as caught:
+        judge_models(make_judge(cfg), prompts, prompts, texts, cfg=cfg)
+    message = str(caught.value)
+    assert message.startswith(
+        "judge abstains_on_x:reward abstained on 13 of 16 answers (81%, limit pofe.judge.max_abstention_rate=0.5): "
+    )
+    assert "e.g. judge the held-out answers, prompt 0: " in message
+    assert "raise pofe.judge.max_abstention_rate to accept more" in message
+    with pytest.raises(NoJudgeSignal, match="limit pofe.eval.judge2.max_abstention_rate=0.5"):
+        judge_models(make_judge(cfg), prompts, prompts, texts, "judge2", cfg=cfg, setting="pofe.eval.judge2")
+    everything = [[["x"], ["x"]] for _ in range(8)]
+    lenient = cfg.model_copy(update={"max_abstention_rate": 1.0})
+    with pytest.raises(NoJudgeSignal, match="abstained on 16 of 16 answers"):
+        judge_models(make_judge(lenient), prompts, prompts, everything, cfg=lenient)
+
+
+def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch):
+    """3 of 16 answers abstained (under 0.5): the means are over the 13 scored answers, and
+    eval.json counts both per model; the console's held-out line says so."""
+    from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, reward_counts
+    from pofe.run.report import held_out_summary
+    from pofe_candidates.judges import make_judge
+
+    cfg = abstaining_judge(tmp_path, monkeypatch)
+    prompts = [f"{i}+1=" for i in range(8)]
+    texts = [[["1"], ["1"]] for _ in range(8)]
+    texts[0][1], texts[1][1], texts[2][1] = ["x"], ["x"], ["x"]  # pi_1 abstained on 3 of its 8
+    out = judge_models(make_judge(cfg), prompts, prompts, texts, cfg=cfg)
+    assert mean_reward_per_model(out["rewards"], 2) == [1.0, 1.0]
+    counts = reward_counts(out["rewards"], 2)
+    assert counts == {"reward_count": [8, 5], "abstained": [0, 3]}
+    ev = {
+        "models": [{"name": "pi_0"}, {"name": "pi_1"}],
+        "mean_reward": [1.0, 1.0],
+        "kl_to_base": [0.0, 0.25],
+        **counts,
+        "win_matrix": out["win_matrix"],
+        "cycles": [],
+    }
+    assert held_out_summary({"eval": ev})[0] == (
+        "  held-out: pi_0 reward 1.000 KL 0.000, pi_1 reward 1.000 (5 of 8 answers, 3 abstained) KL 0.250"
+    )
+
+
+def test_a_pairwise_judges_abstentions_are_counted_by_pairs():
+    """A pairwise judge abstains on pairs of answers: 3 answers (3 pairs) per prompt, 2 prompts,
+    4 of the 6 pairs without a preference are over the limit, named as pairs; 1 of 6 is not."""
+    from pofe.run.evaluation.judging import check_verdicts
+    from pofe_candidates.abstentions import NoJudgeSignal
+    from pofe_candidates.config import JudgeConfig
+    from pofe_candidates.judges import PairwiseVerdict
+
+    cfg = JudgeConfig(type="pairrm", model="llm-blender/PairRM")
+
+    def verdict(abstained: int) -> PairwiseVerdict:
+        return PairwiseVerdict(torch.full((3, 3), 0.5), abstained, ("no verdict",) * abstained)
+
+    with pytest.raises(NoJudgeSignal) as caught:
+        check_verdicts([verdict(2), verdict(2)], cfg, "pofe.judge", "judge the held-out answers")
+    assert str(caught.value).startswith(
+        "judge pairrm abstained on 4 of 6 pairs of answers (67%, limit pofe.judge.max_abstention_rate=0.5): "
+        "top reason "
+    )
+    assert "e.g. judge the held-out answers, prompt 0: no verdict" in str(caught.value)
+    tally = check_verdicts([verdict(1), verdict(0)], cfg, "pofe.judge", "judge the held-out answers")
+    assert (tally.verdicts, tally.abstained) == (6, 1)

@@ -113,16 +113,44 @@ def test_reward_comparisons_by_hand():
     1, both prompt 1 (1/4) gives 0, one of each 0.5; so the 2.5 % and 97.5 % quantiles are 0 and 1,
     and pi_0's own mean ranges over 0..0.5. pi_2 abstained (NaN) on prompt 1's first sample: its
     mean is over the rewards it has, (0.25 + 0.75) / 2 = 0.5, as eval.json's mean_reward; its
-    difference to pi_1 is -0.25."""
+    difference to pi_1 is -0.25. (Two prompts are too few for an interval, test below: the
+    arithmetic is checked with `min_prompts` lowered.)"""
     from pofe.run.evaluation.statistics import reward_comparisons
 
     nan = float("nan")
     rewards = torch.tensor(
         [[[0.0, 0.0], [1.0, 1.0], [0.25, 0.25]], [[0.5, 0.5], [0.5, 0.5], [nan, 0.75]]], dtype=torch.float64
     )  # (P=2, M=3, S=2)
-    out = reward_comparisons(rewards, draws=2000, seed=0)
+    out = reward_comparisons(rewards, draws=2000, seed=0, min_prompts=1)
     assert out["reward_ci95"][0] == pytest.approx([0.0, 0.5])
     assert out["reward_vs_pi_0"][0] is None and out["reward_vs_previous"][0] is None
     assert out["reward_vs_pi_0"][1]["diff"] == pytest.approx(0.5)
     assert out["reward_vs_pi_0"][1]["diff_ci95"] == pytest.approx([0.0, 1.0])
     assert out["reward_vs_previous"][2]["diff"] == pytest.approx(5 / 12 - 0.75)
+
+
+def test_too_few_prompts_give_no_interval():
+    """Issue 50: one held-out prompt (pi_0 scores 0, pi_1 2.5) gave the difference +2.5 the
+    interval [+2.5, +2.5], width 0 from one prompt, read as evidence. Below
+    `MIN_INTERVAL_PROMPTS` (6) prompts no interval is computed: every interval is None, and each
+    comparison says how many prompts it read; from 6 prompts on there is one."""
+    from pofe.run.evaluation.statistics import MIN_INTERVAL_PROMPTS, compare_iterates, reward_comparisons
+
+    assert MIN_INTERVAL_PROMPTS == 6
+    for P in (1, 5):
+        rewards = torch.tensor([[[0.0], [2.5]]] * P, dtype=torch.float64)  # (P, M=2, S=1)
+        out = reward_comparisons(rewards)
+        assert out["reward_ci95"] == [[None, None], [None, None]] and out["reward_prompts"] == [P, P]
+        assert out["reward_vs_pi_0"][1] == {"diff": 2.5, "diff_ci95": [None, None], "prompts": P}
+        pref = bradley_terry_preferences(rewards.reshape(P, 2))
+        comparisons = compare_iterates(pref, torch.ones(P, 2, 1), seed=0)
+        assert comparisons["win_matrix_ci95"] == [[[0.5, 0.5], [None, None]], [[None, None], [0.5, 0.5]]]
+        versus = comparisons["vs_pi_0"][1]
+        assert versus["raw_ci95"] == versus["lc_ci95"] == [None, None] and versus["prompts"] == P
+    rewards = torch.tensor([[[0.0], [2.5]]] * 6, dtype=torch.float64)
+    assert reward_comparisons(rewards)["reward_vs_pi_0"][1]["diff_ci95"] == [2.5, 2.5]
+    # a prompt where pi_1 abstained on every sample does not count for its interval
+    rewards[0, 1, 0] = float("nan")
+    out = reward_comparisons(rewards)
+    assert out["reward_prompts"] == [6, 5] and out["reward_vs_pi_0"][1]["prompts"] == 5
+    assert out["reward_ci95"][1] == out["reward_vs_pi_0"][1]["diff_ci95"] == [None, None]

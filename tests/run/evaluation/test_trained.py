@@ -33,6 +33,7 @@ def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_repor
     cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.rrhf", pofe=block, learning_rate=1e-3)
     train = run_axolotl("train", str(cfg))
     assert f"the last 4 rows of {data} are held out for `axolotl pofe eval`" in train.stdout + train.stderr
+    assert not list((tmp_path / "out").glob("*pofe-train.lock"))  # issue 50: no lock file left in the model
     proc = run_axolotl("pofe", "eval", str(cfg), "--seed", "0")
 
     folder = RunFolder(tmp_path / "out" / "pofe-eval")
@@ -154,7 +155,7 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
     safetensors traceback naming no file; a typo was told to give --output)."""
     from transformers import AutoModelForCausalLM
 
-    from pofe.locks import FolderLock
+    from pofe.locks import TRAIN_LOCK, FolderLock
     from pofe.run.evaluation.evaluate import evaluate_run
 
     path, _, _ = _loaded(tmp_path, tiny_model, eval={"judge": JUDGE, "held_out": 2})
@@ -188,7 +189,7 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
 
     training = tmp_path / "m" / "training"
     shutil.copytree(tiny_model, training)
-    with FolderLock.acquire(training / "pofe-train.lock", print, "axolotl train", RuntimeError):
+    with FolderLock.acquire(training / TRAIN_LOCK, print, "axolotl train", RuntimeError):
         said = refused(training)
     assert said.startswith(f"{training} is still being trained (`axolotl train`, PID {os.getpid()} on host ")
     assert said.endswith(

@@ -748,3 +748,77 @@ def test_the_console_summary_of_rounds_leaves_out_what_a_round_has_not_measured(
     assert online_summary({"folder": "o", "refreshes": refreshes}) == [
         "  online: 2 refreshes, steps 0 -> 3: candidate reward 0.500 -> 0.750 (best-of-k 1.000 -> 1.000)"
     ]
+
+
+def test_one_held_out_prompt_is_never_clear():
+    """Issue 50: `pofe.eval.held_out: 1`, pi_1 scoring 2.5 above pi_0 on the one prompt, printed
+    "use pi_1 ... +2.500 [+2.500, +2.500] over pi_0" and `clear: true`. Now there is no interval,
+    the choice is not clear, and the console and the report say why: too few prompts."""
+    from pofe.run.evaluation.decision import choose_model
+    from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons
+    from pofe.run.report import held_out_summary
+    from pofe.run.report.held_out import choice_section
+    from pofe_candidates.win_rates import bradley_terry_preferences
+
+    rewards = torch.tensor([[[0.0], [2.5]]], dtype=torch.float64)  # (P=1, M=2, S=1)
+    ev = {
+        **eval_record([[0.5, 0.076], [0.924, 0.5]]),
+        "num_prompts": 1,
+        "mean_reward": [0.0, 2.5],
+        "kl_to_base": [0.0, 0.5],
+        **compare_iterates(bradley_terry_preferences(rewards.reshape(1, 2)), torch.ones(1, 2, 1)),
+        **reward_comparisons(rewards),
+    }
+    choice = choose_model(ev)
+    assert choice["clear"] is False
+    why = "too few prompts (1) for an interval (at least 6: raise pofe.eval.held_out)"
+    assert (choice["name"], choice["clear"], choice["diff_ci95"], choice["no_interval"]) == (
+        "pi_1",
+        False,
+        [None, None],
+        why,
+    )
+    assert held_out_summary({"eval": ev, "choice": choice})[1] == (
+        f"  use pi_1 (best mean held-out reward 2.500, +2.500 over pi_0, not clearly: {why}; "
+        "chosen by reward, the judge scores each answer)"
+    )
+    md = "\n".join(choice_section({"eval": ev, "choice": choice}))
+    assert (
+        f"**pi_1**: the highest mean reward on the held-out prompts (2.500), +2.500 over pi_0's, not clearly: {why}."
+        in md
+    )
+    # an eval.json written before comparisons counted their prompts: its num_prompts decides
+    old = {**ev, "reward_vs_pi_0": [None, {"diff": 2.5, "diff_ci95": [2.5, 2.5]}]}
+    assert (choose_model(old)["clear"], choose_model(old)["no_interval"]) == (False, why)
+
+
+def test_the_plots_never_draw_a_missing_verdict(tmp_path):
+    """Issue 50: a held-out evaluation where the judge abstained on every answer (NaN rewards:
+    an eval.json written before such a pass stopped the evaluation, or a judge2) gave NaN win
+    rates, and the report crashed on matplotlib's "Axis limits cannot be NaN or Inf". The NaN
+    values are left out of the plots; the win-rate heat map labels the pairs without a verdict
+    "-"; the comparison against pi_0 has no win rate (None, not NaN)."""
+    from pofe.run.evaluation.judging import mean_reward_per_model
+    from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons, win_matrix_from_rewards
+    from pofe.run.report.plots import make_plots
+    from pofe_candidates.win_rates import bradley_terry_preferences
+
+    P, M = 8, 2
+    rewards = torch.full((P, M, 1), float("nan"), dtype=torch.float64)
+    ev = {
+        **eval_record(win_matrix_from_rewards(rewards).tolist()),
+        "mean_reward": mean_reward_per_model(rewards.tolist(), M),
+        "mean_response_tokens": [3.0, 4.0],
+        "mean_response_chars": [9.0, 12.0],
+        "kl_to_base": [0.0, 0.1],
+        "perplexity": None,
+        **compare_iterates(bradley_terry_preferences(rewards.reshape(P, M)), torch.ones(P, M, 1)),
+        **reward_comparisons(rewards),
+    }
+    assert ev["mean_reward"] == [None, None] and ev["vs_pi_0"][1]["raw"] is None
+    plots = make_plots({"eval": ev, "rounds": []}, tmp_path)
+    assert plots == {"winrate": "report-winrate.png", "drift": "report-drift.png"}
+    # a pi_1 with win rates but NaN where it has none: drawn without them
+    ev["vs_pi_0"][1] = {"raw": 0.6, "raw_ci95": [float("nan"), 0.7], "lc": float("nan"), "lc_ci95": [None, None]}
+    ev["mean_reward"] = [0.5, float("nan")]
+    assert set(make_plots({"eval": ev, "rounds": []}, tmp_path)) == {"rewards", "lengths", "winrate", "drift"}

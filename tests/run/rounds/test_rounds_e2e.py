@@ -340,9 +340,10 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
     assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1", "pi_2"] and ev["num_prompts"] == DEFAULT_HELD_OUT
     w, ci = ev["win_matrix"], ev["win_matrix_ci95"]
     assert len(w) == len(ci) == 3 and all(len(row) == 3 for row in w + ci)
-    for a in range(3):
-        for b in range(3):
-            assert ci[a][b][0] - 1e-9 <= w[a][b] <= ci[a][b][1] + 1e-9
+    # 2 held-out prompts are too few for an interval (MIN_INTERVAL_PROMPTS): none off the diagonal
+    assert [[ci[a][b] for b in range(3)] for a in range(3)] == [
+        [[0.5, 0.5] if a == b else [None, None] for b in range(3)] for a in range(3)
+    ]
     samples = read_jsonl(sppo_run / "eval" / "samples.jsonl")
     S = 4  # pofe.eval.num_samples' default
     assert len(samples) == 3 * DEFAULT_HELD_OUT * S
@@ -366,7 +367,7 @@ def test_sppo_default_eval_answers_better_or_only_longer(sppo_run):
             got = ev[key][m]
             assert got["raw"] == pytest.approx(w[m][other])
             assert got["lc"] == pytest.approx(fit_length_logistic(*pair_observations(pref, tokens, m, other))["lc"])
-            assert got["lc_ci95"][0] <= got["lc"] + 1e-9 and got["lc"] - 1e-9 <= got["lc_ci95"][1]
+            assert got["lc_ci95"] == got["raw_ci95"] == [None, None] and got["prompts"] == DEFAULT_HELD_OUT
         mine = sorted(tokens[:, m].reshape(-1).tolist())
         assert ev["response_tokens"]["mean"][m] == pytest.approx(sum(mine) / len(mine))
         assert ev["response_tokens"]["median"][m] == pytest.approx(

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pofe.run.evaluation.answers import HeldOut
 from pofe.run.evaluation.judging import scalar_scores
 from pofe.run.evaluation.sampler import Progress
-from pofe_candidates.config import GenerateConfig, Sampling
+from pofe_candidates.config import GenerateConfig, JudgeConfig, Sampling
 from pofe_candidates.generators.hf import Sample
 from pofe_candidates.win_rates import nan_mean
 
@@ -40,12 +40,17 @@ def held_out_candidates(
 
 
 def best_of_k(
-    judge, held_out: HeldOut, candidates: dict[int, list[list[Sample]]], trained_reward: list[float | None]
+    judge,
+    held_out: HeldOut,
+    candidates: dict[int, list[list[Sample]]],
+    trained_reward: list[float | None],
+    judge_cfg: JudgeConfig | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(entries, records). One entry per round t in `candidates` ({t: [prompt][k] samples from
     pi_{t-1} on the `held_out` prompts}): {"round", "k", "mean_candidate_reward", "best_of_k_reward", "trained_mean_reward"
     (pi_t's, from `trained_reward`, eval.json's mean_reward), "trained_minus_best_of_k"}; one
-    record per candidate (eval/candidates.jsonl): round, prompt_index, k, response, tokens, reward."""
+    record per candidate (eval/candidates.jsonl): round, prompt_index, k, response, tokens, reward.
+    `judge_cfg`: the judge's config, each round's abstentions checked against it (`scalar_scores`)."""
     out, records = [], []
     for t, cands in sorted(candidates.items()):
         responses = [[s.text for s in row] for row in cands]
@@ -56,6 +61,7 @@ def best_of_k(
             responses,
             held_out.columns,
             desc=f"judge round {t}'s held-out candidates",
+            cfg=judge_cfg,
         )
         records += [
             {

@@ -16,9 +16,11 @@ Which iterate to use (`choose_model`), by what carries signal for the judge the 
   95 % interval is above 1/2. A round regresses when its length-controlled win rate against the
   iterate before it is below 1/2: "clearly" when the whole interval is.
 
-The choice says which it read (`basis`). The report warns about each regression; only
-`pofe.stop_when` ends a run on one. An eval.json written before the reward comparisons existed
-is read by win rates. pi_avg
+An interval needs `MIN_INTERVAL_PROMPTS` held-out prompts (`pofe.run.evaluation.statistics`):
+from fewer, nothing is "clearly" better or worse, and the choice and each regression say so
+(`no_interval`: "too few prompts (N) for an interval ..."). The choice says which it read
+(`basis`). The report warns about each regression; only `pofe.stop_when` ends a run on one.
+An eval.json written before the reward comparisons existed is read by win rates. pi_avg
 (`pofe.eval.average_iterates`, eval.json's `average`) is a candidate like any iterate; it
 regresses against nothing (its "previous" is pi_T). With a KL ceiling (`pofe.stop_when`'s
 `kl_to_pi_0_above`, eval.json's `kl_ceiling`) only models whose KL to pi_0 is under it count.
@@ -42,6 +44,7 @@ from __future__ import annotations
 import math
 
 from pofe.args.rounds import StopWhen
+from pofe.run.evaluation.statistics import too_few_prompts
 
 
 def last_iterate(ev: dict) -> int:
@@ -59,7 +62,8 @@ def over_ceiling(ev: dict) -> list[int]:
 
 def choose_model(ev: dict | None) -> dict | None:
     """{"basis": "reward" | "win_rate", "best": model index, "name", "clear" (better than pi_0
-    beyond noise), "regressions": [...], "over_kl_ceiling": [names], "kl_ceiling"}, with the basis's
+    beyond noise), "no_interval" (why there is no interval to read: too few prompts; else None),
+    "regressions": [...], "over_kl_ceiling": [names], "kl_ceiling"}, with the basis's
     figures: reward: "mean_reward", "reward_ci95", "diff_vs_pi_0", "diff_ci95"; win rate:
     "lc_vs_pi_0", "lc_ci95", "raw_vs_pi_0". None without comparisons. Models over the KL ceiling
     are not chosen."""
@@ -95,23 +99,25 @@ def _by_win_rate(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict
     regressions = []
     for m, v in enumerate(ev["vs_previous"][: last_iterate(ev) + 1]):
         if v and v["lc"] is not None and v["lc"] < 0.5:
-            upper = v["lc_ci95"][1]
+            upper, no_interval = v["lc_ci95"][1], _no_interval(ev, v)
             regressions.append(
                 {
                     "model": names[m],
                     "previous": names[m - 1],
                     "lc": v["lc"],
                     "lc_ci95": v["lc_ci95"],
-                    "clear": upper is not None and upper < 0.5,
+                    "clear": not no_interval and upper is not None and upper < 0.5,
+                    "no_interval": no_interval,
                 }
             )
     chosen = ev["vs_pi_0"][best] or {}
-    lower = (chosen.get("lc_ci95") or [None])[0]
+    lower, no_interval = (chosen.get("lc_ci95") or [None])[0], _no_interval(ev, chosen) if best else None
     figures = {
         "lc_vs_pi_0": chosen.get("lc"),
         "lc_ci95": chosen.get("lc_ci95"),
         "raw_vs_pi_0": chosen.get("raw"),
-        "clear": lower is not None and lower > 0.5,
+        "clear": not no_interval and lower is not None and lower > 0.5,
+        "no_interval": no_interval,
     }
     return figures, regressions
 
@@ -120,26 +126,35 @@ def _by_reward(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict]]
     regressions = []
     for m, v in enumerate(ev["reward_vs_previous"][: last_iterate(ev) + 1]):
         if v and v["diff"] is not None and v["diff"] < 0:
-            upper = v["diff_ci95"][1]
+            upper, no_interval = v["diff_ci95"][1], _no_interval(ev, v)
             regressions.append(
                 {
                     "model": names[m],
                     "previous": names[m - 1],
                     "diff": v["diff"],
                     "diff_ci95": v["diff_ci95"],
-                    "clear": upper is not None and upper < 0,
+                    "clear": not no_interval and upper is not None and upper < 0,
+                    "no_interval": no_interval,
                 }
             )
     chosen = ev["reward_vs_pi_0"][best] or {}
-    lower = (chosen.get("diff_ci95") or [None])[0]
+    lower, no_interval = (chosen.get("diff_ci95") or [None])[0], _no_interval(ev, chosen) if best else None
     figures = {
         "mean_reward": _number(ev["mean_reward"][best]),
         "reward_ci95": ev["reward_ci95"][best],
         "diff_vs_pi_0": chosen.get("diff"),
         "diff_ci95": chosen.get("diff_ci95"),
-        "clear": lower is not None and lower > 0,
+        "clear": not no_interval and lower is not None and lower > 0,
+        "no_interval": no_interval,
     }
     return figures, regressions
+
+
+def _no_interval(ev: dict, comparison: dict) -> str | None:
+    """Why a comparison has no interval to read: too few prompts (its own count, or, in an
+    eval.json written before comparisons counted theirs, the evaluation's); None when enough."""
+    n = comparison.get("prompts", ev.get("num_prompts"))
+    return None if n is None else too_few_prompts(n)
 
 
 def _number(x) -> float | None:

@@ -53,6 +53,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pofe.args import PofeConfig
 from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
 from pofe.run.evaluation.answers import (
@@ -98,15 +99,23 @@ def judge_held_out(
     answers: list[ModelAnswers],
     judge: ScalarJudge | PairwiseJudge,
     judge2: ScalarJudge | PairwiseJudge | None,
-    num_samples: int,
+    pcfg: PofeConfig,
 ) -> tuple[dict, dict | None]:
-    """Every model's held-out answers judged together, per prompt (and by judge2)."""
-    M, P, S = len(answers), len(held_out.prompts), num_samples
+    """Every model's held-out answers judged together, per prompt (and by judge2); each judge's
+    abstentions checked against its max_abstention_rate (`pofe.run.evaluation.judging`)."""
+    M, P, S = len(answers), len(held_out.prompts), pcfg.eval.num_samples
     texts = [[[answers[m].samples[p][s].text for s in range(S)] for m in range(M)] for p in range(P)]
-    main = judge_models(judge, held_out.prompts, held_out.rendered, texts, columns=held_out.columns)
+    main = judge_models(judge, held_out.prompts, held_out.rendered, texts, columns=held_out.columns, cfg=pcfg.judge)
     second = (
         judge_models(
-            judge2, held_out.prompts, held_out.rendered, texts, "judge2 on the held-out answers", held_out.columns
+            judge2,
+            held_out.prompts,
+            held_out.rendered,
+            texts,
+            "judge2 on the held-out answers",
+            held_out.columns,
+            cfg=pcfg.eval.judge2,
+            setting="pofe.eval.judge2",
         )
         if judge2
         else None
@@ -308,10 +317,10 @@ def evaluate(
     judge = make_judge(pcfg.judge) if held_out or answers.headline else None
     judge2 = make_judge(ecfg.judge2) if held_out and ecfg.judge2 else None
     rounds = {str(m): headline_round(run, m, judge, a) for m, a in answers.headline.items()}
-    verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, ecfg.num_samples) if held_out else None
+    verdicts = judge_held_out(held_out, answers.held_out, judge, judge2, pcfg) if held_out else None
     if held_out:
         trained = mean_reward_per_model(verdicts[0]["rewards"], len(run.models)) or []
-        rounds_bok, records = best_of_k(judge, held_out, answers.candidates, trained)
+        rounds_bok, records = best_of_k(judge, held_out, answers.candidates, trained, pcfg.judge)
         write_jsonl_atomic(run.folder.eval_dir / "candidates.jsonl", records, allow_nan=True)
     memory.part("judging", echo)
     write_headline(run, skipped, sampling, rounds, memory.record(), echo)

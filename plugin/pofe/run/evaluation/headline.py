@@ -207,6 +207,7 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
         columns,
         rows=[q["index"] for q in prompts],
         desc=f"judge round {m}'s headline answers",
+        cfg=run.pcfg.judge,
     )
     return headline_record(run.models[m][1], prompts, answers.samples, rewards)
 

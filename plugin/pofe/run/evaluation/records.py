@@ -10,7 +10,7 @@ import torch
 
 from pofe.args.rounds import EvalConfig
 from pofe.run.evaluation.answers import ModelAnswers
-from pofe.run.evaluation.judging import mean_reward_per_model
+from pofe.run.evaluation.judging import mean_reward_per_model, reward_counts
 from pofe.run.evaluation.statistics import compare_iterates, reward_comparisons
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.win_rates import nan_mean
@@ -42,8 +42,11 @@ def summarise(
         "win_matrix_method": main["method"],
         "win_matrix": main["win_matrix"],
         "mean_reward": mean_reward_per_model(main["rewards"], M),
+        # each mean is over the answers with a reward; the others abstained (NaN)
+        **reward_counts(main["rewards"], M),
         "win_matrix_judge2": second["win_matrix"] if second else None,
         "mean_reward_judge2": mean_reward_per_model(second["rewards"], M) if second else None,
+        **{f"{k}_judge2": v for k, v in reward_counts(second["rewards"] if second else None, M).items()},
         "mean_response_tokens": [nan_mean([len(s.response_ids) for s in a.flat]) for a in answers],
         "mean_response_chars": [nan_mean([len(s.text) for s in a.flat]) for a in answers],
         "kl_to_base": [nan_mean([lp - base for lp, base in zip(a.logps, a.base_logps)]) for a in answers],

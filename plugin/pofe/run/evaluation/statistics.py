@@ -32,6 +32,11 @@ Bootstrap 95 % intervals over prompts (seeded, deterministic). A win rate is a m
 prompts with replacement (`draws` times, from `torch.Generator().manual_seed(seed)`), takes
 the statistic of each resample, and reports the 2.5 % and 97.5 % quantiles (the percentile
 bootstrap). Samples within a prompt stay together: they share the prompt's difficulty.
+An interval needs at least `MIN_INTERVAL_PROMPTS` (6) prompts with a verdict: below that no
+interval is reported (None, eval.json's null), and nothing is "clearly" better or worse
+(`pofe.run.evaluation.decision`). Six, because with fewer prompts even a unanimous result is
+no evidence at the intervals' 95 %: a coin decides all of n prompts alike with probability
+2 * 2^-n, above 5 % for n <= 5 (one prompt always gives an interval of width 0).
 
 The comparisons between iterates (`compare_iterates`). From the judge's response preferences on the held-out prompts (any judge: a pairwise
 judge's own, a scalar judge's through Bradley-Terry, `pofe.run.evaluation.judging`) and the answers'
@@ -211,6 +216,16 @@ def pair_observations(pref: Tensor, tokens: Tensor, a: int, b: int) -> tuple[Ten
 
 
 LEVEL, DRAWS, LC_DRAWS = 0.95, 1000, 200  # a length-controlled rate refits per draw: fewer
+# the fewest prompts an interval is computed from (the module's docstring says why)
+MIN_INTERVAL_PROMPTS = 6
+
+
+def too_few_prompts(n: int, minimum: int = MIN_INTERVAL_PROMPTS) -> str | None:
+    """Why `n` prompts give no interval ("too few prompts (1) for an interval (at least 6: ...)"),
+    None when they are enough."""
+    if n >= minimum:
+        return None
+    return f"too few prompts ({n}) for an interval (at least {minimum}: raise pofe.eval.held_out)"
 
 
 def prompt_resamples(num_prompts: int, draws: int, seed: int) -> Tensor:
@@ -233,11 +248,14 @@ def bootstrap_win_matrix(
     Args:
         per_prompt: (P, M, M) per-prompt win rates (NaN: no verdict on that prompt).
     Returns:
-        (lower, upper), each (M, M); the diagonal is exactly 1/2.
+        (lower, upper), each (M, M); the diagonal is exactly 1/2; NaN where fewer than
+        `MIN_INTERVAL_PROMPTS` prompts have a verdict.
     """
     idx = prompt_resamples(per_prompt.shape[0], draws, seed)  # (draws, P)
     means = torch.nanmean(per_prompt.double()[idx], dim=1)  # (draws, M, M)
     lo, hi = percentile_interval(means, level)
+    few = (~per_prompt.isnan()).sum(dim=0) < MIN_INTERVAL_PROMPTS  # (M, M)
+    lo[few], hi[few] = float("nan"), float("nan")
     lo.fill_diagonal_(0.5)
     hi.fill_diagonal_(0.5)
     return lo, hi
@@ -247,7 +265,10 @@ def bootstrap_lc(
     pref: Tensor, len_diff: Tensor, draws: int = LC_DRAWS, seed: int = 0, level: float = LEVEL
 ) -> tuple[float | None, float | None]:
     """Interval of the length-controlled win rate (`fit_length_logistic`), refit on each
-    resample of the prompts. pref, len_diff: (P, K), K comparisons per prompt."""
+    resample of the prompts. pref, len_diff: (P, K), K comparisons per prompt. (None, None)
+    from fewer than `MIN_INTERVAL_PROMPTS` prompts with a verdict."""
+    if verdict_prompts(pref) < MIN_INTERVAL_PROMPTS:
+        return None, None
     idx = prompt_resamples(pref.shape[0], draws, seed).numpy()
     y, d = pref.double().numpy(), len_diff.double().numpy()  # numpy: little overhead per refit
     fits = [fit_length_logistic(y[row], d[row])["lc"] for row in idx]
@@ -258,20 +279,27 @@ def bootstrap_lc(
     return float(lo), float(hi)
 
 
+def verdict_prompts(pref: Tensor) -> int:
+    """The prompts of (P, K) preferences with at least one verdict (not NaN)."""
+    return int((~pref.isnan()).any(dim=1).sum())
+
+
 def versus(
     pref: Tensor, tokens: Tensor, win_matrix: Tensor, ci: tuple[Tensor, Tensor], a: int, b: int, seed: int
 ) -> dict:
-    """Model a against model b: raw and length-controlled win rates with intervals."""
+    """Model a against model b: raw and length-controlled win rates with intervals (None from
+    too few prompts), and the prompts they read."""
     y, d = pair_observations(pref, tokens, a, b)
     fit = fit_length_logistic(y, d)
     lo, hi = bootstrap_lc(y, d, seed=seed)
     return {
-        "raw": float(win_matrix[a, b]),
-        "raw_ci95": [float(ci[0][a, b]), float(ci[1][a, b])],
+        "raw": _finite(win_matrix[a, b]),  # None: no verdict on the pair
+        "raw_ci95": [_finite(ci[0][a, b]), _finite(ci[1][a, b])],
         "lc": fit["lc"],
         "lc_ci95": [lo, hi],
         "length_slope": fit["b"],
         "comparisons": fit["n"],
+        "prompts": verdict_prompts(y),
     }
 
 
@@ -291,7 +319,7 @@ def compare_iterates(pref: Tensor, tokens: Tensor, seed: int = 0) -> dict:
     vs_prev = [None] + [vs_base[1] if m == 1 else versus(pref, tokens, w, ci, m, m - 1, seed) for m in range(1, M)]
     per_model = [tokens[:, m].reshape(-1).tolist() for m in range(M)]
     return {
-        "win_matrix_ci95": torch.stack(ci, dim=-1).tolist(),
+        "win_matrix_ci95": [[[_finite(x) for x in pair] for pair in row] for row in torch.stack(ci, dim=-1)],
         "vs_pi_0": vs_base,
         "vs_previous": vs_prev,
         "response_tokens": {
@@ -301,17 +329,21 @@ def compare_iterates(pref: Tensor, tokens: Tensor, seed: int = 0) -> dict:
     }
 
 
-def reward_comparisons(rewards: Tensor, draws: int = DRAWS, seed: int = 0, level: float = LEVEL) -> dict:
+def reward_comparisons(
+    rewards: Tensor, draws: int = DRAWS, seed: int = 0, level: float = LEVEL, min_prompts: int = MIN_INTERVAL_PROMPTS
+) -> dict:
     """eval.json's reward comparisons (a scalar judge's): per model its mean reward's interval, and
     its mean reward minus pi_0's and minus the previous model's, each with a paired interval.
 
     Args:
         rewards: (P, M, S) reward of model m's sample s on prompt p (NaN = abstained).
     Returns:
-        {"reward_ci95": [M][lower, upper], "reward_vs_pi_0": [None, {"diff", "diff_ci95"}, ...],
-        "reward_vs_previous": the same against model m - 1}. A mean is over every (prompt,
-        sample) with a reward, as eval.json's `mean_reward`; an interval resamples the prompts
-        (their samples together) and, for a difference, the same prompts for both models.
+        {"reward_ci95": [M][lower, upper], "reward_prompts": [M] prompts with a reward,
+        "reward_vs_pi_0": [None, {"diff", "diff_ci95", "prompts"}, ...], "reward_vs_previous": the
+        same against model m - 1}. A mean is over every (prompt, sample) with a reward, as
+        eval.json's `mean_reward`; an interval resamples the prompts (their samples together)
+        and, for a difference, the same prompts for both models (`prompts`: those where both
+        have a reward). Intervals from fewer than `min_prompts` prompts are [None, None].
     """
     P, M, _ = rewards.shape
     r = rewards.double()
@@ -321,13 +353,20 @@ def reward_comparisons(rewards: Tensor, draws: int = DRAWS, seed: int = 0, level
     means = sums.sum(0) / counts.sum(0)  # (M,)
     drawn = sums[idx].sum(1) / counts[idx].sum(1)  # (draws, M)
     lo, hi = percentile_interval(drawn, level)
+    rated = counts > 0  # (P, M): the prompts where a model has a reward
+    prompts = rated.sum(0).tolist()  # (M,)
+
+    def interval(lower: Tensor, upper: Tensor, n: int) -> list[float | None]:
+        return [_finite(lower), _finite(upper)] if n >= min_prompts else [None, None]
 
     def versus(a: int, b: int) -> dict:
         d_lo, d_hi = percentile_interval(drawn[:, a] - drawn[:, b], level)
-        return {"diff": _finite(means[a] - means[b]), "diff_ci95": [_finite(d_lo), _finite(d_hi)]}
+        n = int((rated[:, a] & rated[:, b]).sum())
+        return {"diff": _finite(means[a] - means[b]), "diff_ci95": interval(d_lo, d_hi, n), "prompts": n}
 
     return {
-        "reward_ci95": [[_finite(lo[m]), _finite(hi[m])] for m in range(M)],
+        "reward_ci95": [interval(lo[m], hi[m], prompts[m]) for m in range(M)],
+        "reward_prompts": prompts,
         "reward_vs_pi_0": [None] + [versus(m, 0) for m in range(1, M)],
         "reward_vs_previous": [None] + [versus(m, m - 1) for m in range(1, M)],
     }

@@ -16,9 +16,9 @@ from pofe.files import write_atomic
 from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.report.cells import CLUSTERED, fmt, missing
+from pofe.run.report.cells import CLUSTERED, abstained, fmt, missing
 from pofe.run.report.collect import collect
-from pofe.run.report.held_out import ci, not_evaluated, signed, with_ci
+from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
 from pofe_candidates.win_rates import saturation_warning
@@ -135,8 +135,18 @@ def held_out_summary(rep: dict) -> list[str]:
     names = [m["name"] for m in ev["models"]]
     none = [None] * len(names)
     per_model = [
-        numbers(("reward", r), ("judge2 reward", r2), ("KL", k), sep=" ")
-        for r, r2, k in zip(ev["mean_reward"] or none, ev.get("mean_reward_judge2") or none, ev["kl_to_base"])
+        " ".join(
+            said
+            for said in (
+                numbers(("reward", r)) + (abstained(ev, m) if not missing(r) else ""),
+                numbers(("judge2 reward", r2)) + (abstained(ev, m, "_judge2") if not missing(r2) else ""),
+                numbers(("KL", k)),
+            )
+            if said
+        )
+        for m, (r, r2, k) in enumerate(
+            zip(ev["mean_reward"] or none, ev.get("mean_reward_judge2") or none, ev["kl_to_base"])
+        )
     ]
     lines = []
     if any(per_model):
@@ -176,15 +186,15 @@ def choice_reason(choice: dict) -> str:
             return "no iterate has a higher mean held-out reward; chosen by reward, the judge scores each answer"
         return (
             f"best mean held-out reward {with_ci(choice['mean_reward'], choice['reward_ci95'])}, "
-            f"{signed(choice['diff_vs_pi_0'])} {ci(choice['diff_ci95'])} over pi_0"
-            + ("" if choice["clear"] else ", not clearly")
+            f"{signed_ci(choice['diff_vs_pi_0'], choice['diff_ci95'])} over pi_0"
+            + unclear(choice, ", not clearly")
             + "; chosen by reward, the judge scores each answer"
         )
     if choice["best"] == 0:
         return "no iterate beats it at equal length; chosen by win rate, the judge is pairwise"
     return (
         f"best length-controlled win rate against pi_0, {with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}"
-        + ("" if choice["clear"] else ": not clearly above 1/2")
+        + unclear(choice, ": not clearly above 1/2")
         + "; chosen by win rate, the judge is pairwise"
     )
 

@@ -40,3 +40,13 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def abstained(ev: dict, m: int, judge: str = "") -> str:
+    """How many of model m's held-out answers its mean reward reads when the judge (`judge`:
+    "" or "_judge2") abstained on some, ` (3 of 16 answers, 13 abstained)`; nothing when it
+    scored them all."""
+    counts, missing = ev.get(f"reward_count{judge}"), ev.get(f"abstained{judge}")
+    if not counts or not missing or not missing[m]:
+        return ""
+    return f" ({counts[m]} of {counts[m] + missing[m]} answers, {missing[m]} abstained)"

@@ -5,7 +5,7 @@ win-rate matrix and its cycles, best-of-k against the trained model, lengths."""
 from __future__ import annotations
 
 from pofe.run.evaluation.statistics import distance_from_half
-from pofe.run.report.cells import CLUSTERED, fmt, table
+from pofe.run.report.cells import CLUSTERED, abstained, fmt, table
 
 
 def stopped_line(rep: dict) -> list[str]:
@@ -56,20 +56,30 @@ def choice_line(choice: dict) -> str:
         return (
             f"**{choice['name']}**: the highest mean reward on the held-out prompts "
             f"({with_ci(choice['mean_reward'], choice['reward_ci95'])}), "
-            f"{signed(choice['diff_vs_pi_0'])} {ci(choice['diff_ci95'])} over pi_0's"
-            + ("." if choice["clear"] else ", though the interval of the difference holds 0: not clearly better.")
+            f"{signed_ci(choice['diff_vs_pi_0'], choice['diff_ci95'])} over pi_0's"
+            + unclear(choice, ", though the interval of the difference holds 0: not clearly better.", ".")
         )
     return (
         f"**{choice['name']}**: the highest length-controlled win rate against pi_0 on the held-out "
         f"prompts ({with_ci(choice['lc_vs_pi_0'], choice['lc_ci95'])}; raw {fmt(choice['raw_vs_pi_0'])})"
-        + ("." if choice["clear"] else ", though its interval holds 1/2: not clearly better than pi_0.")
+        + unclear(choice, ", though its interval holds 1/2: not clearly better than pi_0.", ".")
     )
 
 
+def unclear(comparison: dict, within_noise: str, end: str = "") -> str:
+    """How sure a comparison (a choice or a regression) is: nothing when clear, else why not:
+    too few prompts for an interval (`no_interval`), or `within_noise`."""
+    if comparison["clear"]:
+        return end
+    if comparison.get("no_interval"):
+        return f", not clearly: {comparison['no_interval']}{end}"
+    return within_noise
+
+
 def regression_line(choice: dict, r: dict) -> str:
-    how = "REGRESSED" if r["clear"] else "did not improve (within noise)"
+    how = "REGRESSED" if r["clear"] else f"did not improve ({r.get('no_interval') or 'within noise'})"
     if choice["basis"] == "reward":
-        return f"- {r['model']} {how} against {r['previous']}: mean reward {signed(r['diff'])} {ci(r['diff_ci95'])}."
+        return f"- {r['model']} {how} against {r['previous']}: mean reward {signed_ci(r['diff'], r['diff_ci95'])}."
     return (
         f"- {r['model']} {how} against {r['previous']}: length-controlled win rate {fmt(r['lc'])} "
         f"[{fmt(r['lc_ci95'][0])}, {fmt(r['lc_ci95'][1])}]."
@@ -122,8 +132,8 @@ def models_table(ev: dict, names: list[str]) -> str:
         rows.append(
             [
                 name,
-                fmt((ev["mean_reward"] or missing)[i]),
-                fmt((ev["mean_reward_judge2"] or missing)[i]),
+                fmt((ev["mean_reward"] or missing)[i]) + abstained(ev, i),
+                fmt((ev["mean_reward_judge2"] or missing)[i]) + abstained(ev, i, "_judge2"),
                 fmt(w[i][0]) if i >= 1 else "-",
                 fmt(w[i][i - 1]) if i >= 1 else "-",
                 fmt(w[i][i - 2]) if i >= 2 else "-",
@@ -147,6 +157,11 @@ def signed(x) -> str:
     if x is None:
         return "-"
     return f"{x:+.2g}" if 0 < abs(x) < 0.01 else f"{x:+.3f}"
+
+
+def signed_ci(x, interval) -> str:
+    """A difference with its interval, `+0.125 [+0.050, +0.200]`; alone without one."""
+    return f"{signed(x)} {ci(interval)}" if ci(interval) else signed(x)
 
 
 def ci(interval) -> str:

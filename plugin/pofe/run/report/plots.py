@@ -6,7 +6,9 @@ Each plot function returns its matplotlib figure, or None when the collected num
 the run's size: markers on series of few points, each series of a panel its own marker and line
 style (overlapping lines stay visible), legends below the axes, not over the data. No scale
 zooms into noise: lengths, KL and perplexity axes include 0 (a 0.1-token change stays small),
-and the win-rate colours span 0..1 (a 0.499 is a pale tie, not dark red).
+and the win-rate colours span 0..1 (a 0.499 is a pale tie, not dark red). A value that is
+missing or not finite (a model the judge abstained on throughout: NaN in an eval.json) is left
+out of its series, never drawn: matplotlib refuses NaN axis limits.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def save(fig, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=100, bbox_inches="tight")
     _pyplot().close(fig)
+
+
+def _number(y) -> bool:
+    """Whether `y` is a value to draw: neither missing nor NaN / inf."""
+    return y is not None and math.isfinite(y)
 
 
 def _line(ax, xs: list, ys: list, label: str, i: int, **kwargs) -> None:
@@ -85,8 +92,8 @@ def split_average(values: list, ev: dict) -> tuple[list, object]:
 
 
 def _average_mark(ax, y, label: str = "pi_avg") -> None:
-    """pi_avg's value as a dashed line across the iterates."""
-    if y is not None:
+    """pi_avg's value as a dashed line across the iterates (none without a finite value)."""
+    if _number(y):
         ax.axhline(y, color="purple", lw=1.0, ls=":", label=label)
 
 
@@ -124,7 +131,7 @@ def rewards_plot(rep: dict):
         series["held-out: best-of-k of round t's candidates"] = [
             (b["round"], b["best_of_k_reward"]) for b in ev["best_of_k"]
         ]
-    series = {k: [(x, y) for x, y in v if y is not None] for k, v in series.items()}
+    series = {k: [(x, y) for x, y in v if _number(y)] for k, v in series.items()}
     if not any(series.values()):
         return None
     plt = _pyplot()
@@ -149,7 +156,7 @@ def _held_out_intervals(ax, ev: dict | None) -> None:
     line = next((ln for ln in ax.lines if ln.get_label() == HELD_OUT), None)
     means, _ = split_average(ev["mean_reward"], ev)
     cis, _ = split_average(ev["reward_ci95"], ev)
-    points = [(m, y, ci) for m, (y, ci) in enumerate(zip(means, cis)) if y is not None and ci and None not in ci]
+    points = [(m, y, ci) for m, (y, ci) in enumerate(zip(means, cis)) if _number(y) and ci and all(map(_number, ci))]
     if line is None or not points:
         return
     ax.errorbar(
@@ -211,8 +218,10 @@ def winrate_plot(ev: dict):
     digits = 3 if distance_from_half(w) < CLUSTERED else 2
     for i in range(len(names)):
         for j in range(len(names)):
-            dark = abs(w[i][j] - 0.5) > 0.3  # the colour map's dark ends: white text
-            ax.text(j, i, f"{w[i][j]:.{digits}f}", ha="center", va="center", fontsize=9, color="w" if dark else "k")
+            known = _number(w[i][j])  # else no verdict on the pair: "-"
+            dark = known and abs(w[i][j] - 0.5) > 0.3  # the colour map's dark ends: white text
+            label = f"{w[i][j]:.{digits}f}" if known else "-"
+            ax.text(j, i, label, ha="center", va="center", fontsize=9, color="w" if dark else "k")
     how = "Bradley-Terry on the rewards" if ev.get("win_matrix_method") == "bradley_terry" else "the pairwise judge"
     ax.set_title(f"P(row beats column)\n{how}")
     ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -261,7 +270,7 @@ def lengths_plot(rep: dict):
     intervals; and mean tokens per round: candidates, best and worst, held-out answers."""
     ev = rep["eval"] or {}
     versus_pi_0, average = split_average(ev.get("vs_pi_0") or [], ev)
-    wins = [(m, v) for m, v in enumerate(versus_pi_0) if v]
+    wins = [(m, v) for m, v in enumerate(versus_pi_0) if v and (_number(v["raw"]) or _number(v["lc"]))]
     per_round = [(r["round"], r["lengths"]) for r in rep["rounds"] if r.get("lengths")]
     if not wins and not per_round:
         return None
@@ -270,10 +279,10 @@ def lengths_plot(rep: dict):
     for i, (key, ci_key, label, dx) in enumerate(
         (("raw", "raw_ci95", "raw", -0.05), ("lc", "lc_ci95", "length-controlled", 0.05))
     ):
-        points = [(m + dx, v[key], v[ci_key]) for m, v in wins if v[key] is not None]
+        points = [(m + dx, v[key], v[ci_key]) for m, v in wins if _number(v[key])]
         if points:
-            lows = [y - (ci[0] if ci[0] is not None else y) for _, y, ci in points]
-            highs = [(ci[1] if ci[1] is not None else y) - y for _, y, ci in points]
+            lows = [y - (ci[0] if _number(ci[0]) else y) for _, y, ci in points]
+            highs = [(ci[1] if _number(ci[1]) else y) - y for _, y, ci in points]
             marker, style = SERIES_STYLES[i]
             axes[0].errorbar(
                 [x for x, _, _ in points],
@@ -295,7 +304,7 @@ def lengths_plot(rep: dict):
         _style(axes[0], "model pi_t")
         axes[0].set_xticks([m for m, _ in wins], [f"pi_{m}" for m, _ in wins])
     else:
-        _empty(axes[0], "no held-out evaluation (pofe.eval.held_out)")
+        _empty(axes[0], "no held-out win rate (pofe.eval.held_out), or no verdict of the judge on them")
     i = 0
     for key, label in (("candidates", "candidates"), ("best", "best (chosen)"), ("worst", "worst (rejected)")):
         points = [(t, lengths[key]["mean"]) for t, lengths in per_round if lengths[key]["mean"] is not None]
