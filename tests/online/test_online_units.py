@@ -274,34 +274,53 @@ def test_a_prompt_field_of_another_name_reaches_a_refresh_as_its_prompt(tmp_path
     assert rows == [{"prompt": "1+1=", "answer": 2}, {"prompt": "2+3=", "answer": 5}]
 
 
-def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting():
+def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting(tmp_path):
     """made_with records the method, the judge with its code's digest, the generate settings (dedupe
     resolved per method, as the refresh samples), the
-    filters, kl_coef and the tokenisation; a change is said per setting, a judge's digest only
-    when its code changed under the same name."""
+    filters, kl_coef, the tokenisation and, when the refresh scores under pi_0 (kl_coef), pi_0's
+    weights (base_model's folder, by its files); a change is said per setting, a judge's digest only
+    when its code changed under the same name, pi_0's as base_model's weights."""
+    from pofe.files import weights_fingerprint
     from pofe.online.made_with import made_with, setting_changes
     from pofe_candidates.identity import module_digest
 
+    base = tmp_path / "pi_0"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"old weights")
     pofe = PofeConfig.model_validate(_online("rrhf", refresh_every=4, kl_coef=0.01))
-    made = made_with(pofe, sequence_len=64)
+    made = made_with(pofe, sequence_len=64, base_model=str(base))
     assert made["judge_identity"] == {"pofe.demo.task:reward": module_digest("pofe.demo.task")}
     assert (made["method"], made["kl_coef"], made["generate"]["temperature"]) == ("rrhf", 0.01, 1.0)
+    assert made["pi_0_weights"] == weights_fingerprint(base)
+    # without kl_coef no row holds pi_0's log-probs: its weights make no refresh
+    assert "pi_0_weights" not in made_with(PofeConfig.model_validate(_online("rrhf")), 64, base_model=str(base))
     # dedupe as `axolotl preprocess` resolves it: the method's default (RRHF drops copies, SPPO keeps all K)
     assert made["generate"]["dedupe"] is True
-    assert made_with(PofeConfig.model_validate(_online("sppo")), 64)["generate"]["dedupe"] is False
+    assert (
+        made_with(PofeConfig.model_validate(_online("sppo")), 64, base_model=str(base))["generate"]["dedupe"] is False
+    )
     assert made["tokenize"] == {"sequence_len": 64, "max_prompt_len": 32, "truncation": pofe.truncation}
-    assert made_with(PofeConfig.model_validate(_online("rrhf", refresh_every=8, kl_coef=0.01)), 64) == made
+    again = PofeConfig.model_validate(_online("rrhf", refresh_every=8, kl_coef=0.01))
+    assert made_with(again, 64, base_model=str(base)) == made
     hotter = made_with(
         PofeConfig.model_validate(
             {**_online("rrhf", kl_coef=0.01), "generate": {**pofe_block("rrhf")["generate"], "temperature": 0.7}}
         ),
         64,
+        base_model=str(base),
     )
     assert setting_changes(made, hotter) == "generate.temperature: 1.0 then, 0.7 now"
     edited = {**made, "judge_identity": {"pofe.demo.task:reward": "f" * 64}}
     digest = made["judge_identity"]["pofe.demo.task:reward"][:12]
     assert setting_changes(made, edited) == (
         f"the code or weights of pofe.demo.task:reward (sha256 {digest} then, ffffffffffff now)"
+    )
+    # base_model's weights rewritten in place: the same folder, another pi_0
+    (base / "model.safetensors").write_bytes(b"new weights")
+    retrained = made_with(pofe, 64, base_model=str(base))
+    assert setting_changes(made, retrained) == (
+        f"the weights of base_model (pi_0, whose log-probs its rows hold): {made['pi_0_weights'][:12]} then, "
+        f"{weights_fingerprint(base)[:12]} now"
     )
     assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
 

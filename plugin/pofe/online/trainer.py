@@ -84,7 +84,8 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
     def _made_with(self) -> dict:
         """What this recipe makes a refresh's rows with (`refresh.made_with`), recorded in each
         and checked against one a resumed run reads back."""
-        return made_with(self.pofe, self.axolotl_cfg.sequence_len)
+        cfg = self.axolotl_cfg
+        return made_with(self.pofe, cfg.sequence_len, base_model=cfg.base_model, revision=cfg.revision_of_model)
 
     @cached_property
     def _monitor(self) -> Monitor:
