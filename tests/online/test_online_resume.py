@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pofe.files import read_jsonl
+from pofe.demo.tiny import build_tiny_model
+from pofe.files import read_jsonl, weights_fingerprint
 from pofe.locks import TRAIN_LOCK, FolderLock
 from tests.helpers import ROOT, log_history, run_axolotl
 from tests.online.test_online_e2e import _refreshes, _toy
@@ -127,6 +128,41 @@ def test_a_resumed_run_trains_only_on_refreshes_its_recipe_makes(killed):
     assert starts == [0, 3, 5]
     made = [json.loads((out / "online" / f"refresh-{s:07d}" / "refresh.json").read_text()) for s in starts]
     assert [m["made_with"]["judge"]["function"] for m in made] == [JUDGE] + ["tests.online.judges:halved"] * 2
+
+
+def test_a_run_resumed_after_its_base_models_weights_changed_is_refused(tmp_path):
+    """With kl_coef, a refresh's rows hold pi_0's log-probs (logp_base), pi_0 being base_model. A
+    2-step run (one refresh, at 0; checkpoint at step 1) whose base_model folder is then rewritten
+    in place with other weights (another seed): resumed at step 1, which trains on refresh 0, it
+    stops before any step, naming base_model's weights then and now, and deletes nothing."""
+    changes = dict(
+        micro_batch_size=5,
+        num_epochs=1,
+        max_steps=2,
+        save_strategy="steps",
+        save_steps=1,
+        pofe={"online": {"refresh_every": 2, "kl_coef": 0.01}},
+    )
+    path, recipe, _ = _toy(tmp_path, RECIPE, **changes)
+    run_axolotl("train", str(path), cwd=tmp_path)
+    out, base = Path(recipe["output_dir"]), recipe["base_model"]
+    then = json.loads((out / "online" / "refresh-0000000" / "refresh.json").read_text())["made_with"]
+    assert then["pi_0_weights"] == weights_fingerprint(base)
+
+    build_tiny_model(base, seed=1)
+    now = weights_fingerprint(base)
+    assert now != then["pi_0_weights"]
+    recipe["resume_from_checkpoint"] = str(out / "checkpoint-1")
+    path.write_text(yaml.safe_dump(recipe))
+    proc = run_axolotl("train", str(path), cwd=tmp_path, check=False)
+    said = _said(proc)
+    assert proc.returncode != 0
+    assert (
+        f"resuming at step 1: the refresh of step 0 ({out / 'online' / 'refresh-0000000'}), whose rows steps 0-1 "
+        "train on, was made otherwise than this recipe makes them: the weights of base_model (pi_0, whose "
+        f"log-probs its rows hold): {then['pi_0_weights'][:12]} then, {now[:12]} now. Resume with the recipe" in said
+    )
+    assert _folders(out) == ["refresh-0000000"]
 
 
 def test_a_run_resumed_with_another_refresh_every_says_whose_windows_it_trains_on(killed):
