@@ -5,6 +5,9 @@ folder literally called `${HOME}`, and fails later as an unknown hub repo id, an
 message. POFE does not expand them either, so a recipe means the same with and without the
 plugin; it says so at load, with the path the shell would have meant. A path that exists as
 written (a folder really named `$x`) passes.
+
+A resumed training's `base_model` folder gone (moved, deleted) fails the same way, as an unknown
+hub repo id: `check_resumed_base_model` names it at load instead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
+from pofe.errors import PofeError
 
 # axolotl's keys that name local paths (or hub ids), and the `pofe:` ones
 PATH_KEYS = (
@@ -46,3 +51,35 @@ def check_unexpanded_paths(cfg: dict[str, Any]) -> None:
                 f"would name a path with those characters in it. Write the path out"
                 f"{f' (here: {meant!r})' if meant != value else ''}."
             )
+
+
+class MissingBaseModel(PofeError, ValueError):
+    """A resumed training's base_model is no folder and cannot be a hub id."""
+
+
+def check_resumed_base_model(cfg: dict[str, Any]) -> None:
+    """A training resumed (`resume_from_checkpoint`; `auto_resume_from_checkpoints` with a
+    checkpoint in output_dir) loads the
+    model from `base_model` before the checkpoint's weights, and online pi_0 is base_model: a
+    base_model that is no folder on disk and cannot be a hub id (`name`, `namespace/name`) is
+    refused, naming it, before anything loads (transformers' "Repo id must be..." else)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    base_model = cfg.get("base_model")
+    auto = cfg.get("auto_resume_from_checkpoints") and any(Path(cfg.get("output_dir") or ".").glob("checkpoint-*"))
+    resumed = cfg.get("resume_from_checkpoint") or auto
+    if not resumed or not isinstance(base_model, str) or Path(base_model).exists():
+        return
+    try:
+        validate_repo_id(base_model)
+        return
+    except HFValidationError:
+        pass
+    checkpoint = cfg.get("resume_from_checkpoint") or "its output_dir's last checkpoint"
+    where = "" if Path(base_model).is_absolute() else f" (resolved from {os.getcwd()})"
+    raise MissingBaseModel(
+        f"base_model: {base_model!r} does not exist{where}, and cannot be a hub repo id. "
+        f"A training resumed from {checkpoint} loads the model from base_model first (the checkpoint holds "
+        "the trained weights only), and an online run's pi_0 is base_model: put the model the training started "
+        "from back at that path, or set base_model to where it is now."
+    )
