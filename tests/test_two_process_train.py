@@ -97,6 +97,8 @@ def train(
     assert proc.returncode == 0, proc.stderr[-6000:]
     steps = [h for h in log_history(tmp_path / "out") if "loss" in h]
     assert [h["step"] for h in steps] == list(range(1, STEPS + 1))
+    # POFE's summary ends the console once, from rank 0, after the process group is gone
+    assert (proc.stdout + proc.stderr).count(f"POFE: trained rl: {method}") == 1
     return steps, proc.stdout + proc.stderr, tmp_path / "out"
 
 

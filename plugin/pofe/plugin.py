@@ -172,8 +172,10 @@ class PofePlugin(BasePlugin):
         if self._logged is not None and self._train_lock is not None:
             from pofe.training_log import training_summary
 
+            # axolotl's adapter asks torch.distributed for the rank, whose process group a
+            # multi-process training has destroyed by now: the lock already says this is rank 0
             for line in training_summary(cfg, self._pofe(cfg), *self._logged):
-                LOG.info(line)
+                LOG.logger.info(line)
         self._logged = None
         self._release_output_dir()
 
