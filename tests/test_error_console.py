@@ -95,6 +95,16 @@ def test_a_misspelled_judge_module_ends_the_console_with_pofes_message(misspelle
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_plan_refuses_a_judge_that_cannot_import(misspelled_judge, tmp_path):
+    """Issue 49: `axolotl pofe plan` planned a run whose judge cannot import, and exited 0; now it
+    imports the judge as the judge stage does, and ends with POFE's message."""
+    path, message = misspelled_judge
+    proc = run_axolotl("pofe", "plan", "recipes/recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_plan_json_is_alone_on_stdout(tmp_path, tiny_model):
     """`python -m pofe.cli plan --json`, a real process: stdout parses as JSON (the libraries'
     lines went to stderr), with PYTHONUNBUFFERED set or not. Under `axolotl pofe` the JSON follows
