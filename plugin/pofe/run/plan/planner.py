@@ -27,7 +27,7 @@ from pofe.run.plan.evaluation import eval_stages
 from pofe.run.plan.online import online_stage
 from pofe.run.plan.sources import disk_warning, double_bos, free_disk, model_sizes, prompt_rows
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
-from pofe.run.recipe import translated_recipe
+from pofe.run.recipe import check_plugin_listed, translated_recipe
 
 
 def lora_kernels_on(recipe: dict) -> list[str]:
@@ -167,7 +167,9 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict
     and each row's dataset responses, a double BOS, and the free disk under output_dir; on
     `options.device`, else on the device the recipe is for (`recipe_device`; `device_from` says
     which)."""
-    raw, pcfg = translated_recipe(yaml.safe_load(Path(recipe).read_text()))
+    original = yaml.safe_load(Path(recipe).read_text())
+    check_plugin_listed(original, recipe)
+    raw, pcfg = translated_recipe(original)
     if pcfg.generate is None:
         raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
     check_python_judges(recipe, pcfg)
