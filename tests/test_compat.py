@@ -32,6 +32,7 @@ ENTRIES = [
     "is_zero3_partitioned",
     "keep_4bit_layer_trainable",
     "load_rank_on_cpu",
+    "loads_installed_plugins",
     "packed_for_cpu_inference",
     "reentrant_checkpointing",
     "remake_state_on_cpu",

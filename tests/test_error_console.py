@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import AXOLOTL_ENV, ROOT, recipe, run_axolotl
+from tests.helpers import AXOLOTL_ENV, ROOT, pofe_block, prompts_file, recipe, run_axolotl
 
 pytestmark = pytest.mark.e2e
 BAD_ROW = (
@@ -60,6 +60,48 @@ def test_a_bad_row_ends_axolotl_train_with_pofes_message(bad_row_recipe, tmp_pat
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert _ending(proc) == [f"Error: {BAD_ROW}", "(the traceback: out/debug.log; `--debug` prints it here)"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+MISSPELLED_JUDGE = (
+    "Error: judge.function 'mymodul:reward': cannot import module 'mymodul': no module 'mymodul' in the recipe's "
+    "folder or the working directory ({folders}), nor installed. Did you mean 'mymodule' (mymodule.py)?"
+)
+
+
+@pytest.fixture
+def misspelled_judge(tmp_path, tiny_model) -> tuple[Path, str]:
+    """A recipe from prompts in recipes/, its judge `mymodul:reward` where the file beside it is
+    mymodule.py; run from tmp_path. Returns the recipe and the message's first line."""
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "mymodule.py").write_text("def reward(prompt, response):\n    return 1.0\n")
+    data, _ = prompts_file(tmp_path)
+    pofe = pofe_block("rrhf")
+    pofe["judge"]["function"] = "mymodul:reward"
+    path = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.prompts", output_dir="out", pofe=pofe)
+    path = path.rename(folder / "recipe.yml")
+    return path, MISSPELLED_JUDGE.format(folders=f"{folder}, {tmp_path}")
+
+
+@pytest.mark.parametrize("command", ["preprocess", "train"])
+def test_a_misspelled_judge_module_ends_the_console_with_pofes_message(misspelled_judge, tmp_path, command):
+    """Issue 49: `judge.function: mymodul:reward` printed a 90-line traceback above the message;
+    now the message alone ends the console, naming the folders looked in and the file meant."""
+    path, message = misspelled_judge
+    proc = run_axolotl(command, "recipes/recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert _ending(proc) == [message, "(the traceback: out/debug.log; `--debug` prints it here)"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_plan_refuses_a_judge_that_cannot_import(misspelled_judge, tmp_path):
+    """Issue 49: `axolotl pofe plan` planned a run whose judge cannot import, and exited 0; now it
+    imports the judge as the judge stage does, and ends with POFE's message."""
+    path, message = misspelled_judge
+    proc = run_axolotl("pofe", "plan", "recipes/recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in proc.stdout + proc.stderr
 
 

@@ -53,6 +53,30 @@ def test_rl_without_plugins_line(tmp_path, tiny_model, rrhf_jsonl):
         assert "[type=enum, input_value='rrhf', input_type=str]" in proc.stdout + proc.stderr
 
 
+def test_pofe_commands_name_the_missing_plugins_line(tmp_path, tiny_model):
+    """Issue 49: `rl: rrhf` without `plugins:` on axolotl 0.19 is a 68-line pydantic error from
+    `axolotl train` (axolotl validates `rl` before any plugin runs: out of POFE's reach). POFE's
+    commands that read the recipe say the fix instead (`axolotl pofe plan` planned the run and
+    exited 0); on 0.21, which loads the installed plugin, the recipe plans."""
+    path = write_rounds_recipe(tmp_path, tiny_model, "rrhf")
+    raw = yaml.safe_load(path.read_text())
+    del raw["plugins"]
+    path.write_text(yaml.safe_dump(raw))
+    for command in ("plan", "run") if not ENTRY_POINT_PLUGINS else ("plan",):
+        proc = run_axolotl("pofe", command, str(path), check=False)
+        if ENTRY_POINT_PLUGINS:
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            continue
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"Error: {path} sets `rl: rrhf`, a POFE method, but does not list POFE's plugin: add the line "
+            "`plugins: [pofe.PofePlugin]`. This axolotl loads only the plugins a recipe lists (axolotl 0.21 "
+            "loads installed ones too); without it `axolotl train` refuses `rl: rrhf` with 'Input should be "
+            "'dpo', ...' [type=enum]"
+        )
+        assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_no_token_perplexity_in_log(tmp_path, tiny_model, rrhf_jsonl):
     # an eval split too: axolotl would add eval_ppl beside eval_loss
     cfg = recipe(tmp_path, tiny_model, "rrhf", rrhf_jsonl, "pofe.rrhf", val_set_size=0.25, eval_steps=3)

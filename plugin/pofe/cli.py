@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 import click
+import yaml
 
 from pofe.errors import PofeError, record_error
 
@@ -99,7 +100,9 @@ def candidates(config: str, stage: str):
     from pofe.data.candidates import build_candidates
     from pofe.data.formats import RowFormat
     from pofe.data.sources import load_entry
+    from pofe.run.recipe import check_plugin_listed
 
+    check_plugin_listed(yaml.safe_load(Path(config).read_text()), config)
     cfg = load_cfg(config)
     pcfg = pofe_config(cfg)
     if not pcfg.method:

@@ -302,6 +302,22 @@ class StepBatches:
         return self.step_batches(epoch_iterator, num_batches), None  # means over prompts: no token count
 
 
+@entry(
+    reaches="axolotl: the plugins load_cfg loads before it validates `rl` against its own methods: those the "
+    "recipe's `plugins:` lists (0.19), and every installed `axolotl.plugins` entry point as well (0.21)",
+    names=(),
+    written_for="axolotl 0.19.0, 0.21.0",
+    goes_when="POFE requires axolotl >= 0.21",
+)
+def loads_installed_plugins() -> bool:
+    """Whether this axolotl loads installed plugins without a `plugins:` line (0.21 on)."""
+    import re
+    from importlib.metadata import version
+
+    major, minor = re.match(r"(\d+)\.(\d+)", version("axolotl")).groups()
+    return (int(major), int(minor)) >= (0, 21)
+
+
 ENTRIES["AXOLOTL_CONFIG_LOGGER"] = Entry(
     reaches="axolotl: the logger whose records dump the whole validated config (masking only axolotl's own "
     "secret keys)",

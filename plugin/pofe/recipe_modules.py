@@ -17,11 +17,12 @@ package. A module the recipe names is imported by `import_recipe_module` alone, 
 the path only while it loads (its own imports of files beside it run then, at its top). Its
 name must not be one Python already imports (the standard library's `json`, an installed
 package's): the recipe would get that module, not the file beside it, so that is an error
-naming both.
+naming both. A module found nowhere is an error naming the folders looked in, not a traceback.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -38,7 +39,7 @@ RECIPE_DIRS_ENV = "POFE_RECIPE_DIRS"
 
 
 class RecipeModuleError(PofeError, ImportError):
-    """A module the recipe names is named like one Python already imports."""
+    """A module the recipe names is found nowhere, or is named like one Python already imports."""
 
 
 def add_recipe_dirs(config_path: str | Path | None) -> list[str]:
@@ -118,9 +119,30 @@ def import_recipe_module(name: str, what: str = "the recipe") -> ModuleType:
     beside the recipe or in a recorded folder (`recipe_dirs`), its folder on the import path
     only while it loads, then kept in `sys.modules` under its name; else Python's own (an
     installed module). `RecipeModuleError` when both exist: a file beside the recipe named like
-    a standard or installed module."""
-    with _on_path(_folder_of(name, what)):
-        return importlib.import_module(name)
+    a standard or installed module, or when `name` is found nowhere (an import inside the module
+    failing is the module's own error, raised as it is)."""
+    try:
+        with _on_path(_folder_of(name, what)):
+            return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (name == e.name or name.startswith(f"{e.name}.")):
+            raise
+        raise RecipeModuleError(_not_found(name, e.name, what)) from e
+
+
+def _not_found(name: str, missing: str, what: str) -> str:
+    """The error for module `name`, of which `missing` is found nowhere: the folders looked in
+    and, for a top-level module, the nearest file name in them (a typo: `mymodul`)."""
+    where = ", ".join(recipe_dirs()) or os.getcwd()
+    message = (
+        f"{what}: cannot import module {name!r}: no module {missing!r} in the recipe's folder or the working "
+        f"directory ({where}), nor installed"
+    )
+    if "." not in missing:
+        files = {p.stem for d in recipe_dirs() for p in Path(d).glob("*.py")}
+        if near := difflib.get_close_matches(missing, sorted(files), n=1):
+            message += f". Did you mean {near[0]!r} ({near[0]}.py)?"
+    return message
 
 
 def find_recipe_module(name: str, what: str = "the recipe") -> ModuleSpec | None:

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from pofe.errors import PofeError
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges import apply_judge, make_judge
 from pofe_candidates.judges.base import Abstain, JudgeError, JudgeStats, load_function
@@ -51,6 +52,9 @@ def test_load_function_errors():
         load_function("no_such_mod:f")
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         load_function("pofe.demo.task:nope")
+    # a typo in the recipe: POFE's message alone on the console (a PofeError), naming the function meant
+    with pytest.raises(PofeError, match="has no attribute 'rewrd'. Did you mean 'reward'"):
+        load_function("pofe.demo.task:rewrd")
 
 
 def test_reward_model_batched_equals_independent_forward(tiny_reward_model):

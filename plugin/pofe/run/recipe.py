@@ -14,7 +14,10 @@ import yaml
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.args.translate import translate_raw_config
+from pofe.compat import loads_installed_plugins
+from pofe.errors import PofeError
 from pofe.files import stable_hash
+from pofe.methods import METHODS
 
 # Keys of the pofe block that may change between starts of one run without invalidating
 # finished stages (rounds may grow when prompts are not split; eval settings only affect eval,
@@ -43,8 +46,30 @@ def load_recipe(recipe_path: str | Path, overrides: dict | None = None):
     from axolotl.cli.config import load_cfg
 
     raw = yaml.safe_load(Path(recipe_path).read_text())
+    check_plugin_listed(raw, recipe_path)
     cfg = load_cfg(str(recipe_path), **(overrides or {}))
     return with_overrides(raw, overrides or {}, cfg), cfg
+
+
+def check_plugin_listed(raw: dict, recipe_path: str | Path) -> None:
+    """A recipe setting `rl:` to a POFE method must list POFE's plugin where axolotl loads only
+    the plugins listed (0.19): axolotl validates `rl` before any plugin runs, and its error names
+    its own methods, not the fix. `axolotl train` cannot be reached that early; POFE's commands
+    say it instead."""
+    rl = raw.get("rl")
+    if (
+        not isinstance(rl, str)
+        or rl not in METHODS
+        or "pofe.PofePlugin" in (raw.get("plugins") or [])
+        or loads_installed_plugins()
+    ):
+        return
+    raise PofeError(
+        f"{recipe_path} sets `rl: {rl}`, a POFE method, but does not list POFE's plugin: add the line "
+        "`plugins: [pofe.PofePlugin]`. This axolotl loads only the plugins a recipe lists (axolotl 0.21 "
+        f"loads installed ones too); without it `axolotl train` refuses `rl: {rl}` with 'Input should be "
+        "'dpo', ...' [type=enum]"
+    )
 
 
 def with_overrides(raw: dict, overrides: dict, cfg=None) -> dict:

@@ -18,6 +18,7 @@ such as -1 that could be trained on. Abstentions are counted in `judge.stats`; w
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ Score = float | Abstain
 # any scale below it trains; a tighter bound would refuse legitimate scales (log-likelihood
 # sums, raw counts).
 MAX_SCORE = float(np.finfo(np.float32).max)
+
+
+class MissingFunction(PofeError, AttributeError):
+    """The module a recipe names has no function of the name it gives: a typo in the recipe."""
 
 
 class NotANumber(PofeError, TypeError):
@@ -207,7 +212,9 @@ def _import_callable(module_name: str, attr: str, what: str) -> Callable[..., An
     try:
         fn = getattr(module, attr)
     except AttributeError as e:
-        raise AttributeError(f"{what}: module {module_name!r} has no attribute {attr!r}") from e
+        near = difflib.get_close_matches(attr, [n for n in dir(module) if not n.startswith("_")], n=1)
+        hint = f". Did you mean {near[0]!r}?" if near else ""
+        raise MissingFunction(f"{what}: module {module_name!r} has no attribute {attr!r}{hint}") from e
     if not callable(fn):
         raise TypeError(f"{what} is not callable")
     return fn

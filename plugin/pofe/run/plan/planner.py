@@ -27,7 +27,7 @@ from pofe.run.plan.evaluation import eval_stages
 from pofe.run.plan.online import online_stage
 from pofe.run.plan.sources import disk_warning, double_bos, free_disk, model_sizes, prompt_rows
 from pofe.run.plan.training import merge_stage, pi_0_stage, train_stage
-from pofe.run.recipe import translated_recipe
+from pofe.run.recipe import check_plugin_listed, translated_recipe
 
 
 def lora_kernels_on(recipe: dict) -> list[str]:
@@ -167,9 +167,12 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict
     and each row's dataset responses, a double BOS, and the free disk under output_dir; on
     `options.device`, else on the device the recipe is for (`recipe_device`; `device_from` says
     which)."""
-    raw, pcfg = translated_recipe(yaml.safe_load(Path(recipe).read_text()))
+    original = yaml.safe_load(Path(recipe).read_text())
+    check_plugin_listed(original, recipe)
+    raw, pcfg = translated_recipe(original)
     if pcfg.generate is None:
         raise ValueError(f"{recipe}: plan needs a run from prompts (pofe.generate and pofe.judge)")
+    check_python_judges(recipe, pcfg)
     device, why = (options.device, "--device") if options.device else recipe_device(raw)
     options = replace(options, device=device)
     sizes, warnings = model_sizes(raw, pcfg)
@@ -181,3 +184,17 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict
     plan["free_disk_gb"] = round(free / GB, 1)
     plan["warnings"] = warnings + plan["warnings"] + ([bos] if bos else []) + disk_warning(plan, free)
     return plan
+
+
+def check_python_judges(recipe: str | Path, pcfg: PofeConfig) -> None:
+    """Import the recipe's Python judges (`judge.function`, `judge.reward_funcs`, and
+    `eval.judge2`'s) as the judge stage does (`make_judge`), from the recipe's folder and the
+    working directory: a judge that cannot import stops the plan with the stage's message,
+    not the run after its generation. Other judges load models or reach servers: not here."""
+    from pofe.recipe_modules import add_recipe_dirs
+    from pofe_candidates.judges import make_judge
+
+    add_recipe_dirs(recipe)
+    for judge in (pcfg.judge, pcfg.eval.judge2 if pcfg.eval else None):
+        if judge is not None and judge.spec.calls_functions:
+            make_judge(judge)
