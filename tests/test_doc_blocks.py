@@ -167,7 +167,8 @@ def doc_recipe(block: dict, method: str) -> tuple[dict, dict]:
 def test_yaml_block_validates(block, tmp_path, monkeypatch):
     """Validated as axolotl loads a recipe (the plugin registered, POFE's block checked with it); a
     fragment that names no method validates under RRHF or SPPO (a block of SPPO's keys under RRHF
-    only is refused, as it should be). Files a block names are created empty where it runs."""
+    only is refused, as it should be). Files a block names, and the recipe's base_model folder, are created
+    empty where it runs."""
     monkeypatch.chdir(tmp_path)
     raw = yaml.safe_load(block.text)
     errors = {}
@@ -176,6 +177,8 @@ def test_yaml_block_validates(block, tmp_path, monkeypatch):
         for path in re.findall(r"\b[\w./-]+\.jsonl\b", block.text):  # prompt files a block names
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).touch()
+        # the model folder, as where a user resumes a training (a resumed one's base_model is checked)
+        Path(recipe["base_model"]).mkdir(parents=True, exist_ok=True)
         try:
             validated_recipe(recipe, caps)
             return

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 
@@ -303,19 +304,14 @@ class StepBatches:
 
 
 @entry(
-    reaches="axolotl: the plugins load_cfg loads before it validates `rl` against its own methods: those the "
-    "recipe's `plugins:` lists (0.19), and every installed `axolotl.plugins` entry point as well (0.21)",
+    reaches="axolotl: the plugins load_cfg loads before checking `rl` (0.21: every installed one too)",
     names=(),
     written_for="axolotl 0.19.0, 0.21.0",
     goes_when="POFE requires axolotl >= 0.21",
 )
 def loads_installed_plugins() -> bool:
     """Whether this axolotl loads installed plugins without a `plugins:` line (0.21 on)."""
-    import re
-    from importlib.metadata import version
-
-    major, minor = re.match(r"(\d+)\.(\d+)", version("axolotl")).groups()
-    return (int(major), int(minor)) >= (0, 21)
+    return tuple(int(n) for n in version("axolotl").split(".")[:2]) >= (0, 21)
 
 
 ENTRIES["AXOLOTL_CONFIG_LOGGER"] = Entry(
