@@ -13,6 +13,16 @@ from pofe.demo.tiny import build_tiny_model
 from tests.helpers import ROOT
 
 
+@pytest.fixture(autouse=True)
+def fresh_recipe_dirs(monkeypatch):
+    """Each test starts as a new process would, with no recipe folders recorded: `register`
+    records them in POFE_RECIPE_DIRS for the process and its children, and a worker's earlier
+    tests would otherwise hand theirs to every `axolotl` a later test starts."""
+    from pofe.recipe_modules import RECIPE_DIRS_ENV
+
+    monkeypatch.delenv(RECIPE_DIRS_ENV, raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

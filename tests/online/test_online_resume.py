@@ -190,15 +190,16 @@ def test_a_second_training_in_an_output_dir_in_use_is_refused_before_it_deletes(
     the recipe trained afresh there, which would replace the refreshes as an earlier run's, is
     refused naming the holder, and nothing in the folder is deleted or written."""
     path, out = killed
-    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     with FolderLock.acquire(out / TRAIN_LOCK, print, "axolotl train", RuntimeError):
+        before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))  # the lock's file among them
         proc = run_axolotl("train", str(path), cwd=out.parent, env=JUDGES_ENV, check=False)
+        after = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
     said = _said(proc)
     assert proc.returncode != 0
     assert f"output_dir {out} is in use by another `axolotl train` (PID {os.getpid()} on host" in said
     assert f"Wait for it to finish or stop it (kill {os.getpid()}), or give this training an output_dir" in said
     assert "replacing" not in said
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert after == before
 
 
 def test_a_killed_runs_folder_is_evaluated_at_its_checkpoint_and_reported_as_such(killed):
