@@ -57,24 +57,30 @@ class MissingBaseModel(PofeError, ValueError):
     """A resumed training's base_model is no folder and cannot be a hub id."""
 
 
+def is_hub_id(model: str) -> bool:
+    """Whether `model` can name a hub repository (`name` or `namespace/name`, as huggingface_hub
+    checks one); else it can only be a local path (`/abs/dir`, `./dir`, `a/b/c`), as transformers
+    reads it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return False
+    return True
+
+
 def check_resumed_base_model(cfg: dict[str, Any]) -> None:
     """A training resumed (`resume_from_checkpoint`; `auto_resume_from_checkpoints` with a
     checkpoint in output_dir) loads the
     model from `base_model` before the checkpoint's weights, and online pi_0 is base_model: a
     base_model that is no folder on disk and cannot be a hub id (`name`, `namespace/name`) is
     refused, naming it, before anything loads (transformers' "Repo id must be..." else)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     base_model = cfg.get("base_model")
     auto = cfg.get("auto_resume_from_checkpoints") and any(Path(cfg.get("output_dir") or ".").glob("checkpoint-*"))
     resumed = cfg.get("resume_from_checkpoint") or auto
-    if not resumed or not isinstance(base_model, str) or Path(base_model).exists():
+    if not resumed or not isinstance(base_model, str) or Path(base_model).exists() or is_hub_id(base_model):
         return
-    try:
-        validate_repo_id(base_model)
-        return
-    except HFValidationError:
-        pass
     checkpoint = cfg.get("resume_from_checkpoint") or "its output_dir's last checkpoint"
     where = "" if Path(base_model).is_absolute() else f" (resolved from {os.getcwd()})"
     raise MissingBaseModel(

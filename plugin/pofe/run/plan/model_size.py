@@ -12,25 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pofe.paths import is_hub_id
 from pofe.run.plan.estimate import ModelSize
 
 # how a model is built to be counted: with its language-model head, its classification head, or
 # as the bare transformer (an encoder such as PairRM's DeBERTa, or a decoder whose head is not
 # loaded: GPM reads the last hidden states); which a judge is, its type's spec says
 KINDS = ("causal_lm", "sequence_classification", "encoder", "backbone")
-
-
-def is_hub_id(model: str) -> bool:
-    """Whether `model` can name a hub repository (`name` or `namespace/name`, as huggingface_hub
-    checks one); else it can only be a local path (`/abs/dir`, `./dir`, `a/b/c`), as transformers
-    reads it."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(model)
-    except HFValidationError:
-        return False
-    return True
 
 
 def find_config(model: str) -> Path | None:

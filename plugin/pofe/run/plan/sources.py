@@ -10,8 +10,9 @@ from pathlib import Path
 from pofe.args import PofeConfig
 from pofe.errors import PofeError
 from pofe.files import read_jsonl
+from pofe.paths import is_hub_id
 from pofe.run.plan.estimate import GB, ModelSize
-from pofe.run.plan.model_size import find_config, is_hub_id, model_size, pairrm_backbone
+from pofe.run.plan.model_size import find_config, model_size, pairrm_backbone
 
 
 class ModelNotFound(PofeError, ValueError):
