@@ -236,6 +236,17 @@ def test_preprocess_then_train_reuses_prepared_data(tmp_path, tiny_model, rrhf_j
     # source_prompt: each row's prompt as a judge reads it (a trained model's evaluation)
     assert sorted(ds.column_names) == ["prompt_ids", "response_ids", "rewards", "source_prompt"]
     assert all(len(r) == 4 for r in ds["response_ids"])
+    # the console ends with POFE's verdict after axolotl's last line: the rows, where, the file's rewards
+    rewards = [json.loads(line)["rewards"] for line in rrhf_jsonl.read_text().splitlines()]
+    flat = [x for r in rewards for x in r]
+    console = proc.stdout.splitlines()
+    success = max(i for i, line in enumerate(console) if "Success! Preprocessed data path" in line)
+    assert [line[line.index("POFE: ") :] for line in console[success + 1 :]] == [
+        f"POFE: prepared 32 rows for rl: rrhf, 4 candidates per prompt, in {prepared[0]}",
+        f"POFE: rewards of the prepared candidates: mean {sum(flat) / len(flat):.3f}, "
+        f"best-of-k {sum(max(r) for r in rewards) / len(rewards):.3f}",
+        f"POFE: next, train: axolotl train {cfg}",
+    ]
 
     proc = run_axolotl("train", str(cfg))
     assert f"Loading prepared dataset from disk at {prepared[0]}" in proc.stdout + proc.stderr

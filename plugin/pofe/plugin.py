@@ -9,8 +9,10 @@ a trained model's folder holds none.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import sys
 from functools import partial
 from importlib import import_module
 from pathlib import Path
@@ -128,12 +130,21 @@ class PofePlugin(BasePlugin):
 
             if not preprocess:  # training samples at each refresh: refused now, not at the first one
                 check_backend_runs(pofe.generate, online=True)
-            return load_online_prompts(cfg, pofe)
+                return load_online_prompts(cfg, pofe)
+            from pofe.data.prepared_summary import online_preprocess_summary
+
+            meta = load_online_prompts(cfg, pofe)
+            _say_at_exit(online_preprocess_summary(cfg, meta))
+            return meta
         from pofe.data.loader import load_pofe_datasets
 
         meta = load_pofe_datasets(cfg, pofe, preprocess, debug=self._debug)
         if pofe.anchor_mix > 0:
             _prepare_pi_0_table(cfg, pofe, meta)
+        if preprocess:
+            from pofe.data.prepared_summary import preprocess_summary
+
+            _say_at_exit(preprocess_summary(cfg, pofe, meta))
         return meta
 
     def _hold_output_dir(self, cfg) -> None:
@@ -227,6 +238,18 @@ class PofePlugin(BasePlugin):
 
             return PromptCollator, kwargs
         return KResponseCollator, kwargs
+
+
+def _say_at_exit(lines: list[str]) -> None:
+    """Log `lines` as the process ends, unless in an error: `axolotl preprocess` runs no hook after
+    the datasets load, and its own last line ("Success! Preprocessed data path") comes after them."""
+
+    def say():
+        if getattr(sys, "last_value", None) is None:  # set by Python for an exception that ended the process
+            for line in lines:
+                LOG.info(line)
+
+    atexit.register(say)
 
 
 def _warn(line: str) -> None:

@@ -131,6 +131,7 @@ def summarise(
         "mean_best_win_rate": nan_mean([max(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "mean_win_rate_spread": nan_mean([_spread(d[target.column]) for d in data]) if trains_on_win_rates else None,
         "saturation": saturation(_judged_win_rates(judged), saturation_band) if trains_on_win_rates else None,
+        "judge_verdicts": abstentions.verdicts,
         "judge_abstentions": abstentions.abstained,
         "judge_abstention_reasons": dict(abstentions.reasons),
         "judge_abstention_rate": abstentions.rate,

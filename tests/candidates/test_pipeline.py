@@ -331,6 +331,7 @@ def test_abstention_rate_over_the_limit_stops_naming_the_dataset_row(tiny_policy
     res = run_pipeline(ROWS, judge=judge.model_copy(update={"max_abstention_rate": 0.5}), candidates=cands, **kw)
     assert res.rows == 2 and res.summary["rows_dropped"] == {"too_few_candidates": 1}
     assert res.summary["judge_abstentions"] == 3 and res.summary["judge_abstention_rate"] == 3 / 11
+    assert res.summary["judge_verdicts"] == 11
 
 
 def test_every_candidate_abstaining_stops_even_without_a_limit(tiny_policy, tmp_path):

@@ -29,12 +29,38 @@ def test_prompts_to_trained_model(tmp_path, tiny_model, method):
         micro_batch_size=4,
         learning_rate=1e-3,
     )
-    run_axolotl("preprocess", str(cfg))
+    console = run_axolotl("preprocess", str(cfg)).stdout.splitlines()
 
     (cand_dir,) = (tmp_path / "prepared").glob("pofe-candidates-*")
+    (prepared,) = (p for p in (tmp_path / "prepared").glob("pofe-*") if p != cand_dir)
     rows = [json.loads(line) for line in (cand_dir / "data.jsonl").read_text().splitlines()]
     summary = json.loads((cand_dir / "summary.json").read_text())
     assert summary["rows"] == len(rows) > 0
+    # the console ends with POFE's verdict, after axolotl's last line: 3 candidates sampled, the
+    # answer joins them (4 judged a prompt; dedupe may drop some), one verdict each, none abstained
+    ks = [len(r["responses"]) for r in rows]
+    labels = [r["rewards" if method == "rrhf" else "win_rates"] for r in rows]
+    per_prompt = f"{ks[0]}" if len(set(ks)) == 1 else f"{sum(ks) / len(ks):.2f} (min {min(ks)}, max {max(ks)})"
+    success = max(i for i, line in enumerate(console) if "Success! Preprocessed data path" in line)
+    said = [line[line.index("POFE: ") :] for line in console[success + 1 :]]
+    if method == "rrhf":
+        flat = [x for r in labels for x in r]
+        label_line = (
+            f"POFE: rewards of the prepared candidates: mean {sum(flat) / len(flat):.3f}, "
+            f"best-of-k {sum(max(r) for r in labels) / len(labels):.3f}"
+        )
+    else:
+        label_line = (
+            f"POFE: win rates of the prepared candidates: the best's {sum(max(r) for r in labels) / len(labels):.3f} "
+            f"on average, spread {sum(max(r) - min(r) for r in labels) / len(labels):.3f}"
+        )
+    assert said == [
+        f"POFE: prepared {len(rows)} rows for rl: {method}, {per_prompt} candidates per prompt, in {prepared}",
+        f"POFE: {data}: {len(rows)} of {len(prompts)} prompts have candidates (dropped: none); the judge gave "
+        f"{sum(ks)} verdicts and abstained on 0; in {cand_dir}",
+        label_line,
+        f"POFE: next, train: axolotl train {cfg}",
+    ]
     assert [r["prompt"] for r in rows] == [p["prompt"] for p in prompts][: len(rows)]
     for row in rows:
         # the reference answer is among the candidates, and scores are aligned with them

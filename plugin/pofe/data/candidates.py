@@ -62,9 +62,8 @@ def build_candidates(
     rows = [prompt_row(row, i, fmt, generate.include_dataset_responses) for i, row in enumerate(prompts)]
     policy = sampling_policy(cfg, generate)
     tokenizer = prompt_tokenizer(cfg, generate)
-    if candidates.out_dir is None:
-        out_dir = candidates_dir(cfg, pofe, entry, policy, prompt_column, prompt_format, tokenizer)
-        candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
+    out_dir = candidates_folder(cfg, pofe, entry, prompt_column, prompt_format, tokenizer)
+    candidates = candidates.model_copy(update={"out_dir": str(out_dir)})
     try:
         result = run_pipeline(
             rows,
@@ -120,6 +119,20 @@ def prompt_tokenizer(cfg: DictDefault, generate):
             f"({type(e).__name__}: {str(e).splitlines()[0]}). Set tokenizer_config (or base_model) to the "
             "served model's tokenizer: a local folder or a hub id in the cache."
         ) from e
+
+
+def candidates_folder(
+    cfg: DictDefault, pofe: PofeConfig, entry, prompt_column: str, prompt_format: str, tokenizer=None
+):
+    """Where a `pofe.prompts` entry's candidates are (`pofe.candidates.out_dir`, else
+    `candidates_dir`); `tokenizer`: `prompt_tokenizer`'s, loaded here when not given."""
+    candidates = pofe.candidates.for_method(pofe.method)
+    if candidates.out_dir is not None:
+        return Path(candidates.out_dir)
+    if tokenizer is None:
+        tokenizer = prompt_tokenizer(cfg, pofe.generate)
+    policy = sampling_policy(cfg, pofe.generate)
+    return candidates_dir(cfg, pofe, entry, policy, prompt_column, prompt_format, tokenizer)
 
 
 def candidates_dir(
