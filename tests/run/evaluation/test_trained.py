@@ -15,7 +15,15 @@ import yaml
 
 from pofe.demo.task import make_rrhf_rows, write_jsonl
 from pofe.run.folder import RunFolder
-from tests.helpers import checked_eval_samples, recipe, run_axolotl, validated_recipe
+from tests.helpers import (
+    checked_eval_samples,
+    log_history,
+    pofe_block,
+    prompts_file,
+    recipe,
+    run_axolotl,
+    validated_recipe,
+)
 
 JUDGE = {"type": "python", "function": "pofe.demo.task:reward"}
 
@@ -56,6 +64,30 @@ def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_repor
     # `pofe report` finds the evaluation as `pofe eval` chose it
     again = run_axolotl("pofe", "report", str(cfg))
     assert f"report: {folder.root / 'report.md'}" in again.stdout
+
+
+@pytest.mark.e2e
+def test_a_model_trained_from_prompts_is_reported_with_its_candidates(tmp_path, tiny_model):
+    """Issue 49: a recipe trained from prompts (`pofe.prompts`) has candidates of its own, which
+    `axolotl train` sampled and judged into its candidates folder; `pofe eval`'s console showed
+    the training's loss alone. 12 prompts, the last 4 held out: the training line now has the
+    candidates' mean and best-of-k reward, recomputed here from the rows they were judged into
+    (data.jsonl: every candidate kept), and the loss of the checkpoint's first and last step."""
+    data, _ = prompts_file(tmp_path)
+    block = {**pofe_block("rrhf"), "eval": {"held_out": 4, "num_samples": 1, "max_new_tokens": 4}}
+    cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.prompts", pofe=block, learning_rate=1e-3)
+    run_axolotl("train", str(cfg))
+    proc = run_axolotl("pofe", "eval", str(cfg))
+
+    (cands,) = (tmp_path / "prepared").glob("pofe-candidates-*")
+    rewards = [json.loads(line)["rewards"] for line in (cands / "data.jsonl").read_text().splitlines()]
+    assert len(rewards) == 8
+    flat = [x for r in rewards for x in r]
+    losses = [h["loss"] for h in log_history(tmp_path / "out") if "loss" in h]
+    assert (
+        f"  training: candidates mean {sum(flat) / len(flat):.3f}, best-of-k "
+        f"{sum(max(r) for r in rewards) / len(rewards):.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    ) in proc.stdout.splitlines()
 
 
 def test_held_out_rows_and_every_row_sharing_their_prompts_are_kept_from_training(tmp_path, tiny_model, caplog):

@@ -6,7 +6,9 @@ pi_1; the recipe's base model (with its `lora_model_dir`, when it trained from o
 Both answer the same held-out prompts and are judged as an iterated run's iterates are
 (`pofe.run.evaluation.evaluate`): reward, the win rate of pi_1 against pi_0 raw and
 length-controlled, lengths, KL to pi_0, and the same report. There is no headline (it compares
-a round's model with the round's candidates, which a dataset of one's own does not have).
+a round's model with the round's candidates, which a dataset of one's own does not have). A recipe
+trained from prompts (`pofe.prompts`) has candidates of its own: their summary.json is copied, and the
+report and console show their mean and best-of-k reward beside the training's loss.
 
 The held-out prompts are the first of:
 - `pofe.eval.prompts`, a file;
@@ -23,6 +25,7 @@ The evaluation's folder (`--output`, else `<model>/pofe-eval`) is laid out as a 
     pofe-run.json               kind "trained": pi_0 and pi_1, the recipe, the command line's overrides
     round-1/recipe.yml          the recipe as evaluated (overrides applied)
     round-1/trainer_state.json  the training's log history (loss curves), from the model's last checkpoint
+    round-1/candidates/summary.json  the candidates it trained on, from prompts (`pofe.prompts`): their counts and rewards
     prompts/held_out.jsonl      the held-out prompts as evaluated
     eval/, report.md, report.json, report-*.png
 """
@@ -111,6 +114,7 @@ def open_trained(
     folder.root.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(folder.held_out_prompts, rows)
     _copy_trainer_state(Path(model), folder)
+    _copy_candidates_summary(cfg, pcfg, folder)
     echo(f"eval: {_local(model)} (pi_1) against {pi_0} (pi_0) on {len(prompts)} held-out prompts: {source}")
     run = EvalRun(pcfg, folder, [["pi_0", pi_0], ["pi_1", _local(model)]], tokenizer, pcfg.eval.prompt_column, 1)
     columns = other_columns(rows, pcfg.eval.prompt_column)
@@ -291,3 +295,25 @@ def _copy_trainer_state(model: Path, folder: RunFolder) -> None:
     if source.is_file():
         folder.trainer_state(1).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, folder.trainer_state(1))
+
+
+def _copy_candidates_summary(cfg, pcfg, folder: RunFolder) -> None:
+    """The summary.json of the candidates the recipe trained on, when its one dataset is prompts
+    (`pofe.prompts`): the pipeline wrote them in its candidates folder (`pofe.data.candidates`);
+    the report reads them as a round's. None there (a dataset of one's own): none here either."""
+    from pofe.data.candidates import candidates_folder
+    from pofe.data.formats import RowFormat
+
+    target = folder.candidates(1) / "summary.json"
+    entries = cfg.datasets or []
+    source = None
+    if len(entries) == 1 and entries[0].type == "pofe.prompts":
+        fmt = RowFormat.of_entry(entries[0], 0, pcfg)
+        source = (
+            candidates_folder(cfg, pcfg, entries[0], fmt.column("field_prompt"), fmt.prompt_format) / "summary.json"
+        )
+    if source is None or not source.is_file():
+        target.unlink(missing_ok=True)  # an earlier evaluation's, of another recipe
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
