@@ -179,11 +179,23 @@ def run(
 @click.option(
     "--gpus",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise).",
+    default=None,
+    help="GPUs on the node (ZeRO-3 shards over them; each data-parallel rank holds a copy otherwise). "
+    "Default: this machine's, else 1 (the plan says it assumed it).",
 )
-@click.option("--gpu-memory", type=FiniteFloat(min=1), default=80.0, show_default=True, help="GB per GPU.")
+@click.option(
+    "--gpu-memory",
+    type=FiniteFloat(min=1),
+    default=None,
+    help="GB per GPU. Default: this machine's first GPU's, else 80 (the plan says it assumed it).",
+)
+@click.option(
+    "--command",
+    type=click.Choice(["train", "run"]),
+    default=None,
+    help="Plan `axolotl train` on the recipe (its preprocess and one training, then `axolotl pofe eval`) or "
+    "the rounds of `axolotl pofe run`. Default: run when the recipe sets pofe.rounds, else train.",
+)
 @click.option(
     "--prompts",
     type=click.IntRange(min=1),
@@ -207,8 +219,9 @@ def run(
 def plan(
     config: str,
     as_json: bool,
-    gpus: int,
-    gpu_memory: float,
+    gpus: int | None,
+    gpu_memory: float | None,
+    command: str | None,
     prompts: int | None,
     device: str | None,
     output: str | None,
@@ -219,7 +232,7 @@ def plan(
     import json
 
     from pofe.files import write_atomic
-    from pofe.run.plan.common import PlanOptions
+    from pofe.run.plan.common import PlanOptions, machine_gpus
     from pofe.run.plan.planner import plan_recipe
     from pofe.run.plan.render import render_text
 
@@ -229,13 +242,19 @@ def plan(
             f"the folder {Path(output).parent} does not exist: create it, or give a file in an existing folder",
             param_hint="--output",
         )
-    options = PlanOptions(gpus=gpus, gpu_memory_gb=gpu_memory, device=device)
+
+    def planned() -> dict:
+        # this machine's GPUs are asked of torch, whose import may print: inside --json's redirect
+        count, memory, gpus_from = machine_gpus(gpus, gpu_memory)
+        options = PlanOptions(gpus=count, gpu_memory_gb=memory, device=device, gpus_from=gpus_from)
+        return plan_recipe(config, options, prompts, command)
+
     if not as_json:
-        result = plan_recipe(config, options, prompts)
+        result = planned()
         click.echo(render_text(result))
     else:
         with json_stdout() as out:
-            result = plan_recipe(config, options, prompts)
+            result = planned()
             out.write(json.dumps(result, indent=2) + "\n")
     if output:
         write_atomic(Path(output), json.dumps(result, indent=2) + "\n")

@@ -184,7 +184,11 @@ def test_the_tiny_online_recipe_plans_on_the_cpu(tiny_model, tmp_path):
         *("generate_kv_cache", "generate_forward"),
     }
     text = render_text(plan)
-    assert text.startswith("plan: rrhf, online, a refresh every 3 steps, 1 x 80 GB (cpu")
+    # `axolotl train`'s 60 prompts in micro-batches of 20, 50 epochs; the CPU, no GPU named
+    assert text.startswith(
+        f"planned: axolotl train {recipe} (rrhf, online, a refresh every 3 steps, 60 prompts, 150 steps)\n"
+        "on: the CPU, memory is the process's resident set (device cpu: "
+    )
     assert "\ntrain: " in text and "(pofe.online: generate, judge and train share the training GPU(s)" in text
 
 

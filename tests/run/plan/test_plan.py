@@ -17,7 +17,7 @@ from pofe.run.plan.planner import plan_recipe, plan_run
 from pofe.run.plan.render import BEGIN, END, readme_table
 from pofe.run.plan.sources import disk_warning, double_bos, model_sizes, prompt_rows
 from pofe.run.recipe import translated_recipe
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_axolotl
 
 # Mistral-7B's parameters, counted by hand from its published config.json: per layer q and o
 # 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336; embeddings and lm_head 32000 x 4096;
@@ -431,6 +431,44 @@ def test_dataset_responses_not_read_are_said_an_estimate(tmp_path):
     assert said.endswith("the candidates, judge calls and training rows' responses are an estimate")
 
 
+@pytest.mark.e2e
+def test_plan_says_which_command_it_planned_and_on_what_machine(tiny_model, tmp_path):
+    """Issue 49: `axolotl pofe plan` of tiny-rrhf-cpu.yml planned `axolotl pofe run`'s round (48
+    prompts: the run's default held-out slice) where the recipe is trained with `axolotl train`,
+    and printed "1 x 80 GB" for a CPU recipe. The recipe sets no pofe.rounds: planned as `axolotl
+    train`, its 60 prompts (no pofe.eval.held_out: every row trains) in micro-batches of 20 for 50
+    epochs, 150 steps, then `axolotl pofe eval` (whose missing held-out prompts are warned); on the
+    CPU, no GPU named. `--command run --device cuda` plans the run's rounds on a GPU it says it
+    assumed where this machine has none."""
+    import torch
+
+    from pofe.demo.task import make_prompt_rows, write_jsonl
+
+    raw = yaml.safe_load((ROOT / "recipes" / "tiny-rrhf-cpu.yml").read_text())
+    data = write_jsonl(make_prompt_rows(60), tmp_path / "prompts.jsonl")
+    raw |= {"base_model": str(tiny_model), "output_dir": str(tmp_path / "out")}
+    raw["datasets"] = [{**raw["datasets"][0], "path": str(data)}]
+    recipe = tmp_path / "r.yml"
+    recipe.write_text(yaml.safe_dump(raw))
+    console = run_axolotl("pofe", "plan", str(recipe)).stdout
+    lines = console[console.index("planned: ") :].splitlines()
+    assert lines[:2] == [
+        f"planned: axolotl train {recipe} (rrhf, 60 prompts, 150 steps), then axolotl pofe eval {recipe} (the "
+        "recipe sets no pofe.rounds; --command run plans axolotl pofe run's rounds)",
+        "on: the CPU, memory is the process's resident set (device cpu: the recipe sets bf16: false, as a CPU "
+        "recipe does; --device cuda to plan it otherwise)",
+    ]
+    assert "GB GPU" not in console and "round 1" not in console and "merge" not in console
+    assert "WARNING: pofe.eval.held_out is not set: `axolotl train` trains on every row" in console
+    console = run_axolotl("pofe", "plan", str(recipe), "--command", "run", "--device", "cuda").stdout
+    lines = console[console.index("planned: ") :].splitlines()
+    assert lines[0] == f"planned: axolotl pofe run {recipe} (rrhf, 1 round(s), 60 prompts) (asked with --command)"
+    if not torch.cuda.is_available():
+        assert lines[1] == (
+            "on: 1 x 80 GB GPU (assumed: this machine has no GPU; --gpus and --gpu-memory say yours; device cuda)"
+        )
+
+
 @pytest.mark.parametrize("name", ["tiny-rrhf-cpu", "tiny-sppo-cpu", "tiny-sppo-verifier-cpu"])
 def test_tiny_recipes_plan_on_the_cpu(name, tiny_model, tmp_path):
     """The CPU recipes on the tests' tiny Llama: every stage sized, in float32, on the CPU; the
@@ -546,9 +584,12 @@ def test_the_device_is_the_recipes_unless_told(tmp_path, tiny_model, name, overr
     assert plan["device"] == device and {s["device"] for s in plan["stages"] if s["parts_gb"]} == {device}
     train = next(s for s in plan["stages"] if s["stage"] == "train")
     assert train["dtype"] == ("float32" if device == "cpu" else "bfloat16")
-    first = render_text(plan).splitlines()[0]
+    machine = render_text(plan).splitlines()[1]
     if device == "cpu":
-        assert "(cpu: the recipe sets bf16: false, as a CPU recipe does; --device cuda to plan it otherwise)" in first
+        assert machine == (
+            "on: the CPU, memory is the process's resident set (device cpu: the recipe sets bf16: false, as a CPU "
+            "recipe does; --device cuda to plan it otherwise)"
+        )
     told = plan_recipe(recipe, PlanOptions(device="cuda"), prompts=60)
     assert told["device"] == "cuda" and told["device_from"] == "--device"
 

@@ -21,15 +21,30 @@ MAX_SHARD_BYTES = 5 * GB  # transformers' default max_shard_size: the efficient 
 @dataclass(frozen=True)
 class PlanOptions:
     """The machine: `gpus` per node, each of `gpu_memory_gb`; `device` cpu plans a CPU run, None
-    the device the recipe is for (`recipe_device`, in `pofe.run.plan.planner.plan_recipe`)."""
+    the device the recipe is for (`recipe_device`, in `pofe.run.plan.planner.plan_recipe`).
+    `gpus_from`: where the GPUs' number and memory come from, said with the plan (`machine_gpus`)."""
 
     gpus: int = 1
     gpu_memory_gb: float = 80.0
     device: str | None = "cuda"
+    gpus_from: str = "--gpus, --gpu-memory"
 
     @property
     def runtime(self) -> float:
         return mem.CUDA_CONTEXT_BYTES if self.device == "cuda" else CPU_PROCESS_BYTES
+
+
+def machine_gpus(gpus: int | None, gpu_memory_gb: float | None) -> tuple[int, float, str]:
+    """(GPUs, GB each, where they come from): the options given, else this machine's GPUs (the
+    first one's memory), else 1 x 80 GB, assumed: a plan made where the run will not be."""
+    if gpus is not None and gpu_memory_gb is not None:
+        return gpus, gpu_memory_gb, "--gpus, --gpu-memory"
+    import torch
+
+    if torch.cuda.is_available():
+        memory = round(torch.cuda.get_device_properties(0).total_memory / GB, 1)
+        return gpus or torch.cuda.device_count(), gpu_memory_gb or memory, "this machine's GPUs"
+    return gpus or 1, gpu_memory_gb or 80.0, "assumed: this machine has no GPU; --gpus and --gpu-memory say yours"
 
 
 def recipe_device(raw: dict) -> tuple[str, str]:
@@ -66,8 +81,14 @@ def deepspeed_config(raw: dict) -> dict:
     return json.loads(file.read_text()).get("zero_optimization") or {}
 
 
+def trained_prompts(pcfg: PofeConfig, prompts: int) -> int:
+    """The prompts `axolotl train` trains on: the dataset's rows less `pofe.eval.held_out`'s
+    (`pofe.data.held_out`: none when unset, where an iterated run holds out a default slice)."""
+    return prompts - ((pcfg.eval.held_out or 0) if pcfg.eval else 0)
+
+
 def round_candidates(
-    pcfg: PofeConfig, prompts: int | None, responses: list[int] | None
+    pcfg: PofeConfig, prompts: int | None, responses: list[int] | None, command: str = "run"
 ) -> tuple[list[list[int] | None], bool]:
     """(each round's candidates per prompt, whether the dataset responses among them are
     estimated). A prompt's candidates: `num_candidates` sampled plus its row's dataset responses;
@@ -75,14 +96,17 @@ def round_candidates(
     prompts are not counted. `responses`: each dataset row's dataset responses
     (`pofe.run.plan.sources.prompt_rows`, one a row). Estimated, one per
     include_dataset_responses column and prompt, when they are not counted (None, another number
-    of rows) or are not the rounds' rows (`round_prompts` a list: one dataset per round)."""
+    of rows) or are not the rounds' rows (`round_prompts` a list: one dataset per round).
+    `command` "train": the one training of `axolotl train` (`trained_prompts`), not a run's rounds."""
     columns = len(pcfg.generate.include_dataset_responses)
     if prompts is None:
-        return [None] * pcfg.rounds, columns > 0
-    files = isinstance(pcfg.round_prompts, list)
+        return [None] * (1 if command == "train" else pcfg.rounds), columns > 0
+    files = isinstance(pcfg.round_prompts, list) and command == "run"
     counted = responses is not None and len(responses) == prompts and not files
     per_row = [pcfg.generate.num_candidates + n for n in (responses if counted else [columns] * prompts)]
     estimated = columns > 0 and not counted
+    if command == "train":
+        return [per_row[: trained_prompts(pcfg, prompts)]], estimated
     if files:
         return [per_row] * pcfg.rounds, estimated
     held = held_out_count(prompts, pcfg.eval.held_out, pcfg.eval.prompts is not None) if pcfg.eval else 0

@@ -21,17 +21,20 @@ from pofe.run.plan.candidates import judge_parts, vllm_parts
 from pofe.run.plan.common import PlanOptions, stage
 
 
-def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions) -> list[dict]:
-    """eval-answers (and eval-logprobs after a vLLM engine), then the judges."""
+def eval_stages(raw: dict, pcfg, sizes: dict, options: PlanOptions, headline: bool = True) -> list[dict]:
+    """eval-answers (and eval-logprobs after a vLLM engine), then the judges; `headline`: an
+    iterated run's (a trained model's evaluation has none: `pofe.run.evaluation.trained`)."""
     ev, rounds = pcfg.eval, pcfg.rounds
     size = sizes.get(str(raw["base_model"]))
     dtype = "float32" if options.device == "cpu" else "bfloat16"
     # the default held-out slice (held_out unset) answers num_samples per prompt, as a set one does
-    sequences = max(ev.batch_size * ev.num_samples if ev.has_held_out else 0, ev.batch_size * ev.train_samples)
+    sequences = max(
+        ev.batch_size * ev.num_samples if ev.has_held_out else 0, ev.batch_size * ev.train_samples if headline else 0
+    )
     tokens = int(raw.get("sequence_len", 2048)) + max(ev.held_out_tokens(pcfg.generate), pcfg.generate.max_new_tokens)
     counts = {
         "models": rounds + 1,
-        "headline_answers": rounds * ev.train_prompts * ev.train_samples,
+        "headline_answers": rounds * ev.train_prompts * ev.train_samples if headline else None,
         "held_out_answers": (rounds + 1) * ev.held_out * ev.num_samples if ev.held_out else None,
     }
     models = f"pi_0..pi_{rounds}"

@@ -59,6 +59,18 @@ def round_stages(
     return stages, warnings
 
 
+def trained_stages(
+    raw: dict, pcfg: PofeConfig, sizes: dict, per_prompt: list[int] | None, options: PlanOptions
+) -> tuple[list[dict], list[str]]:
+    """(stages, warnings) of `axolotl preprocess` and `axolotl train` on the recipe: generate and
+    judge (the preprocess), then one training of base_model; no merge (`axolotl train` keeps its adapter)."""
+    base = str(raw["base_model"])
+    size, judge_size = sizes.get(base), sizes.get(pcfg.judge.model) if pcfg.judge.model else None
+    generate, said = generate_stage(raw, pcfg, size, None, base, per_prompt, options)
+    judge = judge_stage(pcfg, judge_size, None, per_prompt, options)
+    return [generate, judge, train_stage(raw, pcfg, size, None, base, per_prompt, options)], said
+
+
 def plan_run(
     raw: dict,
     pcfg: PofeConfig,
@@ -66,20 +78,23 @@ def plan_run(
     prompts: int | None,
     options: PlanOptions,
     responses: list[int] | None = None,
+    command: str = "run",
 ) -> dict:
     """The plan: {"stages": [...], "warnings": [...], ...} (entries: `pofe.run.plan.common.stage`).
 
     `raw` is the recipe as POFE translates it (`pofe.run.recipe.translated_recipe`), so the plan is
     of the run `axolotl train` makes of it; `pcfg` is its validated `pofe:` block. `responses`:
     each prompt row's dataset responses (`pofe.run.plan.sources.prompt_rows`); None: one per
-    include_dataset_responses column, an estimate the warnings say.
+    include_dataset_responses column, an estimate the warnings say. `command`: "run", the rounds of
+    `axolotl pofe run`; "train", `axolotl preprocess` and `axolotl train` once on the recipe (its
+    prompts less `pofe.eval.held_out`'s, no merge), then `axolotl pofe eval` of the trained model.
     """
     if not pcfg.method or pcfg.generate is None:
         raise ValueError(
             "plan: the recipe sets no `rl: rrhf|sppo` with pofe.generate and pofe.judge (a run from prompts)"
         )
     warnings = []
-    per_round, estimated = round_candidates(pcfg, prompts, responses)
+    per_round, estimated = round_candidates(pcfg, prompts, responses, command)
     if estimated:
         warnings.append(
             f"pofe.generate.include_dataset_responses ({', '.join(pcfg.generate.include_dataset_responses)}): "
@@ -90,11 +105,20 @@ def plan_run(
     if pcfg.online is not None:  # one axolotl train: rounds is 1 (`PofeConfig._check_online`)
         size, judge_size = sizes.get(str(raw["base_model"])), sizes.get(pcfg.judge.model)
         stages = [online_stage(raw, pcfg, size, judge_size, per_round[0], options)]
+    elif command == "train":
+        stages, said = trained_stages(raw, pcfg, sizes, per_round[0], options)
+        warnings += said
     else:
         stages, said = round_stages(raw, pcfg, sizes, per_round, options)
         warnings += said
     if pcfg.eval:
-        stages += eval_stages(raw, pcfg, sizes, options)
+        stages += eval_stages(raw, pcfg, sizes, options, headline=command == "run")
+        if command == "train" and not (pcfg.eval.prompts or pcfg.eval.held_out or raw.get("val_set_size")):
+            warnings.append(
+                "pofe.eval.held_out is not set: `axolotl train` trains on every row, and `axolotl pofe eval` then "
+                "has no held-out prompts; set it before training (held_out: n keeps the last n rows out), or give "
+                "pofe.eval.prompts"
+            )
     warnings += device_warnings(pcfg, options)
     if fit := generation_fit(raw, pcfg):
         warnings.append(fit)
@@ -102,11 +126,13 @@ def plan_run(
     disk = [s["disk_gb"] for s in stages]
     return {
         "recipe": raw.get("output_dir"),
+        "command": command,
         "method": pcfg.method,
         "rounds": pcfg.rounds,
         "online": None if pcfg.online is None else pcfg.online.model_dump(),
         "gpus": options.gpus,
         "gpu_memory_gb": options.gpu_memory_gb,
+        "gpus_from": options.gpus_from,
         "device": options.device,
         "prompts": prompts,
         "stages": stages,
@@ -161,13 +187,25 @@ def kernel_warnings(raw: dict) -> list[str]:
     ]
 
 
-def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict:
+def planned_command(original: dict, command: str | None) -> tuple[str, str]:
+    """(command, why): what the user will run on the recipe: `command` when asked (--command), else
+    `axolotl pofe run` for a recipe that sets pofe.rounds and `axolotl train` for one that does not
+    (an online recipe is one `axolotl train` either way)."""
+    if command:
+        return command, "--command"
+    if "rounds" in (original.get("pofe") or {}):
+        return "run", "the recipe sets pofe.rounds"
+    return "train", "the recipe sets no pofe.rounds"
+
+
+def plan_recipe(recipe: str | Path, options, prompts: int | None = None, command: str | None = None) -> dict:
     """The plan of the recipe file `recipe` (`plan_run`) with what only the disk
     tells: the models' sizes, the prompt count (`prompts` when given, else a local dataset's rows)
     and each row's dataset responses, a double BOS, and the free disk under output_dir; on
     `options.device`, else on the device the recipe is for (`recipe_device`; `device_from` says
-    which)."""
+    which); of `command`, else the command the recipe is for (`planned_command`; `command_from`)."""
     original = yaml.safe_load(Path(recipe).read_text())
+    command, command_from = planned_command(original, command)
     check_plugin_listed(original, recipe)
     raw, pcfg = translated_recipe(original)
     if pcfg.generate is None:
@@ -177,8 +215,8 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None) -> dict
     options = replace(options, device=device)
     sizes, warnings = model_sizes(raw, pcfg)
     rows, responses = prompt_rows(raw, pcfg.generate.include_dataset_responses)
-    plan = plan_run(raw, pcfg, sizes, rows if prompts is None else prompts, options, responses)
-    plan["device_from"] = why
+    plan = plan_run(raw, pcfg, sizes, rows if prompts is None else prompts, options, responses, command)
+    plan["device_from"], plan["command_from"], plan["recipe_path"] = why, command_from, str(recipe)
     bos = double_bos(str(raw["base_model"]))
     free = free_disk(str(raw.get("output_dir") or "."))
     plan["free_disk_gb"] = round(free / GB, 1)

@@ -35,14 +35,39 @@ def _device_from(plan: dict) -> str:
     return f": {why}; --device {other} to plan it otherwise"
 
 
+def _planned(plan: dict) -> str:
+    """Which command's run is planned, its prompts and (one training) steps, and why that command."""
+    recipe, method = plan.get("recipe_path") or "<recipe>", plan["method"]
+    prompts = "?" if plan["prompts"] is None else plan["prompts"]
+    why = {None: "", "--command": " (asked with --command)"}.get(plan.get("command_from"))
+    if plan["command"] == "run" and not plan["online"]:
+        why = why if why is not None else f" ({plan['command_from']}; --command train plans one axolotl train)"
+        return f"planned: axolotl pofe run {recipe} ({method}, {plan['rounds']} round(s), {prompts} prompts){why}"
+    train = next(s for s in plan["stages"] if s["stage"] == "train")["counts"]
+    steps = "?" if train["steps"] is None else train["steps"]
+    if plan["online"]:
+        how = f"online, a refresh every {plan['online']['refresh_every']} steps"
+        return f"planned: axolotl train {recipe} ({method}, {how}, {prompts} prompts, {steps} steps)"
+    rows = "?" if train["rows"] is None else train["rows"]
+    of = f" of {prompts}" if rows != prompts and "?" not in (rows, prompts) else ""
+    why = why if why is not None else f" ({plan['command_from']}; --command run plans axolotl pofe run's rounds)"
+    return (
+        f"planned: axolotl train {recipe} ({method}, {rows}{of} prompts, {steps} steps), then axolotl pofe eval "
+        f"{recipe}{why}"
+    )
+
+
+def _machine(plan: dict) -> str:
+    """What the plan assumed of the machine: the CPU (no GPU), or the GPUs and where they come from."""
+    device = f"device {plan['device']}{_device_from(plan)}"
+    if plan["device"] != "cuda":
+        return f"on: the CPU, memory is the process's resident set ({device})"
+    return f"on: {plan['gpus']} x {plan['gpu_memory_gb']:g} GB GPU ({plan['gpus_from']}; {device})"
+
+
 def render_text(plan: dict) -> str:
-    """One block per stage, then the totals and the warnings."""
-    online = plan.get("online")
-    how = f"online, a refresh every {online['refresh_every']} steps" if online else f"{plan['rounds']} round(s)"
-    lines = [
-        f"plan: {plan['method']}, {how}, {plan['gpus']} x {plan['gpu_memory_gb']:g} GB "
-        f"({plan['device']}{_device_from(plan)}), {plan['prompts'] if plan['prompts'] is not None else '?'} prompts"
-    ]
+    """What was planned and on what machine, one block per stage, then the totals and the warnings."""
+    lines = [_planned(plan), _machine(plan)]
     for s in plan["stages"]:
         where = "" if s["round"] is None else f"round {s['round']} "
         quant = f" {s['quantization']}" if s["quantization"] else ""
