@@ -184,8 +184,8 @@ def iterated_block(stored: dict) -> str:
     runs = stored["iterated"]["seeds"]
     models = list(runs[0]["held_out_reward"])
     lines = [
-        f"| seed | {' | '.join(f'{m} held-out reward' for m in models)} | the report: use | "
-        "its held-out reward gain over pi_0 [95 % interval] |",
+        f"| seed | {' | '.join(f'{m} sampled held-out reward' for m in models)} | the report: use | "
+        "its sampled held-out reward gain over pi_0 [95 % interval] |",
         "|---" * (len(models) + 3) + "|",
     ]
     for run in runs:
@@ -193,7 +193,7 @@ def iterated_block(stored: dict) -> str:
         interval = ", ".join(run["gain_ci95"])
         lines.append(f"| {run['seed']} | {rewards} | {run['use']} | {run['gain_vs_pi_0']} [{interval}] |")
     profiles = list(stored["iterated"]["profiles"].values())
-    names = {m: f"{m}'s held-out reward" for m in models} | {"gain": "the chosen model's gain over pi_0"}
+    names = {m: f"{m}'s sampled held-out reward" for m in models} | {"gain": "the chosen model's gain over pi_0"}
     ranges = spread(
         [{names[m]: p["held_out_reward"][m] for m in models} | {names["gain"]: p["gain_vs_pi_0"]} for p in profiles]
     )

@@ -52,7 +52,7 @@ def readme_seed_0() -> tuple[dict[str, str], dict[str, tuple[float, float]]]:
     header, _, seed_0, *rest = table.splitlines()
     cells = dict(zip(header.strip("|").split("|"), seed_0.strip("|").split("|"), strict=True))
     note = "\n".join(rest)
-    moved = re.findall(r"(pi_\d+)'s held-out reward (\d+\.\d+)-(\d+\.\d+)", note)
+    moved = re.findall(r"(pi_\d+)'s sampled held-out reward (\d+\.\d+)-(\d+\.\d+)", note)
     moved += re.findall(r"the chosen model's (gain) over pi_0 (\d+\.\d+)-(\d+\.\d+)", note)
     ranges = {m: (float(lo), float(hi)) for m, lo, hi in moved}
     return {k.strip(): v.strip() for k, v in cells.items()}, ranges
@@ -68,8 +68,8 @@ def test_the_readme_shows_the_figures_this_run_printed(iterated_report):
     held_out, choice = iterated_report["eval"], iterated_report["choice"]
     printed = {m["name"]: fmt(r) for m, r in zip(held_out["models"], held_out["mean_reward"], strict=True)}
     printed["gain"] = fmt(choice["diff_vs_pi_0"])
-    readme = {m: shown[f"{m} held-out reward"] for m in printed if m != "gain"}
-    readme["gain"] = shown["its held-out reward gain over pi_0 [95 % interval]"].split()[0]
+    readme = {m: shown[f"{m} sampled held-out reward"] for m in printed if m != "gain"}
+    readme["gain"] = shown["its sampled held-out reward gain over pi_0 [95 % interval]"].split()[0]
     wrong = [
         f"{name}: printed {value}, README {readme[name]}"
         for name, value in printed.items()

@@ -1,7 +1,9 @@
 """The demo's result table, from its results (`pofe.demo.stages.Demo.run`, `demo-results.json`).
 
-One column per trained recipe beside the model before training: the greedy reward and exact
-match on the training prompts, the greedy reward on held-out ones, what each trained on (the
+One column per trained recipe beside the model before training: the reward and exact match of
+its greedy answers (one a prompt) on the training prompts, their reward on held-out ones (not
+`axolotl pofe eval`'s figure, the reward of answers sampled at `pofe.eval.temperature`, whose
+console and README table say "sampled"), what each trained on (the
 candidates' mean and best-of-k reward; online, the policy's own samples at the first and the
 last refresh, and Nash-MD's preference over the mixture's samples) and how long it took. The console prints it; `benchmarks/demo_figures.py` writes
 the README's copy with the same function.
@@ -49,7 +51,7 @@ def table_rows(results: dict) -> list[tuple[str, str, list[str]]]:
         (label, _score(before[prompts][key]), [_score(r["after"][prompts][key]) for r in runs])
         for label, prompts, key in (
             ("greedy reward, training prompts", "train", "mean_reward"),
-            ("exact match, training prompts", "train", "exact_match"),
+            ("greedy exact match, training prompts", "train", "exact_match"),
             ("greedy reward, held-out prompts", "held_out", "mean_reward"),
         )
     ]

@@ -184,9 +184,12 @@ def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch)
         **counts,
         "win_matrix": out["win_matrix"],
         "cycles": [],
+        "decoding": {"num_samples": 1, "temperature": 1.0},
     }
+    # issue 49: said to be sampled answers' rewards, not the demo's greedy ones
     assert held_out_summary({"eval": ev})[0] == (
-        "  held-out: pi_0 reward 1.000 KL 0.000, pi_1 reward 1.000 (5 of 8 answers, 3 abstained) KL 0.250"
+        "  held-out prompts, sampled answers (1 a prompt at temperature 1): pi_0 reward 1.000 KL 0.000, pi_1 reward "
+        "1.000 (5 of 8 answers, 3 abstained) KL 0.250"
     )
 
 

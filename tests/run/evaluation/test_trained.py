@@ -72,7 +72,8 @@ def test_a_model_trained_from_prompts_is_reported_with_its_candidates(tmp_path, 
     `axolotl train` sampled and judged into its candidates folder; `pofe eval`'s console showed
     the training's loss alone. 12 prompts, the last 4 held out: the training line now has the
     candidates' mean and best-of-k reward, recomputed here from the rows they were judged into
-    (data.jsonl: every candidate kept), and the loss of the checkpoint's first and last step."""
+    (data.jsonl: every candidate kept), and the loss of the checkpoint's first and last step. The
+    held-out line says its rewards are of sampled answers, not the demo's greedy ones."""
     data, _ = prompts_file(tmp_path)
     block = {**pofe_block("rrhf"), "eval": {"held_out": 4, "num_samples": 1, "max_new_tokens": 4}}
     cfg = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.prompts", pofe=block, learning_rate=1e-3)
@@ -84,10 +85,16 @@ def test_a_model_trained_from_prompts_is_reported_with_its_candidates(tmp_path, 
     assert len(rewards) == 8
     flat = [x for r in rewards for x in r]
     losses = [h["loss"] for h in log_history(tmp_path / "out") if "loss" in h]
+    lines = proc.stdout.splitlines()
     assert (
         f"  training: candidates mean {sum(flat) / len(flat):.3f}, best-of-k "
         f"{sum(max(r) for r in rewards) / len(rewards):.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-    ) in proc.stdout.splitlines()
+    ) in lines
+    # the held-out rewards are said to be of sampled answers (pofe.eval's default temperature 1),
+    # apart from the demo's greedy ones
+    pi_0 = json.loads((tmp_path / "out" / "pofe-eval" / "eval" / "eval.json").read_text())["mean_reward"][0]
+    said = f"  held-out prompts, sampled answers (1 a prompt at temperature 1): pi_0 reward {pi_0:.3f}"
+    assert any(line.startswith(said) for line in lines), lines
 
 
 def test_held_out_rows_and_every_row_sharing_their_prompts_are_kept_from_training(tmp_path, tiny_model, caplog):

@@ -695,6 +695,7 @@ def test_the_console_summary_of_a_trained_online_model_shows_only_the_numbers_it
         "mean_reward_judge2": [0.25, 0.375],
         "kl_to_base": [0.0, 0.5],
         "vs_pi_0": [None, lc],
+        "decoding": {"num_samples": 1, "temperature": 0.0},
     }
     round_1 = {"round": 1, "candidates": None, "train": {"first_loss": 63.99, "last_loss": 63.609}}
     rep = {
@@ -711,7 +712,7 @@ def test_the_console_summary_of_a_trained_online_model_shows_only_the_numbers_it
         "  training: loss 63.990 -> 63.609",
         "  online: 3 refreshes, steps 0 -> 6: judge2 reward 0.250 -> 0.125, preference over the mixture 0.500 -> "
         "0.625, KL to pi_0 0.000 -> 0.500",
-        "  held-out: pi_0 judge2 reward 0.250 KL 0.000, pi_1 judge2 reward 0.375 KL 0.500",
+        "  held-out prompts, greedy answers: pi_0 judge2 reward 0.250 KL 0.000, pi_1 judge2 reward 0.375 KL 0.500",
         "  vs pi_0, raw / length-controlled: pi_1 0.600 / 0.625",
         "  report: out/report.md",
     ]

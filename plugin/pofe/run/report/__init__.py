@@ -150,7 +150,10 @@ def held_out_summary(rep: dict) -> list[str]:
     ]
     lines = []
     if any(per_model):
-        lines.append("  held-out: " + ", ".join(f"{n} {said}" if said else n for n, said in zip(names, per_model)))
+        lines.append(
+            f"  {held_out_label(ev.get('decoding'))}: "
+            + ", ".join(f"{n} {said}" if said else n for n, said in zip(names, per_model))
+        )
     choice = rep.get("choice")
     # a scalar judge's run is chosen by reward: its Bradley-Terry win rates (near 1/2 by
     # construction) stay in report.md, off the console
@@ -177,6 +180,18 @@ def held_out_summary(rep: dict) -> list[str]:
     if ev["cycles"]:
         lines.append(f"  CYCLE in the win-rate matrix: {ev['cycles']}")
     return lines
+
+
+def held_out_label(decoding: dict | None) -> str:
+    """What the held-out numbers are of: the models' sampled answers (`pofe.eval.temperature`,
+    `num_samples` a prompt) or greedy ones, said apart from the demo's greedy answers on its
+    training prompts. None: an eval.json from before it recorded its decoding."""
+    if decoding is None:
+        return "held-out prompts"
+    if decoding["temperature"] == 0:
+        return "held-out prompts, greedy answers"
+    n = decoding["num_samples"]
+    return f"held-out prompts, sampled answers ({n} a prompt at temperature {decoding['temperature']:g})"
 
 
 def choice_reason(choice: dict) -> str:
