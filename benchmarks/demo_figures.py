@@ -14,11 +14,17 @@ model and prompt seeds 0, 1 and 2 (`--seed` of both), and for seed 0 under every
 Everything lands in benchmarks/results/demo-figures.json; `--write` renders README.md's two
 blocks from it, and docs/iterated.md's console example (the seed-0 run as it printed). tests/demo/ hold the README to it: its blocks are this rendering, and the demo the
 suite runs prints figures within the stored ranges.
+
+Other machines' figures join the ranges from benchmarks/demo-machines.json (committed: the results
+file is a machine's own), each recipe's column as long as the recipe's settings are those it ran
+(a hash of them, its paths left out: a changed recipe drops that column's figures from every other
+machine until it runs there again). `--record` adds this machine's stored ranges there.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -29,9 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results" / "demo-figures.json"
+MACHINES = ROOT / "benchmarks" / "demo-machines.json"
+# where a recipe reads and writes: not what it trains, so not in its settings' hash
+PATH_KEYS = ("base_model", "output_dir", "dataset_prepared_path")
 # instruction sets per profile: torch's ATen kernels, MKL's and oneDNN's (GEMMs)
 PROFILES = {
     "native": {},
@@ -93,7 +104,8 @@ def run_iterated(seed: int, profile: str) -> dict:
     start = time.perf_counter()
     axolotl = str(Path(sys.executable).parent / "axolotl")
     out = _run([axolotl, "pofe", "run", ITERATED, *seeded], folder, PROFILES[profile])
-    report = json.loads((folder / "outputs" / "demo" / "sppo-verifier" / "report.json").read_text())
+    output_dir = yaml.safe_load((ROOT / ITERATED).read_text())["output_dir"]
+    report = json.loads((folder / output_dir / "report.json").read_text())
     shutil.rmtree(folder)
     # the run's own lines, after axolotl's banner, with the scratch folder's paths made relative
     console = out[out.index("SPPO, ") :].replace(f"{folder}/", "")
@@ -141,6 +153,59 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+def recipe_settings(recipe: str) -> str:
+    """A hash of a shipped recipe's settings (`recipe`: its path or name), its paths left out."""
+    cfg = yaml.safe_load((ROOT / "recipes" / Path(recipe).name).read_text())
+    kept = {key: value for key, value in cfg.items() if key not in PATH_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def machine_ranges(runs: dict) -> dict:
+    """One machine's entry of MACHINES from its demo runs (one per CPU profile): per run's column,
+    its recipe, the recipe's settings' hash and each figure's range."""
+    ranges = spread([figures_of(results) for results in runs.values()])
+    return {
+        run["title"]: {
+            "recipe": Path(run["recipe"]).name,
+            "settings": recipe_settings(run["recipe"]),
+            "figures": {
+                name.split(" | ")[0]: bounds for name, bounds in ranges.items() if name.endswith(f" | {run['title']}")
+            },
+        }
+        for run in next(iter(runs.values()))["runs"]
+    }
+
+
+def figures_of(results: dict) -> dict[str, str]:
+    """`pofe.demo.tables.figures`, imported when first needed (it loads the demo's package)."""
+    from pofe.demo.tables import figures
+
+    return figures(results)
+
+
+def with_machines(
+    ranges: dict[str, list[str]], native: dict, machines: dict
+) -> tuple[dict[str, list[str]], list[str]]:
+    """`ranges` widened by every other machine's figures (MACHINES) for the columns whose recipe's
+    settings are those it ran; and those machines' names. A recorded figure the table no longer has
+    is an error: its row was renamed or dropped, and the record must follow."""
+    merged, used = dict(ranges), []
+    for name, columns in machines.items():
+        if name == machine():  # this machine's own runs are the stored ones
+            continue
+        for title, column in columns.items():
+            run = next((r for r in native["runs"] if r["title"] == title), None)
+            if run is None or recipe_settings(run["recipe"]) != column["settings"]:
+                continue
+            used += [name] if name not in used else []
+            for label, (low, high) in column["figures"].items():
+                key = f"{label} | {title}"
+                if key not in merged:
+                    raise SystemExit(f"{MACHINES.name}: {name}'s figure {key!r} is not in the demo's table")
+                merged[key] = [min(merged[key][0], low, key=float), max(merged[key][1], high, key=float)]
+    return merged, used
+
+
 def moved(ranges: dict[str, list[str]]) -> dict[str, list[str]]:
     """The figures whose range over the runs is not one value."""
     return {name: bounds for name, bounds in ranges.items() if bounds[0] != bounds[1]}
@@ -161,16 +226,23 @@ def moved_table(changed: dict[str, list[str]], titles: list[str]) -> list[str]:
 def demo_block(stored: dict) -> str:
     """README.md's demo block: the native run's table, its time, the figures that moved between
     CPU profiles with their ranges."""
-    from pofe.demo.tables import figures, result_table
+    from pofe.demo.tables import result_table
 
     native = stored["demo"]["native"]
-    changed = moved(spread([figures(results) for results in stored["demo"].values()]))
+    machines = json.loads(MACHINES.read_text()) if MACHINES.exists() else {}
+    ranges, others = with_machines(spread([figures_of(r) for r in stored["demo"].values()]), native, machines)
+    changed = moved(ranges)
     minutes, seconds = divmod(round(native["wall_seconds"]), 60)
     lines = ["```text", *result_table(native), "```", ""]
     lines.append(
         f"`make demo` took {minutes} min {seconds:02d} s on {stored['machine']}, shared with other work (the seconds "
         "row: each recipe's `axolotl` stages). Run under each CPU profile of `python -m benchmarks.demo_figures` "
         f"(torch's, MKL's and oneDNN's kernels limited to {', '.join(stored['demo'])}), standing in for other CPUs, "
+        + (
+            f"and on {' and '.join(others)} ({MACHINES.name}: its runs of the recipes unchanged since), "
+            if others
+            else ""
+        )
         + ("these figures moved; every other was the same:" if changed else "every figure was the same.")
     )
     if changed:
@@ -235,6 +307,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="Rewrite README.md's blocks.")
     parser.add_argument("--from-results", action="store_true", help=f"Run nothing: render {RESULTS.name} as stored.")
+    parser.add_argument("--record", action="store_true", help=f"Add this machine's stored ranges to {MACHINES.name}.")
     parser.add_argument(
         "--skip", choices=["demo", "iterated"], action="append", default=[], help="Keep its stored runs."
     )
@@ -247,6 +320,9 @@ def main() -> None:
             others = {p: run_iterated(0, p) for p in PROFILES if p != "native"}
             store("iterated", {"seeds": seeds, "profiles": {"native": seeds[0], **others}})
     stored = json.loads(RESULTS.read_text())
+    if args.record:
+        machines = json.loads(MACHINES.read_text()) if MACHINES.exists() else {}
+        MACHINES.write_text(json.dumps({**machines, machine(): machine_ranges(stored["demo"])}, indent=1) + "\n")
     print(demo_block(stored), "", iterated_block(stored), sep="\n")
     if args.write:
         README.write_text(readme(stored, README.read_text()))

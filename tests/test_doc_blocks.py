@@ -189,7 +189,9 @@ def test_yaml_block_validates(block, tmp_path, monkeypatch):
 
 # ---- JSON rows: each passes POFE's row checks as its type ---------------------------------
 
-JSON_BLOCKS = [b for b in BLOCKS if b.language == "json"]
+JSON_BLOCKS = [b for b in BLOCKS if b.language == "json" and '"messages"' not in b.text]
+# axolotl's chat rows (`type: chat_template`): the supervised fine-tune a Nash-MD recipe starts from
+SFT_BLOCKS = [b for b in BLOCKS if b.language == "json" and '"messages"' in b.text]
 
 
 @pytest.mark.parametrize("block", JSON_BLOCKS, ids=_ids(JSON_BLOCKS))
@@ -208,6 +210,30 @@ def test_json_rows_pass_the_row_checks(block):
         normalize_row(row, index, RowFormat(dataset=block.where, type=kind, method=method, fields={}))
         kinds.add(kind)
     assert len(kinds) == 1, f"{block.where}: rows of {sorted(kinds)} in one block"
+
+
+def test_sft_rows_train_on_the_assistant_turn_as_the_sft_recipe_reads_them():
+    """Issue 49: the SFT rows' format was only a recipe comment, without roles. Each row, tokenised
+    by axolotl's `chat_template` strategy with recipes/tiny-sft-cpu.yml's dataset entry and the toy's
+    tokenizer, trains on exactly its assistant turns, each ended by the end-of-turn token; the rows
+    are the demo's (`pofe.demo.task.sft_rows` of the same prompt and answer)."""
+    from axolotl.prompt_strategies.chat_template import load
+    from axolotl.utils.dict import DictDefault
+
+    from pofe.demo.task import sft_rows
+    from pofe.demo.tiny import EOS, build_tokenizer
+
+    assert [str(b.doc.relative_to(ROOT)) for b in SFT_BLOCKS] == ["docs/data-formats.md"]
+    recipe = DictDefault(yaml.safe_load((FOLDER / "tiny-sft-cpu.yml").read_text()))
+    tokenizer = build_tokenizer()
+    strategy = load(tokenizer, recipe, recipe.datasets[0])
+    for line in (line for block in SFT_BLOCKS for line in block.text.splitlines()):
+        row = json.loads(line)
+        turns = row["messages"]
+        tokens = strategy.tokenize_prompt(row)
+        trained = [i for i, label in zip(tokens["input_ids"], tokens["labels"], strict=True) if label != -100]
+        assert tokenizer.decode(trained) == "".join(t["content"] + EOS for t in turns if t["role"] == "assistant")
+        assert [row] == sft_rows([{"prompt": turns[0]["content"], "answer": turns[1]["content"]}])
 
 
 # ---- Python snippets: run against the real judge and pipeline code ------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -44,6 +45,14 @@ def test_recipe_validates(path):
         ds = json.loads((path.parents[1] / cfg.deepspeed).read_text())
         assert ds["zero_optimization"]["stage"] == 3
         assert cfg.adapter is None  # full fine-tuning
+
+
+def test_each_recipe_trains_into_an_output_dir_named_after_it():
+    """Issue 49: the tiny recipes trained into outputs/demo/<method>, so a newcomer's copy of one wrote
+    into the demo's folder. Each recipe's output_dir is outputs/<its name>: none shared, none the
+    demo's (the demo's own files, the toy's model and prompts, stay in outputs/demo)."""
+    output_dirs = {path.stem: Path(yaml.safe_load(path.read_text())["output_dir"]) for path in RECIPES}
+    assert output_dirs == {path.stem: Path("outputs") / path.stem for path in RECIPES}
 
 
 def test_pofe_keys_at_the_top_level_are_refused_not_dropped():

@@ -46,7 +46,7 @@ def test_each_stage_log_holds_the_stages_whole_output(demo_console):
     for log in (preprocess, train):
         assert "#@@" in log and '"base_model": "outputs/demo/model"' in log
     assert "pofe generate: 100%" in preprocess and "pofe judge: 100%" in preprocess
-    assert "Model successfully saved to outputs/demo/rrhf" in train
+    assert "Model successfully saved to outputs/tiny-rrhf-cpu" in train
     # a line per refresh (100 epochs, one refresh each); the monitor's sample lines besides
     assert len(re.findall(r"POFE: online refresh \d+ at step", (logs / "sppo-online-train.log").read_text())) == 100
 

@@ -30,7 +30,7 @@ def iterated_report(tmp_path_factory) -> dict:
     env["PATH"] = f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}"
     proc = subprocess.run(["bash", "-e", "-c", block.text], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((root / "outputs" / "demo" / "sppo-verifier" / "report.json").read_text())
+    return json.loads((root / "outputs" / "tiny-sppo-verifier-cpu" / "report.json").read_text())
 
 
 def test_the_last_round_beats_pi_0_on_the_held_out_prompts_and_the_report_says_so(iterated_report):

@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_real:
         return prepare_real(args.prepare_real)
     paths = recipes(args)
-    # the demo's logs, state and results: beside the (first) recipe's output_dir
-    logs = Path(yaml.safe_load(paths[0].read_text())["output_dir"]).parent / "logs"
+    # the demo's logs, state and results: beside the toy's prompts it writes (each recipe trains into an
+    # output_dir of its own, named after it)
+    logs = Path(yaml.safe_load(paths[0].read_text())["datasets"][0]["path"]).parent / "logs"
     # the training stack prints as it loads (torchao's and bitsandbytes' warnings, which pofe.demo.stages'
     # imports load): to the demo's own log
     with output_to(logs / "demo.log", print):
