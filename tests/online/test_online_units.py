@@ -46,9 +46,12 @@ def test_the_block_reads_refresh_every_and_kl_coef():
 @pytest.mark.parametrize(
     ("block", "message"),
     [
-        ({"refresh_every": 0}, "refresh_every\n  Input should be greater than or equal to 1"),
+        (
+            {"refresh_every": 0},
+            "refresh_every\n  Value error, refresh_every: 0 is out of range; set a whole number >= 1",
+        ),
         ({"refresh_evry": 4}, "refresh_evry"),
-        ({"kl_coef": -0.1}, "kl_coef\n  Input should be greater than or equal to 0"),
+        ({"kl_coef": -0.1}, "kl_coef\n  Value error, kl_coef: -0.1 is out of range; set a finite number >= 0.0"),
     ],
 )
 def test_bad_values_are_refused_by_name(block, message):
