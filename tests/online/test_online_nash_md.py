@@ -139,6 +139,8 @@ def test_a_pairwise_judge_in_both_orders_and_its_abstentions(tokenizer):
     assert sorted(kept) == [3, 5]
     assert kept[3][TOKENS]["response_ids"][2] == [tokenizer.eos_token_id]  # the empty answer: its end of turn
     assert opponent_stats(judged, kept, NASH_MD, mixture_kl=0.25) == {
+        "pairs": 6.0,
+        "pairs_tied": 4.0,  # the 0.5s: no push either way
         "preference": pytest.approx((0.5 + 0.5 + 0.1) * 2 / 6),
         "mixture_kl": 0.25,
     }
