@@ -96,6 +96,10 @@ class PofePlugin(BasePlugin):
         redact_logger(AXOLOTL_CONFIG_LOGGER, redact_text)
         check_unexpanded_paths(cfg)
         check_resumed_models(cfg, [(f"{key}.model", j.model) for key, j in pofe.judges if j.spec.loads_weights])
+        from pofe_candidates.judges import import_judge_functions
+
+        for _, judge in pofe.judges:  # a broken judge module fails here, not after the model loads
+            import_judge_functions(judge)
         from pofe.distributed import skip_deepspeed_shm_build
 
         skip_deepspeed_shm_build(cfg)  # before load_cfg starts DeepSpeed's comm
