@@ -133,3 +133,50 @@ def test_plan_json_is_alone_on_stdout(tmp_path, tiny_model):
     assert {k: v for k, v in again.items() if k != "free_disk_gb"} == {
         k: v for k, v in plan.items() if k != "free_disk_gb"
     }
+
+
+# a judge module beside the recipe that cannot judge: its file, the line, what Python said of it
+BROKEN_JUDGES = {
+    "syntax error": (
+        "import math\n\ndef reward(prompt, response)\n    return 1.0\n",
+        "Error: judge.function 'myjudge:reward': module 'myjudge' fails as it imports, at {file}, line 3: "
+        "SyntaxError: expected ':'. Fix the module there (`python -c 'import myjudge'` in the recipe's folder "
+        "shows the same)",
+    ),
+    "not a function": (
+        "import math\n\nreward = math.pi / 4\n",
+        "Error: judge.function 'myjudge:reward': myjudge.reward ({file}, line 3) is float 0.7853981633974483, not "
+        "a function: point the recipe at the function that judges, or define it there",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("command", "case"),
+    # every command with each case would run 6 processes for one check: train both, the others one each
+    [
+        ("train", "syntax error"),
+        ("train", "not a function"),
+        ("preprocess", "syntax error"),
+        ("pofe plan", "not a function"),
+    ],
+)
+def test_a_judge_module_that_cannot_judge_is_refused_as_the_recipe_is_read(tmp_path, tiny_model, command, case):
+    """Issue 50: an online recipe whose judge module has a syntax error, or whose judge is a number, was
+    found at the first refresh, after the model had loaded (a SyntaxError's traceback, or "is not
+    callable"). Now every command that reads the recipe imports the judge first and ends with the file,
+    the line and what to do; nothing loads the model."""
+    source, message = BROKEN_JUDGES[case]
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    (folder / "myjudge.py").write_text(source)
+    data, _ = prompts_file(tmp_path)
+    pofe = {**pofe_block("rrhf"), "online": {"refresh_every": 1}}
+    pofe["judge"]["function"] = "myjudge:reward"
+    path = recipe(tmp_path, tiny_model, "rrhf", data, "pofe.prompts", output_dir="out", pofe=pofe)
+    path.rename(folder / "recipe.yml")
+    proc = run_axolotl(*command.split(), "recipes/recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    ending = [line for line in proc.stderr.strip().splitlines() if line.startswith("Error: ")]
+    assert ending == [message.format(file=folder / "myjudge.py")]
+    assert "Traceback" not in proc.stdout + proc.stderr and "Loading weights" not in proc.stdout + proc.stderr

@@ -7,7 +7,8 @@ plugin; it says so at load, with the path the shell would have meant. A path tha
 written (a folder really named `$x`) passes.
 
 A resumed training's `base_model` folder gone (moved, deleted) fails the same way, as an unknown
-hub repo id: `check_resumed_base_model` names it at load instead.
+hub repo id, and so does a judge's model folder (`pofe.judge.model` of a GPM, PairRM or reward
+model), after the policy has loaded: `check_resumed_models` names each at load instead.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def check_unexpanded_paths(cfg: dict[str, Any]) -> None:
             )
 
 
-class MissingBaseModel(PofeError, ValueError):
-    """A resumed training's base_model is no folder and cannot be a hub id."""
+class MissingModel(PofeError, ValueError):
+    """A model the recipe names is no folder and cannot be a hub id."""
 
 
 def is_hub_id(model: str) -> bool:
@@ -70,22 +71,38 @@ def is_hub_id(model: str) -> bool:
     return True
 
 
-def check_resumed_base_model(cfg: dict[str, Any]) -> None:
+def check_model_path(key: str, model: str, loads: str) -> None:
+    """Refuse `model` (the recipe's `key`) when it is no folder or file on disk and cannot be a hub id
+    (`name`, `namespace/name`): transformers would say "Repo id must be..." when it loads it. `loads`:
+    what loads it, and what to do."""
+    if Path(model).exists() or is_hub_id(model):
+        return
+    where = "" if Path(model).is_absolute() else f" (resolved from {os.getcwd()})"
+    raise MissingModel(f"{key}: {model!r} does not exist{where}, and cannot be a hub repo id. {loads}")
+
+
+def check_resumed_models(cfg: dict[str, Any], judges: list[tuple[str, str]]) -> None:
     """A training resumed (`resume_from_checkpoint`; `auto_resume_from_checkpoints` with a
-    checkpoint in output_dir) loads the
-    model from `base_model` before the checkpoint's weights, and online pi_0 is base_model: a
-    base_model that is no folder on disk and cannot be a hub id (`name`, `namespace/name`) is
-    refused, naming it, before anything loads (transformers' "Repo id must be..." else)."""
-    base_model = cfg.get("base_model")
+    checkpoint in output_dir) loads the model from `base_model` before the checkpoint's weights, and
+    online pi_0 is base_model; its judges (`judges`: (key, model path) of each that loads weights)
+    load theirs at the first refresh or judge stage, after the policy. Each that is no folder on disk
+    and cannot be a hub id is refused, naming it, before anything loads."""
     auto = cfg.get("auto_resume_from_checkpoints") and any(Path(cfg.get("output_dir") or ".").glob("checkpoint-*"))
-    resumed = cfg.get("resume_from_checkpoint") or auto
-    if not resumed or not isinstance(base_model, str) or Path(base_model).exists() or is_hub_id(base_model):
+    if not (cfg.get("resume_from_checkpoint") or auto):
         return
     checkpoint = cfg.get("resume_from_checkpoint") or "its output_dir's last checkpoint"
-    where = "" if Path(base_model).is_absolute() else f" (resolved from {os.getcwd()})"
-    raise MissingBaseModel(
-        f"base_model: {base_model!r} does not exist{where}, and cannot be a hub repo id. "
-        f"A training resumed from {checkpoint} loads the model from base_model first (the checkpoint holds "
-        "the trained weights only), and an online run's pi_0 is base_model: put the model the training started "
-        "from back at that path, or set base_model to where it is now."
-    )
+    if isinstance(base_model := cfg.get("base_model"), str):
+        check_model_path(
+            "base_model",
+            base_model,
+            f"A training resumed from {checkpoint} loads the model from base_model first (the checkpoint holds "
+            "the trained weights only), and an online run's pi_0 is base_model: put the model the training started "
+            "from back at that path, or set base_model to where it is now.",
+        )
+    for key, model in judges:
+        check_model_path(
+            key,
+            model,
+            f"The training resumed from {checkpoint} judges with it, loading it after the policy: put the judge's "
+            f"model back at that path, or set {key} to where it is now.",
+        )

@@ -28,7 +28,7 @@ from pofe.errors import PofeError, show_pofe_errors
 from pofe.locks import TRAIN_LOCK, FolderLock, describe
 from pofe.logs import get_logger, redact_logger
 from pofe.methods import method_spec
-from pofe.paths import check_resumed_base_model, check_unexpanded_paths
+from pofe.paths import check_resumed_models, check_unexpanded_paths
 from pofe.recipe_modules import add_recipe_dirs
 
 LOG = get_logger(__name__)
@@ -97,7 +97,11 @@ class PofePlugin(BasePlugin):
 
         redact_logger(AXOLOTL_CONFIG_LOGGER, redact_text)
         check_unexpanded_paths(cfg)
-        check_resumed_base_model(cfg)
+        check_resumed_models(cfg, [(f"{key}.model", j.model) for key, j in pofe.judges if j.spec.loads_weights])
+        from pofe_candidates.judges import import_judge_functions
+
+        for _, judge in pofe.judges:  # a broken judge module fails here, not after the model loads
+            import_judge_functions(judge)
         from pofe.distributed import skip_deepspeed_shm_build
 
         skip_deepspeed_shm_build(cfg)  # before load_cfg starts DeepSpeed's comm

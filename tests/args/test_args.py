@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import typing
+
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from pofe.args import PofeArgs, PofeConfig, pofe_config
+from pofe.args.online import OnlineConfig
 from pofe.args.translate import translate_raw_config
-from tests.helpers import ROOT
+from pofe.demo.stages import prepare
+from tests.helpers import ROOT, run_axolotl
 
 
 def test_rl_moves_under_pofe_with_dataset_fields():
@@ -71,6 +77,82 @@ def test_bounds_and_cross_field_rules():
         PofeConfig(method="dpo")
     with pytest.raises(ValidationError, match=r"unknown key 'rank_wieght' \(did you mean 'rank_weight'\?\)"):
         PofeConfig(rank_wieght=2.0)
+
+
+def _blocks(model, prefix):
+    """Each config block under `model` (itself first) with its dotted key."""
+    yield prefix, model
+    for name, field in model.model_fields.items():
+        for sub in typing.get_args(field.annotation) or (field.annotation,):
+            if hasattr(sub, "model_fields"):
+                yield from _blocks(sub, f"{prefix}.{name}")
+
+
+def _holds_floats(annotation) -> bool:
+    return annotation is float or any(map(_holds_floats, typing.get_args(annotation)))
+
+
+def test_every_float_key_refuses_infinity_and_nan_with_its_value_and_range():
+    """pydantic's floats take .inf and .nan, and infinity passes a `ge` bound (`online.kl_coef: .inf`
+    validated, then the first step's loss went NaN): every float key of every block, found by walking
+    the typed config, refuses both with the key, the value and the range its bounds declare."""
+    floats = [
+        (key, block, name, field)
+        for key, block in _blocks(PofeConfig, "pofe")
+        for name, field in block.model_fields.items()
+        if _holds_floats(field.annotation)
+    ]
+    assert len(floats) >= 20 and ("pofe.online", OnlineConfig, "kl_coef") in [f[:3] for f in floats]
+    for key, block, name, field in floats:
+        sequence = any(
+            typing.get_origin(a) in (list, tuple) for a in (field.annotation, *typing.get_args(field.annotation))
+        )
+        for bad in (math.inf, -math.inf, math.nan):
+            value = (1.0, bad) if sequence else bad
+            with pytest.raises(ValidationError) as refused:
+                block.model_validate({name: value})
+            said = {e["loc"]: e["msg"] for e in refused.value.errors()}
+            signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+            bounds = " and ".join(
+                f"{s} {getattr(m, n)}" for m in field.metadata for n, s in signs.items() if hasattr(m, n)
+            )
+            assert said.get((name,)) == (
+                f"Value error, {name}: {value!r} is out of range; set {'each ' * sequence}a finite number"
+                + f" {bounds}" * bool(bounds)
+            ), f"{key}.{name}"
+
+
+def test_a_number_out_of_range_is_named_with_its_value():
+    """Bounds refused before too, but pydantic's message left the value out (`hide_input_in_errors`)."""
+    with pytest.raises(
+        ValidationError,
+        match=r"online.kl_coef\n  Value error, kl_coef: -0.5 is out of range; set a "
+        r"finite number >= 0.0 \[",
+    ) as refused:
+        PofeConfig(online={"kl_coef": -0.5})
+    assert len(refused.value.errors()) == 1
+    with pytest.raises(
+        ValidationError, match=r"anchor_mix: 1.5 is out of range; set a finite number >= 0.0 and <= 1.0"
+    ):
+        PofeConfig(anchor_mix=1.5)
+    # a wrong type is pydantic's own error, not a range
+    with pytest.raises(ValidationError, match="fractional part"):
+        PofeConfig(online={"refresh_every": 2.5})
+
+
+@pytest.mark.e2e
+def test_axolotl_train_refuses_an_infinite_kl_coef_before_loading_the_model(tmp_path, monkeypatch):
+    """`kl_coef: .inf` in the shipped online Nash-MD recipe: `axolotl train` stops at the recipe, naming the
+    key, the value and the range, where it used to train a step and blame eta and margin for a NaN loss."""
+    text = (ROOT / "recipes" / "tiny-nash-md-online-cpu.yml").read_text()
+    assert "    kl_coef: 0.05\n" in text
+    (tmp_path / "recipe.yml").write_text(text.replace("    kl_coef: 0.05\n", "    kl_coef: .inf\n"))
+    monkeypatch.chdir(tmp_path)  # the recipe's paths are relative
+    prepare(yaml.safe_load(text), seed=0, prompts=20)  # its model and prompts
+    proc = run_axolotl("train", "recipe.yml", cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "online.kl_coef\n  Value error, kl_coef: inf is out of range; set a finite number >= 0.0" in proc.stderr
+    assert "FloatingPointError" not in proc.stderr and not (tmp_path / "outputs/demo/nash-md-online").exists()
 
 
 def test_anchor_mix_rules():

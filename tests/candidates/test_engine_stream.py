@@ -99,7 +99,7 @@ def test_base_url_lists_are_checked():
         GenerateConfig(backend="openai", base_url=["http://a:1/v1", "http://a:1/v1"])
     with pytest.raises(ValueError, match="credentials"):
         JudgeConfig(type="llm", base_url=["http://a:1/v1", "http://u:p@b:2/v1"], rubric="{response}")
-    with pytest.raises(ValueError, match="greater than or equal to 1"):
+    with pytest.raises(ValueError, match="in_flight: 0 is out of range; set a whole number >= 1 and <= 1000000"):
         GenerateConfig(in_flight=0)
 
 

@@ -230,7 +230,7 @@ def test_judge_preferences_defaults_and_combinations():
         JudgeConfig(type="python", function="m:f", preferences="hard", preferences_temperature=0.1)
     with pytest.raises(ValueError, match="judge.type=python_pairwise needs judge.function"):
         JudgeConfig(type="python_pairwise")
-    with pytest.raises(ValueError, match="greater than 0"):
+    with pytest.raises(ValueError, match="preferences_temperature: 0.0 is out of range; set a finite number > 0.0"):
         JudgeConfig(type="python", function="m:f", preferences_temperature=0.0)
     for cfg in (hard, JudgeConfig(type="pairrm", model="m")):  # a dumped config (as axolotl re-validates) reads back
         assert JudgeConfig(**cfg.model_dump()) == cfg

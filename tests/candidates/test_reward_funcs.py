@@ -195,7 +195,7 @@ def test_make_judge_loads_dotted_paths_and_names_what_is_missing():
     ("kwargs", "error"),
     [
         (dict(reward_funcs=["m.f", "m.g"], reward_weights=[1.0]), "1 weights for 2 reward_funcs"),
-        (dict(reward_funcs=["m.f"], reward_weights=[float("inf")]), "must be finite"),
+        (dict(reward_funcs=["m.f"], reward_weights=[float("inf")]), r"reward_weights: \[inf\] is out of range"),
         (dict(reward_funcs=["m.f"], function="m:f"), "function and judge.reward_funcs are both set"),
         (dict(reward_funcs=["m:f"]), "not dotted paths"),
         (dict(reward_funcs=["f"]), "not dotted paths"),

@@ -129,7 +129,12 @@ def test_command_placeholders_filled_and_lora_flags_expanded():
         ({"command": "srv '{model} {port}"}, None, "openai", "not a valid shell-quoted command line"),
         ({"command": "srv {model} {port}"}, "http://127.0.0.1:8000/v1", "openai", "remove base_url"),
         ({"command": "srv {model} {port}"}, None, "vllm", "needs generate.backend: openai"),
-        ({"command": "srv {model} {port}", "port": 70000}, None, "openai", "less than or equal to 65535"),
+        (
+            {"command": "srv {model} {port}", "port": 70000},
+            None,
+            "openai",
+            "port: 70000 is out of range; set a whole number >= 0 and <= 65535",
+        ),
     ],
 )
 def test_serve_config_errors(serve, base_url, backend, needle):

@@ -17,3 +17,13 @@ def abstains_on_a_quarter(prompt: str, response: str) -> float:
     if sum(map(ord, response)) % 4 == 0:
         raise ValueError(f"no verdict on {response!r}")
     return reward(prompt, response)
+
+
+def same_for_all(prompt: str, response: str) -> float:
+    """One reward for every response: every Nash-MD pair ties."""
+    return 1.0
+
+
+def raises(prompt: str, response: str) -> float:
+    """A judge that fails on every response."""
+    raise ZeroDivisionError(f"no verdict on {response!r}")

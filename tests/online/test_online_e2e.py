@@ -405,3 +405,26 @@ def test_under_an_adapter_pi_0_is_the_policy_with_its_adapter_disabled(tmp_path,
     assert_float_close(_scored(first, LOGP), _scored(first, LOGP_BASE), n_terms=64 * 16)  # B = 0: pi = pi_0
     _, last, stats = refreshes[-1]
     assert stats["kl_to_base"] > 0.1, stats
+
+
+def test_a_second_judge_that_raises_stops_the_run_naming_it_and_a_row(tmp_path):
+    """`pofe.eval.judge2` (the monitor's second opinion) raising on every response: its abstentions are
+    held to its max_abstention_rate as the recipe's judge's are, and the first monitored refresh stops the
+    run naming its function, the count (60 prompts x 4 samples, the answer column left out: judge2 reads
+    the policy's samples only) and a row; nothing of the refresh is written. It used to train on, the
+    judge2 reward missing from every line."""
+    online = {"refresh_every": 3, "kl_coef": 0.0, "monitor_every": 1}
+    judge2 = {"type": "python", "function": "tests.online.judges:raises"}
+    path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", pofe={"online": online, "eval": {"judge2": judge2}})
+    proc = run_axolotl("train", str(path), cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    said = re.search(r"Error: (judge .*)$", proc.stderr, re.MULTILINE).group(1)
+    assert said.startswith(
+        "judge tests.online.judges:raises abstained on 240 of 240 candidates (100%, limit "
+        "pofe.eval.judge2.max_abstention_rate=0.5): top reason 'ZeroDivisionError' (240 times), e.g. dataset row "
+    )
+    assert ": ZeroDivisionError: no verdict on " in said and said.endswith(
+        "Fix the judge and run again (this refresh is not written: a resumed run samples and judges it again); "
+        "raise pofe.eval.judge2.max_abstention_rate to accept more."
+    )
+    assert not _refreshes(Path(cfg["output_dir"]))

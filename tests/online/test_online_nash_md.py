@@ -41,7 +41,9 @@ def test_the_recipe_rules_of_a_method_that_plays_the_mixture():
         "set strategy: sample": _nash_md(generate={**GENERATE, "strategy": "beam"}),
         "trains on the policy's own samples only": _nash_md(generate={**GENERATE, "include_dataset_responses": ["a"]}),
         "dropping duplicates would bias": _nash_md(generate={**GENERATE, "dedupe": True}),
-        r"mixture_coef\n  Input should be less than or equal to 1": _nash_md(nash_md={"mixture_coef": 1.5}),
+        r"mixture_coef\n  Value error, mixture_coef: 1.5 is out of range; set a finite number >= 0.0 and <= 1.0": _nash_md(
+            nash_md={"mixture_coef": 1.5}
+        ),
     }
     for message, block in refusals.items():
         with pytest.raises(ValidationError, match=message):
@@ -137,6 +139,8 @@ def test_a_pairwise_judge_in_both_orders_and_its_abstentions(tokenizer):
     assert sorted(kept) == [3, 5]
     assert kept[3][TOKENS]["response_ids"][2] == [tokenizer.eos_token_id]  # the empty answer: its end of turn
     assert opponent_stats(judged, kept, NASH_MD, mixture_kl=0.25) == {
+        "pairs": 6.0,
+        "pairs_tied": 4.0,  # the 0.5s: no push either way
         "preference": pytest.approx((0.5 + 0.5 + 0.1) * 2 / 6),
         "mixture_kl": 0.25,
     }

@@ -63,3 +63,39 @@ def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
     _, last, stats = refreshes[-1]
     assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
     assert stats["kl_to_base"] > 0.1 and stats["mixture_kl"] > 1e-4
+
+
+def test_a_judge_that_ties_every_pair_is_warned_at_each_refresh(tmp_path):
+    """A judge giving every response one reward ties every pair (preference 1/2: no push either way).
+    The run trains to its end, as a verifier no sample passes yet would, and each refresh's console says
+    so with its counts, which are rows.jsonl's (3 refreshes of 20 prompts x 4 samples, every pair written;
+    the count read back from the files, not assumed), and what to check."""
+    judge = {"type": "python", "function": "tests.online.judges:same_for_all", "preferences": "hard"}
+    online = {"refresh_every": 1, "kl_coef": 0.05}
+    generate = {"backend": "transformers", "num_candidates": 4, "max_new_tokens": 3}
+    pofe = {"judge": judge, "online": online, "generate": generate}
+    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", pofe=pofe, num_epochs=1, warmup_steps=0)
+    proc = run_axolotl("train", str(path), cwd=tmp_path)
+    out = Path(cfg["output_dir"])
+    refreshes = _refreshes(out)
+    assert [w.start_step for w, _, _ in refreshes] == [0, 1, 2]
+    warned = [line for line in proc.stdout.splitlines() if "the judge tied all" in line]
+    assert len(warned) == 3
+    for number, ((window, rows, _), line) in enumerate(zip(refreshes, warned, strict=True), start=1):
+        preferences = [p for row in rows for p in row["preferences"]]
+        assert set(preferences) == {0.5} and len(rows) == 20
+        folder = out / "online" / f"refresh-{window.start_step:07d}"
+        assert line.endswith(
+            f"POFE: online refresh {number} at step {window.start_step}: the judge tied all {len(preferences)} pairs "
+            f"of 20 prompts (every preference 1/2), so the steps until the next refresh learn nothing from it: only "
+            f"the KL to pi_0 (pofe.online.kl_coef) moves the policy. The pairs are in {folder / 'judge.jsonl'}. The "
+            "judge (tests.online.judges:same_for_all) gave each sample and its opponent the same reward (their "
+            "rewards and opponent_rewards there): a verifier that every sample fails, or passes, ties them all. "
+            "Check its rewards on these samples; start from a pi_0 that solves some prompts (an SFT first, as "
+            "recipes/tiny-sft-cpu.yml does for recipes/tiny-nash-md-online-cpu.yml), or give the judge a graded "
+            "reward."
+        )
+        summary = next(
+            x for x in proc.stdout.splitlines() if f"online refresh {number} at step" in x and "prompts," in x
+        )
+        assert f"{len(preferences)} of {len(preferences)} pairs tied" in summary

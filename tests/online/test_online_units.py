@@ -46,9 +46,12 @@ def test_the_block_reads_refresh_every_and_kl_coef():
 @pytest.mark.parametrize(
     ("block", "message"),
     [
-        ({"refresh_every": 0}, "refresh_every\n  Input should be greater than or equal to 1"),
+        (
+            {"refresh_every": 0},
+            "refresh_every\n  Value error, refresh_every: 0 is out of range; set a whole number >= 1",
+        ),
         ({"refresh_evry": 4}, "refresh_evry"),
-        ({"kl_coef": -0.1}, "kl_coef\n  Input should be greater than or equal to 0"),
+        ({"kl_coef": -0.1}, "kl_coef\n  Value error, kl_coef: -0.1 is out of range; set a finite number >= 0.0"),
     ],
 )
 def test_bad_values_are_refused_by_name(block, message):
@@ -325,6 +328,26 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting(tmp_pat
     assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
 
 
+def test_a_refresh_whose_pairs_all_tied_is_warned_and_one_with_some_not():
+    """The warning's counts are the merged stats'; a refresh with one untied pair, or none played
+    (RRHF, SPPO), is not warned; a pairwise judge is told to check that it tells responses apart."""
+    from pathlib import Path
+
+    from pofe.online.summary import all_pairs_tied
+    from pofe_candidates.config import JudgeConfig
+
+    pairwise = JudgeConfig(type="python_pairwise", function="m:judge")
+    means = {"prompts": 4.0, "pairs": 16.0, "pairs_tied": 16.0}
+    assert all_pairs_tied(2, 5, means, pairwise, Path("out/online/refresh-0000005")) == (
+        "POFE: online refresh 2 at step 5: the judge tied all 16 pairs of 4 prompts (every preference 1/2), so the "
+        "steps until the next refresh learn nothing from it: only the KL to pi_0 (pofe.online.kl_coef) moves the "
+        "policy. The pairs are in out/online/refresh-0000005/judge.jsonl. The judge (m:judge) gave every pair 1/2: "
+        "check that it tells two different responses apart."
+    )
+    for untied in ({**means, "pairs_tied": 15.0}, {"prompts": 4.0, "pairs": 0.0, "pairs_tied": 0.0}, {"prompts": 4.0}):
+        assert all_pairs_tied(2, 5, untied, pairwise, Path("out")) is None
+
+
 def test_a_refresh_summary_says_what_its_stats_hold():
     """The console line of a Nash-MD refresh with abstentions, and of an RRHF one without (no
     preference, no abstention clause), and of a monitored one: each figure as merged, to three
@@ -351,6 +374,10 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     )
     assert refresh_summary(1, 0, {"prompts": 2.0, "candidates": 8.0, "judge_abstentions": 0.0}) == (
         "POFE: online refresh 1 at step 0: 2 prompts, 8 candidates; generated in 0.0 s, judged in 0.0 s"
+    )
+    tied = {**nash, "pairs": 16.0, "pairs_tied": 3.0}
+    assert refresh_summary(3, 6, tied) == refresh_summary(3, 6, nash).replace(
+        "per token), ", "per token), 3 of 16 pairs tied, "
     )
     monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
     assert refresh_summary(11, 40, monitored) == (

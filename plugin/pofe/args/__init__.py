@@ -261,6 +261,14 @@ class PofeConfig(KnownKeys):
         return self.online is not None and (self.online.kl_coef > 0 or self.anchor_mix > 0 or kl_in_loss)
 
     @property
+    def judges(self) -> list[tuple[str, JudgeConfig]]:
+        """The recipe's judges with their keys: pofe.judge, pofe.eval.judge, pofe.eval.judge2 (those set)."""
+        named = [("pofe.judge", self.judge)]
+        if self.eval:
+            named += [("pofe.eval.judge", self.eval.judge), ("pofe.eval.judge2", self.eval.judge2)]
+        return [(key, judge) for key, judge in named if judge is not None]
+
+    @property
     def kl_coef(self) -> float:
         """`pofe.online.kl_coef` (0 offline): what a method with the KL in its loss weighs it by."""
         return self.online.kl_coef if self.online is not None else 0.0

@@ -38,6 +38,7 @@ from pofe.files import read_jsonl, write_jsonl_atomic
 from pofe.logs import get_logger
 from pofe.methods import method_spec
 from pofe.online.refresh import FOLDER, LOGP, LOGP_BASE, refresh_starts
+from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.judges import make_judge
 from pofe_candidates.shard_work import judge_shard
 
@@ -124,7 +125,18 @@ class Monitor:
             self._judge2 = make_judge(cfg)
         sampled = [_policy_only(g) for g in generated]
         target = method_spec(self.pofe.method).target
-        return judge_shard(sampled, self._judge2, target, cfg, [columns[g["index"]] for g in sampled])
+        judged = judge_shard(sampled, self._judge2, target, cfg, [columns[g["index"]] for g in sampled])
+        # a judge2 that raises abstains: held to its limit as the recipe's judge is, not left out of the line
+        check_abstentions(
+            AbstentionTally().plus(judged),
+            limit=cfg.max_abstention_rate,
+            judge=cfg.function or cfg.type,
+            unit="pairs" if cfg.is_pairwise else "candidates",
+            final=True,
+            setting="pofe.eval.judge2",
+            redo="this refresh is not written: a resumed run samples and judges it again",
+        )
+        return judged
 
     def show(self, step: int, number: int, stats: dict[str, float]) -> None:
         """The kept completions in the console, monitor.jsonl and the tracker (the main process;

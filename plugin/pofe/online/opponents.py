@@ -163,12 +163,13 @@ def preference_rows(judged: list[dict], method: MethodSpec, tokenize) -> dict[in
 
 def opponent_stats(judged: list[dict], kept: dict[int, dict], method: MethodSpec, mixture_kl: float | None) -> dict:
     """What `online/*` logs of a window beside `window_stats`: the mean preference of the trained
-    samples over their opponents, the opponents' mean reward (scalar judges), and the mixture's mean
-    per-token KL(pi_mix || pi_theta) while it sampled."""
+    samples over their opponents, how many pairs there were and how many tied (preference 1/2: no
+    push either way), the opponents' mean reward (scalar judges), and the mixture's mean per-token
+    KL(pi_mix || pi_theta) while it sampled."""
     column = method.target.column
     preferences = [p for i in kept for p in kept[i]["data"][column]]
     opponent_rewards = [x for r in judged for x in r["opponent_rewards"] or []]
-    stats = {}
+    stats = {"pairs": float(len(preferences)), "pairs_tied": float(sum(p == 0.5 for p in preferences))}
     if preferences:
         stats["preference"] = sum(preferences) / len(preferences)
     if opponent_rewards:

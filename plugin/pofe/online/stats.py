@@ -15,6 +15,8 @@ COUNTS = (
     "candidates_truncated",
     "judge_verdicts",
     "judge_abstentions",
+    "pairs",
+    "pairs_tied",
 )
 
 

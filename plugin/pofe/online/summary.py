@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> str:
     """One line for refresh `number` (at `start_step`) from its stats merged over the ranks
@@ -23,9 +25,34 @@ def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> st
         said.append(f"preference over the mixture {means['preference']:.3f}")
     if "mixture_kl" in means:
         said[-1] += f" (mixture's KL from the policy {means['mixture_kl']:.3f} per token)"
+    if means.get("pairs_tied"):
+        said.append(f"{int(means['pairs_tied'])} of {int(means['pairs'])} pairs tied")
     if means.get("judge_abstentions"):
         said.append(f"judge abstained on {int(means['judge_abstentions'])} of {int(means['judge_verdicts'])} verdicts")
     return (
         f"POFE: online refresh {number} at step {start_step}: {', '.join(said)}; generated in "
         f"{means.get('generate_seconds', 0.0):.1f} s, judged in {means.get('judge_seconds', 0.0):.1f} s"
+    )
+
+
+def all_pairs_tied(number: int, start_step: int, means: dict[str, float], judge, folder: Path) -> str | None:
+    """A warning when every pair of a refresh that plays the mixture (Nash-MD) tied: preference 1/2
+    everywhere, so the steps until the next refresh have no preference to learn from (only the KL to
+    pi_0 pulls); None otherwise. `judge`: the recipe's JudgeConfig, for what to check."""
+    if not means.get("pairs") or means.get("pairs_tied") != means["pairs"]:
+        return None
+    said = (
+        f"POFE: online refresh {number} at step {start_step}: the judge tied all {int(means['pairs'])} pairs of "
+        f"{int(means['prompts'])} prompts (every preference 1/2), so the steps until the next refresh learn nothing "
+        f"from it: only the KL to pi_0 (pofe.online.kl_coef) moves the policy. The pairs are in "
+        f"{folder / 'judge.jsonl'}. "
+    )
+    name = judge.function or judge.type
+    if judge.is_pairwise:
+        return said + f"The judge ({name}) gave every pair 1/2: check that it tells two different responses apart."
+    return said + (
+        f"The judge ({name}) gave each sample and its opponent the same reward (their rewards and "
+        "opponent_rewards there): a verifier that every sample fails, or passes, ties them all. Check its rewards on "
+        "these samples; start from a pi_0 that solves some prompts (an SFT first, as recipes/tiny-sft-cpu.yml does "
+        "for recipes/tiny-nash-md-online-cpu.yml), or give the judge a graded reward."
     )

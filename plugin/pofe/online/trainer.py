@@ -54,7 +54,7 @@ from pofe.online.refresh import (
 from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
 from pofe.online.stats import dropped_candidates, merged_stats, window_stats
-from pofe.online.summary import refresh_summary
+from pofe.online.summary import all_pairs_tied, refresh_summary
 from pofe_candidates.judges import make_judge
 
 LOG = get_logger(__name__)
@@ -293,6 +293,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         number = sum(start <= refreshed.window.start_step for start in refresh_starts(self.args.output_dir))
         self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
         LOG.info(refresh_summary(number, refreshed.window.start_step, means))
+        start = refreshed.window.start_step
+        if (tied := all_pairs_tied(number, start, means, self.pofe.judge, self._folder(start))) is not None:
+            LOG.warning(tied)
         self._monitor.show(refreshed.window.start_step, number, means)
 
 

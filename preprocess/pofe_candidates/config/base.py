@@ -6,9 +6,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 Backend = Literal["vllm", "openai", "transformers"]
 Strategy = Literal["sample", "beam", "diverse_beam"]
@@ -65,11 +66,34 @@ def check_keys(data: dict[str, Any], known: Iterable[str]) -> None:
     raise ValueError(f"unknown key{'s' * (len(unknown) > 1)} {', '.join(said)}{hint}")
 
 
+# pydantic's errors for a number it refuses: not finite, or past one of the field's bounds
+RANGE_ERRORS = frozenset({"finite_number", "greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def _holds_floats(annotation) -> bool:
+    return annotation is float or any(map(_holds_floats, get_args(annotation)))
+
+
+def allowed_range(field: FieldInfo) -> str:
+    """What a numeric field takes, from its type and declared bounds: "a finite number >= 0.0 and <= 1.0",
+    "a whole number >= 1"."""
+    kind = "a finite number" if _holds_floats(field.annotation) else "a whole number"
+    bounds = [f"{sign} {getattr(m, name)}" for m in field.metadata for name, sign in BOUNDS if hasattr(m, name)]
+    return " ".join([kind, " and ".join(bounds)]).strip()
+
+
 class KnownKeys(BaseModel):
     """A config block whose unknown keys are typos: refused, each named with the nearest key,
-    instead of pydantic's "Extra inputs are not permitted"."""
+    instead of pydantic's "Extra inputs are not permitted"; and whose numbers are finite.
 
-    model_config = ConfigDict(extra="forbid")
+    pydantic's floats take `.inf` and `.nan` unless told not to, and infinity passes a `ge` bound:
+    `kl_coef: .inf` validated, and the first step's loss went NaN. Every block refuses them, and a
+    number out of range is named with its value and the range it must lie in (pydantic's message
+    has neither the value, which `hide_input_in_errors` leaves out, nor, for infinity, the range).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -77,6 +101,19 @@ class KnownKeys(BaseModel):
         if isinstance(data, dict):
             check_keys(data, cls.model_fields)
         return data
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _number_in_range(cls, value, handler, info):
+        try:
+            return handler(value)
+        except ValidationError as error:
+            # a nested block's errors are its own (their loc is inside it), already said this way
+            if not all(e["type"] in RANGE_ERRORS and len(e["loc"]) <= 1 for e in error.errors()):
+                raise
+            allowed = allowed_range(cls.model_fields[info.field_name])
+            each = "each " if isinstance(value, list | tuple) else ""
+            raise ValueError(f"{info.field_name}: {value!r} is out of range; set {each}{allowed}") from None
 
 
 class StrictConfig(KnownKeys):

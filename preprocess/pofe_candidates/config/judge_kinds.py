@@ -16,7 +16,6 @@ a judge of that type is built, so this module imports no judge.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,8 +160,6 @@ def _check_function(cfg: Any) -> None:
                 f"judge.reward_weights has {len(cfg.reward_weights)} weights for {len(cfg.reward_funcs)} "
                 "reward_funcs; give one weight per function."
             )
-        if not all(math.isfinite(w) for w in cfg.reward_weights):
-            raise ValueError(f"judge.reward_weights must be finite numbers, got {cfg.reward_weights}.")
 
 
 def _check_device_map(cfg: Any) -> None:

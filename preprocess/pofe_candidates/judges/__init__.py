@@ -29,6 +29,8 @@ from pofe_candidates.judges.base import (
     ScalarJudge,
     Score,
     is_pairwise,
+    load_dotted,
+    load_function,
 )
 
 
@@ -38,6 +40,17 @@ def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:
     module, _, path = cfg.spec.factory.partition(":")
     factory = functools.reduce(getattr, path.split("."), importlib.import_module(module))
     return factory(cfg)
+
+
+def import_judge_functions(cfg: JudgeConfig) -> None:
+    """A function judge's Python imported now (`judge.function`, each of `judge.reward_funcs`), as
+    building it does: a module that fails to import or a name that is no function is an error naming
+    the file and line when the recipe is read, not when the judge is first built (an online run's
+    first refresh, after the model loaded). Other judges load models or reach servers: not here."""
+    if cfg.function:
+        load_function(cfg.function)
+    for path in cfg.reward_funcs or []:
+        load_dotted(path, "judge.reward_funcs")
 
 
 __all__ = [
@@ -50,6 +63,7 @@ __all__ = [
     "ScalarJudge",
     "Score",
     "apply_judge",
+    "import_judge_functions",
     "is_pairwise",
     "make_judge",
 ]

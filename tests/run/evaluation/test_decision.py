@@ -108,11 +108,13 @@ def test_pi_avg_is_chosen_like_an_iterate_and_never_decides_a_stop():
 def test_stop_when_config_rules():
     with pytest.raises(ValueError, match="sets no rule"):
         StopWhen()
-    with pytest.raises(ValueError, match="greater than 0"):
+    with pytest.raises(ValueError, match="kl_to_pi_0_above: 0.0 is out of range; set a finite number > 0.0"):
         StopWhen(kl_to_pi_0_above=0.0)
     with pytest.raises(ValueError, match="average_iterates shapes the held-out evaluation"):
         PofeConfig(method="sppo", rounds=3, eval={"held_out": 0, "average_iterates": True})
-    with pytest.raises(ValueError, match="less than 1"):
+    with pytest.raises(
+        ValueError, match="lc_vs_previous_below: 1.0 is out of range; set a finite number > 0.0 and < 1.0"
+    ):
         StopWhen(lc_vs_previous_below=1.0)
     with pytest.raises(ValueError, match="turns off"):
         PofeConfig(method="sppo", rounds=3, eval={"held_out": 0}, stop_when={"lc_vs_previous_below": 0.5})

@@ -225,14 +225,13 @@ def plan_recipe(recipe: str | Path, options, prompts: int | None = None, command
 
 
 def check_python_judges(recipe: str | Path, pcfg: PofeConfig) -> None:
-    """Import the recipe's Python judges (`judge.function`, `judge.reward_funcs`, and
-    `eval.judge2`'s) as the judge stage does (`make_judge`), from the recipe's folder and the
-    working directory: a judge that cannot import stops the plan with the stage's message,
-    not the run after its generation. Other judges load models or reach servers: not here."""
+    """Import the recipe's Python judges (`judge.function`, `judge.reward_funcs`, of each of its
+    judges) as `PofePlugin.register` does when training reads the recipe, from the recipe's folder
+    and the working directory: a judge that cannot import stops the plan with that message, not
+    the run after its generation."""
     from pofe.recipe_modules import add_recipe_dirs
-    from pofe_candidates.judges import make_judge
+    from pofe_candidates.judges import import_judge_functions
 
     add_recipe_dirs(recipe)
-    for judge in (pcfg.judge, pcfg.eval.judge2 if pcfg.eval else None):
-        if judge is not None and judge.spec.calls_functions:
-            make_judge(judge)
+    for _, judge in pcfg.judges:
+        import_judge_functions(judge)
