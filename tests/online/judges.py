@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pofe.demo.task import reward
 
 
@@ -17,3 +19,9 @@ def abstains_on_a_quarter(prompt: str, response: str) -> float:
     if sum(map(ord, response)) % 4 == 0:
         raise ValueError(f"no verdict on {response!r}")
     return reward(prompt, response)
+
+
+def none_on_one_prompt(prompt: str, response: str) -> float | None:
+    """The demo's reward, but None (not a number: a broken judge, not an abstention) on the prompt
+    the test names in POFE_TEST_BROKEN_PROMPT."""
+    return None if prompt == os.environ["POFE_TEST_BROKEN_PROMPT"] else reward(prompt, response)
