@@ -161,6 +161,8 @@ def shard_rows(
                 exact_dups=0,
                 near_dups=0,
                 empty=0,
+                sampled=0,
+                sampled_empty=0,
                 truncated_dropped=0,
                 dropped=r.reason,
             )
@@ -185,7 +187,9 @@ def _row_candidates(
 ) -> dict[str, Any]:
     """One prompt's candidates (its dataset responses first, then the policy's), filtered:
     truncated ones (if asked), empty ones (unless `empty` is "keep"), duplicates; texts, sources,
-    finish reasons and sampled ids are filtered together."""
+    finish reasons and sampled ids are filtered together. `sampled` and `sampled_empty` count the
+    policy's samples and the empty ones among them (end of turn at once), kept or not
+    (`empty_samples_warning`)."""
     ids = [None] * len(dataset) + [
         None if sampled_ids(c) is None else content_ids(sampled_ids(c), finish_reason(c), tokenizer) for c in sampled
     ]
@@ -218,6 +222,8 @@ def _row_candidates(
         exact_dups=exact,
         near_dups=near,
         empty=empty,
+        sampled=len(sampled),
+        sampled_empty=sum(not str(c).strip() for c in sampled),
         truncated_dropped=cut,
     )
 

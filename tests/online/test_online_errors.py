@@ -4,18 +4,17 @@ the file, the row or the path concerned, and what to do."""
 from __future__ import annotations
 
 import json
-import os
+import re
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_axolotl
+from tests.helpers import TESTS_ON_PATH as JUDGES_ENV
+from tests.helpers import run_axolotl
 from tests.online.test_online_e2e import _toy
 
 pytestmark = pytest.mark.e2e
 
-# tests.online.judges, importable by `axolotl train` run from a test's folder (before any path
-# already set: a checkout tested beside another's editable install)
-JUDGES_ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 RECIPE = "tiny-rrhf-online-cpu.yml"
 
 
@@ -46,3 +45,75 @@ def test_a_judge_that_fails_online_names_the_prompts_file_and_row(tmp_path):
         f"judge tests.online.judges:none_on_one_prompt returned NoneType None for dataset {prompts}, row 10 "
         "(0-based), candidate 0; expected a number (int or float)" in said
     ), said[-3000:]
+
+
+def _answers_with_its_end_of_turn_alone(model_dir: str) -> None:
+    """Rewrite the tiny model in `model_dir` so that it samples its end-of-turn token first, whatever
+    the prompt: each layer's output projections zeroed (the last hidden state is the last token's
+    embedding), every embedding's first entry 1 and the final norm keeping only that entry, so the
+    output layer sees one positive number, which it gives the EOS token alone (x 50: a logit of
+    several hundred, every other token's 0)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert not model.config.tie_word_embeddings
+    eos = model.config.eos_token_id
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[eos, 0] = 50.0
+    model.save_pretrained(model_dir)
+
+
+# what both stages say of a policy that answers every prompt with its end of turn alone, up to its rows
+SILENT = (
+    r"POFE: {where}: {samples} of {samples} samples were empty \(the policy ended its turn at once\), and every "
+    r"sample of {prompts} of {prompts} prompts was: ({row}; ){{4}}{row}; and {more} more\. The samples are in "
+    r"{samples_at}; check the policy's chat template's generation prompt and its end-of-turn token, or raise "
+    r"pofe\.generate\.temperature"
+)
+
+
+def test_a_policy_that_only_ends_its_turn_is_said_at_the_refresh(tmp_path):
+    """Online RRHF from a policy that samples nothing but its end of turn: the refresh at step 0 says
+    that all 240 samples (60 prompts x 4) were empty and which prompts' rows, before the error that
+    no prompt kept 2 candidates (the answer alone is left); it said only the latter, counting the
+    empty candidates among the removed ones."""
+    path, recipe, _ = _toy(tmp_path, RECIPE, micro_batch_size=60, max_steps=1)
+    _answers_with_its_end_of_turn_alone(recipe["base_model"])
+    proc = run_axolotl("train", str(path), cwd=tmp_path, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    folder = Path(recipe["output_dir"]) / "online" / "refresh-0000000" / "generate.jsonl"
+    expected = SILENT.format(
+        where="online refresh at step 0",
+        samples=240,
+        prompts=60,
+        row=rf"dataset {re.escape(recipe['datasets'][0]['path'])}, row \d+ \(0-based\)",
+        more=55,
+        samples_at=re.escape(str(folder)),
+    )
+    assert re.search(expected, said), said[-3000:]
+    assert "no prompt of micro-batch 0 (prompts" in said
+
+
+def test_a_policy_that_only_ends_its_turn_is_said_by_preprocess(tmp_path):
+    """The offline recipe's candidates from the same policy (`axolotl preprocess`): the answer and
+    its three near misses give every prompt candidates to train on, so the stage ended without a
+    word of the 240 empty samples; it says them now, naming the generate folder."""
+    path, recipe, _ = _toy(tmp_path, "tiny-rrhf-cpu.yml")
+    _answers_with_its_end_of_turn_alone(recipe["base_model"])
+    proc = run_axolotl("preprocess", str(path), cwd=tmp_path)
+    said = proc.stdout + proc.stderr
+    silent = SILENT.format(
+        where="the generate stage", samples=240, prompts=60, row=r"dataset row \d+", more=55, samples_at=r"(\S+)"
+    )
+    found = re.search(silent, said)
+    assert found, said[-3000:]
+    assert Path(found.group(2)).is_dir() and list(Path(found.group(2)).glob("*.jsonl"))

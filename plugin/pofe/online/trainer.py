@@ -55,6 +55,7 @@ from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
 from pofe.online.stats import dropped_candidates, merged_stats, window_stats
 from pofe.online.summary import refresh_summary
+from pofe_candidates.build import empty_samples_warning
 from pofe_candidates.judges import make_judge
 
 LOG = get_logger(__name__)
@@ -174,6 +175,11 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         with policy_for_refresh(self) as model:
             timer = partial(_timed, timings)
             generated, judged, kept, played = self._judged(model, window, prompt_rows, sources, timer)
+            silent = empty_samples_warning(
+                generated, f"online refresh at step {window.start_step}", folder / "generate.jsonl"
+            )
+            if silent:
+                LOG.warning(silent)
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
             monitored, measured = self._monitor.due(window.start_step), {}
