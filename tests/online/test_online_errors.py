@@ -4,13 +4,16 @@ the file, the row or the path concerned, and what to do."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import AXOLOTL_ENV, run_axolotl
 from tests.helpers import TESTS_ON_PATH as JUDGES_ENV
-from tests.helpers import run_axolotl
 from tests.online.test_online_e2e import _toy
 
 pytestmark = pytest.mark.e2e
@@ -117,3 +120,49 @@ def test_a_policy_that_only_ends_its_turn_is_said_by_preprocess(tmp_path):
     found = re.search(silent, said)
     assert found, said[-3000:]
     assert Path(found.group(2)).is_dir() and list(Path(found.group(2)).glob("*.jsonl"))
+
+
+# `sh -c` with $1 a size, $2 a folder, $3 a folder of files, then a command: a tmpfs of that size
+# mounted at $2 in a mount namespace of its own (`unshare -rm`: no privilege needed), $3's files
+# copied in, then zeros to the last byte (a disk full before the command writes there); the command
+# runs, and what the tmpfs then holds is listed on stderr (the namespace ends with the shell)
+ON_A_FULL_DISK = (
+    'mount -t tmpfs -o size="$1" tmpfs "$2" && cp -a "$3"/. "$2"/ && { dd if=/dev/zero of="$2/filler" bs=4k '
+    '2>/dev/null; true; } && disk="$2" && shift 3 && "$@"; status=$?; echo "left on the disk:" >&2; '
+    'ls -a "$disk" >&2; exit $status'
+)
+
+
+def test_a_full_disk_under_the_anchor_table_names_it_and_leaves_no_temporary_file(tmp_path):
+    """SPPO's anchor table is written beside the prepared rows at the first step; there the disk is
+    full (a tmpfs of the test's own, the prepared rows copied in first). `axolotl train` stops
+    naming the table's file, errno 28 and what to do, and leaves no temporary file (it raised
+    torch.save's error, which names no file, and left `pofe-anchor-<hash>.tmp`)."""
+    path, recipe, _ = _toy(tmp_path, "tiny-sppo-cpu.yml", max_steps=1)
+    run_axolotl("preprocess", str(path), cwd=tmp_path)
+    prepared = Path(recipe["dataset_prepared_path"])
+    saved = prepared.rename(tmp_path / "saved")
+    prepared.mkdir()
+    # axolotl's loader counts its processes in this file, removed by the last one after loading: one
+    # counted already (as if a second process were loading), the file keeps its page
+    (saved / "process_counter.txt").write_text("1")
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", ON_A_FULL_DISK, "sh", "8m", str(prepared), str(saved)]
+        + [str(bin_dir / "axolotl"), "train", str(path), "--launcher", "python"],
+        cwd=tmp_path,
+        env={**os.environ, **AXOLOTL_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    at = re.escape(str(prepared))
+    assert re.search(
+        rf"Error: could not write {at}/pofe-anchor-[0-9a-f]+\.pt: No space left on device \(errno 28\)\. Nothing of "
+        rf"it was left half-written\. Free space on the disk holding {at} \(or make it writable\), then run again\.",
+        said,
+    ), said[-3000:]
+    left = said[said.rindex("left on the disk:") :].split()
+    assert not [name for name in left if name.startswith("pofe-anchor")], left
