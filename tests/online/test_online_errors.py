@@ -1,5 +1,6 @@
-"""An online run's failures as `axolotl train` shows them (issue 50's still-weak cases): each names
-the file, the row or the path concerned, and what to do."""
+"""Failures of online training and of the stages around it as `axolotl train` and `axolotl preprocess`
+show them (issue 50's still-weak cases): each names the file, the row or the path concerned, and
+what to do."""
 
 from __future__ import annotations
 
