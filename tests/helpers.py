@@ -37,6 +37,10 @@ AXOLOTL_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+# `tests.*` modules (the judges a test's recipe names) importable by an `axolotl` subprocess, ahead
+# of any path already set (a checkout tested beside another's editable install keeps its own code)
+TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
 # Keys every CPU recipe needs (see docs in recipes/tiny-*-cpu.yml).
 CPU_SETTINGS = {
     "bf16": False,

@@ -299,3 +299,27 @@ def test_nan_anchor_table_stops_training_naming_the_file(tmp_path, tiny_model, s
     assert proc.returncode != 0
     assert f"the cached SPPO anchor table {table} has no finite log-prob" in proc.stderr
     assert "Delete the file" in proc.stderr
+
+
+def test_sppo_rows_whose_ranks_contradict_their_win_rates_are_refused_naming_the_row(tmp_path, tiny_model):
+    """An SPPO row gives win rates and ranks that order its two responses oppositely (win_rates
+    [0.7, 0.3], ranks [2, 1]: 1 = best): SPPO trains on the win rates, so the ranks would be
+    ignored, which `axolotl preprocess` did without a word (an RRHF row's rewards and ranks were
+    checked already). It stops naming the file, the row and both fields. Row 0, whose ranks and
+    rewards agree with its win rates, passes."""
+    rows = [
+        {"prompt": "1+1=", "responses": ["2", "3"], "win_rates": [0.8, 0.2], "ranks": [1, 2], "rewards": [1, 0]},
+        {"prompt": "2+2=", "responses": ["4", "5"], "win_rates": [0.7, 0.3], "ranks": [2, 1]},
+    ]
+    data = tmp_path / "sppo.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = recipe(tmp_path, tiny_model, "sppo", data, "pofe.sppo")
+    proc = run_axolotl("preprocess", str(cfg), check=False)
+    assert proc.returncode != 0
+    assert (
+        f"Error: dataset {data}, row 1 (0-based), field 'win_rates and ranks': they disagree: ranks[1] = 1 ranks "
+        "response 1 above response 0 (ranks[0] = 2), win_rates[1] = 0.3 scores it below (win_rates[0] = 0.7). POFE "
+        "trains on win_rates when a row has both, so ranks would be ignored: fix the row, or drop ranks."
+        in proc.stdout
+        + proc.stderr
+    )

@@ -47,17 +47,20 @@ class WriteFailed(PofeError, OSError):
         return self.args[0]  # OSError's own would be "[Errno 28] None: path"
 
 
-def write_atomic(path: Path, text: str, *, private: bool = False) -> None:
-    """Write `text` to `path` all or nothing (temporary file, fsync, os.replace); `private`:
-    readable by its owner only (0600), for a file that may hold config (a served policy's key).
-    A write that fails (a full disk) removes its temporary file and raises `WriteFailed`
-    naming `path`: the bare OSError names neither the file nor what to do."""
+def write_atomic(path: Path, text: str | bytes, *, private: bool = False) -> None:
+    """Write `text` (or bytes: a tensor `torch.save`d to memory first, whose own file writer turns a
+    full disk into an iostream RuntimeError naming nothing) to `path` all or nothing (temporary file
+    in the same folder, fsync, os.replace); `private`: readable by its owner only (0600), for a file
+    that may hold config (a served policy's key). A write that fails (a full disk) removes its
+    temporary file and raises `WriteFailed` naming `path`: the bare OSError names neither the file
+    nor what to do."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    mode = {"mode": "wb"} if isinstance(text, bytes) else {"mode": "w", "encoding": "utf-8"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.unlink(missing_ok=True)  # os.open's mode applies only to a file it creates
-        with open(tmp, "w", encoding="utf-8", opener=private_opener if private else None) as f:
+        with open(tmp, **mode, opener=private_opener if private else None) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

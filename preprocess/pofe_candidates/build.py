@@ -161,6 +161,27 @@ def order_sum_warning(summary: dict, judge_type: str, where) -> str:
     )
 
 
+def empty_samples_warning(generated: list[dict], where: str, samples: Path) -> str | None:
+    """The warning for generate rows (`where`: the stage or refresh they are from) some of whose
+    prompts the policy answered with its end of turn alone in every sample: how many samples were
+    empty of how many, which prompts (their dataset rows, or a row's `WHERE`) and where the samples
+    are (`samples`); None when every prompt got some text. Empty samples are removed before judging
+    (or kept, for a method that trains on every sample), so without this a policy that has
+    stopped writing is seen only in the candidate counts."""
+    silent = [g for g in generated if g.get("sampled") and g.get("sampled_empty") == g["sampled"]]
+    if not silent:
+        return None
+    total, empty = sum(g.get("sampled", 0) for g in generated), sum(g.get("sampled_empty", 0) for g in generated)
+    rows = [g.get("where") or f"dataset row {g['index']}" for g in silent]
+    named = "; ".join(rows[:5]) + (f"; and {len(rows) - 5} more" if len(rows) > 5 else "")
+    return (
+        f"POFE: {where}: {empty} of {total} samples were empty (the policy ended its turn at once), and every "
+        f"sample of {len(silent)} of {len(generated)} prompts was: {named}. The samples are in {samples}; check "
+        "the policy's chat template's generation prompt and its end-of-turn token, or raise "
+        "pofe.generate.temperature"
+    )
+
+
 def _worst_order_sum(judged: list[dict]) -> dict | None:
     """The pair sum P(a, b) + P(b, a) furthest from 1 over the judged rows, and its row."""
     sums = [(r["worst_order_sum"], r["index"]) for r in judged if r.get("worst_order_sum") is not None]

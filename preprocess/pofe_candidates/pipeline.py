@@ -48,7 +48,7 @@ from pofe.files import file_sha256, write_atomic, write_jsonl_atomic
 from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
-from pofe_candidates.build import build_rows, order_sum_warning, summarise
+from pofe_candidates.build import build_rows, empty_samples_warning, order_sum_warning, summarise
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig, redact
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE, generate_stage
 from pofe_candidates.generators import Generator
@@ -285,6 +285,9 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation
     summary = redact(summary)  # summary.json is pushed to the hub with the candidates
     summary_path = out / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
+    silent = empty_samples_warning(generated_rows, "the generate stage", plan.gen_dir)
+    if silent:
+        LOG.warning(silent)
     if not data:
         raise ValueError(_no_rows(plan, generated_rows, summary, dropped, summary_path))
     if summary["judge_prompts_cut"]:

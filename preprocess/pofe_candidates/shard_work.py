@@ -27,6 +27,11 @@ from pofe_candidates.render import ChatTemplateError, Rendered, as_messages, ren
 from pofe_candidates.token_ids import content_ids, end_of_turn_ids, retokenized_ids
 from pofe_candidates.win_rates import scalar_preferences, win_rates
 
+# a generate row's optional words for where its prompt came from (an online refresh's "dataset
+# <file>, row <r> (0-based)", its window's index being no file's row): judge errors and the
+# abstention tally say it in place of "dataset row <index>"
+WHERE = "where"
+
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -156,6 +161,8 @@ def shard_rows(
                 exact_dups=0,
                 near_dups=0,
                 empty=0,
+                sampled=0,
+                sampled_empty=0,
                 truncated_dropped=0,
                 dropped=r.reason,
             )
@@ -180,7 +187,9 @@ def _row_candidates(
 ) -> dict[str, Any]:
     """One prompt's candidates (its dataset responses first, then the policy's), filtered:
     truncated ones (if asked), empty ones (unless `empty` is "keep"), duplicates; texts, sources,
-    finish reasons and sampled ids are filtered together."""
+    finish reasons and sampled ids are filtered together. `sampled` and `sampled_empty` count the
+    policy's samples and the empty ones among them (end of turn at once), kept or not
+    (`empty_samples_warning`)."""
     ids = [None] * len(dataset) + [
         None if sampled_ids(c) is None else content_ids(sampled_ids(c), finish_reason(c), tokenizer) for c in sampled
     ]
@@ -213,6 +222,8 @@ def _row_candidates(
         exact_dups=exact,
         near_dups=near,
         empty=empty,
+        sampled=len(sampled),
+        sampled_empty=sum(not str(c).strip() for c in sampled),
         truncated_dropped=cut,
     )
 
@@ -287,8 +298,10 @@ def judge_shard(
     Pairwise judges give win rates directly; scalar judges give rewards, and win rates through
     `cfg.preferences` (bradley_terry or hard) when the method's `target` is win rates. Each row
     records `judged` (verdicts asked: candidates, or unordered pairs) and one reason per
-    abstention, and `prompts_cut`: candidates scored with their prompt cut to fit the judge. `columns`: per gen row, its dataset row's other columns (not the prompt), passed
-    to judges that read them (`reads_columns`: TRL-style reward functions take them as kwargs).
+    abstention, and `prompts_cut`: candidates scored with their prompt cut to fit the judge.
+    `columns`: per gen row, its dataset row's other columns (not the prompt), passed to judges
+    that read them (`reads_columns`: TRL-style reward functions take them as kwargs). A gen row's
+    `WHERE` is carried to its judged row and named by errors in place of its index.
     """
     live = [r for r in gen_rows if r["dropped"] is None and len(r["candidates"]) > 0]
     live_columns = None
@@ -302,7 +315,7 @@ def judge_shard(
         [r.get("rendered") for r in live],
         [r["candidates"] for r in live],
         columns=live_columns,
-        rows=[r["index"] for r in live],
+        rows=[r.get(WHERE, r["index"]) for r in live],
     )
     out_by_index: dict[int, dict] = {}
     if is_pairwise(judge):
@@ -346,6 +359,8 @@ def judge_shard(
     out = []
     for r in gen_rows:
         rec = {"index": r["index"], "prompt": r["prompt"], "dropped": r["dropped"]}
+        if WHERE in r:
+            rec[WHERE] = r[WHERE]
         rec.update(out_by_index.get(r["index"], {"responses": [], "rewards": None, "win_rates": None, "abstained": 0}))
         out.append(rec)
     return out

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pofe.demo.task import reward
 
 
@@ -27,3 +29,9 @@ def same_for_all(prompt: str, response: str) -> float:
 def raises(prompt: str, response: str) -> float:
     """A judge that fails on every response."""
     raise ZeroDivisionError(f"no verdict on {response!r}")
+
+
+def none_on_one_prompt(prompt: str, response: str) -> float | None:
+    """The demo's reward, but None (not a number: a broken judge, not an abstention) on the prompt
+    the test names in POFE_TEST_BROKEN_PROMPT."""
+    return None if prompt == os.environ["POFE_TEST_BROKEN_PROMPT"] else reward(prompt, response)

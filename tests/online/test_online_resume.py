@@ -19,13 +19,12 @@ import yaml
 from pofe.demo.tiny import build_tiny_model
 from pofe.files import read_jsonl, weights_fingerprint
 from pofe.locks import TRAIN_LOCK, FolderLock
-from tests.helpers import ROOT, log_history, run_axolotl
+from tests.helpers import TESTS_ON_PATH as JUDGES_ENV
+from tests.helpers import log_history, run_axolotl
 from tests.online.test_online_e2e import _refreshes, _toy
 
 pytestmark = pytest.mark.e2e
 
-# tests.online.judges, importable by `axolotl train` run from a test's folder
-JUDGES_ENV = {"PYTHONPATH": str(ROOT)}
 JUDGE = "tests.online.judges:abstains_on_a_quarter"
 RECIPE = "tiny-rrhf-online-cpu.yml"
 
@@ -177,12 +176,53 @@ def test_a_run_resumed_with_another_refresh_every_says_whose_windows_it_trains_o
     every_3 = _resumed(path, "every-3.yml", online={"refresh_every": 3})
     said = _said(run_axolotl("train", str(every_3), cwd=out.parent, env=JUDGES_ENV))
     assert (
-        "online: the refresh of step 2 was sampled for refresh_every 2 (steps 2-3); this recipe's is 3: step 3 "
-        "trains on its rows, and the refreshes after it come every 3 steps" in said
+        "online: the refresh of step 2 was sampled for refresh_every 2; this recipe's is 3: step 3 trains on its "
+        "rows (steps 2-3), and the refreshes after it come every 3 steps. Resume with refresh_every: 2 to keep the "
+        "killed run's schedule" in said
     )
     assert [w.start_step for w, _, _ in _refreshes(out)] == [0, 2, 4]
     assert sorted(p.name for p in cut.iterdir()) == ["generate.jsonl", "judge.jsonl", "refresh.json", "rows.jsonl"]
     assert json.loads((cut / "refresh.json").read_text())["refresh_every"] == 3
+
+
+def test_a_run_resumed_at_a_window_boundary_with_another_refresh_every_says_so(trained, tmp_path):
+    """The finished run resumed from its last checkpoint (step 6, where refresh 4's window, steps
+    4-5, ended) for 2 more steps with refresh_every 3: no written window holds step 6, so it samples
+    one, and says that the killed run's refreshes came every 2 (it said nothing of the change)."""
+    root, _ = trained
+    shutil.copytree(root, tmp_path / "run")
+    path = tmp_path / "run" / RECIPE
+    path.write_text(path.read_text().replace(str(root), str(tmp_path / "run")))
+    recipe = yaml.safe_load(path.read_text())
+    out = Path(recipe["output_dir"])
+    recipe.update(max_steps=8, resume_from_checkpoint=str(out / "checkpoint-6"))
+    recipe["pofe"]["online"]["refresh_every"] = 3
+    path.write_text(yaml.safe_dump(recipe))
+    said = _said(run_axolotl("train", str(path), cwd=out.parent, env=JUDGES_ENV))
+    assert (
+        "online: the refresh of step 4 was sampled for refresh_every 2; this recipe's is 3: step 6 samples a new "
+        "window, and the refreshes after it come every 3 steps. Resume with refresh_every: 2 to keep the killed "
+        "run's schedule" in said
+    )
+    assert [w.start_step for w, _, _ in _refreshes(out)] == [0, 2, 4, 6]
+
+
+def test_a_resumed_run_whose_refresh_lost_its_rows_is_refused_naming_the_file(killed):
+    """Refresh 2 (steps 2-3, which the resumed step 3 trains on) with its refresh.json but its
+    rows.jsonl deleted: the resumed run stops before any step, naming the missing file and what to
+    do (it stopped with a FileNotFoundError traceback), and deletes nothing."""
+    path, out = killed
+    folder = out / "online" / "refresh-0000002"
+    (folder / "rows.jsonl").unlink()
+    proc = run_axolotl("train", str(_resumed(path, "resumed.yml")), cwd=out.parent, env=JUDGES_ENV, check=False)
+    said = _said(proc)
+    assert proc.returncode != 0 and "Traceback" not in said
+    assert (
+        f"Error: resuming at step 3: the refresh of step 2 ({folder}), whose rows step 3 trains on, has its "
+        f"refresh.json but no rows.jsonl ({folder / 'rows.jsonl'} is missing). Restore the file; or delete {folder}: "
+        "the run then samples and judges a new window at step 3" in said
+    )
+    assert _folders(out) == ["refresh-0000000", "refresh-0000002", "refresh-0000004"]
 
 
 def test_a_second_training_in_an_output_dir_in_use_is_refused_before_it_deletes(killed):
@@ -203,25 +243,33 @@ def test_a_second_training_in_an_output_dir_in_use_is_refused_before_it_deletes(
 
 
 def test_a_killed_runs_folder_is_evaluated_at_its_checkpoint_and_reported_as_such(killed):
-    """Killed before its end, the output_dir holds config.json (axolotl writes it as training
-    starts) and no weights: `pofe eval` names that, and the newest whole checkpoint to evaluate
-    instead (checkpoint-3, step 3 of 6), before it writes anything (it failed in transformers,
-    leaving a state `pofe report` read as a trained pi_1). Evaluated, checkpoint-3's report says
-    it was trained 3 of 6 steps, and tables the refreshes its steps trained on (0 and 2)."""
+    """Killed before its end (refresh 4 cut short as it was written: no refresh.json), the output_dir
+    holds config.json (axolotl writes it as training starts) and no weights: `axolotl pofe eval`
+    says so without a traceback, with what the folder holds (the newest whole checkpoint,
+    checkpoint-3, step 3 of 6; the refreshes whole and cut short) and what to do (evaluate the
+    checkpoint, or resume the training from it), before it writes anything (it failed in
+    transformers, leaving a state `pofe report` read as a trained pi_1; then it named the
+    checkpoint only). Evaluated, checkpoint-3's report says it was trained 3 of 6 steps, and
+    tables the refreshes its steps trained on (0 and 2)."""
     from pofe.run.evaluation.evaluate import evaluate_run
     from pofe.run.report import write_report
 
     path, out = killed
     (out / "model.safetensors").unlink()
-    with pytest.raises(ValueError) as refused:
-        evaluate_run(path)
-    assert str(refused.value) == (
-        f"{out} holds no weights (none of model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+    (out / "online" / "refresh-0000004" / "refresh.json").unlink()
+    proc = run_axolotl("pofe", "eval", str(path), cwd=out.parent, env=JUDGES_ENV, check=False)
+    said = _said(proc)
+    assert proc.returncode == 1 and "Traceback" not in said
+    checkpoint = out / "checkpoint-3"
+    assert (
+        f"Error: {out} holds no weights (none of model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
         "pytorch_model.bin.index.json, adapter_model.safetensors, adapter_model.bin) (axolotl writes config.json "
         "when a training starts and the weights when it ends: this training did not end): it cannot be "
-        f"evaluated. Its newest whole checkpoint is {out / 'checkpoint-3'} (step 3 of 6): evaluate it with "
-        f"--model {out / 'checkpoint-3'}."
-    )
+        f"evaluated. Its newest whole checkpoint is {checkpoint} (step 3 of 6). Its online training wrote 2 whole "
+        "refreshes (the last at step 2), and 1 cut short (at steps [4]). Either evaluate it with --model "
+        f"{checkpoint}, or finish the training first: set resume_from_checkpoint: {checkpoint} in {path} and run "
+        f"`axolotl train {path}` again.\n"
+    ) in said
     assert not (out / "pofe-eval").exists()
 
     folder = evaluate_run(path, model=str(out / "checkpoint-3"))

@@ -10,8 +10,8 @@ checks on reading and writing one. No trainer here: a pass is given a model and 
 from __future__ import annotations
 
 import hashlib
+import io
 import math
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from pofe.batching import length_sorted_batches
 from pofe.distributed import merge_rows, rank_and_world
-from pofe.files import stable_hash
+from pofe.files import stable_hash, write_atomic
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
@@ -156,11 +156,12 @@ def checked_table(table: torch.Tensor, datasets, who: str, what: str) -> torch.T
 
 
 def save_table(path: Path, table: torch.Tensor) -> None:
-    """Write `table` to `path` atomically: a killed run never leaves half a table."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(table, tmp)
-    os.replace(tmp, path)
+    """Write `table` to `path` atomically (`write_atomic`): a killed run never leaves half a table,
+    and a full disk is named, its temporary file removed. Serialised in memory first (rows x K
+    floats), as torch.save's own file writer reports a full disk as an iostream error naming nothing."""
+    buffer = io.BytesIO()
+    torch.save(table, buffer)
+    write_atomic(path, buffer.getvalue())
 
 
 def row_tokens(dataset) -> list[int]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pofe.columns import ANCHOR_LOGPS, AS_TEXT, DEFAULT_FIELDS, SPLIT_IN_WORD
 from pofe.data.implicit_prompt import implicit_prompt, splits_a_word
-from pofe.data.label_checks import check_labels, check_ranks_agree, label_log_probs, label_number, label_numbers
+from pofe.data.label_checks import check_labels, check_labels_agree, label_log_probs, label_number, label_numbers
 from pofe.data.messages import prompt_messages, response_message
 from pofe.data.transcripts import hh_row
 from pofe.errors import PofeError
@@ -288,12 +288,18 @@ def _labels(row: Mapping[str, Any], fmt: RowFormat, k: int, fail) -> tuple[list[
     if fmt.type == "pofe.sppo":
         col = fmt.column("field_win_rates")
         labels = label_numbers(row, col, k, fail)
+        for other, ranks in ((fmt.column("field_rewards"), False), (fmt.column("field_ranks"), True)):
+            if row.get(other) is not None:
+                numbers = label_numbers(row, other, k, fail)
+                check_labels_agree(labels, col, numbers, other, fail, ranks=ranks, drop=f"drop {other}")
     elif row.get(fmt.column("field_rewards")) is not None:
         col = fmt.column("field_rewards")
         labels = label_numbers(row, col, k, fail)
         if row.get(fmt.column("field_ranks")) is not None:
             ranks_col = fmt.column("field_ranks")
-            check_ranks_agree(labels, label_numbers(row, ranks_col, k, fail), col, ranks_col, fail)
+            drop = f"keep one of the two columns (drop {ranks_col}, or drop {col} to train on the ranks)"
+            ranks = label_numbers(row, ranks_col, k, fail)
+            check_labels_agree(labels, col, ranks, ranks_col, fail, ranks=True, drop=drop)
     else:
         # rank 1 is the best response; a reward only needs to order them
         col = fmt.column("field_ranks")

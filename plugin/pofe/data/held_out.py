@@ -54,13 +54,14 @@ def hold_out(raw: Dataset, fmt: RowFormat, n: int) -> tuple[Dataset, Dataset, se
     return raw.select(range(cut)), held, keys
 
 
-def without_prompts(rows: Dataset, fmt: RowFormat, keys: set[str]) -> tuple[Dataset, int]:
-    """`rows` less those whose prompt is one of `keys` (`hold_out`'s), and how many those were;
-    for a set of raw rows (an online run's prompts), where the loader compares prepared rows."""
+def without_prompts(rows: Dataset, fmt: RowFormat, keys: set[str]) -> tuple[Dataset, list[int]]:
+    """`rows` less those whose prompt is one of `keys` (`hold_out`'s), and the indices in `rows`
+    of those kept (each one's row in its file); for a set of raw rows (an online run's prompts),
+    where the loader compares prepared rows."""
     kept = [
         i for i, prompt in enumerate(source_prompts(rows, fmt)) if prompt_key(_messages(prompt, fmt, i)) not in keys
     ]
-    return rows.select(kept), len(rows) - len(kept)
+    return rows.select(kept), kept
 
 
 def source_prompts(rows: Dataset, fmt: RowFormat, start: int = 0) -> list:

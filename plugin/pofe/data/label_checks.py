@@ -3,7 +3,7 @@
 Within a row (`check_labels`, called by `pofe.data.formats` on each row), an error naming
 the row and field: a label outside its target's range, one text with two labels, labels that
 differ but tie in float32 (training's precision); rewards and ranks given together that order
-two responses oppositely (`check_ranks_agree`: the ranks would be ignored). Each label value
+two responses oppositely (`check_labels_agree`: the ranks would be ignored). Each label value
 is checked as it is read (`label_number`, `label_numbers`, `label_log_probs`): a number,
 finite, and finite in float32.
 
@@ -133,18 +133,24 @@ def check_float32_ties(rewards: list[float], names: list[str], fail) -> None:
                 )
 
 
-def check_ranks_agree(rewards: list[float], ranks: list[float], rewards_col: str, ranks_col: str, fail) -> None:
-    """A row with both rewards and ranks trains on the rewards; refused when the two order some
-    pair of responses oppositely (a tie in one is no disagreement), as the ranks would be ignored."""
-    for i, j in itertools.permutations(range(len(rewards)), 2):
-        if ranks[i] < ranks[j] and rewards[i] < rewards[j]:
+def check_labels_agree(
+    trained: list[float], trained_col: str, other: list[float], other_col: str, fail, *, ranks: bool, drop: str
+) -> None:
+    """A row with a second label column beside the one trained on (rewards and ranks in an RRHF row;
+    win rates and rewards or ranks in an SPPO row) trains on `trained`; refused when `other`
+    orders some pair of responses oppositely (a tie in one is no disagreement), as it would be
+    ignored. `ranks`: `other` is ranks (1 = best), else higher is better; `drop`: what to do
+    besides fixing the row."""
+    better = (lambda i, j: other[i] < other[j]) if ranks else (lambda i, j: other[i] > other[j])
+    for i, j in itertools.permutations(range(len(trained)), 2):
+        if better(i, j) and trained[i] < trained[j]:
             raise fail(
-                f"{rewards_col} and {ranks_col}",
-                f"they disagree: {ranks_col}[{i}] = {ranks[i]:g} ranks response {i} above response {j} "
-                f"({ranks_col}[{j}] = {ranks[j]:g}), {rewards_col}[{i}] = {rewards[i]:g} scores it below "
-                f"({rewards_col}[{j}] = {rewards[j]:g})",
-                f"POFE trains on {rewards_col} when a row has both, so {ranks_col} would be ignored: fix the row, "
-                f"or keep one of the two columns (drop {ranks_col}, or drop {rewards_col} to train on the ranks).",
+                f"{trained_col} and {other_col}",
+                f"they disagree: {other_col}[{i}] = {other[i]:g} {'ranks' if ranks else 'scores'} response {i} above "
+                f"response {j} ({other_col}[{j}] = {other[j]:g}), {trained_col}[{i}] = {trained[i]:g} scores it below "
+                f"({trained_col}[{j}] = {trained[j]:g})",
+                f"POFE trains on {trained_col} when a row has both, so {other_col} would be ignored: fix the row, "
+                f"or {drop}.",
             )
 
 

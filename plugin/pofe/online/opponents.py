@@ -34,7 +34,7 @@ from pofe.online.refresh import TOKENS, Window, prompt_columns, sample_window
 from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
-from pofe_candidates.shard_work import judge_shard
+from pofe_candidates.shard_work import WHERE, judge_shard
 
 # the opponents' seed, apart from the policy's: the window's seed plus this (below the next
 # window's, SHARD_SEED_STRIDE further), so the two samplers never draw from the same stream
@@ -55,10 +55,14 @@ def play_window(
     judge_cfg: JudgeConfig,
     candidates: CandidatesConfig,
     timer,
+    sources: dict[int, str] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """The window's generate rows (the policy's samples) and one judged row per prompt (its
-    samples, their opponents and the preferences, `method.target.column`)."""
-    generated = sample_window(window, prompt_rows, generator, tokenizer, generate, candidates, timer, method)
+    samples, their opponents and the preferences, `method.target.column`); `sources` as
+    `sample_window` takes them."""
+    generated = sample_window(
+        window, prompt_rows, generator, tokenizer, generate, candidates, timer, method, sources=sources
+    )
     opposed = sample_window(
         window, prompt_rows, opponent, tokenizer, generate, candidates, timer, method, OPPONENT_SEED_OFFSET
     )
@@ -107,6 +111,7 @@ def _pair_row(generated: dict, opposed: dict, slot: int) -> dict:
         "dropped": None,
         "candidates": [generated["candidates"][slot], opposed["candidates"][j]],
         "candidate_ids": [_ids(generated, slot), _ids(opposed, j)],
+        **({WHERE: generated[WHERE]} if WHERE in generated else {}),
     }
 
 
@@ -126,6 +131,7 @@ def _prompt_row(generated: dict, opposed: dict, verdicts: list[dict], method: Me
         "judged": sum(v.get("judged", 0) for v in verdicts),
         "abstained": sum(v["abstained"] for v in verdicts),
         "abstain_reasons": [reason for v in verdicts for reason in v.get("abstain_reasons", [])],
+        **({WHERE: generated[WHERE]} if WHERE in generated else {}),
     }
     for v in verdicts:
         # a scalar judge's abstention removes a response; a pairwise one's leaves the pair at 1/2

@@ -29,15 +29,23 @@ LOG = get_logger(__name__)
 
 PROMPT_INDEX = "prompt_index"
 PROMPT_ROW = "prompt_row"
-PROMPT_COLUMNS = (PROMPT_INDEX, PROMPT_ROW)
+PROMPT_SOURCE = "prompt_source"  # its file and row (`prompt_source`)
+PROMPT_COLUMNS = (PROMPT_INDEX, PROMPT_ROW, PROMPT_SOURCE)
 
 
 def refresh_prompt_row(row: dict, index: int, fmt: RowFormat, include: list[str]) -> dict[str, Any]:
     """A prompt row as a refresh reads it: the candidate pipeline's (`prompt_row`, checked), its
     prompt under "prompt" whatever the dataset's `field_prompt` calls it, its other columns as
-    they are (a reward function reads them)."""
+    they are (a reward function reads them). `index`: its row in its file."""
     checked = prompt_row(row, index, fmt, include)
     return {"prompt": checked.pop(fmt.column("field_prompt")), **checked}
+
+
+def prompt_source(fmt: RowFormat, index: int) -> str:
+    """Where a prompt comes from, as errors name it (a judge that failed on its candidates): its
+    file and row, as the row checks say them; its index in the prompt set is no file's row once
+    held-out prompts are left out, or past the first dataset."""
+    return f"dataset {fmt.dataset}, row {index} (0-based)"
 
 
 def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
@@ -47,16 +55,24 @@ def load_online_prompts(cfg: DictDefault, pofe: PofeConfig) -> TrainDatasetMeta:
     for i, entry in enumerate(cfg.datasets):
         fmt = RowFormat.of_entry(entry, i, pofe)
         raw = load_entry(entry, cfg.hf_use_auth_token)
+        rows_in_file = range(len(raw))
         if held:  # and any other row with one of their prompts, as offline
             raw, _, keys = hold_out(raw, fmt, held)
-            raw, repeats = without_prompts(raw, fmt, keys)
-            if repeats:
-                LOG.info(f"POFE: {repeats} more rows of {entry.path} repeat a held-out prompt: not trained on")
+            before = len(raw)
+            raw, rows_in_file = without_prompts(raw, fmt, keys)
+            if before > len(raw):
+                LOG.info(
+                    f"POFE: {before - len(raw)} more rows of {entry.path} repeat a held-out prompt: not trained on"
+                )
         include = pofe.generate.include_dataset_responses
         first = len(parts)  # the recipe's datasets, one after another
         parts += [
-            {PROMPT_INDEX: first + j, PROMPT_ROW: json.dumps(refresh_prompt_row(row, j, fmt, include))}
-            for j, row in enumerate(raw)
+            {
+                PROMPT_INDEX: first + j,
+                PROMPT_ROW: json.dumps(refresh_prompt_row(row, r, fmt, include)),
+                PROMPT_SOURCE: prompt_source(fmt, r),
+            }
+            for j, (r, row) in enumerate(zip(rows_in_file, raw, strict=True))
         ]
     prompts = Dataset.from_list(parts)
     every = pofe.online.refresh_every
@@ -104,6 +120,7 @@ class PromptCollator:
         return {
             PROMPT_INDEX: torch.tensor([f[PROMPT_INDEX] for f in features]),  # (B,)
             PROMPT_ROW: [json.loads(f[PROMPT_ROW]) for f in features],
+            PROMPT_SOURCE: [f[PROMPT_SOURCE] for f in features],
         }
 
     @property

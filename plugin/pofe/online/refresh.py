@@ -43,7 +43,7 @@ from pofe_candidates.build import build_rows
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
 from pofe_candidates.render import ChatTemplateError
-from pofe_candidates.shard_work import generate_shard, judge_shard
+from pofe_candidates.shard_work import WHERE, generate_shard, judge_shard
 
 FOLDER = "online"
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
@@ -95,11 +95,13 @@ def sample_window(
     timer,
     method: MethodSpec,
     seed_offset: int = 0,
+    sources: dict[int, str] | None = None,
 ) -> list[dict]:
     """The window's generate rows (`shard_work.generate_shard`'s), `index` the prompt's, empty
     candidates kept or not as `method` says. Seeded by the window's first step (plus
     `seed_offset`, for a second sampler), never a running RNG: a refresh sampled again samples
-    the same."""
+    the same. `sources`: each prompt's file and row (`prompt_source`), which a row's `WHERE`
+    carries to the judge's errors."""
     indices = window.prompts
     rows = [prompt_rows[i] for i in indices]
     seed = generate.seed + window.start_step * SHARD_SEED_STRIDE + seed_offset
@@ -121,6 +123,8 @@ def sample_window(
             raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
     for g in generated:
         g["index"] = indices[g["index"]]
+        if sources:
+            g[WHERE] = sources[g["index"]]
     return generated
 
 
@@ -146,9 +150,12 @@ def sample_and_judge(
     judge_cfg: JudgeConfig,
     candidates: CandidatesConfig,
     timer,
+    sources: dict[int, str] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """The window's generate and judge rows (`shard_work`'s), `index` the prompt's."""
-    generated = sample_window(window, prompt_rows, generator, tokenizer, generate, candidates, timer, method)
+    generated = sample_window(
+        window, prompt_rows, generator, tokenizer, generate, candidates, timer, method, sources=sources
+    )
     with timer("judge"):
         judged = judge_shard(generated, judge, method.target, judge_cfg, prompt_columns(window, prompt_rows))
     unit = "pairs" if judge_cfg.is_pairwise else "candidates"

@@ -37,18 +37,38 @@ class ResumedRefreshes:
                 continue
             end = start + -(-len(record["micro_batches"]) // per_step)
             if step >= end:
+                self._say_refresh_every(record, step, f"step {step} samples a new window")
                 return None
             self._check_made_with(folder, record, step, end)
-            every = self.pofe.online.refresh_every
-            if record.get("refresh_every", every) != every:
-                feeds = f"steps {step}-{end - 1} train" if end - 1 > step else f"step {step} trains"
-                LOG.info(
-                    f"POFE: online: the refresh of step {start} was sampled for refresh_every "
-                    f"{record['refresh_every']} (steps {start}-{end - 1}); this recipe's is {every}: {feeds} on its "
-                    f"rows, and the refreshes after it come every {every} steps"
-                )
+            feeds = f"steps {step}-{end - 1} train" if end - 1 > step else f"step {step} trains"
+            self._check_rows(folder, start, step, feeds)
+            self._say_refresh_every(record, step, f"{feeds} on its rows (steps {start}-{end - 1})")
             return read_refresh(folder)
         return None
+
+    def _say_refresh_every(self, record: dict, step: int, feeds: str) -> None:
+        """A resumed run whose refresh_every is not the one its last refresh was sampled for goes on
+        (the rows are the policy's samples whatever the window's length), and says so: from the
+        resumed step the windows are this recipe's length, which the killed run's were not."""
+        every, then = self.pofe.online.refresh_every, record.get("refresh_every")
+        if then is not None and then != every:
+            LOG.warning(
+                f"POFE: online: the refresh of step {record['start_step']} was sampled for refresh_every {then}; "
+                f"this recipe's is {every}: {feeds}, and the refreshes after it come every {every} steps. Resume "
+                f"with refresh_every: {then} to keep the killed run's schedule"
+            )
+
+    def _check_rows(self, folder: Path, start: int, step: int, feeds: str) -> None:
+        """A finished refresh whose rows.jsonl is gone (deleted by hand, a partial copy) cannot feed
+        the steps the checkpoint left of its window: stopped, naming the file, rather than sampled
+        again in its place unasked (as a folder deleted whole is)."""
+        rows = folder / "rows.jsonl"
+        if not rows.is_file():
+            raise OnlineRefreshError(
+                f"resuming at step {step}: the refresh of step {start} ({folder}), whose rows {feeds} on, has its "
+                f"refresh.json but no {rows.name} ({rows} is missing). Restore the file; or delete {folder.parent if self.world > 1 else folder}: "
+                f"the run then samples and judges a new window at step {step}"
+            )
 
     def _check_made_with(self, folder: Path, record: dict, step: int, end: int) -> None:
         """Stop when the refresh read back was made otherwise than this recipe makes refreshes

@@ -35,7 +35,7 @@ from pofe.online.mixture import MixtureGenerator
 from pofe.online.models import BasePolicy, policy_for_refresh
 from pofe.online.monitor import Monitor
 from pofe.online.opponents import opponent_stats, play_window, preference_rows
-from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW
+from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW, PROMPT_SOURCE
 from pofe.online.refresh import (
     FOLDER,
     LOGP,
@@ -55,6 +55,7 @@ from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
 from pofe.online.stats import dropped_candidates, merged_stats, window_stats
 from pofe.online.summary import all_pairs_tied, refresh_summary
+from pofe_candidates.build import empty_samples_warning
 from pofe_candidates.judges import make_judge
 
 LOG = get_logger(__name__)
@@ -144,7 +145,8 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             if self._first_window:
                 self._clear_refreshes_from(start)
             prompt_rows = {i: row for b in pulled for i, row in zip(b[PROMPT_INDEX].tolist(), b[PROMPT_ROW])}
-            refreshed = self._refresh(Window(start, batches), prompt_rows)
+            sources = {i: s for b in pulled for i, s in zip(b[PROMPT_INDEX].tolist(), b[PROMPT_SOURCE])}
+            refreshed = self._refresh(Window(start, batches), prompt_rows, sources)
         self._first_window = False
         self._log_refresh(refreshed)
         return [self._collate(rows, refreshed, m) for m, rows in enumerate(refreshed.rows)]
@@ -161,8 +163,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
 
     # -- a refresh --------------------------------------------------------------------
 
-    def _refresh(self, window: Window, prompt_rows: dict[int, dict]) -> Refreshed:
-        """Sample, judge and score the window's candidates; write them before any step trains."""
+    def _refresh(self, window: Window, prompt_rows: dict[int, dict], sources: dict[int, str]) -> Refreshed:
+        """Sample, judge and score the window's candidates; write them before any step trains.
+        `sources`: each prompt's file and row, for the judge's errors."""
         pofe, timings = self.pofe, defaultdict(float)
         folder = self._folder(window.start_step)
         if folder.exists() and refresh_record(folder) is None:  # a killed run's, cut short: its files go
@@ -170,7 +173,13 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         if self._judge is None:
             self._judge = make_judge(pofe.judge)
         with policy_for_refresh(self) as model:
-            generated, judged, kept, played = self._judged(model, window, prompt_rows, partial(_timed, timings))
+            timer = partial(_timed, timings)
+            generated, judged, kept, played = self._judged(model, window, prompt_rows, sources, timer)
+            silent = empty_samples_warning(
+                generated, f"online refresh at step {window.start_step}", folder / "generate.jsonl"
+            )
+            if silent:
+                LOG.warning(silent)
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
             monitored, measured = self._monitor.due(window.start_step), {}
@@ -203,7 +212,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         )
         return refreshed
 
-    def _judged(self, model, window: Window, prompt_rows: dict[int, dict], timer) -> tuple[list, list, dict, dict]:
+    def _judged(
+        self, model, window: Window, prompt_rows: dict[int, dict], sources, timer
+    ) -> tuple[list, list, dict, dict]:
         """The window's generate and judge rows, its trainable rows (`trainable_rows`' shape) and
         the stats of its opponents: a method that plays the mixture (Nash-MD) judges each sample
         against one of the mixture's (`pofe.online.opponents`), the others judge the candidates."""
@@ -217,6 +228,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             judge_cfg=pofe.judge,
             candidates=pofe.candidates.for_method(pofe.method),
             timer=timer,
+            sources=sources,
         )
         if self.spec.opponent != "mixture":
             generated, judged = sample_and_judge(window, prompt_rows, **common)

@@ -26,7 +26,7 @@ def apply_judge(
     responses: list[list[str]],
     *,
     columns: list[dict] | None = None,
-    rows: list[int] | None = None,
+    rows: list[int | str] | None = None,
 ) -> list[list[Score]] | list[PairwiseVerdict]:
     """Judge P prompts' responses: `score` (P lists of K_p scores) for a scalar judge,
     `preferences` (P verdicts, one (K_p, K_p) matrix each) for a pairwise one.
@@ -35,7 +35,7 @@ def apply_judge(
     the policy saw them (`render.render_prompt(...).text`, chat template applied). The judge
     gets `rendered` if it `reads_rendered_prompt`, else `prompts`. columns: each prompt's
     other dataset columns, passed only to judges that `reads_columns`. rows: each prompt's
-    dataset row; a `JudgeError` (allow_abstain: false) or a `NotANumber` (a result that is no
+    dataset row (or the caller's words for where it is: an online refresh names the file and row); a `JudgeError` (allow_abstain: false) or a `NotANumber` (a result that is no
     number) is re-raised naming it, as the judge itself knows only positions in this call. No prompts: no judge call.
     """
     for name, xs in (

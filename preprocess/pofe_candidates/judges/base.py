@@ -69,6 +69,15 @@ class NotAFunction(PofeError, TypeError):
     """The name a recipe gives in its module is something other than a function."""
 
 
+def row_place(row: int | str | None, prompt: int | None = None) -> str | None:
+    """Where a judge error happened, as its message says it: `row`, the dataset row (an int), or
+    the caller's own words for it (an online refresh's "dataset <file>, row <r> (0-based)"), else
+    the prompt's position in the judge call."""
+    if row is not None:
+        return row if isinstance(row, str) else f"dataset row {row}"
+    return None if prompt is None else f"prompt {prompt}"
+
+
 class NotANumber(PofeError, TypeError):
     """A judge function returned something that is not a number: a bug in the judge, not a
     verdict. `prompt` is the prompt's position in the judge call, re-raised naming the dataset
@@ -76,12 +85,13 @@ class NotANumber(PofeError, TypeError):
 
     def __init__(self, who: str, value: Any, where: str, expected: str, *, prompt=None, row=None):
         self.who, self.value, self.where, self.expected, self.prompt = who, value, where, expected, prompt
-        place = f"dataset row {row}, " if row is not None else f"prompt {prompt}, " if prompt is not None else ""
+        place = row_place(row, prompt)
         super().__init__(
-            f"{who} returned {type(value).__name__} {value!r:.40} for {place}{where}; expected {expected}"
+            f"{who} returned {type(value).__name__} {value!r:.40} for {f'{place}, ' if place else ''}{where}; "
+            f"expected {expected}"
         )
 
-    def at_row(self, row: int) -> NotANumber:
+    def at_row(self, row: int | str) -> NotANumber:
         return NotANumber(self.who, self.value, self.where, self.expected, row=row)
 
 
@@ -112,15 +122,15 @@ class JudgeError(PofeError, RuntimeError):
     passed, re-raises the error naming the dataset row (`at_row`).
     """
 
-    def __init__(self, reason: str, where: str, *, prompt: int | None = None, row: int | None = None):
+    def __init__(self, reason: str, where: str, *, prompt: int | None = None, row: int | str | None = None):
         self.reason, self.where, self.prompt = reason, where, prompt
-        place = f"dataset row {row}" if row is not None else f"prompt {prompt}" if prompt is not None else None
+        place = row_place(row, prompt)
         super().__init__(
             f"judge gave no verdict for {f'{place}, ' if place else ''}{where}: {reason} "
             "(set judge.allow_abstain: true to skip and count these)"
         )
 
-    def at_row(self, row: int) -> JudgeError:
+    def at_row(self, row: int | str) -> JudgeError:
         return JudgeError(self.reason, self.where, row=row)
 
 

@@ -20,18 +20,18 @@ from collections.abc import Callable
 from typing import Any
 
 from pofe.errors import PofeError
-from pofe_candidates.judges.base import JudgeError
+from pofe_candidates.judges.base import JudgeError, row_place
 
 
 class JudgeTimeout(JudgeError):
     """A judge call ran past its time: the stage stops (abstaining would hide a hung judge)."""
 
-    def __init__(self, reason: str, where: str, *, prompt: int | None = None, row: int | None = None):
+    def __init__(self, reason: str, where: str, *, prompt: int | None = None, row: int | str | None = None):
         super().__init__(reason, where, prompt=prompt, row=row)
-        place = f"dataset row {row}" if row is not None else f"prompt {prompt}" if prompt is not None else None
+        place = row_place(row, prompt)
         self.args = (f"judge timed out on {f'{place}, ' if place else ''}{where}: {reason}",)
 
-    def at_row(self, row: int) -> JudgeTimeout:
+    def at_row(self, row: int | str) -> JudgeTimeout:
         return JudgeTimeout(self.reason, self.where, row=row)
 
 

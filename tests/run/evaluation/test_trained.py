@@ -212,11 +212,13 @@ def test_a_model_that_is_not_whole_is_named_before_anything_is_written(tmp_path,
     weights.write_bytes(weights.read_bytes()[: size // 2])
     assert refused(cut) == (
         f"{weights} has {size // 2} bytes; its header says {size}: it cannot be evaluated. It holds no whole "
-        f"checkpoint: train it again (`axolotl train {path}`)."
+        f"checkpoint. Train it again (`axolotl train {path}`)."
     )
     checkpoint = _whole_checkpoint(tiny_model, cut, 2, 4)
     assert refused(cut).endswith(
-        f"Its newest whole checkpoint is {checkpoint} (step 2 of 4): evaluate it with --model {checkpoint}."
+        f"Its newest whole checkpoint is {checkpoint} (step 2 of 4). Either evaluate it with --model {checkpoint}, "
+        f"or finish the training first: set resume_from_checkpoint: {checkpoint} in {path} and run `axolotl train "
+        f"{path}` again."
     )
 
     sharded = tmp_path / "m" / "sharded"

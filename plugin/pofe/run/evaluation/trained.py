@@ -46,6 +46,7 @@ from pofe.errors import PofeError
 from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.locks import TRAIN_LOCK, describe, holder
 from pofe.logs import Echo
+from pofe.online.refresh import refresh_starts, written_refreshes
 from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts, trained_as_text
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints
@@ -221,7 +222,8 @@ def check_reportable(folder: RunFolder, recipe_path) -> None:
 
 def _instead(path: Path, recipe_path) -> str:
     """What to do about a model folder that is not whole: wait for the training that holds it, or
-    evaluate its newest whole checkpoint; train it again when it has none."""
+    evaluate its newest whole checkpoint, or finish the training from it; train it again when it
+    has none. An online training's refreshes are said as they are (`_refreshes_left`)."""
     training = holder(path / TRAIN_LOCK) is not None
     for checkpoint in reversed(checkpoints(path)):
         if weights_problem(checkpoint) is None:
@@ -231,12 +233,33 @@ def _instead(path: Path, recipe_path) -> str:
             except (OSError, ValueError, KeyError, TypeError):
                 at = ""
             evaluate = f"evaluate it with --model {checkpoint}"
-            return f"Its newest whole checkpoint is {checkpoint}{at}: " + (
-                f"wait for the training to finish, or {evaluate}." if training else f"{evaluate}."
+            if training:
+                return (
+                    f"Its newest whole checkpoint is {checkpoint}{at}: wait for the training to finish, or {evaluate}."
+                )
+            return (
+                f"Its newest whole checkpoint is {checkpoint}{at}.{_refreshes_left(path)} Either {evaluate}, or "
+                f"finish the training first: set resume_from_checkpoint: {checkpoint} in {recipe_path} and run "
+                f"`axolotl train {recipe_path}` again."
             )
     if training:
         return "Wait for the training to finish: it has written no whole checkpoint yet."
-    return f"It holds no whole checkpoint: train it again (`axolotl train {recipe_path}`)."
+    return f"It holds no whole checkpoint.{_refreshes_left(path)} Train it again (`axolotl train {recipe_path}`)."
+
+
+def _refreshes_left(path: Path) -> str:
+    """What an online training that did not end left in `path`'s online/ folder: its whole refreshes
+    (the last one's step) and those cut short (a resumed training samples them again); "" when
+    it trained offline."""
+    starts = refresh_starts(path)
+    if not starts:
+        return ""
+    whole = [r.start_step for r in written_refreshes(path)]
+    cut = [s for s in starts if s not in whole]
+    said = f" Its online training wrote {len(whole)} whole refreshes" + (
+        f" (the last at step {whole[-1]})" if whole else ""
+    )
+    return said + (f", and {len(cut)} cut short (at steps {cut})." if cut else ".")
 
 
 def _check_absent(model: str, recipe_path) -> None:
