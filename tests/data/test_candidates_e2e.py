@@ -122,3 +122,22 @@ def test_the_two_tiny_recipes_share_a_prepared_path(tmp_path, tiny_model):
     summaries = sorted((json.loads((f / "summary.json").read_text()) for f in folders), key=lambda s: s["method"])
     assert [s["method"] for s in summaries] == ["rrhf", "sppo"]
     assert [s["rows"] for s in summaries] == [8, 8]
+
+
+def test_preprocess_of_an_online_recipe_ends_saying_it_samples_as_it_trains(tmp_path, tiny_model):
+    """Issue 49: `axolotl preprocess` of the shipped online recipe ended at axolotl's own lines. Its
+    candidates are sampled as it trains: the console ends with the prompts it checked (the 8 rows
+    written here, none held out) and the command that trains."""
+    data = write_jsonl(make_prompt_rows(8, k_wrong=3, seed=0), tmp_path / "prompts.jsonl")
+    raw = yaml.safe_load((ROOT / "recipes" / "tiny-rrhf-online-cpu.yml").read_text())
+    raw.update(base_model=str(tiny_model), output_dir=str(tmp_path / "out"))
+    raw.update(dataset_prepared_path=str(tmp_path / "prepared"), datasets=[{**raw["datasets"][0], "path": str(data)}])
+    cfg = tmp_path / "online.yml"
+    cfg.write_text(yaml.safe_dump(raw))
+    console = run_axolotl("preprocess", str(cfg)).stdout.splitlines()
+    success = max(i for i, line in enumerate(console) if "Success! Preprocessed data path" in line)
+    assert [line[line.index("POFE: ") :] for line in console[success + 1 :]] == [
+        "POFE: 8 prompts checked; nothing to prepare ahead: an online recipe samples its candidates from the "
+        "policy as it trains",
+        f"POFE: next, train: axolotl train {cfg}",
+    ]
