@@ -30,7 +30,7 @@ POFE's step takes 20 prompts with 16 samples each (both estimators are unbiased 
 samples the mixture without a KV cache (slower, the same distribution).
 
 Reported per seed: each arm's greedy exact match on the 60 training prompts (the demo table's
-"exact match, training prompts": `pofe.demo.stages.greedy`, one thread) beside pi_0's, and the
+"greedy exact match, training prompts": `pofe.demo.stages.greedy`, one thread) beside pi_0's, and the
 arm's wall seconds (pofe's: the whole demo, pi_0's fine-tune included); for pofe also its samples'
 mean reward at the first and the last refresh. JSON: benchmarks/results/nash-md-peer-cpu.json.
 """

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.demo_figures import recipe_settings, with_machines
 
-EXACT = "exact match, training prompts"
+EXACT = "greedy exact match, training prompts"
 
 
 def test_another_machines_figures_widen_the_ranges_while_its_recipe_is_unchanged():
