@@ -18,6 +18,9 @@ for the server). Judge calls per prompt are counted by a python judge that count
 
     python -m benchmarks.preprocess --backend vllm --prompts 256 --k 4 --max-new-tokens 128
 
+`--model PATH` (the real model, e.g. `.real-model/SmolLM2-135M-Instruct`): transformers against
+vLLM's server instead, both as POFE's generate stage, tokens per second (benchmarks/real_generate.py).
+
 `--workload long_tail` (benchmarks/long_tail.py): per-prompt output lengths from a Pareto
 draw (some prompts over 10x the median), several shards, where a stage that drains the
 engine at each shard's end pays for every shard's tail. `direct` there is vLLM with every
@@ -71,9 +74,16 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="default 64 (--quick: 16)")
     parser.add_argument("--k", type=int, default=None, help="samples per prompt; default 8 (--quick: 4)")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="equal workload: tokens per sample")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a model folder: transformers vs vLLM's server on it, tokens/s (real_task prompts)",
+    )
     parser.add_argument("--out", default=None, help="default benchmarks/results/preprocess-<backend>-cpu.json")
     args = parser.parse_args(argv)
     out_path = Path(args.out or f"benchmarks/results/preprocess-{args.backend}-cpu.json")
+    if args.model is not None:
+        return real_model(args)
     reps = args.reps or (2 if args.quick else 5)
     n_prompts, k = (16, 4) if args.quick else (64, 8)
     n_prompts, k = args.prompts or n_prompts, args.k or k
@@ -109,6 +119,20 @@ def main(argv=None) -> int:
         f"(= candidates after dedupe, {out['candidates_per_prompt_after_dedupe']:.2f})"
     )
     _merge(out_path, out)
+    return 0
+
+
+def real_model(args) -> int:
+    """`--model`: the generate stage's tokens/s, transformers vs vLLM, on the model's folder."""
+    from benchmarks.real_generate import compare, report
+
+    model = str(Path(args.model).resolve())
+    work = Path(tempfile.mkdtemp(prefix="pofe-bench-real-"))
+    out = compare(model, work, args.prompts or 64, args.k or 4, args.reps or 3, args.max_new_tokens, vllm_python())
+    report(out)
+    out_path = Path(args.out or "benchmarks/results/preprocess-real-cpu.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 
