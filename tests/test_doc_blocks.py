@@ -19,6 +19,7 @@ import click
 import pytest
 import yaml
 
+from pofe.recipe_modules import RECIPE_DIRS_ENV
 from pofe.shipped_recipes import FOLDER
 from tests.doc_blocks import DOCS, SHELL, Block, blocks
 from tests.helpers import AXOLOTL_ENV, CPU, H100, ROOT, validated_recipe
@@ -170,6 +171,12 @@ def test_yaml_block_validates(block, tmp_path, monkeypatch):
     only is refused, as it should be). Files a block names, and the recipe's base_model folder, are created
     empty where it runs."""
     monkeypatch.chdir(tmp_path)
+    # the judge functions the docs' blocks name, imported as a recipe is read: one file for the process
+    # (a module, once imported, stays in sys.modules; another file of its name would be refused)
+    modules = tmp_path.parent / "doc-modules"
+    modules.mkdir(exist_ok=True)
+    _module_snippet(MY_REWARDS, modules)
+    monkeypatch.setenv(RECIPE_DIRS_ENV, str(modules))
     raw = yaml.safe_load(block.text)
     errors = {}
     for method in ("rrhf", "sppo"):
