@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
+from pofe.demo.real import REAL_FOLDER, TRAINING, Answers, RealDemo, real_table
 from pofe.demo.smollm2 import DEFAULT_FOLDER as DEFAULT_REAL_FOLDER
 from pofe.demo.tables import result_table, sample_lines
 from pofe.methods import method_spec
@@ -116,8 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--method",
         choices=METHODS,
-        default="rrhf",
-        help="rrhf (default): rank the candidates by their reward; sppo: regress on their win rates "
+        default=None,
+        help="rrhf (default; with --real, every method unless one is named): rank the candidates by their reward; sppo: regress on their win rates "
         "(a verifier's sharp comparisons); nash_md (with --online): a policy gradient on each sample's "
         "preference over a sample of the mixture of the policy and the base model. Picks the shipped recipe "
         "tiny-<method>[-online]-cpu.yml (`axolotl pofe recipes`; nash_md: tiny-nash-md-online-cpu.yml).",
@@ -152,7 +154,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--prompts",
         type=int,
         default=None,
-        help="With --prepare-only: how many prompt rows to write (default 60; a recipe whose pofe.eval.held_out "
+        help="With --real: how many prompts each method trains on (default "
+        f"{', '.join(f'{m} {t.prompts}' for m, t in TRAINING.items())}). With --prepare-only: how many prompt rows to write (default 60; a recipe whose pofe.eval.held_out "
         "keeps some from training, or whose rounds split them, may want more).",
     )
     parser.add_argument(
@@ -175,18 +178,69 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "`gguf` package: `pip install '.[real]'`. Made once; a folder it made before is reused.",
     )
     parser.add_argument(
+        "--real",
+        nargs="?",
+        type=Path,
+        const=DEFAULT_REAL_FOLDER,
+        default=None,
+        metavar="FOLDER",
+        help="Train SmolLM2-135M-Instruct, a real pretrained instruct model (its folder as --prepare-real makes it, "
+        f"made there first if missing; default {DEFAULT_REAL_FOLDER}), with LoRA by RRHF, SPPO and Nash-MD (or "
+        "--method's) on two-digit additions asked in words, and print each one's held-out accuracy before and after "
+        f"with the gain's 95 %% interval. Its work and logs go to {REAL_FOLDER}.",
+    )
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        default=None,
+        help=f"With --real: how many held-out prompts answer before and after (default {Answers.held_out}).",
+    )
+    parser.add_argument(
         "--debug",
         action="store_true",
         help="Stream every stage's whole output (axolotl's banner, config and warnings, tracebacks) to the "
         "console as well; a failure ends with its traceback. Otherwise each stage's output is in its log.",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.real is None:
+        args.method = args.method or "rrhf"
+    return args
+
+
+def real(args: argparse.Namespace) -> int:
+    """`--real`: each method trains the real model (`pofe.demo.real`); its table."""
+    logs = REAL_FOLDER / "logs"
+    # the training stack prints as it loads (torchao's and bitsandbytes' warnings): to the demo's own log
+    with output_to(logs / "demo.log", print):
+        import pofe.demo.stages  # noqa: F401  (the stages' environment, which loads the training stack)
+
+    methods = (args.method,) if args.method else tuple(TRAINING)
+    training = {m: replace(TRAINING[m], prompts=args.prompts or TRAINING[m].prompts) for m in methods}
+    answers = Answers(held_out=args.held_out or Answers.held_out)
+    progress = StatusLine() if StatusLine.possible() and not args.debug else None
+    echo = lambda line: print(line, flush=True)  # noqa: E731
+    demo = RealDemo(
+        REAL_FOLDER, args.real, training, args.seed, answers, echo=echo, stream=args.debug, progress=progress
+    )
+    print(f"POFE demo on a real model, on the CPU, in {demo.folder} (each stage's log in {demo.logs.name}/ there)")
+    try:
+        results = demo.run()
+    except StageFailed as e:
+        if args.debug:
+            raise
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    print()
+    print("\n".join(real_table(results)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.prepare_real:
         return prepare_real(args.prepare_real)
+    if args.real:
+        return real(args)
     paths = recipes(args)
     # the demo's logs, state and results: beside the toy's prompts it writes (each recipe trains into an
     # output_dir of its own, named after it)
