@@ -38,7 +38,10 @@ def test_help_describes_every_option():
     ):
         assert option in proc.stdout
     # each option has its own help line, not argparse's bare name
-    assert "rrhf (default): rank the candidates by their reward" in " ".join(proc.stdout.split())
+    assert (
+        "rrhf (default; with --real, every method unless one is named): rank the candidates by their reward"
+        in " ".join(proc.stdout.split())
+    )
     assert "Write the tiny model and the prompts where the recipe expects them" in " ".join(proc.stdout.split())
 
 

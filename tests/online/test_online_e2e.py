@@ -25,6 +25,7 @@ from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
 from tests.helpers import (
     AXOLOTL_ENV,
     ROOT,
+    TESTS_ON_PATH,
     assert_float_close,
     float_tolerance,
     load_llama,
@@ -416,7 +417,7 @@ def test_a_second_judge_that_raises_stops_the_run_naming_it_and_a_row(tmp_path):
     online = {"refresh_every": 3, "kl_coef": 0.0, "monitor_every": 1}
     judge2 = {"type": "python", "function": "tests.online.judges:raises"}
     path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", pofe={"online": online, "eval": {"judge2": judge2}})
-    proc = run_axolotl("train", str(path), cwd=tmp_path, check=False)
+    proc = run_axolotl("train", str(path), cwd=tmp_path, check=False, env=TESTS_ON_PATH)
     assert proc.returncode != 0
     said = re.search(r"Error: (judge .*)$", proc.stderr, re.MULTILINE).group(1)
     assert said.startswith(

@@ -12,7 +12,7 @@ import pytest
 from pofe.demo.task import reward
 from pofe.online.opponents import OPPONENTS
 from pofe.online.refresh import LOGP, LOGP_BASE
-from tests.helpers import assert_float_close, log_history, run_axolotl
+from tests.helpers import TESTS_ON_PATH, assert_float_close, log_history, run_axolotl
 from tests.online.test_online_e2e import _independent, _refreshes, _scored, _toy
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +35,9 @@ def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
     # pi_0 here is the random model (no SFT first), whose samples never hit a sum: the graded
     # reward's comparisons and a faster rate move it within 4 epochs, where exact_reward ties them all
     judge = {"type": "python", "function": "pofe.demo.task:reward", "preferences": "hard"}
-    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", learning_rate=5e-3, pofe={"judge": judge}, **changes)
+    # a refresh every 3 steps (the recipe samples every step): 4 refreshes to recompute, not 12
+    pofe = {"judge": judge, "online": {"refresh_every": 3}}
+    path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", learning_rate=5e-3, pofe=pofe, **changes)
     run_axolotl("train", str(path), cwd=tmp_path)
     out = Path(cfg["output_dir"])
     refreshes = _refreshes(out)
@@ -75,7 +77,7 @@ def test_a_judge_that_ties_every_pair_is_warned_at_each_refresh(tmp_path):
     generate = {"backend": "transformers", "num_candidates": 4, "max_new_tokens": 3}
     pofe = {"judge": judge, "online": online, "generate": generate}
     path, cfg, _ = _toy(tmp_path, "tiny-nash-md-online-cpu.yml", pofe=pofe, num_epochs=1, warmup_steps=0)
-    proc = run_axolotl("train", str(path), cwd=tmp_path)
+    proc = run_axolotl("train", str(path), cwd=tmp_path, env=TESTS_ON_PATH)
     out = Path(cfg["output_dir"])
     refreshes = _refreshes(out)
     assert [w.start_step for w, _, _ in refreshes] == [0, 1, 2]

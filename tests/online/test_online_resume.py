@@ -88,7 +88,7 @@ def test_each_refresh_counts_its_judges_abstentions(trained):
         the console line says them. The training held its output_dir's lock, released it and removed
     its file."""
     root, said = trained
-    out = root / "outputs" / "demo" / "rrhf-online"
+    out = root / "outputs" / "tiny-rrhf-online-cpu"
     logged = {e["step"]: e for e in log_history(out) if "online/refresh" in e}
     for window, _, stats in _refreshes(out):
         judged = read_jsonl(out / "online" / f"refresh-{window.start_step:07d}" / "judge.jsonl")

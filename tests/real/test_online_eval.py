@@ -84,4 +84,4 @@ def test_online_refresh_samples_end_turns_and_eval_reads_real_answers(tmp_path, 
     for name, model in (("pi_0", real_model), ("pi_1", tmp_path / "out")):
         answers = [s["response"] for s in sorted(samples, key=lambda s: s["prompt_index"]) if s["model"] == name]
         assert answers == greedy_answers(model, tokenizer, held), name
-    assert "held-out: pi_0 reward" in proc.stdout
+    assert "held-out prompts, greedy answers: pi_0 reward" in proc.stdout  # eval.temperature 0

@@ -157,7 +157,8 @@ def test_eval_compares_the_trained_model_with_its_base_on_the_held_out_prompts(o
     pi_1 = next(r for r in _table(md, "## Held-out evaluation") if r[0] == "pi_1")
     assert pi_1[1:4] == [f"{ev['mean_reward'][1]:.3f}", "-", f"{vs['raw']:.3f}"]
     held_out_line = (
-        f"held-out: pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_base'][0]:.3f}, "
+        f"held-out prompts, sampled answers ({ev['decoding']['num_samples']} a prompt at temperature "
+        f"{ev['decoding']['temperature']:g}): pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_base'][0]:.3f}, "
         f"pi_1 reward {ev['mean_reward'][1]:.3f} KL {ev['kl_to_base'][1]:.3f}"
     )
     assert held_out_line in reported
