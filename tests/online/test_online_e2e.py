@@ -422,8 +422,9 @@ def test_a_second_judge_that_raises_stops_the_run_naming_it_and_a_row(tmp_path):
     said = re.search(r"Error: (judge .*)$", proc.stderr, re.MULTILINE).group(1)
     assert said.startswith(
         "judge tests.online.judges:raises abstained on 240 of 240 candidates (100%, limit "
-        "pofe.eval.judge2.max_abstention_rate=0.5): top reason 'ZeroDivisionError' (240 times), e.g. dataset row "
+        "pofe.eval.judge2.max_abstention_rate=0.5): top reason 'ZeroDivisionError' (240 times), e.g. dataset "
     )
+    assert re.search(r"e\.g\. dataset \S+prompts\.jsonl, row \d+ \(0-based\)", said), said  # the prompt's file and row
     assert ": ZeroDivisionError: no verdict on " in said and said.endswith(
         "Fix the judge and run again (this refresh is not written: a resumed run samples and judges it again); "
         "raise pofe.eval.judge2.max_abstention_rate to accept more."
