@@ -207,6 +207,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_stages(demo, debug: bool):
+    """`demo.run()`'s results, or None once a failed stage's error is printed (with --debug, its traceback)."""
+    try:
+        return demo.run()
+    except StageFailed as e:
+        if debug:
+            raise
+        print(f"Error: {e}", file=sys.stderr)
+        return None
+
+
 def real(args: argparse.Namespace) -> int:
     """`--real`: each method trains the real model (`pofe.demo.real`); its table."""
     logs = REAL_FOLDER / "logs"
@@ -223,12 +234,8 @@ def real(args: argparse.Namespace) -> int:
         REAL_FOLDER, args.real, training, args.seed, answers, echo=echo, stream=args.debug, progress=progress
     )
     print(f"POFE demo on a real model, on the CPU, in {demo.folder} (each stage's log in {demo.logs.name}/ there)")
-    try:
-        results = demo.run()
-    except StageFailed as e:
-        if args.debug:
-            raise
-        print(f"Error: {e}", file=sys.stderr)
+    results = run_stages(demo, args.debug)
+    if results is None:
         return 1
     print()
     print("\n".join(real_table(results)))
@@ -264,12 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     echo = lambda line: print(line, flush=True)  # noqa: E731
     demo = Demo(chosen, args.seed, logs, echo=echo, stream=args.debug, progress=progress)
     print(f"POFE demo on the CPU, in {demo.folder} (each stage's log in {demo.logs.name}/ there)")
-    try:
-        results = demo.run()
-    except StageFailed as e:
-        if args.debug:
-            raise
-        print(f"Error: {e}", file=sys.stderr)
+    results = run_stages(demo, args.debug)
+    if results is None:
         return 1
     print()
     print("\n".join(result_table(results)))
