@@ -29,6 +29,10 @@ export WANDB_MODE := disabled
 # CI's link to PyPI has cut a 285 MB wheel (triton) short six times running (pip's default
 # resume limit is 5); each retry resumes where the last stopped
 export PIP_RESUME_RETRIES := 30
+# The three venvs take about 16 GB (the 3.12 one a CUDA torch and its 3.2 GB of NVIDIA libraries:
+# PyPI has no CPU build for it). pip's cache would keep every download a second time, and CI's disk
+# has run out once mid-install (stop 54: 'No space left on device')
+export PIP_NO_CACHE_DIR := 1
 # `axolotl train` runs `accelerate` by name
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Two pytest-xdist workers: much of the suite waits on single-threaded start-up (`axolotl`
