@@ -49,8 +49,8 @@ class Training:
 
 # benchmarks/real_model.py's size, where each method's gain was measured above 0 (seed 0)
 BENCHMARK = Training(prompts=96, epochs=2, learning_rate=2e-4, sample_tokens=24)
-# each method learns in 8 steps at 6e-4 (held-out gains above 0: RRHF and SPPO at seeds 0 and 1;
-# Nash-MD +0.37 at seed 0, +0.09 [+0.00, +0.18] at seed 1: README.md), in a quarter of BENCHMARK's time
+# each method learns in 8 steps at 6e-4 (held-out gains above 0 at seeds 0-2, Nash-MD's interval at
+# seed 1 down to 0, and no better at 48 prompts: README.md), in a quarter of BENCHMARK's time
 TRAINING = {"rrhf": Training(), "sppo": Training(), "nash_md": Training()}
 
 
