@@ -8,18 +8,20 @@ and trainer see the assistant's answer alone, and training appends the template'
 so the policy learns to end its turn where it wrote a user's. Cutting rather than flagging: a
 flagged sample would still be judged on a conversation the user never had.
 
-The header is found the same way for every template: render a conversation, add a user turn,
-and take what the template wrote before the user's content.
+The header is found the same way for every template: render a conversation with a user turn
+after the assistant's, and take what the template writes between the two contents, less the
+assistant's end of turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os.path import commonprefix
 
 from jinja2 import TemplateError
 
-# a user's content the template passes through unchanged (no space to trim)
-CONTENT = "POFE0USER0CONTENT"
+# a user's and an assistant's content the template passes through unchanged (no space to trim)
+CONTENT, ASSISTANT = "POFE0USER0CONTENT", "POFE0ASSISTANT0CONTENT"
 
 
 @dataclass(frozen=True)
@@ -41,21 +43,27 @@ class UserTurn:
 
 
 def user_turn(tokenizer) -> UserTurn | None:
-    """What opens a user turn after an assistant's under `tokenizer`'s chat template (a leading
-    bos_token dropped: a template that writes one per turn does so after the end of turn, which
-    stops generation anyway); None when the tokenizer has no template, or the template cannot
-    render a user turn after an assistant's (then nothing is cut)."""
+    """What opens a user turn after an assistant's under `tokenizer`'s chat template: what the
+    template writes between an assistant's content and a next user's, less the assistant's end of
+    turn (what it writes after that content when the turn is last) and a leading bos_token (a
+    template that writes one per turn does so after the end of turn, which stops generation
+    anyway). Read between the two contents, not as what the longer conversation adds to the
+    shorter: a template may render the last assistant turn otherwise (Qwen3 writes an empty
+    `<think>` block into it only). None when the tokenizer has no template, or the template
+    cannot render a user turn after an assistant's (then nothing is cut)."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": ASSISTANT}]
     try:
-        before = tokenizer.apply_chat_template(turns, tokenize=False)
-        after = tokenizer.apply_chat_template([*turns, {"role": "user", "content": CONTENT}], tokenize=False)
+        last = tokenizer.apply_chat_template(turns, tokenize=False)
+        longer = tokenizer.apply_chat_template([*turns, {"role": "user", "content": CONTENT}], tokenize=False)
     except TemplateError:
         return None
-    if not after.startswith(before) or CONTENT not in after[len(before) :]:
+    at, end = longer.find(ASSISTANT), last.rfind(ASSISTANT)
+    if at < 0 or end < 0 or CONTENT not in longer[at:]:
         return None
-    header = after[len(before) : after.index(CONTENT, len(before))].strip()
+    between = longer[at + len(ASSISTANT) : longer.index(CONTENT, at)]
+    header = between[len(commonprefix([between, last[end + len(ASSISTANT) :]])) :].strip()
     if tokenizer.bos_token and header.startswith(tokenizer.bos_token):
         header = header[len(tokenizer.bos_token) :].strip()
     if not header:

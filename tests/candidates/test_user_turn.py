@@ -38,6 +38,19 @@ def test_the_header_of_a_user_turn_under_real_templates(tokenizers):
     assert user_turn(build_tokenizer()) == UserTurn("<|user|>", special=True)
 
 
+def test_the_header_is_read_between_the_turns_where_the_last_turn_renders_otherwise(tokenizers):
+    """Qwen3's template (axolotl's copy) writes an empty `<think>` block into the last assistant
+    turn only, so a conversation with a user turn after the assistant's does not begin with the
+    shorter one; the header is still `<|im_start|>user` (before: none found, nothing cut)."""
+    from axolotl.utils.chat_templates import get_chat_template
+
+    tok = build("qwen")
+    tok.chat_template = get_chat_template("qwen3")
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert "<think>" in tok.apply_chat_template(turns, tokenize=False)
+    assert user_turn(tok) == HEADERS["qwen"]
+
+
 @pytest.mark.parametrize("kind", list(HEADERS))
 def test_sampled_ids_are_cut_before_the_user_turn(tokenizers, kind):
     """The ids a model samples for an answer, then a user turn with its question (the two tokenised
