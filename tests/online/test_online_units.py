@@ -385,6 +385,9 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     assert refresh_summary(3, 6, cut) == refresh_summary(3, 6, nash).replace(
         "per token), ", "per token), 7 samples cut where they began a user turn, "
     )
+    assert refresh_summary(3, 6, {**cut, "opponents_cut_at_user_turn": 2.0}) == refresh_summary(3, 6, nash).replace(
+        "per token), ", "per token), 7 samples and 2 opponents cut where they began a user turn, "
+    )
     monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
     assert refresh_summary(11, 40, monitored) == (
         "POFE: online refresh 11 at step 40: 2 prompts, 8 candidates, judge2 reward 0.250, "

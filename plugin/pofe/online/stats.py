@@ -14,6 +14,7 @@ COUNTS = (
     "candidates_duplicate",
     "candidates_truncated",
     "candidates_cut_at_user_turn",
+    "opponents_cut_at_user_turn",
     "judge_verdicts",
     "judge_abstentions",
     "pairs",
