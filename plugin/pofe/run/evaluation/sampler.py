@@ -35,6 +35,9 @@ from pofe_candidates.user_turn import UserTurn, cut_at_user_turn, user_turn
 
 # told each batch's prompt count as it is answered (a progress bar's `update`)
 Progress = Callable[[int], object] | None
+# what both samplers do to every sample after the engine (`cut_user_turns`), in their identity: the
+# stored answers' key (`AnswerStore`), so answers stored before samples were cut are answered again
+AFTER_SAMPLING = {"cut": "before a user turn"}
 
 
 class LazyPolicy:
@@ -67,7 +70,7 @@ class TransformersSampler:
 
     def __init__(self, path: str, tokenizer, batch_size: int):
         self.policy, self.tokenizer, self.batch_size = LazyPolicy(path, load_policy), tokenizer, batch_size
-        self.identity = {"engine": "transformers"}
+        self.identity = {"engine": "transformers", **AFTER_SAMPLING}
 
     @property
     def loaded(self) -> bool:
@@ -95,7 +98,11 @@ class EngineSampler:
         self.generator, self.started = None, False
         self.policy = LazyPolicy(path, load_policy)
         # what the samples depend on besides the seeds: the engine, and how many share it
-        self.identity = {"engine": "served" if generate.serve else generate.backend, "in_flight": generate.in_flight}
+        self.identity = {
+            "engine": "served" if generate.serve else generate.backend,
+            "in_flight": generate.in_flight,
+            **AFTER_SAMPLING,
+        }
 
     @property
     def loaded(self) -> bool:
