@@ -435,3 +435,34 @@ def checked_eval_samples(folder: RunFolder, held: list[str], reward=None) -> tup
         mine = [s["reward"] for s in samples if s["model"] == name]
         assert ev["mean_reward"][m] == pytest.approx(sum(mine) / len(mine))
     return ev, samples
+
+
+def writes_a_user_turn(model_dir: Path, chain: tuple[str, ...] = ("<|assistant|>", "4", "2", "<|user|>", "?")) -> None:
+    """Rewrite the tiny model in `model_dir` into a bigram model that follows `chain` and then ends:
+    after the generation prompt's `<|assistant|>` it writes "4", "2", then a user turn of its own
+    ("<|user|>", "?") and `<|end|>`, whatever the prompt and at any temperature near 1. Each layer's
+    output projections are zeroed (the last hidden state is the last token's embedding), the
+    embeddings are one-hot (hidden 128 >= 103 tokens) and the output layer maps token a's entry to
+    a logit of ~113 (10 x sqrt(128) after the norm) for the token after a in `chain`, else for eos."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert not model.config.tie_word_embeddings
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in chain]
+    embed = model.model.embed_tokens.weight
+    n, hidden = embed.shape
+    assert n <= hidden and tokenizer.unk_token_id not in ids
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed.zero_()
+        embed[range(n), range(n)] = 1.0
+        model.model.norm.weight.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[model.config.eos_token_id, :] = 10.0
+        for a, b in zip(ids, ids[1:]):
+            model.lm_head.weight[:, a] = 0.0
+            model.lm_head.weight[b, a] = 10.0
+    model.save_pretrained(model_dir)

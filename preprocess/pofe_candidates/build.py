@@ -119,6 +119,8 @@ def summarise(
             "near": sum(g["near_dups"] for g in generated),
         },
         "empty_candidates_removed": sum(g.get("empty", 0) for g in generated),
+        # the policy's samples cut where they began a user turn of their own (user_turn.py), kept
+        "candidates_cut_at_user_turn": sum(g.get("user_turn_cut", 0) for g in generated),
         "mean_candidate_reward": nan_mean([x for rs in rewards for x in rs]),
         "mean_best_of_k_reward": nan_mean([max(rs) for rs in rewards]),
         "mean_candidate_tokens": nan_mean(tokens),

@@ -3,8 +3,8 @@
 StagePlan: what both stages work from (picklable: a worker process gets one).
 
 generate_shard: render each prompt with the policy's chat template, ask the backend for the
-candidates, add the dataset's own responses, drop truncated (if asked), empty and duplicate
-candidates.
+candidates, cut those that run on into a user turn, add the dataset's own responses, drop
+truncated (if asked), empty and duplicate candidates.
 judge_shard: score the candidates (scalar or pairwise judge), drop abstentions, and turn
 scores into the method's target (rewards as they are; win rates for SPPO).
 """
@@ -25,6 +25,7 @@ from pofe_candidates.generators import Generator, finish_reason, sampled_ids
 from pofe_candidates.judges import Abstain, PairwiseJudge, PromptCut, ScalarJudge, apply_judge, is_pairwise
 from pofe_candidates.render import ChatTemplateError, Rendered, as_messages, render_prompt
 from pofe_candidates.token_ids import content_ids, end_of_turn_ids, retokenized_ids
+from pofe_candidates.user_turn import UserTurn, cut_user_turns, user_turn
 from pofe_candidates.win_rates import scalar_preferences, win_rates
 
 # a generate row's optional words for where its prompt came from (an online refresh's "dataset
@@ -88,7 +89,8 @@ def generate_shard(
     sampled ids less the stop token, which training scores; None for dataset responses and
     backends that return none), retokenized_differently (how many of them the chat template's
     text, tokenised again, would not have given), candidate_tokens, counts of truncated / empty /
-    duplicate candidates removed, and `dropped` (a reason, or None). `truncated: drop` removes
+    duplicate candidates removed and of samples cut where they began a user turn (`user_turn_cut`:
+    `user_turn.py`), and `dropped` (a reason, or None). `truncated: drop` removes
     candidates that ended at max_new_tokens (finish reason "length"); `empty: keep` keeps the
     empty ones (end of turn at once), which are otherwise removed and counted.
     """
@@ -143,6 +145,7 @@ def shard_rows(
     by_row = dict(zip(live, gen))
     for i, texts in by_row.items():
         _check_unicode(texts, generator, first_index + i, shard)
+    turn = user_turn(tokenizer)  # once per shard: two renders of the template
     out: list[dict] = []
     for i, (row, r) in enumerate(zip(rows, rendered)):
         # `rendered`: the prompt as the policy saw it (chat template applied), for judges that
@@ -164,6 +167,7 @@ def shard_rows(
                 sampled=0,
                 sampled_empty=0,
                 truncated_dropped=0,
+                user_turn_cut=0,
                 dropped=r.reason,
             )
         else:
@@ -173,7 +177,7 @@ def shard_rows(
                 for text in column_texts(row, col, first_index + i)
             ]
             rec.update(
-                _row_candidates(dataset, by_row[i], tokenizer, cfg, truncated, empty),
+                _row_candidates(dataset, by_row[i], tokenizer, cfg, truncated, empty, turn),
                 truncated=r.truncated,
                 dropped=None,
             )
@@ -183,9 +187,16 @@ def shard_rows(
 
 
 def _row_candidates(
-    dataset: list[tuple[str, str]], sampled: list, tokenizer, cfg: GenerateConfig, truncated: str, empty: str = "drop"
+    dataset: list[tuple[str, str]],
+    sampled: list,
+    tokenizer,
+    cfg: GenerateConfig,
+    truncated: str,
+    empty: str = "drop",
+    turn: UserTurn | None = None,
 ) -> dict[str, Any]:
-    """One prompt's candidates (its dataset responses first, then the policy's), filtered:
+    """One prompt's candidates (its dataset responses first, then the policy's), the policy's
+    cut before a user turn they write (`turn`; counted in `user_turn_cut`), then filtered:
     truncated ones (if asked), empty ones (unless `empty` is "keep"), duplicates; texts, sources,
     finish reasons and sampled ids are filtered together. `sampled` and `sampled_empty` count the
     policy's samples and the empty ones among them (end of turn at once), kept or not
@@ -199,6 +210,7 @@ def _row_candidates(
         [None] * len(dataset) + [finish_reason(c) for c in sampled],
         ids,
     )
+    user_turn_cut = cut_user_turns(cols[0], cols[2], cols[3], len(dataset), turn, tokenizer) if turn is not None else 0
     n = len(cols[0])
     if truncated == "drop":
         cols = _take(cols, [k for k, f in enumerate(cols[2]) if f != "length"])
@@ -225,6 +237,7 @@ def _row_candidates(
         sampled=len(sampled),
         sampled_empty=sum(not str(c).strip() for c in sampled),
         truncated_dropped=cut,
+        user_turn_cut=user_turn_cut,
     )
 
 

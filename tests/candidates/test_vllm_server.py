@@ -121,3 +121,29 @@ def test_inprocess_vllm_samples_base_plus_adapter(vllm_python, tiny_policy, tmp_
     assert with_adapter != greedy_answers(tiny_policy, PROMPTS)
     res = run_inprocess(vllm_python, adapter, tmp_path, "greedy")
     assert [c[0] for c in res["a"]] == with_adapter
+
+
+def test_inprocess_vllm_samples_that_write_a_user_turn_are_cut(vllm_python, tmp_path):
+    """A policy that answers "42" and then writes a user turn of its own ("<|user|>?") before its
+    end of turn (`writes_a_user_turn`), sampled by in-process vLLM through the generate stage's
+    shard work: vLLM's text drops the special `<|user|>` ("42?"), its ids keep it, so each of the
+    6 samples is cut on its ids to "42" (the ids of "4" and "2", finish reason "stop") and counted."""
+    from pofe.demo.tiny import build_tiny_model, build_tokenizer
+    from tests.helpers import writes_a_user_turn
+
+    model = build_tiny_model(tmp_path / "model")
+    writes_a_user_turn(model)
+    four_two = build_tokenizer()("42", add_special_tokens=False)["input_ids"]
+    rows = run_inprocess(vllm_python, model, tmp_path, "user_turn")
+    assert (
+        rows
+        == [
+            {
+                "candidates": ["42"] * 3,
+                "candidate_ids": [four_two] * 3,
+                "finish_reasons": ["stop"] * 3,
+                "user_turn_cut": 3,
+            }
+        ]
+        * 2
+    )

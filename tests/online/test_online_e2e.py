@@ -32,6 +32,7 @@ from tests.helpers import (
     log_history,
     naive_logps,
     run_axolotl,
+    writes_a_user_turn,
 )
 
 pytestmark = pytest.mark.e2e
@@ -273,6 +274,32 @@ def test_online_sppo_mixes_each_refreshs_anchor_toward_pi_0(tmp_path):
     tolerance = float_tolerance(torch.float32, 64 * 16, magnitude)["atol"]
     assert logged[1] == pytest.approx(0.0, abs=tolerance)
     assert logged[3] == pytest.approx(0.5 * mean, abs=tolerance)
+
+
+def test_a_refresh_cuts_samples_that_write_a_user_turn_and_says_how_many(tmp_path):
+    """The shipped online RRHF recipe from a policy that answers every prompt "42" and then writes a
+    user turn of its own ("<|user|>?") before its end of turn (`writes_a_user_turn`). The first
+    refresh samples its window of 60 prompts (3 steps of 20) x 4: all 240 samples are cut before
+    "<|user|>", counted in online/candidates_cut_at_user_turn and the refresh's console line, and
+    trained as "42" on the ids of "4" and "2" followed by the template's end of turn. Before, they
+    read "42?" and trained on the invented user turn's ids, and nothing said so."""
+    path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", max_steps=1, save_strategy="no")
+    writes_a_user_turn(Path(cfg["base_model"]))
+    console = run_axolotl("train", str(path), cwd=tmp_path)
+    said = console.stdout + console.stderr
+    assert re.search(
+        r"POFE: online refresh 1 at step 0: 60 prompts, 300 candidates, .*240 samples cut where they "
+        r"began a user turn",
+        said,
+    ), said[-3000:]
+    [(window, rows, stats)] = _refreshes(Path(cfg["output_dir"]))
+    assert len(window.prompts) == 60 and stats["candidates_cut_at_user_turn"] == 240
+    tok = build_tokenizer()
+    four_two = tok("42", add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids(["<|end|>"])
+    for row in rows:
+        assert row["responses"][1:] == ["42"] * 4  # the dataset's answer first
+        assert row[TOKENS]["response_ids"][1:] == [four_two + end] * 4
 
 
 @pytest.mark.newest  # transformers' training loop, whose get_batch_samples the trainer takes over

@@ -14,6 +14,7 @@ from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
 from pofe.online.opponents import OPPONENTS, opponent_stats, play_window, preference_rows
 from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, Window, with_scores
+from pofe.online.stats import window_stats
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generators.base import Completion
 from pofe_candidates.judges import make_judge
@@ -67,13 +68,13 @@ class Scripted:
         return [[Completion(t, "stop", ids(t)) for t in self.texts[p][:n]] for p in range(len(prompts))]
 
 
-def _play(tokenizer, judge: dict):
+def _play(tokenizer, judge: dict, samples=SAMPLES, opponents=OPPONENTS_SAMPLED):
     judge_cfg = JudgeConfig.model_validate(judge)
     return play_window(
         Window(0, [[3, 5]]),
         PROMPTS,
-        generator=Scripted(SAMPLES, tokenizer),
-        opponent=Scripted(OPPONENTS_SAMPLED, tokenizer),
+        generator=Scripted(samples, tokenizer),
+        opponent=Scripted(opponents, tokenizer),
         judge=make_judge(judge_cfg),
         tokenizer=tokenizer,
         method=NASH_MD,
@@ -103,6 +104,24 @@ def test_a_verifier_gives_each_sample_a_sharp_preference_over_its_opponent(token
     assert second["preferences"] == [1.0, 0.0, 1.0, 0.0]
     assert first["rewards"] == [1.0, 0.25, 0.0, 0.0] and first["opponent_rewards"] == [0.25, 1.0, 1.0, 1.0]
     assert first["response_ids"][2] == [] and first["judged"] == 8 and first["abstained"] == 0
+
+
+def test_samples_and_opponents_that_write_a_user_turn_are_cut_and_counted(tokenizer):
+    """The policy's second sample of prompt 3 answers "4" and then writes a user turn of its own
+    ("<|user|>5+5="), and two opponents of prompt 5 answer "20" and do the same ("<|user|>?"): each is
+    cut before "<|user|>" on its ids, judged as "4" and "20" (so the preferences are the plain
+    answers', as in the first test), trained on the ids of its answer, and counted: 1 sample in
+    window_stats, 2 opponents in opponent_stats."""
+    samples = [["3", "4<|user|>5+5=", "", "x"], SAMPLES[1]]
+    opponents = [OPPONENTS_SAMPLED[0], ["x", "20<|user|>?", "25", "20<|user|>?"]]
+    generated, judged = _play(tokenizer, JUDGE, samples, opponents)
+    first, second = judged
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert first["responses"] == SAMPLES[0] and first["response_ids"][1] == ids("4")
+    assert second[OPPONENTS] == OPPONENTS_SAMPLED[1] and second["opponent_ids"][1] == ids("20")
+    assert first["preferences"] == [1.0, 0.0, 0.0, 0.0] and second["preferences"] == [1.0, 0.0, 1.0, 0.0]
+    assert window_stats(generated, judged, kept={}, kl=[])["candidates_cut_at_user_turn"] == 1.0
+    assert opponent_stats(judged, {}, NASH_MD, mixture_kl=None)["opponents_cut_at_user_turn"] == 2.0
 
 
 def test_a_reward_model_gives_sigmoid_of_the_reward_difference(tokenizer):
@@ -141,6 +160,7 @@ def test_a_pairwise_judge_in_both_orders_and_its_abstentions(tokenizer):
     assert opponent_stats(judged, kept, NASH_MD, mixture_kl=0.25) == {
         "pairs": 6.0,
         "pairs_tied": 4.0,  # the 0.5s: no push either way
+        "opponents_cut_at_user_turn": 0.0,
         "preference": pytest.approx((0.5 + 0.5 + 0.1) * 2 / 6),
         "mixture_kl": 0.25,
     }

@@ -146,10 +146,11 @@ def test_with_scores_gives_sppo_pi_0_beside_its_anchor_under_anchor_mix(tokenize
 def test_window_stats_count_prompts_and_read_the_policys_samples_only():
     """Two prompts: the first kept 3 candidates after dedupe dropped 1 exact and 1 near copy and
     the judge abstained on 1 of 4; the second kept 1 after 2 empty samples and 1 cut at
-    max_new_tokens. Counts as generate_shard and judge_shard record them."""
+    max_new_tokens, and 1 sample kept cut where it began a user turn. Counts as generate_shard and
+    judge_shard record them."""
     generated = [
         {"candidates": ["3", "5", "4", "2"], "sources": ["answer", "policy", "policy", "policy"], "exact_dups": 1},
-        {"candidates": ["x"], "sources": ["policy"], "empty": 2, "truncated_dropped": 1},
+        {"candidates": ["x"], "sources": ["policy"], "empty": 2, "truncated_dropped": 1, "user_turn_cut": 1},
     ]
     generated[0]["near_dups"] = 1
     judged = [
@@ -164,6 +165,7 @@ def test_window_stats_count_prompts_and_read_the_policys_samples_only():
         "candidates_empty": 2.0,
         "candidates_duplicate": 2.0,
         "candidates_truncated": 1.0,
+        "candidates_cut_at_user_turn": 1.0,
         "judge_verdicts": 5.0,
         "judge_abstentions": 1.0,
         "candidate_reward_mean": pytest.approx((0.2 + 0.6 + 0.0) / 3),  # the dataset's answer left out
@@ -378,6 +380,13 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     tied = {**nash, "pairs": 16.0, "pairs_tied": 3.0}
     assert refresh_summary(3, 6, tied) == refresh_summary(3, 6, nash).replace(
         "per token), ", "per token), 3 of 16 pairs tied, "
+    )
+    cut = {**nash, "candidates_cut_at_user_turn": 7.0}
+    assert refresh_summary(3, 6, cut) == refresh_summary(3, 6, nash).replace(
+        "per token), ", "per token), 7 samples cut where they began a user turn, "
+    )
+    assert refresh_summary(3, 6, {**cut, "opponents_cut_at_user_turn": 2.0}) == refresh_summary(3, 6, nash).replace(
+        "per token), ", "per token), 7 samples and 2 opponents cut where they began a user turn, "
     )
     monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
     assert refresh_summary(11, 40, monitored) == (

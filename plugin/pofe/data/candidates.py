@@ -90,7 +90,8 @@ def build_candidates(
         f"POFE: {s['rows']} of {s['rows_in']} prompts of {entry.path} have candidates "
         f"(dropped: {s['rows_dropped'] or 0}), {s['candidates_per_prompt']['mean']:.2f} per "
         f"prompt, duplicates removed {s['duplicates_removed']}, empty candidates removed "
-        f"{s['empty_candidates_removed']}, mean candidate reward {_three(s['mean_candidate_reward'])}, "
+        f"{s['empty_candidates_removed']}, samples cut where they began a user turn "
+        f"{s['candidates_cut_at_user_turn']}, mean candidate reward {_three(s['mean_candidate_reward'])}, "
         f"best-of-k {_three(s['mean_best_of_k_reward'])}, judge abstentions {s['judge_abstentions']}; "
         f"summary in {result.summary_path}"
     )

@@ -131,6 +131,8 @@ def _prompt_row(generated: dict, opposed: dict, verdicts: list[dict], method: Me
         "judged": sum(v.get("judged", 0) for v in verdicts),
         "abstained": sum(v["abstained"] for v in verdicts),
         "abstain_reasons": [reason for v in verdicts for reason in v.get("abstain_reasons", [])],
+        # the opponents' samples cut where they began a user turn (the policy's: its generate row's)
+        "opponents_cut_at_user_turn": opposed.get("user_turn_cut", 0),
         **({WHERE: generated[WHERE]} if WHERE in generated else {}),
     }
     for v in verdicts:
@@ -170,12 +172,16 @@ def preference_rows(judged: list[dict], method: MethodSpec, tokenize) -> dict[in
 def opponent_stats(judged: list[dict], kept: dict[int, dict], method: MethodSpec, mixture_kl: float | None) -> dict:
     """What `online/*` logs of a window beside `window_stats`: the mean preference of the trained
     samples over their opponents, how many pairs there were and how many tied (preference 1/2: no
-    push either way), the opponents' mean reward (scalar judges), and the mixture's mean per-token
-    KL(pi_mix || pi_theta) while it sampled."""
+    push either way), the opponents cut where they began a user turn, the opponents' mean reward
+    (scalar judges), and the mixture's mean per-token KL(pi_mix || pi_theta) while it sampled."""
     column = method.target.column
     preferences = [p for i in kept for p in kept[i]["data"][column]]
     opponent_rewards = [x for r in judged for x in r["opponent_rewards"] or []]
-    stats = {"pairs": float(len(preferences)), "pairs_tied": float(sum(p == 0.5 for p in preferences))}
+    stats = {
+        "pairs": float(len(preferences)),
+        "pairs_tied": float(sum(p == 0.5 for p in preferences)),
+        "opponents_cut_at_user_turn": float(sum(r.get("opponents_cut_at_user_turn", 0) for r in judged)),
+    }
     if preferences:
         stats["preference"] = sum(preferences) / len(preferences)
     if opponent_rewards:

@@ -13,6 +13,8 @@ COUNTS = (
     "candidates_empty",
     "candidates_duplicate",
     "candidates_truncated",
+    "candidates_cut_at_user_turn",
+    "opponents_cut_at_user_turn",
     "judge_verdicts",
     "judge_abstentions",
     "pairs",
@@ -38,9 +40,10 @@ def window_stats(
 ) -> dict[str, float]:
     """What `online/*` logs of a window: prompts, candidates, the judge's mean and best-of-k
     reward of the policy's own samples (scalar judges; dataset responses left out: they do not
-    move), and the mean sampled log-ratio to pi_0 (when measured); and what removed candidates
+    move), and the mean sampled log-ratio to pi_0 (when measured); what removed candidates
     before training: empty, duplicate and cut ones (generation), the judge's abstentions (of its
-    verdicts: candidates, or pairs for a pairwise judge)."""
+    verdicts: candidates, or pairs for a pairwise judge); and the samples cut, and kept, where
+    they began a user turn."""
     sampled = []
     for g, r in zip(generated, judged, strict=True):
         policy = {c for c, source in zip(g["candidates"], g["sources"]) if source == "policy"}
@@ -54,6 +57,8 @@ def window_stats(
         "candidates_empty": float(sum(g.get("empty", 0) for g in generated)),
         "candidates_duplicate": float(sum(g.get("exact_dups", 0) + g.get("near_dups", 0) for g in generated)),
         "candidates_truncated": float(sum(g.get("truncated_dropped", 0) for g in generated)),
+        # kept, cut where they began a user turn of their own (`pofe_candidates.user_turn`)
+        "candidates_cut_at_user_turn": float(sum(g.get("user_turn_cut", 0) for g in generated)),
         "judge_verdicts": float(sum(r.get("judged", 0) for r in judged)),
         "judge_abstentions": float(sum(r.get("abstained", 0) for r in judged)),
     }

@@ -8,7 +8,8 @@ from pathlib import Path
 def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> str:
     """One line for refresh `number` (at `start_step`) from its stats merged over the ranks
     (`pofe.online.refresh.merged_stats`): prompts and candidates, the candidates' reward, the
-    KL to pi_0, the monitor's second judge and reference perplexity, a mixture's preference and distance (Nash-MD), the judge's abstentions, times."""
+    KL to pi_0, the monitor's second judge and reference perplexity, a mixture's preference and distance (Nash-MD),
+    the samples (and opponents) cut where they began a user turn, the judge's abstentions, times."""
     said = [f"{int(means['prompts'])} prompts", f"{int(means['candidates'])} candidates"]
     if "candidate_reward_mean" in means:
         said[-1] += (
@@ -27,6 +28,11 @@ def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> st
         said[-1] += f" (mixture's KL from the policy {means['mixture_kl']:.3f} per token)"
     if means.get("pairs_tied"):
         said.append(f"{int(means['pairs_tied'])} of {int(means['pairs'])} pairs tied")
+    cut = {"samples": means.get("candidates_cut_at_user_turn"), "opponents": means.get("opponents_cut_at_user_turn")}
+    if any(cut.values()):
+        said.append(
+            " and ".join(f"{int(n)} {what}" for what, n in cut.items() if n) + " cut where they began a user turn"
+        )
     if means.get("judge_abstentions"):
         said.append(f"judge abstained on {int(means['judge_abstentions'])} of {int(means['judge_verdicts'])} verdicts")
     return (

@@ -72,12 +72,15 @@ def with_pad_token(tokenizer):
 @dataclass(frozen=True)
 class Sample:
     """One response: ids stop at and include the first stop token; text decoded without
-    special tokens; finish_reason "stop" (a stop token ended it) or "length" (max_new_tokens)."""
+    special tokens; finish_reason "stop" (a stop token ended it) or "length" (max_new_tokens).
+    `cut_at_user_turn`: evaluation cut it before a user turn it wrote (`pofe.run.evaluation.sampler`;
+    its ids end there, with no stop token)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     text: str
     finish_reason: str
+    cut_at_user_turn: bool = False
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pofe.demo.task import make_rrhf_rows, write_jsonl
+from pofe.demo.tiny import build_tiny_model
 from pofe.run.folder import RunFolder
 from tests.helpers import (
     checked_eval_samples,
@@ -23,6 +24,7 @@ from tests.helpers import (
     recipe,
     run_axolotl,
     validated_recipe,
+    writes_a_user_turn,
 )
 
 JUDGE = {"type": "python", "function": "pofe.demo.task:reward"}
@@ -95,6 +97,31 @@ def test_a_model_trained_from_prompts_is_reported_with_its_candidates(tmp_path, 
     pi_0 = json.loads((tmp_path / "out" / "pofe-eval" / "eval" / "eval.json").read_text())["mean_reward"][0]
     said = f"  held-out prompts, sampled answers (1 a prompt at temperature 1): pi_0 reward {pi_0:.3f}"
     assert any(line.startswith(said) for line in lines), lines
+
+
+@pytest.mark.e2e
+def test_held_out_answers_that_write_a_user_turn_are_cut_and_counted(tmp_path):
+    """A base model that answers every prompt "42", then writes a user turn of its own
+    ("<|user|>?") before its end of turn (`writes_a_user_turn`), trained one epoch (3 steps) at a
+    learning rate too small to change its answers, and evaluated on 4 held-out prompts x 2 samples: each model's 8 answers are cut before "<|user|>"
+    to "42" (the ids of "4" and "2"), counted in eval.json and on pofe eval's held-out line. Before,
+    they were judged and scored as "42?" with the user turn's ids, and nothing said so."""
+    model = build_tiny_model(tmp_path / "model")
+    writes_a_user_turn(model)
+    data = write_jsonl(make_rrhf_rows(16, k=4, seed=3), tmp_path / "rows.jsonl")
+    block = {"eval": {"held_out": 4, "judge": JUDGE, "num_samples": 2, "max_new_tokens": 8}}
+    cfg = recipe(tmp_path, model, "rrhf", data, "pofe.rrhf", pofe=block, learning_rate=1e-8)
+    run_axolotl("train", str(cfg))
+    proc = run_axolotl("pofe", "eval", str(cfg))
+
+    folder = RunFolder(tmp_path / "out" / "pofe-eval")
+    ev = json.loads((folder.eval_dir / "eval.json").read_text())
+    assert ev["samples_cut_at_user_turn"] == [8, 8]
+    samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 16
+    assert all((s["response"], s["tokens"], s["cut_at_user_turn"]) == ("42", 2, True) for s in samples)
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("  held-out prompts")]
+    assert line.count("(8 of 8 answers cut where they began a user turn)") == 2, line
 
 
 def test_held_out_rows_and_every_row_sharing_their_prompts_are_kept_from_training(tmp_path, tiny_model, caplog):

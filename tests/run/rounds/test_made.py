@@ -10,7 +10,8 @@ from pofe.run.rounds.made import candidates_made, evaluation_made, training_made
 
 def test_candidates_made_rounds_what_the_summary_holds(tmp_path):
     """summary.json's full-precision means shown to 3 decimals; the win-rate spread when the
-    method trains on win rates; abstentions only when there were some; paths in the run."""
+    method trains on win rates; samples cut at a user turn and abstentions only when there were some;
+    paths in the run."""
     folder = RunFolder(tmp_path)
     summary = {
         "rows": 20,
@@ -26,10 +27,11 @@ def test_candidates_made_rounds_what_the_summary_holds(tmp_path):
         "20 prompts x 5.0 candidates, mean reward 0.165, best-of-k 1.000, win-rate spread 0.250 "
         "(round-1/candidates/data.jsonl)"
     )
-    pairwise = {**summary, "mean_candidate_reward": None, "judge_abstentions": 3}
+    pairwise = {**summary, "mean_candidate_reward": None, "judge_abstentions": 3, "candidates_cut_at_user_turn": 7}
     (folder.candidates(1) / "summary.json").write_text(json.dumps(pairwise))
     assert candidates_made(folder, 1) == (
-        "20 prompts x 5.0 candidates, win-rate spread 0.250, 3 judge abstentions (round-1/candidates/data.jsonl)"
+        "20 prompts x 5.0 candidates, win-rate spread 0.250, 7 samples cut where they began a user turn, "
+        "3 judge abstentions (round-1/candidates/data.jsonl)"
     )
 
 

@@ -49,6 +49,8 @@ def summarise(
         **{f"{k}_judge2": v for k, v in reward_counts(second["rewards"] if second else None, M).items()},
         "mean_response_tokens": [nan_mean([len(s.response_ids) for s in a.flat]) for a in answers],
         "mean_response_chars": [nan_mean([len(s.text) for s in a.flat]) for a in answers],
+        # cut where they began a user turn of their own (`pofe.run.evaluation.sampler.cut_user_turns`)
+        "samples_cut_at_user_turn": [sum(s.cut_at_user_turn for s in a.flat) for a in answers],
         "kl_to_base": [nan_mean([lp - base for lp, base in zip(a.logps, a.base_logps)]) for a in answers],
         "kl_is_unbiased": ecfg.temperature == 1.0 and ecfg.top_p == 1.0,
         "perplexity": [a.perplexity for a in answers] if references else None,
@@ -79,6 +81,7 @@ def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, secon
                         "prompt": prompts[p],
                         "response": smp.text,
                         "tokens": len(smp.response_ids),
+                        "cut_at_user_turn": smp.cut_at_user_turn,
                         "reward": main["rewards"][p][m][s] if main["rewards"] else None,
                         "reward2": second["rewards"][p][m][s] if second and second["rewards"] else None,
                         "logp": a.logps[flat_index],

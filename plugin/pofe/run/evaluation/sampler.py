@@ -9,7 +9,9 @@ not each iterate, so it is never used here. Otherwise (`backend: transformers`, 
 that generates with transformers or a fixed server) `model.generate` samples, through
 `pofe_candidates.generators.hf.sample_responses`.
 
-Either way the log-probs of the samples (the KL estimate, perplexity) come from the
+Either way a sample that runs on into a user turn of its own is cut where that turn begins, as
+the candidates are (`pofe_candidates.user_turn`), and marked (`Sample.cut_at_user_turn`: eval.json
+counts them per model). The log-probs of the samples (the KL estimate, perplexity) come from the
 transformers model (`pofe.run.evaluation.answers`), loaded only after the engine has stopped, so a GPU
 never holds both. The engine gets the prompts' token ids as the generate stage sends them,
 and per prompt i the seed `sampling.seed + i`: every model samples with the same seeds.
@@ -28,9 +30,14 @@ from pofe_candidates.generators.base import finish_reason
 from pofe_candidates.generators.hf import Sample, load_policy, sample_responses
 from pofe_candidates.render import Rendered, prompt_token_ids
 from pofe_candidates.shard_work import close_generator, free_memory
+from pofe_candidates.token_ids import content_ids
+from pofe_candidates.user_turn import UserTurn, cut_at_user_turn, user_turn
 
 # told each batch's prompt count as it is answered (a progress bar's `update`)
 Progress = Callable[[int], object] | None
+# what both samplers do to every sample after the engine (`cut_user_turns`), in their identity: the
+# stored answers' key (`AnswerStore`), so answers stored before samples were cut are answered again
+AFTER_SAMPLING = {"cut": "before a user turn"}
 
 
 class LazyPolicy:
@@ -63,16 +70,17 @@ class TransformersSampler:
 
     def __init__(self, path: str, tokenizer, batch_size: int):
         self.policy, self.tokenizer, self.batch_size = LazyPolicy(path, load_policy), tokenizer, batch_size
-        self.identity = {"engine": "transformers"}
+        self.identity = {"engine": "transformers", **AFTER_SAMPLING}
 
     @property
     def loaded(self) -> bool:
         return self.policy.loaded
 
     def sample(self, rendered: list[str], n: int, sampling: Sampling, progress: Progress = None) -> list[list[Sample]]:
-        return sample_responses(
+        samples = sample_responses(
             self.policy(), self.tokenizer, rendered, n, sampling, batch_size=self.batch_size, progress=progress
         )
+        return cut_user_turns(samples, self.tokenizer)
 
     def scorer(self):
         return self.policy()
@@ -90,7 +98,11 @@ class EngineSampler:
         self.generator, self.started = None, False
         self.policy = LazyPolicy(path, load_policy)
         # what the samples depend on besides the seeds: the engine, and how many share it
-        self.identity = {"engine": "served" if generate.serve else generate.backend, "in_flight": generate.in_flight}
+        self.identity = {
+            "engine": "served" if generate.serve else generate.backend,
+            "in_flight": generate.in_flight,
+            **AFTER_SAMPLING,
+        }
 
     @property
     def loaded(self) -> bool:
@@ -107,7 +119,10 @@ class EngineSampler:
         out = self.generator.generate(prompts, n, sampling)
         if progress is not None:  # the engine takes every prompt at once (and shows its own bar)
             progress(len(prompts))
-        return [[self._sample(p.ids, c, i) for c in row] for i, (p, row) in enumerate(zip(prompts, out, strict=True))]
+        samples = [
+            [self._sample(p.ids, c, i) for c in row] for i, (p, row) in enumerate(zip(prompts, out, strict=True))
+        ]
+        return cut_user_turns(samples, self.tokenizer)
 
     def _sample(self, prompt_ids: list[int], candidate: str, i: int) -> Sample:
         ids = sampled_ids(candidate)
@@ -129,6 +144,22 @@ class EngineSampler:
     def scorer(self):
         self.release()
         return self.policy()
+
+
+def cut_user_turns(samples: list[list[Sample]], tokenizer) -> list[list[Sample]]:
+    """Each sample cut before the first user turn it writes (finish reason "stop", marked
+    `cut_at_user_turn`), as the candidate pipeline cuts its samples; the others as they are."""
+    turn = user_turn(tokenizer)
+    return samples if turn is None else [[_cut(s, turn, tokenizer) for s in row] for row in samples]
+
+
+def _cut(sample: Sample, turn: UserTurn, tokenizer) -> Sample:
+    ids = content_ids(sample.response_ids, sample.finish_reason, tokenizer)
+    done = cut_at_user_turn(sample.text, ids, turn, tokenizer)
+    if done is None:
+        return sample
+    text, kept = done
+    return Sample(sample.prompt_ids, kept, text, "stop", cut_at_user_turn=True)
 
 
 def eval_sampler(

@@ -16,7 +16,7 @@ from pofe.files import write_atomic
 from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
-from pofe.run.report.cells import CLUSTERED, abstained, fmt, missing
+from pofe.run.report.cells import CLUSTERED, abstained, cut_at_user_turn, fmt, missing
 from pofe.run.report.collect import collect
 from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
@@ -127,8 +127,8 @@ def online_summary(online: dict | None) -> list[str]:
 
 
 def held_out_summary(rep: dict) -> list[str]:
-    """The terminal summary's held-out lines: rewards and KL, win rates against pi_0, the model
-    to use (and how sure), win rates clustered at 1/2, cycles."""
+    """The terminal summary's held-out lines: rewards and KL (and answers cut at a user turn), win
+    rates against pi_0, the model to use (and how sure), win rates clustered at 1/2, cycles."""
     ev = rep["eval"]
     if not ev:
         return ["  no held-out evaluation"]
@@ -141,6 +141,7 @@ def held_out_summary(rep: dict) -> list[str]:
                 numbers(("reward", r)) + (abstained(ev, m) if not missing(r) else ""),
                 numbers(("judge2 reward", r2)) + (abstained(ev, m, "_judge2") if not missing(r2) else ""),
                 numbers(("KL", k)),
+                cut_at_user_turn(ev, m),
             )
             if said
         )

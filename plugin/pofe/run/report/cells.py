@@ -50,3 +50,13 @@ def abstained(ev: dict, m: int, judge: str = "") -> str:
     if not counts or not missing or not missing[m]:
         return ""
     return f" ({counts[m]} of {counts[m] + missing[m]} answers, {missing[m]} abstained)"
+
+
+def cut_at_user_turn(ev: dict, m: int) -> str:
+    """How many of model m's held-out answers were cut where they began a user turn of their own,
+    `(4 of 8 answers cut where they began a user turn)`; nothing when none were (or an eval.json
+    from before they were counted)."""
+    cut = (ev.get("samples_cut_at_user_turn") or [0] * (m + 1))[m]
+    if not cut:
+        return ""
+    return f"({cut} of {ev['num_prompts'] * ev['decoding']['num_samples']} answers cut where they began a user turn)"

@@ -18,7 +18,8 @@ def _read(path: Path) -> dict | None:
 
 
 def candidates_made(folder: RunFolder, t: int) -> str:
-    """The preprocess stage: prompts, candidates per prompt, their labels, where they are."""
+    """The preprocess stage: prompts, candidates per prompt, their labels, the samples cut where they
+    began a user turn and the judge's abstentions (when there are any), where they are."""
     candidates = folder.candidates(t)
     summary = _read(candidates / "summary.json")
     if summary is None:
@@ -30,6 +31,8 @@ def candidates_made(folder: RunFolder, t: int) -> str:
         )
     if summary.get("mean_win_rate_spread") is not None:
         parts.append(f"win-rate spread {fmt(summary['mean_win_rate_spread'])}")
+    if summary.get("candidates_cut_at_user_turn"):
+        parts.append(f"{summary['candidates_cut_at_user_turn']} samples cut where they began a user turn")
     if summary.get("judge_abstentions"):
         parts.append(f"{summary['judge_abstentions']} judge abstentions")
     return ", ".join(parts) + f" ({shown_path(candidates / 'data.jsonl', folder.root)})"
