@@ -12,7 +12,7 @@ This module is a leaf: standard library only (and `pofe.compat`).
 import os
 import sys
 
-from pofe.compat import chain_excepthook
+from pofe.compat.excepthook import chain_excepthook
 
 
 class PofeError(Exception):
@@ -42,7 +42,7 @@ _SHOWN: dict[str, object] = {"traceback_log": None, "debug": False}
 
 def show_pofe_errors(traceback_log: str | None = None, debug: bool = False) -> None:
     """An uncaught PofeError ends this process's output with its message alone (installed
-    once through `pofe.compat.chain_excepthook`, its settings updated at each call).
+    once through `pofe.compat.excepthook.chain_excepthook`, its settings updated at each call).
 
     In `axolotl train` or `axolotl preprocess`: the message goes to stderr, the traceback to
     `traceback_log` (axolotl's `<output_dir>/debug.log`, which also holds the run's whole
