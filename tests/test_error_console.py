@@ -185,3 +185,19 @@ def test_a_judge_module_that_cannot_judge_is_refused_as_the_recipe_is_read(tmp_p
     ending = [line for line in proc.stderr.strip().splitlines() if line.startswith("Error: ")]
     assert ending == [message.format(file=folder / "myjudge.py")]
     assert "Traceback" not in proc.stdout + proc.stderr and "Loading weights" not in proc.stdout + proc.stderr
+
+
+def test_an_error_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch, capsys):
+    """`record_error` where the runner's error file cannot take the message (here a folder stands
+    at its path; on a full disk the write fails alike): nothing is left beside it, and stderr says
+    which file and why."""
+    from pofe.errors import ERROR_FILE_ENV, PofeError, record_error
+
+    target = tmp_path / "error.txt"
+    target.mkdir()
+    monkeypatch.setenv(ERROR_FILE_ENV, str(target))
+    record_error(PofeError("the recipe names no judge"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error.txt"]
+    err = capsys.readouterr().err
+    assert err.startswith(f"POFE: could not write this error's message to {target} for `axolotl pofe run`: ")
+    assert "Is a directory" in err

@@ -42,7 +42,7 @@ def _adapter_grads(model, ids):
 
 
 def test_no_grad_pass_leaves_qlora_gradients_intact(tiny64_model, one_torch_thread):
-    from pofe.compat import packed_for_cpu_inference
+    from pofe.compat.quantization import packed_for_cpu_inference
     from pofe.quantization import keep_4bit_trainable
 
     ids = torch.randint(5, 60, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -65,7 +65,7 @@ def test_layers_packed_earlier_are_unpacked(tiny64_model, one_torch_thread):
     """A model some earlier pass packed (forced here, whatever the CPU) trains like a fresh one."""
     from bitsandbytes.functional import _convert_weight_packed_for_cpu
 
-    from pofe.compat import packed_for_cpu_inference
+    from pofe.compat.quantization import packed_for_cpu_inference
     from pofe.quantization import keep_4bit_trainable
 
     ids = torch.randint(5, 60, (2, 12), generator=torch.Generator().manual_seed(1))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TextIO
 
 import click
-import yaml
 
+from pofe.compat.axolotl_internals import axolotl_overrides
 from pofe.errors import PofeError, record_error
 
 
@@ -70,15 +70,6 @@ def pofe():
     pass
 
 
-def axolotl_overrides(command):
-    """axolotl's config options on a command (`--num-epochs 3`, `--learning-rate 2e-5`, ...), as
-    `axolotl train` takes them; they reach the command as keyword arguments (unset ones dropped)."""
-    from axolotl.cli.config_options import AXOLOTL_CONFIG_CLI_OPTIONS
-    from axolotl.cli.utils import add_options_from_config_options, filter_none_kwargs
-
-    return add_options_from_config_options(AXOLOTL_CONFIG_CLI_OPTIONS)(filter_none_kwargs(command))
-
-
 @pofe.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -94,16 +85,13 @@ def candidates(config: str, stage: str):
     The same pipeline `axolotl preprocess` runs, without tokenising for training:
     for users who generate on one machine and judge or train on another.
     """
-    from axolotl.cli.config import load_cfg
-
     from pofe.args import pofe_config
     from pofe.data.candidates import build_candidates
     from pofe.data.formats import RowFormat
     from pofe.data.sources import load_entry
-    from pofe.run.recipe import check_plugin_listed
+    from pofe.run.recipe import load_recipe
 
-    check_plugin_listed(yaml.safe_load(Path(config).read_text()), config)
-    cfg = load_cfg(config)
+    _, cfg = load_recipe(config)
     pcfg = pofe_config(cfg)
     if not pcfg.method:
         raise click.UsageError(f"{config} sets no `rl: rrhf` / `rl: sppo`")

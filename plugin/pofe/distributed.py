@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pofe.compat import disable_deepspeed_shm_op, load_rank_on_cpu, remake_state_on_cpu
+from pofe.compat.distributed import disable_deepspeed_shm_op, load_rank_on_cpu, remake_state_on_cpu
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)

@@ -9,10 +9,11 @@ that catches those still does.
 This module is a leaf: standard library only (and `pofe.compat`).
 """
 
+import contextlib
 import os
 import sys
 
-from pofe.compat import chain_excepthook
+from pofe.compat.excepthook import chain_excepthook
 
 
 class PofeError(Exception):
@@ -26,14 +27,20 @@ ERROR_FILE_ENV = "POFE_ERROR_FILE"
 
 def record_error(error: BaseException) -> None:
     """Write a PofeError's message to `$POFE_ERROR_FILE` when the variable is set (in a stage
-    of `axolotl pofe run`); anything else, or no variable, writes nothing."""
+    of `axolotl pofe run`); anything else, or no variable, writes nothing. A write that fails
+    leaves no file behind and says so on stderr (the error itself goes on to be shown)."""
     path = os.environ.get(ERROR_FILE_ENV)
     if not path or not isinstance(error, PofeError):
         return
     tmp = f"{path}.{os.getpid()}.tmp"  # every rank of a stage may write it: each whole, the last one stays
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(str(error))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(str(error))
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the message still reaches the stage's log, not a half file
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        sys.stderr.write(f"POFE: could not write this error's message to {path} for `axolotl pofe run`: {e}\n")
 
 
 # What `show_pofe_errors` was last told: where tracebacks go, and whether `--debug` shows them
@@ -42,7 +49,7 @@ _SHOWN: dict[str, object] = {"traceback_log": None, "debug": False}
 
 def show_pofe_errors(traceback_log: str | None = None, debug: bool = False) -> None:
     """An uncaught PofeError ends this process's output with its message alone (installed
-    once through `pofe.compat.chain_excepthook`, its settings updated at each call).
+    once through `pofe.compat.excepthook.chain_excepthook`, its settings updated at each call).
 
     In `axolotl train` or `axolotl preprocess`: the message goes to stderr, the traceback to
     `traceback_log` (axolotl's `<output_dir>/debug.log`, which also holds the run's whole

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-from pofe.compat import attn_implementation, is_zero3_partitioned
+from pofe.compat.distributed import is_zero3_partitioned
+from pofe.compat.modeling import attn_implementation
 
 # Config attributes of models whose logits are not just `lm_head(hidden)`: scoring
 # through the output embedding alone would be wrong for them.

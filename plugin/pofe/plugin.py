@@ -23,7 +23,7 @@ from axolotl.integrations.base import BasePlugin
 from pofe.args import PofeConfig, check_top_level_keys, pofe_config
 from pofe.args.lengths import generation_fit
 from pofe.args.translate import translate_raw_config
-from pofe.compat import AXOLOTL_CONFIG_LOGGER, AXOLOTL_DEBUG_LOG
+from pofe.compat.axolotl_internals import AXOLOTL_CONFIG_LOGGER, AXOLOTL_DEBUG_LOG
 from pofe.errors import PofeError, show_pofe_errors
 from pofe.locks import TRAIN_LOCK, FolderLock, describe
 from pofe.logs import get_logger, redact_logger

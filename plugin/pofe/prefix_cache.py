@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from pofe.compat import cache_kept_under_checkpointing, fill_cache_layer, reentrant_checkpointing
+from pofe.compat.modeling import cache_kept_under_checkpointing, fill_cache_layer, reentrant_checkpointing
 
 
 class _RecordingLayer(DynamicLayer):

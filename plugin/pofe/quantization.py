@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from pofe.compat import keep_4bit_layer_trainable
+from pofe.compat.quantization import keep_4bit_layer_trainable
 from pofe.logs import get_logger
 
 LOG = get_logger(__name__)

@@ -31,7 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE, IGNORE_INDEX
-from pofe.compat import reentrant_checkpointing
+from pofe.compat.modeling import reentrant_checkpointing
 from pofe.logs import get_logger
 from pofe.modeling import attention_backend, head_outside_forward, logits_are_plain, mask_dtype, output_embedding
 from pofe.prefix import block_attention_mask, check_backend, choose_layout

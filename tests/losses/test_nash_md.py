@@ -116,11 +116,45 @@ def test_loss_refuses_bad_input():
     x = torch.zeros(3)
     with pytest.raises(ValueError, match=r"preference must lie in \[0, 1\]"):
         nash_md_loss(x, x, torch.tensor([0.5, 1.5, 0.0]), 0.1)
-    with pytest.raises(ValueError, match=r"ref_logps must have shape \(N,\)"):
+    with pytest.raises(ValueError, match=r"ref_logps must have the shape of logps \(3,\), got \(2,\)"):
         nash_md_loss(x, torch.zeros(2), x, 0.1)
-    with pytest.raises(ValueError, match=r"preference must have shape \(N,\)"):
+    with pytest.raises(ValueError, match=r"preference must have the shape of logps \(3,\), got \(3, 1\)"):
         nash_md_loss(x, x, torch.zeros(3, 1), 0.1)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        nash_md_loss(x, x, x, 0.1, mask=torch.ones(3))
     with pytest.raises(ValueError, match="kl_coef must be >= 0"):
         nash_md_loss(x, x, x, -0.1)
-    with pytest.raises(ValueError, match="at least one sample"):
+    with pytest.raises(ValueError, match="at least one real sample"):
         nash_md_loss(torch.zeros(0), torch.zeros(0), torch.zeros(0), 0.1)
+    with pytest.raises(ValueError, match="at least one real sample"):
+        nash_md_loss(x, x, x, 0.1, mask=torch.zeros(3, dtype=torch.bool))
+    # a padded slot's preference is not checked, a real one's is
+    padded = torch.tensor([0.5, 7.0, 0.0])
+    nash_md_loss(x, x, padded, 0.1, mask=torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match=r"got \[0.5, 7.0\]"):
+        nash_md_loss(x, x, padded, 0.1, mask=torch.tensor([True, True, False]))
+
+
+def test_a_masked_batch_is_the_loss_of_its_real_samples():
+    """(B, K) = (2, 3) with two padded slots holding NaN: the loss, its gradient and the stats
+    equal those of the four real samples passed as (N,) (the worked example's pair twice over:
+    loss 0.075), and the padded slots get exactly zero gradient (each real slot's gradient is
+    the same few operations either way: equal to the bit)."""
+    nan = float("nan")
+    logps = torch.tensor([[-1.0, -2.0, nan], [-1.0, nan, -2.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, nan], [-1.5, nan, -1.0]])
+    preference = torch.tensor([[1.0, 0.25, nan], [1.0, nan, 0.25]])
+    mask = ~torch.isnan(ref)
+    loss, stats = nash_md_loss(logps, ref, preference, 0.1, mask=mask)
+    flat = torch.tensor([-1.0, -2.0, -1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    flat_loss, flat_stats = nash_md_loss(flat, ref[mask], preference[mask], 0.1)
+    # sums of four float64 terms below 1 in another order: a few ulp of 1 apart at most
+    assert loss.item() == pytest.approx(flat_loss.item(), abs=1e-15)
+    assert loss.item() == pytest.approx(0.075, abs=1e-15)
+    (grad,) = torch.autograd.grad(loss, logps)
+    (flat_grad,) = torch.autograd.grad(flat_loss, flat)
+    torch.testing.assert_close(grad[mask], flat_grad, rtol=0, atol=0)
+    assert grad[~mask].tolist() == [0.0, 0.0]
+    assert {k: v.item() for k, v in stats.items()} == pytest.approx(
+        {k: v.item() for k, v in flat_stats.items()}, abs=1e-15
+    )

@@ -374,7 +374,16 @@ class SyncCounter:
         return out
 
 
-@pytest.mark.parametrize("method", ["rrhf", "sppo"])
+# a Nash-MD recipe's `pofe:` block (its online refresh is not run here: the batch carries what it would write)
+NASH_MD = {
+    "method": "nash_md",
+    "generate": {"backend": "transformers", "num_candidates": 3, "temperature": 1.0, "max_new_tokens": 4},
+    "judge": {"type": "python", "function": "pofe.demo.task:reward", "preferences": "hard"},
+    "online": {"refresh_every": 1, "kl_coef": 0.1},
+}
+
+
+@pytest.mark.parametrize("method", ["rrhf", "sppo", "nash_md"])
 def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     batch_and_logps, tiny64_model, tokenizer, tmp_path, method, monkeypatch, one_torch_thread
 ):
@@ -385,12 +394,20 @@ def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     `check_finite` (a NaN must stop the step it appears in), none in the pair metrics or in
     `log_stats`; the statistics are read in one `tolist` when transformers logs, however many
     steps the window holds. The scoring's own (packed-row shapes read from the mask) are
-    counted apart and left as they are."""
+    counted apart and left as they are. Issue 51: Nash-MD's trainer read 9 a step (4 `.item()`,
+    3 boolean-mask gathers, the loss's check, `check_finite`); it now takes the (B, K) batch and
+    its mask as SPPO's loss does."""
+    from pofe.columns import BASE_LOGPS
     from pofe.trainers import RRHFTrainer, SPPOTrainer
+    from pofe.trainers.nash_md import NashMDTrainer
 
     batch = dict(batch_and_logps[0])
-    pofe = {"method": "rrhf"} if method == "rrhf" else {"method": "sppo", "eta": ETA}
-    trainer = _trainer(RRHFTrainer if method == "rrhf" else SPPOTrainer, tiny64_model, tokenizer, tmp_path, pofe)
+    trainers = {"rrhf": RRHFTrainer, "sppo": SPPOTrainer, "nash_md": NashMDTrainer}
+    pofe = {"rrhf": {"method": "rrhf"}, "sppo": {"method": "sppo", "eta": ETA}, "nash_md": NASH_MD}[method]
+    if method == "nash_md":  # what its refresh writes: each sample's preference and log pi_0
+        batch["preferences"] = torch.full(batch["candidate_mask"].shape, 0.75)
+        batch[BASE_LOGPS] = torch.full(batch["candidate_mask"].shape, -5.0)
+    trainer = _trainer(trainers[method], tiny64_model, tokenizer, tmp_path, pofe)
     trainer.model.train()
     trainer.compute_loss(trainer.model, batch)  # SPPO's first step computes its anchor table
     trainer.metric_window = MetricWindow()

@@ -16,20 +16,20 @@ from typing import Any
 
 from axolotl.common.datasets import TrainDatasetMeta
 from axolotl.loaders import load_tokenizer
-from axolotl.utils.data.lock import FileLockLoader
-from axolotl.utils.data.shared import (
-    create_train_validation_split,
-    generate_dataset_hash_from_config,
-    get_prepared_dataset_path,
-    load_preprocessed_dataset,
-    merge_datasets,
-    save_preprocessed_dataset,
-)
 from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
 from pofe.args import PofeConfig
 from pofe.columns import ANCHOR_LOGPS, AS_TEXT, SPLIT_IN_WORD
+from pofe.compat.axolotl_datasets import (
+    axolotl_dataset_hash,
+    load_prepared,
+    load_under_lock,
+    merge_entries,
+    prepared_path,
+    save_prepared,
+    split_validation,
+)
 from pofe.data.candidates import candidates_from_prompts
 from pofe.data.debug_rows import show_rows, show_splits
 from pofe.data.formats import (
@@ -92,18 +92,14 @@ def load_pofe_datasets(
         )
     dataset_hash = prepared_dataset_hash(cfg, pofe, tokenizer)
     Path(cfg.dataset_prepared_path or "last_run_prepared").mkdir(parents=True, exist_ok=True)
-    loader = FileLockLoader(cfg)
-    try:
-        dataset = loader.load(partial(_load_or_prepare, cfg, pofe, tokenizer, dataset_hash))
-    finally:
-        loader.cleanup()
+    dataset = load_under_lock(cfg, partial(_load_or_prepare, cfg, pofe, tokenizer, dataset_hash))
 
     if debug[0]:
         show_splits(cfg, pofe, debug[0])
         show_rows(dataset, tokenizer, pofe.method, *debug)
     eval_dataset = None
     if cfg.val_set_size:
-        dataset, eval_dataset = create_train_validation_split(dataset, cfg, cfg.val_set_size)
+        dataset, eval_dataset = split_validation(dataset, cfg)
     return TrainDatasetMeta(
         train_dataset=dataset,
         eval_dataset=eval_dataset,
@@ -115,7 +111,7 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
     """Axolotl's dataset hash, extended with everything POFE's preparation reads."""
     from pofe_candidates.identity import judge_identity
 
-    base = generate_dataset_hash_from_config(cfg, cfg.datasets, tokenizer.name_or_path)
+    base = axolotl_dataset_hash(cfg, tokenizer.name_or_path)
     # the settings as resolved, defaults filled in as preparation fills them (per method, per
     # judge): two recipes that prepare differently never share a cache, and two that state one
     # default differently (`dedupe: true` under RRHF, or left out) share one
@@ -141,24 +137,24 @@ def prepared_dataset_hash(cfg: DictDefault, pofe: PofeConfig, tokenizer) -> str:
 
 
 def _load_or_prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, dataset_hash: str) -> Dataset:
-    dataset = load_preprocessed_dataset(cfg, dataset_hash)
+    dataset = load_prepared(cfg, dataset_hash)
     if dataset is not None:
         return dataset
     prepared = Path(cfg.dataset_prepared_path or "last_run_prepared")
     dataset = _prepare(cfg, pofe, tokenizer, prepared / f"length-policy-{dataset_hash}.json")
-    _save_prepared(cfg, dataset, dataset_hash)
+    _store_prepared(cfg, dataset, dataset_hash)
     return dataset
 
 
-def _save_prepared(cfg: DictDefault, dataset: Dataset, dataset_hash: str) -> None:
+def _store_prepared(cfg: DictDefault, dataset: Dataset, dataset_hash: str) -> None:
     """axolotl's `save_preprocessed_dataset`, in this process where axolotl would use one
     worker (under 2 x 256 rows, its rows per worker): `save_to_disk(num_proc=1)` runs in a
     spawned pool of one, a fresh interpreter per save (3.3 s to save 8 rows, against 0.0 s
     in process, on a loaded 2-core machine)."""
     if len(dataset) >= 2 * 256 or cfg.push_dataset_to_hub:
-        save_preprocessed_dataset(cfg, dataset, dataset_hash, "train")
+        save_prepared(cfg, dataset, dataset_hash)
         return
-    path = get_prepared_dataset_path(cfg, dataset_hash)
+    path = prepared_path(cfg, dataset_hash)
     path.mkdir(parents=True, exist_ok=True)
     dataset.save_to_disk(str(path), max_shard_size=None, num_shards=cfg.num_dataset_shards_to_save)
 
@@ -185,7 +181,7 @@ def _prepare(cfg: DictDefault, pofe: PofeConfig, tokenizer, policy_path: Path | 
         if spec.equal_labels_note:
             _warn_equal_labels(part[spec.target.column], entry.path, spec)
         parts.append(part)
-    dataset = merge_datasets(parts, cfg)
+    dataset = merge_entries(parts, cfg)
     if appended := sum(dataset[EOS_APPENDED]):
         LOG.warning(eos_appended_note(tokenizer, appended, sum(n > 0 for n in dataset[EOS_APPENDED])))
     dataset = dataset.remove_columns(["keep", *POLICY_COLUMNS, *NOTE_COLUMNS])

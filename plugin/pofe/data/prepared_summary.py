@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from axolotl.loaders import load_tokenizer
-from axolotl.utils.data.shared import get_prepared_dataset_path
 
+from pofe.compat.axolotl_datasets import prepared_path
 from pofe.data.candidates import candidates_folder
 from pofe.data.formats import RowFormat
 from pofe.data.held_out import held_out_count
@@ -36,7 +36,7 @@ def preprocess_summary(cfg, pofe, meta) -> list[str]:
     labels = train[target.column]
     k = [len(row) for row in labels]
     tokenizer = load_tokenizer(cfg)
-    where = get_prepared_dataset_path(cfg, prepared_dataset_hash(cfg, pofe, tokenizer))
+    where = prepared_path(cfg, prepared_dataset_hash(cfg, pofe, tokenizer))
     per_prompt = f"{min(k)}" if min(k) == max(k) else f"{sum(k) / len(k):.2f} (min {min(k)}, max {max(k)})"
     kept = []
     if held is not None:

@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from axolotl.utils.data.shared import get_dataset_type, load_dataset_with_config
 from datasets import Dataset, Json, ReadInstruction
 
+from pofe.compat.axolotl_datasets import is_json, load_with_axolotl
 from pofe.data.formats import PofeDataError
 from pofe.files import ONE_OBJECT, UnreadableFile, check_unicode, file_sha256, read_jsonl, read_utf8, stable_hash
 
 
 def load_entry(entry, use_auth_token) -> Dataset:
     """The raw rows of one `datasets:` entry."""
-    if Path(entry.path).is_file() and get_dataset_type(entry) == "json":
+    if Path(entry.path).is_file() and is_json(entry):
         return read_json_rows(entry.path, entry.split)
-    return load_dataset_with_config(entry, use_auth_token)
+    return load_with_axolotl(entry, use_auth_token)
 
 
 def read_json_rows(path: str | Path, split: str | None = None) -> Dataset:

@@ -43,7 +43,7 @@ def nash_md_mixture_logits(policy_logits: Tensor, ref_logits: Tensor, mixture_co
 
 
 def nash_md_loss(
-    logps: Tensor, ref_logps: Tensor, preference: Tensor, kl_coef: float
+    logps: Tensor, ref_logps: Tensor, preference: Tensor, kl_coef: float, mask: Tensor | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Nash-MD-PG's loss over N samples y_i of the policy, each against an opponent y'_i of the mixture.
 
@@ -70,35 +70,50 @@ def nash_md_loss(
     does over `steps_per_generation` (no importance correction).
 
     Args:
-        logps: (N,) summed log pi_theta(y_i | x_i) of the policy's samples (with gradient).
-        ref_logps: (N,) summed log pi_0(y_i | x_i) (no gradient needed).
-        preference: (N,) P(y_i beats y'_i) in [0, 1], y'_i the mixture's sample for the same prompt.
+        logps: (N,) or (B, K) summed log pi_theta(y_i | x_i) of the policy's samples (with gradient).
+        ref_logps: same shape, summed log pi_0(y_i | x_i) (no gradient needed).
+        preference: same shape, P(y_i beats y'_i) in [0, 1], y'_i the mixture's sample for the same prompt.
         kl_coef: tau >= 0.
+        mask: same shape, bool, True for the real samples the mean is over (default: all); padded
+            slots may hold anything (NaN included) and get exactly zero gradient.
 
     Returns:
         loss: scalar, float32 at least (float64 stays float64).
         stats: detached 0-dim tensors: "loss"; "preference" (mean P_i); "kl" (mean
             log pi_theta(y_i) - log pi_0(y_i), a one-sample estimate of KL(pi_theta || pi_0) for
             on-policy samples); "logp" (mean log pi_theta(y_i)).
+
+    One host synchronisation per call: the check that a real sample exists and every real
+    preference lies in [0, 1] (the trainer reads the stats once per logging step).
     """
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-    for name, t in (("logps", logps), ("ref_logps", ref_logps), ("preference", preference)):
-        if t.dim() != 1 or t.shape != logps.shape:
-            raise ValueError(f"{name} must have shape (N,) like logps {tuple(logps.shape)}, got {tuple(t.shape)}")
-    if logps.numel() == 0:
-        raise ValueError("nash_md_loss needs at least one sample (N >= 1)")
-    if not bool(((preference >= 0) & (preference <= 1)).all()):
-        raise ValueError(f"preference must lie in [0, 1], got {preference.tolist()}")
+    if mask is None:
+        mask = torch.ones_like(logps, dtype=torch.bool)
+    if logps.dim() not in (1, 2):
+        raise ValueError(f"logps must have shape (N,) or (B, K), got {tuple(logps.shape)}")
+    for name, t in (("ref_logps", ref_logps), ("preference", preference), ("mask", mask)):
+        if t.shape != logps.shape:
+            raise ValueError(f"{name} must have the shape of logps {tuple(logps.shape)}, got {tuple(t.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor, got {mask.dtype}")
     dtype = torch.promote_types(logps.dtype, torch.float32)
-    logp = logps.to(dtype)
-    ratio = (logp - ref_logps.to(dtype)).detach()  # (N,)
-    advantage = preference.to(dtype) - 0.5  # (N,)
-    loss = (-advantage * logp + kl_coef * ratio * logp).mean()
-    stats = {
-        "loss": loss.detach(),
-        "preference": preference.to(dtype).mean(),
-        "kl": ratio.mean(),
-        "logp": logp.detach().mean(),
-    }
+    # padded slots are replaced before any arithmetic, so a NaN there reaches neither loss nor gradient
+    pref = torch.where(mask, preference.to(dtype), 0.5)
+    if not bool(mask.any() & ((pref >= 0) & (pref <= 1)).all()):
+        if not bool(mask.any()):
+            raise ValueError("nash_md_loss needs at least one real sample (N >= 1)")
+        raise ValueError(f"preference must lie in [0, 1], got {preference[mask].tolist()}")
+    logp = torch.where(mask, logps.to(dtype), 0.0)
+    ratio = torch.where(mask, logp - ref_logps.to(dtype), 0.0).detach()
+    n = mask.sum()
+    per_sample = torch.where(mask, -(pref - 0.5) * logp + kl_coef * ratio * logp, 0.0)
+    loss = per_sample.sum() / n
+    with torch.no_grad():
+        stats = {
+            "loss": loss.detach(),
+            "preference": torch.where(mask, pref, 0.0).sum() / n,
+            "kl": ratio.sum() / n,
+            "logp": logp.detach().sum() / n,
+        }
     return loss, stats

@@ -25,7 +25,7 @@ from datasets import Dataset
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
 from pofe.args.nash_md import NashMDConfig
-from pofe.compat import StepBatches
+from pofe.compat.trainer import StepBatches
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world
 from pofe.logs import get_logger

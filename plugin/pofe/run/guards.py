@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pofe.compat import AXOLOTL_DEBUG_LOG
+from pofe.compat.axolotl_internals import AXOLOTL_DEBUG_LOG
 from pofe.errors import PofeError
 from pofe.files import write_atomic
 from pofe.locks import FolderLock, describe, here_and_gone

@@ -14,7 +14,7 @@ import yaml
 
 from pofe.args import PofeConfig, pofe_config
 from pofe.args.translate import translate_raw_config
-from pofe.compat import loads_installed_plugins
+from pofe.compat.axolotl_internals import load_axolotl_config, loads_installed_plugins
 from pofe.errors import PofeError
 from pofe.files import stable_hash
 from pofe.methods import METHODS
@@ -43,11 +43,9 @@ def load_recipe(recipe_path: str | Path, overrides: dict | None = None):
     Axolotl's `load_cfg` runs `PofePlugin.register`, which checks the files the `pofe:`
     block names (`PofeConfig.check_files`) before the config is validated.
     """
-    from axolotl.cli.config import load_cfg
-
     raw = yaml.safe_load(Path(recipe_path).read_text())
     check_plugin_listed(raw, recipe_path)
-    cfg = load_cfg(str(recipe_path), **(overrides or {}))
+    cfg = load_axolotl_config(str(recipe_path), **(overrides or {}))
     return with_overrides(raw, overrides or {}, cfg), cfg
 
 

@@ -8,7 +8,7 @@ from transformers import Trainer
 
 from pofe.anchor import AnchorLogps
 from pofe.columns import tokenized_columns
-from pofe.compat import TrainerHooks, without_token_perplexity
+from pofe.compat.trainer import TrainerHooks, without_token_perplexity
 from pofe.distributed import deepspeed_on_cpu_ranks
 from pofe.methods import method_spec
 from pofe.quantization import keep_4bit_trainable

@@ -3,7 +3,7 @@
 Each row is a prompt with the policy's own samples y_i, each labelled with P(y_i beats y'_i)
 against an opponent y'_i sampled from the geometric mixture of the policy and pi_0, and
 carrying log pi_0(y_i) (`base_logps`), all from the online refresh (`pofe.online.opponents`).
-The loss is `nash_md_loss` over the batch's real samples, with `pofe.online.kl_coef` as tau.
+The loss is `nash_md_loss` over the batch's real samples (`candidate_mask`), with `pofe.online.kl_coef` as tau.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ class NashMDTrainer(KResponseTrainer):
         logp, _ = self.score_candidates(model, inputs)  # (B, K)
         mask = inputs["candidate_mask"]  # (B, K)
         base = inputs[BASE_LOGPS]  # (B, K)
-        loss, stats = nash_md_loss(logp[mask], base[mask], inputs["preferences"][mask], self.args.pofe_kl_coef)
+        loss, stats = nash_md_loss(logp, base, inputs["preferences"], self.args.pofe_kl_coef, mask=mask)
         hints = {"logp": LOGP_HINT, "pi_0": BASE_HINT, "loss": LOSS_HINT}
         self.check_finite(inputs, loss, hints, logp=logp, pi_0=base)
-        # the loss's statistics are tensors: they become numbers here, once, where they are logged
-        self.log_stats(model, "nash_md", {k: v.item() for k, v in stats.items()}, num_prompts=len(mask))
+        self.log_stats(model, "nash_md", stats, num_prompts=len(mask))
         return (loss, {"logratio": logp - base}) if return_outputs else loss

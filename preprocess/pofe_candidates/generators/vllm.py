@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
-from pofe.compat import vllm_abort, vllm_engine, vllm_max_num_seqs, vllm_shutdown
+from pofe.compat.vllm_engine import vllm_abort, vllm_engine, vllm_max_num_seqs, vllm_shutdown
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.adapters import max_lora_rank, read_adapter
 from pofe_candidates.generators.available import VLLM_INSTALL

@@ -31,39 +31,49 @@ def python_judge(cfg: JudgeConfig) -> PythonJudge | RewardFuncsJudge:
             timeout=cfg.timeout,
             stage_timeout=cfg.stage_timeout,
         )
-    return PythonJudge(
-        load_function(cfg.function),
-        allow_abstain=cfg.allow_abstain,
-        name=cfg.function,
-        timeout=cfg.timeout,
-        stage_timeout=cfg.stage_timeout,
-    )
+    return PythonJudge.from_config(cfg)
 
 
-class PythonJudge:
+class UserFunctionJudge:
+    """What both Python judges hold: the user's function, timed, named by its
+    `module:function` path in messages."""
+
+    reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
+    reads_columns = False
+    kind = "python"  # the name in messages where no path is given
+
+    def __init__(
+        self,
+        fn: Callable[..., float],
+        *,
+        allow_abstain: bool = True,
+        name: str | None = None,
+        timeout: float | None = None,
+        stage_timeout: float | None = None,
+    ):
+        self.name = name or self.kind
+        self.fn = timed(fn, self.name, timeout, stage_timeout)
+        self.allow_abstain = allow_abstain
+        self.stats = JudgeStats()
+
+    @classmethod
+    def from_config(cls, cfg: JudgeConfig) -> UserFunctionJudge:
+        return cls(
+            load_function(cfg.function),
+            allow_abstain=cfg.allow_abstain,
+            name=cfg.function,
+            timeout=cfg.timeout,
+            stage_timeout=cfg.stage_timeout,
+        )
+
+
+class PythonJudge(UserFunctionJudge):
     """`module:function(prompt, response) -> float`, called once per candidate.
 
     `prompt` is the dataset's prompt as stored (a string or chat messages). Exceptions and
     non-finite results (or beyond float32) become abstentions naming
     why; a result that is not a number ("0.7", True) is a TypeError naming the judge.
     """
-
-    reads_rendered_prompt = False  # the user's function gets the dataset's prompt as stored
-    reads_columns = False
-
-    def __init__(
-        self,
-        fn: Callable[[Prompt, str], float],
-        *,
-        allow_abstain: bool = True,
-        name: str = "python",
-        timeout: float | None = None,
-        stage_timeout: float | None = None,
-    ):
-        self.fn = timed(fn, name, timeout, stage_timeout)
-        self.allow_abstain = allow_abstain
-        self.name = name
-        self.stats = JudgeStats()
 
     def score(self, prompts: list[Prompt], responses: list[list[str]]) -> list[list[Score]]:
         out: list[list[Score]] = []
@@ -79,7 +89,7 @@ class PythonJudge:
         return out
 
 
-class PythonPairwiseJudge:
+class PythonPairwiseJudge(UserFunctionJudge):
     """`module:function(prompt, response_a, response_b) -> P(a beats b)`, called for every
     ordered pair (both orders, combined as for the other pairwise judges), so preferences
     need not be transitive (rock-paper-scissors).
@@ -87,32 +97,7 @@ class PythonPairwiseJudge:
     Exceptions, non-finite values and values outside [0, 1] become abstentions naming why.
     """
 
-    reads_rendered_prompt = False  # as PythonJudge: the dataset's prompt as stored
-    reads_columns = False
-
-    def __init__(
-        self,
-        fn: Callable[[Prompt, str, str], float],
-        *,
-        allow_abstain: bool = True,
-        name: str = "python_pairwise",
-        timeout: float | None = None,
-        stage_timeout: float | None = None,
-    ):
-        self.fn = timed(fn, name, timeout, stage_timeout)
-        self.allow_abstain = allow_abstain
-        self.name = name
-        self.stats = JudgeStats()
-
-    @classmethod
-    def from_config(cls, cfg: JudgeConfig) -> PythonPairwiseJudge:
-        return cls(
-            load_function(cfg.function),
-            allow_abstain=cfg.allow_abstain,
-            name=cfg.function,
-            timeout=cfg.timeout,
-            stage_timeout=cfg.stage_timeout,
-        )
+    kind = "python_pairwise"
 
     def judge_pairs(self, items: list[tuple[Prompt, str, str]]) -> list[float | Abstain]:
         out: list[float | Abstain] = []

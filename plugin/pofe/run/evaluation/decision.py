@@ -74,12 +74,23 @@ def choose_model(ev: dict | None) -> dict | None:
     excluded = over_ceiling(ev)
     scores = _reward_scores(ev) if by_reward else _win_rate_scores(ev)
     best = max((m for m in range(len(scores)) if m not in excluded), key=lambda m: (scores[m], -m))
-    figures, regressions = (_by_reward if by_reward else _by_win_rate)(ev, best, names)
+    basis = "reward" if by_reward else "win_rate"
+    chosen, verdict, regressions = _compare(ev, best, names, basis)
+    if by_reward:
+        figures = {
+            "mean_reward": _number(ev["mean_reward"][best]),
+            "reward_ci95": ev["reward_ci95"][best],
+            "diff_vs_pi_0": chosen.get("diff"),
+            "diff_ci95": chosen.get("diff_ci95"),
+        }
+    else:
+        figures = {"lc_vs_pi_0": chosen.get("lc"), "lc_ci95": chosen.get("lc_ci95"), "raw_vs_pi_0": chosen.get("raw")}
     return {
-        "basis": "reward" if by_reward else "win_rate",
+        "basis": basis,
         "best": best,
         "name": names[best],
         **figures,
+        **verdict,
         "regressions": regressions,
         "over_kl_ceiling": [names[m] for m in excluded],
         "kl_ceiling": ev.get("kl_ceiling"),
@@ -95,59 +106,38 @@ def _reward_scores(ev: dict) -> list[float]:
     return [float("-inf") if x is None else x for x in rewards]
 
 
-def _by_win_rate(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict]]:
+# each basis's comparisons in eval.json (against the previous model, against pi_0), the statistic
+# they hold (its interval under `<statistic>_ci95`), and its value where the two models are level
+COMPARISONS = {
+    "win_rate": ("vs_previous", "vs_pi_0", "lc", 0.5),
+    "reward": ("reward_vs_previous", "reward_vs_pi_0", "diff", 0.0),
+}
+
+
+def _compare(ev: dict, best: int, names: list[str], basis: str) -> tuple[dict, dict, list[dict]]:
+    """The chosen model's comparison with pi_0, whether it is clearly better ("clear",
+    "no_interval"), and every iterate worse than the one before it (a regression, clear where its
+    whole interval lies below level)."""
+    previous, vs_pi_0, stat, level = COMPARISONS[basis]
+    ci = f"{stat}_ci95"
     regressions = []
-    for m, v in enumerate(ev["vs_previous"][: last_iterate(ev) + 1]):
-        if v and v["lc"] is not None and v["lc"] < 0.5:
-            upper, no_interval = v["lc_ci95"][1], _no_interval(ev, v)
+    for m, v in enumerate(ev[previous][: last_iterate(ev) + 1]):
+        if v and v[stat] is not None and v[stat] < level:
+            upper, no_interval = v[ci][1], _no_interval(ev, v)
             regressions.append(
                 {
                     "model": names[m],
                     "previous": names[m - 1],
-                    "lc": v["lc"],
-                    "lc_ci95": v["lc_ci95"],
-                    "clear": not no_interval and upper is not None and upper < 0.5,
+                    stat: v[stat],
+                    ci: v[ci],
+                    "clear": not no_interval and upper is not None and upper < level,
                     "no_interval": no_interval,
                 }
             )
-    chosen = ev["vs_pi_0"][best] or {}
-    lower, no_interval = (chosen.get("lc_ci95") or [None])[0], _no_interval(ev, chosen) if best else None
-    figures = {
-        "lc_vs_pi_0": chosen.get("lc"),
-        "lc_ci95": chosen.get("lc_ci95"),
-        "raw_vs_pi_0": chosen.get("raw"),
-        "clear": not no_interval and lower is not None and lower > 0.5,
-        "no_interval": no_interval,
-    }
-    return figures, regressions
-
-
-def _by_reward(ev: dict, best: int, names: list[str]) -> tuple[dict, list[dict]]:
-    regressions = []
-    for m, v in enumerate(ev["reward_vs_previous"][: last_iterate(ev) + 1]):
-        if v and v["diff"] is not None and v["diff"] < 0:
-            upper, no_interval = v["diff_ci95"][1], _no_interval(ev, v)
-            regressions.append(
-                {
-                    "model": names[m],
-                    "previous": names[m - 1],
-                    "diff": v["diff"],
-                    "diff_ci95": v["diff_ci95"],
-                    "clear": not no_interval and upper is not None and upper < 0,
-                    "no_interval": no_interval,
-                }
-            )
-    chosen = ev["reward_vs_pi_0"][best] or {}
-    lower, no_interval = (chosen.get("diff_ci95") or [None])[0], _no_interval(ev, chosen) if best else None
-    figures = {
-        "mean_reward": _number(ev["mean_reward"][best]),
-        "reward_ci95": ev["reward_ci95"][best],
-        "diff_vs_pi_0": chosen.get("diff"),
-        "diff_ci95": chosen.get("diff_ci95"),
-        "clear": not no_interval and lower is not None and lower > 0,
-        "no_interval": no_interval,
-    }
-    return figures, regressions
+    chosen = ev[vs_pi_0][best] or {}
+    lower, no_interval = (chosen.get(ci) or [None])[0], _no_interval(ev, chosen) if best else None
+    verdict = {"clear": not no_interval and lower is not None and lower > level, "no_interval": no_interval}
+    return chosen, verdict, regressions
 
 
 def _no_interval(ev: dict, comparison: dict) -> str | None:
