@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pofe_candidates.generators.base import sampled_ids
+from pofe_candidates.generators.interface import sampled_ids
 
 
 class CountingGenerator:

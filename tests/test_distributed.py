@@ -76,7 +76,7 @@ def _log_stats(rank_rows, training):
     """`KResponseTrainer.log_stats` for RRHF stats of `rank_rows`, and what a log then reads:
     {split: {name: value}}."""
     from pofe.losses import rrhf_loss
-    from pofe.trainers.base import KResponseTrainer
+    from pofe.trainers.k_response import KResponseTrainer
     from pofe.trainers.metrics import MetricWindow
 
     logp, lengths, rewards = (t[rank_rows] for t in _metric_batch())

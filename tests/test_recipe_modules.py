@@ -13,7 +13,7 @@ import pytest
 
 from pofe.recipe_modules import RECIPE_DIRS_ENV, RecipeModuleError, add_recipe_dirs
 from pofe_candidates.identity import module_digest
-from pofe_candidates.judges.base import load_dotted, load_function
+from pofe_candidates.judges.user_functions import load_dotted, load_function
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_package_beside_the_recipe_and_a_child_process_find_their_modules(reci
         [
             sys.executable,
             "-c",
-            "import importlib.util; from pofe_candidates.judges.base import load_function; "
+            "import importlib.util; from pofe_candidates.judges.user_functions import load_function; "
             "print(load_function('pofe_test_judge_beside:reward')('p', 'r'), importlib.util.find_spec('mlflow'))",
         ],
         capture_output=True,

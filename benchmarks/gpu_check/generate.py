@@ -145,7 +145,7 @@ def run_vllm(out: Path, model: Path, tokenizer, max_tokens: int, cuda: bool) -> 
 def identity_row(name: str, res: dict, bos: int, **values) -> dict:
     """`name` passes when every prompt was seen as sent, with one BOS, and has K samples."""
     from benchmarks.gpu_check.report import row
-    from pofe_candidates.generators.base import check_prompt_seen
+    from pofe_candidates.generators.interface import check_prompt_seen
 
     problems = []
     for i, (sent, seen) in enumerate(zip(res["sent"], res["seen"])):

@@ -11,7 +11,7 @@ import torch
 from pofe.errors import PofeError
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges import apply_judge, make_judge
-from pofe_candidates.judges.base import Abstain, JudgeError, JudgeStats, load_function
+from pofe_candidates.judges.interface import Abstain, JudgeError, JudgeStats
 from pofe_candidates.judges.llm import parse_score
 from pofe_candidates.judges.pairwise import (
     combine_orders,
@@ -20,6 +20,7 @@ from pofe_candidates.judges.pairwise import (
     verdict_from_logprobs,
 )
 from pofe_candidates.judges.python import PythonJudge, PythonPairwiseJudge
+from pofe_candidates.judges.user_functions import load_function
 from pofe_candidates.win_rates import win_rates
 from tests.helpers import approx_float
 

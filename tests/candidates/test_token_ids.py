@@ -21,8 +21,8 @@ from pofe.data.formats import candidate_row
 from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-from pofe_candidates.generators.base import Completion
 from pofe_candidates.generators.hf import TransformersGenerator
+from pofe_candidates.generators.interface import Completion
 from pofe_candidates.pipeline import run_pipeline
 from pofe_candidates.render import render_prompt
 from pofe_candidates.shard_work import generate_shard

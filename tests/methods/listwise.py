@@ -15,7 +15,7 @@ from axolotl.integrations.base import BasePlugin
 from torch import Tensor
 
 from pofe.methods import MethodSpec, Target, register_method
-from pofe.trainers.base import KResponseTrainer
+from pofe.trainers.k_response import KResponseTrainer
 
 
 def listnet_loss(logp: Tensor, lengths: Tensor, rewards: Tensor, mask: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ from pofe.online.opponents import OPPONENTS, opponent_stats, play_window, prefer
 from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, Window, with_scores
 from pofe.online.stats import window_stats
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-from pofe_candidates.generators.base import Completion
+from pofe_candidates.generators.interface import Completion
 from pofe_candidates.judges import make_judge
 
 NASH_MD = method_spec("nash_md")

@@ -274,7 +274,7 @@ def _rank_worker(rank, store, out):
 
     import torch.distributed as dist
 
-    from pofe.trainers.base import KResponseTrainer
+    from pofe.trainers.k_response import KResponseTrainer
 
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=timedelta(seconds=600)
@@ -420,6 +420,6 @@ def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     trainer.log({"loss": 0.0})
     logged = counter.take()
     assert per_step.pop(f"pofe.losses.{method}") == 1
-    assert per_step.pop("pofe.trainers.base") == 1
+    assert per_step.pop("pofe.trainers.k_response") == 1
     assert not [m for m in per_step if m.startswith("pofe.trainers") or m.startswith("pofe.losses")], per_step
     assert logged.get("pofe.trainers.metrics") == 1, logged

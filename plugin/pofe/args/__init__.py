@@ -27,7 +27,7 @@ from pofe.args.translate import translate_raw_config
 from pofe.columns import DEFAULT_LOGIT_CHUNK_SIZE
 from pofe.methods import DATASET_TYPES, METHODS, check_candidate_rules, method_spec
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-from pofe_candidates.config.base import KnownKeys
+from pofe_candidates.config.strict import KnownKeys
 from pofe_candidates.win_rates import SATURATION_BAND
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from pofe.methods import method_spec
-from pofe_candidates.config.base import KnownKeys
+from pofe_candidates.config.strict import KnownKeys
 
 
 class NashMDConfig(KnownKeys):

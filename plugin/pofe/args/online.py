@@ -15,7 +15,7 @@ from functools import partial
 from pydantic import Field
 
 from pofe.methods import method_spec
-from pofe_candidates.config.base import KnownKeys
+from pofe_candidates.config.strict import KnownKeys
 
 # colocated vLLM's share of each GPU beside training (generate.backend vllm), unless
 # generate.vllm_kwargs sets gpu_memory_utilization; TRL's colocate examples use 0.3

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from pofe import methods
 from pofe_candidates.config import BatchSize, GenerateConfig, JudgeConfig, MaxNewTokens, Seed, Temperature, TopP
-from pofe_candidates.config.base import KnownKeys
+from pofe_candidates.config.strict import KnownKeys
 
 # `auto` takes the method's default (`MethodSpec.default_round_prompts`)
 RoundPrompts = Literal["auto", methods.RoundPrompts]

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from pofe.columns import DEFAULT_FIELDS
 from pofe.methods import METHODS
-from pofe_candidates.config.base import check_keys
+from pofe_candidates.config.strict import check_keys
 
 # Per-dataset column overrides. Axolotl's dataset schema drops unknown keys, so these
 # are copied out of each `datasets:` entry into `pofe.dataset_fields` before validation.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pofe.columns import BASE_LOGPS
 from pofe.losses import nash_md_loss
-from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
+from pofe.trainers.k_response import LOGP_HINT, LOSS_HINT, KResponseTrainer
 
 BASE_HINT = "pi_0's log-probs of those samples were written non-finite by their refresh: delete it and resume"
 

@@ -10,7 +10,7 @@ are length-normalised scores, logp_sum / length ** length_penalty, logged under 
 from __future__ import annotations
 
 from pofe.losses import rrhf_loss
-from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
+from pofe.trainers.k_response import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from pofe.trainers.metrics import PairNames, pair_metrics
 
 # the pair's scores: the best candidate's is the loss's own rrhf/best_score (over every prompt)

@@ -17,7 +17,7 @@ import torch
 
 from pofe.columns import BASE_LOGPS
 from pofe.losses import mixed_anchor, sppo_hard_loss, sppo_loss
-from pofe.trainers.base import LOGP_HINT, LOSS_HINT, KResponseTrainer
+from pofe.trainers.k_response import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from pofe.trainers.metrics import pair_metrics
 
 

@@ -12,7 +12,16 @@ These are the `pofe.generate`, `pofe.judge` and `pofe.candidates` blocks of the 
 only the NAME of the environment variable that holds one (`api_key_env`).
 """
 
-from pofe_candidates.config.base import (
+from pofe_candidates.config.candidates import CandidatesConfig
+from pofe_candidates.config.credentials import (
+    looks_like_key,
+    read_api_key,
+    redact,
+    redact_text,
+    redact_url,
+    resolve_env,
+)
+from pofe_candidates.config.decoding import (
     STRATEGY_BACKENDS,
     Backend,
     BatchSize,
@@ -22,15 +31,6 @@ from pofe_candidates.config.base import (
     Strategy,
     Temperature,
     TopP,
-)
-from pofe_candidates.config.candidates import CandidatesConfig
-from pofe_candidates.config.credentials import (
-    looks_like_key,
-    read_api_key,
-    redact,
-    redact_text,
-    redact_url,
-    resolve_env,
 )
 from pofe_candidates.config.generate import GenerateConfig
 from pofe_candidates.config.judge import JudgeConfig

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pofe.methods import method_spec
-from pofe_candidates.config.base import StrictConfig
+from pofe_candidates.config.strict import StrictConfig
 
 
 class CandidatesConfig(StrictConfig):

@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from pofe.methods import method_spec
-from pofe_candidates.config.base import (
+from pofe_candidates.config.credentials import check_base_url, check_key_env, check_serve_env, redact
+from pofe_candidates.config.decoding import (
     STRATEGY_BACKENDS,
     Backend,
     BatchSize,
@@ -17,11 +18,10 @@ from pofe_candidates.config.base import (
     Sampling,
     Seed,
     Strategy,
-    StrictConfig,
     Temperature,
     TopP,
 )
-from pofe_candidates.config.credentials import check_base_url, check_key_env, check_serve_env, redact
+from pofe_candidates.config.strict import StrictConfig
 
 # What POFE fills into generate.serve.command for each stage's policy. `lora_modules` stands
 # alone as a word and becomes several (vLLM's `--enable-lora --lora-modules NAME=PATH

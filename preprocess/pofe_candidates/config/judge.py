@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pofe_candidates.config.base import StrictConfig
 from pofe_candidates.config.credentials import check_base_url, check_key_env
 from pofe_candidates.config.judge_kinds import JudgeSpec, check_judge_keys, judge_spec
+from pofe_candidates.config.strict import StrictConfig
 
 # formulas: win_rates.py, judges/pairrm.py, judges/gpm.py; which a judge.type takes: its spec
 Preferences = Literal["bradley_terry", "hard", "both_orders", "authors", "probability"]

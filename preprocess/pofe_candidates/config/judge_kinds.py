@@ -9,7 +9,7 @@ how many judge calls K candidates cost, how the plan sizes its model, and its fa
 
 Adding a judge means a spec (here, or from any module through `register_judge`, imported
 before the recipe is read: a module listed under `plugins:`) and a module implementing
-`ScalarJudge.score` or `PairwiseJudge.preferences` (`pofe_candidates.judges.base`) whose
+`ScalarJudge.score` or `PairwiseJudge.preferences` (`pofe_candidates.judges.interface`) whose
 factory takes the validated `JudgeConfig`. The factory is a dotted path, imported only when
 a judge of that type is built, so this module imports no judge.
 """

@@ -17,7 +17,7 @@ A new backend is one module here implementing `base.Generator`, and one branch b
 from __future__ import annotations
 
 from pofe_candidates.config import GenerateConfig
-from pofe_candidates.generators.base import Completion, Generator, finish_reason, sampled_ids
+from pofe_candidates.generators.interface import Completion, Generator, finish_reason, sampled_ids
 
 
 def make_generator(cfg: GenerateConfig, policy_path: str, tokenizer=None, workdir=None) -> Generator:

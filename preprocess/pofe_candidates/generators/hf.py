@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.base import Completion
 from pofe_candidates.generators.diverse_beam import diverse_beam_search
+from pofe_candidates.generators.interface import Completion
 from pofe_candidates.render import Rendered, prompt_token_ids
 
 

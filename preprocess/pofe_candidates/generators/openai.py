@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.base import Completion, check_prompt_seen
+from pofe_candidates.generators.interface import Completion, check_prompt_seen
 from pofe_candidates.generators.stream import Finished, ShardJob, one_job, run_window
 from pofe_candidates.openai_client import EndpointError, OpenAIClient
 from pofe_candidates.render import Rendered

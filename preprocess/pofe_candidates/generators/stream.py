@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.base import Generator
+from pofe_candidates.generators.interface import Generator
 from pofe_candidates.render import Rendered
 
 # (shard key, prompt's place in the shard, its n candidates)

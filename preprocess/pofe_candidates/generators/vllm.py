@@ -14,7 +14,7 @@ from pofe.compat.vllm_engine import vllm_abort, vllm_engine, vllm_max_num_seqs, 
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.adapters import max_lora_rank, read_adapter
 from pofe_candidates.generators.available import VLLM_INSTALL
-from pofe_candidates.generators.base import Completion, check_prompt_seen
+from pofe_candidates.generators.interface import Completion, check_prompt_seen
 from pofe_candidates.generators.stream import Finished, ShardJob, one_job, run_window
 from pofe_candidates.render import Rendered
 

@@ -19,7 +19,7 @@ import importlib
 
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.judges.apply import apply_judge
-from pofe_candidates.judges.base import (
+from pofe_candidates.judges.interface import (
     Abstain,
     JudgeError,
     JudgeStats,
@@ -29,9 +29,8 @@ from pofe_candidates.judges.base import (
     ScalarJudge,
     Score,
     is_pairwise,
-    load_dotted,
-    load_function,
 )
+from pofe_candidates.judges.user_functions import load_dotted, load_function
 
 
 def make_judge(cfg: JudgeConfig) -> ScalarJudge | PairwiseJudge:

@@ -7,7 +7,7 @@ here those flags pick its inputs, so that a judge sees the same thing in the pip
 
 from __future__ import annotations
 
-from pofe_candidates.judges.base import (
+from pofe_candidates.judges.interface import (
     JudgeError,
     NotANumber,
     PairwiseJudge,

@@ -64,7 +64,7 @@ from torch import Tensor, nn
 from pofe.batching import length_sorted_batches
 from pofe.logs import logger_name
 from pofe_candidates.config import JudgeConfig
-from pofe_candidates.judges.base import JudgeStats, PairwiseVerdict
+from pofe_candidates.judges.interface import JudgeStats, PairwiseVerdict
 from pofe_candidates.render import Prompt, as_messages
 
 LOG = logging.getLogger(logger_name(__name__))

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pofe.errors import PofeError
 from pofe_candidates.config import JudgeConfig, fill_rubric
-from pofe_candidates.judges.base import JudgeStats, Score
+from pofe_candidates.judges.interface import JudgeStats, Score
 from pofe_candidates.openai_client import OpenAIClient
 from pofe_candidates.render import Prompt, prompt_text
 from pofe_candidates.replicas import client_for

@@ -47,7 +47,7 @@ from torch import nn
 
 from pofe.batching import length_sorted_batches
 from pofe_candidates.config import JudgeConfig
-from pofe_candidates.judges.base import JudgeStats, PairwiseVerdict
+from pofe_candidates.judges.interface import JudgeStats, PairwiseVerdict
 from pofe_candidates.judges.pairrm_inputs import (
     CAND1_PREFIX,
     CAND2_PREFIX,

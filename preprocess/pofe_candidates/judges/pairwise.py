@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from pofe_candidates.config import fill_rubric
-from pofe_candidates.judges.base import Abstain, JudgeError, JudgeStats, PairwiseVerdict
+from pofe_candidates.judges.interface import Abstain, JudgeError, JudgeStats, PairwiseVerdict
 from pofe_candidates.judges.llm import ChatJudge, UnreadableReply
 from pofe_candidates.render import Prompt, prompt_text
 from pofe_candidates.win_rates import symmetrize_preferences

@@ -6,18 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pofe_candidates.config import JudgeConfig
-from pofe_candidates.judges.base import (
-    Abstain,
-    JudgeStats,
-    PairwiseVerdict,
-    Score,
-    as_number,
-    load_function,
-    unusable_score,
-)
+from pofe_candidates.judges.interface import Abstain, JudgeStats, PairwiseVerdict, Score, as_number, unusable_score
 from pofe_candidates.judges.pairwise import preferences_both_orders
 from pofe_candidates.judges.reward_funcs import RewardFuncsJudge
 from pofe_candidates.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe_candidates.judges.user_functions import load_function
 from pofe_candidates.render import Prompt, prompt_text
 
 

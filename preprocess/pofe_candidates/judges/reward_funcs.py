@@ -32,8 +32,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from pofe_candidates.judges.base import JudgeStats, Score, as_number, load_dotted, unusable_score
+from pofe_candidates.judges.interface import JudgeStats, Score, as_number, unusable_score
 from pofe_candidates.judges.timed import JudgeTimeout, RemoteError, TimedCalls, timed
+from pofe_candidates.judges.user_functions import load_dotted
 from pofe_candidates.render import Prompt
 
 RESERVED = ("prompts", "completions")  # TRL's own arguments; a dataset column cannot reuse them

@@ -28,7 +28,7 @@ import torch
 from pofe.batching import length_sorted_batches
 from pofe.logs import logger_name
 from pofe_candidates.config import JudgeConfig
-from pofe_candidates.judges.base import JudgeStats, PromptCut, Score
+from pofe_candidates.judges.interface import JudgeStats, PromptCut, Score
 from pofe_candidates.judges.shared_prefix import common_prefix, prefix_shared_forwards, reads_causally
 from pofe_candidates.render import Prompt, as_messages, prompt_text
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pofe.errors import PofeError
-from pofe_candidates.judges.base import JudgeError, row_place
+from pofe_candidates.judges.interface import JudgeError, row_place
 
 
 class JudgeTimeout(JudgeError):
