@@ -76,7 +76,7 @@ def _vllm_generator(policy: str, **kwargs):
 def measure_inprocess(policy: str, n_prompts: int, k: int, shard_size: int, reps: int, work: Path) -> dict:
     from pofe.demo.task import make_prompts
     from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
     from pofe_candidates.pipeline import run_pipeline
     from pofe_candidates.render import render_prompt
 

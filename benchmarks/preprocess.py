@@ -216,7 +216,7 @@ def _served_tail_times(url: str, policy: str, work: Path, n_prompts: int, k: int
     from benchmarks.long_tail import CAP, interleave, openai_generator, pofe_seeds, tail_tokens
     from pofe.demo.task import make_prompts
     from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
     from pofe_candidates.openai_client import OpenAIClient
     from pofe_candidates.pipeline import run_pipeline
     from pofe_candidates.render import render_prompt
@@ -295,7 +295,7 @@ def measure(
     from pofe.demo.task import make_prompts
     from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
     from pofe_candidates.generators import make_generator
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
     from pofe_candidates.pipeline import run_pipeline
     from pofe_candidates.render import render_prompt
 

@@ -149,7 +149,7 @@ def test_zero3_two_processes_match_one(runs, method):
     import torch
     from safetensors.torch import load_file
 
-    from pofe_candidates.generators.hf import load_policy, load_tokenizer
+    from pofe_candidates.models import load_policy, load_tokenizer
 
     zero3, log, out = runs(method, "zero3")
     one, _, one_out = runs(method, "one")

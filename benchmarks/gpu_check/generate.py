@@ -76,7 +76,8 @@ def run_transformers(model_dir: Path, tokenizer, max_tokens: int, cuda: bool) ->
     import torch
 
     from pofe_candidates.config import Sampling
-    from pofe_candidates.generators.hf import load_policy, sample_responses
+    from pofe_candidates.generators.hf import sample_responses
+    from pofe_candidates.models import load_policy
 
     sent = prompt_ids(tokenizer)
     if cuda:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pofe.files import write_jsonl_atomic
 from pofe_candidates.generators import Generator, make_generator
-from pofe_candidates.generators.hf import load_tokenizer
 from pofe_candidates.generators.stream import ShardJob, stream_shards
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.shard_work import StagePlan, close_generator, render_shard, shard_rows
 from pofe_candidates.shards import check_generate_shard, progress_bar, read_shard, reuse_shard, shard_path
 

@@ -36,7 +36,7 @@ def source_path(repo) -> str:
 def rendered(policy, texts: list[str]) -> list:
     """`texts` (rendered already) as the generators take them: with the policy's token ids
     (an adapter's: its base's tokenizer)."""
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
     from pofe_candidates.render import Rendered, prompt_token_ids
 
     tok = load_tokenizer(str(policy))
@@ -131,7 +131,7 @@ def _user_turn(policy: str) -> list[dict]:
     they began a user turn."""
     from pofe_candidates.config import GenerateConfig
     from pofe_candidates.generators import make_generator
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
     from pofe_candidates.shard_work import generate_shard
 
     cfg = GenerateConfig(

@@ -12,13 +12,8 @@ import torch
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generators import Completion
 from pofe_candidates.generators.diverse_beam import HammingDiversityProcessor
-from pofe_candidates.generators.hf import (
-    TransformersGenerator,
-    _to_samples,
-    load_tokenizer,
-    sample_responses,
-    stop_token_ids,
-)
+from pofe_candidates.generators.hf import TransformersGenerator, _to_samples, sample_responses, stop_token_ids
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.pipeline import run_pipeline
 from pofe_candidates.render import render_prompt
 from pofe_candidates.shard_work import generate_shard

@@ -304,7 +304,7 @@ def test_an_online_refresh_judges_with_gpm(gpm_dirs, tiny_policy):
     from pofe.methods import method_spec
     from pofe.online.refresh import Window, sample_and_judge
     from pofe_candidates.config import CandidatesConfig, GenerateConfig
-    from pofe_candidates.generators.hf import load_tokenizer
+    from pofe_candidates.models import load_tokenizer
 
     cfg = JudgeConfig(type="gpm", model=str(gpm_dirs["no_prompt_head"]))
     judge = make_judge(cfg)

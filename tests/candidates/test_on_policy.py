@@ -12,7 +12,7 @@ from pofe.data.candidates import sampling_policy
 from pofe.scoring import response_logps
 from pofe_candidates.config import GenerateConfig
 from pofe_candidates.generators import make_generator
-from pofe_candidates.generators.hf import load_tokenizer
+from pofe_candidates.models import load_tokenizer
 from tests.helpers import approx_float
 
 

@@ -17,7 +17,8 @@ import torch
 
 from pofe_candidates import generate_stage, judge_stage
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-from pofe_candidates.generators.hf import TransformersGenerator, load_tokenizer
+from pofe_candidates.generators.hf import TransformersGenerator
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.parallel import WorkerFailed, assign_devices, owned_shards, worker_env
 from pofe_candidates.pipeline import run_pipeline
 

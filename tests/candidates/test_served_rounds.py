@@ -84,7 +84,7 @@ def _check_eval_answers_came_from_vllm(run: Path, vllm_python: Path, tmp_path: P
     from transformers import AutoTokenizer
 
     from pofe.run.evaluation.answers import sequence_logps
-    from pofe_candidates.generators.hf import load_policy
+    from pofe_candidates.models import load_policy
     from tests.vllm_server import vllm_server
 
     st = run_state(run)

@@ -13,8 +13,8 @@ import pytest
 from pofe_candidates.abstentions import NoJudgeSignal
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generators import make_generator
-from pofe_candidates.generators.hf import load_tokenizer
 from pofe_candidates.judges import Abstain, make_judge
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.pipeline import run_pipeline
 from pofe_candidates.render import render_prompt
 from tests.vllm_server import run_inprocess

@@ -13,7 +13,8 @@ import torch
 from pofe.online.mixture import MixtureGenerator
 from pofe.online.models import BasePolicy
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.hf import load_tokenizer, sample_responses
+from pofe_candidates.generators.hf import sample_responses
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.render import render_prompt
 from tests.helpers import load_llama
 

@@ -16,9 +16,9 @@ import torch
 from pofe.demo.real_task import make_prompt_rows
 from pofe_candidates.config import GenerateConfig, JudgeConfig, fill_rubric
 from pofe_candidates.generators import make_generator
-from pofe_candidates.generators.hf import load_tokenizer
 from pofe_candidates.judges import Abstain, make_judge
 from pofe_candidates.judges.llm import DEFAULT_RUBRIC
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.render import render_prompt
 from tests.vllm_server import VLLM_READY_TIMEOUT_S, vllm_server
 

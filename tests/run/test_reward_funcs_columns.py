@@ -130,8 +130,8 @@ def test_an_online_refresh_judges_with_the_rows_columns(tiny_model, tmp_path):
     from pofe.methods import method_spec
     from pofe.online.refresh import Window, sample_and_judge
     from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
-    from pofe_candidates.generators.hf import load_tokenizer
     from pofe_candidates.judges import make_judge
+    from pofe_candidates.models import load_tokenizer
 
     judge_cfg, code = docs_example()
     (tmp_path / "my_rewards.py").write_text(code)

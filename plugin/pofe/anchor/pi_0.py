@@ -109,7 +109,7 @@ def _quantization(cfg, dtype: torch.dtype):
 
 def compute_apart(cfg, anchor_base: str, datasets, scorer: RowScorer) -> torch.Tensor:
     """pi_0 (`anchor_base`) loaded on its own, every row scored on this process, then freed."""
-    from pofe_candidates.generators.hf import load_policy
+    from pofe_candidates.models import load_policy
 
     dtype = recipe_dtype(cfg)
     LOG.info(f"POFE: loading pi_0 ({anchor_base}) for its log-probs of the candidates (pofe.anchor_mix)")

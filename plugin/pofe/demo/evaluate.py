@@ -8,7 +8,8 @@ import torch
 
 from pofe.demo.task import reward
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.hf import Sample, load_policy, load_tokenizer, sample_responses
+from pofe_candidates.generators.hf import Sample, sample_responses
+from pofe_candidates.models import load_policy, load_tokenizer
 from pofe_candidates.render import render_prompt
 
 

@@ -154,7 +154,8 @@ def greedy_answers(model: Path, prompts: list[str], new_tokens: int) -> list[str
     import torch
 
     from pofe_candidates.config import Sampling
-    from pofe_candidates.generators.hf import load_policy, load_tokenizer, sample_responses
+    from pofe_candidates.generators.hf import sample_responses
+    from pofe_candidates.models import load_policy, load_tokenizer
     from pofe_candidates.render import render_prompt
 
     policy = load_policy(str(model), device="cpu", dtype=torch.float32)

@@ -28,8 +28,9 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from pofe.losses import nash_md_mixture_logits
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.hf import sample_responses, stop_token_ids, with_pad_token
+from pofe_candidates.generators.hf import sample_responses, stop_token_ids
 from pofe_candidates.generators.interface import Completion
+from pofe_candidates.models import with_pad_token
 from pofe_candidates.render import Rendered
 
 

@@ -81,7 +81,7 @@ class BasePolicy:
         """The frozen copy (loaded at the first call), whole: under ZeRO-3 it loads partitioned, as the
         policy does, and is gathered for the refresh only."""
         if self.copy is None:
-            from pofe_candidates.generators.hf import load_policy
+            from pofe_candidates.models import load_policy
 
             LOG.info(
                 f"POFE: pi_0 under full fine-tuning: loading a frozen copy of {self.cfg.base_model} "

@@ -86,8 +86,9 @@ from pofe.run.folder import RunFolder
 from pofe.run.guards import EVAL, holding_run, pofe_wrote
 from pofe.run.recipe import load_recipe
 from pofe_candidates.config import Sampling
-from pofe_candidates.generators.hf import Sample, load_policy
+from pofe_candidates.generators.hf import Sample
 from pofe_candidates.judges import PairwiseJudge, ScalarJudge, make_judge
+from pofe_candidates.models import load_policy
 from pofe_candidates.shard_work import free_memory
 from pofe_candidates.shards import progress_bar
 

@@ -15,7 +15,7 @@ from pofe.logs import Echo
 from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.average import average_weights
 from pofe.run.folder import RunFolder, RunState
-from pofe_candidates.generators.hf import load_tokenizer
+from pofe_candidates.models import load_tokenizer
 from pofe_candidates.render import render_prompt, text_prompt
 
 

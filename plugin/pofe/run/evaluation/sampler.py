@@ -26,8 +26,9 @@ from typing import Any
 from pofe.args.rounds import samples_on_rounds_engine
 from pofe_candidates.config import GenerateConfig, Sampling
 from pofe_candidates.generators import make_generator, sampled_ids
-from pofe_candidates.generators.hf import Sample, load_policy, sample_responses
+from pofe_candidates.generators.hf import Sample, sample_responses
 from pofe_candidates.generators.interface import finish_reason
+from pofe_candidates.models import load_policy
 from pofe_candidates.render import Rendered, prompt_token_ids
 from pofe_candidates.shard_work import close_generator, free_memory
 from pofe_candidates.token_ids import content_ids
