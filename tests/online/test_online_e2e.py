@@ -166,8 +166,9 @@ def test_nash_md_sampling_every_step_shows_one_refresh_line_in_ten(demo_console)
     """recipes/tiny-nash-md-online-cpu.yml as `make demo` trains it: 300 refreshes, one a step, and
     logging_steps 10. Its log showed each refresh's line (300 of its 1,789 lines); now refreshes 1, 11,
     ..., 291 (the monitor's too), 300 (the last) and any the written files give a warning (none at
-    seed 0), the first saying which and where the others are. Every refresh's figures are still in
-    the training log (the Trainer's printed `online/*` dicts, to axolotl's 4 significant digits)."""
+    seed 0), the first saying which and where the others are, and no line for a refresh's scoring.
+    Every refresh's figures are still in the training log (the Trainer's printed `online/*` dicts,
+    to axolotl's 4 significant digits). Measured: the log's 1,789 lines became 920."""
     cfg, _, log = _demo_recipe(demo_console, "NASH-MD online")
     out = Path(cfg["output_dir"])
     refreshes = _refreshes(out)
@@ -179,6 +180,8 @@ def test_nash_md_sampling_every_step_shows_one_refresh_line_in_ten(demo_console)
         f"warning; every refresh is in the training log (online/*) and in {out.relative_to(demo_console.root)}/"
         "online/refresh-*/refresh.json]"
     )
+    # nor a line for each of a refresh's two scoring passes (the policy's and pi_0's: 600 at INFO)
+    assert "log-probs for 20 rows" not in log
     logged = [ast.literal_eval(line) for line in log.splitlines() if line.startswith("{'online/refresh': ")]
     assert [int(e["online/refresh"]) for e in logged] == list(range(1, 301))
     for entry, (_, _, stats) in zip(logged, refreshes, strict=True):
