@@ -350,8 +350,8 @@ def test_a_refresh_whose_pairs_all_tied_is_warned_and_one_with_some_not():
 
 def test_a_refresh_summary_says_what_its_stats_hold():
     """The console line of a Nash-MD refresh with abstentions, and of an RRHF one without (no
-    preference, no abstention clause), and of a monitored one: each figure as merged, to three
-    decimals."""
+    preference, no abstention clause), of one that dropped prompts, and of a monitored one: each
+    figure as merged, to three decimals."""
     from pofe.online.summary import refresh_summary
 
     nash = {
@@ -378,6 +378,11 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     tied = {**nash, "pairs": 16.0, "pairs_tied": 3.0}
     assert refresh_summary(3, 6, tied) == refresh_summary(3, 6, nash).replace(
         "per token), ", "per token), 3 of 16 pairs tied, "
+    )
+    dropped = {"prompts": 4.0, "candidates": 9.0, "prompts_dropped": 2.0}
+    assert refresh_summary(5, 12, dropped) == (
+        "POFE: online refresh 5 at step 12: 4 prompts, 9 candidates, 2 prompts dropped (too few candidates kept: "
+        "not trained on); generated in 0.0 s, judged in 0.0 s"
     )
     monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
     assert refresh_summary(11, 40, monitored) == (
