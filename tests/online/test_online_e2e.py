@@ -4,6 +4,7 @@ the written token ids), and a killed run resumes on what it was training on."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -75,6 +76,26 @@ def _independent(model_dir: str, rows: list[dict]) -> torch.Tensor:
     return naive_logps(load_llama(Path(model_dir)), tokens)
 
 
+def _console_refreshes(log: str) -> list[int]:
+    """The refreshes whose line (`POFE: online refresh N at step S: ...`) a training's log shows."""
+    return [int(n) for n in re.findall(r"POFE: online refresh (\d+) at step \d+: \d+ prompts", log)]
+
+
+def _warned(output_dir: Path) -> set[int]:
+    """The refreshes (1-based) with something to warn about, read from what each wrote: the judge's
+    abstentions, prompts dropped, every pair tied, or a prompt whose every sample was empty."""
+    warned = set()
+    for number, folder in enumerate(sorted((output_dir / "online").glob("refresh-*")), start=1):
+        _, _, stats = read_refresh(folder)
+        tied = stats.get("pairs") and stats["pairs_tied"] == stats["pairs"]
+        silent = any(
+            g.get("sampled") and g.get("sampled_empty") == g["sampled"] for g in read_jsonl(folder / "generate.jsonl")
+        )
+        if stats["judge_abstentions"] or stats["prompts_dropped"] or tied or silent:
+            warned.add(number)
+    return warned
+
+
 def _demo_recipe(demo_console, title: str) -> tuple[dict, list[dict], str]:
     """The recipe `make demo` trained as `title` (the `demo_console` fixture: seed 0, the real
     `axolotl train`), its paths made absolute; the prompt rows it trained on; its train stage's log."""
@@ -108,7 +129,9 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(demo_console, ti
     assert all(sorted(w.prompts) == list(range(60)) for w, _, _ in refreshes)
     rewards = [stats["candidate_reward_mean"] for _, _, stats in refreshes]
     assert rewards[0] < 0.01 and sum(rewards[-10:]) / 10 > rewards[0] + 0.3, rewards
-    assert len(re.findall(r"POFE: online refresh \d+ at step", train_log)) == epochs
+    # logging_steps 10 over refresh_every 3: a line for one refresh in 4, the monitor's, the last's, a warned one's
+    expected = {*range(1, epochs + 1, 4), *range(1, epochs + 1, 10), epochs} | _warned(Path(cfg["output_dir"]))
+    assert _console_refreshes(train_log) == sorted(expected)
     # monitor_every 10: refreshes 1, 11, 21, ... show their samples
     shown = re.findall(r"POFE: online refresh (\d+)'s samples \(prompt -> completion xN: judgement", train_log)
     assert shown == [str(n) for n in range(1, epochs + 1, 10)]
@@ -137,6 +160,34 @@ def test_nash_md_learns_the_toy_from_its_sft_pi_0(demo_console):
     assert after >= before + 0.2, (before, after)
     rewards = [stats["candidate_reward_mean"] for stats in nash_md["refreshes"]]
     assert len(rewards) == 300 and sum(rewards[-10:]) / 10 > rewards[0] + 0.3, rewards
+
+
+@pytest.mark.xdist_group("demo")
+def test_nash_md_sampling_every_step_shows_one_refresh_line_in_ten(demo_console):
+    """recipes/tiny-nash-md-online-cpu.yml as `make demo` trains it: 300 refreshes, one a step, and
+    logging_steps 10. Its log showed each refresh's line (300 of its 1,789 lines); now refreshes 1, 11,
+    ..., 291 (the monitor's too), 300 (the last) and any the written files give a warning (none at
+    seed 0), the first saying which and where the others are, and no line for a refresh's scoring.
+    Every refresh's figures are still in the training log (the Trainer's printed `online/*` dicts,
+    to axolotl's 4 significant digits). Measured: the log's 1,789 lines became 920."""
+    cfg, _, log = _demo_recipe(demo_console, "NASH-MD online")
+    out = Path(cfg["output_dir"])
+    refreshes = _refreshes(out)
+    assert len(refreshes) == 300
+    assert _console_refreshes(log) == sorted({*range(1, 301, 10), 300} | _warned(out))
+    first = next(line for line in log.splitlines() if "POFE: online refresh 1 at step 0: 20 prompts" in line)
+    assert first.endswith(
+        " [the console shows one refresh in 10 (logging_steps 10 / refresh_every 1), the last and any with a "
+        f"warning; every refresh is in the training log (online/*) and in {out.relative_to(demo_console.root)}/"
+        "online/refresh-*/refresh.json]"
+    )
+    # nor a line for each of a refresh's two scoring passes (the policy's and pi_0's: 600 at INFO)
+    assert "log-probs for 20 rows" not in log
+    logged = [ast.literal_eval(line) for line in log.splitlines() if line.startswith("{'online/refresh': ")]
+    assert [int(e["online/refresh"]) for e in logged] == list(range(1, 301))
+    for entry, (_, _, stats) in zip(logged, refreshes, strict=True):
+        assert float(entry["online/candidate_reward_mean"]) == pytest.approx(stats["candidate_reward_mean"], rel=1e-3)
+        assert float(entry["online/pairs_tied"]) == stats["pairs_tied"]
 
 
 HACK_SEEDS, HACK_KL = (0, 1, 2), 0.3

@@ -352,8 +352,8 @@ def test_a_refresh_whose_pairs_all_tied_is_warned_and_one_with_some_not():
 
 def test_a_refresh_summary_says_what_its_stats_hold():
     """The console line of a Nash-MD refresh with abstentions, and of an RRHF one without (no
-    preference, no abstention clause), and of a monitored one: each figure as merged, to three
-    decimals."""
+    preference, no abstention clause), of one that dropped prompts, and of a monitored one: each
+    figure as merged, to three decimals."""
     from pofe.online.summary import refresh_summary
 
     nash = {
@@ -388,8 +388,48 @@ def test_a_refresh_summary_says_what_its_stats_hold():
     assert refresh_summary(3, 6, {**cut, "opponents_cut_at_user_turn": 2.0}) == refresh_summary(3, 6, nash).replace(
         "per token), ", "per token), 7 samples and 2 opponents cut where they began a user turn, "
     )
+    dropped = {"prompts": 4.0, "candidates": 9.0, "prompts_dropped": 2.0}
+    assert refresh_summary(5, 12, dropped) == (
+        "POFE: online refresh 5 at step 12: 4 prompts, 9 candidates, 2 prompts dropped (too few candidates kept: "
+        "not trained on); generated in 0.0 s, judged in 0.0 s"
+    )
     monitored = {"prompts": 2.0, "candidates": 8.0, "reference_perplexity": 63.78, "judge2_reward_mean": 0.25}
     assert refresh_summary(11, 40, monitored) == (
         "POFE: online refresh 11 at step 40: 2 prompts, 8 candidates, judge2 reward 0.250, "
         "reference perplexity 63.780; generated in 0.0 s, judged in 0.0 s"
     )
+
+
+def test_the_console_shows_about_one_refresh_line_per_logged_step():
+    """Lines shown, worked by hand. The Nash-MD recipe (logging_steps 10, a refresh every step,
+    monitor_every 10): one refresh in ceil(10 / 1) = 10, refreshes 1, 11, ..., 291 (the monitor's
+    too), and 300, the last. The online RRHF/SPPO recipes (refresh_every 3): one in ceil(10 / 3) = 4,
+    1, 5, 9, ... beside the monitor's 11, 31, ... (21 is 4 x 5 + 1). A refresh every 32 steps shows
+    each; a warned refresh is always shown; the note names the cadence and where the rest are."""
+    from pathlib import Path
+
+    from pofe.online.summary import ConsoleCadence
+
+    def shown(cadence, refreshes, warned=()):
+        return [
+            n
+            for n in range(1, refreshes + 1)
+            if cadence.shows(n, monitored=(n - 1) % 10 == 0, last=n == refreshes, warned=n in warned)
+        ]
+
+    nash_md = ConsoleCadence(logging_steps=10, refresh_every=1, monitor_every=10)
+    assert shown(nash_md, 300) == [*range(1, 292, 10), 300]
+    assert shown(nash_md, 300, warned={7, 8}) == [1, 7, 8, *range(11, 292, 10), 300]
+    assert nash_md.note(Path("out/online")) == (
+        " [the console shows one refresh in 10 (logging_steps 10 / refresh_every 1), the last and any with a "
+        "warning; every refresh is in the training log (online/*) and in out/online/refresh-*/refresh.json]"
+    )
+    sppo = ConsoleCadence(logging_steps=10, refresh_every=3, monitor_every=10)
+    assert shown(sppo, 25) == [1, 5, 9, 11, 13, 17, 21, 25]
+    assert sppo.note(Path("o")) == (
+        " [the console shows one refresh in 4 (logging_steps 10 / refresh_every 3), each monitored one "
+        "(monitor_every 10), the last and any with a warning; every refresh is in the training log (online/*) "
+        "and in o/refresh-*/refresh.json]"
+    )
+    rrhf = ConsoleCadence(logging_steps=10, refresh_every=32, monitor_every=1)
+    assert shown(rrhf, 3) == [1, 2, 3] and rrhf.note(Path("o")) == ""

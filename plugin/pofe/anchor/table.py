@@ -51,7 +51,9 @@ class RowScorer:
     """What a no-grad pass over tokenised rows needs besides the model: how rows become a
     batch (`collate`, the training collator), how a batch is scored (`score`: (model, batch)
     -> (logp (B, K), lengths (B, K)), `pofe.scoring.score_candidates`), the batch size, the
-    device batches go to, and whether to show a progress bar."""
+    device batches go to, and whether to show the pass (`progress`: a progress bar and its time at
+    INFO; an online refresh's passes show neither: one a refresh would flood the console, and their
+    time is logged as online/score_seconds)."""
 
     collate: Callable[[list[dict]], dict[str, torch.Tensor]]
     score: Callable[[torch.nn.Module, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
@@ -107,7 +109,7 @@ def score_rows(
         progress.close()
     if world > 1:
         table = merge_rows(table, written, scorer.device)
-    LOG.info(
+    (LOG.info if scorer.progress else LOG.debug)(
         f"POFE: computed {what} log-probs for {num_rows} rows in "
         f"{time.perf_counter() - started:.1f} s on {world} process(es)"
     )

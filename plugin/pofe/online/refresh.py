@@ -67,11 +67,13 @@ class Window:
 
 @dataclass
 class Refreshed:
-    """A window's trainable rows per micro-batch (tokenised, labels final) and its stats."""
+    """A window's trainable rows per micro-batch (tokenised, labels final), its stats, and what it
+    warns of (said after its console line; nothing for a refresh read back, said when sampled)."""
 
     window: Window
     rows: list[list[dict[str, Any]]]
     stats: dict[str, float]
+    warnings: tuple[str, ...] = ()
 
 
 def refresh_starts(output_dir: str | Path) -> list[int]:

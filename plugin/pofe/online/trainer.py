@@ -12,6 +12,7 @@ trainer's and run on across refreshes. As TRL's GRPO buffers a generation over
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections import defaultdict
@@ -54,7 +55,7 @@ from pofe.online.refresh import (
 from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
 from pofe.online.stats import dropped_candidates, merged_stats, window_stats
-from pofe.online.summary import all_pairs_tied, refresh_summary
+from pofe.online.summary import ConsoleCadence, all_pairs_tied, refresh_summary
 from pofe_candidates.build import empty_samples_warning
 from pofe_candidates.judges import make_judge
 
@@ -70,6 +71,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         self._left: list[dict] = []  # the current window's collated batches not yet trained on
         self._judge = None  # made at the first refresh, kept for the run
         self._first_window = True  # this process's first: a new training's, or a resumed one's
+        self._noted = False  # whether a console line said which refreshes' lines the console shows
         self.rank, self.world = rank_and_world()
 
     # axolotl sets `axolotl_cfg` after the trainer is built: what it holds is read at the first refresh
@@ -148,7 +150,8 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             sources = {i: s for b in pulled for i, s in zip(b[PROMPT_INDEX].tolist(), b[PROMPT_SOURCE])}
             refreshed = self._refresh(Window(start, batches), prompt_rows, sources)
         self._first_window = False
-        self._log_refresh(refreshed)
+        steps = math.ceil(len(pulled) / per_step)  # the window's steps: fewer than refresh_every at an epoch's end
+        self._log_refresh(refreshed, last=start + steps >= self.state.max_steps)
         return [self._collate(rows, refreshed, m) for m, rows in enumerate(refreshed.rows)]
 
     def _collate(self, rows: list[dict], refreshed: Refreshed, m: int) -> dict:
@@ -178,8 +181,6 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             silent = empty_samples_warning(
                 generated, f"online refresh at step {window.start_step}", folder / "generate.jsonl"
             )
-            if silent:
-                LOG.warning(silent)
             with _timed(timings, "score"):
                 logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
             monitored, measured = self._monitor.due(window.start_step), {}
@@ -200,7 +201,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             columns = {i: judged_columns(row) for i, row in prompt_rows.items()}
             measured |= self._monitor.observe(generated, judged, data_rows, columns)
         stats |= measured
-        refreshed = Refreshed(window, self._batched(window, data_rows), stats)
+        refreshed = Refreshed(window, self._batched(window, data_rows), stats, (silent,) if silent else ())
         write_refresh(
             folder,
             refreshed,
@@ -297,18 +298,27 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
 
     # -- what a user watches ------------------------------------------------------------
 
-    def _log_refresh(self, refreshed: Refreshed) -> None:
-        """`online/*` in the training log (counts summed over the ranks, the rest means weighted by
-        prompts) and a console line."""
+    def _log_refresh(self, refreshed: Refreshed, *, last: bool) -> None:
+        """`online/*` in the training log for every refresh (counts summed over the ranks, the rest
+        means weighted by prompts); a console line for those `ConsoleCadence` shows (`last`: the
+        run's last refresh), and its warnings always."""
         # each rank's stats, merged as the report merges the written ones
         means = merged_stats(gather_object([refreshed.stats]))
-        number = sum(start <= refreshed.window.start_step for start in refresh_starts(self.args.output_dir))
-        self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
-        LOG.info(refresh_summary(number, refreshed.window.start_step, means))
         start = refreshed.window.start_step
-        if (tied := all_pairs_tied(number, start, means, self.pofe.judge, self._folder(start))) is not None:
-            LOG.warning(tied)
-        self._monitor.show(refreshed.window.start_step, number, means)
+        number = sum(s <= start for s in refresh_starts(self.args.output_dir))
+        self.log({"online/refresh": float(number), **{f"online/{k}": v for k, v in means.items()}})
+        tied = all_pairs_tied(number, start, means, self.pofe.judge, self._folder(start))
+        warnings = [*refreshed.warnings, *([tied] if tied else [])]
+        online = self.pofe.online
+        cadence = ConsoleCadence(self.state.logging_steps, online.refresh_every, online.monitor_every)
+        warned = bool(warnings or means.get("judge_abstentions") or means.get("prompts_dropped"))
+        if cadence.shows(number, monitored=self._monitor.due(start), last=last, warned=warned):
+            note = "" if self._noted else cadence.note(Path(self.args.output_dir) / FOLDER)
+            self._noted = True
+            LOG.info(refresh_summary(number, start, means) + note)
+        for warning in warnings:
+            LOG.warning(warning)
+        self._monitor.show(start, number, means)
 
 
 @contextmanager
