@@ -302,7 +302,7 @@ def test_an_online_refresh_judges_with_gpm(gpm_dirs, tiny_policy):
     import contextlib
 
     from pofe.methods import method_spec
-    from pofe.online.refresh import Window, sample_and_judge
+    from pofe.online.refresh import RefreshContext, Window, sample_and_judge
     from pofe_candidates.config import CandidatesConfig, GenerateConfig
     from pofe_candidates.models import load_tokenizer
 
@@ -311,14 +311,16 @@ def test_an_online_refresh_judges_with_gpm(gpm_dirs, tiny_policy):
     _, judged = sample_and_judge(
         Window(0, [[0, 1]]),
         {i: {"prompt": p} for i, p in enumerate(PROMPTS)},
-        generator=FixedCandidates(),
-        judge=judge,
-        tokenizer=load_tokenizer(str(tiny_policy)),
-        method=method_spec("sppo"),
-        generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
-        judge_cfg=cfg,
-        candidates=CandidatesConfig(progress=False),
-        timer=lambda stage: contextlib.nullcontext(),
+        RefreshContext(
+            generator=FixedCandidates(),
+            judge=judge,
+            tokenizer=load_tokenizer(str(tiny_policy)),
+            method=method_spec("sppo"),
+            generate=GenerateConfig(num_candidates=3, max_new_tokens=4),
+            judge_cfg=cfg,
+            candidates=CandidatesConfig(progress=False),
+            timer=lambda stage: contextlib.nullcontext(),
+        ),
     )
     direct = judge.preferences(PROMPTS, [["19", "nineteen", "18"]] * 2)
     for row, verdict in zip(sorted(judged, key=lambda r: r["index"]), direct, strict=True):

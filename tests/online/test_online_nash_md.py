@@ -13,7 +13,7 @@ from pofe.args import PofeConfig
 from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
 from pofe.online.opponents import OPPONENTS, opponent_stats, play_window, preference_rows
-from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, Window, with_scores
+from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, RefreshContext, Window, with_scores
 from pofe.online.stats import window_stats
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generators.interface import Completion
@@ -73,15 +73,17 @@ def _play(tokenizer, judge: dict, samples=SAMPLES, opponents=OPPONENTS_SAMPLED):
     return play_window(
         Window(0, [[3, 5]]),
         PROMPTS,
-        generator=Scripted(samples, tokenizer),
-        opponent=Scripted(opponents, tokenizer),
-        judge=make_judge(judge_cfg),
-        tokenizer=tokenizer,
-        method=NASH_MD,
-        generate=GenerateConfig.model_validate(GENERATE),
-        judge_cfg=judge_cfg,
-        candidates=CandidatesConfig().for_method("nash_md"),
-        timer=lambda name: _Nothing(),
+        RefreshContext(
+            generator=Scripted(samples, tokenizer),
+            judge=make_judge(judge_cfg),
+            tokenizer=tokenizer,
+            method=NASH_MD,
+            generate=GenerateConfig.model_validate(GENERATE),
+            judge_cfg=judge_cfg,
+            candidates=CandidatesConfig().for_method("nash_md"),
+            timer=lambda name: _Nothing(),
+        ),
+        Scripted(opponents, tokenizer),
     )
 
 

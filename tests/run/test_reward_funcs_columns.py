@@ -128,7 +128,7 @@ def test_an_online_refresh_judges_with_the_rows_columns(tiny_model, tmp_path):
     other columns: with fixed candidates ("7", "8", "x") and answers "7" and "8", the rewards are
     (1.2, 0.2, 0) and (0.2, 1.2, 0)."""
     from pofe.methods import method_spec
-    from pofe.online.refresh import Window, sample_and_judge
+    from pofe.online.refresh import RefreshContext, Window, sample_and_judge
     from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
     from pofe_candidates.judges import make_judge
     from pofe_candidates.models import load_tokenizer
@@ -147,14 +147,16 @@ def test_an_online_refresh_judges_with_the_rows_columns(tiny_model, tmp_path):
         _, judged = sample_and_judge(
             Window(0, [[0, 1]]),
             rows,
-            generator=Fixed(),
-            judge=make_judge(cfg),
-            tokenizer=load_tokenizer(str(tiny_model)),
-            method=method_spec("rrhf"),
-            generate=GenerateConfig(num_candidates=3, max_new_tokens=4, dedupe=False),
-            judge_cfg=cfg,
-            candidates=CandidatesConfig(progress=False),
-            timer=lambda stage: contextlib.nullcontext(),
+            RefreshContext(
+                generator=Fixed(),
+                judge=make_judge(cfg),
+                tokenizer=load_tokenizer(str(tiny_model)),
+                method=method_spec("rrhf"),
+                generate=GenerateConfig(num_candidates=3, max_new_tokens=4, dedupe=False),
+                judge_cfg=cfg,
+                candidates=CandidatesConfig(progress=False),
+                timer=lambda stage: contextlib.nullcontext(),
+            ),
         )
     finally:
         sys.path.remove(str(tmp_path))

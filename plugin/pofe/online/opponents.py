@@ -26,13 +26,12 @@ rewards of both when the judge is scalar.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pofe.data.formats import candidate_row
 from pofe.methods import MethodSpec
-from pofe.online.refresh import TOKENS, Window, prompt_columns, sample_window
-from pofe_candidates.abstentions import AbstentionTally, check_abstentions
-from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
+from pofe.online.refresh import TOKENS, RefreshContext, Window, check_window_abstentions, prompt_columns, sample_window
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
 from pofe_candidates.shard_work import WHERE, judge_shard
 
@@ -45,46 +44,29 @@ OPPONENTS = "opponents"
 def play_window(
     window: Window,
     prompt_rows: dict[int, dict],
-    *,
-    generator,
+    ctx: RefreshContext,
     opponent,
-    judge,
-    tokenizer,
-    method: MethodSpec,
-    generate: GenerateConfig,
-    judge_cfg: JudgeConfig,
-    candidates: CandidatesConfig,
-    timer,
     sources: dict[int, str] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """The window's generate rows (the policy's samples) and one judged row per prompt (its
-    samples, their opponents and the preferences, `method.target.column`); `sources` as
-    `sample_window` takes them."""
-    generated = sample_window(
-        window, prompt_rows, generator, tokenizer, generate, candidates, timer, method, sources=sources
-    )
-    opposed = sample_window(
-        window, prompt_rows, opponent, tokenizer, generate, candidates, timer, method, OPPONENT_SEED_OFFSET
-    )
+    """The window's generate rows (the policy's samples, from `ctx.generator`) and one judged row
+    per prompt (its samples, their opponents from `opponent` and the preferences,
+    `method.target.column`); `sources` as `sample_window` takes them."""
+    generated = sample_window(window, prompt_rows, ctx, sources=sources)
+    opposed = sample_window(window, prompt_rows, dataclasses.replace(ctx, generator=opponent), OPPONENT_SEED_OFFSET)
     columns = prompt_columns(window, prompt_rows)
     verdicts: list[list[dict]] = [[] for _ in generated]
-    with timer("judge"):
-        for slot in range(generate.num_candidates):
+    method = ctx.method
+    with ctx.timer("judge"):
+        for slot in range(ctx.generate.num_candidates):
             live = [p for p, (g, o) in enumerate(zip(generated, opposed)) if _has_pair(g, o, slot)]
             pairs = [_pair_row(generated[p], opposed[p], slot) for p in live]
             if not pairs:
                 continue
-            judged = judge_shard(pairs, judge, method.target, judge_cfg, [columns[p] for p in live])
+            judged = judge_shard(pairs, ctx.judge, method.target, ctx.judge_cfg, [columns[p] for p in live])
             for p, verdict in zip(live, judged, strict=True):
                 verdicts[p].append(verdict)
     judged = [_prompt_row(g, o, v, method) for g, o, v in zip(generated, opposed, verdicts)]
-    check_abstentions(
-        AbstentionTally().plus(judged),
-        limit=judge_cfg.max_abstention_rate,
-        judge=judge_cfg.function or judge_cfg.type,
-        unit="pairs" if judge_cfg.is_pairwise else "candidates",
-        final=True,
-    )
+    check_window_abstentions(judged, ctx.judge_cfg)
     return generated, judged
 
 

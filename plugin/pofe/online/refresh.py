@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,39 +89,51 @@ def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: i
     return folder / f"rank-{rank}" if world > 1 else folder
 
 
+@dataclass(frozen=True)
+class RefreshContext:
+    """What every window of an online run is sampled and judged with: the policy's sampler (a
+    `pofe_candidates` generator), the judge, the tokenizer, the method, the run's `generate`,
+    `judge` and `candidates` blocks (resolved for the method), and `timer(stage)`, a context
+    manager that times each stage."""
+
+    generator: Any
+    judge: Any
+    tokenizer: Any
+    method: MethodSpec
+    generate: GenerateConfig
+    judge_cfg: JudgeConfig
+    candidates: CandidatesConfig
+    timer: Callable[[str], AbstractContextManager]
+
+
 def sample_window(
     window: Window,
     prompt_rows: dict[int, dict],
-    generator,
-    tokenizer,
-    generate: GenerateConfig,
-    candidates: CandidatesConfig,
-    timer,
-    method: MethodSpec,
+    ctx: RefreshContext,
     seed_offset: int = 0,
     sources: dict[int, str] | None = None,
 ) -> list[dict]:
     """The window's generate rows (`shard_work.generate_shard`'s), `index` the prompt's, empty
-    candidates kept or not as `method` says. Seeded by the window's first step (plus
+    candidates kept or not as the method says. Seeded by the window's first step (plus
     `seed_offset`, for a second sampler), never a running RNG: a refresh sampled again samples
     the same. `sources`: each prompt's file and row (`prompt_source`), which a row's `WHERE`
     carries to the judge's errors."""
     indices = window.prompts
     rows = [prompt_rows[i] for i in indices]
-    seed = generate.seed + window.start_step * SHARD_SEED_STRIDE + seed_offset
-    sampling = dataclasses.replace(generate.sampling(), seed=seed)
-    with timer("generate"):
+    seed = ctx.generate.seed + window.start_step * SHARD_SEED_STRIDE + seed_offset
+    sampling = dataclasses.replace(ctx.generate.sampling(), seed=seed)
+    with ctx.timer("generate"):
         try:
             generated = generate_shard(
                 rows,
                 0,
-                generator,
-                tokenizer,
-                generate,
+                ctx.generator,
+                ctx.tokenizer,
+                ctx.generate,
                 sampling,
                 "prompt",
-                candidates.truncated,
-                empty=method.empty_candidates,
+                ctx.candidates.truncated,
+                empty=ctx.method.empty_candidates,
             )
         except ChatTemplateError as e:
             raise ChatTemplateError(e.field, e.message, indices[e.row] if e.row is not None else None) from e
@@ -141,34 +155,28 @@ def prompt_columns(window: Window, prompt_rows: dict[int, dict]) -> list[dict]:
 
 
 def sample_and_judge(
-    window: Window,
-    prompt_rows: dict[int, dict],
-    *,
-    generator,
-    judge,
-    tokenizer,
-    method: MethodSpec,
-    generate: GenerateConfig,
-    judge_cfg: JudgeConfig,
-    candidates: CandidatesConfig,
-    timer,
-    sources: dict[int, str] | None = None,
+    window: Window, prompt_rows: dict[int, dict], ctx: RefreshContext, sources: dict[int, str] | None = None
 ) -> tuple[list[dict], list[dict]]:
     """The window's generate and judge rows (`shard_work`'s), `index` the prompt's."""
-    generated = sample_window(
-        window, prompt_rows, generator, tokenizer, generate, candidates, timer, method, sources=sources
-    )
-    with timer("judge"):
-        judged = judge_shard(generated, judge, method.target, judge_cfg, prompt_columns(window, prompt_rows))
-    unit = "pairs" if judge_cfg.is_pairwise else "candidates"
+    generated = sample_window(window, prompt_rows, ctx, sources=sources)
+    with ctx.timer("judge"):
+        judged = judge_shard(
+            generated, ctx.judge, ctx.method.target, ctx.judge_cfg, prompt_columns(window, prompt_rows)
+        )
+    check_window_abstentions(judged, ctx.judge_cfg)
+    return generated, judged
+
+
+def check_window_abstentions(judged: list[dict], judge_cfg: JudgeConfig) -> None:
+    """Stop where the window's abstentions pass `judge.max_abstention_rate` (the window is final:
+    no later shard can bring the rate down)."""
     check_abstentions(
         AbstentionTally().plus(judged),
         limit=judge_cfg.max_abstention_rate,
         judge=judge_cfg.function or judge_cfg.type,
-        unit=unit,
+        unit="pairs" if judge_cfg.is_pairwise else "candidates",
         final=True,
     )
-    return generated, judged
 
 
 def trainable_rows(judged: list[dict], method: MethodSpec, candidates: CandidatesConfig, tokenize) -> dict[int, dict]:

@@ -42,6 +42,7 @@ from pofe.online.refresh import (
     LOGP,
     LOGP_BASE,
     TOKENS,
+    RefreshContext,
     Refreshed,
     Window,
     judged_columns,
@@ -220,7 +221,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         the stats of its opponents: a method that plays the mixture (Nash-MD) judges each sample
         against one of the mixture's (`pofe.online.opponents`), the others judge the candidates."""
         pofe = self.pofe
-        common = dict(
+        ctx = RefreshContext(
             generator=self._sampler.generator(model, self._folder(window.start_step)),
             judge=self._judge,
             tokenizer=self.processing_class,
@@ -229,10 +230,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             judge_cfg=pofe.judge,
             candidates=pofe.candidates.for_method(pofe.method),
             timer=timer,
-            sources=sources,
         )
         if self.spec.opponent != "mixture":
-            generated, judged = sample_and_judge(window, prompt_rows, **common)
+            generated, judged = sample_and_judge(window, prompt_rows, ctx, sources)
             return generated, judged, trainable_rows(judged, self.spec, pofe.candidates, self._tokenize), {}
         mixture = (pofe.nash_md or NashMDConfig()).mixture_coef
         opponent = MixtureGenerator(
@@ -242,7 +242,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             mixture_coef=mixture,
             batch_size=pofe.generate.batch_size,
         )
-        generated, judged = play_window(window, prompt_rows, opponent=opponent, **common)
+        generated, judged = play_window(window, prompt_rows, ctx, opponent, sources)
         kept = preference_rows(judged, self.spec, self._tokenize)
         return generated, judged, kept, opponent_stats(judged, kept, self.spec, opponent.distance.mean)
 
