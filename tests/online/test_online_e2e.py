@@ -321,7 +321,7 @@ def test_online_sppo_mixes_each_refreshs_anchor_toward_pi_0(tmp_path):
     mean = ratio.nanmean().item()
     assert stats["kl_to_base"] == pytest.approx(mean, rel=1e-6) and abs(mean) > 0.1
     logged = {e["step"]: e["sppo/logratio"] for e in log_history(Path(cfg["output_dir"])) if "sppo/logratio" in e}
-    magnitude = _scored(rows, LOGP).abs().max().item()
+    magnitude = _scored(rows, LOGP).nan_to_num(0.0).abs().max().item()  # NaN past a row's candidates
     tolerance = float_tolerance(torch.float32, 64 * 16, magnitude)["atol"]
     assert logged[1] == pytest.approx(0.0, abs=tolerance)
     assert logged[3] == pytest.approx(0.5 * mean, abs=tolerance)
@@ -490,18 +490,23 @@ def test_a_second_judge_that_raises_stops_the_run_naming_it_and_a_row(tmp_path):
     """`pofe.eval.judge2` (the monitor's second opinion) raising on every response: its abstentions are
     held to its max_abstention_rate as the recipe's judge's are, and the first monitored refresh stops the
     run naming its function, the count (60 prompts x 4 samples, the answer column left out: judge2 reads
-    the policy's samples only) and a row; nothing of the refresh is written. It used to train on, the
-    judge2 reward missing from every line."""
+    the policy's samples only, less those cut to nothing where the tiny model began a user turn at their
+    first token: at most 12, about 1 in 100 at temperature 1 over its ~100-token vocabulary) and a row;
+    nothing of the refresh is written. It used to train on, the judge2 reward missing from every line."""
     online = {"refresh_every": 3, "kl_coef": 0.0, "monitor_every": 1}
     judge2 = {"type": "python", "function": "tests.online.judges:raises"}
     path, cfg, _ = _toy(tmp_path, "tiny-rrhf-online-cpu.yml", pofe={"online": online, "eval": {"judge2": judge2}})
     proc = run_axolotl("train", str(path), cwd=tmp_path, check=False, env=TESTS_ON_PATH)
     assert proc.returncode != 0
     said = re.search(r"Error: (judge .*)$", proc.stderr, re.MULTILINE).group(1)
-    assert said.startswith(
-        "judge tests.online.judges:raises abstained on 240 of 240 candidates (100%, limit "
-        "pofe.eval.judge2.max_abstention_rate=0.5): top reason 'ZeroDivisionError' (240 times), e.g. dataset "
+    counted = re.match(
+        r"judge tests\.online\.judges:raises abstained on (\d+) of (\d+) candidates \(100%, limit "
+        r"pofe\.eval\.judge2\.max_abstention_rate=0\.5\): top reason 'ZeroDivisionError' \((\d+) times\), e\.g\. dataset ",
+        said,
     )
+    assert counted, said
+    n = int(counted[1])
+    assert int(counted[2]) == int(counted[3]) == n and 240 - 12 <= n <= 240, said
     assert re.search(r"e\.g\. dataset \S+prompts\.jsonl, row \d+ \(0-based\)", said), said  # the prompt's file and row
     assert ": ZeroDivisionError: no verdict on " in said and said.endswith(
         "Fix the judge and run again (this refresh is not written: a resumed run samples and judges it again); "
