@@ -69,7 +69,9 @@ def main() -> None:
         "runs": [{"kl_coef": kl, "seconds": seconds[kl], "refreshes": curves[kl]} for kl in args.kl],
         "work": str(work),
     }
-    out = ROOT / "benchmarks" / "results" / f"real-hack-seed{args.seed}.json"
+    # named by the kl_coefs too: a run of other coefficients for the same seed keeps the first's figures
+    kls = "-".join(f"{kl:g}" for kl in args.kl)
+    out = ROOT / "benchmarks" / "results" / f"real-hack-seed{args.seed}-kl{kls}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
