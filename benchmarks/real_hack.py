@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--kl", type=float, nargs="+", default=[0.0, HACK_KL], help="kl_coef of each run")
     parser.add_argument("--epochs", type=int, default=HACK.epochs)
     parser.add_argument("--lr", type=float, default=HACK.learning_rate)
+    parser.add_argument("--temperature", type=float, default=1.0, help="the samples' (1: real_recipe's)")
     parser.add_argument("--model", type=Path, default=ROOT / ".real-model" / "SmolLM2-135M-Instruct")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
@@ -49,7 +50,9 @@ def main() -> None:
         run = work / f"kl{kl:g}"
         cfg = run / "recipe.yml"
         run.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(yaml.safe_dump(hack_recipe(args.model, run, size, args.seed, kl)))
+        recipe = hack_recipe(args.model, run, size, args.seed, kl)
+        recipe["pofe"]["generate"]["temperature"] = args.temperature
+        cfg.write_text(yaml.safe_dump(recipe))
         start = time.monotonic()
         with open(run / "train.log", "w") as log:
             subprocess.run(
@@ -65,13 +68,14 @@ def main() -> None:
     print("\n".join(hack_table(curves)))
     result = {
         "seed": args.seed,
-        "size": {"epochs": size.epochs, "learning_rate": size.learning_rate},
+        "size": {"epochs": size.epochs, "learning_rate": size.learning_rate, "temperature": args.temperature},
         "runs": [{"kl_coef": kl, "seconds": seconds[kl], "refreshes": curves[kl]} for kl in args.kl],
         "work": str(work),
     }
     # named by the kl_coefs too: a run of other coefficients for the same seed keeps the first's figures
     kls = "-".join(f"{kl:g}" for kl in args.kl)
-    out = ROOT / "benchmarks" / "results" / f"real-hack-seed{args.seed}-kl{kls}.json"
+    cooler = "" if args.temperature == 1.0 else f"-t{args.temperature:g}"
+    out = ROOT / "benchmarks" / "results" / f"real-hack-seed{args.seed}-kl{kls}{cooler}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
