@@ -182,9 +182,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             silent = empty_samples_warning(
                 generated, f"online refresh at step {window.start_step}", folder / "generate.jsonl"
             )
-            with _timed(timings, "score"):
-                logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept])
             monitored, measured = self._monitor.due(window.start_step), {}
+            with _timed(timings, "score"):
+                logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept], monitored)
             if monitored:
                 with _timed(timings, "monitor"):
                     measured = self._monitor.measure(model)
@@ -246,10 +246,14 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         kept = preference_rows(judged, self.spec, self._tokenize)
         return generated, judged, kept, opponent_stats(judged, kept, self.spec, opponent.distance.mean)
 
-    def _scores(self, model, rows: list[dict]) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+    def _scores(
+        self, model, rows: list[dict], monitored: bool
+    ) -> tuple[list[list[float]] | None, list[list[float]] | None]:
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
-        pi_0's are scored, and pi_0's for kl_coef, anchor_mix or a loss that reads them (None: not measured)."""
-        pi_0 = self.pofe.online_scores_pi_0
+        pi_0's are scored, and pi_0's for kl_coef, anchor_mix or a loss that reads them (None: not
+        measured), and on a monitored refresh under LoRA/QLoRA, where pi_0 is the adapter disabled
+        (no second model), so that `online/kl_to_base` shows the drift without a KL penalty too."""
+        pi_0 = self.pofe.online_scores_pi_0 or (monitored and self._base.is_adapter)
         if not rows or not (self.spec.needs_anchor or pi_0):
             return None, None
         logp = self.score_table(model, rows, "the policy's")
