@@ -349,8 +349,19 @@ def reference_run(vllm_python, tiny_policy, tmp_path_factory) -> Path:
 def test_served_pipeline_equals_direct_server_and_stops_it(reference_run, vllm_server, vllm_python, tiny_policy):
     """Shard s was sampled with seed + s * SHARD_SEED_STRIDE + i for its prompt i: asking an
     independently started server (the session fixture, same model and settings) with those
-    seeds gives the same candidates. The server is gone after the stage."""
+    seeds gives the same candidates, each cut where it began a user turn (the tiny template's
+    turn opens with its one `<|user|>` token, which the server's text leaves out). The server is
+    gone after the stage."""
     from pofe_candidates.generators import make_generator
+    from pofe_candidates.generators.interface import sampled_ids
+    from pofe_candidates.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_policy))
+    user = tokenizer.convert_tokens_to_ids("<|user|>")
+
+    def as_kept(candidate) -> str:
+        ids = sampled_ids(candidate)
+        return tokenizer.decode(ids[: ids.index(user)], skip_special_tokens=True) if user in ids else str(candidate)
 
     cfg = _served(vllm_python)
     base, model = vllm_server
@@ -360,7 +371,8 @@ def test_served_pipeline_equals_direct_server_and_stops_it(reference_run, vllm_s
         sampling = dataclasses.replace(cfg.sampling(), seed=cfg.seed + s * SHARD_SEED_STRIDE)
         prompt = Rendered(shard["rendered"], len(shard["prompt_ids"]), ids=shard["prompt_ids"])
         (expected,) = direct.generate([prompt], cfg.num_candidates, sampling)
-        assert shard["candidates"] == [c for c in expected if c.strip()]  # the stage drops empty ones
+        kept = [as_kept(c) for c in expected]
+        assert shard["candidates"] == [c for c in kept if c.strip()]  # the stage drops empty ones
     summary = json.loads((reference_run / "summary.json").read_text())
     assert summary["generate_client_requests_last_run"]["requests"] == len(PROMPTS)
     assert summary["generate_client_requests_last_run"]["failures"] == 0

@@ -156,10 +156,15 @@ def test_eval_compares_the_trained_model_with_its_base_on_the_held_out_prompts(o
     md = (folder.root / "report.md").read_text()
     pi_1 = next(r for r in _table(md, "## Held-out evaluation") if r[0] == "pi_1")
     assert pi_1[1:4] == [f"{ev['mean_reward'][1]:.3f}", "-", f"{vs['raw']:.3f}"]
+    # the tiny model's vocabulary has <|user|> as one token: an answer that begins a user turn is cut there
+    cut = [sum(s["cut_at_user_turn"] for s in samples if s["model"] == name) for name in ("pi_0", "pi_1")]
+    assert ev["samples_cut_at_user_turn"] == cut
+    answers = HELD_OUT * ev["decoding"]["num_samples"]
+    said = [f" ({n} of {answers} answers cut where they began a user turn)" if n else "" for n in cut]
     held_out_line = (
         f"held-out prompts, sampled answers ({ev['decoding']['num_samples']} a prompt at temperature "
-        f"{ev['decoding']['temperature']:g}): pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_base'][0]:.3f}, "
-        f"pi_1 reward {ev['mean_reward'][1]:.3f} KL {ev['kl_to_base'][1]:.3f}"
+        f"{ev['decoding']['temperature']:g}): pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_base'][0]:.3f}"
+        f"{said[0]}, pi_1 reward {ev['mean_reward'][1]:.3f} KL {ev['kl_to_base'][1]:.3f}{said[1]}"
     )
     assert held_out_line in reported
     assert f"on {HELD_OUT} held-out prompts" in evaluated

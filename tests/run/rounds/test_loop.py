@@ -4,6 +4,7 @@ merge between rounds, a lost merged model merged again, damaged candidates rebui
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from pofe.run.folder import RunFolder, RunState
@@ -107,7 +108,9 @@ def test_a_lost_merged_model_is_merged_again(tmp_path, monkeypatch):
 
 
 class Numbered:
-    """Candidates "<prompt> a<i>": distinct per prompt and sample, no model needed."""
+    """Candidates "<prompt> a<i>": distinct per prompt and sample, no model needed; the prompt's
+    text without the chat template's role tokens, whose user header would begin a user turn of its
+    own, cut away."""
 
     name = "numbered"
 
@@ -116,7 +119,7 @@ class Numbered:
 
     def generate(self, prompts, n, sampling):
         self.calls += 1
-        return [[f"{p.text} a{i}" for i in range(n)] for p in prompts]
+        return [[f"{re.sub(r'<[|][a-z]+[|]>', '', p.text)} a{i}" for i in range(n)] for p in prompts]
 
 
 def test_a_damaged_data_jsonl_is_rebuilt_before_it_is_used(tiny_model, tmp_path, monkeypatch):
