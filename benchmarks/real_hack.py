@@ -10,7 +10,7 @@ step of 8 prompts, 4 samples each (temperature 1, up to 24 tokens), 3 epochs (12
 from the model itself as pi_0. The table, per refresh: the judge's mean reward of the samples
 (`online/candidate_reward_mean`), the verifier's (`pofe.eval.judge2`: `online/judge2_reward_mean`),
 the policy's perplexity of the 32 held-out questions' bare sums (`online/reference_perplexity`),
-the samples' mean log-ratio to pi_0 (`online/kl_to_base`) and their mean length in tokens.
+the samples' mean log-ratio to pi_0 (`online/kl_to_pi_0`) and their mean length in tokens.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def test_online_rrhf_samples_with_the_training_model_and_pi_0_is_its_base(tiny_c
     assert rows["online rrhf-qlora (kl_coef 0.01)"]["status"] == "pass", rows["online rrhf-qlora (kl_coef 0.01)"]
     assert r["refresh_steps"] == [0, 2, 4] and r["refresh_prompts"] == [8.0, 8.0, 8.0]
     assert r["first_refresh_gaps"]["worst_over_tolerance"] == 0.0 and r["first_refresh_gaps"]["candidates"] >= 16
-    assert r["kl_to_base"][0] == 0.0 and r["kl_to_base"][-1] > 0.0
+    assert r["kl_to_pi_0"][0] == 0.0 and r["kl_to_pi_0"][-1] > 0.0
     assert len(r["losses"]) == 6 and not r["repack_warning"]
 
 
@@ -234,5 +234,5 @@ def test_online_nash_md_samples_the_mixture_and_pi_0_is_its_base(tiny_check):
     ]
     assert r["refresh_steps"] == [0, 2, 4] and r["refresh_prompts"] == [8.0, 8.0, 8.0]
     assert r["first_refresh_gaps"]["worst_over_tolerance"] == 0.0 and r["first_refresh_gaps"]["candidates"] >= 16
-    assert abs(r["mixture_kl"][0]) < 1e-6 and r["kl_to_base"][0] == 0.0 and r["kl_to_base"][-1] > 0.0
+    assert abs(r["mixture_kl"][0]) < 1e-6 and r["kl_to_pi_0"][0] == 0.0 and r["kl_to_pi_0"][-1] > 0.0
     assert len(r["losses"]) == 6 and not r["repack_warning"]

@@ -9,7 +9,7 @@ What the run must show (the CPU's tiny path runs the same code):
   log-prob under the policy equals pi_0's (`online.first_refresh_gaps`' tolerance), and the
   mixture is the policy: its per-token KL from the policy is float32 rounding of identical
   log-softmaxes (below `MIXTURE_KL_AT_START`; 4-bit layers with B = 0 add exact zeros);
-- by the last refresh the policy has moved from pi_0 (`online/kl_to_base` > 0) and so the mixture
+- by the last refresh the policy has moved from pi_0 (`online/kl_to_pi_0` > 0) and so the mixture
   from the policy (`online/mixture_kl` > `MIXTURE_KL_AT_START`);
 - the losses are finite and no 4-bit repack warning is in the log.
 """
@@ -75,7 +75,7 @@ def run(out: Path, model: Path, cuda: bool) -> dict:
         **result,
         "refresh_steps": [r["start_step"] for r in refreshes],
         "refresh_prompts": [r["stats"]["prompts"] for r in refreshes],
-        **{key: [r["stats"].get(key) for r in refreshes] for key in ("kl_to_base", "mixture_kl", "preference")},
+        **{key: [r["stats"].get(key) for r in refreshes] for key in ("kl_to_pi_0", "mixture_kl", "preference")},
         "generate_seconds": [r["stats"]["generate_seconds"] for r in refreshes],
         "first_refresh_gaps": first_refresh_gaps([json.loads(line) for line in rows], dtype),
         "losses": [h["loss"] for h in steps],
@@ -98,7 +98,7 @@ def checks(r: dict) -> list[dict]:
         and all(p == PROMPTS_PER_REFRESH for p in r["refresh_prompts"])
         and gaps["worst_over_tolerance"] <= 1.0
         and abs(mixture[0]) < MIXTURE_KL_AT_START < mixture[-1]
-        and (r["kl_to_base"][-1] or 0.0) > 0.0
+        and (r["kl_to_pi_0"][-1] or 0.0) > 0.0
         and not r["repack_warning"]
         and all(map(math.isfinite, r["losses"]))
     )
@@ -106,6 +106,6 @@ def checks(r: dict) -> list[dict]:
         f"refreshes at steps {r['refresh_steps']} of {MICRO_BATCH} x {REFRESH_EVERY} prompts; first refresh: pi = "
         f"pi_0 on {gaps['candidates']} samples, worst gap {gaps['worst_over_tolerance']:.2f} x tolerance, mixture's "
         f"KL from the policy {mixture[0]:.2g} per token; last: {mixture[-1]:.3g}, KL to pi_0 "
-        f"{r['kl_to_base'][-1]:.3g}, preference {r['preference'][-1]:.3f}; repack warning: {r['repack_warning']}"
+        f"{r['kl_to_pi_0'][-1]:.3g}, preference {r['preference'][-1]:.3f}; repack warning: {r['repack_warning']}"
     )
     return [row(name, "pass" if ok else "FAIL", detail)]

@@ -9,7 +9,7 @@ What the run must show:
   adapter-disabled pass or QLoRA's 4-bit layers (issue 10's repack) disagree. Tolerance as the
   train stage's step-1 log-ratio: 4 eps(dtype) sqrt(L) m per candidate, L its tokens, m the
   size of one token's log-prob;
-- the policy has moved from pi_0 by the last refresh (`online/kl_to_base` > 0);
+- the policy has moved from pi_0 by the last refresh (`online/kl_to_pi_0` > 0);
 - no 4-bit repack warning in the log.
 """
 
@@ -108,7 +108,7 @@ def run(out: Path, model: Path, cuda: bool) -> dict:
         **result,
         "refresh_steps": [r["start_step"] for r in refreshes],
         "refresh_prompts": [r["stats"]["prompts"] for r in refreshes],
-        "kl_to_base": [r["stats"].get("kl_to_base") for r in refreshes],
+        "kl_to_pi_0": [r["stats"].get("kl_to_pi_0") for r in refreshes],
         "generate_seconds": [r["stats"]["generate_seconds"] for r in refreshes],
         "first_refresh_gaps": first_refresh_gaps(first, result["dtype"]),
         "losses": [h["loss"] for h in steps],
@@ -121,7 +121,7 @@ def first_refresh_gaps(rows: list[dict], dtype: str) -> dict:
     """The largest |log pi - log pi_0| at the first refresh, over its tolerance (`module docstring`)."""
     worst = 0.0
     for r in rows:
-        for logp, base, ids in zip(r["logp"], r["logp_base"], r["tokens"]["response_ids"]):
+        for logp, base, ids in zip(r["logp"], r["pi_0_logps"], r["tokens"]["response_ids"]):
             length = max(1, len(ids))
             tolerance = 4 * EPS[dtype] * math.sqrt(length) * max(abs(base) / length, 1e-3)
             worst = max(worst, abs(logp - base) / tolerance)
@@ -142,13 +142,13 @@ def checks(r: dict) -> list[dict]:
         r["refresh_steps"] == expected
         and all(p == PROMPTS_PER_REFRESH for p in r["refresh_prompts"])
         and gaps["worst_over_tolerance"] <= 1.0
-        and (r["kl_to_base"][-1] or 0.0) > 0.0
+        and (r["kl_to_pi_0"][-1] or 0.0) > 0.0
         and not r["repack_warning"]
         and all(map(math.isfinite, r["losses"]))
     )
     detail = (
         f"refreshes at steps {r['refresh_steps']}; first refresh: pi = pi_0 on {gaps['candidates']} candidates, "
         f"worst gap {gaps['worst_over_tolerance']:.2f} x tolerance; KL to pi_0 at the last refresh "
-        f"{r['kl_to_base'][-1]:.3g}; repack warning: {r['repack_warning']}"
+        f"{r['kl_to_pi_0'][-1]:.3g}; repack warning: {r['repack_warning']}"
     )
     return [row(name, "pass" if ok else "FAIL", detail)]

@@ -27,7 +27,7 @@ SPLIT_IN_WORD = "split_in_word"
 # pi_0's log pi_0(y|x) per candidate, in an online refresh's rows: for a loss with its own KL to
 # pi_0 (Nash-MD) or an anchor mixed toward pi_0 (`pofe.anchor_mix`); offline, pi_0's table
 # (`pofe.anchor.pi_0`) gives the latter
-BASE_LOGPS = "base_logps"
+PI_0_LOGPS = "pi_0_logps"
 
 # The keys POFE reads on a `datasets:` entry, with their defaults: each `field_*` key
 # names a column; `prompt_format` says how the text fields are written and rendered (`chat`: a
@@ -53,7 +53,7 @@ DEFAULT_FIELDS = {
 def candidate_float_columns() -> tuple[str, ...]:
     """Per-candidate float columns carried through tokenisation and collation as (B, K)
     tensors: every registered method's label column, and the anchor's and pi_0's log-probs."""
-    return (*label_columns(), ANCHOR_LOGPS, BASE_LOGPS)
+    return (*label_columns(), ANCHOR_LOGPS, PI_0_LOGPS)
 
 
 def tokenized_columns() -> tuple[str, ...]:

@@ -109,7 +109,7 @@ class MethodSpec:
     # training (`pofe.online`) has; the candidates are then the policy's own samples only
     opponent: Opponent = "candidates"
     # `pofe.online.kl_coef` is the loss's own KL(pi || pi_0) term (each row carries pi_0's log-probs
-    # of its candidates, `base_logps`), not a penalty on the judge's rewards (RRHF's)
+    # of its candidates, `pi_0_logps`), not a penalty on the judge's rewards (RRHF's)
     kl_in_loss: bool = False
 
     @property
@@ -162,7 +162,7 @@ SPPO = MethodSpec(
     # e.g. win rates [1, 1]: not an error (each is a target of its own), but no preference
     equal_labels_note="SPPO learns no preference among their candidates, only to move every one by "
     "the same target eta * (win_rate - 1/2)",
-    own_keys=("beta", "eta", "sppo_loss", "anchor_mix", "anchor_base", "saturation_band"),
+    own_keys=("beta", "eta", "sppo_loss", "anchor_mix", "pi_0", "saturation_band"),
 )
 
 # the registered methods by name (`rl:` values); `register_method` adds to it

@@ -273,14 +273,14 @@ def _in_use(output_dir: Path, holder: dict) -> TrainingRefused:
 
 def _prepare_pi_0_table(cfg, pofe: PofeConfig, meta) -> None:
     """pi_0's log-probs of the rows (`pofe.anchor_mix`), when pi_0 loads apart from the policy:
-    now, before the policy loads (`pofe.anchor.pi_0.prepare_base_table`), scored as the
+    now, before the policy loads (`pofe.anchor.pi_0.prepare_pi_0_table`), scored as the
     trainer scores (its collator, `pofe.scoring`, its eval batch size)."""
     import os
 
     import torch
     from axolotl.loaders import load_tokenizer
 
-    from pofe.anchor.pi_0 import prepare_base_table
+    from pofe.anchor.pi_0 import prepare_pi_0_table
     from pofe.anchor.table import RowScorer
     from pofe.collator import KResponseCollator
     from pofe.prefix import prefix_sharing_enabled
@@ -295,4 +295,4 @@ def _prepare_pi_0_table(cfg, pofe: PofeConfig, meta) -> None:
         batch_size=cfg.eval_batch_size or cfg.micro_batch_size or 1,
         device=torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu"),
     )
-    prepare_base_table(cfg, pofe.anchor_base, [meta.train_dataset, meta.eval_dataset], scorer)
+    prepare_pi_0_table(cfg, pofe.pi_0, [meta.train_dataset, meta.eval_dataset], scorer)

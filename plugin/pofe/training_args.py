@@ -33,7 +33,7 @@ class PofeTrainingArgsMixin:
     pofe_eta: float | None = _filled_from("eta")
     pofe_sppo_loss: str | None = _filled_from("sppo_loss")
     pofe_anchor_mix: float | None = _filled_from("anchor_mix")
-    pofe_anchor_base: str | None = _filled_from("anchor_base")
+    pofe_pi_0: str | None = _filled_from("pi_0")
     pofe_logit_chunk_size: int | None = _filled_from("logit_chunk_size")
     pofe_prefix_layout: str | None = _filled_from("prefix_layout")
     pofe_kl_coef: float | None = _filled_from("online.kl_coef")

@@ -8,7 +8,7 @@ import torch
 from axolotl.utils.dict import DictDefault
 from datasets import Dataset
 
-from pofe.anchor.pi_0 import base_route, prepare_base_table
+from pofe.anchor.pi_0 import pi_0_route, prepare_pi_0_table
 from pofe.anchor.table import RowScorer
 from pofe.demo.tiny import build_tiny_model, build_tokenizer
 from tests.helpers import HIDDEN, assert_float_close, naive_logps
@@ -21,22 +21,22 @@ def _cfg(tmp_path, base_model, lora_model_dir=None):
 
 
 def test_base_route(tmp_path):
-    """pi_0 = anchor_base, else base_model. The policy itself when no adapter is loaded and pi_0
+    """pi_0 = pi_0, else base_model. The policy itself when no adapter is loaded and pi_0
     is its base_model (the same folder, however spelled), or when pi_0 names the loaded adapter;
     the adapter disabled when an adapter sits on pi_0; loaded apart otherwise."""
     base, adapter, sft = (tmp_path / name for name in ("base", "adapter", "sft"))
     for folder in (base, adapter, sft):
         folder.mkdir()
     spelled = str(tmp_path / "adapter" / ".." / "base")
-    assert base_route(_cfg(tmp_path, base), None) == "policy"
-    assert base_route(_cfg(tmp_path, base), spelled) == "policy"
-    assert base_route(_cfg(tmp_path, base), str(sft)) == "apart"
-    assert base_route(_cfg(tmp_path, base, str(adapter)), None) == "adapter"
-    assert base_route(_cfg(tmp_path, base, str(adapter)), spelled) == "adapter"
-    assert base_route(_cfg(tmp_path, base, str(adapter)), str(adapter)) == "policy"
-    assert base_route(_cfg(tmp_path, base, str(adapter)), str(sft)) == "apart"
-    assert base_route(_cfg(tmp_path, "org/base"), "org/base") == "policy"
-    assert base_route(_cfg(tmp_path, "org/base"), "org/sft") == "apart"
+    assert pi_0_route(_cfg(tmp_path, base), None) == "policy"
+    assert pi_0_route(_cfg(tmp_path, base), spelled) == "policy"
+    assert pi_0_route(_cfg(tmp_path, base), str(sft)) == "apart"
+    assert pi_0_route(_cfg(tmp_path, base, str(adapter)), None) == "adapter"
+    assert pi_0_route(_cfg(tmp_path, base, str(adapter)), spelled) == "adapter"
+    assert pi_0_route(_cfg(tmp_path, base, str(adapter)), str(adapter)) == "policy"
+    assert pi_0_route(_cfg(tmp_path, base, str(adapter)), str(sft)) == "apart"
+    assert pi_0_route(_cfg(tmp_path, "org/base"), "org/base") == "policy"
+    assert pi_0_route(_cfg(tmp_path, "org/base"), "org/sft") == "apart"
 
 
 def _rows():
@@ -79,7 +79,7 @@ def test_pi_0_loaded_apart_scores_every_candidate_once(tmp_path, tiny64_model, o
     sft = build_tiny_model(tmp_path / "sft", hidden_size=64, seed=1)
     cfg = _cfg(tmp_path, tiny64_model)
     rows = _rows()
-    path = prepare_base_table(cfg, str(sft), [rows, None], _scorer(prefix_sharing))
+    path = prepare_pi_0_table(cfg, str(sft), [rows, None], _scorer(prefix_sharing))
     assert path is not None and path.name.startswith("pofe-pi0-") and path.parent == tmp_path / "prep"
     table = torch.load(path, weights_only=True)
     expected = naive_logps(AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32).eval(), rows)
@@ -97,20 +97,20 @@ def test_pi_0_loaded_apart_scores_every_candidate_once(tmp_path, tiny64_model, o
     original = pi_0.compute_apart
     pi_0.compute_apart = no_second_load
     try:
-        assert prepare_base_table(cfg, str(sft), [rows], _scorer(prefix_sharing)) == path
+        assert prepare_pi_0_table(cfg, str(sft), [rows], _scorer(prefix_sharing)) == path
     finally:
         pi_0.compute_apart = original
     # the policy's own model as pi_0: nothing to load apart (the anchor pass gives it)
-    assert prepare_base_table(cfg, str(tiny64_model), [rows], _scorer(prefix_sharing)) is None
+    assert prepare_pi_0_table(cfg, str(tiny64_model), [rows], _scorer(prefix_sharing)) is None
 
 
 def test_a_damaged_pi_0_table_is_refused_naming_the_file(tmp_path, tiny64_model, one_torch_thread):
     """A cached table with a NaN where a candidate is: refused, naming the file and what to do."""
     sft = build_tiny_model(tmp_path / "sft", hidden_size=64, seed=1)
     cfg, rows = _cfg(tmp_path, tiny64_model), _rows()
-    path = prepare_base_table(cfg, str(sft), [rows], _scorer(True))
+    path = prepare_pi_0_table(cfg, str(sft), [rows], _scorer(True))
     table = torch.load(path, weights_only=True)
     table[2, 1] = float("nan")
     torch.save(table, path)
     with pytest.raises(ValueError, match=r"pi_0 table .*pofe-pi0-.* has no finite log-prob for rows \(row_id\) 2"):
-        prepare_base_table(cfg, str(sft), [rows], _scorer(True))
+        prepare_pi_0_table(cfg, str(sft), [rows], _scorer(True))

@@ -156,18 +156,19 @@ def test_axolotl_train_refuses_an_infinite_kl_coef_before_loading_the_model(tmp_
 
 
 def test_anchor_mix_rules():
-    """anchor_mix is a weight in [0, 1], SPPO's only; anchor_base names pi_0 for it and does
-    nothing without it; saturation_band lies in (0, 1/2)."""
-    assert PofeConfig(method="sppo", anchor_mix=0.2, anchor_base="/m/sft").anchor_mix == 0.2
+    """anchor_mix is a weight in [0, 1], SPPO's only; pofe.pi_0 names the model it mixes toward
+    and does nothing without it; saturation_band lies in (0, 1/2)."""
+    assert PofeConfig(method="sppo", anchor_mix=0.2, pi_0="/m/sft").anchor_mix == 0.2
     for bad in (-0.1, 1.5):
         with pytest.raises(ValidationError, match="anchor_mix"):
             PofeConfig(method="sppo", anchor_mix=bad)
     with pytest.raises(ValidationError, match="pofe.anchor_mix: 0.2 applies to `rl: sppo` only"):
         PofeConfig(method="rrhf", anchor_mix=0.2)
     with pytest.raises(
-        ValidationError, match=r"pofe.anchor_base \(/m/sft\) names pi_0 for pofe.anchor_mix, which is 0"
+        ValidationError,
+        match=r"pofe.pi_0 \(/m/sft\) is the model pofe.anchor_mix mixes the anchor toward, and anchor_mix is 0",
     ):
-        PofeConfig(method="sppo", anchor_base="/m/sft")
+        PofeConfig(method="sppo", pi_0="/m/sft")
     with pytest.raises(ValidationError, match="pofe.saturation_band: 0.1 applies to `rl: sppo` only"):
         PofeConfig(method="rrhf", saturation_band=0.1)
     for bad in (0.0, 0.5):
@@ -186,7 +187,12 @@ def test_anchor_mix_rules():
         ({"stop_when": {"held_out_reward_fall": True}}, "(did you mean 'held_out_reward_falls'?)"),
         ({"generate": {"serve": {"comand": "x {model} {port}"}}}, "unknown key 'comand' (did you mean 'command'?)"),
         ({"round_prompts": [{"pth": "a"}], "rounds": 1}, "unknown key 'pth' (did you mean 'path'?)"),
-        ({"zzz": 1}, "unknown key 'zzz'; the keys here: anchor_base, anchor_mix, beta, candidates, dataset_fields,"),
+        ({"zzz": 1}, "unknown key 'zzz'; the keys here: anchor_mix, beta, candidates, dataset_fields,"),
+        # pi_0's one name: the older key refused with it
+        (
+            {"anchor_base": "/m/sft", "anchor_mix": 0.1},
+            "unknown key 'anchor_base' (renamed 'pi_0': rename the key, its value is read as before)",
+        ),
     ],
 )
 def test_a_misspelt_key_is_named_with_the_nearest_one(block, message):

@@ -339,5 +339,5 @@ def test_mixed_anchor_bad_args_raise():
         mixed_anchor(x, x, 1.5)
     with pytest.raises(ValueError, match="beta"):
         mixed_anchor(x, x, -0.1)
-    with pytest.raises(ValueError, match="base_logps has shape"):
+    with pytest.raises(ValueError, match="pi_0_logps has shape"):
         mixed_anchor(x, torch.zeros(2, 4), 0.1)

@@ -116,7 +116,7 @@ def test_loss_refuses_bad_input():
     x = torch.zeros(3)
     with pytest.raises(ValueError, match=r"preference must lie in \[0, 1\]"):
         nash_md_loss(x, x, torch.tensor([0.5, 1.5, 0.0]), 0.1)
-    with pytest.raises(ValueError, match=r"ref_logps must have the shape of logps \(3,\), got \(2,\)"):
+    with pytest.raises(ValueError, match=r"pi_0_logps must have the shape of logps \(3,\), got \(2,\)"):
         nash_md_loss(x, torch.zeros(2), x, 0.1)
     with pytest.raises(ValueError, match=r"preference must have the shape of logps \(3,\), got \(3, 1\)"):
         nash_md_loss(x, x, torch.zeros(3, 1), 0.1)

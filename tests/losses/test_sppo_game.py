@@ -84,11 +84,11 @@ def sppo_iterates(betas: tuple[float, ...], steps: int = STEPS) -> torch.Tensor:
     convergence on all four responses, win rates P(y beats pi_t) exact."""
     p = game()
     log_pi = torch.full((len(betas), 4), math.log(0.25), dtype=torch.float64)  # (G, 4)
-    log_base = log_pi.clone()
+    log_pi_0 = log_pi.clone()
     out = []
     for _ in range(steps):
         win = log_pi.exp() @ p.T  # (G, 4): P(y beats pi_t)
-        anchor = torch.stack([mixed_anchor(a, b, beta) for a, b, beta in zip(log_pi, log_base, betas)])
+        anchor = torch.stack([mixed_anchor(a, b, beta) for a, b, beta in zip(log_pi, log_pi_0, betas)])
         log_pi = torch.log_softmax(fit(log_pi, anchor, win), dim=-1)
         out.append(exploitability(p, log_pi.exp()))
     return torch.stack(out)

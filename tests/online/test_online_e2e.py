@@ -18,11 +18,12 @@ import pytest
 import torch
 import yaml
 
+from pofe.columns import PI_0_LOGPS
 from pofe.demo.stages import prepare
 from pofe.demo.task import answer, make_prompts, reward, verbose_reward
 from pofe.demo.tiny import build_tokenizer
 from pofe.files import read_jsonl
-from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
+from pofe.online.refresh import LOGP, TOKENS, read_refresh
 from tests.helpers import (
     AXOLOTL_ENV,
     ROOT,
@@ -142,7 +143,7 @@ def test_online_training_learns_the_toy_and_writes_each_refresh(demo_console, ti
     if cfg["rl"] == "sppo":
         assert_float_close(_scored(first, LOGP), _independent(cfg["base_model"], first), n_terms=64 * 16)
     else:
-        assert not cfg["pofe"]["online"]["kl_coef"] and LOGP not in first[0] and LOGP_BASE not in first[0]
+        assert not cfg["pofe"]["online"]["kl_coef"] and LOGP not in first[0] and PI_0_LOGPS not in first[0]
 
 
 @pytest.mark.xdist_group("demo")
@@ -249,8 +250,8 @@ def test_a_judge_with_a_blind_spot_is_hacked_online_without_kl_and_held_with_it(
     # the last run's (kl_coef 0.3, full fine-tuning): pi_0 is a frozen copy of the trained model all
     # along, and the policy has moved from it by the last refresh
     _, last, stats = _refreshes(out)[-1]
-    assert_float_close(_scored(last, LOGP_BASE), _independent(trained["output_dir"], last), n_terms=64 * 16)
-    assert stats["kl_to_base"] > 0.01, stats
+    assert_float_close(_scored(last, PI_0_LOGPS), _independent(trained["output_dir"], last), n_terms=64 * 16)
+    assert stats["kl_to_pi_0"] > 0.01, stats
 
     # the monitors, checked on the last run: refresh 1's figures recomputed independently
     _, first_rows, first = read_refresh(out / "online" / "refresh-0000000")
@@ -314,12 +315,12 @@ def test_online_sppo_mixes_each_refreshs_anchor_toward_pi_0(tmp_path):
     run_axolotl("train", str(path), cwd=tmp_path)
     (_, first, _), (window, rows, stats) = _refreshes(Path(cfg["output_dir"]))
     assert window.start_step == 2 and len(window.micro_batches) == 1
-    assert_float_close(_scored(first, LOGP_BASE), _independent(cfg["base_model"], first), n_terms=64 * 16)
-    assert_float_close(_scored(rows, LOGP_BASE), _independent(cfg["base_model"], rows), n_terms=64 * 16)
-    ratio = _scored(rows, LOGP) - _scored(rows, LOGP_BASE)  # (rows, K_max), NaN past a row's candidates
+    assert_float_close(_scored(first, PI_0_LOGPS), _independent(cfg["base_model"], first), n_terms=64 * 16)
+    assert_float_close(_scored(rows, PI_0_LOGPS), _independent(cfg["base_model"], rows), n_terms=64 * 16)
+    ratio = _scored(rows, LOGP) - _scored(rows, PI_0_LOGPS)  # (rows, K_max), NaN past a row's candidates
     # the policy has moved from pi_0 by step 2 (either way), so the mixture is not 0 by construction
     mean = ratio.nanmean().item()
-    assert stats["kl_to_base"] == pytest.approx(mean, rel=1e-6) and abs(mean) > 0.1
+    assert stats["kl_to_pi_0"] == pytest.approx(mean, rel=1e-6) and abs(mean) > 0.1
     logged = {e["step"]: e["sppo/logratio"] for e in log_history(Path(cfg["output_dir"])) if "sppo/logratio" in e}
     magnitude = _scored(rows, LOGP).nan_to_num(0.0).abs().max().item()  # NaN past a row's candidates
     tolerance = float_tolerance(torch.float32, 64 * 16, magnitude)["atol"]
@@ -450,7 +451,7 @@ def test_two_zero3_ranks_each_sample_their_own_prompts_with_the_gathered_policy(
         _, rows, _ = read_refresh(out / "online" / "refresh-0000000" / f"rank-{r}")
         plain = _independent(cfg["base_model"], rows)
         assert_float_close(_scored(rows, LOGP), plain, n_terms=64 * 16)
-        assert_float_close(_scored(rows, LOGP_BASE), plain, n_terms=64 * 16)
+        assert_float_close(_scored(rows, PI_0_LOGPS), plain, n_terms=64 * 16)
 
 
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
@@ -479,11 +480,11 @@ def test_under_an_adapter_pi_0_is_the_policy_with_its_adapter_disabled(tmp_path,
     assert [w.start_step for w, _, _ in refreshes] == [0, 3, 6, 9]  # 6 steps an epoch
     if adapter == "lora":  # 4-bit weights dequantised on the fly score apart from a float32 forward
         for _, rows, _ in refreshes:
-            assert_float_close(_scored(rows, LOGP_BASE), _independent(cfg["base_model"], rows), n_terms=64 * 16)
+            assert_float_close(_scored(rows, PI_0_LOGPS), _independent(cfg["base_model"], rows), n_terms=64 * 16)
     _, first, _ = refreshes[0]
-    assert_float_close(_scored(first, LOGP), _scored(first, LOGP_BASE), n_terms=64 * 16)  # B = 0: pi = pi_0
+    assert_float_close(_scored(first, LOGP), _scored(first, PI_0_LOGPS), n_terms=64 * 16)  # B = 0: pi = pi_0
     _, last, stats = refreshes[-1]
-    assert stats["kl_to_base"] > 0.1, stats
+    assert stats["kl_to_pi_0"] > 0.1, stats
 
 
 def test_a_second_judge_that_raises_stops_the_run_naming_it_and_a_row(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pofe.online.mixture import MixtureGenerator
-from pofe.online.models import BasePolicy
+from pofe.online.models import Pi0Policy
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.hf import sample_responses
 from pofe_candidates.models import load_tokenizer
@@ -37,7 +37,7 @@ def adapted(tiny_model):
 
 
 def _mixture(model, tokenizer, beta: float) -> MixtureGenerator:
-    base = BasePolicy(SimpleNamespace(adapter="lora"), accelerator=None)
+    base = Pi0Policy(SimpleNamespace(adapter="lora"), accelerator=None)
     return MixtureGenerator(model, lambda: base.forward(model), tokenizer, mixture_coef=beta, batch_size=2)
 
 

@@ -10,10 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from pofe.args import PofeConfig
+from pofe.columns import PI_0_LOGPS
 from pofe.data.tokenize import tokenize_row
 from pofe.methods import method_spec
 from pofe.online.opponents import OPPONENTS, opponent_stats, play_window, preference_rows
-from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, RefreshContext, Window, with_scores
+from pofe.online.refresh import LOGP, TOKENS, RefreshContext, Window, with_scores
 from pofe.online.stats import window_stats
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.generators.interface import Completion
@@ -174,11 +175,11 @@ def test_with_scores_reads_pi_0s_log_probs_for_the_loss_and_leaves_the_label():
         "preferences": [1.0, 0.0],
         TOKENS: {"prompt_ids": [1], "response_ids": [[2], [3]]},
         LOGP: [-1.0, -2.0],
-        LOGP_BASE: [-1.5, -2.5],
+        PI_0_LOGPS: [-1.5, -2.5],
     }
     assert with_scores(row, NASH_MD, kl_coef=0.1) == {
         "prompt_ids": [1],
         "response_ids": [[2], [3]],
         "preferences": [1.0, 0.0],
-        "base_logps": [-1.5, -2.5],
+        "pi_0_logps": [-1.5, -2.5],
     }

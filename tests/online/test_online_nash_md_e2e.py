@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from pofe.columns import PI_0_LOGPS
 from pofe.demo.task import reward
 from pofe.online.opponents import OPPONENTS
-from pofe.online.refresh import LOGP, LOGP_BASE
+from pofe.online.refresh import LOGP
 from tests.helpers import TESTS_ON_PATH, assert_float_close, log_history, run_axolotl
 from tests.online.test_online_e2e import _independent, _refreshes, _scored, _toy
 
@@ -27,7 +28,7 @@ def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
     """Refreshes at steps 0, 3, 6, 9 (60 prompts in steps of 20). In each: every written
     preference is the toy's verifier on the sample's and its opponent's text (recomputed here from
     judge.jsonl), the logged `online/preference` is their mean over rows.jsonl and
-    `online/kl_to_base` the mean of its log-ratios. At step 0 the policy is pi_0: its log-probs
+    `online/kl_to_pi_0` the mean of its log-ratios. At step 0 the policy is pi_0: its log-probs
     and pi_0's of the written ids are one plain forward's, and the mixture's per-token KL from the
     policy is 0 (float32 log-softmaxes: below 1e-6); at step 9 the policy has moved from pi_0,
     whose log-probs are still the base model's, and the mixture from the policy (above 1e-4)."""
@@ -52,19 +53,19 @@ def test_nash_md_logs_what_its_refreshes_judged_and_scored(tmp_path):
             ]
             assert judged["preferences"] == verdicts
         preferences = [p for row in rows for p in row["preferences"]]
-        log_ratios = [a - b for row in rows for a, b in zip(row[LOGP], row[LOGP_BASE], strict=True)]
+        log_ratios = [a - b for row in rows for a, b in zip(row[LOGP], row[PI_0_LOGPS], strict=True)]
         entry = logged[window.start_step]
         assert entry["online/preference"] == pytest.approx(sum(preferences) / len(preferences), rel=1e-9)
-        assert entry["online/kl_to_base"] == pytest.approx(sum(log_ratios) / len(log_ratios), rel=1e-9)
+        assert entry["online/kl_to_pi_0"] == pytest.approx(sum(log_ratios) / len(log_ratios), rel=1e-9)
         assert entry["online/mixture_kl"] == pytest.approx(stats["mixture_kl"], rel=1e-9)
     _, first, stats = refreshes[0]
     plain = _independent(cfg["base_model"], first)
     assert_float_close(_scored(first, LOGP), plain, n_terms=64 * 16)
-    assert_float_close(_scored(first, LOGP_BASE), plain, n_terms=64 * 16)
+    assert_float_close(_scored(first, PI_0_LOGPS), plain, n_terms=64 * 16)
     assert abs(stats["mixture_kl"]) < 1e-6
     _, last, stats = refreshes[-1]
-    assert_float_close(_scored(last, LOGP_BASE), _independent(cfg["base_model"], last), n_terms=64 * 16)
-    assert stats["kl_to_base"] > 0.1 and stats["mixture_kl"] > 1e-4
+    assert_float_close(_scored(last, PI_0_LOGPS), _independent(cfg["base_model"], last), n_terms=64 * 16)
+    assert stats["kl_to_pi_0"] > 0.1 and stats["mixture_kl"] > 1e-4
 
 
 def test_a_judge_that_ties_every_pair_is_warned_at_each_refresh(tmp_path):

@@ -130,7 +130,7 @@ def test_a_resumed_run_trains_only_on_refreshes_its_recipe_makes(killed):
 
 
 def test_a_run_resumed_after_its_base_models_weights_changed_is_refused(tmp_path):
-    """With kl_coef, a refresh's rows hold pi_0's log-probs (logp_base), pi_0 being base_model. A
+    """With kl_coef, a refresh's rows hold pi_0's log-probs (pi_0_logps), pi_0 being base_model. A
     2-step run (one refresh, at 0; checkpoint at step 1) whose base_model folder is then rewritten
     in place with other weights (another seed): resumed at step 1, which trains on refresh 0, it
     stops before any step, naming base_model's weights then and now, and deletes nothing."""

@@ -9,13 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from pofe.args import PofeArgs, PofeConfig
-from pofe.columns import BASE_LOGPS
+from pofe.columns import PI_0_LOGPS
 from pofe.losses import kl_penalised_rewards
 from pofe.methods import method_spec
 from pofe.online.prompts import PromptCollator, steps_per_epoch
 from pofe.online.refresh import (
     LOGP,
-    LOGP_BASE,
     TOKENS,
     Refreshed,
     Window,
@@ -71,7 +70,7 @@ def test_what_online_training_does_not_combine_with_is_refused():
 
 def test_anchor_mix_online_scores_pi_0_as_kl_coef_does_and_pi_0_is_the_base_model():
     """pi_0 is scored at each refresh for RRHF's kl_coef and for SPPO's anchor_mix, and only then;
-    online, pi_0 is base_model (another model named by anchor_base is refused)."""
+    online, pi_0 is base_model (another model named by pi_0 is refused)."""
     mixed = PofeConfig.model_validate({**_online("sppo"), "anchor_mix": 0.25})
     assert mixed.anchor_mix == 0.25 and mixed.online_scores_pi_0
     assert PofeConfig.model_validate(_online("rrhf", kl_coef=0.01)).online_scores_pi_0
@@ -80,8 +79,8 @@ def test_anchor_mix_online_scores_pi_0_as_kl_coef_does_and_pi_0_is_the_base_mode
     assert not PofeConfig.model_validate(
         {"method": "sppo", **pofe_block("sppo"), "anchor_mix": 0.25}
     ).online_scores_pi_0
-    with pytest.raises(ValidationError, match=r"pofe.anchor_base \(/m/sft\): online, pi_0 for pofe.anchor_mix is"):
-        PofeConfig.model_validate({**_online("sppo"), "anchor_mix": 0.25, "anchor_base": "/m/sft"})
+    with pytest.raises(ValidationError, match=r"pofe.pi_0 \(/m/sft\): online, pi_0 for pofe.anchor_mix is"):
+        PofeConfig.model_validate({**_online("sppo"), "anchor_mix": 0.25, "pi_0": "/m/sft"})
 
 
 def test_an_online_recipe_trains_on_prompts_and_evaluates_apart():
@@ -122,7 +121,7 @@ def test_with_scores_folds_the_anchor_or_the_penalty_in():
         "win_rates": [0.75, 0.25],
         "anchor_logps": [-2.0, -6.0],
     }
-    rrhf = _row(rewards=[1.0, 0.0], **{LOGP: [-2.0, -6.0], LOGP_BASE: [-3.0, -5.0]})
+    rrhf = _row(rewards=[1.0, 0.0], **{LOGP: [-2.0, -6.0], PI_0_LOGPS: [-3.0, -5.0]})
     shaped = with_scores(rrhf, method_spec("rrhf"), kl_coef=0.1)
     assert shaped["rewards"] == pytest.approx([1.0 - 0.1 * 1.0, 0.0 - 0.1 * -1.0])
     assert "anchor_logps" not in shaped
@@ -131,16 +130,16 @@ def test_with_scores_folds_the_anchor_or_the_penalty_in():
 
 def test_with_scores_gives_sppo_pi_0_beside_its_anchor_under_anchor_mix(tokenizer):
     """The trainer mixes the two (`SPPOTrainer`, `pofe.losses.mixed_anchor`) as offline, where pi_0's
-    come from a table: here from the rows (`AnchorLogps.lookup_base`)."""
+    come from a table: here from the rows (`AnchorLogps.lookup_pi_0`)."""
     from pofe.anchor.logps import AnchorLogps
 
-    row = _row(win_rates=[0.75, 0.25], **{LOGP: [-2.0, -6.0], LOGP_BASE: [-9.0, -7.0]})
+    row = _row(win_rates=[0.75, 0.25], **{LOGP: [-2.0, -6.0], PI_0_LOGPS: [-9.0, -7.0]})
     mixed = with_scores(row, method_spec("sppo"), kl_coef=0.0, anchor_mix=0.5)
-    assert (mixed["anchor_logps"], mixed[BASE_LOGPS]) == ([-2.0, -6.0], [-9.0, -7.0])
-    assert BASE_LOGPS not in with_scores(row, method_spec("sppo"), kl_coef=0.0)
+    assert (mixed["anchor_logps"], mixed[PI_0_LOGPS]) == ([-2.0, -6.0], [-9.0, -7.0])
+    assert PI_0_LOGPS not in with_scores(row, method_spec("sppo"), kl_coef=0.0)
     batch = PromptCollator(tokenizer).rows([mixed])
-    assert batch[BASE_LOGPS].tolist() == [[-9.0, -7.0]]
-    assert AnchorLogps(trainer=None).lookup_base(None, batch) is batch[BASE_LOGPS]
+    assert batch[PI_0_LOGPS].tolist() == [[-9.0, -7.0]]
+    assert AnchorLogps(trainer=None).lookup_pi_0(None, batch) is batch[PI_0_LOGPS]
 
 
 def test_window_stats_count_prompts_and_read_the_policys_samples_only():
@@ -170,7 +169,7 @@ def test_window_stats_count_prompts_and_read_the_policys_samples_only():
         "judge_abstentions": 1.0,
         "candidate_reward_mean": pytest.approx((0.2 + 0.6 + 0.0) / 3),  # the dataset's answer left out
         "candidate_reward_best": pytest.approx((0.6 + 0.0) / 2),
-        "kl_to_base": pytest.approx(1.0 / 3),
+        "kl_to_pi_0": pytest.approx(1.0 / 3),
     }
 
 
@@ -328,6 +327,11 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting(tmp_pat
         f"{weights_fingerprint(base)[:12]} now"
     )
     assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
+    # rows written before pi_0's log-probs were named `pi_0_logps` (as `logp_base`) are not read as if they held them
+    older = {k: v for k, v in made.items() if k != "rows_format"}
+    assert made["rows_format"] == 2 and setting_changes(older, made) == (
+        "rows_format: unset then, 2 now (an older POFE wrote its rows.jsonl, in a form not read any more)"
+    )
 
 
 def test_a_refresh_whose_pairs_all_tied_is_warned_and_one_with_some_not():
@@ -361,7 +365,7 @@ def test_a_refresh_summary_says_what_its_stats_hold():
         "candidates": 16.0,
         "candidate_reward_mean": 0.125,
         "candidate_reward_best": 0.5,
-        "kl_to_base": 0.0104,
+        "kl_to_pi_0": 0.0104,
         "preference": 0.5625,
         "mixture_kl": 0.02,
         "judge_verdicts": 32.0,

@@ -13,11 +13,12 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pofe.columns import PI_0_LOGPS
 from pofe.demo import real_task
 from pofe.demo.real import Training
 from pofe.demo.real_hack import hack_curves, hack_recipe
 from pofe.files import read_jsonl
-from pofe.online.refresh import LOGP, LOGP_BASE, TOKENS, read_refresh
+from pofe.online.refresh import LOGP, TOKENS, read_refresh
 from tests.helpers import assert_float_close, naive_logps, run_axolotl
 from tests.real.test_train import IM_END
 
@@ -52,7 +53,7 @@ def test_the_monitors_on_the_real_model_report_what_an_independent_computation_g
     blind-spot judge's and the verifier's over the written samples; refresh 1's reference
     perplexity is a plain forward's of the 4 held-out sums under the model (the LoRA adapter starts
     at zero), and every candidate's pi_0 log-prob (the adapter disabled) is the model's, so that
-    `online/kl_to_base` is measured without a KL penalty: 0 at refresh 1, where policy and pi_0 are
+    `online/kl_to_pi_0` is measured without a KL penalty: 0 at refresh 1, where policy and pi_0 are
     one, and above 0 once a step has trained."""
     cfg = tmp_path / "recipe.yml"
     cfg.write_text(yaml.safe_dump(hack_recipe(real_model, tmp_path, TINY, seed=0, kl_coef=0.0, held_out=HELD_OUT)))
@@ -90,15 +91,15 @@ def test_the_monitors_on_the_real_model_report_what_an_independent_computation_g
         # pi_0: the model itself, scored apart (the adapter disabled in the trainer)
         tokenized = [{"row_id": j, **r[TOKENS]} for j, r in enumerate(rows)]
         base = naive_logps(model, tokenized)
-        scored = torch.tensor([r[LOGP_BASE] for r in rows], dtype=torch.float32)
+        scored = torch.tensor([r[PI_0_LOGPS] for r in rows], dtype=torch.float32)
         assert_float_close(scored, base, n_terms=N_TERMS)
-        logratios = [a - b for r in rows for a, b in zip(r[LOGP], r[LOGP_BASE], strict=True)]
-        assert stats["kl_to_base"] == pytest.approx(sum(logratios) / len(logratios), rel=1e-9, abs=1e-12)
+        logratios = [a - b for r in rows for a, b in zip(r[LOGP], r[PI_0_LOGPS], strict=True)]
+        assert stats["kl_to_pi_0"] == pytest.approx(sum(logratios) / len(logratios), rel=1e-9, abs=1e-12)
         if number == 1:
-            assert stats["kl_to_base"] == 0.0  # the adapter's B starts at zero: the same forward
+            assert stats["kl_to_pi_0"] == 0.0  # the adapter's B starts at zero: the same forward
             first = stats
         else:
-            assert stats["kl_to_base"] > 0.0, stats
+            assert stats["kl_to_pi_0"] > 0.0, stats
 
     # refresh 1's perplexity of the held-out sums, each the template's finished assistant turn
     tokenizer = AutoTokenizer.from_pretrained(real_model)

@@ -41,12 +41,12 @@ def _train(tmp_path, model, data, **extra):
 
 
 def test_pi_0_loaded_apart_enters_the_anchor(tmp_path, tiny_model):
-    """anchor_base names another model (an SFT model, or an iterated run's first policy): its
+    """pi_0 names another model (an SFT model, or an iterated run's first policy): its
     table is computed as the rows load, cached as pofe-pi0-*.pt, and step 1's log-ratio is
     beta * mean(log pi_t - log pi_0) (0 without anchor_mix: the test asks 100 tolerances off it)."""
     sft = build_tiny_model(tmp_path / "sft", seed=1)
     data = write_jsonl(make_sppo_rows(ROWS, k=4, seed=0), tmp_path / "sppo.jsonl")
-    proc, step = _train(tmp_path, tiny_model, data, pofe={"anchor_base": str(sft)}, learning_rate=1e-3)
+    proc, step = _train(tmp_path, tiny_model, data, pofe={"pi_0": str(sft)}, learning_rate=1e-3)
     assert len(list((tmp_path / "prepared").glob("pofe-pi0-*.pt"))) == 1
     assert f"POFE: loading pi_0 ({sft})" in proc.stdout
     rows = prepared_rows(tmp_path / "prepared")
@@ -59,7 +59,7 @@ def test_pi_0_loaded_apart_enters_the_anchor(tmp_path, tiny_model):
 def test_pi_0_is_the_policy_with_its_adapter_disabled(tmp_path, tiny_model):
     """The policy is a LoRA adapter (lora_model_dir, non-zero B) on base_model = pi_0: pi_0's
     log-probs come from the policy with its adapter disabled, no model loaded apart, and step
-    1's log-ratio is beta * mean(log pi_adapter - log pi_base)."""
+    1's log-ratio is beta * mean(log pi_adapter - log pi_0)."""
     from peft import LoraConfig, get_peft_model
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

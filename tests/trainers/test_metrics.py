@@ -397,7 +397,7 @@ def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     counted apart and left as they are. Issue 51: Nash-MD's trainer read 9 a step (4 `.item()`,
     3 boolean-mask gathers, the loss's check, `check_finite`); it now takes the (B, K) batch and
     its mask as SPPO's loss does."""
-    from pofe.columns import BASE_LOGPS
+    from pofe.columns import PI_0_LOGPS
     from pofe.trainers import RRHFTrainer, SPPOTrainer
     from pofe.trainers.nash_md import NashMDTrainer
 
@@ -406,7 +406,7 @@ def test_a_step_reads_its_statistics_on_the_host_once_per_log(
     pofe = {"rrhf": {"method": "rrhf"}, "sppo": {"method": "sppo", "eta": ETA}, "nash_md": NASH_MD}[method]
     if method == "nash_md":  # what its refresh writes: each sample's preference and log pi_0
         batch["preferences"] = torch.full(batch["candidate_mask"].shape, 0.75)
-        batch[BASE_LOGPS] = torch.full(batch["candidate_mask"].shape, -5.0)
+        batch[PI_0_LOGPS] = torch.full(batch["candidate_mask"].shape, -5.0)
     trainer = _trainer(trainers[method], tiny64_model, tokenizer, tmp_path, pofe)
     trainer.model.train()
     trainer.compute_loss(trainer.model, batch)  # SPPO's first step computes its anchor table

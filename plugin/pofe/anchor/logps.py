@@ -4,7 +4,7 @@ pi_t is the policy as it stands before training, so one no-grad pass of the poli
 before its first update, gives every anchor log-prob; no second model sits in memory. With a
 fresh LoRA/QLoRA adapter (B = 0) the adapted policy equals its base; with a loaded adapter
 (`lora_model_dir`, the previous SPPO iterate) it is that iterate, which is the anchor SPPO
-asks for. pi_0's table comes from the pass `pofe.anchor.pi_0.base_route` names. Both are
+asks for. pi_0's table comes from the pass `pofe.anchor.pi_0.pi_0_route` names. Both are
 cached beside the prepared data (`pofe.anchor.table`).
 
 Under several processes each scores its share of the batches and the table is merged,
@@ -19,9 +19,9 @@ import torch
 
 from pofe.anchor.pi_0 import REDO as PI_0_REDO
 from pofe.anchor.pi_0 import WHAT as PI_0
-from pofe.anchor.pi_0 import adapter_disabled, base_route, base_table_path
+from pofe.anchor.pi_0 import adapter_disabled, pi_0_route, pi_0_table_path
 from pofe.anchor.table import ANCHOR_REDO, RowScorer, cached_table, checked_table, save_table, score_rows, table_path
-from pofe.columns import BASE_LOGPS
+from pofe.columns import PI_0_LOGPS
 from pofe.distributed import all_ranks
 from pofe.files import weights_fingerprint
 from pofe.logs import get_logger
@@ -38,8 +38,8 @@ class AnchorLogps:
         self.trainer = trainer
         self.table: torch.Tensor | None = None  # (num_rows, K_max), float32, CPU: the policy before training
         self.path: Path | None = None  # the table's cache file, once looked up
-        self.base: torch.Tensor | None = None  # (num_rows, K_max): pi_0's, with pofe.anchor_mix
-        self.base_path: Path | None = None
+        self.pi_0: torch.Tensor | None = None  # (num_rows, K_max): pi_0's, with pofe.anchor_mix
+        self.pi_0_path: Path | None = None
 
     def lookup(self, model, inputs) -> torch.Tensor:
         """(B, K) anchor log-probs for the batch: given in the data, else the table."""
@@ -47,18 +47,18 @@ class AnchorLogps:
             return inputs["anchor_logps"]
         return self._rows(self._own(model), inputs)
 
-    def lookup_base(self, model, inputs) -> torch.Tensor:
+    def lookup_pi_0(self, model, inputs) -> torch.Tensor:
         """(B, K) pi_0 log-probs for the batch: given in the rows (an online refresh's), else
         pi_0's table (`pofe.anchor.pi_0`)."""
-        if BASE_LOGPS in inputs:
-            return inputs[BASE_LOGPS]
-        if self.base is None:
-            self.base = self._load_base(model)
-        return self._rows(self.base, inputs)
+        if PI_0_LOGPS in inputs:
+            return inputs[PI_0_LOGPS]
+        if self.pi_0 is None:
+            self.pi_0 = self._load_pi_0(model)
+        return self._rows(self.pi_0, inputs)
 
-    def fix_hint(self, base: bool = False) -> str:
-        """What to do about a non-finite entry of the anchor table (`base`: of pi_0's)."""
-        path = self.base_path if base else self.path
+    def fix_hint(self, pi_0: bool = False) -> str:
+        """What to do about a non-finite entry of the anchor table (`pi_0`: of pi_0's)."""
+        path = self.pi_0_path if pi_0 else self.path
         return (
             f"the table {path} holds them: delete it so the next run computes it again, and "
             "check the model's dtype (fp16 overflows where bf16 or fp32 does not)"
@@ -115,23 +115,23 @@ class AnchorLogps:
         self._save(path, table, ANCHOR)
         return table
 
-    def _load_base(self, model) -> torch.Tensor:
+    def _load_pi_0(self, model) -> torch.Tensor:
         cfg, args = self.trainer.axolotl_cfg, self.trainer.args
-        route = base_route(cfg, args.pofe_anchor_base)
+        route = pi_0_route(cfg, args.pofe_pi_0)
         if route == "policy":
             LOG.info(
                 "POFE: pofe.anchor_mix: pi_0 is the policy this training starts from, whose log-probs are "
-                "the anchor's (round 1 of an iterated run); offline, set pofe.anchor_base to the run's first model"
+                "the anchor's (round 1 of an iterated run); offline, set pofe.pi_0 to the run's first model"
             )
             return self._own(model)
         datasets = self._datasets()
-        path = self.base_path = base_table_path(cfg, args.pofe_anchor_base, route, datasets)
+        path = self.pi_0_path = pi_0_table_path(cfg, args.pofe_pi_0, route, datasets)
         if all_ranks(path.exists(), args.device):
             LOG.info(f"POFE: loading pi_0's log-probs from {path}")
             return cached_table(path, datasets, PI_0, PI_0_REDO)
         if route == "apart":
             raise FileNotFoundError(
-                f"pofe.anchor_mix: no table of pi_0's ({args.pofe_anchor_base}) log-probs at {path}. It is "
+                f"pofe.anchor_mix: no table of pi_0's ({args.pofe_pi_0}) log-probs at {path}. It is "
                 "computed as the rows load (axolotl preprocess or axolotl train, through PofePlugin's "
                 "load_datasets hook), which has not run for these rows: run `axolotl preprocess` on the recipe"
             )

@@ -1,18 +1,18 @@
 """pi_0's log-probs of every candidate, for SPPO's anchor mixed toward pi_0 (`pofe.anchor_mix`).
 
-pi_0 is the run's first policy: `pofe.anchor_base` when set, else the recipe's `base_model`.
-Which pass gives its log-probs (`base_route`):
+pi_0 is the run's first policy: `pofe.pi_0` when set, else the recipe's `base_model`.
+Which pass gives its log-probs (`pi_0_route`):
 
 - "policy": pi_0 is the policy this training starts from (no adapter loaded, or
-  `anchor_base` names the loaded adapter): its table is the policy's own pass before the
+  `pi_0` names the loaded adapter): its table is the policy's own pass before the
   first update, the anchor table's (`pofe.anchor.AnchorLogps`). Round 1 of an iterated run;
   offline, the mixed anchor then equals the anchor (the trainer says so).
 - "adapter": the policy is a LoRA/QLoRA adapter loaded on pi_0 (`lora_model_dir` on
   `base_model` = pi_0): one more no-grad pass of the policy with its adapter disabled, in the
   trainer's first step beside the anchor pass. No second model loads.
 - "apart": pi_0 is another model (rounds 2..T of an iterated run, whose `base_model` is the
-  merged pi_{t-1}; or an SFT model `anchor_base` names): loaded on its own when the rows load
-  (`prepare_base_table`, from the plugin's `load_datasets` hook, in `axolotl preprocess` and
+  merged pi_{t-1}; or an SFT model `pi_0` names): loaded on its own when the rows load
+  (`prepare_pi_0_table`, from the plugin's `load_datasets` hook, in `axolotl preprocess` and
   `axolotl train` alike), scored, and freed before the policy loads: one model in memory at a
   time. In the recipe's dtype, and in 4-bit (8-bit) when the recipe loads the policy so.
 
@@ -37,7 +37,7 @@ from pofe.logs import get_logger
 
 LOG = get_logger(__name__)
 
-BaseRoute = Literal["policy", "adapter", "apart"]
+Pi0Route = Literal["policy", "adapter", "apart"]
 WHAT = "pi_0"
 REDO = "the next run computes pi_0's log-probs again (pi_0 does not change as the policy trains)."
 
@@ -52,25 +52,25 @@ def _same_model(a: str, b: str | None) -> bool:
     return str(a) == str(b)
 
 
-def base_model_of(cfg, anchor_base: str | None) -> str:
-    """pi_0's name: `anchor_base`, else the recipe's base_model."""
-    return str(anchor_base or cfg.base_model)
+def pi_0_name(cfg, pi_0: str | None) -> str:
+    """pi_0's name: `pi_0`, else the recipe's base_model."""
+    return str(pi_0 or cfg.base_model)
 
 
-def base_route(cfg, anchor_base: str | None) -> BaseRoute:
+def pi_0_route(cfg, pi_0: str | None) -> Pi0Route:
     """Which pass gives pi_0's log-probs for a recipe (`cfg`: base_model, lora_model_dir)."""
     if cfg.lora_model_dir:  # the policy is base_model + a loaded adapter
-        if anchor_base is None or _same_model(anchor_base, cfg.base_model):
+        if pi_0 is None or _same_model(pi_0, cfg.base_model):
             return "adapter"
-        return "policy" if _same_model(anchor_base, cfg.lora_model_dir) else "apart"
-    return "policy" if anchor_base is None or _same_model(anchor_base, cfg.base_model) else "apart"
+        return "policy" if _same_model(pi_0, cfg.lora_model_dir) else "apart"
+    return "policy" if pi_0 is None or _same_model(pi_0, cfg.base_model) else "apart"
 
 
-def base_table_path(cfg, anchor_base: str | None, route: BaseRoute, datasets) -> Path:
+def pi_0_table_path(cfg, pi_0: str | None, route: Pi0Route, datasets) -> Path:
     """Where pi_0's table for these rows is cached (`route` "adapter" or "apart")."""
-    pi_0 = base_model_of(cfg, anchor_base)
-    revision = cfg.revision_of_model if _same_model(pi_0, cfg.base_model) else None
-    return table_path(cfg, datasets, WHAT, [weights_fingerprint(pi_0, revision)], route=route)
+    name = pi_0_name(cfg, pi_0)
+    revision = cfg.revision_of_model if _same_model(name, cfg.base_model) else None
+    return table_path(cfg, datasets, WHAT, [weights_fingerprint(name, revision)], route=route)
 
 
 @contextmanager
@@ -79,7 +79,7 @@ def adapter_disabled(model):
     if not hasattr(model, "disable_adapter"):
         raise TypeError(
             f"pofe.anchor_mix: the policy ({type(model).__name__}) carries no PEFT adapter to disable, "
-            "though lora_model_dir is set; set pofe.anchor_base to pi_0's folder to load it apart"
+            "though lora_model_dir is set; set pofe.pi_0 to pi_0's folder to load it apart"
         )
     with model.disable_adapter():
         yield model
@@ -107,15 +107,15 @@ def _quantization(cfg, dtype: torch.dtype):
     )
 
 
-def compute_apart(cfg, anchor_base: str, datasets, scorer: RowScorer) -> torch.Tensor:
-    """pi_0 (`anchor_base`) loaded on its own, every row scored on this process, then freed."""
+def compute_apart(cfg, pi_0: str, datasets, scorer: RowScorer) -> torch.Tensor:
+    """pi_0 (`pi_0`) loaded on its own, every row scored on this process, then freed."""
     from pofe_candidates.models import load_policy
 
     dtype = recipe_dtype(cfg)
-    LOG.info(f"POFE: loading pi_0 ({anchor_base}) for its log-probs of the candidates (pofe.anchor_mix)")
-    model = load_policy(anchor_base, device=scorer.device, dtype=dtype, quantization=_quantization(cfg, dtype))
+    LOG.info(f"POFE: loading pi_0 ({pi_0}) for its log-probs of the candidates (pofe.anchor_mix)")
+    model = load_policy(pi_0, device=scorer.device, dtype=dtype, quantization=_quantization(cfg, dtype))
     try:
-        return checked_table(score_rows(model, datasets, scorer, WHAT, ranks=(0, 1)), datasets, anchor_base, WHAT)
+        return checked_table(score_rows(model, datasets, scorer, WHAT, ranks=(0, 1)), datasets, pi_0, WHAT)
     finally:
         del model
         gc.collect()
@@ -123,21 +123,21 @@ def compute_apart(cfg, anchor_base: str, datasets, scorer: RowScorer) -> torch.T
             torch.cuda.empty_cache()
 
 
-def prepare_base_table(cfg, anchor_base: str | None, datasets, scorer: RowScorer) -> Path | None:
+def prepare_pi_0_table(cfg, pi_0: str | None, datasets, scorer: RowScorer) -> Path | None:
     """pi_0's table for the route "apart", computed (or found) before the policy loads; its
     path, or None for the other routes (the trainer makes those). Every process that loads
     the data calls this; the first computes under a file lock, the others find its table."""
     datasets = [d for d in datasets if d is not None]
-    route = base_route(cfg, anchor_base)
+    route = pi_0_route(cfg, pi_0)
     if route != "apart":
         return None
-    path = base_table_path(cfg, anchor_base, route, datasets)
+    path = pi_0_table_path(cfg, pi_0, route, datasets)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_suffix(".lock"))):
         if path.exists():
             cached_table(path, datasets, WHAT, REDO)
             LOG.info(f"POFE: pi_0's log-probs of the candidates are cached at {path}")
             return path
-        save_table(path, compute_apart(cfg, base_model_of(cfg, anchor_base), datasets, scorer))
+        save_table(path, compute_apart(cfg, pi_0_name(cfg, pi_0), datasets, scorer))
     LOG.info(f"POFE: cached pi_0's log-probs of the candidates at {path}")
     return path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -36,6 +36,8 @@ class PofeConfig(KnownKeys):
 
     # Errors never repeat the input: it may hold a key (pofe_candidates.config refuses those).
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    # pi_0 has one name in keys, columns and files
+    renamed_keys: ClassVar[dict[str, str]] = {"anchor_base": "pi_0"}
 
     method: str | None = Field(
         default=None,
@@ -76,7 +78,7 @@ class PofeConfig(KnownKeys):
         "geometric mixture; anchor_mix = Nash-MD's eta * tau): a pull toward pi_0 against last-iterate "
         "cycles and drift. 0: the paper (anchor pi_t only).",
     )
-    anchor_base: str | None = Field(
+    pi_0: str | None = Field(
         default=None,
         description="pi_0 for anchor_mix: a model folder, hub id or adapter folder (unset: the recipe's "
         "base_model; an iterated run sets it to its first policy).",
@@ -212,10 +214,10 @@ class PofeConfig(KnownKeys):
     def _cross_field_rules(self) -> PofeConfig:
         if self.method is not None:
             self._check_own_keys()
-        if self.anchor_base is not None and self.anchor_mix == 0.0:
+        if self.pi_0 is not None and self.anchor_mix == 0.0:
             raise ValueError(
-                f"pofe.anchor_base ({self.anchor_base}) names pi_0 for pofe.anchor_mix, which is 0 (the "
-                "anchor is pi_t alone): set anchor_mix (e.g. 0.1), or drop anchor_base"
+                f"pofe.pi_0 ({self.pi_0}) is the model pofe.anchor_mix mixes the anchor toward, and anchor_mix is 0 (the "
+                "anchor is pi_t alone): set anchor_mix (e.g. 0.1), or drop pofe.pi_0"
             )
         if self.beta is not None:
             self.eta = 1.0 / self.beta

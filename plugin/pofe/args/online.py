@@ -83,11 +83,11 @@ def check_online_block(pofe) -> None:
             "pofe.online refreshes the candidates inside one training, which replaces pofe.rounds: set "
             "rounds: 1 (or drop pofe.online to iterate offline rounds)"
         )
-    if pofe.anchor_base is not None:
+    if pofe.pi_0 is not None:
         raise ValueError(
-            f"pofe.anchor_base ({pofe.anchor_base}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
+            f"pofe.pi_0 ({pofe.pi_0}): online, pi_0 for pofe.anchor_mix is the recipe's base_model "
             "(the policy with its adapter disabled under LoRA/QLoRA, a frozen copy under full fine-tuning), as "
-            "for kl_coef: drop anchor_base, or set base_model to the model pi_0 should be"
+            "for kl_coef: drop pofe.pi_0, or set base_model to the model pi_0 should be"
         )
 
 

@@ -4,7 +4,7 @@ the last integer), with the online monitors watching: `pofe.eval.judge2` the ver
 questions' sums as the references whose perplexity the policy is measured on, every refresh.
 
 `benchmarks/real_hack.py` runs it with `kl_coef` 0 and `HACK_KL` and prints `hack_table`; the
-policy's own samples only (no dataset answer), so `online/kl_to_base`, the mean log-ratio to pi_0
+policy's own samples only (no dataset answer), so `online/kl_to_pi_0`, the mean log-ratio to pi_0
 of the samples, is a Monte-Carlo estimate of KL(pi || pi_0) (measured at every monitored refresh
 under LoRA, with or without the penalty).
 """
@@ -24,7 +24,7 @@ HACK = Training(prompts=32, epochs=3, learning_rate=6e-4, micro_batch_size=8, ca
 HACK_KL = 0.2
 HELD_OUT = 32  # questions after the training ones in the seed's order: the references
 # per refresh: the judge's mean reward of the samples, the verifier's, the references' perplexity, the KL
-COLUMNS = ("candidate_reward_mean", "judge2_reward_mean", "reference_perplexity", "kl_to_base")
+COLUMNS = ("candidate_reward_mean", "judge2_reward_mean", "reference_perplexity", "kl_to_pi_0")
 
 
 def hack_recipe(model: Path, work: Path, size: Training, seed: int, kl_coef: float, held_out: int = HELD_OUT) -> dict:

@@ -43,7 +43,7 @@ def nash_md_mixture_logits(policy_logits: Tensor, ref_logits: Tensor, mixture_co
 
 
 def nash_md_loss(
-    logps: Tensor, ref_logps: Tensor, preference: Tensor, kl_coef: float, mask: Tensor | None = None
+    logps: Tensor, pi_0_logps: Tensor, preference: Tensor, kl_coef: float, mask: Tensor | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Nash-MD-PG's loss over N samples y_i of the policy, each against an opponent y'_i of the mixture.
 
@@ -71,7 +71,7 @@ def nash_md_loss(
 
     Args:
         logps: (N,) or (B, K) summed log pi_theta(y_i | x_i) of the policy's samples (with gradient).
-        ref_logps: same shape, summed log pi_0(y_i | x_i) (no gradient needed).
+        pi_0_logps: same shape, summed log pi_0(y_i | x_i) (no gradient needed).
         preference: same shape, P(y_i beats y'_i) in [0, 1], y'_i the mixture's sample for the same prompt.
         kl_coef: tau >= 0.
         mask: same shape, bool, True for the real samples the mean is over (default: all); padded
@@ -92,7 +92,7 @@ def nash_md_loss(
         mask = torch.ones_like(logps, dtype=torch.bool)
     if logps.dim() not in (1, 2):
         raise ValueError(f"logps must have shape (N,) or (B, K), got {tuple(logps.shape)}")
-    for name, t in (("ref_logps", ref_logps), ("preference", preference), ("mask", mask)):
+    for name, t in (("pi_0_logps", pi_0_logps), ("preference", preference), ("mask", mask)):
         if t.shape != logps.shape:
             raise ValueError(f"{name} must have the shape of logps {tuple(logps.shape)}, got {tuple(t.shape)}")
     if mask.dtype != torch.bool:
@@ -105,7 +105,7 @@ def nash_md_loss(
             raise ValueError("nash_md_loss needs at least one real sample (N >= 1)")
         raise ValueError(f"preference must lie in [0, 1], got {preference[mask].tolist()}")
     logp = torch.where(mask, logps.to(dtype), 0.0)
-    ratio = torch.where(mask, logp - ref_logps.to(dtype), 0.0).detach()
+    ratio = torch.where(mask, logp - pi_0_logps.to(dtype), 0.0).detach()
     n = mask.sum()
     per_sample = torch.where(mask, -(pref - 0.5) * logp + kl_coef * ratio * logp, 0.0)
     loss = per_sample.sum() / n

@@ -127,7 +127,7 @@ def mean_or_nan(total: Tensor, count: Tensor) -> Tensor:
     return torch.where(count > 0, total / count.clamp(min=1), float("nan"))
 
 
-def kl_penalised_rewards(rewards: Tensor, logp: Tensor, logp_base: Tensor, kl_coef: float) -> Tensor:
+def kl_penalised_rewards(rewards: Tensor, logp: Tensor, pi_0_logps: Tensor, kl_coef: float) -> Tensor:
     """The reward online RRHF ranks by, penalised by the sampled log-ratio to pi_0:
 
         r'_i = r_i - kl_coef * (log pi(y_i | x) - log pi_0(y_i | x))
@@ -136,4 +136,4 @@ def kl_penalised_rewards(rewards: Tensor, logp: Tensor, logp_base: Tensor, kl_co
     KL(pi || pi_0) for that prompt. The RRHF paper's fix for reward hacking under fully online
     sampling (Sec. 4, kl_coef 0.01). All tensors (B, K), summed response log-probs.
     """
-    return rewards - kl_coef * (logp - logp_base)
+    return rewards - kl_coef * (logp - pi_0_logps)

@@ -96,10 +96,10 @@ def sppo_loss(
     return loss, stats
 
 
-def mixed_anchor(anchor_logps: Tensor, base_logps: Tensor, beta: float) -> Tensor:
+def mixed_anchor(anchor_logps: Tensor, pi_0_logps: Tensor, beta: float) -> Tensor:
     """SPPO's anchor regularised toward pi_0: the log of Nash-MD's geometric mixture.
 
-        mixed_i = (1 - beta) * anchor_logps_i + beta * base_logps_i
+        mixed_i = (1 - beta) * anchor_logps_i + beta * pi_0_logps_i
                 = log( pi_t(y_i | x) ** (1 - beta) * pi_0(y_i | x) ** beta )
 
     SPPO (Wu et al. 2024) regresses log pi_theta(y) - log pi_t(y) onto eta (P(y beats pi_t) - 1/2):
@@ -125,7 +125,7 @@ def mixed_anchor(anchor_logps: Tensor, base_logps: Tensor, beta: float) -> Tenso
 
     Args:
         anchor_logps: (B, K) or any shape: summed log pi_t(y | x) per response.
-        base_logps: same shape: summed log pi_0(y | x) for the same responses.
+        pi_0_logps: same shape: summed log pi_0(y | x) for the same responses.
         beta: in [0, 1]. 0 returns `anchor_logps` itself (so padded or missing base entries,
             NaN, are never read); otherwise padded slots come out NaN where either input is,
             for the loss's mask to drop.
@@ -137,10 +137,10 @@ def mixed_anchor(anchor_logps: Tensor, base_logps: Tensor, beta: float) -> Tenso
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     if beta == 0.0:
         return anchor_logps
-    if base_logps.shape != anchor_logps.shape:
-        raise ValueError(f"base_logps has shape {tuple(base_logps.shape)}, expected {tuple(anchor_logps.shape)}")
+    if pi_0_logps.shape != anchor_logps.shape:
+        raise ValueError(f"pi_0_logps has shape {tuple(pi_0_logps.shape)}, expected {tuple(anchor_logps.shape)}")
     dtype = torch.promote_types(anchor_logps.dtype, torch.float32)
-    return (1.0 - beta) * anchor_logps.to(dtype) + beta * base_logps.to(dtype)
+    return (1.0 - beta) * anchor_logps.to(dtype) + beta * pi_0_logps.to(dtype)
 
 
 def sppo_hard_loss(

@@ -26,6 +26,7 @@ def made_with(pofe: PofeConfig, sequence_len: int, *, base_model: str, revision:
     pi_0 = {PI_0: weights_fingerprint(base_model, revision)} if pofe.online_scores_pi_0 else {}
     return recorded(
         {
+            ROWS: ROWS_FORMAT,
             **pi_0,
             "method": pofe.method,
             "judge": judge["judge"],
@@ -46,6 +47,8 @@ def made_with(pofe: PofeConfig, sequence_len: int, *, base_model: str, revision:
 
 IDENTITY = "judge_identity."
 PI_0 = "pi_0_weights"
+# the form of rows.jsonl's rows; 2: pi_0's log-probs under `pi_0_logps` (1, unrecorded: `logp_base`)
+ROWS, ROWS_FORMAT = "rows_format", 2
 
 
 def setting_changes(recorded_with: dict | None, made: dict) -> str:
@@ -56,7 +59,11 @@ def setting_changes(recorded_with: dict | None, made: dict) -> str:
         return "its refresh.json records nothing of what made it (an older POFE wrote it)"
     said = []
     for key, then, now in changed_settings(recorded_with, made):
-        if key == PI_0:
+        if key == ROWS:
+            said.append(
+                f"{ROWS}: {then} then, {now} now (an older POFE wrote its rows.jsonl, in a form not read any more)"
+            )
+        elif key == PI_0:
             was, now = (_short(digest) for digest in (then, now))
             said.append(f"the weights of base_model (pi_0, whose log-probs its rows hold): {was} then, {now} now")
         elif not key.startswith(IDENTITY):

@@ -6,7 +6,7 @@ log_softmax(pi_0)), and the token is drawn from that (after the recipe's tempera
 top-p, as the policy's own samples are). The policy decodes through transformers' `generate`
 (the candidate pipeline's `sample_responses`: same prompts as ids, seeding, stop tokens and
 cuts as the policy's samples); pi_0 runs beside it in a logits processor, one token at a time
-over a KV cache of its own (`BasePolicy.forward`: the adapter-disabled policy under LoRA/QLoRA,
+over a KV cache of its own (`Pi0Policy.forward`: the adapter-disabled policy under LoRA/QLoRA,
 the frozen copy under full fine-tuning).
 
 Always the training model, whatever `generate.backend` samples the policy's own candidates:
@@ -60,13 +60,13 @@ class MixtureLogitsProcessor(LogitsProcessor):
 
     def __init__(
         self,
-        base_forward: Callable[..., object],
+        pi_0_forward: Callable[..., object],
         mixture_coef: float,
         prompt_mask: torch.Tensor,
         stops: list[int],
         distance: MixtureDistance,
     ):
-        self.base_forward, self.mixture_coef = base_forward, mixture_coef
+        self.pi_0_forward, self.mixture_coef = pi_0_forward, mixture_coef
         self.prompt_mask = prompt_mask  # (R, P): one row per sequence
         self.stops = torch.tensor(stops, device=prompt_mask.device)
         self.distance = distance
@@ -84,7 +84,7 @@ class MixtureLogitsProcessor(LogitsProcessor):
             self.finished |= torch.isin(input_ids[:, -1], self.stops)
         mask = torch.cat([self.prompt_mask, self.prompt_mask.new_ones(rows, length - prompt_len)], dim=1)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (R, L): left padding does not count
-        out = self.base_forward(
+        out = self.pi_0_forward(
             input_ids=input_ids[:, self.seen :],
             attention_mask=mask,
             position_ids=positions[:, self.seen :],
@@ -103,7 +103,7 @@ class MixtureLogitsProcessor(LogitsProcessor):
 class MixtureGenerator:
     """A candidate-pipeline generator (`Generator`) whose samples are the mixture's: the unwrapped
     policy `model` decodes; `pi_0()` is a context in which pi_0's forward can be called
-    (`BasePolicy.forward`), entered for each `generate` call only (under ZeRO-3 it holds a
+    (`Pi0Policy.forward`), entered for each `generate` call only (under ZeRO-3 it holds a
     gathered copy)."""
 
     name = "transformers (Nash-MD mixture)"
@@ -125,10 +125,10 @@ class MixtureGenerator:
     def generate(self, prompts: list[Rendered], n: int, sampling: Sampling) -> list[list[Completion]]:
         """P rendered prompts -> P lists of n samples of the mixture."""
         stops = stop_token_ids(self.model, self.tokenizer)
-        with self.pi_0() as base_forward:
+        with self.pi_0() as pi_0_forward:
 
             def processors(prompt_mask: torch.Tensor) -> LogitsProcessorList:
-                mixture = MixtureLogitsProcessor(base_forward, self.mixture_coef, prompt_mask, stops, self.distance)
+                mixture = MixtureLogitsProcessor(pi_0_forward, self.mixture_coef, prompt_mask, stops, self.distance)
                 return LogitsProcessorList([mixture])
 
             samples = sample_responses(

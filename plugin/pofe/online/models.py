@@ -39,7 +39,7 @@ def policy_for_refresh(trainer) -> Iterator[torch.nn.Module]:
             model.train(was_training)
 
 
-class BasePolicy:
+class Pi0Policy:
     """pi_0 for `pofe.online.kl_coef`, `pofe.anchor_mix` and Nash-MD: the adapter-disabled policy, or a frozen copy."""
 
     def __init__(self, cfg, accelerator):
@@ -67,11 +67,11 @@ class BasePolicy:
         runs with the adapter disabled and the policy's adapter is back on between calls."""
         if self.is_adapter:
 
-            def base_forward(**inputs):
+            def pi_0_forward(**inputs):
                 with adapter_disabled(policy) as base:
                     return base(**inputs)
 
-            yield base_forward
+            yield pi_0_forward
             return
         with self._gathered_copy() as copy:
             yield copy

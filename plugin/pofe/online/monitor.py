@@ -30,6 +30,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pofe.columns import PI_0_LOGPS
 from pofe.data.formats import RowFormat, prompt_row, row_error
 from pofe.data.held_out import held_out_count, hold_out
 from pofe.data.messages import prompt_messages
@@ -37,7 +38,7 @@ from pofe.data.sources import load_entry, read_json_rows
 from pofe.files import read_jsonl, write_jsonl_atomic
 from pofe.logs import get_logger
 from pofe.methods import method_spec
-from pofe.online.refresh import FOLDER, LOGP, LOGP_BASE, refresh_starts
+from pofe.online.refresh import FOLDER, LOGP, refresh_starts
 from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.judges import make_judge
 from pofe_candidates.shard_work import judge_shard
@@ -107,9 +108,9 @@ class Monitor:
         mean reward of all the policy's samples ({"judge2_reward_mean": ...}, or {}).
         `columns`: prompt index -> the prompt row's other columns (for judges that read them)."""
         logratios = {
-            row["prompt_index"]: dict(zip(row["responses"], (a - b for a, b in zip(row[LOGP], row[LOGP_BASE]))))
+            row["prompt_index"]: dict(zip(row["responses"], (a - b for a, b in zip(row[LOGP], row[PI_0_LOGPS]))))
             for row in data_rows
-            if LOGP_BASE in row
+            if PI_0_LOGPS in row
         }
         second = self._second_opinion(generated, columns)
         self._completions = completions(generated, judged, self.count, logratios, second)

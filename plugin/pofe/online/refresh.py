@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from pofe.columns import ANCHOR_LOGPS, BASE_LOGPS
+from pofe.columns import ANCHOR_LOGPS, PI_0_LOGPS
 from pofe.data.formats import candidate_row
 from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
@@ -49,8 +49,8 @@ from pofe_candidates.shard_work import WHERE, generate_shard, judge_shard
 
 FOLDER = "online"
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
-# a window gave its candidates, and pi_0's (with kl_coef)
-LOGP, LOGP_BASE = "logp", "logp_base"
+# a window gave its candidates, and pi_0's (`pofe.columns.PI_0_LOGPS`, when a refresh scores under pi_0)
+LOGP = "logp"
 # and the token ids the trainer scores: {"prompt_ids": [...], "response_ids": [[...], ...]}
 TOKENS = "tokens"
 
@@ -200,21 +200,21 @@ def with_scores(row: dict, method: MethodSpec, kl_coef: float, anchor_mix: float
     """The trainer's row of a rows.jsonl row: its token ids and label, with the scores folded in:
     an anchored method's anchor is the log-probs of the policy that sampled the window, and with
     `anchor_mix` pi_0's come along (the trainer mixes the two, `pofe.losses.mixed_anchor`); a loss
-    with its own KL reads pi_0's log-probs (`base_logps`); else, with `kl_coef`, the rewards are
+    with its own KL reads pi_0's log-probs (`pi_0_logps`); else, with `kl_coef`, the rewards are
     penalised by the log-ratio to pi_0 (`pofe.losses.kl_penalised_rewards`)."""
     column = method.target.column
     out = {**row[TOKENS], column: row[column]}
     if method.needs_anchor:
         out[ANCHOR_LOGPS] = list(row[LOGP])
         if anchor_mix:
-            out[BASE_LOGPS] = list(row[LOGP_BASE])
+            out[PI_0_LOGPS] = list(row[PI_0_LOGPS])
     if method.kl_in_loss:
-        out[BASE_LOGPS] = list(row[LOGP_BASE])
+        out[PI_0_LOGPS] = list(row[PI_0_LOGPS])
     elif kl_coef:
         shaped = kl_penalised_rewards(
             torch.tensor(row[column], dtype=torch.float64),
             torch.tensor(row[LOGP], dtype=torch.float64),
-            torch.tensor(row[LOGP_BASE], dtype=torch.float64),
+            torch.tensor(row[PI_0_LOGPS], dtype=torch.float64),
             kl_coef,
         )
         out[column] = shaped.tolist()

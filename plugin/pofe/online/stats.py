@@ -66,7 +66,7 @@ def window_stats(
         stats["candidate_reward_mean"] = sum(sum(r) for r in sampled) / sum(len(r) for r in sampled)
         stats["candidate_reward_best"] = sum(max(r) for r in sampled) / len(sampled)
     if kl:
-        stats["kl_to_base"] = sum(kl) / len(kl)
+        stats["kl_to_pi_0"] = sum(kl) / len(kl)
     return stats
 
 

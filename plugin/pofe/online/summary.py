@@ -19,8 +19,8 @@ def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> st
         said[-1] += (
             f", candidate reward {means['candidate_reward_mean']:.3f} (best-of-k {means['candidate_reward_best']:.3f})"
         )
-    if "kl_to_base" in means:
-        said.append(f"KL to pi_0 {means['kl_to_base']:.3f}")
+    if "kl_to_pi_0" in means:
+        said.append(f"KL to pi_0 {means['kl_to_pi_0']:.3f}")
     said += [
         f"{name} {means[key]:.3f}"  # the monitor's (pofe.online.monitor), at its refreshes
         for key, name in (("judge2_reward_mean", "judge2 reward"), ("reference_perplexity", "reference perplexity"))

@@ -26,6 +26,7 @@ from datasets import Dataset
 from pofe.anchor.table import RowScorer, score_rows
 from pofe.args import PofeConfig, pofe_config
 from pofe.args.nash_md import NashMDConfig
+from pofe.columns import PI_0_LOGPS
 from pofe.compat.trainer import StepBatches
 from pofe.data.tokenize import tokenize_row
 from pofe.distributed import rank_and_world
@@ -33,14 +34,13 @@ from pofe.logs import get_logger
 from pofe.methods import method_spec
 from pofe.online.made_with import made_with
 from pofe.online.mixture import MixtureGenerator
-from pofe.online.models import BasePolicy, policy_for_refresh
+from pofe.online.models import Pi0Policy, policy_for_refresh
 from pofe.online.monitor import Monitor
 from pofe.online.opponents import opponent_stats, play_window, preference_rows
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW, PROMPT_SOURCE
 from pofe.online.refresh import (
     FOLDER,
     LOGP,
-    LOGP_BASE,
     TOKENS,
     RefreshContext,
     Refreshed,
@@ -81,8 +81,8 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         return pofe_config(self.axolotl_cfg)
 
     @cached_property
-    def _base(self) -> BasePolicy:
-        return BasePolicy(self.axolotl_cfg, self.accelerator)
+    def _pi_0(self) -> Pi0Policy:
+        return Pi0Policy(self.axolotl_cfg, self.accelerator)
 
     @cached_property
     def _made_with(self) -> dict:
@@ -184,7 +184,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             )
             monitored, measured = self._monitor.due(window.start_step), {}
             with _timed(timings, "score"):
-                logp, logp_base = self._scores(model, [kept[i][TOKENS] for i in kept], monitored)
+                logp, pi_0_logps = self._scores(model, [kept[i][TOKENS] for i in kept], monitored)
             if monitored:
                 with _timed(timings, "monitor"):
                     measured = self._monitor.measure(model)
@@ -193,9 +193,9 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
             record = {"prompt_index": index, **row["data"], TOKENS: row[TOKENS]}
             if logp is not None:
                 record[LOGP] = logp[j]
-            if logp_base is not None:
-                record[LOGP_BASE] = logp_base[j]
-                kl.extend(a - b for a, b in zip(logp[j], logp_base[j]))
+            if pi_0_logps is not None:
+                record[PI_0_LOGPS] = pi_0_logps[j]
+                kl.extend(a - b for a, b in zip(logp[j], pi_0_logps[j]))
             data_rows.append(record)
         stats = window_stats(generated, judged, kept, kl) | played | {f"{k}_seconds": v for k, v in timings.items()}
         if monitored:
@@ -237,7 +237,7 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         mixture = (pofe.nash_md or NashMDConfig()).mixture_coef
         opponent = MixtureGenerator(
             model,
-            partial(self._base.forward, model),
+            partial(self._pi_0.forward, model),
             self.processing_class,
             mixture_coef=mixture,
             batch_size=pofe.generate.batch_size,
@@ -252,15 +252,15 @@ class OnlineTraining(ResumedRefreshes, StepBatches):
         """The policy's summed log-probs of each kept candidate when the method anchors on them or
         pi_0's are scored, and pi_0's for kl_coef, anchor_mix or a loss that reads them (None: not
         measured), and on a monitored refresh under LoRA/QLoRA, where pi_0 is the adapter disabled
-        (no second model), so that `online/kl_to_base` shows the drift without a KL penalty too."""
-        pi_0 = self.pofe.online_scores_pi_0 or (monitored and self._base.is_adapter)
-        if not rows or not (self.spec.needs_anchor or pi_0):
+        (no second model), so that `online/kl_to_pi_0` shows the drift without a KL penalty too."""
+        scores_pi_0 = self.pofe.online_scores_pi_0 or (monitored and self._pi_0.is_adapter)
+        if not rows or not (self.spec.needs_anchor or scores_pi_0):
             return None, None
         logp = self.score_table(model, rows, "the policy's")
-        if not pi_0:
+        if not scores_pi_0:
             return logp, None
-        with self._base.scoring(model) as base:
-            return logp, self.score_table(base, rows, "pi_0's")
+        with self._pi_0.scoring(model) as pi_0_model:
+            return logp, self.score_table(pi_0_model, rows, "pi_0's")
 
     def score_table(self, model, rows: list[dict], what: str) -> list[list[float]]:
         """`model`'s summed log-probs of each response of `rows` (their prompt_ids and

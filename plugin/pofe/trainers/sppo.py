@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from pofe.columns import BASE_LOGPS
+from pofe.columns import PI_0_LOGPS
 from pofe.losses import mixed_anchor, sppo_hard_loss, sppo_loss
 from pofe.trainers.k_response import LOGP_HINT, LOSS_HINT, KResponseTrainer
 from pofe.trainers.metrics import pair_metrics
@@ -29,7 +29,7 @@ class SPPOTrainer(KResponseTrainer):
         anchor = self.anchor.lookup(model, inputs)  # (B, K): log pi_t
         finite = {"logp": logp, "anchor": anchor}
         if self.args.pofe_anchor_mix:
-            finite["pi_0"] = self.anchor.lookup_base(model, inputs)  # (B, K)
+            finite["pi_0"] = self.anchor.lookup_pi_0(model, inputs)  # (B, K)
             anchor = mixed_anchor(anchor, finite["pi_0"], self.args.pofe_anchor_mix)  # (B, K)
         mask = inputs["candidate_mask"]
         if self.args.pofe_sppo_loss == "hard":
@@ -53,9 +53,9 @@ class SPPOTrainer(KResponseTrainer):
             else self.anchor.fix_hint()
         )
         base_hint = (
-            f"they came with the rows ({BASE_LOGPS}): check the dtype of the model that scored them"
-            if BASE_LOGPS in inputs
-            else self.anchor.fix_hint(base=True)
+            f"they came with the rows ({PI_0_LOGPS}): check the dtype of the model that scored them"
+            if PI_0_LOGPS in inputs
+            else self.anchor.fix_hint(pi_0=True)
         )
         hints = {"logp": LOGP_HINT, "anchor": anchor_hint, "pi_0": base_hint, "loss": LOSS_HINT}
         self.check_finite(inputs, loss, hints, **finite)

@@ -4,25 +4,29 @@ known one, numbers finite and in range, stated with the range they must lie in."
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Any, get_args
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 
-def check_keys(data: dict[str, Any], known: Iterable[str]) -> None:
-    """Refuse the keys of `data` not in `known`, each named with the nearest known key
-    (difflib's, as Python's own "did you mean" picks one), else with the keys there are."""
-    known = list(known)
+def check_keys(data: dict[str, Any], known: Iterable[str], renamed: Mapping[str, str] | None = None) -> None:
+    """Refuse the keys of `data` not in `known`: a key POFE renamed with its new name (`renamed`:
+    old name to new), any other with the nearest known key (difflib's, as Python's own "did you
+    mean" picks one), else with the keys there are."""
+    known, renamed = list(known), renamed or {}
     unknown = [key for key in data if key not in known]
     if not unknown:
         return
     said = []
     for key in unknown:
         near = difflib.get_close_matches(str(key), known, n=1)
-        said.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
-    hint = "" if all("did you mean" in s for s in said) else f"; the keys here: {', '.join(sorted(known))}"
+        if key in renamed:
+            said.append(f"{key!r} (renamed {renamed[key]!r}: rename the key, its value is read as before)")
+        else:
+            said.append(f"{key!r} (did you mean {near[0]!r}?)" if near else repr(key))
+    hint = "" if all("(" in s for s in said) else f"; the keys here: {', '.join(sorted(known))}"
     raise ValueError(f"unknown key{'s' * (len(unknown) > 1)} {', '.join(said)}{hint}")
 
 
@@ -54,12 +58,14 @@ class KnownKeys(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # keys a block had under an older name (old: new), refused with the new name
+    renamed_keys: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data):
         if isinstance(data, dict):
-            check_keys(data, cls.model_fields)
+            check_keys(data, cls.model_fields, cls.renamed_keys)
         return data
 
     @field_validator("*", mode="wrap")
@@ -90,5 +96,5 @@ class StrictConfig(KnownKeys):
                 "variable's name."
             )
         if isinstance(data, dict):
-            check_keys(data, cls.model_fields)
+            check_keys(data, cls.model_fields, cls.renamed_keys)
         return data

@@ -138,7 +138,7 @@ def test_pi_avg_is_evaluated_like_an_iterate(tmp_path, one_torch_thread):
     assert [m["name"] for m in ev["models"]] == ["pi_0", "pi_1", "pi_2", "pi_avg"]
     assert ev["models"][3]["path"] == str(folder.eval_dir / "pi_avg")
     assert ev["average"] == {"index": 3, "of": ["pi_1", "pi_2"]} and ev["kl_ceiling"] is None
-    assert len(ev["win_matrix"]) == 4 and len(ev["kl_to_base"]) == 4 and ev["kl_to_base"][3] > 0
+    assert len(ev["win_matrix"]) == 4 and len(ev["kl_to_pi_0"]) == 4 and ev["kl_to_pi_0"][3] > 0
     expected = (_state(models[1])["lm_head.weight"] + _state(models[2])["lm_head.weight"]) / 2
     torch.testing.assert_close(_state(folder.eval_dir / "pi_avg")["lm_head.weight"], expected)
     samples = [json.loads(line) for line in (folder.eval_dir / "samples.jsonl").read_text().splitlines()]

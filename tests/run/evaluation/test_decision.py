@@ -75,14 +75,14 @@ def test_a_kl_ceiling_stops_and_the_choice_keeps_under_it():
     ceiling does (2.5 > 2.0), naming the value. pi_2 has the best length-controlled win rate
     against pi_0 (0.80 over 0.70), but it is over the ceiling: the choice is pi_1, and says why."""
     rule = StopWhen(kl_to_pi_0_above=2.0)
-    ev = {**evaluation([0.7, 0.6], None, lc_vs_pi_0=[0.7, 0.8]), "kl_to_base": [0.0, 0.8, 2.5]}
-    first = {**evaluation([0.7], None), "kl_to_base": [0.0, 0.8]}
+    ev = {**evaluation([0.7, 0.6], None, lc_vs_pi_0=[0.7, 0.8]), "kl_to_pi_0": [0.0, 0.8, 2.5]}
+    first = {**evaluation([0.7], None), "kl_to_pi_0": [0.0, 0.8]}
     assert not stop_decision(first, rule)["stop"]
     d = stop_decision(ev, rule)
     (fired,) = d["fired"]
     assert d["stop"] and fired["rule"] == "kl_to_pi_0_above" and fired["value"] == 2.5
     assert fired["why"] == "pi_2's KL to pi_0 is 2.500, above the ceiling 2.0"
-    assert stop_decision({**ev, "kl_to_base": [0.0, 0.8, NAN]}, rule)["unread"] == ["no KL to pi_0 of pi_2"]
+    assert stop_decision({**ev, "kl_to_pi_0": [0.0, 0.8, NAN]}, rule)["unread"] == ["no KL to pi_0 of pi_2"]
     assert choose_model(ev)["name"] == "pi_2"  # no ceiling recorded: the best rate wins
     choice = choose_model({**ev, "kl_ceiling": 2.0})
     assert choice["name"] == "pi_1" and choice["over_kl_ceiling"] == ["pi_2"] and choice["kl_ceiling"] == 2.0
@@ -97,7 +97,7 @@ def test_pi_avg_is_chosen_like_an_iterate_and_never_decides_a_stop():
     when under the ceiling, and is no regression of a round."""
     ev = evaluation([0.7, 0.6, 0.2], [0.5, 0.6, 0.7, 0.4], lc_vs_pi_0=[0.7, 0.8, 0.9])
     ev["models"][3]["name"] = "pi_avg"
-    ev.update(average={"index": 3, "of": ["pi_1", "pi_2"]}, kl_to_base=[0.0, 0.5, 1.0, 5.0])
+    ev.update(average={"index": 3, "of": ["pi_1", "pi_2"]}, kl_to_pi_0=[0.0, 0.5, 1.0, 5.0])
     rule = StopWhen(lc_vs_previous_below=0.5, held_out_reward_falls=True, kl_to_pi_0_above=2.0)
     d = stop_decision(ev, rule)
     assert d["round"] == 2 and not d["stop"] and d["unread"] == []
@@ -146,7 +146,7 @@ def report_fields(M: int) -> dict:
         "mean_reward_judge2": None,
         "mean_response_tokens": per_model,
         "mean_response_chars": per_model,
-        "kl_to_base": per_model,
+        "kl_to_pi_0": per_model,
         "perplexity": None,
         "reference_count": 0,
         "response_tokens": {"mean": per_model, "median": per_model},

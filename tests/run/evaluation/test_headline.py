@@ -509,5 +509,5 @@ def test_a_later_evaluation_reads_the_answers_it_stored(headline_run, tmp_path, 
     retrained = evaluate()
     assert loaded == [pi_2, pi_0]
     # pi_2's answers are its new weights' (their log-probs moved); pi_0's and pi_1's are kept
-    kl, kl_before = retrained["eval.json"]["kl_to_base"], first["eval.json"]["kl_to_base"]
+    kl, kl_before = retrained["eval.json"]["kl_to_pi_0"], first["eval.json"]["kl_to_pi_0"]
     assert kl[:2] == kl_before[:2] and kl[2] != kl_before[2]

@@ -180,7 +180,7 @@ def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch)
     ev = {
         "models": [{"name": "pi_0"}, {"name": "pi_1"}],
         "mean_reward": [1.0, 1.0],
-        "kl_to_base": [0.0, 0.25],
+        "kl_to_pi_0": [0.0, 0.25],
         **counts,
         "win_matrix": out["win_matrix"],
         "cycles": [],

@@ -57,7 +57,7 @@ def test_a_model_trained_on_its_own_rows_is_evaluated_against_its_base_and_repor
     assert len(samples) == 2 * 4 * 2  # models x prompts x samples
     vs = ev["vs_pi_0"][1]
     assert 0.0 <= vs["raw"] <= 1.0 and not math.isnan(vs["lc"])
-    assert len(ev["kl_to_base"]) == 2
+    assert len(ev["kl_to_pi_0"]) == 2
     report = (folder.root / "report.md").read_text()
     assert report.startswith("# POFE report: RRHF, a trained model against its base")
     assert "Command-line overrides: `seed: 0`." in report

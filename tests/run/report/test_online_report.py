@@ -89,7 +89,7 @@ def test_the_report_tables_every_refresh_as_its_refresh_json_holds_it(online_run
             str(r["start_step"]),
             f"{r['stats']['prompts']:.0f}",
             f"{r['stats']['candidates']:.0f}",
-            *(f"{r['stats'][k]:.3f}" for k in ("candidate_reward_mean", "candidate_reward_best", "kl_to_base")),
+            *(f"{r['stats'][k]:.3f}" for k in ("candidate_reward_mean", "candidate_reward_best", "kl_to_pi_0")),
         ]
         for n, r in enumerate(records, 1)
     ]
@@ -163,8 +163,8 @@ def test_eval_compares_the_trained_model_with_its_base_on_the_held_out_prompts(o
     said = [f" ({n} of {answers} answers cut where they began a user turn)" if n else "" for n in cut]
     held_out_line = (
         f"held-out prompts, sampled answers ({ev['decoding']['num_samples']} a prompt at temperature "
-        f"{ev['decoding']['temperature']:g}): pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_base'][0]:.3f}"
-        f"{said[0]}, pi_1 reward {ev['mean_reward'][1]:.3f} KL {ev['kl_to_base'][1]:.3f}{said[1]}"
+        f"{ev['decoding']['temperature']:g}): pi_0 reward {ev['mean_reward'][0]:.3f} KL {ev['kl_to_pi_0'][0]:.3f}"
+        f"{said[0]}, pi_1 reward {ev['mean_reward'][1]:.3f} KL {ev['kl_to_pi_0'][1]:.3f}{said[1]}"
     )
     assert held_out_line in reported
     assert f"on {HELD_OUT} held-out prompts" in evaluated
@@ -176,14 +176,14 @@ def _rows(folder: Path) -> list[dict]:
 
 def test_refreshes_merge_their_ranks_stats_as_the_log_does(tmp_path):
     """Two ranks: counts add up (30 + 10 prompts); the rest are means weighted by each rank's
-    prompts: reward (30 * 0.2 + 10 * 0.6) / 40 = 0.3; kl_to_base only rank 0 measured: 1.5.
+    prompts: reward (30 * 0.2 + 10 * 0.6) / 40 = 0.3; kl_to_pi_0 only rank 0 measured: 1.5.
     A refresh one rank has not finished is left out, and refreshes come in step order (10 after 2)."""
     stats = [
-        {"prompts": 30.0, "candidates": 120.0, "candidate_reward_mean": 0.2, "kl_to_base": 1.5},
+        {"prompts": 30.0, "candidates": 120.0, "candidate_reward_mean": 0.2, "kl_to_pi_0": 1.5},
         {"prompts": 10.0, "candidates": 40.0, "candidate_reward_mean": 0.6},
     ]
     assert merged_stats(stats) == pytest.approx(
-        {"prompts": 40.0, "candidates": 160.0, "candidate_reward_mean": 0.3, "kl_to_base": 1.5}
+        {"prompts": 40.0, "candidates": 160.0, "candidate_reward_mean": 0.3, "kl_to_pi_0": 1.5}
     )
     for step, ranks in ((10, (0, 1)), (2, (0, 1)), (12, (0,))):
         for rank in range(2):

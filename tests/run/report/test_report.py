@@ -107,6 +107,24 @@ def test_a_cut_eval_json_is_named_with_what_to_do(tmp_path):
     )
 
 
+def test_an_older_pofes_eval_json_is_refused_with_what_to_do(tmp_path):
+    """pi_0 has one name: an eval.json from before it (KL to pi_0 under `kl_to_base`) would show
+    every model's KL as unmeasured and leave the KL stop rule unread; the report names the file
+    and the command that writes it again."""
+    from pofe.files import UnreadableFile
+
+    folder = RunFolder(tmp_path)
+    RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
+    folder.eval_dir.mkdir()
+    (folder.eval_dir / "eval.json").write_text(json.dumps({"models": [], "kl_to_base": [0.0, 0.5]}))
+    with pytest.raises(UnreadableFile) as e:
+        collect(folder)
+    assert str(e.value) == (
+        f"{folder.eval_dir / 'eval.json'} was written by an older POFE (its KL to pi_0 is not `kl_to_pi_0`). "
+        "The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
+    )
+
+
 def test_markdown_flags_a_cycle():
     ev = {
         "models": [{"name": f"pi_{i}", "path": "x"} for i in range(3)],
@@ -122,7 +140,7 @@ def test_markdown_flags_a_cycle():
         "mean_reward_judge2": None,
         "mean_response_tokens": [1.0, 2.0, 3.0],
         "mean_response_chars": [1.0, 2.0, 3.0],
-        "kl_to_base": [0.0, 0.1, 0.2],
+        "kl_to_pi_0": [0.0, 0.1, 0.2],
         "kl_is_unbiased": False,
         "perplexity": None,
         "reference_count": 0,
@@ -240,7 +258,7 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
         "mean_reward_judge2": None,
         "mean_response_tokens": comparisons["response_tokens"]["mean"],
         "mean_response_chars": [1.0] * M,
-        "kl_to_base": [0.0] * M,
+        "kl_to_pi_0": [0.0] * M,
         "kl_is_unbiased": True,
         "perplexity": None,
         "reference_count": 0,
@@ -331,7 +349,7 @@ def averaged_eval() -> dict:
         "mean_reward_judge2": None,
         "mean_response_tokens": comparisons["response_tokens"]["mean"],
         "mean_response_chars": [1.0] * M,
-        "kl_to_base": [0.0, 0.6, 1.5, 0.9],
+        "kl_to_pi_0": [0.0, 0.6, 1.5, 0.9],
         "kl_is_unbiased": True,
         "perplexity": None,
         "reference_count": 0,
@@ -395,13 +413,13 @@ def test_a_model_the_evaluation_has_not_seen_is_never_passed_over(tmp_path):
 
 def test_report_says_the_anchor_was_mixed_toward_pi_0(tmp_path):
     """A run whose round recipes set pofe.anchor_mix says so under the rounds table, naming beta
-    and pi_0 (the recipe's anchor_base); a run without it says nothing of the kind."""
+    and pi_0 (the recipe's pi_0); a run without it says nothing of the kind."""
     import yaml
 
     folder = RunFolder(tmp_path)
     RunState(folder.state, "r.yml", "f", "sppo", rounds={"1": RoundRecord()}, starts=[1.0], rounds_planned=1).save()
     folder.round_dir(1).mkdir(parents=True)
-    recipe = {"seed": 0, "pofe": {"anchor_mix": 0.2, "anchor_base": "/m/sft"}}
+    recipe = {"seed": 0, "pofe": {"anchor_mix": 0.2, "pi_0": "/m/sft"}}
     folder.recipe(1).write_text(yaml.safe_dump(recipe))
     md = write_report(folder).markdown_path.read_text()
     assert "Each round's anchor was (1 - 0.2) log pi_t + 0.2 log pi_0 (`pofe.anchor_mix`: 0.2), pi_0 = `/m/sft`" in md
@@ -606,7 +624,7 @@ def test_the_terminal_says_how_sure_the_choice_is():
     ev = {
         **eval_record([[0.5, 0.496], [0.504, 0.5]]),
         "mean_reward": [0.1, 0.12],
-        "kl_to_base": [0.0, 0.5],
+        "kl_to_pi_0": [0.0, 0.5],
         "vs_pi_0": [None, lc],
         "vs_previous": [None, lc],
     }
@@ -629,7 +647,7 @@ def test_a_scalar_judges_choice_is_by_reward_and_says_why():
         **eval_record([[0.5, 0.49], [0.51, 0.5]]),
         "judge": {"type": "python"},
         "mean_reward": [0.2, 0.45],
-        "kl_to_base": [0.0, 0.5],
+        "kl_to_pi_0": [0.0, 0.5],
         "vs_pi_0": [None, {"raw": 0.51, "raw_ci95": [0.5, 0.52], "lc": 0.51, "lc_ci95": [0.49, 0.53]}],
         "vs_previous": [None, {"raw": 0.51, "raw_ci95": [0.5, 0.52], "lc": 0.51, "lc_ci95": [0.49, 0.53]}],
         "reward_ci95": [[0.1, 0.3], [0.35, 0.55]],
@@ -657,7 +675,7 @@ def test_length_and_drift_axes_start_at_zero():
     ev = {
         **eval_record([[0.5, 0.5], [0.5, 0.5]]),
         "mean_response_tokens": [3.82, 3.94],
-        "kl_to_base": [0.0, 0.02],
+        "kl_to_pi_0": [0.0, 0.02],
         "perplexity": [5.1, 5.0],
     }
     fig = drift_plot(ev)
@@ -684,16 +702,16 @@ def test_the_console_summary_of_a_trained_online_model_shows_only_the_numbers_it
     from pofe.run.evaluation.trained import NO_HEADLINE
 
     refreshes = [
-        {"step": 0, "preference": 0.5, "judge2_reward_mean": 0.25, "kl_to_base": 0.0},
-        {"step": 3, "preference": 0.55, "kl_to_base": 0.25},
-        {"step": 6, "preference": 0.625, "judge2_reward_mean": 0.125, "kl_to_base": 0.5},
+        {"step": 0, "preference": 0.5, "judge2_reward_mean": 0.25, "kl_to_pi_0": 0.0},
+        {"step": 3, "preference": 0.55, "kl_to_pi_0": 0.25},
+        {"step": 6, "preference": 0.625, "judge2_reward_mean": 0.125, "kl_to_pi_0": 0.5},
     ]
     lc = {"raw": 0.6, "raw_ci95": [0.5, 0.7], "lc": 0.625, "lc_ci95": [0.5, 0.75]}
     ev = {
         **eval_record([[0.5, 0.4], [0.6, 0.5]], "pairwise"),
         "mean_reward": None,
         "mean_reward_judge2": [0.25, 0.375],
-        "kl_to_base": [0.0, 0.5],
+        "kl_to_pi_0": [0.0, 0.5],
         "vs_pi_0": [None, lc],
         "decoding": {"num_samples": 1, "temperature": 0.0},
     }
@@ -766,7 +784,7 @@ def test_one_held_out_prompt_is_never_clear():
         **eval_record([[0.5, 0.076], [0.924, 0.5]]),
         "num_prompts": 1,
         "mean_reward": [0.0, 2.5],
-        "kl_to_base": [0.0, 0.5],
+        "kl_to_pi_0": [0.0, 0.5],
         **compare_iterates(bradley_terry_preferences(rewards.reshape(1, 2)), torch.ones(1, 2, 1)),
         **reward_comparisons(rewards),
     }
@@ -811,7 +829,7 @@ def test_the_plots_never_draw_a_missing_verdict(tmp_path):
         "mean_reward": mean_reward_per_model(rewards.tolist(), M),
         "mean_response_tokens": [3.0, 4.0],
         "mean_response_chars": [9.0, 12.0],
-        "kl_to_base": [0.0, 0.1],
+        "kl_to_pi_0": [0.0, 0.1],
         "perplexity": None,
         **compare_iterates(bradley_terry_preferences(rewards.reshape(P, M)), torch.ones(P, M, 1)),
         **reward_comparisons(rewards),

@@ -185,7 +185,7 @@ REPORT = {
         "models": [{"name": "pi_0"}, {"name": "pi_1"}, {"name": "pi_2"}],
         "mean_reward": [0.125, 0.375, 0.625],
         "mean_reward_judge2": None,
-        "kl_to_base": [0.0, 0.5, 1.25],
+        "kl_to_pi_0": [0.0, 0.5, 1.25],
         "perplexity": None,
         "mean_response_tokens": [4.0, 3.5, 3.0],
         "win_matrix": [[0.5, 0.25, 0.125], [0.75, 0.5, 0.375], [0.875, 0.625, 0.5]],
@@ -212,7 +212,7 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
     table_ref = {k.removeprefix("samples/"): history[2].pop(k) for k in list(history[2]) if k.startswith("samples/")}
     assert (table_ref["_type"], table_ref["nrows"], table_ref["ncols"]) == ("table-file", 2, 8)
     assert history == {
-        0: {"eval/mean_reward": 0.125, "eval/kl_to_base": 0.0, "eval/mean_response_tokens": 4.0},
+        0: {"eval/mean_reward": 0.125, "eval/kl_to_pi_0": 0.0, "eval/mean_response_tokens": 4.0},
         1: {
             "headline/trained_reward": 0.5,
             "headline/best_of_k_reward": 0.75,
@@ -222,7 +222,7 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
             "train/first_loss": 2.0,
             "train/last_loss": 1.5,
             "eval/mean_reward": 0.375,
-            "eval/kl_to_base": 0.5,
+            "eval/kl_to_pi_0": 0.5,
             "eval/mean_response_tokens": 3.5,
             "eval/win_rate_vs_pi_0": 0.75,
             "eval/win_rate_vs_previous": 0.75,
@@ -235,7 +235,7 @@ def test_round_numbers_reach_wandb(tmp_path, monkeypatch):
             "candidates/best_of_k_reward": 1.0,
             "candidates/policy_sample_mean_reward": 0.625,
             "eval/mean_reward": 0.625,
-            "eval/kl_to_base": 1.25,
+            "eval/kl_to_pi_0": 1.25,
             "eval/mean_response_tokens": 3.0,
             "eval/win_rate_vs_pi_0": 0.875,
             "eval/win_rate_vs_previous": 0.625,

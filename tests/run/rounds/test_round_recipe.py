@@ -27,16 +27,16 @@ def test_round_recipe_points_everything_at_the_round():
 
 
 def test_every_round_mixes_toward_the_same_pi_0():
-    """With anchor_mix each round's recipe names the run's first policy as anchor_base: round 1
+    """With anchor_mix each round's recipe names the run's first policy as pi_0: round 1
     (pi_0 is its own policy: base + the recipe's adapter) and round 2 (base_model the merged
-    pi_1) alike. Without anchor_mix nothing is added; a recipe's own anchor_base is kept."""
+    pi_1) alike. Without anchor_mix nothing is added; a recipe's own pi_0 is kept."""
     folder = RunFolder(__import__("pathlib").Path("/runs/x"))
     mixed = {**ITERATED_RAW, "pofe": {**ITERATED_RAW["pofe"], "anchor_mix": 0.2}}
     r1, _ = round_recipe(mixed, folder, 1, "/m/base", seed=7, pi_0="/m/adapter")
     r2, _ = round_recipe(mixed, folder, 2, "/runs/x/round-1/merged", seed=8, pi_0="/m/adapter")
-    assert r1["pofe"]["anchor_base"] == r2["pofe"]["anchor_base"] == "/m/adapter"
+    assert r1["pofe"]["pi_0"] == r2["pofe"]["pi_0"] == "/m/adapter"
     assert r2["base_model"] == "/runs/x/round-1/merged" and r2["pofe"]["anchor_mix"] == 0.2
     plain, _ = round_recipe(ITERATED_RAW, folder, 2, "/runs/x/round-1/merged", seed=8, pi_0="/m/adapter")
-    assert "anchor_base" not in plain["pofe"]
-    own = {**ITERATED_RAW, "pofe": {**mixed["pofe"], "anchor_base": "/m/sft"}}
-    assert round_recipe(own, folder, 2, "/r/merged", seed=8, pi_0="/m/adapter")[0]["pofe"]["anchor_base"] == "/m/sft"
+    assert "pi_0" not in plain["pofe"]
+    own = {**ITERATED_RAW, "pofe": {**mixed["pofe"], "pi_0": "/m/sft"}}
+    assert round_recipe(own, folder, 2, "/r/merged", seed=8, pi_0="/m/adapter")[0]["pofe"]["pi_0"] == "/m/sft"

@@ -211,10 +211,10 @@ def test_report_holds_the_run_numbers(rrhf_run):
         # the judge, called again on the stored responses
         rewards = [reward(s["prompt"], s["response"]) for s in mine]
         assert ev["mean_reward"][m] == pytest.approx(sum(rewards) / len(rewards))
-        assert ev["kl_to_base"][m] == pytest.approx(sum(s["logp"] - s["logp_base"] for s in mine) / len(mine))
+        assert ev["kl_to_pi_0"][m] == pytest.approx(sum(s["logp"] - s["pi_0_logps"] for s in mine) / len(mine))
         assert ev["mean_response_tokens"][m] == pytest.approx(sum(s["tokens"] for s in mine) / len(mine))
         assert f"| {name} | {ev['mean_reward'][m]:.3f} |" in md
-    assert ev["kl_to_base"][0] == 0.0
+    assert ev["kl_to_pi_0"][0] == 0.0
     # Bradley-Terry win rate of pi_2 over pi_0 by a plain loop over prompts and sample pairs
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     per_prompt = []

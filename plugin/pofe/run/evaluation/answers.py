@@ -77,7 +77,7 @@ class ModelAnswers:
     path: str
     samples: list[list[Sample]]  # [prompt][sample]
     logps: list[float]  # log pi_m(y|x)
-    base_logps: list[float] = field(default_factory=list)  # log pi_0(y|x)
+    pi_0_logps: list[float] = field(default_factory=list)  # log pi_0(y|x)
     perplexity: float | None = None
 
     @property
@@ -150,13 +150,13 @@ def answer(
     return ModelAnswers(name, path, samples, logps, perplexity=perplexity(model, held_out.references, ecfg.batch_size))
 
 
-def score_under_base(base, answers: list[ModelAnswers], batch_size: int) -> None:
-    """Fill `base_logps`: log pi_0 of every model's samples, `base` being pi_0 (pi_0's own
+def score_under_pi_0(pi_0, answers: list[ModelAnswers], batch_size: int) -> None:
+    """Fill `pi_0_logps`: log pi_0 of every model's samples, `pi_0` being the model (pi_0's own
     samples: its `logps`)."""
-    answers[0].base_logps = list(answers[0].logps)
+    answers[0].pi_0_logps = list(answers[0].logps)
     for a in answers[1:]:
         flat = a.flat
-        a.base_logps = sequence_logps(base, [s.prompt_ids for s in flat], [s.response_ids for s in flat], batch_size)
+        a.pi_0_logps = sequence_logps(pi_0, [s.prompt_ids for s in flat], [s.response_ids for s in flat], batch_size)
 
 
 def samples_to_json(samples: list[list[Sample]]) -> list[list[dict]]:

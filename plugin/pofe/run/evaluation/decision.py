@@ -32,7 +32,7 @@ newest one, pi_t, against pi_{t-1}:
 - `lc_vs_previous_below: x`: pi_t's length-controlled win rate against pi_{t-1}
   (eval.json's `vs_previous`, `pofe.run.evaluation.statistics`) is below x;
 - `held_out_reward_falls: true`: pi_t's mean held-out reward is below pi_{t-1}'s;
-- `kl_to_pi_0_above: x`: pi_t's KL to pi_0 (eval.json's `kl_to_base`) is above x.
+- `kl_to_pi_0_above: x`: pi_t's KL to pi_0 (eval.json's `kl_to_pi_0`) is above x.
 
 A rule that fires ends the run after that round (its model stays, and the report says which
 model to use, `choose_model`); a rule that cannot be read (no held-out file, a NaN reward)
@@ -56,7 +56,7 @@ def last_iterate(ev: dict) -> int:
 def over_ceiling(ev: dict) -> list[int]:
     """The models whose KL to pi_0 is above eval.json's `kl_ceiling` (none without one)."""
     ceiling = ev.get("kl_ceiling")
-    kl = ev.get("kl_to_base") or []
+    kl = ev.get("kl_to_pi_0") or []
     return [m for m, x in enumerate(kl) if ceiling is not None and _number(x) is not None and x > ceiling]
 
 
@@ -187,7 +187,7 @@ def stop_decision(ev: dict | None, rule: StopWhen) -> dict:
                 }
             )
     if rule.kl_to_pi_0_above is not None:
-        kl = _number((ev.get("kl_to_base") or [None] * (t + 1))[t])
+        kl = _number((ev.get("kl_to_pi_0") or [None] * (t + 1))[t])
         if kl is None:
             unread.append(f"no KL to pi_0 of pi_{t}")
         elif kl > rule.kl_to_pi_0_above:

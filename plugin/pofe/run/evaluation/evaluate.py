@@ -66,7 +66,7 @@ from pofe.run.evaluation.answers import (
     held_out_sampling,
     samples_from_json,
     samples_to_json,
-    score_under_base,
+    score_under_pi_0,
 )
 from pofe.run.evaluation.best_of_k import best_of_k, held_out_candidates, round_sampling
 from pofe.run.evaluation.headline import (
@@ -263,7 +263,7 @@ def all_answers(
                 echo(f"eval: {name}: every answer read from {store.folder}: weights, prompts and decoding unchanged")
             free_memory()
     if held_out:
-        score_under_base(load_policy(run.models[0][1]), answers.held_out, run.pcfg.eval.batch_size)
+        score_under_pi_0(load_policy(run.models[0][1]), answers.held_out, run.pcfg.eval.batch_size)
         free_memory()
     return answers
 

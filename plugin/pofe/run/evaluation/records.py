@@ -51,7 +51,7 @@ def summarise(
         "mean_response_chars": [nan_mean([len(s.text) for s in a.flat]) for a in answers],
         # cut where they began a user turn of their own (`pofe.run.evaluation.sampler.cut_user_turns`)
         "samples_cut_at_user_turn": [sum(s.cut_at_user_turn for s in a.flat) for a in answers],
-        "kl_to_base": [nan_mean([lp - base for lp, base in zip(a.logps, a.base_logps)]) for a in answers],
+        "kl_to_pi_0": [nan_mean([lp - base for lp, base in zip(a.logps, a.pi_0_logps)]) for a in answers],
         "kl_is_unbiased": ecfg.temperature == 1.0 and ecfg.top_p == 1.0,
         "perplexity": [a.perplexity for a in answers] if references else None,
         "reference_count": references,
@@ -85,7 +85,7 @@ def sample_records(answers: list[ModelAnswers], prompts: list, main: dict, secon
                         "reward": main["rewards"][p][m][s] if main["rewards"] else None,
                         "reward2": second["rewards"][p][m][s] if second and second["rewards"] else None,
                         "logp": a.logps[flat_index],
-                        "logp_base": a.base_logps[flat_index],
+                        "pi_0_logps": a.pi_0_logps[flat_index],
                     }
                 )
                 flat_index += 1

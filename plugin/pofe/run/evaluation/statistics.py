@@ -314,13 +314,13 @@ def compare_iterates(pref: Tensor, tokens: Tensor, seed: int = 0) -> dict:
     P, M, S = tokens.shape
     w = block_win_matrix(pref, M, S)  # eval.json's win_matrix
     ci = bootstrap_win_matrix(per_prompt_win_matrix(pref, M, S), seed=seed)
-    vs_base = [None] + [versus(pref, tokens, w, ci, m, 0, seed) for m in range(1, M)]
+    vs_pi_0 = [None] + [versus(pref, tokens, w, ci, m, 0, seed) for m in range(1, M)]
     # pi_1's previous iterate is pi_0: the same comparison
-    vs_prev = [None] + [vs_base[1] if m == 1 else versus(pref, tokens, w, ci, m, m - 1, seed) for m in range(1, M)]
+    vs_prev = [None] + [vs_pi_0[1] if m == 1 else versus(pref, tokens, w, ci, m, m - 1, seed) for m in range(1, M)]
     per_model = [tokens[:, m].reshape(-1).tolist() for m in range(M)]
     return {
         "win_matrix_ci95": [[[_finite(x) for x in pair] for pair in row] for row in torch.stack(ci, dim=-1)],
-        "vs_pi_0": vs_base,
+        "vs_pi_0": vs_pi_0,
         "vs_previous": vs_prev,
         "response_tokens": {
             "mean": [sum(x) / len(x) for x in per_model],

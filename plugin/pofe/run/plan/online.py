@@ -20,7 +20,7 @@ and, beside them (`online_parts`):
 - pi_0_weights: under full fine-tuning, when a refresh scores pi_0 (pofe.online.kl_coef > 0,
   pofe.anchor_mix, a method that reads pi_0 in its loss) or a method samples its opponent from
   the mixture (Nash-MD), a frozen copy of the base model in the recipe's dtype
-  (`pofe.online.models.BasePolicy`); under LoRA/QLoRA pi_0 is the policy with its adapter
+  (`pofe.online.models.Pi0Policy`); under LoRA/QLoRA pi_0 is the policy with its adapter
   disabled: no copy;
 - mixture_*: a method that plays the mixture (Nash-MD) samples its opponents with the training
   model whatever generate.backend, pi_0 beside it token by token (`pofe.online.mixture`): pi_0's

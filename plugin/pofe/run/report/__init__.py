@@ -100,7 +100,7 @@ def _round_lines(r: dict, label: str) -> list[str]:
 ONLINE_CHANGES = (
     ("judge2_reward_mean", "judge2 reward"),
     ("preference", "preference over the mixture"),
-    ("kl_to_base", "KL to pi_0"),
+    ("kl_to_pi_0", "KL to pi_0"),
 )
 
 
@@ -146,7 +146,7 @@ def held_out_summary(rep: dict) -> list[str]:
             if said
         )
         for m, (r, r2, k) in enumerate(
-            zip(ev["mean_reward"] or none, ev.get("mean_reward_judge2") or none, ev["kl_to_base"])
+            zip(ev["mean_reward"] or none, ev.get("mean_reward_judge2") or none, ev["kl_to_pi_0"])
         )
     ]
     lines = []

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pofe.files import read_json, read_jsonl
+from pofe.files import UnreadableFile, read_json, read_jsonl
 from pofe.methods import method_spec
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
@@ -56,6 +56,17 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
 def _read_json(path: Path, fix: str) -> Any:
     """The file's JSON, None when it is absent; a cut one is an error naming it and `fix`."""
     return read_json(path, fix) if path.exists() else None
+
+
+def _read_eval(path: Path) -> dict | None:
+    """eval.json, refused when an older POFE wrote it: its KL to pi_0 is under `kl_to_base` (pi_0's
+    name before it had one), which the report would show as unmeasured."""
+    evaluation = _read_json(path, REWRITE_EVAL)
+    if evaluation is not None and "kl_to_pi_0" not in evaluation:
+        raise UnreadableFile(
+            f"{path} was written by an older POFE (its KL to pi_0 is not `kl_to_pi_0`). {REWRITE_EVAL}"
+        )
+    return evaluation
 
 
 def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | None) -> dict:
@@ -112,9 +123,7 @@ def collect(folder: RunFolder) -> dict:
     state = RunState.read(folder.state)
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
     evaluation = (
-        _read_json(folder.eval_dir / "eval.json", REWRITE_EVAL)
-        if pofe_wrote(folder, folder.eval_dir / "eval.json")
-        else None
+        _read_eval(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
     )
     headline = _read_json(folder.eval_dir / HEADLINE_JSON, REWRITE_EVAL)
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]

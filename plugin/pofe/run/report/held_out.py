@@ -139,7 +139,7 @@ def models_table(ev: dict, names: list[str]) -> str:
                 fmt(w[i][i - 2]) if i >= 2 else "-",
                 fmt(ev["mean_response_tokens"][i], 2),
                 fmt(ev["mean_response_chars"][i], 2),
-                fmt(ev["kl_to_base"][i]),
+                fmt(ev["kl_to_pi_0"][i]),
                 fmt((ev["perplexity"] or missing)[i]),
             ]
         )

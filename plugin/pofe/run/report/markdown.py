@@ -100,7 +100,7 @@ def anchor_mix_note(rep: dict) -> list[str]:
     beta = pofe["anchor_mix"]
     return [
         f"Each round's anchor was (1 - {beta}) log pi_t + {beta} log pi_0 (`pofe.anchor_mix`: {beta}), pi_0 = "
-        f"`{pofe.get('anchor_base')}`: every round regresses toward the same first policy, and round 1's pi_t "
+        f"`{pofe.get('pi_0')}`: every round regresses toward the same first policy, and round 1's pi_t "
         "is pi_0 itself.",
         "",
     ]

@@ -24,7 +24,7 @@ COLUMNS = (
     ("candidates", "candidates", 0),
     ("candidate_reward_mean", "candidate reward (mean)", 3),
     ("candidate_reward_best", "best-of-k", 3),
-    ("kl_to_base", "KL to pi_0", 3),
+    ("kl_to_pi_0", "KL to pi_0", 3),
 )
 
 

@@ -247,7 +247,7 @@ def _from_zero(ax, values: list) -> None:
 def drift_plot(ev: dict):
     """Response length, KL to pi_0 and (with references) perplexity per iterate."""
     names, _ = split_average([m["name"] for m in ev["models"]], ev)
-    panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_base"])]
+    panels = [("mean response tokens", ev["mean_response_tokens"]), ("KL to pi_0", ev["kl_to_pi_0"])]
     if ev.get("perplexity"):
         panels.append(("reference perplexity", ev["perplexity"]))
     plt = _pyplot()
@@ -331,7 +331,7 @@ def online_plot(rep: dict):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     panels = (
         (axes[0], (("candidate_reward_mean", "policy samples: mean"), ("candidate_reward_best", "best-of-k"))),
-        (axes[1], (("kl_to_base", "log pi - log pi_0 of the candidates trained on"),)),
+        (axes[1], (("kl_to_pi_0", "log pi - log pi_0 of the candidates trained on"),)),
     )
     for ax, series in panels:
         for i, (key, label) in enumerate(series):

@@ -130,7 +130,7 @@ def round_metrics(report: dict) -> list[tuple[int, dict[str, float]]]:
         for m, name in enumerate(names):
             step = int(name.removeprefix("pi_"))
             row = by_step.setdefault(step, {})
-            for key in ("mean_reward", "mean_reward_judge2", "kl_to_base", "perplexity", "mean_response_tokens"):
+            for key in ("mean_reward", "mean_reward_judge2", "kl_to_pi_0", "perplexity", "mean_response_tokens"):
                 values = ev.get(key)
                 row[f"eval/{key}"] = values[m] if values else None
             if m > 0:  # against the starting policy and against the previous iterate

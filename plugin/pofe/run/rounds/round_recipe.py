@@ -38,7 +38,7 @@ def round_recipe(
     checkpoint a killed train stage left, which the restarted one resumes from
     (`resume_from_checkpoint`). Tracker runs and hub repos are named per round
     (`pofe.run.rounds.publish`). With `pofe.anchor_mix`, every round mixes its own pi_t with the
-    same pi_0, the run's first policy (`pi_0`), named as `pofe.anchor_base` unless the recipe
+    same pi_0, the run's first policy (`pi_0`), named as `pofe.pi_0` unless the recipe
     names one itself. `raw` is not changed.
     """
     recipe = copy.deepcopy(raw)
@@ -62,8 +62,8 @@ def round_recipe(
         recipe["hub_model_id"] = model_repo  # axolotl's trainer pushes the round's model
     else:
         recipe.pop("hub_model_id", None)  # an adapter: the runner pushes the merged iterate
-    if pofe.get("anchor_mix") and not pofe.get("anchor_base") and pi_0:
-        pofe["anchor_base"] = pi_0
+    if pofe.get("anchor_mix") and not pofe.get("pi_0") and pi_0:
+        pofe["pi_0"] = pi_0
     pofe["generate"] = {**pofe["generate"], "model": policy, "seed": seed}
     pofe["candidates"] = {**(pofe.get("candidates") or {}), "out_dir": str(folder.candidates(t))}
     forced_save = str(recipe.get("save_strategy", "")).lower() in ("no", "false")
