@@ -235,7 +235,8 @@ def demo_block(stored: dict) -> str:
     minutes, seconds = divmod(round(native["wall_seconds"]), 60)
     lines = ["```text", *result_table(native), "```", ""]
     lines.append(
-        f"`make demo` took {minutes} min {seconds:02d} s on {stored['machine']}, shared with other work (the seconds "
+        f"The toy part of `make demo` (`python -m pofe.demo --all`) took {minutes} min {seconds:02d} s on "
+        f"{stored['machine']}, shared with other work (the seconds "
         "row: each recipe's `axolotl` stages). Run under each CPU profile of `python -m benchmarks.demo_figures` "
         f"(torch's, MKL's and oneDNN's kernels limited to {', '.join(stored['demo'])}), standing in for other CPUs, "
         + (
