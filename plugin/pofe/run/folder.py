@@ -39,6 +39,9 @@ STATE_VERSION = 2
 STATE_NAME = "pofe-run.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 # what to do about eval/eval.json or eval/headline.json cut short: the evaluation writes both anew
+# eval/eval.json's form (`pofe.run.evaluation.records.with_readings`): 2 records its readings
+# (cycles, spreads, the choice) and names KL to pi_0 `kl_to_pi_0`; 1 (unrecorded) did neither
+EVAL_FORMAT = 2
 REWRITE_EVAL = "The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
 
 

@@ -11,6 +11,7 @@ import yaml
 from pofe.args import PofeConfig
 from pofe.args.rounds import StopWhen
 from pofe.run.evaluation.decision import choose_model, stop_decision
+from pofe.run.evaluation.records import with_readings
 from pofe.run.rounds import loop as rounds_module
 from tests.helpers import ROOT
 
@@ -184,7 +185,7 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
             evaluated.append(T)
             ev = evaluation([0.7, 0.3, 0.8][:T], None, lc_vs_pi_0=[0.7, 0.6, 0.75][:T])
             folder.eval_dir.mkdir(parents=True, exist_ok=True)
-            (folder.eval_dir / "eval.json").write_text(json.dumps({**ev, **report_fields(T + 1)}))
+            (folder.eval_dir / "eval.json").write_text(json.dumps(with_readings({**ev, **report_fields(T + 1)})))
 
         runner.run("eval", work, inputs={"models": runner.state.models(pcfg.rounds)})
 
@@ -256,3 +257,23 @@ def test_a_scalar_judge_chooses_by_reward():
     # no iterate above pi_0's reward: the base, not clearly anything
     worse = {**ev, "mean_reward": [0.7, 0.6, 0.5]}
     assert (choose_model(worse)["name"], choose_model(worse)["clear"]) == ("pi_0", False)
+
+
+def test_eval_json_records_what_the_report_renders():
+    """`with_readings` writes into eval.json what the report used to derive again: each judge's
+    3-cycles at `cycle_threshold`, the largest distance of a win rate from 1/2 and the model to
+    use, with the file's format. Worked by hand: pi_0 > pi_1 (0.6), pi_1 > pi_2 (0.7), pi_2 > pi_0
+    (0.55) is the one cycle at 0.5 and none at 0.58 (0.55 is no longer a win); the farthest rate
+    from 1/2 is 0.2 (0.7 and 0.3) for the first judge, 0.02 for the second; pi_2's length-controlled
+    0.8 over pi_0 makes it the choice."""
+    w = [[0.5, 0.6, 0.45], [0.4, 0.5, 0.7], [0.55, 0.3, 0.5]]
+    w2 = [[0.5, 0.51, 0.49], [0.49, 0.5, 0.52], [0.51, 0.48, 0.5]]
+    numbers = {**evaluation([0.6, 0.7], None, lc_vs_pi_0=[0.6, 0.8]), "win_matrix": w, "win_matrix_judge2": w2}
+    ev = with_readings({**numbers, "cycle_threshold": 0.5})
+    assert ev["format"] == 2 and ev["cycles"] == [(0, 1, 2)] and ev["cycles_judge2"] == [(0, 1, 2)]
+    assert ev["win_matrix_spread"] == pytest.approx(0.2) and ev["win_matrix_spread_judge2"] == pytest.approx(0.02)
+    assert ev["choice"] == choose_model(numbers) and ev["choice"]["name"] == "pi_2"
+    strict = with_readings({**numbers, "cycle_threshold": 0.58, "win_matrix_judge2": None})
+    assert strict["cycles"] == [] and strict["cycles_judge2"] is None and strict["win_matrix_spread_judge2"] is None
+    # what the file holds and what the report reads back are the same (tuples become lists)
+    assert json.loads(json.dumps(ev))["cycles"] == [[0, 1, 2]]

@@ -166,6 +166,7 @@ def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch)
     """3 of 16 answers abstained (under 0.5): the means are over the 13 scored answers, and
     eval.json counts both per model; the console's held-out line says so."""
     from pofe.run.evaluation.judging import judge_models, mean_reward_per_model, reward_counts
+    from pofe.run.evaluation.records import with_readings
     from pofe.run.report import held_out_summary
     from pofe_candidates.judges import make_judge
 
@@ -177,15 +178,17 @@ def test_held_out_abstentions_under_the_limit_are_counted(tmp_path, monkeypatch)
     assert mean_reward_per_model(out["rewards"], 2) == [1.0, 1.0]
     counts = reward_counts(out["rewards"], 2)
     assert counts == {"reward_count": [8, 5], "abstained": [0, 3]}
-    ev = {
-        "models": [{"name": "pi_0"}, {"name": "pi_1"}],
-        "mean_reward": [1.0, 1.0],
-        "kl_to_pi_0": [0.0, 0.25],
-        **counts,
-        "win_matrix": out["win_matrix"],
-        "cycles": [],
-        "decoding": {"num_samples": 1, "temperature": 1.0},
-    }
+    ev = with_readings(
+        {
+            "models": [{"name": "pi_0"}, {"name": "pi_1"}],
+            "mean_reward": [1.0, 1.0],
+            "kl_to_pi_0": [0.0, 0.25],
+            **counts,
+            "win_matrix": out["win_matrix"],
+            "cycle_threshold": 0.5,
+            "decoding": {"num_samples": 1, "temperature": 1.0},
+        }
+    )
     # issue 49: said to be sampled answers' rewards, not the demo's greedy ones
     assert held_out_summary({"eval": ev})[0] == (
         "  held-out prompts, sampled answers (1 a prompt at temperature 1): pi_0 reward 1.000 KL 0.000, pi_1 reward "

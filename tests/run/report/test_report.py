@@ -108,8 +108,8 @@ def test_a_cut_eval_json_is_named_with_what_to_do(tmp_path):
 
 
 def test_an_older_pofes_eval_json_is_refused_with_what_to_do(tmp_path):
-    """pi_0 has one name: an eval.json from before it (KL to pi_0 under `kl_to_base`) would show
-    every model's KL as unmeasured and leave the KL stop rule unread; the report names the file
+    """An eval.json of an older POFE (KL to pi_0 under `kl_to_base`, no cycles or choice recorded)
+    would show every model's KL as unmeasured and no choice; the report names the file, its form
     and the command that writes it again."""
     from pofe.files import UnreadableFile
 
@@ -120,8 +120,8 @@ def test_an_older_pofes_eval_json_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(UnreadableFile) as e:
         collect(folder)
     assert str(e.value) == (
-        f"{folder.eval_dir / 'eval.json'} was written by an older POFE (its KL to pi_0 is not `kl_to_pi_0`). "
-        "The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
+        f"{folder.eval_dir / 'eval.json'} is in another form than this POFE reads (format 1, unrecorded, this "
+        "one reads 2). The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
     )
 
 
@@ -148,6 +148,7 @@ def test_markdown_flags_a_cycle():
         "cycles": find_cycles([[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]),
         "cycles_judge2": None,
     }
+    ev = recorded(ev)
     rep = {
         "method": "sppo",
         "rounds_finished": 2,
@@ -265,6 +266,7 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
         "cycle_threshold": 0.5,
         **comparisons,
     }
+    ev = recorded(ev)
     folder = RunFolder(tmp_path)
     RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
     folder.eval_dir.mkdir()
@@ -301,6 +303,7 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
         "vs_pi_0": [None, v(0.70, 0.6, 0.8), v(0.55, 0.45, 0.65), v(0.50, 0.4, 0.6)],
         "vs_previous": [None, v(0.70, 0.6, 0.8), v(0.30, 0.2, 0.4), v(0.45, 0.35, 0.55)],
     }
+    ev = recorded(ev)
     choice = choose_model(ev)
     assert (choice["best"], choice["name"], choice["lc_vs_pi_0"]) == (1, "pi_1", 0.70)
     assert [(r["model"], r["clear"]) for r in choice["regressions"]] == [("pi_2", True), ("pi_3", False)]
@@ -322,6 +325,14 @@ def test_a_constructed_regression_is_flagged_and_the_best_round_chosen():
     assert choose_model(None) is None and choose_model({"models": [], "win_matrix": []}) is None
 
 
+def recorded(ev: dict) -> dict:
+    """A hand-made eval.json as the evaluation writes it: with its readings (cycles, spreads, the
+    choice) and format (`with_readings`); cycle_threshold at its default unless given."""
+    from pofe.run.evaluation.records import with_readings
+
+    return with_readings({"cycle_threshold": 0.5, **ev})
+
+
 def averaged_eval() -> dict:
     """eval.json of pi_0, pi_1, pi_2 and pi_avg on 8 prompts x 2 samples, pi_avg answering best
     (rewards + 2), pi_2's KL to pi_0 (1.5) over the ceiling 1.0."""
@@ -335,29 +346,31 @@ def averaged_eval() -> dict:
     rewards[:, 3 * S :] += 2.0  # pi_avg answers best
 
     comparisons = compare_iterates(bradley_terry_preferences(rewards), tokens, seed=0)
-    return {
-        "models": [{"name": n, "path": "x"} for n in ("pi_0", "pi_1", "pi_2", "pi_avg")],
-        "num_prompts": P,
-        "prompts_source": "p.jsonl",
-        "decoding": {"num_samples": S, "temperature": 1.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
-        "judge": {"type": "python", "function": "m:f"},
-        "judge2": None,
-        "win_matrix_method": "bradley_terry",
-        "win_matrix": [[0.5] * M] * M,
-        "mean_reward": [0.1, 0.2, 0.3, 0.5],
-        "win_matrix_judge2": None,
-        "mean_reward_judge2": None,
-        "mean_response_tokens": comparisons["response_tokens"]["mean"],
-        "mean_response_chars": [1.0] * M,
-        "kl_to_pi_0": [0.0, 0.6, 1.5, 0.9],
-        "kl_is_unbiased": True,
-        "perplexity": None,
-        "reference_count": 0,
-        "cycle_threshold": 0.5,
-        "average": {"index": 3, "of": ["pi_1", "pi_2"]},
-        "kl_ceiling": 1.0,
-        **comparisons,
-    }
+    return recorded(
+        {
+            "models": [{"name": n, "path": "x"} for n in ("pi_0", "pi_1", "pi_2", "pi_avg")],
+            "num_prompts": P,
+            "prompts_source": "p.jsonl",
+            "decoding": {"num_samples": S, "temperature": 1.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 4},
+            "judge": {"type": "python", "function": "m:f"},
+            "judge2": None,
+            "win_matrix_method": "bradley_terry",
+            "win_matrix": [[0.5] * M] * M,
+            "mean_reward": [0.1, 0.2, 0.3, 0.5],
+            "win_matrix_judge2": None,
+            "mean_reward_judge2": None,
+            "mean_response_tokens": comparisons["response_tokens"]["mean"],
+            "mean_response_chars": [1.0] * M,
+            "kl_to_pi_0": [0.0, 0.6, 1.5, 0.9],
+            "kl_is_unbiased": True,
+            "perplexity": None,
+            "reference_count": 0,
+            "cycle_threshold": 0.5,
+            "average": {"index": 3, "of": ["pi_1", "pi_2"]},
+            "kl_ceiling": 1.0,
+            **comparisons,
+        }
+    )
 
 
 def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
@@ -528,14 +541,12 @@ def test_overlapping_series_stay_apart_and_the_legend_is_off_the_data(tmp_path):
 
 
 def eval_record(w: list[list[float]], method: str = "bradley_terry") -> dict:
-    """eval.json's fields the win-rate sections read, for the matrix `w`."""
+    """eval.json's fields the win-rate sections read, for the matrix `w` (`recorded` adds the readings)."""
     m = len(w)
     return {
         "models": [{"name": f"pi_{i}", "path": "x"} for i in range(m)],
         "win_matrix_method": method,
         "win_matrix": w,
-        "cycles": find_cycles(w),
-        "cycle_threshold": 0.5,
         "win_matrix_judge2": None,
     }
 
@@ -548,23 +559,27 @@ def test_win_rates_clustered_at_one_half_are_explained():
     from pofe.run.report.held_out import win_rate_sections
 
     clustered = [[0.5, 0.498, 0.496], [0.502, 0.5, 0.499], [0.504, 0.501, 0.5]]
-    md = "\n".join(win_rate_sections(eval_record(clustered), [f"pi_{i}" for i in range(3)]))
+    md = "\n".join(win_rate_sections(recorded(eval_record(clustered)), [f"pi_{i}" for i in range(3)]))
     assert "Every win rate lies within 0.5 ± 0.004. Bradley-Terry turns a reward gap into a win probability" in md
     assert "a gap of 0.1 is 0.525" in md and "`pofe.eval.judge2`" in md
-    pairwise = "\n".join(win_rate_sections(eval_record(clustered, "pairwise"), [f"pi_{i}" for i in range(3)]))
+    pairwise = "\n".join(
+        win_rate_sections(recorded(eval_record(clustered, "pairwise")), [f"pi_{i}" for i in range(3)])
+    )
     assert "The pairwise judge rarely prefers" in pairwise and "Bradley-Terry" not in pairwise
     spread = [[0.5, 0.4, 0.6], [0.6, 0.5, 0.4], [0.4, 0.6, 0.5]]
-    assert "Every win rate lies within" not in "\n".join(win_rate_sections(eval_record(spread), ["a", "b", "c"]))
+    assert "Every win rate lies within" not in "\n".join(
+        win_rate_sections(recorded(eval_record(spread)), ["a", "b", "c"])
+    )
 
     # issue 44: the colours span 0..1 whatever the spread (a scale zoomed to 0.5 +- 0.004 painted
     # 0.499 dark red and repeated its colour-bar labels), the cells keep 3 decimals
-    fig = winrate_plot(eval_record(clustered))
+    fig = winrate_plot(recorded(eval_record(clustered)))
     assert fig.axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
     assert "0.504" in [t.get_text() for t in fig.axes[0].texts]
     fig.canvas.draw()
     labels = [t.get_text() for t in fig.axes[1].get_yticklabels()]
     assert labels == ["0.00", "0.25", "0.50", "0.75", "1.00"]
-    assert winrate_plot(eval_record(spread)).axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
+    assert winrate_plot(recorded(eval_record(spread))).axes[0].images[0].get_clim() == pytest.approx((0.0, 1.0))
 
 
 def test_the_judges_identity_is_cut_as_the_table_says():
@@ -628,6 +643,7 @@ def test_the_terminal_says_how_sure_the_choice_is():
         "vs_pi_0": [None, lc],
         "vs_previous": [None, lc],
     }
+    ev = recorded(ev)
     rep = {"eval": ev, "choice": choose_model(ev)}
     assert held_out_summary(rep)[2:] == [
         "  use pi_1 (best length-controlled win rate against pi_0, 0.504 [0.490, 0.520]: not clearly above 1/2; "
@@ -654,6 +670,7 @@ def test_a_scalar_judges_choice_is_by_reward_and_says_why():
         "reward_vs_pi_0": [None, {"diff": 0.25, "diff_ci95": [0.125, 0.375]}],
         "reward_vs_previous": [None, {"diff": 0.25, "diff_ci95": [0.125, 0.375]}],
     }
+    ev = recorded(ev)
     rep = {"eval": ev, "choice": choose_model(ev)}
     md = "\n".join(choice_section(rep))
     assert (
@@ -678,6 +695,7 @@ def test_length_and_drift_axes_start_at_zero():
         "kl_to_pi_0": [0.0, 0.02],
         "perplexity": [5.1, 5.0],
     }
+    ev = recorded(ev)
     fig = drift_plot(ev)
     for ax in fig.axes:
         lo, hi = ax.get_ylim()
@@ -713,8 +731,10 @@ def test_the_console_summary_of_a_trained_online_model_shows_only_the_numbers_it
         "mean_reward_judge2": [0.25, 0.375],
         "kl_to_pi_0": [0.0, 0.5],
         "vs_pi_0": [None, lc],
+        "vs_previous": [None, lc],  # pi_1's previous model is pi_0
         "decoding": {"num_samples": 1, "temperature": 0.0},
     }
+    ev = recorded(ev)
     round_1 = {"round": 1, "candidates": None, "train": {"first_loss": 63.99, "last_loss": 63.609}}
     rep = {
         "kind": "trained",
@@ -788,6 +808,7 @@ def test_one_held_out_prompt_is_never_clear():
         **compare_iterates(bradley_terry_preferences(rewards.reshape(1, 2)), torch.ones(1, 2, 1)),
         **reward_comparisons(rewards),
     }
+    ev = recorded(ev)
     choice = choose_model(ev)
     assert choice["clear"] is False
     why = "too few prompts (1) for an interval (at least 6: raise pofe.eval.held_out)"
@@ -834,6 +855,7 @@ def test_the_plots_never_draw_a_missing_verdict(tmp_path):
         **compare_iterates(bradley_terry_preferences(rewards.reshape(P, M)), torch.ones(P, M, 1)),
         **reward_comparisons(rewards),
     }
+    ev = recorded(ev)
     assert ev["mean_reward"] == [None, None] and ev["vs_pi_0"][1]["raw"] is None
     plots = make_plots({"eval": ev, "rounds": []}, tmp_path)
     assert plots == {"winrate": "report-winrate.png", "drift": "report-drift.png"}

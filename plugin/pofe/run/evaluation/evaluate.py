@@ -80,7 +80,7 @@ from pofe.run.evaluation.headline import (
 from pofe.run.evaluation.inputs import EvalRun, held_out_set, open_run, render_prompts, run_folder, with_average
 from pofe.run.evaluation.judging import judge_models, mean_reward_per_model
 from pofe.run.evaluation.peak_memory import PeakMemory
-from pofe.run.evaluation.records import sample_records, summarise
+from pofe.run.evaluation.records import sample_records, summarise, with_readings
 from pofe.run.evaluation.sampler import eval_sampler
 from pofe.run.folder import RunFolder
 from pofe.run.guards import EVAL, holding_run, pofe_wrote
@@ -140,7 +140,7 @@ def write_held_out(
     result = summarise(
         answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second, len(held_out.references)
     )
-    result.update(extra)
+    result = with_readings({**result, **extra})
     # NaN rewards (abstentions) are written as NaN
     records = sample_records(answers, held_out.prompts, main, second)
     write_jsonl_atomic(run.folder.eval_dir / "samples.jsonl", records, allow_nan=True)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pofe.files import write_atomic
-from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.folder import RunFolder
 from pofe.run.guards import pofe_wrote
 from pofe.run.report.cells import CLUSTERED, abstained, cut_at_user_turn, fmt, missing
@@ -174,7 +173,7 @@ def held_out_summary(rep: dict) -> list[str]:
                 for r in choice["regressions"]
             )
         )
-    spread = distance_from_half(ev["win_matrix"])
+    spread = ev["win_matrix_spread"]
     if len(names) > 1 and spread < CLUSTERED and by_win_rate:
         cluster = "is 1/2" if round(spread, 3) == 0 else f"within 0.5 ± {spread:.3f}"
         lines.append(f"  every win rate {cluster}: the report's 'Win rates' says why")

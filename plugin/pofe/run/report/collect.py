@@ -16,10 +16,8 @@ from typing import Any
 
 from pofe.files import UnreadableFile, read_json, read_jsonl
 from pofe.methods import method_spec
-from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
-from pofe.run.evaluation.statistics import find_cycles
-from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState
+from pofe.run.folder import EVAL_FORMAT, REWRITE_EVAL, RunFolder, RunState
 from pofe.run.guards import pofe_wrote
 from pofe.run.provenance import round_record
 from pofe.run.report.lengths import candidate_lengths
@@ -59,12 +57,15 @@ def _read_json(path: Path, fix: str) -> Any:
 
 
 def _read_eval(path: Path) -> dict | None:
-    """eval.json, refused when an older POFE wrote it: its KL to pi_0 is under `kl_to_base` (pi_0's
-    name before it had one), which the report would show as unmeasured."""
+    """eval.json, refused when another form of it (`EVAL_FORMAT`) was written: an older POFE's
+    records no readings (cycles, the choice) and names KL to pi_0 otherwise, which the report would
+    show as unmeasured."""
     evaluation = _read_json(path, REWRITE_EVAL)
-    if evaluation is not None and "kl_to_pi_0" not in evaluation:
+    if evaluation is not None and evaluation.get("format") != EVAL_FORMAT:
+        written = evaluation.get("format", "1, unrecorded")
         raise UnreadableFile(
-            f"{path} was written by an older POFE (its KL to pi_0 is not `kl_to_pi_0`). {REWRITE_EVAL}"
+            f"{path} is in another form than this POFE reads (format {written}, this one reads {EVAL_FORMAT}). "
+            f"{REWRITE_EVAL}"
         )
     return evaluation
 
@@ -150,19 +151,12 @@ def collect(folder: RunFolder) -> dict:
         # an online training's refreshes (`pofe.run.report.online`); None: not an online training
         "online": online,
     }
-    if evaluation is not None:
-        threshold = evaluation.get("cycle_threshold", 0.5)
-        second = evaluation.get("win_matrix_judge2")
-        report["eval"] = {
-            **evaluation,
-            "cycles": find_cycles(evaluation["win_matrix"], threshold),
-            "cycles_judge2": find_cycles(second, threshold) if second else None,
-        }
+    report["eval"] = evaluation
     # finished models the held-out evaluation lacks (it ran before they finished): no choice
     # is named from an evaluation that has not seen every candidate for it
     evaluated = {m["name"] for m in evaluation["models"]} if evaluation else set()
     report["eval_missing"] = [n for n, _ in state.models()[1:] if n not in evaluated] if evaluation else []
-    report["choice"] = None if report["eval_missing"] else choose_model(report["eval"])
+    report["choice"] = None if report["eval_missing"] or not evaluation else evaluation["choice"]
     return report
 
 

@@ -4,7 +4,6 @@ win-rate matrix and its cycles, best-of-k against the trained model, lengths."""
 
 from __future__ import annotations
 
-from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.report.cells import CLUSTERED, abstained, fmt, table
 
 
@@ -169,9 +168,9 @@ def ci(interval) -> str:
     return f"[{signed(interval[0])}, {signed(interval[1])}]" if interval and None not in interval else ""
 
 
-def clustered_note(matrix: list[list[float]], bradley_terry: bool) -> list[str]:
-    """Why every win rate of `matrix` sits near 1/2, and what to do; nothing when they spread."""
-    spread = distance_from_half(matrix)
+def clustered_note(matrix: list[list[float]], spread: float, bradley_terry: bool) -> list[str]:
+    """Why every win rate of `matrix` sits near 1/2 (`spread`: the largest distance of one from 1/2,
+    as eval.json records it), and what to do; nothing when they spread."""
     if len(matrix) < 2 or spread >= CLUSTERED:
         return []
     if bradley_terry:
@@ -310,10 +309,8 @@ def best_of_k_section(ev: dict) -> list[str]:
 def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
     """### Win rates (and the second judge's): the matrix and its cycles."""
     md: list[str] = []
-    for label, matrix, cycles in (
-        ("", ev["win_matrix"], ev["cycles"]),
-        (" (second judge)", ev.get("win_matrix_judge2"), ev.get("cycles_judge2")),
-    ):
+    for label, suffix in (("", ""), (" (second judge)", "_judge2")):
+        matrix, cycles = ev[f"win_matrix{suffix}"], ev[f"cycles{suffix}"]
         if matrix is None:
             if label:
                 md += [f"### Win rates{label}", "", "No second judge (`pofe.eval.judge2`) was set.", ""]
@@ -333,8 +330,9 @@ def win_rate_sections(ev: dict, names: list[str]) -> list[str]:
         if cis:
             md.append("In brackets: a bootstrap 95 % interval over prompts.")
         md += ["", table(["", *names], [[n, *row] for n, row in zip(names, cells)]), ""]
-        md += clustered_note(matrix, bradley_terry=ev["win_matrix_method"] == "bradley_terry" or bool(label))
-        threshold = ev.get("cycle_threshold", 0.5)
+        bradley_terry = ev["win_matrix_method"] == "bradley_terry" or bool(label)
+        md += clustered_note(matrix, ev[f"win_matrix_spread{suffix}"], bradley_terry)
+        threshold = ev["cycle_threshold"]
         if cycles:
             listed = "; ".join(f"{names[a]} > {names[b]} > {names[c]} > {names[a]}" for a, b, c in cycles)
             md += [f"**CYCLE**: {listed} (a beats b when W[a, b] > {threshold}).", ""]

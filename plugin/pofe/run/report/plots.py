@@ -17,7 +17,6 @@ import math
 from pathlib import Path
 
 from pofe.methods import method_spec
-from pofe.run.evaluation.statistics import distance_from_half
 from pofe.run.report.cells import CLUSTERED
 
 # (marker, line style) of the series of one panel, in order
@@ -215,7 +214,7 @@ def winrate_plot(ev: dict):
     image = ax.imshow(w, vmin=0.0, vmax=1.0, cmap="RdBu")
     ax.set_xticks(range(len(names)), names)
     ax.set_yticks(range(len(names)), names)
-    digits = 3 if distance_from_half(w) < CLUSTERED else 2
+    digits = 3 if ev["win_matrix_spread"] < CLUSTERED else 2
     for i in range(len(names)):
         for j in range(len(names)):
             known = _number(w[i][j])  # else no verdict on the pair: "-"
