@@ -53,7 +53,7 @@ def _same_model(a: str, b: str | None) -> bool:
 
 
 def pi_0_name(cfg, pi_0: str | None) -> str:
-    """pi_0's name: `pi_0`, else the recipe's base_model."""
+    """pi_0's name: `pi_0` (`pofe.pi_0`), else the recipe's base_model."""
     return str(pi_0 or cfg.base_model)
 
 
@@ -108,7 +108,7 @@ def _quantization(cfg, dtype: torch.dtype):
 
 
 def compute_apart(cfg, pi_0: str, datasets, scorer: RowScorer) -> torch.Tensor:
-    """pi_0 (`pi_0`) loaded on its own, every row scored on this process, then freed."""
+    """pi_0 (the model `pi_0` names) loaded on its own, every row scored on this process, then freed."""
     from pofe_candidates.models import load_policy
 
     dtype = recipe_dtype(cfg)
