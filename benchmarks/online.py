@@ -145,12 +145,17 @@ def online_facts(out: Path, steps_per_epoch: int) -> dict:
 
 def rounds_facts(out: Path) -> dict:
     """An iterated run's stages from pofe-run.json, and its rounds' policy samples' mean reward."""
-    from pofe.run.evaluation.headline import candidate_stats
+    from pofe.records.candidates import CandidatesSummary
+    from pofe.run.folder import RunFolder
 
+    folder = RunFolder(out)
     state = json.loads((out / "pofe-run.json").read_text())
     stages = {name: s["seconds"] for name, s in state["stages"].items()}
     rounds = sorted(int(r) for r in state["rounds"])
-    reward = {t: candidate_stats(out / f"round-{t}" / "candidates")["policy_sample_mean_reward"] for t in rounds}
+    reward = {
+        t: CandidatesSummary.read(folder.summary(t), folder.rewrite_summary(t)).mean_policy_sample_reward
+        for t in rounds
+    }
     preprocess = sum(s for name, s in stages.items() if name.endswith("/preprocess"))
     return {
         "refreshes": len(rounds),

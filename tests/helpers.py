@@ -409,6 +409,122 @@ def prepared_rows(prepared: Path):
     return load_from_disk(str(folder))
 
 
+def write_summary(folder: RunFolder, t: int, **fields) -> dict:
+    """Round t's summary.json as the pipeline writes it (`pofe.records.candidates`), of no
+    candidates but for `fields`: for tests that write a round's candidates by hand."""
+    from pofe.records.candidates import CandidatesSummary
+
+    record = CandidatesSummary.model_validate(
+        {
+            "method": "sppo",
+            "rows_in": 0,
+            "rows": 0,
+            "rows_dropped": {},
+            "prompts_truncated": 0,
+            "candidates_per_prompt": {"mean": None, "min": 0, "max": 0},
+            "candidates_by_source": {},
+            "duplicates_removed": {"exact": 0, "near": 0},
+            "empty_candidates_removed": 0,
+            "candidates_cut_at_user_turn": 0,
+            "truncated_candidates_dropped": 0,
+            "mean_candidate_reward": None,
+            "mean_best_of_k_reward": None,
+            "mean_policy_sample_reward": None,
+            "mean_candidate_tokens": None,
+            "mean_candidate_chars": None,
+            "lengths": None,
+            "candidates_with_sampled_ids": 0,
+            "candidates_without_sampled_ids": 0,
+            "candidates_retokenized_differently": 0,
+            "mean_best_win_rate": None,
+            "mean_win_rate_spread": None,
+            "saturation": None,
+            "judge_verdicts": 0,
+            "judge_abstentions": 0,
+            "judge_abstention_reasons": {},
+            "judge_abstention_rate": 0.0,
+            "judge_prompts_cut": 0,
+            "judge_rows_with_prompt_cut": 0,
+            "rows_with_equal_labels": 0,
+            "judge_pairs_order_sum_off": 0,
+            "judge_worst_order_sum": None,
+            "data_sha256": "",
+            "generate": {},
+            "judge": {},
+            "pipeline": {},
+            **fields,
+        }
+    )
+    record.write(folder.summary(t))
+    return record.model_dump(mode="json")
+
+
+def write_headline(folder: RunFolder, **fields) -> dict:
+    """eval/headline.json as the evaluation writes it (`pofe.records.headline`), of no round but
+    for `fields`."""
+    from pofe.records.headline import Headline
+
+    decoding = {"num_samples": 1, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 8, "seed": 0}
+    record = Headline.model_validate(
+        {"train_prompts": 0, "skipped": None, "judge": {}, "decoding": decoding, "rounds": {}, "peak_memory": {}}
+        | fields
+    )
+    record.write(folder.headline)
+    return record.model_dump(mode="json")
+
+
+def eval_fields(M: int) -> dict:
+    """An eval.json's numbers of M models that no comparison reads (values of no interest to a
+    test of the comparisons; `write_evaluation` adds the rest)."""
+    per_model = [1.0] * M
+    return {
+        "num_prompts": 8,  # enough for an interval (MIN_INTERVAL_PROMPTS)
+        "prompts_source": "held-out",
+        "judge": {"type": "python", "function": "m:f"},
+        "judge2": None,
+        "decoding": {"num_samples": 1, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0},
+        "win_matrix_method": "bradley_terry",
+        "win_matrix": [[0.5] * M] * M,
+        "win_matrix_judge2": None,
+        "win_matrix_ci95": [[[0.4, 0.6]] * M] * M,
+        "mean_reward_judge2": None,
+        "mean_response_tokens": per_model,
+        "mean_response_chars": per_model,
+        "kl_to_pi_0": per_model,
+        "perplexity": None,
+        "reference_count": 0,
+        "response_tokens": {"mean": per_model, "median": per_model},
+        "cycle_threshold": 0.5,
+        "kl_is_unbiased": True,
+    }
+
+
+def write_evaluation(folder: RunFolder, ev: dict) -> dict:
+    """eval/eval.json as the evaluation writes it (`pofe.records.evaluation`): `ev`'s numbers with
+    their readings (`with_readings`: cycles, spreads, the choice); what `ev` leaves out and
+    the report reads without showing (counts, best-of-k, peak memory, pi_avg, the KL ceiling) is
+    empty, and cycle_threshold is its default unless given."""
+    from pofe.records.evaluation import EvalRecord
+    from pofe.run.evaluation.records import with_readings
+
+    models = len(ev["models"])
+    context = {
+        "cycle_threshold": 0.5,
+        "reward_count": None,
+        "abstained": None,
+        "reward_count_judge2": None,
+        "abstained_judge2": None,
+        "samples_cut_at_user_turn": [0] * models,
+        "best_of_k": None,
+        "peak_memory": {},
+        "average": None,
+        "kl_ceiling": None,
+    }
+    record = EvalRecord.model_validate(with_readings(context | ev))
+    record.write(folder.evaluation)
+    return record.model_dump(mode="json")
+
+
 def whole_candidates(folder: RunFolder, t: int) -> None:
     """Round t's candidates as a finished preprocess stage leaves them, for tests that mark the
     stage done by hand: a data.jsonl and the summary.json recording its sha256."""
@@ -416,8 +532,7 @@ def whole_candidates(folder: RunFolder, t: int) -> None:
 
     folder.candidates(t).mkdir(parents=True, exist_ok=True)
     (folder.candidates(t) / "data.jsonl").write_text("{}\n")
-    digest = file_sha256(folder.candidates(t) / "data.jsonl")
-    (folder.candidates(t) / "summary.json").write_text(json.dumps({"data_sha256": digest}))
+    write_summary(folder, t, data_sha256=file_sha256(folder.candidates(t) / "data.jsonl"))
 
 
 def checked_eval_samples(folder: RunFolder, held: list[str], reward=None) -> tuple[dict, list[dict]]:

@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 import pofe
-from pofe.online.refresh import FOLDER, read_refresh
+from pofe.online.refresh import read_refresh
+from pofe.records.refresh import FOLDER
 from tests.helpers import ROOT, run_axolotl
 
 SOURCE_FOLDERS = {"pofe": ROOT / "plugin" / "pofe", "pofe_candidates": ROOT / "preprocess" / "pofe_candidates"}

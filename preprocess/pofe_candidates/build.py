@@ -19,6 +19,7 @@ import torch
 
 from pofe.files import UnreadableFile, file_sha256, read_json
 from pofe.methods import Target, method_spec
+from pofe.records.candidates import CandidateLengths, CandidatesSummary, LengthStats
 from pofe_candidates.abstentions import AbstentionTally
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
 from pofe_candidates.judges.pairwise import ORDER_SUM_TOLERANCE
@@ -94,8 +95,11 @@ def summarise(
     tends towards the best candidate's); only for scalar judges.
     mean_win_rate_spread: mean over rows of max - min win rate (`win_rate_spread`): near 0, SPPO's
     targets eta (w - 1/2) carry no signal (e.g. a verifier under unit-scale Bradley-Terry).
+    mean_policy_sample_reward: over the policy's own samples alone (not a dataset's responses).
     saturation: the judged prompts' K win rates (all of them, before `candidates.keep`) against
     `saturation_band` (`pofe_candidates.win_rates.saturation`); None for methods on rewards.
+    The fields are `pofe.records.candidates.CandidatesSummary`'s, less the pipeline's own
+    (data_sha256, truncated_candidates_dropped, the last run's facts).
     """
     live = [g for g in generated if g["dropped"] is None]
     rewards = [r["rewards"] for r in judged if r.get("rewards")]
@@ -107,6 +111,7 @@ def summarise(
     target = method_spec(method).target
     trains_on_win_rates = target.from_win_rates
     return {
+        "format": CandidatesSummary.FORMAT,
         "method": method,
         "rows_in": len(generated),
         "rows": len(data),
@@ -123,7 +128,9 @@ def summarise(
         "candidates_cut_at_user_turn": sum(g.get("user_turn_cut", 0) for g in generated),
         "mean_candidate_reward": nan_mean([x for rs in rewards for x in rs]),
         "mean_best_of_k_reward": nan_mean([max(rs) for rs in rewards]),
+        "mean_policy_sample_reward": nan_mean(policy_sample_rewards(generated, judged)),
         "mean_candidate_tokens": nan_mean(tokens),
+        "lengths": candidate_lengths(live, judged, _verdict_key(target)),
         # policy candidates trained on their sampled ids, those the backend gave none for (trained
         # on their text, tokenised again), and how many of the first the text would have changed
         "candidates_with_sampled_ids": _sampled(live, True),
@@ -150,6 +157,42 @@ def summarise(
         "judge": judge.model_dump(),
         "pipeline": candidates.model_dump(),
     }
+
+
+def policy_sample_rewards(generated: list[dict], judged: list[dict]) -> list[float]:
+    """The rewards of the policy's own samples (source "policy": not a dataset's responses) over
+    the judged rows that have rewards."""
+    sources = {g["index"]: dict(zip(g["candidates"], g["sources"])) for g in generated if g["dropped"] is None}
+    return [
+        x
+        for r in judged
+        if r.get("rewards")
+        for response, x in zip(r["responses"], r["rewards"])
+        if sources.get(r["index"], {}).get(response) == "policy"
+    ]
+
+
+def candidate_lengths(live: list[dict], judged: list[dict], label_key: str) -> CandidateLengths | None:
+    """The lengths in tokens (the generate rows' `candidate_tokens`: the policy's tokenizer on the
+    text, no end-of-turn token) of every candidate of the `live` generate rows, and of each judged
+    prompt's best and worst by its `label_key` labels: the highest and the lowest, each the first
+    of equals, as `keep: best_worst` keeps them. A prompt whose labels all tie has neither. None
+    without a candidate."""
+    every = [t for g in live for t in g["candidate_tokens"]]
+    if not every:
+        return None
+    tokens = {g["index"]: dict(zip(g["candidates"], g["candidate_tokens"])) for g in live}
+    best, worst = [], []
+    for row in judged:
+        labels, responses = row.get(label_key), row.get("responses") or []
+        if not labels or row["index"] not in tokens:
+            continue
+        hi = max(range(len(labels)), key=lambda k: (labels[k], -k))
+        lo = min(range(len(labels)), key=lambda k: (labels[k], k))
+        if hi != lo:
+            best.append(tokens[row["index"]][responses[hi]])
+            worst.append(tokens[row["index"]][responses[lo]])
+    return CandidateLengths(candidates=LengthStats.of(every), best=LengthStats.of(best), worst=LengthStats.of(worst))
 
 
 def order_sum_warning(summary: dict, judge_type: str, where) -> str:

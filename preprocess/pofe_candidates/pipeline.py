@@ -30,7 +30,6 @@ candidates exactly as the rewards do.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import socket
@@ -44,10 +43,11 @@ from pathlib import Path
 from typing import Literal
 
 from pofe.errors import PofeError
-from pofe.files import file_sha256, write_atomic, write_jsonl_atomic
+from pofe.files import file_sha256, write_jsonl_atomic
 from pofe.locks import FolderLock, describe, here_and_gone
 from pofe.logs import logger_name
 from pofe.methods import check_candidate_rules, method_spec
+from pofe.records.candidates import CandidatesSummary
 from pofe_candidates.build import build_rows, empty_samples_warning, order_sum_warning, summarise
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig, redact
 from pofe_candidates.generate_stage import SHARD_SEED_STRIDE, generate_stage
@@ -60,7 +60,7 @@ from pofe_candidates.shard_work import StagePlan, close_generator, column_texts,
 from pofe_candidates.shards import (
     clean_tmp,
 )
-from pofe_candidates.win_rates import SATURATION_BAND, saturation_warning
+from pofe_candidates.win_rates import SATURATION_BAND
 
 LOG = logging.getLogger(logger_name(__name__))
 
@@ -282,9 +282,10 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation
     summary["truncated_candidates_dropped"] = sum(g.get("truncated_dropped", 0) for g in generated_rows)
     summary["data_sha256"] = file_sha256(data_path)  # what later stages check the file against (`build.data_problem`)
     summary.update(last_run)
-    summary = redact(summary)  # summary.json is pushed to the hub with the candidates
+    record = CandidatesSummary.model_validate(redact(summary))  # summary.json is pushed to the hub with them
+    summary = record.model_dump(mode="json")
     summary_path = out / "summary.json"
-    write_atomic(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n", private=True)
+    record.write(summary_path, private=True)
     silent = empty_samples_warning(generated_rows, "the generate stage", plan.gen_dir)
     if silent:
         LOG.warning(silent)
@@ -298,7 +299,7 @@ def _write_outputs(plan: StagePlan, done: StagesDone, last_run: dict, saturation
         )
     if summary["judge_pairs_order_sum_off"]:
         LOG.warning(order_sum_warning(summary, plan.judge.type, summary_path))
-    saturated = saturation_warning(summary["saturation"] or {}, f"POFE: {summary_path}")
+    saturated = record.saturation and record.saturation.warning(f"POFE: {summary_path}")
     if saturated:
         LOG.warning(saturated)
     if summary["rows_with_equal_labels"]:

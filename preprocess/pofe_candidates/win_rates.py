@@ -127,8 +127,6 @@ def win_rate_spread(rates: Tensor) -> Tensor:
 
 # `pofe.saturation_band`'s default: a prompt whose win rates all lie this close to 1/2 is saturated
 SATURATION_BAND = 0.05
-# above this share of a round's prompts saturated, the candidate pipeline and the run report warn
-SATURATION_WARN_SHARE = 0.5
 
 
 def saturation(win_rates: Sequence[Sequence[float]], band: float = SATURATION_BAND) -> dict:
@@ -161,22 +159,6 @@ def saturation(win_rates: Sequence[Sequence[float]], band: float = SATURATION_BA
         "saturated_share": saturated / len(deviations) if deviations else None,
         "mean_abs_deviation": sum(flat) / len(flat) if flat else None,
     }
-
-
-def saturation_warning(sat: dict, where: str) -> str | None:
-    """The warning for a round whose saturated share passes `SATURATION_WARN_SHARE`, naming the
-    remedies; None below it. `where`: the round or file the numbers belong to."""
-    share = sat.get("saturated_share")
-    if share is None or share <= SATURATION_WARN_SHARE:
-        return None
-    return (
-        f"{where}: {sat['saturated_prompts']} of {sat['prompts']} prompts ({share:.0%}, above "
-        f"{SATURATION_WARN_SHARE:.0%}) are saturated: all their candidates' win rates lie within "
-        f"{sat['band']} of 1/2 (mean |w - 1/2| {sat['mean_abs_deviation']:.3f}), so SPPO's targets "
-        "eta (w - 1/2) and its gradient nearly vanish. Remedies: sample more diverse candidates (a higher "
-        "pofe.generate.temperature or more num_candidates), more diverse or harder prompts, or a stronger "
-        "judge that tells the candidates apart."
-    )
 
 
 def _float_rewards(rewards: Tensor) -> Tensor:

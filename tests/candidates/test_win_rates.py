@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from pofe.records.candidates import Saturation
 from pofe_candidates import bradley_terry_preferences, symmetrize_preferences, win_rates
 from pofe_candidates.win_rates import (
     hard_preferences,
     saturation,
-    saturation_warning,
     scalar_preferences,
     win_rate_spread,
 )
@@ -187,9 +187,9 @@ def test_saturation_warning_names_the_remedies_above_half():
     """Warned above 50 % of the prompts saturated, not at it; the message names the numbers and
     the remedies (temperature, prompts, judge)."""
     half = saturation([[0.5, 0.5], [0.9, 0.1]], 0.05)
-    assert half["saturated_share"] == 0.5 and saturation_warning(half, "round 1") is None
+    assert half["saturated_share"] == 0.5 and Saturation(**half).warning("round 1") is None
     most = saturation([[0.5, 0.5], [0.51, 0.49], [0.9, 0.1]], 0.05)
-    warning = saturation_warning(most, "round 2")
+    warning = Saturation(**most).warning("round 2")
     assert warning.startswith("round 2: 2 of 3 prompts (67%, above 50%) are saturated")
     for remedy in ("pofe.generate.temperature", "harder prompts", "stronger judge"):
         assert remedy in warning

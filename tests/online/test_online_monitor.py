@@ -22,7 +22,7 @@ from pofe.online.monitor import (
     reference_rows,
     write_record,
 )
-from pofe.online.refresh import refresh_dir
+from pofe.records.refresh import refresh_dir
 from tests.helpers import pofe_block
 
 

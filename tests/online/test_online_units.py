@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from pofe.args import PofeArgs, PofeConfig
 from pofe.columns import PI_0_LOGPS
+from pofe.files import UnreadableFile
 from pofe.losses import kl_penalised_rewards
 from pofe.methods import method_spec
 from pofe.online.prompts import PromptCollator, steps_per_epoch
@@ -19,11 +20,11 @@ from pofe.online.refresh import (
     Refreshed,
     Window,
     read_refresh,
-    refresh_dir,
     with_scores,
     write_refresh,
 )
 from pofe.online.stats import dropped_candidates, window_stats
+from pofe.records.refresh import refresh_dir
 from tests.helpers import pofe_block
 
 
@@ -207,7 +208,12 @@ def test_a_refresh_reads_back_as_written_and_only_once_finished(tmp_path):
         refresh_every=2,
     )
     assert read_refresh(folder) == (window, rows, {"prompts": 4.0})
-    assert json.loads((folder / "refresh.json").read_text())["micro_batches"] == [[3, 1], [0, 2]]
+    written = json.loads((folder / "refresh.json").read_text())
+    assert written["micro_batches"] == [[3, 1], [0, 2]] and written["format"] == 2
+    # an older POFE's (no format; its stats named KL to pi_0 otherwise): refused, naming the folder
+    (folder / "refresh.json").write_text(json.dumps({k: v for k, v in written.items() if k != "format"}))
+    with pytest.raises(UnreadableFile, match=rf"format 1, unrecorded.*Delete {folder}: a resumed run samples"):
+        read_refresh(folder)
     (folder / "refresh.json").unlink()  # killed before the refresh was finished: sampled again
     assert read_refresh(folder) is None
 
@@ -326,7 +332,6 @@ def test_what_made_a_refresh_is_recorded_and_compared_setting_by_setting(tmp_pat
         f"the weights of base_model (pi_0, whose log-probs its rows hold): {made['pi_0_weights'][:12]} then, "
         f"{weights_fingerprint(base)[:12]} now"
     )
-    assert setting_changes(None, made) == "its refresh.json records nothing of what made it (an older POFE wrote it)"
     # rows written before pi_0's log-probs were named `pi_0_logps` (as `logp_base`) are not read as if they held them
     older = {k: v for k, v in made.items() if k != "rows_format"}
     assert made["rows_format"] == 2 and setting_changes(older, made) == (

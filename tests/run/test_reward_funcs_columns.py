@@ -94,7 +94,7 @@ def test_the_run_judges_candidates_and_evaluates_with_the_answer_column(docs_run
     headline = json.loads((folder.eval_dir / "headline.json").read_text())["rounds"]["1"]["samples"]
     assert headline
     for s in headline:
-        assert s["reward"] == pytest.approx(expected_reward(module, s["response"], pool[s["prompt"]]))
+        assert s["reward"] == pytest.approx(expected_reward(module, s["completion"], pool[s["prompt"]]))
 
 
 @pytest.mark.e2e

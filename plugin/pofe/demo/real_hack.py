@@ -17,7 +17,7 @@ from pathlib import Path
 from pofe.demo import real_task
 from pofe.demo.real import Training, real_recipe
 from pofe.files import read_jsonl, write_atomic
-from pofe.online.refresh import written_refreshes
+from pofe.records.refresh import written_refreshes
 
 # 32 prompts, 8 a refresh of one step, 3 epochs: 12 refreshes; samples up to 24 tokens
 HACK = Training(prompts=32, epochs=3, learning_rate=6e-4, micro_batch_size=8, candidates=4, sample_tokens=24)

@@ -25,7 +25,8 @@ from pofe.demo.task import answer, make_prompt_rows, make_prompts, sft_rows, wri
 from pofe.demo.tiny import build_tiny_model, is_tiny_model
 from pofe.files import read_jsonl, write_atomic
 from pofe.logs import Echo
-from pofe.online.refresh import FOLDER, read_refresh
+from pofe.online.refresh import read_refresh
+from pofe.records.refresh import FOLDER
 from pofe.run.folder import RunState
 from pofe.run.rounds.processes import axolotl_command
 from pofe.run.rounds.runner import StageRunner

@@ -51,12 +51,10 @@ PI_0 = "pi_0_weights"
 ROWS, ROWS_FORMAT = "rows_format", 2
 
 
-def setting_changes(recorded_with: dict | None, made: dict) -> str:
+def setting_changes(recorded_with: dict, made: dict) -> str:
     """How a refresh's `made_with` differs from `made`, this recipe's: "key: then, now; ...". A
     judge function's or model's digest is said only when its code or weights changed under the
     same name (another function or model is said by its own key); pi_0's, as base_model's weights."""
-    if recorded_with is None:
-        return "its refresh.json records nothing of what made it (an older POFE wrote it)"
     said = []
     for key, then, now in changed_settings(recorded_with, made):
         if key == ROWS:

@@ -38,7 +38,8 @@ from pofe.data.sources import load_entry, read_json_rows
 from pofe.files import read_jsonl, write_jsonl_atomic
 from pofe.logs import get_logger
 from pofe.methods import method_spec
-from pofe.online.refresh import FOLDER, LOGP, refresh_starts
+from pofe.online.refresh import LOGP
+from pofe.records.refresh import FOLDER, refresh_starts
 from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.judges import make_judge
 from pofe_candidates.shard_work import judge_shard

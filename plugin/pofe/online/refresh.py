@@ -25,7 +25,6 @@ recipe is found to make them alike (`made_with`; else it stops, naming what diff
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -36,10 +35,10 @@ import torch
 
 from pofe.columns import ANCHOR_LOGPS, PI_0_LOGPS
 from pofe.data.formats import candidate_row
-from pofe.files import read_json, read_jsonl, write_atomic, write_jsonl_atomic
+from pofe.files import read_jsonl, write_jsonl_atomic
 from pofe.losses import kl_penalised_rewards
 from pofe.methods import MethodSpec
-from pofe.online.stats import merged_stats
+from pofe.records.refresh import RefreshRecord, refresh_record
 from pofe_candidates.abstentions import AbstentionTally, check_abstentions
 from pofe_candidates.build import build_rows
 from pofe_candidates.config import CandidatesConfig, GenerateConfig, JudgeConfig
@@ -47,7 +46,6 @@ from pofe_candidates.generate_stage import SHARD_SEED_STRIDE
 from pofe_candidates.render import ChatTemplateError
 from pofe_candidates.shard_work import WHERE, generate_shard, judge_shard
 
-FOLDER = "online"
 # rows.jsonl's columns beside a data.jsonl row's: the summed log-probs the policy that sampled
 # a window gave its candidates, and pi_0's (`pofe.columns.PI_0_LOGPS`, when a refresh scores under pi_0)
 LOGP = "logp"
@@ -76,17 +74,6 @@ class Refreshed:
     rows: list[list[dict[str, Any]]]
     stats: dict[str, float]
     warnings: tuple[str, ...] = ()
-
-
-def refresh_starts(output_dir: str | Path) -> list[int]:
-    """The first steps of the refreshes in `output_dir`, in order (finished or not)."""
-    return sorted(int(p.name.split("-")[1]) for p in (Path(output_dir) / FOLDER).glob("refresh-*"))
-
-
-def refresh_dir(output_dir: str | Path, start_step: int, rank: int = 0, world: int = 1) -> Path:
-    """Where the refresh starting at `start_step` is written (each rank its own, under several)."""
-    folder = Path(output_dir) / FOLDER / f"refresh-{start_step:07d}"
-    return folder / f"rank-{rank}" if world > 1 else folder
 
 
 @dataclass(frozen=True)
@@ -237,24 +224,14 @@ def write_refresh(
     write_jsonl_atomic(folder / "generate.jsonl", generated)
     write_jsonl_atomic(folder / "judge.jsonl", judged, allow_nan=True)
     write_jsonl_atomic(folder / "rows.jsonl", data_rows)
-    record = {
-        "start_step": refreshed.window.start_step,
-        "micro_batches": refreshed.window.micro_batches,
-        "stats": refreshed.stats,
-        "refresh_every": refresh_every,
-        "made_with": made,
-    }
-    write_atomic(folder / "refresh.json", json.dumps(record, indent=1) + "\n")
-
-
-def _refresh_json(folder: Path) -> dict:
-    return read_json(folder / "refresh.json", f"Delete {folder}: the resumed run samples the window again")
-
-
-def refresh_record(folder: Path) -> dict | None:
-    """A finished refresh's refresh.json (window, stats, refresh_every, made_with); None when
-    not finished."""
-    return _refresh_json(folder) if (folder / "refresh.json").exists() else None
+    record = RefreshRecord(
+        start_step=refreshed.window.start_step,
+        micro_batches=refreshed.window.micro_batches,
+        stats=refreshed.stats,
+        refresh_every=refresh_every,
+        made_with=made,
+    )
+    record.write(folder / "refresh.json")
 
 
 def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | None:
@@ -262,30 +239,5 @@ def read_refresh(folder: Path) -> tuple[Window, list[dict], dict[str, float]] | 
     record = refresh_record(folder)
     if record is None:
         return None
-    window = Window(record["start_step"], record["micro_batches"])
-    return window, read_jsonl(folder / "rows.jsonl"), record["stats"]
-
-
-@dataclass(frozen=True)
-class WrittenRefresh:
-    """A finished refresh as its files hold it: the step it fed first, its folders (one per
-    rank), its stats merged over the ranks (`merged_stats`)."""
-
-    start_step: int
-    folders: list[Path]
-    stats: dict[str, float]
-
-
-def written_refreshes(output_dir: str | Path) -> list[WrittenRefresh]:
-    """Every finished refresh of the online training in `output_dir`, in step order (for
-    `axolotl pofe report`). A refresh whose refresh.json some rank has not written yet (a
-    killed run's last) is left out, as a resumed run redoes it."""
-    out = []
-    for start in refresh_starts(output_dir):
-        folder = refresh_dir(output_dir, start)
-        folders = sorted(folder.glob("rank-*")) or [folder]
-        if not all((f / "refresh.json").is_file() for f in folders):
-            continue
-        records = [_refresh_json(f) for f in folders]
-        out.append(WrittenRefresh(records[0]["start_step"], folders, merged_stats([r["stats"] for r in records])))
-    return out
+    window = Window(record.start_step, record.micro_batches)
+    return window, read_jsonl(folder / "rows.jsonl"), record.stats

@@ -9,7 +9,8 @@ from pathlib import Path
 from pofe.errors import PofeError
 from pofe.logs import get_logger
 from pofe.online.made_with import setting_changes
-from pofe.online.refresh import Refreshed, Window, read_refresh, refresh_dir, refresh_record, refresh_starts
+from pofe.online.refresh import Refreshed, Window, read_refresh
+from pofe.records.refresh import RefreshRecord, refresh_dir, refresh_record, refresh_starts
 
 LOG = get_logger(__name__)
 
@@ -35,7 +36,7 @@ class ResumedRefreshes:
             record = refresh_record(folder)
             if record is None:
                 continue
-            end = start + -(-len(record["micro_batches"]) // per_step)
+            end = start + -(-len(record.micro_batches) // per_step)
             if step >= end:
                 self._say_refresh_every(record, step, f"step {step} samples a new window")
                 return None
@@ -46,14 +47,14 @@ class ResumedRefreshes:
             return read_refresh(folder)
         return None
 
-    def _say_refresh_every(self, record: dict, step: int, feeds: str) -> None:
+    def _say_refresh_every(self, record: RefreshRecord, step: int, feeds: str) -> None:
         """A resumed run whose refresh_every is not the one its last refresh was sampled for goes on
         (the rows are the policy's samples whatever the window's length), and says so: from the
         resumed step the windows are this recipe's length, which the killed run's were not."""
-        every, then = self.pofe.online.refresh_every, record.get("refresh_every")
-        if then is not None and then != every:
+        every, then = self.pofe.online.refresh_every, record.refresh_every
+        if then != every:
             LOG.warning(
-                f"POFE: online: the refresh of step {record['start_step']} was sampled for refresh_every {then}; "
+                f"POFE: online: the refresh of step {record.start_step} was sampled for refresh_every {then}; "
                 f"this recipe's is {every}: {feeds}, and the refreshes after it come every {every} steps. Resume "
                 f"with refresh_every: {then} to keep the killed run's schedule"
             )
@@ -70,20 +71,20 @@ class ResumedRefreshes:
                 f"the run then samples and judges a new window at step {step}"
             )
 
-    def _check_made_with(self, folder: Path, record: dict, step: int, end: int) -> None:
+    def _check_made_with(self, folder: Path, record: RefreshRecord, step: int, end: int) -> None:
         """Stop when the refresh read back was made otherwise than this recipe makes refreshes
         (another judge, other generate settings...): its rows are what the checkpoint trained
         on, and the steps left of its window would train on them in this recipe's name. Stopped,
         not redone: as an iterated run's training resumed with other settings stops
         (`pofe.run.rounds.checkpoints.check_resume`), since the checkpoint is the other
         settings' work; the message says how to go on with these settings."""
-        if record.get("made_with") == self._made_with:
+        if record.made_with == self._made_with:
             return
-        start = record["start_step"]
+        start = record.start_step
         raise OnlineRefreshError(
             f"resuming at step {step}: the refresh of step {start} ({folder}), whose rows steps {start}-{end - 1} "
             f"train on, was made otherwise than this recipe makes them: "
-            f"{setting_changes(record.get('made_with'), self._made_with)}. Resume with the recipe that made it; "
+            f"{setting_changes(record.made_with, self._made_with)}. Resume with the recipe that made it; "
             f"or, to go on with this recipe's settings, delete {folder.parent if self.world > 1 else folder}: "
             f"the run then samples and judges a new window at step {step} (the checkpoint keeps what it learnt "
             "from the old one); or start afresh in a new output_dir"

@@ -1,38 +1,9 @@
-"""What `online/*` logs of a refresh: a window's stats, merged over the ranks, and why a window's
-prompts kept too few candidates."""
+"""What `online/*` logs of a refresh: a window's stats (merged over the ranks by
+`pofe.records.refresh.merged_stats`), and why a window's prompts kept too few candidates."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-# window stats that add up over ranks; the others are means weighted by each rank's prompts
-COUNTS = (
-    "prompts",
-    "prompts_dropped",
-    "candidates",
-    "candidates_empty",
-    "candidates_duplicate",
-    "candidates_truncated",
-    "candidates_cut_at_user_turn",
-    "opponents_cut_at_user_turn",
-    "judge_verdicts",
-    "judge_abstentions",
-    "pairs",
-    "pairs_tied",
-)
-
-
-def merged_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One refresh's stats over its ranks, as `online/*` logs them: counts summed, the others
-    means weighted by each rank's prompts (over the ranks that measured them)."""
-    merged = {}
-    for key in dict.fromkeys(k for stats in per_rank for k in stats):
-        having = [s for s in per_rank if key in s]
-        if key in COUNTS:
-            merged[key] = sum(s[key] for s in having)
-        elif sum(s["prompts"] for s in having):
-            merged[key] = sum(s[key] * s["prompts"] for s in having) / sum(s["prompts"] for s in having)
-    return merged
 
 
 def window_stats(

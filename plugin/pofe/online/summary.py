@@ -10,7 +10,7 @@ from pathlib import Path
 
 def refresh_summary(number: int, start_step: int, means: dict[str, float]) -> str:
     """One line for refresh `number` (at `start_step`) from its stats merged over the ranks
-    (`pofe.online.refresh.merged_stats`): prompts and candidates, the candidates' reward, the
+    (`pofe.records.refresh.merged_stats`): prompts and candidates, the candidates' reward, the
     KL to pi_0, the monitor's second judge and reference perplexity, a mixture's preference and distance
     (Nash-MD), the samples (and opponents) cut where they began a user turn, the judge's abstentions,
     the prompts dropped, times."""

@@ -39,15 +39,12 @@ from pofe.online.monitor import Monitor
 from pofe.online.opponents import opponent_stats, play_window, preference_rows
 from pofe.online.prompts import PROMPT_COLUMNS, PROMPT_INDEX, PROMPT_ROW, PROMPT_SOURCE
 from pofe.online.refresh import (
-    FOLDER,
     LOGP,
     TOKENS,
     RefreshContext,
     Refreshed,
     Window,
     judged_columns,
-    refresh_record,
-    refresh_starts,
     sample_and_judge,
     trainable_rows,
     with_scores,
@@ -55,8 +52,9 @@ from pofe.online.refresh import (
 )
 from pofe.online.resume import OnlineRefreshError, ResumedRefreshes
 from pofe.online.sampling import sampler_for
-from pofe.online.stats import dropped_candidates, merged_stats, window_stats
+from pofe.online.stats import dropped_candidates, window_stats
 from pofe.online.summary import ConsoleCadence, all_pairs_tied, refresh_summary
+from pofe.records.refresh import FOLDER, merged_stats, refresh_record, refresh_starts
 from pofe_candidates.build import empty_samples_warning
 from pofe_candidates.judges import make_judge
 

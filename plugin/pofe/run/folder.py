@@ -38,10 +38,8 @@ from pofe.files import not_json, read_utf8, write_atomic
 STATE_VERSION = 2
 STATE_NAME = "pofe-run.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-# what to do about eval/eval.json or eval/headline.json cut short: the evaluation writes both anew
-# eval/eval.json's form (`pofe.run.evaluation.records.with_readings`): 2 records its readings
-# (cycles, spreads, the choice) and names KL to pi_0 `kl_to_pi_0`; 1 (unrecorded) did neither
-EVAL_FORMAT = 2
+# what to do about eval/eval.json or eval/headline.json cut short or of an older form: the
+# evaluation writes both anew
 REWRITE_EVAL = "The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
 
 
@@ -96,6 +94,26 @@ class RunFolder:
     @property
     def eval_dir(self) -> Path:
         return self.root / "eval"
+
+    def summary(self, t: int) -> Path:
+        """Round t's candidates/summary.json (`pofe.records.candidates`)."""
+        return self.candidates(t) / "summary.json"
+
+    def rewrite_summary(self, t: int) -> str:
+        """What rewrites round t's summary.json."""
+        return (
+            f"Round {t}'s preprocess stage writes it with data.jsonl from the shards beside it: "
+            f"`axolotl preprocess {self.recipe(t)}` writes both again."
+        )
+
+    @property
+    def headline(self) -> Path:
+        return self.eval_dir / "headline.json"
+
+    @property
+    def evaluation(self) -> Path:
+        """eval/eval.json (`pofe.records.evaluation`)."""
+        return self.eval_dir / "eval.json"
 
     @property
     def recipe_as_run(self) -> Path:

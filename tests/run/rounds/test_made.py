@@ -6,6 +6,7 @@ import json
 
 from pofe.run.folder import RunFolder
 from pofe.run.rounds.made import candidates_made, evaluation_made, training_made
+from tests.helpers import eval_fields, write_evaluation, write_headline, write_summary
 
 
 def test_candidates_made_rounds_what_the_summary_holds(tmp_path):
@@ -15,20 +16,19 @@ def test_candidates_made_rounds_what_the_summary_holds(tmp_path):
     folder = RunFolder(tmp_path)
     summary = {
         "rows": 20,
-        "candidates_per_prompt": {"mean": 4.95},
+        "candidates_per_prompt": {"mean": 4.95, "min": 4, "max": 5},
         "mean_candidate_reward": 0.1653228421638747,
         "mean_best_of_k_reward": 1.0,
         "mean_win_rate_spread": 0.25,
         "judge_abstentions": 0,
     }
-    folder.candidates(1).mkdir(parents=True)
-    (folder.candidates(1) / "summary.json").write_text(json.dumps(summary))
+    write_summary(folder, 1, **summary)
     assert candidates_made(folder, 1) == (
         "20 prompts x 5.0 candidates, mean reward 0.165, best-of-k 1.000, win-rate spread 0.250 "
         "(round-1/candidates/data.jsonl)"
     )
     pairwise = {**summary, "mean_candidate_reward": None, "judge_abstentions": 3, "candidates_cut_at_user_turn": 7}
-    (folder.candidates(1) / "summary.json").write_text(json.dumps(pairwise))
+    write_summary(folder, 1, **pairwise)
     assert candidates_made(folder, 1) == (
         "20 prompts x 5.0 candidates, win-rate spread 0.250, 7 samples cut where they began a user turn, "
         "3 judge abstentions (round-1/candidates/data.jsonl)"
@@ -50,6 +50,19 @@ def test_training_made_counts_the_steps_run(tmp_path):
 def test_evaluation_made_names_its_models_and_prompts(tmp_path):
     folder = RunFolder(tmp_path)
     folder.eval_dir.mkdir()
-    (folder.eval_dir / "headline.json").write_text(json.dumps({"rounds": {"1": {}, "2": {}}}))
-    (folder.eval_dir / "eval.json").write_text(json.dumps({"models": [{}, {}, {}], "num_prompts": 8}))
+    entry = {
+        "model": "m",
+        "num_prompts": 0,
+        "model_mean_reward": None,
+        "candidates_mean_reward": None,
+        "candidates_best_of_k_reward": None,
+        "policy_sample_mean_reward": None,
+        "samples": [],
+    }
+    write_headline(folder, rounds={"1": entry, "2": entry})
+    models = [{"name": f"pi_{m}", "path": f"/m{m}"} for m in range(3)]
+    write_evaluation(
+        folder,
+        {**eval_fields(3), "models": models, "mean_reward": None, "vs_pi_0": [None] * 3, "vs_previous": [None] * 3},
+    )
     assert evaluation_made(folder) == "headline of 2 round(s), 3 models on 8 held-out prompts (eval/)"

@@ -49,13 +49,13 @@ Both JSON files end with `peak_memory`, each stage's peak in GiB (`pofe.run.eval
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pofe.args import PofeConfig
-from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
+from pofe.files import weights_fingerprint, write_jsonl_atomic
 from pofe.logs import Echo
+from pofe.records.evaluation import EvalRecord
 from pofe.run.evaluation.answers import (
     AnswerStore,
     HeldOut,
@@ -140,12 +140,12 @@ def write_held_out(
     result = summarise(
         answers, held_out.prompts, held_out.source, ecfg, run.pcfg.judge, main, second, len(held_out.references)
     )
-    result = with_readings({**result, **extra})
+    record = EvalRecord.model_validate(with_readings({**result, **extra}))
     # NaN rewards (abstentions) are written as NaN
     records = sample_records(answers, held_out.prompts, main, second)
     write_jsonl_atomic(run.folder.eval_dir / "samples.jsonl", records, allow_nan=True)
-    out = run.folder.eval_dir / "eval.json"
-    write_atomic(out, json.dumps(result, indent=2) + "\n")
+    out = run.folder.evaluation
+    record.write(out)
     echo(f"eval: {len(answers)} models x {len(held_out.prompts)} prompts x {ecfg.num_samples} samples -> {out}")
 
 

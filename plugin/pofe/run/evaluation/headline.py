@@ -3,37 +3,37 @@
 RRHF's defining comparison. For round t, the prompts are the first `pofe.eval.train_prompts`
 the round judged (by index, each with at least one rewarded candidate); evaluation
 (`pofe.run.evaluation.evaluate`) has pi_t answer them (`train_samples` each at `train_temperature`,
-greedy by default) and the recipe's scalar judge score the answers, into eval/headline.json.
-The report (`pofe.run.report.collect`) sets them beside the same prompts' candidates: their
-mean, their best-of-k (the mean over prompts of the best reward) and the starting policy's
-own samples. A pairwise judge gives no scalar reward: headline.json then says so instead.
+greedy by default), the recipe's scalar judge scores the answers, and they are set beside the
+same prompts' candidates: their mean, their best-of-k (the mean over prompts of the best reward)
+and the starting policy's own samples, into eval/headline.json (`pofe.records.headline`), which
+the report renders. A pairwise judge gives no scalar reward: headline.json then says so instead.
 
 Here: which prompts and columns a round's headline has, its model's answers, their judging
-and the record evaluation writes, and the numbers the report reads back.
+beside the round's candidates, and the record evaluation writes.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pofe.files import read_jsonl, write_atomic
+from pofe.files import read_jsonl
 from pofe.logs import Echo
+from pofe.records.headline import Headline, HeadlineAnswer, HeadlineDecoding, RoundHeadline
 from pofe.run.evaluation.inputs import EvalRun, render_prompts
 from pofe.run.evaluation.judging import scalar_scores
 from pofe.run.evaluation.sampler import Progress
+from pofe_candidates.build import policy_sample_rewards
 from pofe_candidates.config import Sampling
 from pofe_candidates.generators.hf import Sample
 from pofe_candidates.judges import ScalarJudge
+from pofe_candidates.render import prompt_text
 from pofe_candidates.win_rates import nan_mean
 
 if TYPE_CHECKING:
     from pofe.args.rounds import EvalConfig
     from pofe_candidates.config import JudgeConfig
-
-HEADLINE_JSON = "headline.json"
 
 
 def shard_rows(folder: Path) -> list[dict]:
@@ -58,25 +58,6 @@ def round_columns(prompts_file: Path, headline: list[dict], prompt_column: str) 
     return [{c: v for c, v in rows[q["index"]].items() if c != prompt_column} for q in headline]
 
 
-def headline_record(path: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]) -> dict:
-    """headline.json's entry for one round: its model, and each answer with its reward."""
-    return {
-        "model": path,
-        "samples": [
-            {
-                "index": q["index"],
-                "prompt": q["prompt"],
-                "sample": s,
-                "response": smp.text,
-                "tokens": len(smp.response_ids),
-                "reward": rewards[i][s],
-            }
-            for i, (q, row) in enumerate(zip(prompts, samples, strict=True))
-            for s, smp in enumerate(row)
-        ],
-    }
-
-
 def headline_skipped(ecfg: EvalConfig, judge_cfg: JudgeConfig) -> str | None:
     """Why the run has no headline, or None."""
     if not ecfg.train_prompts:
@@ -96,60 +77,40 @@ def best_candidate(row: dict) -> tuple[str, float]:
     return row["responses"][k], row["rewards"][k]
 
 
-def candidate_stats(cand_dir: Path, indices: set[int] | None = None) -> dict | None:
-    """From the pipeline's shards: mean / best-of-k reward of all candidates and the mean
-    reward of the policy's own samples (over the prompts in `indices`, or all)."""
-    judged = [r for r in judged_rows(cand_dir) if indices is None or r["index"] in indices]
-    if not judged:
-        return None
-    generated = {g["index"]: g for g in shard_rows(cand_dir / "generate")}
-    all_rewards, best, policy_rewards = [], [], []
-    for row in judged:
-        rewards = row["rewards"]
-        all_rewards += rewards
-        best.append(max(rewards))
-        gen = generated.get(row["index"], {})
-        source = dict(zip(gen.get("candidates", []), gen.get("sources", [])))
-        policy_rewards += [x for resp, x in zip(row["responses"], rewards) if source.get(resp) == "policy"]
-    return {
-        "prompts": len(best),
-        "mean_reward": nan_mean(all_rewards),
-        "best_of_k_reward": nan_mean(best),
-        "policy_sample_mean_reward": nan_mean(policy_rewards),
-    }
-
-
-def round_headline(cand_dir: Path, recorded: dict) -> dict:
-    """One round's headline from its headline.json entry (`recorded`: the model and its scored
-    samples) and the round's candidates on the same prompts; `samples` are plain rows (prompt,
-    the trained model's completion and reward, the best candidate and its reward)."""
-    samples = recorded["samples"]
-    indices = {s["index"] for s in samples}
-    rows = {r["index"]: r for r in judged_rows(cand_dir) if r["index"] in indices}
-    cands = candidate_stats(cand_dir, indices) or {}
-    table = []
-    for s in samples:
-        best, best_reward = best_candidate(rows[s["index"]])
-        table.append(
-            {
-                "index": s["index"],
-                "sample": s["sample"],
-                "prompt": s["prompt"],
-                "completion": s["response"],
-                "reward": s["reward"],
-                "best_candidate": best,
-                "best_candidate_reward": best_reward,
-            }
+def round_headline(
+    cand_dir: Path, model: str, prompts: list[dict], samples: list[list[Sample]], rewards: list[list[float]]
+) -> RoundHeadline:
+    """A round's headline: its model's answers (`samples[prompt][sample]`, judged `rewards`) to
+    its headline `prompts`, beside the same prompts' candidates in the round's shards: their
+    mean and best-of-k reward, the policy's own samples' mean, and each prompt's best."""
+    indices = {q["index"] for q in prompts}
+    judged = [r for r in judged_rows(cand_dir) if r["index"] in indices]
+    generated = [g for g in shard_rows(cand_dir / "generate") if g["index"] in indices]
+    best = {r["index"]: best_candidate(r) for r in judged}
+    answers = [
+        HeadlineAnswer(
+            index=q["index"],
+            sample=s,
+            prompt=q["prompt"],
+            prompt_text=prompt_text(q["prompt"]),
+            completion=smp.text,
+            tokens=len(smp.response_ids),
+            reward=rewards[i][s],
+            best_candidate=best[q["index"]][0],
+            best_candidate_reward=best[q["index"]][1],
         )
-    return {
-        "model": recorded["model"],
-        "num_prompts": len(indices),
-        "model_mean_reward": nan_mean([s["reward"] for s in samples]),
-        "candidates_mean_reward": cands.get("mean_reward"),
-        "candidates_best_of_k_reward": cands.get("best_of_k_reward"),
-        "policy_sample_mean_reward": cands.get("policy_sample_mean_reward"),
-        "samples": table,
-    }
+        for i, (q, row) in enumerate(zip(prompts, samples, strict=True))
+        for s, smp in enumerate(row)
+    ]
+    return RoundHeadline(
+        model=model,
+        num_prompts=len(indices),
+        model_mean_reward=nan_mean([a.reward for a in answers]),
+        candidates_mean_reward=nan_mean([x for r in judged for x in r["rewards"]]),
+        candidates_best_of_k_reward=nan_mean([max(r["rewards"]) for r in judged]),
+        policy_sample_mean_reward=nan_mean(policy_sample_rewards(generated, judged)),
+        samples=answers,
+    )
 
 
 def headline_sampling(ecfg: EvalConfig, max_new_tokens: int) -> Sampling:
@@ -194,7 +155,7 @@ def headline_answers(
     return HeadlineAnswers(prompts, rendered, samples)
 
 
-def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> dict:
+def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAnswers) -> RoundHeadline:
     """Round m's headline entry: its model's answers judged as the judge stage judged the
     round's candidates (same rendered prompts, same dataset columns)."""
     prompts = answers.prompts
@@ -209,29 +170,34 @@ def headline_round(run: EvalRun, m: int, judge: ScalarJudge, answers: HeadlineAn
         desc=f"judge round {m}'s headline answers",
         cfg=run.pcfg.judge,
     )
-    return headline_record(run.models[m][1], prompts, answers.samples, rewards)
+    return round_headline(run.folder.candidates(m), run.models[m][1], prompts, answers.samples, rewards)
 
 
 def write_headline(
-    run: EvalRun, skipped: str | None, sampling: Sampling, rounds: dict[str, dict], peak_memory: dict, echo: Echo
+    run: EvalRun,
+    skipped: str | None,
+    sampling: Sampling,
+    rounds: dict[str, RoundHeadline],
+    peak_memory: dict,
+    echo: Echo,
 ) -> None:
     """eval/headline.json: the decoding, the judge, every round's entry (or why none) and the
     evaluation's peak memory."""
     ecfg = run.pcfg.eval
-    headline = {
-        "train_prompts": ecfg.train_prompts,
-        "skipped": skipped,
-        "judge": run.pcfg.judge.model_dump(),
-        "decoding": {
-            "num_samples": ecfg.train_samples,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "max_new_tokens": sampling.max_new_tokens,
-            "seed": sampling.seed,
-        },
-        "rounds": rounds,
-        "peak_memory": peak_memory,
-    }
-    out = run.folder.eval_dir / HEADLINE_JSON
-    write_atomic(out, json.dumps(headline, indent=2, allow_nan=True) + "\n")
+    headline = Headline(
+        train_prompts=ecfg.train_prompts,
+        skipped=skipped,
+        judge=run.pcfg.judge.model_dump(),
+        decoding=HeadlineDecoding(
+            num_samples=ecfg.train_samples,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+        ),
+        rounds=rounds,
+        peak_memory=peak_memory,
+    )
+    out = run.folder.headline
+    headline.write(out)
     echo(f"eval: headline of {len(rounds)} round(s) -> {out}" + (f" (none: {skipped})" if skipped else ""))

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from pofe.args.rounds import EvalConfig
+from pofe.records.evaluation import EvalRecord
 from pofe.run.evaluation.answers import ModelAnswers
 from pofe.run.evaluation.decision import choose_model
 from pofe.run.evaluation.judging import mean_reward_per_model, reward_counts
 from pofe.run.evaluation.statistics import compare_iterates, distance_from_half, find_cycles, reward_comparisons
-from pofe.run.folder import EVAL_FORMAT
 from pofe_candidates.config import JudgeConfig
 from pofe_candidates.win_rates import nan_mean
 
@@ -69,11 +69,12 @@ def summarise(
 
 
 def with_readings(numbers: dict[str, Any]) -> dict[str, Any]:
-    """eval.json whole: `numbers` (`summarise`'s, with the run's best-of-k and decision inputs) and
-    what is read off them, so that readers render it rather than derive it again: each judge's
-    3-cycles (`find_cycles` at `cycle_threshold`) and largest distance of a win rate from 1/2
-    (`distance_from_half`), the model to use (`choose_model`), and the file's format."""
-    readings: dict[str, Any] = {"format": EVAL_FORMAT}
+    """eval.json whole (`pofe.records.evaluation.EvalRecord`'s fields): `numbers` (`summarise`'s,
+    with the run's best-of-k and decision inputs) and what is read off them, so that readers render
+    it rather than derive it again: each judge's 3-cycles (`find_cycles` at `cycle_threshold`) and
+    largest distance of a win rate from 1/2 (`distance_from_half`), the model to use
+    (`choose_model`), and the file's format."""
+    readings: dict[str, Any] = {"format": EvalRecord.FORMAT}
     for suffix in ("", "_judge2"):
         matrix = numbers.get(f"win_matrix{suffix}")
         readings[f"cycles{suffix}"] = find_cycles(matrix, numbers["cycle_threshold"]) if matrix else None

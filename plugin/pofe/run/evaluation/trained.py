@@ -46,7 +46,7 @@ from pofe.errors import PofeError
 from pofe.files import weights_fingerprint, write_atomic, write_jsonl_atomic
 from pofe.locks import TRAIN_LOCK, describe, holder
 from pofe.logs import Echo
-from pofe.online.refresh import refresh_starts, written_refreshes
+from pofe.records.refresh import refresh_starts, written_refreshes
 from pofe.run.evaluation.answers import HeldOut, other_columns, reference_pairs
 from pofe.run.evaluation.inputs import EvalRun, checked_eval, prompt_file_rows, render_prompts, trained_as_text
 from pofe.run.folder import RoundRecord, RunFolder, RunState, checkpoints

@@ -20,7 +20,6 @@ from pofe.run.report.collect import collect
 from pofe.run.report.held_out import not_evaluated, signed_ci, unclear, with_ci
 from pofe.run.report.markdown import render_markdown
 from pofe.run.report.plots import make_plots
-from pofe_candidates.win_rates import saturation_warning
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
@@ -89,7 +88,7 @@ def _round_lines(r: dict, label: str) -> list[str]:
         parts.append(f"saturated prompts {fmt(sat['saturated_share'])}")
     said = "; ".join(p for p in parts if p)
     lines = [f"  {label}: {said}"] if said else []
-    if saturation_warning(sat, ""):
+    if cands.get("saturation_warning"):
         lines.append(f"  {label}: SATURATED (see the report's Saturation section)")
     return lines
 

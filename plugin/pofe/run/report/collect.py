@@ -1,11 +1,12 @@
 """The run's numbers, collected from its own files into one JSON-able dict.
 
-Sources: the state file (stages, policies), each round's candidates/summary.json and
-generate and judge shards (rewards, lengths: `lengths`), each round's trainer_state.json (loss
-curves) and length-policy record (`truncation`), each round's reproducibility record
-(`pofe.run.provenance`), and eval/headline.json and eval/eval.json (`axolotl pofe eval`); for
-an online training, its refreshes (`online`). A part without data is None. `sample_rows` gives the headline's sampled completions as plain
-rows (for the report's tables and for trackers).
+Sources: the state file (stages, policies), each round's candidates/summary.json (rewards,
+lengths, saturation: `pofe.records.candidates`), each round's trainer_state.json (loss curves)
+and length-policy record (`truncation`), each round's reproducibility record
+(`pofe.run.provenance`), and eval/headline.json (`pofe.records.headline`) and eval/eval.json
+(`axolotl pofe eval`); for an online training, its refreshes (`online`). A part without data is
+None. `sample_rows` gives the headline's sampled completions as plain rows (for the report's
+tables and for trackers).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pofe.files import UnreadableFile, read_json, read_jsonl
+from pofe.files import read_jsonl
 from pofe.methods import method_spec
-from pofe.run.evaluation.headline import HEADLINE_JSON, candidate_stats, round_headline
-from pofe.run.folder import EVAL_FORMAT, REWRITE_EVAL, RunFolder, RunState
+from pofe.records.candidates import CandidatesSummary
+from pofe.records.evaluation import EvalRecord
+from pofe.records.headline import Headline
+from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState
 from pofe.run.guards import pofe_wrote
 from pofe.run.provenance import round_record
-from pofe.run.report.lengths import candidate_lengths
 from pofe.run.report.online import online_training
 from pofe.run.report.truncation import round_truncation
 from pofe.training_log import logged_curves
@@ -51,26 +53,7 @@ def training_stats(trainer_state: Path, method: str) -> dict | None:
     }
 
 
-def _read_json(path: Path, fix: str) -> Any:
-    """The file's JSON, None when it is absent; a cut one is an error naming it and `fix`."""
-    return read_json(path, fix) if path.exists() else None
-
-
-def _read_eval(path: Path) -> dict | None:
-    """eval.json, refused when another form of it (`EVAL_FORMAT`) was written: an older POFE's
-    records no readings (cycles, the choice) and names KL to pi_0 otherwise, which the report would
-    show as unmeasured."""
-    evaluation = _read_json(path, REWRITE_EVAL)
-    if evaluation is not None and evaluation.get("format") != EVAL_FORMAT:
-        written = evaluation.get("format", "1, unrecorded")
-        raise UnreadableFile(
-            f"{path} is in another form than this POFE reads (format {written}, this one reads {EVAL_FORMAT}). "
-            f"{REWRITE_EVAL}"
-        )
-    return evaluation
-
-
-def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | None) -> dict:
+def round_stats(folder: RunFolder, state: RunState, t: int, headline: Headline | None) -> dict:
     """One round's row of the report."""
     info = state.round(t)
     prompts = folder.round_prompts(t)
@@ -87,33 +70,29 @@ def round_stats(folder: RunFolder, state: RunState, t: int, headline: dict | Non
         },
         "candidates": None,
         "train": training_stats(folder.trainer_state(t), state.method),
-        "lengths": candidate_lengths(folder.candidates(t), state.method),
+        "lengths": None,
         "truncation": round_truncation(folder.prepared(t)),
         "trained_on_train_prompts": None,
         "reproduce": round_record(folder, state, t),
     }
-    summary = _read_json(
-        folder.candidates(t) / "summary.json",
-        f"Round {t}'s preprocess stage writes it with data.jsonl from the shards beside it: "
-        f"`axolotl preprocess {folder.recipe(t)}` writes both again.",
-    )
+    summary = CandidatesSummary.read_if_written(folder.summary(t), folder.rewrite_summary(t))
     if summary is not None:
-        stats = candidate_stats(folder.candidates(t)) or {}
         record["candidates"] = {
-            "rows": summary["rows"],
-            "per_prompt": summary["candidates_per_prompt"]["mean"],
-            "mean_reward": summary["mean_candidate_reward"],
-            "best_of_k_reward": summary["mean_best_of_k_reward"],
-            "policy_sample_mean_reward": stats.get("policy_sample_mean_reward"),
-            "mean_tokens": summary["mean_candidate_tokens"],
-            "mean_best_win_rate": summary.get("mean_best_win_rate"),
-            "win_rate_spread": summary.get("mean_win_rate_spread"),  # absent in older summaries
-            "saturation": summary.get("saturation"),  # win-rate methods; absent in older summaries
-            "judge_abstentions": summary["judge_abstentions"],
+            "rows": summary.rows,
+            "per_prompt": summary.candidates_per_prompt.mean,
+            "mean_reward": summary.mean_candidate_reward,
+            "best_of_k_reward": summary.mean_best_of_k_reward,
+            "policy_sample_mean_reward": summary.mean_policy_sample_reward,
+            "mean_tokens": summary.mean_candidate_tokens,
+            "mean_best_win_rate": summary.mean_best_win_rate,
+            "win_rate_spread": summary.mean_win_rate_spread,
+            "saturation": summary.saturation and summary.saturation.model_dump(),
+            "saturation_warning": summary.saturation and summary.saturation.warning(f"Round {t}"),
+            "judge_abstentions": summary.judge_abstentions,
         }
-    recorded = (headline or {}).get("rounds", {}).get(str(t))
-    if recorded:
-        record["trained_on_train_prompts"] = round_headline(folder.candidates(t), recorded)
+        record["lengths"] = summary.lengths and summary.lengths.model_dump()
+    if headline and str(t) in headline.rounds:
+        record["trained_on_train_prompts"] = headline.rounds[str(t)].model_dump(mode="json")
     return record
 
 
@@ -124,9 +103,11 @@ def collect(folder: RunFolder) -> dict:
     state = RunState.read(folder.state)
     # not an eval.json that was there before the run (pofe.overwrite_output_dir)
     evaluation = (
-        _read_eval(folder.eval_dir / "eval.json") if pofe_wrote(folder, folder.eval_dir / "eval.json") else None
+        EvalRecord.read(folder.evaluation, REWRITE_EVAL).model_dump(mode="json")
+        if folder.evaluation.exists() and pofe_wrote(folder, folder.evaluation)
+        else None
     )
-    headline = _read_json(folder.eval_dir / HEADLINE_JSON, REWRITE_EVAL)
+    headline = Headline.read_if_written(folder.headline, REWRITE_EVAL)
     rounds = [round_stats(folder, state, int(key), headline) for key in sorted(state.rounds, key=int)]
     online, record = online_training(folder, state)
     if record:  # the one training's record: its refreshes' files, not a candidates folder
@@ -146,7 +127,7 @@ def collect(folder: RunFolder) -> dict:
         "stopped": state.stopped,
         "rounds": rounds,
         # how the headline was drawn, or why there is none; None: `axolotl pofe eval` has not run
-        "headline": {k: v for k, v in headline.items() if k != "rounds"} if headline else None,
+        "headline": headline.model_dump(mode="json", exclude={"rounds"}) if headline else None,
         "eval": None,
         # an online training's refreshes (`pofe.run.report.online`); None: not an online training
         "online": online,

@@ -10,8 +10,6 @@ from pofe.run.report.collect import sample_rows
 from pofe.run.report.held_out import choice_section, eval_section, iterate_wins_table
 from pofe.run.report.online import online_section
 from pofe.run.report.truncation import truncation_section
-from pofe_candidates.render import prompt_text
-from pofe_candidates.win_rates import saturation_warning
 
 # what an online training's record holds in place of a round's (`pofe.run.provenance.online_record`)
 ONLINE_RECORD = (
@@ -110,7 +108,8 @@ def saturation_section(rep: dict) -> list[str]:
     """### Saturation: per round, the share of prompts whose win rates all sit near 1/2."""
     rows, warnings = [], []
     for r in rep["rounds"]:
-        sat = (r["candidates"] or {}).get("saturation")
+        cands = r["candidates"] or {}
+        sat = cands.get("saturation")
         if not sat:
             continue
         band = sat["band"]
@@ -123,9 +122,8 @@ def saturation_section(rep: dict) -> list[str]:
                 fmt(sat["mean_abs_deviation"]),
             ]
         )
-        warning = saturation_warning(sat, f"Round {r['round']}")
-        if warning:
-            warnings.append(f"- **{warning}**")
+        if cands.get("saturation_warning"):
+            warnings.append(f"- **{cands['saturation_warning']}**")
     if not rows:
         return []
     return [
@@ -258,7 +256,7 @@ def samples_section(rep: dict) -> list[str]:
                 ["prompt", f"pi_{t}'s completion", "reward", "best candidate", "its reward"],
                 [
                     [
-                        text_cell(prompt_text(row["prompt"])),
+                        text_cell(row["prompt_text"]),
                         text_cell(row["completion"]),
                         fmt(row["reward"]),
                         text_cell(row["best_candidate"]),

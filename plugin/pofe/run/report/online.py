@@ -3,7 +3,7 @@
 An online recipe is trained by one `axolotl train` and evaluated as a trained model against
 its base (`pofe.run.evaluation.trained`); its refreshes stay where the training wrote them,
 under the trained model's folder (`<output_dir>/online/refresh-<step>/refresh.json`, read by
-`pofe.online.refresh.written_refreshes`). The report shows their stats as a table and a plot,
+`pofe.records.refresh.written_refreshes`). The report shows their stats as a table and a plot,
 and digests their files in the training's reproducibility record (`pofe.run.provenance`).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from pofe.args.online import OnlineConfig
+from pofe.records.refresh import FOLDER, written_refreshes
 from pofe.run.folder import CHECKPOINT, RunFolder, RunState
 from pofe.run.provenance import online_record
 from pofe.run.report.cells import fmt, table
@@ -37,9 +38,6 @@ def online_training(folder: RunFolder, state: RunState) -> tuple[dict | None, di
     block = (yaml.safe_load(recipe.read_text()) or {}).get("pofe") or {}
     if block.get("online") is None:
         return None, None
-    # the training stack, imported only to report an online run
-    from pofe.online.refresh import FOLDER, written_refreshes
-
     settings = OnlineConfig.model_validate(block["online"])
     output_dir = Path(state.round(1).policy_out)
     refreshes = written_refreshes(output_dir)

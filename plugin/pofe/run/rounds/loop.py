@@ -48,8 +48,9 @@ from pathlib import Path
 import yaml
 
 from pofe.args import PofeConfig, pofe_config
-from pofe.files import read_json, write_atomic, write_jsonl_atomic
+from pofe.files import write_atomic, write_jsonl_atomic
 from pofe.logs import Echo
+from pofe.records.evaluation import EvalRecord
 from pofe.run.folder import REWRITE_EVAL, RunFolder, RunState, RunStateMismatch, checkpoints
 from pofe.run.guards import RunLock, check_prompt_sources, claim_recipe_output_dir, prompt_sources, redo_damaged_stages
 from pofe.run.prompts import held_out_count, load_round_prompts, resolve_round_prompts, split_prompts, without_held_out
@@ -59,12 +60,7 @@ from pofe.run.report import write_report
 from pofe.run.rounds.checkpoints import check_resume, record_training, resumable, training_identity
 from pofe.run.rounds.made import candidates_made, evaluation_made, training_made
 from pofe.run.rounds.processes import axolotl_command, output_to
-from pofe.run.rounds.publish import (
-    log_rounds,
-    push_round,
-    tracker_env,
-    uses_wandb,
-)
+from pofe.run.rounds.publish import log_rounds, push_round, tracker_env, uses_wandb
 from pofe.run.rounds.round_recipe import RoundRecipe, round_recipe
 from pofe.run.rounds.runner import StageRunner, shown_path
 from pofe_candidates.generators.available import check_backend_runs
@@ -374,8 +370,8 @@ def check_stop(recipe_path: str | Path, folder: RunFolder, pcfg, runner: StageRu
 
     def work() -> dict:
         evaluate_rounds(recipe_path, folder, pcfg, runner)
-        ev_path = folder.eval_dir / "eval.json"
-        return stop_decision(read_json(ev_path, REWRITE_EVAL) if ev_path.exists() else None, rule)
+        evaluation = EvalRecord.read_if_written(folder.evaluation, REWRITE_EVAL)
+        return stop_decision(evaluation and evaluation.model_dump(mode="json"), rule)
 
     name = f"round-{t}/stop-check"
     runner.run(
