@@ -327,7 +327,7 @@ def _copy_candidates_summary(cfg, pcfg, folder: RunFolder) -> None:
     from pofe.data.candidates import candidates_folder
     from pofe.data.formats import RowFormat
 
-    target = folder.candidates(1) / "summary.json"
+    target = folder.summary(1)
     entries = cfg.datasets or []
     source = None
     if len(entries) == 1 and entries[0].type == "pofe.prompts":

@@ -227,7 +227,7 @@ def run_round(raw: dict, folder: RunFolder, plan: RoundPlan, runner: StageRunner
 
     def preprocess() -> dict:
         runner.command(axolotl_command("preprocess", str(recipe)), round_dir / "preprocess.log")
-        return {"summary": str(folder.candidates(t) / "summary.json")}
+        return {"summary": str(folder.summary(t))}
 
     def train() -> dict:
         launcher = ["--launcher", plan.launcher] if plan.launcher else []
